@@ -1,0 +1,72 @@
+//! Communicators: one [`Transport`] trait, several implementations, one front end.
+//!
+//! [`ProcessGroup`] is what layers and users hold. It takes tensors of any rank and kind,
+//! checks that every rank of the group makes the same call (shape, dtype, arguments), reshapes
+//! to the transport's rank-3 view and back, and keeps the group's call counter. A [`Transport`]
+//! only moves data: the in-process one between threads, the NCCL one between processes or GPUs.
+
+mod check;
+pub mod in_process;
+#[cfg(feature = "cuda")]
+pub mod nccl;
+mod payload;
+mod process_group;
+
+pub use check::{Collective, Record};
+pub use payload::Payload;
+pub use process_group::ProcessGroup;
+
+use std::fmt::Debug;
+
+use crate::error::CommError;
+
+/// How an all-reduce or reduce-scatter combines the ranks' values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    /// The mean over the group (float tensors only).
+    Avg,
+    Max,
+}
+
+impl ReduceOp {
+    fn code(self) -> usize {
+        self as usize
+    }
+}
+
+/// Moves payloads between the ranks of one group. Calls arrive already checked: every rank of
+/// the group calls the same method, in the same order, with agreeing shapes and dtypes.
+///
+/// Every method gives up with [`CommError::Timeout`] or [`CommError::PeerLost`] instead of
+/// waiting forever.
+pub trait Transport: Send + Sync + Debug {
+    /// The number of ranks in the group.
+    fn size(&self) -> usize;
+    /// This rank's index in the group.
+    fn group_rank(&self) -> usize;
+    /// A short name for errors, such as `tp[0, 1]`.
+    fn label(&self) -> &str;
+
+    /// Exchanges a small host-side record with every rank of the group: returns every rank's
+    /// record, in group-rank order. The agreement checks run on this.
+    fn exchange(&self, collective: Collective, seq: u64, record: Vec<u8>)
+    -> Result<Vec<Vec<u8>>, CommError>;
+
+    /// `[o, n, i]` → `[o, n, i]`, reduced over the group.
+    fn all_reduce(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError>;
+    /// `[o, n, i]` → `[o, size·n, i]`, the ranks' tensors in group-rank order.
+    fn all_gather(&self, x: Payload) -> Result<Payload, CommError>;
+    /// `[o, size·n, i]` → `[o, n, i]`: this rank's part of the reduction.
+    fn reduce_scatter(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError>;
+    /// Sends `chunks[j]` to group rank `j`; returns the chunk each rank sent here, in group-rank
+    /// order. Chunk sizes may differ (MoE token routing).
+    fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>)
+    -> Result<Vec<Payload>, CommError>;
+    /// The root's tensor, on every rank.
+    fn broadcast(&self, x: Payload, root: usize) -> Result<Payload, CommError>;
+    /// Sends to one group rank.
+    fn send(&self, x: Payload, peer: usize, seq: u64) -> Result<(), CommError>;
+    /// Receives from one group rank into a tensor shaped like `like`.
+    fn recv(&self, like: Payload, peer: usize, seq: u64) -> Result<Payload, CommError>;
+}

@@ -1,0 +1,364 @@
+//! The front end of a communicator: tensors of any rank and kind, checked calls.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use burn::tensor::kind::Numeric;
+use burn::tensor::{Int, Shape, Tensor};
+
+use super::check::{self, Collective, Record};
+use super::in_process::InProcessWorld;
+use super::{Payload, ReduceOp, Transport};
+use crate::error::CommError;
+
+/// A group of ranks that run collectives together: one axis of the mesh, as seen from one rank.
+///
+/// Every rank of the group must call the same collectives in the same order. Each call first
+/// checks, on the host, that all ranks agree on the collective, dtype, shape and arguments; a
+/// disagreement is [`CommError::Mismatch`] on every rank.
+#[derive(Clone)]
+pub struct ProcessGroup {
+    transport: Arc<dyn Transport>,
+    /// Global ranks of the members, in group-rank order.
+    members: Arc<[usize]>,
+    seq: Arc<AtomicU64>,
+    /// Point-to-point call counters, per (direction, peer).
+    p2p_seq: Arc<Mutex<HashMap<(bool, usize), u64>>>,
+}
+
+impl fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ProcessGroup({} @ {})", self.label(), self.group_rank())
+    }
+}
+
+impl ProcessGroup {
+    /// Wraps a transport; `members` are the global ranks of the group in group-rank order.
+    pub fn new(transport: Arc<dyn Transport>, members: Vec<usize>) -> Self {
+        assert_eq!(transport.size(), members.len(), "one member per transport rank");
+        Self {
+            transport,
+            members: members.into(),
+            seq: Arc::default(),
+            p2p_seq: Arc::default(),
+        }
+    }
+
+    /// A group whose only member is this rank: every collective is the identity.
+    pub fn solo() -> Self {
+        InProcessWorld::new(1).group("solo", vec![0], 0)
+    }
+
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// This rank's index in the group.
+    pub fn group_rank(&self) -> usize {
+        self.transport.group_rank()
+    }
+
+    /// Global ranks of the members, in group-rank order.
+    pub fn members(&self) -> &[usize] {
+        &self.members
+    }
+
+    pub fn label(&self) -> &str {
+        self.transport.label()
+    }
+
+    /// Sums, averages or takes the maximum of `x` over the group.
+    ///
+    /// # Shapes
+    /// `[..]` → `[..]`, the same on every rank.
+    pub fn all_reduce<const D: usize, K: Numeric>(
+        &self,
+        x: Tensor<D, K>,
+        op: ReduceOp,
+    ) -> Result<Tensor<D, K>, CommError> {
+        let collective = Collective::AllReduce;
+        if op == ReduceOp::Avg && !x.dtype().is_float() {
+            return Err(self.invalid(collective, "Avg needs a float tensor".into()));
+        }
+        self.agree(self.record(collective, &x, vec![op.code()]), None)?;
+        if self.size() == 1 {
+            return Ok(x);
+        }
+        let shape = x.shape();
+        let out = self.transport.all_reduce(view(x, 0), op)?;
+        Ok(unview(out, shape))
+    }
+
+    /// Concatenates every rank's `x` along `dim`, in group-rank order.
+    ///
+    /// # Shapes
+    /// `[.., n, ..]` → `[.., size·n, ..]` (`n` at `dim`).
+    pub fn all_gather<const D: usize, K: Numeric>(
+        &self,
+        x: Tensor<D, K>,
+        dim: usize,
+    ) -> Result<Tensor<D, K>, CommError> {
+        let collective = Collective::AllGather;
+        self.check_dim::<D>(collective, dim)?;
+        self.agree(self.record(collective, &x, vec![dim]), None)?;
+        if self.size() == 1 {
+            return Ok(x);
+        }
+        let mut shape = x.shape();
+        shape[dim] *= self.size();
+        let out = self.transport.all_gather(view(x, dim))?;
+        Ok(unview(out, shape))
+    }
+
+    /// Reduces `x` over the group and keeps this rank's slice of `dim`.
+    ///
+    /// # Shapes
+    /// `[.., size·n, ..]` → `[.., n, ..]`.
+    pub fn reduce_scatter<const D: usize, K: Numeric>(
+        &self,
+        x: Tensor<D, K>,
+        dim: usize,
+        op: ReduceOp,
+    ) -> Result<Tensor<D, K>, CommError> {
+        let collective = Collective::ReduceScatter;
+        self.check_dim::<D>(collective, dim)?;
+        if op == ReduceOp::Avg && !x.dtype().is_float() {
+            return Err(self.invalid(collective, "Avg needs a float tensor".into()));
+        }
+        self.agree(self.record(collective, &x, vec![dim, op.code()]), None)?;
+        let n = x.dims()[dim];
+        if n % self.size() != 0 {
+            let detail = format!("dim {dim} of size {n} does not split over {} ranks", self.size());
+            return Err(self.invalid(collective, detail));
+        }
+        if self.size() == 1 {
+            return Ok(x);
+        }
+        let mut shape = x.shape();
+        shape[dim] /= self.size();
+        let out = self.transport.reduce_scatter(view(x, dim), op)?;
+        Ok(unview(out, shape))
+    }
+
+    /// Splits `split_dim` into `size` equal parts, sends part `j` to group rank `j`, and
+    /// concatenates what arrives along `concat_dim` (Ulysses-style context parallelism).
+    ///
+    /// # Shapes
+    /// `[.., size·a, .., b, ..]` → `[.., a, .., size·b, ..]`.
+    pub fn all_to_all<const D: usize, K: Numeric>(
+        &self,
+        x: Tensor<D, K>,
+        split_dim: usize,
+        concat_dim: usize,
+    ) -> Result<Tensor<D, K>, CommError> {
+        let collective = Collective::AllToAll;
+        self.check_dim::<D>(collective, split_dim)?;
+        self.check_dim::<D>(collective, concat_dim)?;
+        self.agree(self.record(collective, &x, vec![split_dim, concat_dim]), None)?;
+        let n = x.dims()[split_dim];
+        if n % self.size() != 0 {
+            let detail = format!("dim {split_dim} of size {n} does not split over {} ranks", self.size());
+            return Err(self.invalid(collective, detail));
+        }
+        if self.size() == 1 {
+            return Ok(x);
+        }
+        let part = n / self.size();
+        let chunks: Vec<_> = (0..self.size()).map(|j| x.clone().narrow(split_dim, j * part, part)).collect();
+        let mut chunk_shape = x.shape();
+        chunk_shape[split_dim] = part;
+        let recv_dims = vec![view_dims(&chunk_shape, concat_dim); self.size()];
+        let received = self.exchange_chunks(chunks, concat_dim, recv_dims)?;
+        let parts = received.into_iter().map(|p| unview(p, chunk_shape.clone())).collect();
+        Ok(Tensor::cat(parts, concat_dim))
+    }
+
+    /// Sends `send_splits[j]` consecutive entries of `dim` to group rank `j`, and concatenates
+    /// what arrives along the same dim (MoE token dispatch). Returns the tensor and the number
+    /// of entries that came from each rank, which is the split to send them back with.
+    ///
+    /// # Shapes
+    /// `[.., Σ send_splits, ..]` → `[.., Σ recv_splits, ..]`.
+    pub fn all_to_all_uneven<const D: usize, K: Numeric>(
+        &self,
+        x: Tensor<D, K>,
+        dim: usize,
+        send_splits: &[usize],
+    ) -> Result<(Tensor<D, K>, Vec<usize>), CommError> {
+        let collective = Collective::AllToAll;
+        self.check_dim::<D>(collective, dim)?;
+        let mut record = self.record(collective, &x, vec![dim, dim]);
+        record.splits = send_splits.to_vec();
+        let records = self.agree(record, Some(dim))?;
+        for (j, r) in records.iter().enumerate() {
+            if r.splits.len() != self.size() || r.splits.iter().sum::<usize>() != r.shape[dim] {
+                let detail = format!(
+                    "group rank {j} sends splits {:?} of a dim of size {}; they must be {} sizes adding up to it",
+                    r.splits, r.shape[dim], self.size()
+                );
+                return Err(self.invalid(collective, detail));
+            }
+        }
+        let me = self.group_rank();
+        let recv_splits: Vec<usize> = records.iter().map(|r| r.splits[me]).collect();
+        if self.size() == 1 {
+            return Ok((x, recv_splits));
+        }
+        let shape_with = |n: usize| {
+            let mut s = x.shape();
+            s[dim] = n;
+            s
+        };
+        let chunks = x.clone().split_with_sizes(send_splits.to_vec(), dim);
+        let recv_dims = recv_splits.iter().map(|&n| view_dims(&shape_with(n), dim)).collect();
+        let received = self.exchange_chunks(chunks, dim, recv_dims)?;
+        let parts: Vec<_> = received
+            .into_iter()
+            .zip(&recv_splits)
+            .map(|(p, &n)| unview(p, shape_with(n)))
+            .collect();
+        Ok((Tensor::cat(parts, dim), recv_splits))
+    }
+
+    /// The root's `x`, on every rank.
+    pub fn broadcast<const D: usize, K: Numeric>(
+        &self,
+        x: Tensor<D, K>,
+        root: usize,
+    ) -> Result<Tensor<D, K>, CommError> {
+        let collective = Collective::Broadcast;
+        if root >= self.size() {
+            return Err(self.invalid(collective, format!("root {root} is not a group rank")));
+        }
+        self.agree(self.record(collective, &x, vec![root]), None)?;
+        if self.size() == 1 {
+            return Ok(x);
+        }
+        let shape = x.shape();
+        Ok(unview(self.transport.broadcast(view(x, 0), root)?, shape))
+    }
+
+    /// Sends `x` to group rank `peer`, which must call [`recv`](Self::recv) with the same shape.
+    pub fn send<const D: usize, K: Numeric>(&self, x: Tensor<D, K>, peer: usize) -> Result<(), CommError> {
+        let seq = self.p2p(Collective::Send, peer)?;
+        self.transport.send(view(x, 0), peer, seq)
+    }
+
+    /// Receives from group rank `peer` a tensor shaped like `like` (same shape, dtype, device);
+    /// a sender's tensor of another shape or dtype is [`CommError::Mismatch`].
+    pub fn recv<const D: usize, K: Numeric>(
+        &self,
+        like: Tensor<D, K>,
+        peer: usize,
+    ) -> Result<Tensor<D, K>, CommError> {
+        let seq = self.p2p(Collective::Recv, peer)?;
+        let shape = like.shape();
+        Ok(unview(self.transport.recv(view(like, 0), peer, seq)?, shape))
+    }
+
+    /// Waits until every rank of the group has arrived.
+    pub fn barrier(&self) -> Result<(), CommError> {
+        let record = Record {
+            collective: Collective::Barrier,
+            dtype: String::new(),
+            shape: vec![],
+            args: vec![],
+            splits: vec![],
+        };
+        self.agree(record, None).map(|_| ())
+    }
+
+    fn record<const D: usize, K: Numeric>(&self, collective: Collective, x: &Tensor<D, K>, args: Vec<usize>) -> Record {
+        Record { collective, dtype: format!("{:?}", x.dtype()), shape: x.dims().to_vec(), args, splits: vec![] }
+    }
+
+    /// Exchanges the records and checks they agree; every rank reaches the same verdict.
+    fn agree(&self, record: Record, varying_dim: Option<usize>) -> Result<Vec<Record>, CommError> {
+        if self.size() == 1 {
+            return Ok(vec![record]);
+        }
+        let collective = record.collective;
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let records = self
+            .transport
+            .exchange(collective, seq, record.encode())?
+            .iter()
+            .map(|bytes| Record::decode(bytes))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| CommError::Transport {
+                group: self.label().to_string(),
+                collective: collective.name(),
+                detail: "a peer sent an unreadable call record".into(),
+            })?;
+        check::verify(&records, varying_dim)
+            .map_err(|detail| check::mismatch(self.label(), collective, seq, detail))?;
+        Ok(records)
+    }
+
+    fn exchange_chunks<const D: usize, K: Numeric>(
+        &self,
+        chunks: Vec<Tensor<D, K>>,
+        dim: usize,
+        recv_dims: Vec<[usize; 3]>,
+    ) -> Result<Vec<Payload>, CommError> {
+        let chunks = chunks.into_iter().map(|c| view(c, dim)).collect();
+        self.transport.all_to_all(chunks, recv_dims)
+    }
+
+    fn p2p(&self, collective: Collective, peer: usize) -> Result<u64, CommError> {
+        if peer >= self.size() || peer == self.group_rank() {
+            let detail = format!("peer {peer} must be another rank of a group of {}", self.size());
+            return Err(self.invalid(collective, detail));
+        }
+        let mut counters = self.p2p_seq.lock().expect("p2p counters");
+        let seq = counters.entry((collective == Collective::Send, peer)).or_default();
+        *seq += 1;
+        Ok(*seq)
+    }
+
+    fn check_dim<const D: usize>(&self, collective: Collective, dim: usize) -> Result<(), CommError> {
+        if dim >= D {
+            return Err(self.invalid(collective, format!("dim {dim} of a rank-{D} tensor")));
+        }
+        Ok(())
+    }
+
+    fn invalid(&self, collective: Collective, detail: String) -> CommError {
+        CommError::InvalidArgument { group: self.label().to_string(), collective: collective.name(), detail }
+    }
+}
+
+/// `[outer, n, inner]` around `dim`.
+fn view_dims(shape: &Shape, dim: usize) -> [usize; 3] {
+    let dims = shape.as_slice();
+    let outer = dims[..dim].iter().product();
+    let inner = dims[dim + 1..].iter().product();
+    [outer, dims[dim], inner]
+}
+
+/// The transport's rank-3 view of `x` around `dim`.
+fn view<const D: usize, K: Numeric>(x: Tensor<D, K>, dim: usize) -> Payload {
+    let dims = view_dims(&x.shape(), dim);
+    let dispatch = x.reshape(dims).into_dispatch();
+    if dispatch_is_float(&dispatch) {
+        Payload::Float(Tensor::from_dispatch(dispatch))
+    } else {
+        Payload::Int(Tensor::<3, Int>::from_dispatch(dispatch))
+    }
+}
+
+fn dispatch_is_float(x: &burn::tensor::DispatchTensor) -> bool {
+    use burn::backend::TensorMetadata;
+    x.dtype().is_float()
+}
+
+/// Back from the transport's view to the caller's rank and kind.
+fn unview<const D: usize, K: Numeric>(payload: Payload, shape: Shape) -> Tensor<D, K> {
+    let dispatch = match payload {
+        Payload::Float(t) => t.into_dispatch(),
+        Payload::Int(t) => t.into_dispatch(),
+    };
+    Tensor::<3, K>::from_dispatch(dispatch).reshape(shape)
+}

@@ -1,0 +1,68 @@
+//! The groups one rank belongs to: values built from a [`ParallelDims`], never globals.
+
+use crate::comm::ProcessGroup;
+use crate::mesh::{Axis, Coordinates, ParallelDims};
+
+/// Every group of one rank, one per mesh axis (and the combined axes), plus the whole world.
+#[derive(Clone, Debug)]
+pub struct ProcessGroups {
+    pub dims: ParallelDims,
+    pub global_rank: usize,
+    pub world: ProcessGroup,
+    pub tp: ProcessGroup,
+    pub cp: ProcessGroup,
+    pub dp: ProcessGroup,
+    pub pp: ProcessGroup,
+    pub ep: ProcessGroup,
+    pub ep_dp: ProcessGroup,
+    pub tp_cp: ProcessGroup,
+    pub dp_cp: ProcessGroup,
+}
+
+impl ProcessGroups {
+    /// Builds every group of `global_rank`; `join(axis_name, members)` returns this rank's
+    /// handle on the group with those global ranks.
+    pub fn build(
+        dims: ParallelDims,
+        global_rank: usize,
+        mut join: impl FnMut(&str, Vec<usize>) -> ProcessGroup,
+    ) -> Self {
+        let world = join("world", (0..dims.world_size()).collect());
+        let mut group = |axis: Axis| join(axis.name(), dims.group_members(axis, global_rank));
+        Self {
+            tp: group(Axis::Tp),
+            cp: group(Axis::Cp),
+            dp: group(Axis::Dp),
+            pp: group(Axis::Pp),
+            ep: group(Axis::Ep),
+            ep_dp: group(Axis::EpDp),
+            tp_cp: group(Axis::TpCp),
+            dp_cp: group(Axis::DpCp),
+            world,
+            dims,
+            global_rank,
+        }
+    }
+
+    /// The groups of a single-device run: every group has one member.
+    pub fn single() -> Self {
+        Self::build(ParallelDims::single(), 0, |_, _| ProcessGroup::solo())
+    }
+
+    pub fn coordinates(&self) -> Coordinates {
+        self.dims.coordinates(self.global_rank)
+    }
+
+    pub fn get(&self, axis: Axis) -> &ProcessGroup {
+        match axis {
+            Axis::Tp => &self.tp,
+            Axis::Cp => &self.cp,
+            Axis::Dp => &self.dp,
+            Axis::Pp => &self.pp,
+            Axis::Ep => &self.ep,
+            Axis::EpDp => &self.ep_dp,
+            Axis::TpCp => &self.tp_cp,
+            Axis::DpCp => &self.dp_cp,
+        }
+    }
+}

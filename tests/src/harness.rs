@@ -1,0 +1,59 @@
+//! How a suite runs: on which devices, in which float dtype, with ranks launched how.
+
+use std::time::Duration;
+
+use burn::tensor::{DType, Device};
+use burn_megatron_dist::launch::{LaunchOptions, launch_with};
+use burn_megatron_dist::{ParallelDims, RankContext};
+
+/// The environment of one suite run.
+#[derive(Clone, Debug)]
+pub struct Harness {
+    /// The device of each local rank.
+    pub device_of: fn(usize) -> Device,
+    /// The float dtype the tensors are made in.
+    pub float: DType,
+    /// Relative tolerance for results that are reduced in a different order than their twin.
+    pub tolerance: f64,
+    /// How many ranks the collective tests use.
+    pub world: usize,
+}
+
+impl Harness {
+    /// Ranks as threads on the CPU, in f32.
+    pub fn cpu(world: usize) -> Self {
+        Self {
+            device_of: |_| Device::flex(),
+            float: DType::F32,
+            // Results summed over ≤ 4 ranks in another order than the twin: a few f32 ulps.
+            tolerance: 1e-5,
+            world,
+        }
+    }
+
+    /// The same on autodiff devices.
+    pub fn device(&self, local_rank: usize) -> Device {
+        (self.device_of)(local_rank)
+    }
+
+    /// Runs `body` on every rank of `dims`, panicking with the cause if a rank fails.
+    pub fn run<T: Send>(&self, dims: ParallelDims, body: impl Fn(RankContext) -> T + Sync) -> Vec<T> {
+        self.run_with_timeout(dims, Duration::from_secs(45), body)
+    }
+
+    /// [`run`](Self::run) with a collective timeout.
+    pub fn run_with_timeout<T: Send>(
+        &self,
+        dims: ParallelDims,
+        timeout: Duration,
+        body: impl Fn(RankContext) -> T + Sync,
+    ) -> Vec<T> {
+        launch_with(dims, LaunchOptions { timeout }, self.device_of, body)
+            .unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// A world of `self.world` ranks, all on one axis (tensor parallelism).
+    pub fn tp_world(&self) -> ParallelDims {
+        ParallelDims::tp_dp(self.world, 1)
+    }
+}
