@@ -21,27 +21,42 @@ pub struct ProcessGroups {
 
 impl ProcessGroups {
     /// Builds every group of `global_rank`; `join(axis_name, members)` returns this rank's
-    /// handle on the group with those global ranks.
+    /// handle on the group with those global ranks. Every rank joins its groups in the same
+    /// order: world, tp, cp, dp, pp, ep, ep-dp, tp-cp, dp-cp.
     pub fn build(
         dims: ParallelDims,
         global_rank: usize,
         mut join: impl FnMut(&str, Vec<usize>) -> ProcessGroup,
     ) -> Self {
-        let world = join("world", (0..dims.world_size()).collect());
+        let infallible = Self::try_build(dims, global_rank, |axis, members| {
+            Ok::<_, std::convert::Infallible>(join(axis, members))
+        });
+        match infallible {
+            Ok(groups) => groups,
+        }
+    }
+
+    /// [`build`](Self::build) with a `join` that can fail.
+    pub fn try_build<E>(
+        dims: ParallelDims,
+        global_rank: usize,
+        mut join: impl FnMut(&str, Vec<usize>) -> Result<ProcessGroup, E>,
+    ) -> Result<Self, E> {
+        let world = join("world", (0..dims.world_size()).collect())?;
         let mut group = |axis: Axis| join(axis.name(), dims.group_members(axis, global_rank));
-        Self {
-            tp: group(Axis::Tp),
-            cp: group(Axis::Cp),
-            dp: group(Axis::Dp),
-            pp: group(Axis::Pp),
-            ep: group(Axis::Ep),
-            ep_dp: group(Axis::EpDp),
-            tp_cp: group(Axis::TpCp),
-            dp_cp: group(Axis::DpCp),
+        Ok(Self {
+            tp: group(Axis::Tp)?,
+            cp: group(Axis::Cp)?,
+            dp: group(Axis::Dp)?,
+            pp: group(Axis::Pp)?,
+            ep: group(Axis::Ep)?,
+            ep_dp: group(Axis::EpDp)?,
+            tp_cp: group(Axis::TpCp)?,
+            dp_cp: group(Axis::DpCp)?,
             world,
             dims,
             global_rank,
-        }
+        })
     }
 
     /// The groups of a single-device run: every group has one member.

@@ -117,10 +117,10 @@ fn launch_process<T: Send>(
     device_of: impl Fn(usize) -> Device + Sync,
     body: impl Fn(RankContext) -> T + Sync,
 ) -> Result<Vec<T>, LaunchError> {
-    let process = crate::comm::nccl::ProcessRank::from_env(options.timeout)?;
+    let process = crate::comm::nccl::ProcessRank::get()?;
     dims.validate(process.world_size())?;
     let device = device_of(process.local_rank());
-    let groups = process.groups(dims, &device)?;
+    let groups = process.groups(dims, &device, options.timeout)?;
     let context = RankContext {
         global_rank: process.global_rank(),
         local_rank: process.local_rank(),

@@ -31,7 +31,14 @@ impl Harness {
         }
     }
 
-    /// The same on autodiff devices.
+    /// Ranks on CUDA devices `0..world`, in `float`, with a relative `tolerance` whose reason
+    /// the caller states.
+    #[cfg(feature = "cuda")]
+    pub fn cuda(world: usize, float: DType, tolerance: f64) -> Self {
+        Self { device_of: |i| Device::cuda(i), float, tolerance, world }
+    }
+
+    /// The device of a local rank.
     pub fn device(&self, local_rank: usize) -> Device {
         (self.device_of)(local_rank)
     }

@@ -13,7 +13,29 @@ pub mod mapping_suite;
 
 pub use harness::Harness;
 
-/// Stamps out one `#[test]` per suite function, for the harness `$harness`.
+/// Calls `$callback!($args; comm_suite: <every communicator test>)`.
+#[macro_export]
+macro_rules! for_each_comm_test {
+    ($callback:ident!($($args:tt)*)) => {
+        $crate::$callback! { $($args)*; comm_suite:
+            all_reduce_floats, all_reduce_ints, all_gather_every_dim, reduce_scatter_every_dim,
+            all_to_all_even_and_uneven, broadcast_send_recv_barrier,
+            mismatches_are_errors_on_every_rank, a_missing_rank_times_out_with_its_name }
+    };
+}
+
+/// Calls `$callback!($args; mapping_suite: <every mapping test>)`.
+#[macro_export]
+macro_rules! for_each_mapping_test {
+    ($callback:ident!($($args:tt)*)) => {
+        $crate::$callback! { $($args)*; mapping_suite:
+            copy_to_tp_grads, reduce_from_tp_grads, scatter_to_sp_grads, gather_from_sp_grads,
+            gather_from_tp_grads, reduce_scatter_to_sp_grads, all_to_all_grads,
+            all_to_all_uneven_grads, mapping_errors_are_typed }
+    };
+}
+
+/// One `#[test]` per suite function, for the harness `$harness`.
 #[macro_export]
 macro_rules! stamp {
     ($harness:expr; $suite:ident: $($test:ident),* $(,)?) => {
@@ -25,3 +47,16 @@ macro_rules! stamp {
         )*
     };
 }
+
+/// A `(name, function)` list of suite functions, for runners outside `cargo test`.
+#[macro_export]
+macro_rules! list {
+    (; $suite:ident: $($test:ident),* $(,)?) => {
+        &[$((concat!(stringify!($suite), "::", stringify!($test)), $crate::$suite::$test as fn(&$crate::Harness))),*]
+    };
+}
+
+/// Every communicator test, by name.
+pub const COMM_TESTS: &[(&str, fn(&Harness))] = for_each_comm_test!(list!());
+/// Every mapping test, by name.
+pub const MAPPING_TESTS: &[(&str, fn(&Harness))] = for_each_mapping_test!(list!());

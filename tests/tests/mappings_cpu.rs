@@ -1,19 +1,13 @@
 //! The mapping suite on the CPU, ranks as threads, in f32.
 
-use burn_megatron_tests::{Harness, stamp};
+use burn_megatron_tests::{Harness, for_each_mapping_test};
 
 mod tp2 {
     use super::*;
-    stamp!(Harness::cpu(2); mapping_suite:
-        copy_to_tp_grads, reduce_from_tp_grads, scatter_to_sp_grads, gather_from_sp_grads,
-        gather_from_tp_grads, reduce_scatter_to_sp_grads, all_to_all_grads,
-        all_to_all_uneven_grads, mapping_errors_are_typed);
+    for_each_mapping_test!(stamp!(Harness::cpu(2)));
 }
 
 mod tp4 {
     use super::*;
-    stamp!(Harness::cpu(4); mapping_suite:
-        copy_to_tp_grads, reduce_from_tp_grads, scatter_to_sp_grads, gather_from_sp_grads,
-        gather_from_tp_grads, reduce_scatter_to_sp_grads, all_to_all_grads,
-        all_to_all_uneven_grads, mapping_errors_are_typed);
+    for_each_mapping_test!(stamp!(Harness::cpu(4)));
 }

@@ -205,6 +205,47 @@ impl InProcessTransport {
     }
 }
 
+#[cfg(feature = "cuda")]
+impl InProcessTransport {
+    /// The group's devices when NCCL can all-reduce `x` natively on CubeCL's communication
+    /// stream (float sums and means, every rank on a CUDA device of its own).
+    fn native_all_reduce_devices(&self, x: &Payload, op: ReduceOp) -> Result<Option<Vec<burn::tensor::Device>>, CommError> {
+        if !x.is_float() || op == ReduceOp::Max || !native::is_cuda(&x.device()) {
+            return Ok(None);
+        }
+        let devices: Vec<_> = self
+            .meet_data(Collective::AllReduce, Value::One(x.clone()))?
+            .into_iter()
+            .map(|v| one(v).device())
+            .collect();
+        let distinct = devices.iter().enumerate().all(|(i, d)| devices[..i].iter().all(|e| e != d));
+        Ok((distinct && devices.iter().all(native::is_cuda)).then_some(devices))
+    }
+}
+
+/// NCCL through CubeCL's own transport, ordered on the GPU without host synchronization.
+#[cfg(feature = "cuda")]
+mod native {
+    use burn::backend::DispatchDevice;
+    use burn::tensor::Device;
+    use burn::tensor::distributed::{ReduceOperation, all_reduce as burn_all_reduce};
+
+    use super::{Payload, ReduceOp};
+
+    pub fn is_cuda(device: &Device) -> bool {
+        matches!(device.as_dispatch(), DispatchDevice::Cube(_))
+    }
+
+    pub fn all_reduce(x: Payload, op: ReduceOp, devices: Vec<Device>) -> Payload {
+        let op = match op {
+            ReduceOp::Sum => ReduceOperation::Sum,
+            ReduceOp::Avg => ReduceOperation::Mean,
+            ReduceOp::Max => unreachable!("max is not native"),
+        };
+        Payload::Float(burn_all_reduce(x.into_float(), op, devices).resolve())
+    }
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Rounds> {
         self.rounds.lock().expect("rendezvous lock")
@@ -257,6 +298,10 @@ impl Transport for InProcessTransport {
     }
 
     fn all_reduce(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
+        #[cfg(feature = "cuda")]
+        if let Some(devices) = self.native_all_reduce_devices(&x, op)? {
+            return Ok(native::all_reduce(x, op, devices));
+        }
         Ok(reduce(self.gather_here(Collective::AllReduce, x)?, op))
     }
 
@@ -267,8 +312,11 @@ impl Transport for InProcessTransport {
     fn reduce_scatter(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
         let part = x.dims()[1] / self.shared.size;
         let mine = self.group_rank * part..(self.group_rank + 1) * part;
-        let parts = self.gather_here(Collective::ReduceScatter, x)?;
-        Ok(reduce(parts.into_iter().map(|p| p.narrow(mine.clone())).collect(), op))
+        let device = x.device();
+        // Only this rank's slice of each peer's tensor travels.
+        let values = self.meet_data(Collective::ReduceScatter, Value::One(x))?;
+        let parts = values.into_iter().map(|v| one(v).narrow(mine.clone()).to_device(&device)).collect();
+        Ok(reduce(parts, op))
     }
 
     fn all_to_all(&self, chunks: Vec<Payload>, _recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {

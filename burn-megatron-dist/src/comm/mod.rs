@@ -7,6 +7,7 @@
 
 mod check;
 pub mod in_process;
+pub mod store;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 mod payload;

@@ -343,7 +343,9 @@ fn view<const D: usize, K: Numeric>(x: Tensor<D, K>, dim: usize) -> Payload {
     let dims = view_dims(&x.shape(), dim);
     let dispatch = x.reshape(dims).into_dispatch();
     if dispatch_is_float(&dispatch) {
-        Payload::Float(Tensor::from_dispatch(dispatch))
+        // A plain collective is not differentiable (the mappings are): cut the graph, so no
+        // rank's autodiff graph ever reaches into another's.
+        Payload::Float(Tensor::<3>::from_dispatch(dispatch).detach())
     } else {
         Payload::Int(Tensor::<3, Int>::from_dispatch(dispatch))
     }

@@ -1,0 +1,521 @@
+//! The NCCL transport: one process a GPU, started by torchrun, SLURM or any launcher that sets
+//! `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT`. It works across nodes.
+//!
+//! Global rank 0 serves the [store](super::store) at `MASTER_ADDR:MASTER_PORT`. Each group's
+//! NCCL unique id and every call's agreement record go through it, so a missing rank is caught
+//! on the host, by name, before any NCCL call is made.
+//!
+//! CubeCL's CUDA streams are private, so NCCL runs on a stream of its own, fenced on the host:
+//! the device is synchronized before a collective and the collective's stream after it (the
+//! single-process path of [`in_process`](super::in_process) runs on CubeCL's own transport
+//! instead, without host fences). The wait for NCCL is a poll with a deadline; past it the
+//! communicator is aborted and the call fails instead of hanging.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use burn::backend::Cube;
+use burn::tensor::{DType, Device, Int, Tensor};
+use burn_cubecl::cubecl::Runtime;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl_cuda::CudaRuntime;
+use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::nccl::{result as nccl, sys};
+
+use super::store::{StoreClient, StoreServer};
+use super::{Collective, Payload, ProcessGroup, ReduceOp, Transport};
+use crate::error::{CommError, LaunchError};
+use crate::groups::ProcessGroups;
+use crate::mesh::ParallelDims;
+
+type CudaServer = <CudaRuntime as Runtime>::Server;
+
+/// How long a rank waits to reach the store, and for its peers to start.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// This process's place in a one-process-a-rank run. There is one per process: the store
+/// connection outlives the groups of each [`launch`](crate::launch()).
+pub struct ProcessRank {
+    global_rank: usize,
+    world_size: usize,
+    local_rank: usize,
+    store: Arc<StoreClient>,
+    /// Kept alive on global rank 0.
+    _server: Option<StoreServer>,
+    /// Launches so far; every process counts the same, so it namespaces the store's keys.
+    launches: AtomicU64,
+}
+
+static PROCESS: OnceLock<ProcessRank> = OnceLock::new();
+
+fn env_usize(name: &'static str) -> Result<Option<usize>, LaunchError> {
+    match std::env::var(name) {
+        Ok(v) => v.trim().parse().map(Some).map_err(|_| LaunchError::Env {
+            name,
+            detail: format!("{v:?} is not a number"),
+        }),
+        Err(_) => Ok(None),
+    }
+}
+
+impl ProcessRank {
+    /// This process's rank, met at the store on first use.
+    pub fn get() -> Result<&'static ProcessRank, LaunchError> {
+        if let Some(process) = PROCESS.get() {
+            return Ok(process);
+        }
+        let process = Self::from_env()?;
+        Ok(PROCESS.get_or_init(|| process))
+    }
+
+    /// Reads the launcher's variables and meets the other ranks at the store.
+    fn from_env() -> Result<Self, LaunchError> {
+        let missing = |name| LaunchError::Env { name, detail: "is not set".into() };
+        let global_rank = env_usize("RANK")?.ok_or_else(|| missing("RANK"))?;
+        let world_size = env_usize("WORLD_SIZE")?.ok_or_else(|| missing("WORLD_SIZE"))?;
+        let local_rank = env_usize("LOCAL_RANK")?.unwrap_or(global_rank);
+        if global_rank >= world_size {
+            return Err(LaunchError::Env { name: "RANK", detail: format!("{global_rank} ≥ WORLD_SIZE {world_size}") });
+        }
+        let host = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
+        let port = env_usize("MASTER_PORT")?.unwrap_or(29500);
+        let address = format!("{host}:{port}");
+        let rendezvous = |detail: String| LaunchError::Rendezvous { address: address.clone(), detail };
+        let server = match global_rank {
+            0 => Some(StoreServer::start(&format!("0.0.0.0:{port}")).map_err(|e| rendezvous(e.to_string()))?),
+            _ => None,
+        };
+        let store = StoreClient::connect(&address, CONNECT_TIMEOUT).map_err(|e| rendezvous(e.to_string()))?;
+        let (store, launches) = (Arc::new(store), AtomicU64::new(0));
+        Ok(Self { global_rank, world_size, local_rank, store, _server: server, launches })
+    }
+
+    pub fn global_rank(&self) -> usize {
+        self.global_rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+
+    /// Creates an NCCL communicator for every group of this rank, on `device`
+    /// (`Device::cuda(local_rank)`).
+    pub fn groups(&self, dims: ParallelDims, device: &Device, timeout: Duration) -> Result<ProcessGroups, LaunchError> {
+        let ctx = CudaContext::new(self.local_rank).map_err(|e| transport_error("init", "cuda", e))?;
+        let launch = self.launches.fetch_add(1, Ordering::Relaxed);
+        ProcessGroups::try_build(dims, self.global_rank, |axis, members| {
+            let label = format!("{axis}{members:?}");
+            let namespace = format!("{launch}/{label}");
+            let joined = NcclTransport::join(label, namespace, &members, self, &ctx, device, timeout);
+            let transport = joined?;
+            Ok(ProcessGroup::new(Arc::new(transport), members))
+        })
+        .map_err(LaunchError::from)
+    }
+}
+
+fn transport_error(group: &str, collective: &'static str, error: impl std::fmt::Debug) -> CommError {
+    CommError::Transport { group: group.to_string(), collective, detail: format!("{error:?}") }
+}
+
+/// An NCCL communicator, destroyed with its transport.
+struct Comm(sys::ncclComm_t);
+
+// Safety: an NCCL communicator may be used from any thread as long as calls on it are not
+// concurrent; `NcclTransport` serializes them with its lock.
+unsafe impl Send for Comm {}
+unsafe impl Sync for Comm {}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // Safety: the communicator was initialized and is dropped once.
+        unsafe {
+            let _ = nccl::comm_destroy(self.0);
+        }
+    }
+}
+
+/// One rank's NCCL communicator for one group.
+pub struct NcclTransport {
+    label: String,
+    /// Prefix of this group's keys in the store.
+    namespace: String,
+    size: usize,
+    group_rank: usize,
+    comm: Mutex<Option<Comm>>,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    store: Arc<StoreClient>,
+    device: Device,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for NcclTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NcclTransport({} @ {})", self.label, self.group_rank)
+    }
+}
+
+impl NcclTransport {
+    fn join(
+        label: String,
+        namespace: String,
+        members: &[usize],
+        process: &ProcessRank,
+        ctx: &Arc<CudaContext>,
+        device: &Device,
+        timeout: Duration,
+    ) -> Result<Self, CommError> {
+        let size = members.len();
+        let group_rank = members.iter().position(|&r| r == process.global_rank).expect("member of its group");
+        let fail = |e: &dyn std::fmt::Debug| transport_error(&label, "init", e);
+        let key = format!("{namespace}/nccl-id");
+        let id = if group_rank == 0 {
+            let id = nccl::get_uniqueid().map_err(|e| fail(&e))?;
+            let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+            process.store.set(&key, &bytes, (size - 1) as u32).map_err(|e| fail(&e))?;
+            id
+        } else {
+            let bytes = process.store.get(&key, timeout).map_err(|e| fail(&e))?.ok_or_else(|| {
+                CommError::Timeout {
+                    group: label.clone(),
+                    collective: "init",
+                    seq: 0,
+                    timeout,
+                    missing: vec![0],
+                }
+            })?;
+            let mut id = sys::ncclUniqueId { internal: [0; 128] };
+            for (dst, src) in id.internal.iter_mut().zip(bytes) {
+                *dst = src as _;
+            }
+            id
+        };
+        ctx.bind_to_thread().map_err(|e| fail(&e))?;
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        // Safety: `comm` is a valid out-pointer; every member calls this with the same id.
+        unsafe { nccl::comm_init_rank(&mut comm, size as i32, id, group_rank as i32) }.map_err(|e| fail(&e))?;
+        let stream = ctx.new_stream().map_err(|e| fail(&e))?;
+        Ok(Self {
+            label,
+            namespace,
+            size,
+            group_rank,
+            comm: Mutex::new(Some(Comm(comm))),
+            ctx: ctx.clone(),
+            stream,
+            store: process.store.clone(),
+            device: device.clone(),
+            timeout,
+        })
+    }
+
+    fn error(&self, collective: Collective, error: impl std::fmt::Debug) -> CommError {
+        transport_error(&self.label, collective.name(), error)
+    }
+
+    /// Runs `launch` on this group's stream once the device's queued work is done, and waits
+    /// for it with a deadline. `launch` gets the raw pointers of `inputs` and `outputs`.
+    fn run(
+        &self,
+        collective: Collective,
+        inputs: &[&Payload],
+        outputs: &[&Payload],
+        launch: impl FnOnce(sys::ncclComm_t, &[u64], &[u64], sys::cudaStream_t) -> Result<(), sys::ncclResult_t>,
+    ) -> Result<(), CommError> {
+        let guard = self.comm.lock().expect("communicator lock");
+        let comm = guard.as_ref().ok_or_else(|| CommError::PeerLost {
+            group: self.label.clone(),
+            collective: collective.name(),
+            rank: usize::MAX,
+            reason: "the communicator was aborted by an earlier timeout".into(),
+        })?;
+        // Made contiguous first, so the fence below also covers those copies.
+        let tensors: Vec<CubeTensor> = inputs.iter().chain(outputs).map(|p| cube(p)).collect();
+        self.device.sync().map_err(|e| self.error(collective, e))?;
+        let resources = tensors
+            .iter()
+            .map(|t| t.client.get_resource::<CudaServer>(t.handle.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| self.error(collective, e))?;
+        let ptrs: Vec<u64> = resources.iter().map(|r| r.resource().ptr).collect();
+        self.ctx.bind_to_thread().map_err(|e| self.error(collective, e))?;
+        let stream = self.stream.cu_stream() as sys::cudaStream_t;
+        launch(comm.0, &ptrs[..inputs.len()], &ptrs[inputs.len()..], stream).map_err(|e| self.error(collective, e))?;
+        let done = self.stream.record_event(None).map_err(|e| self.error(collective, e))?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match done.try_is_complete() {
+                Ok(true) => break,
+                Ok(false) if Instant::now() < deadline => std::thread::yield_now(),
+                Ok(false) => {
+                    drop(guard);
+                    self.abort();
+                    return Err(CommError::Timeout {
+                        group: self.label.clone(),
+                        collective: collective.name(),
+                        seq: 0,
+                        timeout: self.timeout,
+                        missing: vec![],
+                    });
+                }
+                Err(e) => return Err(self.error(collective, e)),
+            }
+        }
+        drop(resources);
+        Ok(())
+    }
+
+    fn abort(&self) {
+        if let Some(comm) = self.comm.lock().expect("communicator lock").take() {
+            // Safety: aborting a live communicator; it is not used again.
+            unsafe {
+                let _ = nccl::comm_abort(comm.0);
+            }
+            std::mem::forget(comm);
+        }
+    }
+
+    fn zeros_like(&self, x: &Payload, dims: [usize; 3]) -> Payload {
+        let options = (&self.device, x.dtype());
+        match x {
+            Payload::Float(_) => Payload::Float(Tensor::zeros(dims, options)),
+            Payload::Int(_) => Payload::Int(Tensor::<3, Int>::zeros(dims, options)),
+        }
+    }
+
+    fn nccl_type(&self, collective: Collective, dtype: DType) -> Result<sys::ncclDataType_t, CommError> {
+        use sys::ncclDataType_t::*;
+        Ok(match dtype {
+            DType::F32 => ncclFloat32,
+            DType::BF16 => ncclBfloat16,
+            DType::F16 => ncclFloat16,
+            DType::F64 => ncclFloat64,
+            DType::I32 => ncclInt32,
+            DType::I64 => ncclInt64,
+            DType::I8 => ncclInt8,
+            DType::U8 => ncclUint8,
+            DType::U32 => ncclUint32,
+            DType::U64 => ncclUint64,
+            other => {
+                return Err(CommError::InvalidArgument {
+                    group: self.label.clone(),
+                    collective: collective.name(),
+                    detail: format!("NCCL has no {other:?}"),
+                });
+            }
+        })
+    }
+}
+
+fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
+    match op {
+        ReduceOp::Sum => sys::ncclRedOp_t::ncclSum,
+        ReduceOp::Avg => sys::ncclRedOp_t::ncclAvg,
+        ReduceOp::Max => sys::ncclRedOp_t::ncclMax,
+    }
+}
+
+fn numel(p: &Payload) -> usize {
+    p.dims().iter().product()
+}
+
+/// The CubeCL tensor behind a payload, made contiguous.
+fn cube(p: &Payload) -> CubeTensor {
+    let t = match p.clone() {
+        Payload::Float(t) => t.try_into_primitive::<Cube>(),
+        Payload::Int(t) => t.try_into_primitive::<Cube>(),
+    }
+    .expect("NCCL payloads live on CUDA devices");
+    if t.is_contiguous() { t } else { burn_cubecl::kernel::into_contiguous(t) }
+}
+
+fn check(status: Result<nccl::NcclStatus, nccl::NcclError>) -> Result<(), sys::ncclResult_t> {
+    status.map(|_| ()).map_err(|e| e.0)
+}
+
+impl Transport for NcclTransport {
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn group_rank(&self) -> usize {
+        self.group_rank
+    }
+
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn exchange(&self, collective: Collective, seq: u64, record: Vec<u8>) -> Result<Vec<Vec<u8>>, CommError> {
+        let key = |r: usize| format!("{}/check/{seq}/{r}", self.namespace);
+        let fail = |e: std::io::Error| self.error(collective, e);
+        self.store.set(&key(self.group_rank), &record, (self.size - 1) as u32).map_err(fail)?;
+        let deadline = Instant::now() + self.timeout;
+        let mut records = Vec::with_capacity(self.size);
+        for r in 0..self.size {
+            if r == self.group_rank {
+                records.push(record.clone());
+                continue;
+            }
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match self.store.get(&key(r), wait).map_err(fail)? {
+                Some(bytes) => records.push(bytes),
+                None => {
+                    let missing = (r..self.size)
+                        .filter(|&j| j != self.group_rank)
+                        .filter(|&j| j == r || matches!(self.store.get(&key(j), Duration::ZERO), Ok(None)))
+                        .collect();
+                    return Err(CommError::Timeout {
+                        group: self.label.clone(),
+                        collective: collective.name(),
+                        seq,
+                        timeout: self.timeout,
+                        missing,
+                    });
+                }
+            }
+        }
+        Ok(records)
+    }
+
+    fn all_reduce(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
+        let c = Collective::AllReduce;
+        let ty = self.nccl_type(c, x.dtype())?;
+        let out = self.zeros_like(&x, x.dims());
+        let n = numel(&x);
+        self.run(c, &[&x], &[&out], |comm, i, o, s| unsafe {
+            // Safety: both buffers hold `n` elements of `ty` and stay alive until the wait ends.
+            check(nccl::all_reduce(i[0] as _, o[0] as _, n, ty, nccl_op(op), comm, s))
+        })?;
+        Ok(out)
+    }
+
+    fn all_gather(&self, x: Payload) -> Result<Payload, CommError> {
+        // NCCL gathers whole buffers; gather along dim 1 of [o, n, i] is gather along dim 0 of
+        // [size, o, n, i] followed by a transpose, done on the gathered tensor.
+        let c = Collective::AllGather;
+        let ty = self.nccl_type(c, x.dtype())?;
+        let [o, n, i] = x.dims();
+        let out = self.zeros_like(&x, [self.size * o, n, i]);
+        let count = numel(&x);
+        self.run(c, &[&x], &[&out], |comm, inp, outp, s| unsafe {
+            // Safety: the output holds `size · count` elements.
+            check(nccl::all_gather(inp[0] as _, outp[0] as _, count, ty, comm, s))
+        })?;
+        Ok(stacked_to_dim1(out, self.size, [o, n, i]))
+    }
+
+    fn reduce_scatter(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
+        let c = Collective::ReduceScatter;
+        let ty = self.nccl_type(c, x.dtype())?;
+        let [o, n, i] = x.dims();
+        let part = n / self.size;
+        // NCCL scatters contiguous blocks: bring rank j's block of dim 1 to the front.
+        let blocks = dim1_to_stacked(x, self.size, [o, part, i]);
+        let out = self.zeros_like(&blocks, [o, part, i]);
+        let count = o * part * i;
+        self.run(c, &[&blocks], &[&out], |comm, inp, outp, s| unsafe {
+            // Safety: the input holds `size · count` elements, the output `count`.
+            check(nccl::reduce_scatter(inp[0] as _, outp[0] as _, count, ty, nccl_op(op), comm, s))
+        })?;
+        Ok(out)
+    }
+
+    fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
+        let c = Collective::AllToAll;
+        let ty = self.nccl_type(c, chunks[0].dtype())?;
+        let outs: Vec<Payload> = recv_dims.iter().map(|&d| self.zeros_like(&chunks[0], d)).collect();
+        let me = self.group_rank;
+        let sends: Vec<&Payload> = chunks.iter().collect();
+        let recvs: Vec<&Payload> = outs.iter().collect();
+        let counts: Vec<(usize, usize)> = (0..self.size).map(|j| (numel(&chunks[j]), numel(&outs[j]))).collect();
+        self.run(c, &sends, &recvs, |comm, inp, outp, s| unsafe {
+            // Safety: each send and receive buffer holds the counted elements.
+            check(nccl::group_start())?;
+            for (j, &(send, recv)) in counts.iter().enumerate() {
+                if j == me {
+                    continue;
+                }
+                if send > 0 {
+                    check(nccl::send(inp[j] as _, send, ty, j as i32, comm, s))?;
+                }
+                if recv > 0 {
+                    check(nccl::recv(outp[j] as _, recv, ty, j as i32, comm, s))?;
+                }
+            }
+            check(nccl::group_end())
+        })?;
+        let mut outs = outs;
+        outs[me] = chunks[me].clone();
+        Ok(outs)
+    }
+
+    fn broadcast(&self, x: Payload, root: usize) -> Result<Payload, CommError> {
+        let c = Collective::Broadcast;
+        let ty = self.nccl_type(c, x.dtype())?;
+        let out = self.zeros_like(&x, x.dims());
+        let n = numel(&x);
+        self.run(c, &[&x], &[&out], |comm, i, o, s| unsafe {
+            // Safety: both buffers hold `n` elements.
+            check(nccl::broadcast(i[0] as _, o[0] as _, n, ty, root as i32, comm, s))
+        })?;
+        Ok(out)
+    }
+
+    fn send(&self, x: Payload, peer: usize, seq: u64) -> Result<(), CommError> {
+        let c = Collective::Send;
+        let ty = self.nccl_type(c, x.dtype())?;
+        let header = format!("{:?} {:?} {}", x.dtype(), x.dims(), x.is_float());
+        let key = format!("{}/p2p/{}-{peer}/{seq}", self.namespace, self.group_rank);
+        self.store.set(&key, header.as_bytes(), 1).map_err(|e| self.error(c, e))?;
+        let n = numel(&x);
+        self.run(c, &[&x], &[], |comm, i, _, s| unsafe {
+            // Safety: the buffer holds `n` elements.
+            check(nccl::send(i[0] as _, n, ty, peer as i32, comm, s))
+        })
+    }
+
+    fn recv(&self, like: Payload, peer: usize, seq: u64) -> Result<Payload, CommError> {
+        let c = Collective::Recv;
+        let ty = self.nccl_type(c, like.dtype())?;
+        let expected = format!("{:?} {:?} {}", like.dtype(), like.dims(), like.is_float());
+        let key = format!("{}/p2p/{peer}-{}/{seq}", self.namespace, self.group_rank);
+        let header = self.store.get(&key, self.timeout).map_err(|e| self.error(c, e))?.ok_or_else(|| {
+            CommError::Timeout { group: self.label.clone(), collective: c.name(), seq, timeout: self.timeout, missing: vec![peer] }
+        })?;
+        let header = String::from_utf8_lossy(&header).into_owned();
+        if header != expected {
+            let detail = format!("group rank {peer} sent {header} but this rank expects {expected}");
+            return Err(CommError::Mismatch { group: self.label.clone(), collective: c.name(), seq, detail });
+        }
+        let out = self.zeros_like(&like, like.dims());
+        let n = numel(&like);
+        self.run(c, &[], &[&out], |comm, _, o, s| unsafe {
+            // Safety: the buffer holds `n` elements.
+            check(nccl::recv(o[0] as _, n, ty, peer as i32, comm, s))
+        })?;
+        Ok(out)
+    }
+}
+
+/// `[size·o, n, i]` (rank-major blocks) → `[o, size·n, i]`.
+fn stacked_to_dim1(x: Payload, size: usize, [o, n, i]: [usize; 3]) -> Payload {
+    match x {
+        Payload::Float(t) => Payload::Float(t.reshape([size, o, n * i]).swap_dims(0, 1).reshape([o, size * n, i])),
+        Payload::Int(t) => Payload::Int(t.reshape([size, o, n * i]).swap_dims(0, 1).reshape([o, size * n, i])),
+    }
+}
+
+/// `[o, size·n, i]` → `[size·o, n, i]` (rank-major blocks), the inverse of [`stacked_to_dim1`].
+fn dim1_to_stacked(x: Payload, size: usize, [o, n, i]: [usize; 3]) -> Payload {
+    match x {
+        Payload::Float(t) => Payload::Float(t.reshape([o, size, n * i]).swap_dims(0, 1).reshape([size * o, n, i])),
+        Payload::Int(t) => Payload::Int(t.reshape([o, size, n * i]).swap_dims(0, 1).reshape([size * o, n, i])),
+    }
+}

@@ -1,0 +1,37 @@
+//! Typed errors of layer and model configurations, checked before any tensor is made.
+
+use burn_megatron_dist::{CommError, MeshError};
+
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{what} = {size} is not divisible by tp = {tp}")]
+    NotDivisible { what: &'static str, size: usize, tp: usize },
+    #[error("n_heads = {n_heads} is not a multiple of n_kv_heads = {n_kv_heads}")]
+    HeadsNotMultipleOfKvHeads { n_heads: usize, n_kv_heads: usize },
+    #[error("d_model = {d_model} is not divisible by n_heads = {n_heads}")]
+    ModelNotDivisibleByHeads { d_model: usize, n_heads: usize },
+    #[error("head_dim = {head_dim} is odd: RoPE rotates pairs of dims")]
+    OddHeadDim { head_dim: usize },
+    #[error("sequence length {seq_len} is not divisible by tp = {tp}, which sequence parallelism needs")]
+    SequenceNotDivisible { seq_len: usize, tp: usize },
+    #[error("the model is configured for tp = {configured} but its tensor-parallel group has {group} ranks")]
+    GroupSizeMismatch { configured: usize, group: usize },
+    #[error(transparent)]
+    Mesh(#[from] MeshError),
+    #[error("unknown preset {0:?}: expected tiny, llama-1b or llama-8b")]
+    UnknownPreset(String),
+}
+
+/// A layer or model that could not run or convert.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum LayerError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Comm(#[from] CommError),
+}
+
+/// Checks that `size` splits over `tp` ranks.
+pub fn divisible(what: &'static str, size: usize, tp: usize) -> Result<usize, ConfigError> {
+    if size % tp == 0 { Ok(size / tp) } else { Err(ConfigError::NotDivisible { what, size, tp }) }
+}

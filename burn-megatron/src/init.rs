@@ -1,0 +1,159 @@
+//! Parameter initialization, deterministic and shard-aware.
+//!
+//! Every parameter has a name (its path in the model) and a seed derived from it. Two modes:
+//! - [`InitMode::Full`]: the whole tensor is generated from the seed and this rank keeps its
+//!   slice. Every layout gets the same model, so a tp = 2 model is the exact shard of the
+//!   tp = 1 model: the parity tests rely on it.
+//! - [`InitMode::PerShard`]: only this rank's shard is generated, from a seed that also names
+//!   the shard's mesh coordinate. No rank ever holds a full copy: large models need this.
+
+use burn::tensor::{Device, Tensor, TensorData};
+
+/// How parameters get their first values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InitMode {
+    /// Generate the full tensor and keep this rank's slice (same model at every layout).
+    Full,
+    /// Generate only this rank's slice (no full copy anywhere).
+    PerShard,
+}
+
+/// Which slice of a tensor this rank holds: `count` equal parts of `dim`, part `index`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub dim: usize,
+    pub index: usize,
+    pub count: usize,
+}
+
+impl Shard {
+    /// The whole tensor.
+    pub const WHOLE: Shard = Shard { dim: 0, index: 0, count: 1 };
+
+    pub fn new(dim: usize, index: usize, count: usize) -> Self {
+        Self { dim, index, count }
+    }
+
+    /// This rank's slice of `full`.
+    pub fn slice<const D: usize>(&self, full: Tensor<D>) -> Tensor<D> {
+        if self.count == 1 {
+            return full;
+        }
+        let part = full.dims()[self.dim] / self.count;
+        full.narrow(self.dim, self.index * part, part)
+    }
+
+    /// The shape of this rank's slice of a tensor of shape `full`.
+    pub fn shape<const D: usize>(&self, mut full: [usize; D]) -> [usize; D] {
+        if self.count > 1 {
+            full[self.dim] /= self.count;
+        }
+        full
+    }
+}
+
+/// Initializes parameters from a base seed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParamInit {
+    pub seed: u64,
+    pub mode: InitMode,
+}
+
+impl ParamInit {
+    pub fn new(seed: u64, mode: InitMode) -> Self {
+        Self { seed, mode }
+    }
+
+    /// Normal(0, std) values for `shard` of the parameter `name` of shape `full`.
+    pub fn normal<const D: usize>(
+        &self,
+        name: &str,
+        full: [usize; D],
+        shard: Shard,
+        std: f64,
+        device: &Device,
+    ) -> Tensor<D> {
+        let seed = hash(self.seed, name);
+        match self.mode {
+            InitMode::Full => shard.slice(normal(full, seed, std, device)),
+            InitMode::PerShard => normal(shard.shape(full), hash(seed, &format!("{}/{}", shard.dim, shard.index)), std, device),
+        }
+    }
+}
+
+/// `Tensor` of Normal(0, std) values from `seed`, generated on the host.
+pub fn normal<const D: usize>(shape: [usize; D], seed: u64, std: f64, device: &Device) -> Tensor<D> {
+    let n: usize = shape.iter().product();
+    let mut rng = SplitMix64(seed);
+    let mut values = Vec::with_capacity(n);
+    while values.len() < n {
+        // Box–Muller: two normals from two uniforms in (0, 1].
+        let u1 = 1.0 - rng.unit();
+        let u2 = rng.unit();
+        let r = (-2.0 * u1.ln()).sqrt() * std;
+        let theta = std::f64::consts::TAU * u2;
+        values.push((r * theta.cos()) as f32);
+        values.push((r * theta.sin()) as f32);
+    }
+    values.truncate(n);
+    Tensor::<1>::from_data(TensorData::new(values, [n]), device).reshape(shape)
+}
+
+/// A 64-bit hash of a seed and a name (FNV-1a, then SplitMix's finalizer).
+pub fn hash(seed: u64, name: &str) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
+    for b in name.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    SplitMix64(h).next()
+}
+
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_mode_shards_are_slices_of_the_whole() {
+        let dev = Device::flex();
+        let init = ParamInit::new(7, InitMode::Full);
+        let whole = init.normal("w", [4, 6], Shard::WHOLE, 0.02, &dev);
+        let part = init.normal("w", [4, 6], Shard::new(1, 1, 2), 0.02, &dev);
+        whole.narrow(1, 3, 3).into_data().assert_eq(&part.into_data(), true);
+    }
+
+    #[test]
+    fn per_shard_mode_makes_only_the_shard_and_shards_differ() {
+        let dev = Device::flex();
+        let init = ParamInit::new(7, InitMode::PerShard);
+        let a = init.normal("w", [4, 6], Shard::new(1, 0, 2), 0.02, &dev);
+        let b = init.normal("w", [4, 6], Shard::new(1, 1, 2), 0.02, &dev);
+        assert_eq!(a.dims(), [4, 3]);
+        assert_ne!(a.into_data(), b.into_data());
+    }
+
+    #[test]
+    fn normal_has_the_asked_spread() {
+        let x = normal([100_000], 3, 0.02, &Device::flex());
+        let mean = x.clone().mean().into_scalar::<f32>();
+        let std = x.var(0).sqrt().into_scalar::<f32>();
+        // 100k samples: the mean's standard error is 0.02/√1e5 ≈ 6e-5, the std's ≈ 4.5e-5.
+        assert!(mean.abs() < 3e-4 && (std - 0.02).abs() < 3e-4, "mean {mean} std {std}");
+    }
+}

@@ -1,0 +1,144 @@
+//! Causal self-attention with heads split over the tensor-parallel group, grouped-query
+//! attention and rotary positions.
+//!
+//! Legend: `b` batch, `s` sequence, `d` d_model, `h` heads on this rank (`n_heads/tp`),
+//! `g` kv heads on this rank (`n_kv_heads/tp`), `k` head_dim.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Device, Tensor};
+use burn_megatron_dist::ProcessGroup;
+use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
+
+use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig};
+use super::rope::Rope;
+use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
+use crate::error::{ConfigError, LayerError, divisible};
+use crate::init::ParamInit;
+
+/// Configuration of a [`ParallelAttention`].
+#[derive(Config, Debug)]
+pub struct ParallelAttentionConfig {
+    pub d_model: usize,
+    pub n_heads: usize,
+    /// Key/value heads (grouped-query attention); `n_heads` for plain multi-head attention.
+    pub n_kv_heads: usize,
+    /// Longest sequence the rotary tables cover.
+    pub max_seq_len: usize,
+    #[config(default = 10000.0)]
+    pub rope_theta: f64,
+    /// Input and output are sequence shards (sequence parallelism).
+    #[config(default = false)]
+    pub sequence_parallel: bool,
+    #[config(default = 0.02)]
+    pub init_std: f64,
+}
+
+impl ParallelAttentionConfig {
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.n_heads
+    }
+
+    /// Checks the head layout against a tensor-parallel group of `tp` ranks.
+    pub fn validate(&self, tp: usize) -> Result<(), ConfigError> {
+        if self.d_model % self.n_heads != 0 {
+            return Err(ConfigError::ModelNotDivisibleByHeads { d_model: self.d_model, n_heads: self.n_heads });
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return Err(ConfigError::HeadsNotMultipleOfKvHeads { n_heads: self.n_heads, n_kv_heads: self.n_kv_heads });
+        }
+        if self.head_dim() % 2 != 0 {
+            return Err(ConfigError::OddHeadDim { head_dim: self.head_dim() });
+        }
+        divisible("n_heads", self.n_heads, tp)?;
+        divisible("n_kv_heads", self.n_kv_heads, tp)?;
+        Ok(())
+    }
+
+    pub fn init(&self, device: &Device, tp: &ProcessGroup, init: &ParamInit, name: &str) -> Result<ParallelAttention, LayerError> {
+        self.validate(tp.size())?;
+        let k = self.head_dim();
+        let column = |d_output| {
+            ColumnParallelLinearConfig::new(self.d_model, d_output)
+                .with_input(ColumnInput::InRegion)
+                .with_output(ColumnOutput::Sharded)
+                .with_init_std(self.init_std)
+        };
+        let output = match self.sequence_parallel {
+            true => RowOutput::SequenceScattered,
+            false => RowOutput::Reduced,
+        };
+        let wo = RowParallelLinearConfig::new(self.n_heads * k, self.d_model)
+            .with_input(RowInput::Sharded)
+            .with_output(output)
+            .with_init_std(self.init_std);
+        Ok(ParallelAttention {
+            wq: column(self.n_heads * k).init(device, tp, init, &format!("{name}.wq"))?,
+            wk: column(self.n_kv_heads * k).init(device, tp, init, &format!("{name}.wk"))?,
+            wv: column(self.n_kv_heads * k).init(device, tp, init, &format!("{name}.wv"))?,
+            wo: wo.init(device, tp, init, &format!("{name}.wo"))?,
+            n_heads: self.n_heads / tp.size(),
+            n_kv_heads: self.n_kv_heads / tp.size(),
+            head_dim: k,
+            sequence_parallel: self.sequence_parallel,
+            rope: Rope::new(k, self.max_seq_len, self.rope_theta, device),
+            tp: tp.clone(),
+        })
+    }
+}
+
+/// Causal self-attention over this rank's heads.
+#[derive(Module, Debug)]
+pub struct ParallelAttention {
+    pub wq: ColumnParallelLinear,
+    pub wk: ColumnParallelLinear,
+    pub wv: ColumnParallelLinear,
+    pub wo: RowParallelLinear,
+    /// Heads on this rank.
+    pub n_heads: usize,
+    /// Key/value heads on this rank.
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub sequence_parallel: bool,
+    #[module(skip)]
+    pub rope: Rope,
+    #[module(skip)]
+    pub tp: ProcessGroup,
+}
+
+impl ParallelAttention {
+    /// # Shapes
+    /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
+    pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+        // One mapping for q, k and v, which share the input.
+        let x = match self.sequence_parallel {
+            true => gather_from_sp(x, &self.tp, 1)?,
+            false => copy_to_tp(x, &self.tp)?,
+        };
+        let [b, s, _] = x.dims();
+        let heads = |y: Tensor<3>, n: usize| y.reshape([b, s, n, self.head_dim]).swap_dims(1, 2);
+        let q = self.rope.apply(heads(self.wq.forward(x.clone())?, self.n_heads)); // [b, h, s, k]
+        let k = self.rope.apply(heads(self.wk.forward(x.clone())?, self.n_kv_heads)); // [b, g, s, k]
+        let v = heads(self.wv.forward(x)?, self.n_kv_heads); // [b, g, s, k]
+        let (k, v) = (self.repeat_kv(k), self.repeat_kv(v)); // [b, h, s, k]
+        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
+        let out = attention(q, k, v, None, None, options); // [b, h, s, k]
+        let out = out.swap_dims(1, 2).reshape([b, s, self.n_heads * self.head_dim]);
+        self.wo.forward(out)
+    }
+
+    /// Each kv head serves `h/g` query heads, in Hugging Face's order.
+    ///
+    /// # Shapes
+    /// `[b, g, s, k]` → `[b, h, s, k]`
+    fn repeat_kv(&self, x: Tensor<4>) -> Tensor<4> {
+        let repeat = self.n_heads / self.n_kv_heads;
+        if repeat == 1 {
+            return x;
+        }
+        let [b, g, s, k] = x.dims();
+        x.unsqueeze_dim::<5>(2).repeat_dim(2, repeat).reshape([b, g * repeat, s, k])
+    }
+}

@@ -1,0 +1,129 @@
+//! Column-parallel linear: the output features are split over the tensor-parallel group.
+//!
+//! Legend: `b` batch, `s` sequence, `i` input features, `o` output features, `tp` group size.
+
+use burn::config::Config;
+use burn::module::{Module, Param};
+use burn::nn::Linear;
+use burn::tensor::{Device, Tensor, module::linear};
+use burn_megatron_dist::ProcessGroup;
+use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp, gather_from_tp};
+
+use crate::error::{LayerError, divisible};
+use crate::init::{ParamInit, Shard};
+
+/// What reaches a column-parallel layer.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum ColumnInput {
+    /// The whole input, the same on every rank (its gradient is summed over the group).
+    Replicated,
+    /// This rank's shard of the sequence (dim `D-2`), gathered first (sequence parallelism).
+    SequenceSharded,
+    /// Already inside the tensor-parallel region: the caller applied the mapping once for
+    /// several layers that share the input (q, k, v; the MLP's gate and up projections).
+    InRegion,
+}
+
+/// What a column-parallel layer returns.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum ColumnOutput {
+    /// This rank's slice of the output features (feeds a row-parallel layer).
+    Sharded,
+    /// All output features, gathered.
+    Gathered,
+}
+
+/// Configuration of a [`ColumnParallelLinear`].
+#[derive(Config, Debug)]
+pub struct ColumnParallelLinearConfig {
+    /// Input features.
+    pub d_input: usize,
+    /// Output features of the whole layer (all ranks together).
+    pub d_output: usize,
+    #[config(default = false)]
+    pub bias: bool,
+    #[config(default = "ColumnInput::Replicated")]
+    pub input: ColumnInput,
+    #[config(default = "ColumnOutput::Sharded")]
+    pub output: ColumnOutput,
+    /// Standard deviation of the normal initialization.
+    #[config(default = 0.02)]
+    pub init_std: f64,
+}
+
+/// `y = x·W + b` with `W` split by output columns: this rank holds `[i, o/tp]`.
+#[derive(Module, Debug)]
+pub struct ColumnParallelLinear {
+    /// `[i, o/tp]`, Burn's `[d_in, d_out]` layout.
+    pub weight: Param<Tensor<2>>,
+    /// `[o/tp]`.
+    pub bias: Option<Param<Tensor<1>>>,
+    #[module(skip)]
+    pub input: ColumnInput,
+    #[module(skip)]
+    pub output: ColumnOutput,
+    #[module(skip)]
+    pub tp: ProcessGroup,
+}
+
+impl ColumnParallelLinearConfig {
+    /// Initializes this rank's shard; `name` is the parameter's path, which seeds it.
+    pub fn init(&self, device: &Device, tp: &ProcessGroup, init: &ParamInit, name: &str) -> Result<ColumnParallelLinear, LayerError> {
+        divisible("d_output", self.d_output, tp.size())?;
+        let shard = Shard::new(1, tp.group_rank(), tp.size());
+        let weight = init.normal(&format!("{name}.weight"), [self.d_input, self.d_output], shard, self.init_std, device);
+        let bias = self.bias.then(|| {
+            let bias_shard = Shard::new(0, tp.group_rank(), tp.size());
+            Tensor::zeros(bias_shard.shape([self.d_output]), device)
+        });
+        Ok(ColumnParallelLinear::from_parts(weight, bias, self.input, self.output, tp))
+    }
+}
+
+impl ColumnParallelLinear {
+    /// This rank's shard of a whole Burn `Linear` (the same on every rank).
+    pub fn from_linear(linear: Linear, input: ColumnInput, output: ColumnOutput, tp: &ProcessGroup) -> Result<Self, LayerError> {
+        let [_, d_output] = linear.weight.dims();
+        divisible("d_output", d_output, tp.size())?;
+        let shard = |dim| Shard::new(dim, tp.group_rank(), tp.size());
+        let weight = shard(1).slice(linear.weight.val());
+        let bias = linear.bias.map(|b| shard(0).slice(b.val()));
+        Ok(Self::from_parts(weight, bias, input, output, tp))
+    }
+
+    /// The whole layer as a Burn `Linear`, gathered from every rank.
+    pub fn to_linear(&self) -> Result<Linear, LayerError> {
+        let weight = self.tp.all_gather(self.weight.val().detach(), 1)?;
+        let bias = match &self.bias {
+            Some(b) => Some(Param::from_tensor(self.tp.all_gather(b.val().detach(), 0)?)),
+            None => None,
+        };
+        Ok(Linear { weight: Param::from_tensor(weight), bias })
+    }
+
+    fn from_parts(weight: Tensor<2>, bias: Option<Tensor<1>>, input: ColumnInput, output: ColumnOutput, tp: &ProcessGroup) -> Self {
+        Self {
+            weight: Param::from_tensor(weight),
+            bias: bias.map(Param::from_tensor),
+            input,
+            output,
+            tp: tp.clone(),
+        }
+    }
+
+    /// # Shapes
+    /// - input: `[.., s, i]`, or `[.., s/tp, i]` with [`ColumnInput::SequenceSharded`]
+    /// - output: `[.., s, o/tp]`, or `[.., s, o]` with [`ColumnOutput::Gathered`]
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Result<Tensor<D>, LayerError> {
+        let x = match self.input {
+            ColumnInput::Replicated => copy_to_tp(x, &self.tp)?,
+            ColumnInput::SequenceSharded => gather_from_sp(x, &self.tp, D - 2)?,
+            ColumnInput::InRegion => x,
+        };
+        let y = linear(x, self.weight.val(), self.bias.as_ref().map(|b| b.val()));
+        Ok(match self.output {
+            ColumnOutput::Sharded => y,
+            ColumnOutput::Gathered => gather_from_tp(y, &self.tp, D - 1)?,
+        })
+    }
+}

@@ -1,0 +1,100 @@
+//! Token embedding with the vocabulary split over the tensor-parallel group.
+//!
+//! Legend: `b` batch, `s` sequence, `d` d_model, `v` padded vocabulary.
+
+use burn::config::Config;
+use burn::module::{Module, Param};
+use burn::nn::Embedding;
+use burn::tensor::module::embedding;
+use burn::tensor::{Device, Int, Tensor};
+use burn_megatron_dist::ProcessGroup;
+use burn_megatron_dist::mappings::{reduce_from_tp, reduce_scatter_to_sp};
+
+use crate::error::LayerError;
+use crate::init::{ParamInit, Shard};
+
+/// The vocabulary size padded up to a multiple of `multiple · tp`, so every rank holds the same
+/// number of rows.
+pub fn padded_vocab(vocab_size: usize, multiple: usize, tp: usize) -> usize {
+    let step = multiple.max(1) * tp;
+    vocab_size.div_ceil(step) * step
+}
+
+/// Configuration of a [`VocabParallelEmbedding`].
+#[derive(Config, Debug)]
+pub struct VocabParallelEmbeddingConfig {
+    pub vocab_size: usize,
+    pub d_model: usize,
+    /// The padded vocabulary is a multiple of this times tp.
+    #[config(default = 1)]
+    pub pad_vocab_to_multiple_of: usize,
+    /// Return the output's sequence shard (sequence parallelism).
+    #[config(default = false)]
+    pub sequence_parallel: bool,
+    #[config(default = 0.02)]
+    pub init_std: f64,
+}
+
+/// Each rank holds the rows of a contiguous range of token ids; a token's embedding comes from
+/// the rank that holds it and is summed over the group.
+#[derive(Module, Debug)]
+pub struct VocabParallelEmbedding {
+    /// `[v/tp, d]`
+    pub weight: Param<Tensor<2>>,
+    pub vocab_size: usize,
+    pub sequence_parallel: bool,
+    #[module(skip)]
+    pub tp: ProcessGroup,
+}
+
+impl VocabParallelEmbeddingConfig {
+    pub fn init(&self, device: &Device, tp: &ProcessGroup, init: &ParamInit, name: &str) -> VocabParallelEmbedding {
+        let v = padded_vocab(self.vocab_size, self.pad_vocab_to_multiple_of, tp.size());
+        let shard = Shard::new(0, tp.group_rank(), tp.size());
+        let weight = init.normal(&format!("{name}.weight"), [v, self.d_model], shard, self.init_std, device);
+        VocabParallelEmbedding {
+            weight: Param::from_tensor(weight),
+            vocab_size: self.vocab_size,
+            sequence_parallel: self.sequence_parallel,
+            tp: tp.clone(),
+        }
+    }
+}
+
+impl VocabParallelEmbedding {
+    /// This rank's rows of a whole Burn `Embedding`, padded with zero rows.
+    pub fn from_embedding(embedding: Embedding, pad_vocab_to_multiple_of: usize, sequence_parallel: bool, tp: &ProcessGroup) -> Self {
+        let weight = embedding.weight.val();
+        let [vocab_size, d] = weight.dims();
+        let v = padded_vocab(vocab_size, pad_vocab_to_multiple_of, tp.size());
+        let weight = match v - vocab_size {
+            0 => weight,
+            extra => Tensor::cat(vec![weight.clone(), Tensor::zeros([extra, d], &weight.device())], 0),
+        };
+        VocabParallelEmbedding {
+            weight: Param::from_tensor(Shard::new(0, tp.group_rank(), tp.size()).slice(weight)),
+            vocab_size,
+            sequence_parallel,
+            tp: tp.clone(),
+        }
+    }
+
+    /// # Shapes
+    /// `[b, s]` token ids → `[b, s, d]`, or `[b, s/tp, d]` with sequence parallelism.
+    pub fn forward(&self, ids: Tensor<2, Int>) -> Result<Tensor<3>, LayerError> {
+        let [rows, d] = self.weight.dims();
+        let start = (self.tp.group_rank() * rows) as i64;
+        let end = start + rows as i64;
+        let [b, s] = ids.dims();
+        // Tokens held by another rank look up row 0 and are zeroed after the lookup.
+        let elsewhere = ids.clone().lower_elem(start).bool_or(ids.clone().greater_equal_elem(end));
+        let local = ids.sub_scalar(start).mask_fill(elsewhere.clone(), 0);
+        let partial = embedding(self.weight.val(), local); // [b, s, d]
+        let mask = elsewhere.unsqueeze_dim::<3>(2).expand([b, s, d]);
+        let partial = partial.mask_fill(mask, 0.0);
+        Ok(match self.sequence_parallel {
+            true => reduce_scatter_to_sp(partial, &self.tp, 1)?,
+            false => reduce_from_tp(partial, &self.tp)?,
+        })
+    }
+}

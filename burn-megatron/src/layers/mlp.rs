@@ -1,0 +1,80 @@
+//! The SwiGLU feed-forward block, `w2(silu(w1·x) ⊙ w3·x)`, split over the tensor-parallel
+//! group: `w1` and `w3` by columns, `w2` by rows.
+//!
+//! Legend: `b` batch, `s` sequence, `d` d_model, `f` d_ff.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::tensor::activation::silu;
+use burn::tensor::{Device, Tensor};
+use burn_megatron_dist::ProcessGroup;
+use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
+
+use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig};
+use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
+use crate::error::{LayerError, divisible};
+use crate::init::ParamInit;
+
+/// Configuration of a [`ParallelMlp`].
+#[derive(Config, Debug)]
+pub struct ParallelMlpConfig {
+    pub d_model: usize,
+    pub d_ff: usize,
+    /// Input and output are sequence shards (sequence parallelism).
+    #[config(default = false)]
+    pub sequence_parallel: bool,
+    #[config(default = 0.02)]
+    pub init_std: f64,
+}
+
+/// SwiGLU with its hidden features split over the group.
+#[derive(Module, Debug)]
+pub struct ParallelMlp {
+    /// Gate projection, `[d, f/tp]`.
+    pub w1: ColumnParallelLinear,
+    /// Down projection, `[f/tp, d]`.
+    pub w2: RowParallelLinear,
+    /// Up projection, `[d, f/tp]`.
+    pub w3: ColumnParallelLinear,
+    pub sequence_parallel: bool,
+    #[module(skip)]
+    pub tp: ProcessGroup,
+}
+
+impl ParallelMlpConfig {
+    pub fn init(&self, device: &Device, tp: &ProcessGroup, init: &ParamInit, name: &str) -> Result<ParallelMlp, LayerError> {
+        divisible("d_ff", self.d_ff, tp.size())?;
+        let column = ColumnParallelLinearConfig::new(self.d_model, self.d_ff)
+            .with_input(ColumnInput::InRegion)
+            .with_output(ColumnOutput::Sharded)
+            .with_init_std(self.init_std);
+        let output = match self.sequence_parallel {
+            true => RowOutput::SequenceScattered,
+            false => RowOutput::Reduced,
+        };
+        let w2 = RowParallelLinearConfig::new(self.d_ff, self.d_model)
+            .with_input(RowInput::Sharded)
+            .with_output(output)
+            .with_init_std(self.init_std);
+        Ok(ParallelMlp {
+            w1: column.init(device, tp, init, &format!("{name}.w1"))?,
+            w2: w2.init(device, tp, init, &format!("{name}.w2"))?,
+            w3: column.init(device, tp, init, &format!("{name}.w3"))?,
+            sequence_parallel: self.sequence_parallel,
+            tp: tp.clone(),
+        })
+    }
+}
+
+impl ParallelMlp {
+    /// # Shapes
+    /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
+    pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+        let x = match self.sequence_parallel {
+            true => gather_from_sp(x, &self.tp, 1)?,
+            false => copy_to_tp(x, &self.tp)?,
+        };
+        let hidden = silu(self.w1.forward(x.clone())?) * self.w3.forward(x)?; // [b, s, f/tp]
+        self.w2.forward(hidden)
+    }
+}

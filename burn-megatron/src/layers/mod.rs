@@ -1,0 +1,19 @@
+//! Parallel layers. Each behaves exactly like its Burn twin when its group has one member.
+
+pub mod attention;
+pub mod column;
+pub mod cross_entropy;
+pub mod embedding;
+pub mod mlp;
+pub mod norm;
+pub mod rope;
+pub mod row;
+
+pub use attention::{ParallelAttention, ParallelAttentionConfig};
+pub use column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig};
+pub use cross_entropy::{VocabParallelCrossEntropy, VocabParallelCrossEntropyConfig};
+pub use embedding::{VocabParallelEmbedding, VocabParallelEmbeddingConfig, padded_vocab};
+pub use mlp::{ParallelMlp, ParallelMlpConfig};
+pub use norm::{RmsNorm, RmsNormConfig};
+pub use rope::Rope;
+pub use row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};

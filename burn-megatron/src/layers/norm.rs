@@ -1,0 +1,60 @@
+//! RMSNorm that knows about sequence parallelism.
+
+use burn::config::Config;
+use burn::module::{Module, Param};
+use burn::tensor::{Device, Tensor};
+use burn_megatron_dist::ProcessGroup;
+use burn_megatron_dist::mappings::copy_to_tp;
+
+use crate::error::LayerError;
+
+/// Configuration of an [`RmsNorm`].
+#[derive(Config, Debug)]
+pub struct RmsNormConfig {
+    pub d_model: usize,
+    #[config(default = 1e-5)]
+    pub epsilon: f64,
+    /// Whether the input is a sequence shard (sequence parallelism).
+    #[config(default = false)]
+    pub sequence_parallel: bool,
+}
+
+/// `y = x / √(mean(x²) + ε) · w`.
+///
+/// With sequence parallelism each rank normalizes its own tokens, so the weight's gradient on a
+/// rank is a partial sum; it is all-reduced over the tensor-parallel group in the backward pass.
+#[derive(Module, Debug)]
+pub struct RmsNorm {
+    /// `[d_model]`, whole on every rank.
+    pub weight: Param<Tensor<1>>,
+    pub epsilon: f64,
+    pub sequence_parallel: bool,
+    #[module(skip)]
+    pub tp: ProcessGroup,
+}
+
+impl RmsNormConfig {
+    pub fn init(&self, device: &Device, tp: &ProcessGroup) -> RmsNorm {
+        RmsNorm {
+            weight: Param::from_tensor(Tensor::ones([self.d_model], device)),
+            epsilon: self.epsilon,
+            sequence_parallel: self.sequence_parallel,
+            tp: tp.clone(),
+        }
+    }
+}
+
+impl RmsNorm {
+    /// # Shapes
+    /// `[.., d_model]` → `[.., d_model]`
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Result<Tensor<D>, LayerError> {
+        let weight = match self.sequence_parallel {
+            true => copy_to_tp(self.weight.val(), &self.tp)?,
+            false => self.weight.val(),
+        };
+        let dtype = x.dtype();
+        let x32 = x.cast(burn::tensor::DType::F32);
+        let rms = x32.clone().square().mean_dim(D - 1).add_scalar(self.epsilon).sqrt();
+        Ok((x32 / rms).cast(dtype) * weight.unsqueeze())
+    }
+}

@@ -1,0 +1,127 @@
+//! Row-parallel linear: the input features are split over the tensor-parallel group and the
+//! partial products are summed.
+//!
+//! Legend: `b` batch, `s` sequence, `i` input features, `o` output features, `tp` group size.
+
+use burn::config::Config;
+use burn::module::{Module, Param};
+use burn::nn::Linear;
+use burn::tensor::{Device, Tensor, module::linear};
+use burn_megatron_dist::ProcessGroup;
+use burn_megatron_dist::mappings::{copy_to_tp, reduce_from_tp, reduce_scatter_to_sp, scatter_to_sp};
+
+use crate::error::{LayerError, divisible};
+use crate::init::{ParamInit, Shard};
+
+/// What reaches a row-parallel layer.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum RowInput {
+    /// This rank's slice of the input features (the output of a column-parallel layer).
+    Sharded,
+    /// All input features, the same on every rank: each rank keeps its slice.
+    Replicated,
+}
+
+/// What a row-parallel layer returns.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum RowOutput {
+    /// The summed output, whole on every rank.
+    Reduced,
+    /// The summed output's shard of the sequence (dim `D-2`): sequence parallelism.
+    SequenceScattered,
+}
+
+/// Configuration of a [`RowParallelLinear`].
+#[derive(Config, Debug)]
+pub struct RowParallelLinearConfig {
+    /// Input features of the whole layer (all ranks together).
+    pub d_input: usize,
+    /// Output features.
+    pub d_output: usize,
+    #[config(default = false)]
+    pub bias: bool,
+    #[config(default = "RowInput::Sharded")]
+    pub input: RowInput,
+    #[config(default = "RowOutput::Reduced")]
+    pub output: RowOutput,
+    /// Standard deviation of the normal initialization.
+    #[config(default = 0.02)]
+    pub init_std: f64,
+}
+
+/// `y = Σ_ranks x_r·W_r + b` with `W` split by input rows: this rank holds `[i/tp, o]`.
+#[derive(Module, Debug)]
+pub struct RowParallelLinear {
+    /// `[i/tp, o]`, Burn's `[d_in, d_out]` layout.
+    pub weight: Param<Tensor<2>>,
+    /// `[o]`, whole on every rank, added once after the sum.
+    pub bias: Option<Param<Tensor<1>>>,
+    #[module(skip)]
+    pub input: RowInput,
+    #[module(skip)]
+    pub output: RowOutput,
+    #[module(skip)]
+    pub tp: ProcessGroup,
+}
+
+impl RowParallelLinearConfig {
+    /// Initializes this rank's shard; `name` is the parameter's path, which seeds it.
+    pub fn init(&self, device: &Device, tp: &ProcessGroup, init: &ParamInit, name: &str) -> Result<RowParallelLinear, LayerError> {
+        divisible("d_input", self.d_input, tp.size())?;
+        let shard = Shard::new(0, tp.group_rank(), tp.size());
+        let weight = init.normal(&format!("{name}.weight"), [self.d_input, self.d_output], shard, self.init_std, device);
+        let bias = self.bias.then(|| Tensor::zeros([self.d_output], device));
+        Ok(RowParallelLinear::from_parts(weight, bias, self.input, self.output, tp))
+    }
+}
+
+impl RowParallelLinear {
+    /// This rank's shard of a whole Burn `Linear` (the same on every rank).
+    pub fn from_linear(linear: Linear, input: RowInput, output: RowOutput, tp: &ProcessGroup) -> Result<Self, LayerError> {
+        let [d_input, _] = linear.weight.dims();
+        divisible("d_input", d_input, tp.size())?;
+        let weight = Shard::new(0, tp.group_rank(), tp.size()).slice(linear.weight.val());
+        Ok(Self::from_parts(weight, linear.bias.map(|b| b.val()), input, output, tp))
+    }
+
+    /// The whole layer as a Burn `Linear`, gathered from every rank.
+    pub fn to_linear(&self) -> Result<Linear, LayerError> {
+        let weight = self.tp.all_gather(self.weight.val().detach(), 0)?;
+        let bias = self.bias.as_ref().map(|b| Param::from_tensor(b.val().detach()));
+        Ok(Linear { weight: Param::from_tensor(weight), bias })
+    }
+
+    fn from_parts(weight: Tensor<2>, bias: Option<Tensor<1>>, input: RowInput, output: RowOutput, tp: &ProcessGroup) -> Self {
+        Self {
+            weight: Param::from_tensor(weight),
+            bias: bias.map(Param::from_tensor),
+            input,
+            output,
+            tp: tp.clone(),
+        }
+    }
+
+    /// # Shapes
+    /// - input: `[.., s, i/tp]`, or `[.., s, i]` with [`RowInput::Replicated`]
+    /// - output: `[.., s, o]`, or `[.., s/tp, o]` with [`RowOutput::SequenceScattered`]
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Result<Tensor<D>, LayerError> {
+        let x = match self.input {
+            RowInput::Sharded => x,
+            RowInput::Replicated => scatter_to_sp(x, &self.tp, D - 1)?,
+        };
+        let partial = linear(x, self.weight.val(), None);
+        let y = match self.output {
+            RowOutput::Reduced => reduce_from_tp(partial, &self.tp)?,
+            RowOutput::SequenceScattered => reduce_scatter_to_sp(partial, &self.tp, D - 2)?,
+        };
+        Ok(match &self.bias {
+            None => y,
+            // With a scattered output each rank adds the bias to its own tokens only, so the
+            // bias gradient is a partial sum: all-reduce it over the group.
+            Some(b) if self.output == RowOutput::SequenceScattered => {
+                y + copy_to_tp(b.val(), &self.tp)?.unsqueeze()
+            }
+            Some(b) => y + b.val().unsqueeze(),
+        })
+    }
+}

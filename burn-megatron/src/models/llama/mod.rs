@@ -1,0 +1,10 @@
+//! Llama: the model (`model.rs`), the plan that parallelizes it (`plan.rs`) and the recipes
+//! that name whole runs (`recipes.rs`).
+
+pub mod model;
+pub mod plan;
+pub mod recipes;
+
+pub use model::{Llama, LlamaBlock, LlamaConfig};
+pub use plan::ParallelPlan;
+pub use recipes::{LlamaRecipe, preset};

@@ -1,0 +1,116 @@
+//! The Llama decoder. Nothing here knows about parallelism: the layers do, and the plan
+//! (`plan.rs`) sets them up before `init`.
+//!
+//! Legend: `b` batch, `s` sequence, `d` d_model, `v` vocabulary.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::tensor::{Device, Int, Tensor};
+use burn_megatron_dist::ProcessGroups;
+
+use crate::error::LayerError;
+use crate::init::ParamInit;
+use crate::layers::{
+    ColumnParallelLinear, ColumnParallelLinearConfig, ParallelAttention, ParallelAttentionConfig, ParallelMlp,
+    ParallelMlpConfig, RmsNorm, RmsNormConfig, VocabParallelCrossEntropy, VocabParallelCrossEntropyConfig,
+    VocabParallelEmbedding, VocabParallelEmbeddingConfig,
+};
+
+/// A Llama model: the configuration of each of its parts.
+#[derive(Config, Debug)]
+pub struct LlamaConfig {
+    pub n_layers: usize,
+    pub embedding: VocabParallelEmbeddingConfig,
+    pub attention: ParallelAttentionConfig,
+    pub mlp: ParallelMlpConfig,
+    pub norm: RmsNormConfig,
+    /// The output layer, `d → v`.
+    pub output: ColumnParallelLinearConfig,
+    pub loss: VocabParallelCrossEntropyConfig,
+}
+
+/// One decoder block: pre-norm attention and pre-norm MLP, each with a residual.
+#[derive(Module, Debug)]
+pub struct LlamaBlock {
+    pub attention_norm: RmsNorm,
+    pub attention: ParallelAttention,
+    pub mlp_norm: RmsNorm,
+    pub mlp: ParallelMlp,
+}
+
+#[derive(Module, Debug)]
+pub struct Llama {
+    pub embedding: VocabParallelEmbedding,
+    pub layers: Vec<LlamaBlock>,
+    pub norm: RmsNorm,
+    pub output: ColumnParallelLinear,
+    #[module(skip)]
+    pub loss: VocabParallelCrossEntropy,
+}
+
+impl LlamaConfig {
+    /// A model with the given sizes, no parallelism applied, and the choices of
+    /// ../shared/BENCHMARKS.md: RMSNorm ε 1e-5, RoPE θ 10000 on halves, SwiGLU, no biases,
+    /// untied embeddings.
+    #[allow(clippy::too_many_arguments)]
+    pub fn llama(vocab: usize, d_model: usize, n_layers: usize, n_heads: usize, n_kv_heads: usize, d_ff: usize, max_seq_len: usize) -> Self {
+        Self::new(
+            n_layers,
+            VocabParallelEmbeddingConfig::new(vocab, d_model),
+            ParallelAttentionConfig::new(d_model, n_heads, n_kv_heads, max_seq_len),
+            ParallelMlpConfig::new(d_model, d_ff),
+            RmsNormConfig::new(d_model),
+            ColumnParallelLinearConfig::new(d_model, vocab),
+            VocabParallelCrossEntropyConfig::new(vocab),
+        )
+    }
+
+    pub fn init(&self, device: &Device, groups: &ProcessGroups, init: &ParamInit) -> Result<Llama, LayerError> {
+        let tp = &groups.tp;
+        let layers = (0..self.n_layers)
+            .map(|i| {
+                let name = format!("layers.{i}");
+                Ok(LlamaBlock {
+                    attention_norm: self.norm.init(device, tp),
+                    attention: self.attention.init(device, tp, init, &format!("{name}.attention"))?,
+                    mlp_norm: self.norm.init(device, tp),
+                    mlp: self.mlp.init(device, tp, init, &format!("{name}.mlp"))?,
+                })
+            })
+            .collect::<Result<_, LayerError>>()?;
+        Ok(Llama {
+            embedding: self.embedding.init(device, tp, init, "embedding"),
+            layers,
+            norm: self.norm.init(device, tp),
+            output: self.output.init(device, tp, init, "output")?,
+            loss: self.loss.init(tp, &groups.dp),
+        })
+    }
+}
+
+impl LlamaBlock {
+    pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+        let x = x.clone() + self.attention.forward(self.attention_norm.forward(x)?)?;
+        Ok(x.clone() + self.mlp.forward(self.mlp_norm.forward(x)?)?)
+    }
+}
+
+impl Llama {
+    /// # Shapes
+    /// `[b, s]` token ids → logits `[b, s, v']`, `v'` this rank's share of the vocabulary.
+    pub fn forward(&self, ids: Tensor<2, Int>) -> Result<Tensor<3>, LayerError> {
+        let mut x = self.embedding.forward(ids)?;
+        for layer in &self.layers {
+            x = layer.forward(x)?;
+        }
+        self.output.forward(self.norm.forward(x)?)
+    }
+
+    /// The next-token loss of `ids` against `targets` (see [`VocabParallelCrossEntropy`]).
+    ///
+    /// # Shapes
+    /// `[b, s]`, `[b, s]` → `[1]`
+    pub fn forward_loss(&self, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Result<Tensor<1>, LayerError> {
+        self.loss.forward(self.forward(ids)?, targets)
+    }
+}

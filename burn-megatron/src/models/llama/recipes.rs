@@ -1,0 +1,58 @@
+//! Runs are recipes: functions that return a complete configuration (../shared/BENCHMARKS.md).
+
+use burn_megatron_dist::ParallelDims;
+
+use super::model::LlamaConfig;
+use super::plan::ParallelPlan;
+use crate::error::ConfigError;
+
+/// A model with the batch it trains on.
+#[derive(Clone, Debug)]
+pub struct LlamaRecipe {
+    pub name: &'static str,
+    pub model: LlamaConfig,
+    pub seq_len: usize,
+    /// Sequences per global batch.
+    pub batch_size: usize,
+}
+
+/// hidden 256, 2 layers, 4 heads, ffn 688, vocab 1024, seq 256, batch 2.
+pub fn tiny() -> LlamaRecipe {
+    LlamaRecipe { name: "tiny", model: LlamaConfig::llama(1024, 256, 2, 4, 4, 688, 256), seq_len: 256, batch_size: 2 }
+}
+
+/// hidden 2048, 16 layers, 16 heads, ffn 5632, vocab 32768, seq 2048, batch 4.
+pub fn llama_1b() -> LlamaRecipe {
+    LlamaRecipe { name: "llama-1b", model: LlamaConfig::llama(32768, 2048, 16, 16, 16, 5632, 2048), seq_len: 2048, batch_size: 4 }
+}
+
+/// hidden 4096, 32 layers, 32 heads, ffn 14336, vocab 32768, seq 4096, batch 1.
+pub fn llama_8b() -> LlamaRecipe {
+    LlamaRecipe { name: "llama-8b", model: LlamaConfig::llama(32768, 4096, 32, 32, 32, 14336, 4096), seq_len: 4096, batch_size: 1 }
+}
+
+/// A preset by name: `tiny`, `llama-1b` or `llama-8b`.
+pub fn preset(name: &str) -> Result<LlamaRecipe, ConfigError> {
+    match name {
+        "tiny" => Ok(tiny()),
+        "llama-1b" => Ok(llama_1b()),
+        "llama-8b" => Ok(llama_8b()),
+        other => Err(ConfigError::UnknownPreset(other.to_string())),
+    }
+}
+
+/// llama-1b with tensor and sequence parallelism over 2 GPUs.
+pub fn llama_1b_tp2() -> Result<LlamaRecipe, ConfigError> {
+    with_plan(llama_1b(), ParallelPlan::new(ParallelDims::tp_dp(2, 1), true))
+}
+
+/// llama-8b with tensor and sequence parallelism over 2 GPUs.
+pub fn llama_8b_tp2() -> Result<LlamaRecipe, ConfigError> {
+    with_plan(llama_8b(), ParallelPlan::new(ParallelDims::tp_dp(2, 1), true))
+}
+
+/// `recipe` with `plan` applied.
+pub fn with_plan(mut recipe: LlamaRecipe, plan: ParallelPlan) -> Result<LlamaRecipe, ConfigError> {
+    recipe.model = plan.apply(recipe.model, plan.dims.world_size(), recipe.seq_len)?;
+    Ok(recipe)
+}

@@ -1,0 +1,3 @@
+//! Models built from the parallel layers.
+
+pub mod llama;

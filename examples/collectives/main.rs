@@ -1,0 +1,105 @@
+//! Collective bandwidth on CUDA devices, one `RESULT {…}` line per operation and size, with the
+//! keys of `peer_collectives.py` (`time_us`, `busbw_gbps`) so the two run side by side.
+//!
+//!   cargo run --release --example collectives --features cuda               ranks as threads
+//!   cargo run --release --example collectives --features cuda -- --processes  one process a GPU
+//!
+//! `--processes` starts one copy of this program per GPU with torchrun's variables; a copy
+//! started by torchrun itself (RANK set) runs as that rank. `--gpus N` picks how many GPUs
+//! (default: 2). Sizes are 1 MiB, 16 MiB, 256 MiB and 1 GiB of bf16; each time is the median of
+//! 20 runs after 5 warm-ups, with the device synchronized around each run.
+
+use std::process::Command;
+use std::time::Instant;
+
+use burn::tensor::{DType, Device, Distribution, Tensor};
+use burn_megatron_dist::{ParallelDims, ProcessGroup, RankContext, ReduceOp, launch};
+
+const SIZES_MIB: [usize; 4] = [1, 16, 256, 1024];
+const WARMUP: usize = 5;
+const RUNS: usize = 20;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let gpus = match args.iter().position(|a| a == "--gpus") {
+        Some(i) => args[i + 1].parse().expect("--gpus N"),
+        None => std::env::var("WORLD_SIZE").ok().and_then(|w| w.parse().ok()).unwrap_or(2),
+    };
+    if args.iter().any(|a| a == "--processes") && std::env::var_os("RANK").is_none() {
+        spawn_processes(gpus);
+        return;
+    }
+    let transport = if std::env::var_os("RANK").is_some() { "nccl" } else { "cubecl" };
+    launch(ParallelDims::tp_dp(gpus, 1), Device::cuda, |ctx| bench(&ctx, transport))
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Starts one copy of this program per GPU, as torchrun would, and waits for them.
+fn spawn_processes(gpus: usize) {
+    let exe = std::env::current_exe().expect("own path");
+    let port = 29500 + std::process::id() % 1000;
+    let children: Vec<_> = (0..gpus)
+        .map(|rank| {
+            Command::new(&exe)
+                .env("RANK", rank.to_string())
+                .env("LOCAL_RANK", rank.to_string())
+                .env("WORLD_SIZE", gpus.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .spawn()
+                .expect("start a rank")
+        })
+        .collect();
+    for mut child in children {
+        let status = child.wait().expect("wait for a rank");
+        assert!(status.success(), "a rank failed: {status}");
+    }
+}
+
+fn bench(ctx: &RankContext, transport: &str) {
+    let group = &ctx.groups.tp;
+    let n = group.size();
+    for mib in SIZES_MIB {
+        let mut numel = mib * (1 << 20) / 2;
+        numel -= numel % n;
+        let x = Tensor::<1>::random([numel], Distribution::Default, (&ctx.device, DType::BF16));
+        let shard = x.clone().narrow(0, 0, numel / n);
+        let ops: [(&str, f64, Box<dyn Fn() -> Tensor<1> + '_>); 4] = [
+            ("all_reduce", 2.0, Box::new(|| group.all_reduce(x.clone(), ReduceOp::Sum).unwrap())),
+            ("all_gather", 1.0, Box::new(|| group.all_gather(shard.clone(), 0).unwrap())),
+            ("reduce_scatter", 1.0, Box::new(|| group.reduce_scatter(x.clone(), 0, ReduceOp::Sum).unwrap())),
+            ("all_to_all", 1.0, Box::new(|| group.all_to_all(x.clone(), 0, 0).unwrap())),
+        ];
+        for (name, factor, op) in &ops {
+            let seconds = median_seconds(&ctx.device, group, op);
+            let bytes = numel * 2;
+            let busbw = factor * (n - 1) as f64 / n as f64 * bytes as f64 / seconds / 1e9;
+            if ctx.global_rank == 0 {
+                println!(
+                    "RESULT {{\"peer\": \"burn-megatron\", \"transport\": \"{transport}\", \"op\": \"{name}\", \"bytes\": {bytes}, \"gpus\": {n}, \"time_us\": {:.1}, \"busbw_gbps\": {busbw:.1}}}",
+                    seconds * 1e6
+                );
+            }
+        }
+    }
+}
+
+fn median_seconds(device: &Device, group: &ProcessGroup, op: &dyn Fn() -> Tensor<1>) -> f64 {
+    for _ in 0..WARMUP {
+        drop(op());
+    }
+    device.sync().expect("sync");
+    let mut times: Vec<f64> = (0..RUNS)
+        .map(|_| {
+            group.barrier().expect("barrier");
+            device.sync().expect("sync");
+            let start = Instant::now();
+            let out = op();
+            device.sync().expect("sync");
+            drop(out);
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[RUNS / 2]
+}
