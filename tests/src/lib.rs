@@ -9,6 +9,7 @@
 pub mod comm_suite;
 pub mod data;
 pub mod harness;
+pub mod layer_suite;
 pub mod mapping_suite;
 
 pub use harness::Harness;
@@ -35,6 +36,16 @@ macro_rules! for_each_mapping_test {
     };
 }
 
+/// Calls `$callback!($args; layer_suite: <every layer test>)`.
+#[macro_export]
+macro_rules! for_each_layer_test {
+    ($callback:ident!($($args:tt)*)) => {
+        $crate::$callback! { $($args)*; layer_suite:
+            column_linear, row_linear, rms_norm, mlp, attention, embedding, cross_entropy,
+            linear_round_trip }
+    };
+}
+
 /// One `#[test]` per suite function, for the harness `$harness`.
 #[macro_export]
 macro_rules! stamp {
@@ -58,5 +69,7 @@ macro_rules! list {
 
 /// Every communicator test, by name.
 pub const COMM_TESTS: &[(&str, fn(&Harness))] = for_each_comm_test!(list!());
+/// Every layer test, by name.
+pub const LAYER_TESTS: &[(&str, fn(&Harness))] = for_each_layer_test!(list!());
 /// Every mapping test, by name.
 pub const MAPPING_TESTS: &[(&str, fn(&Harness))] = for_each_mapping_test!(list!());

@@ -72,7 +72,7 @@ impl VocabParallelEmbedding {
             extra => Tensor::cat(vec![weight.clone(), Tensor::zeros([extra, d], &weight.device())], 0),
         };
         VocabParallelEmbedding {
-            weight: Param::from_tensor(Shard::new(0, tp.group_rank(), tp.size()).slice(weight)),
+            weight: Param::from_tensor(Shard::new(0, tp.group_rank(), tp.size()).slice(weight).detach()),
             vocab_size,
             sequence_parallel,
             tp: tp.clone(),

@@ -93,8 +93,9 @@ impl RowParallelLinear {
 
     fn from_parts(weight: Tensor<2>, bias: Option<Tensor<1>>, input: RowInput, output: RowOutput, tp: &ProcessGroup) -> Self {
         Self {
-            weight: Param::from_tensor(weight),
-            bias: bias.map(Param::from_tensor),
+            // New leaves: a slice of another module's parameter must not stay attached to it.
+            weight: Param::from_tensor(weight.detach()),
+            bias: bias.map(|b| Param::from_tensor(b.detach())),
             input,
             output,
             tp: tp.clone(),
