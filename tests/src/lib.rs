@@ -11,6 +11,7 @@ pub mod data;
 pub mod harness;
 pub mod layer_suite;
 pub mod mapping_suite;
+pub mod model_suite;
 
 pub use harness::Harness;
 
@@ -71,5 +72,10 @@ macro_rules! list {
 pub const COMM_TESTS: &[(&str, fn(&Harness))] = for_each_comm_test!(list!());
 /// Every layer test, by name.
 pub const LAYER_TESTS: &[(&str, fn(&Harness))] = for_each_layer_test!(list!());
+/// Every model test, by name.
+pub const MODEL_TESTS: &[(&str, fn(&Harness))] = &[
+    ("model_suite::tiny_loss_and_gradients", model_suite::tiny_loss_and_gradients),
+    ("model_suite::adamw_steps_match", model_suite::adamw_steps_match),
+];
 /// Every mapping test, by name.
 pub const MAPPING_TESTS: &[(&str, fn(&Harness))] = for_each_mapping_test!(list!());

@@ -1,0 +1,26 @@
+//! The model suite on the CPU, ranks as threads, in f32: the tiny Llama at tp = 2 and 4.
+
+use burn_megatron_tests::{Harness, model_suite};
+
+mod tp2 {
+    use super::*;
+
+    #[test]
+    fn tiny_loss_and_gradients() {
+        model_suite::tiny_loss_and_gradients(&Harness::cpu(2));
+    }
+
+    #[test]
+    fn adamw_steps_match() {
+        model_suite::adamw_steps_match(&Harness::cpu(2));
+    }
+}
+
+mod tp4 {
+    use super::*;
+
+    #[test]
+    fn tiny_loss_and_gradients() {
+        model_suite::tiny_loss_and_gradients(&Harness::cpu(4));
+    }
+}
