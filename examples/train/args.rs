@@ -1,0 +1,89 @@
+//! Command-line flags of the training example.
+
+use std::str::FromStr;
+
+/// Where the ranks run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Debug)]
+pub struct Args {
+    pub preset: String,
+    pub tp: usize,
+    pub dp: usize,
+    pub sp: bool,
+    pub steps: usize,
+    pub seed: u64,
+    pub lr: f64,
+    /// Sequences per global batch; the preset's when not given.
+    pub batch: Option<usize>,
+    /// Tokens per sequence; the preset's when not given.
+    pub seq: Option<usize>,
+    pub device: DeviceKind,
+    /// Generate every parameter whole and keep the rank's slice (the same model at every
+    /// layout), or only the slice.
+    pub per_shard_init: bool,
+}
+
+const USAGE: &str = "usage: train [--preset tiny|llama-1b|llama-8b] [--tp N] [--dp N] [--sp] [--steps N] \
+[--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard]";
+
+impl Args {
+    pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
+        let mut out = Args {
+            preset: "tiny".into(),
+            tp: 1,
+            dp: 1,
+            sp: false,
+            steps: 200,
+            seed: 7,
+            lr: 3e-3,
+            batch: None,
+            seq: None,
+            device: DeviceKind::Cpu,
+            per_shard_init: false,
+        };
+        let mut args = args.into_iter();
+        while let Some(flag) = args.next() {
+            let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"));
+            match flag.as_str() {
+                "--preset" => out.preset = value()?,
+                "--tp" => out.tp = number(&flag, &value()?)?,
+                "--dp" => out.dp = number(&flag, &value()?)?,
+                "--sp" => out.sp = true,
+                "--steps" => out.steps = number(&flag, &value()?)?,
+                "--seed" => out.seed = number(&flag, &value()?)?,
+                "--lr" => out.lr = number(&flag, &value()?)?,
+                "--batch" => out.batch = Some(number(&flag, &value()?)?),
+                "--seq" => out.seq = Some(number(&flag, &value()?)?),
+                "--device" => {
+                    out.device = match value()?.as_str() {
+                        "cpu" => DeviceKind::Cpu,
+                        "cuda" => DeviceKind::Cuda,
+                        other => return Err(format!("--device {other}: expected cpu or cuda")),
+                    }
+                }
+                "--init" => {
+                    out.per_shard_init = match value()?.as_str() {
+                        "full" => false,
+                        "per-shard" => true,
+                        other => return Err(format!("--init {other}: expected full or per-shard")),
+                    }
+                }
+                "--help" | "-h" => return Err(USAGE.into()),
+                other => return Err(format!("unknown flag {other}\n{USAGE}")),
+            }
+        }
+        if out.tp == 0 || out.dp == 0 {
+            return Err("--tp and --dp must be at least 1".into());
+        }
+        Ok(out)
+    }
+}
+
+fn number<T: FromStr>(flag: &str, value: &str) -> Result<T, String> {
+    value.parse().map_err(|_| format!("{flag} {value}: not a number"))
+}
