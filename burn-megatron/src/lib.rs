@@ -10,6 +10,11 @@
 
 pub use burn_megatron_dist as dist;
 
+// The README's examples run as doc tests.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 pub mod error;
 pub mod init;
 pub mod layers;
