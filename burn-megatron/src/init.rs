@@ -7,7 +7,7 @@
 //! - [`InitMode::PerShard`]: only this rank's shard is generated, from a seed that also names
 //!   the shard's mesh coordinate. No rank ever holds a full copy: large models need this.
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 
 /// How parameters get their first values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,16 +52,32 @@ impl Shard {
     }
 }
 
-/// Initializes parameters from a base seed.
+/// Initializes parameters from a base seed, in one dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ParamInit {
     pub seed: u64,
     pub mode: InitMode,
+    /// The dtype parameters are made in (f32 unless told otherwise).
+    pub dtype: DType,
 }
 
 impl ParamInit {
     pub fn new(seed: u64, mode: InitMode) -> Self {
-        Self { seed, mode }
+        Self { seed, mode, dtype: DType::F32 }
+    }
+
+    pub fn with_dtype(self, dtype: DType) -> Self {
+        Self { dtype, ..self }
+    }
+
+    /// Zeros (biases).
+    pub fn zeros<const D: usize>(&self, shape: [usize; D], device: &Device) -> Tensor<D> {
+        Tensor::zeros(shape, (device, self.dtype))
+    }
+
+    /// Ones (norm weights).
+    pub fn ones<const D: usize>(&self, shape: [usize; D], device: &Device) -> Tensor<D> {
+        Tensor::ones(shape, (device, self.dtype))
     }
 
     /// Normal(0, std) values for `shard` of the parameter `name` of shape `full`.
@@ -74,10 +90,11 @@ impl ParamInit {
         device: &Device,
     ) -> Tensor<D> {
         let seed = hash(self.seed, name);
-        match self.mode {
+        let values = match self.mode {
             InitMode::Full => shard.slice(normal(full, seed, std, device)),
             InitMode::PerShard => normal(shard.shape(full), hash(seed, &format!("{}/{}", shard.dim, shard.index)), std, device),
-        }
+        };
+        values.cast(self.dtype)
     }
 }
 

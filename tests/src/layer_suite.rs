@@ -16,7 +16,6 @@ use crate::Harness;
 use crate::data::{assert_close, fixed};
 
 const SEED: u64 = 42;
-const INIT: ParamInit = ParamInit { seed: SEED, mode: InitMode::Full };
 const B: usize = 2;
 const S: usize = 8;
 const D: usize = 32;
@@ -27,11 +26,13 @@ struct Rank<'a> {
     dev: Device,
     tp: ProcessGroup,
     solo: ProcessGroup,
+    init: ParamInit,
 }
 
 impl<'a> Rank<'a> {
     fn new(h: &'a Harness, ctx: &RankContext) -> Self {
-        Self { h, dev: ctx.device.clone().autodiff(), tp: ctx.groups.tp.clone(), solo: ProcessGroup::solo() }
+        let init = ParamInit::new(SEED, InitMode::Full).with_dtype(h.float);
+        Self { h, dev: ctx.device.clone().autodiff(), tp: ctx.groups.tp.clone(), solo: ProcessGroup::solo(), init }
     }
 
     fn t<const N: usize>(&self, shape: [usize; N], seed: u64) -> Tensor<N> {
@@ -90,8 +91,8 @@ pub fn column_linear(h: &Harness) {
             (ColumnInput::SequenceSharded, ColumnOutput::Gathered),
         ] {
             let config = ColumnParallelLinearConfig::new(D, 4 * D).with_bias(true).with_input(input).with_output(output);
-            let mut par = config.init(&r.dev, &r.tp, &INIT, "c").unwrap();
-            let mut twin = config.init(&r.dev, &r.solo, &INIT, "c").unwrap();
+            let mut par = config.init(&r.dev, &r.tp, &r.init, "c").unwrap();
+            let mut twin = config.init(&r.dev, &r.solo, &r.init, "c").unwrap();
             // A non-zero bias, so its gradient path is exercised with real values.
             twin.bias = Some(Param::from_tensor(r.t([4 * D], 3)));
             par.bias = Some(Param::from_tensor(r.shard(r.t([4 * D], 3), 0)));
@@ -122,8 +123,8 @@ pub fn row_linear(h: &Harness) {
             (RowInput::Replicated, RowOutput::SequenceScattered),
         ] {
             let config = RowParallelLinearConfig::new(4 * D, D).with_bias(true).with_input(input).with_output(output);
-            let mut par = config.init(&r.dev, &r.tp, &INIT, "r").unwrap();
-            let mut twin = config.init(&r.dev, &r.solo, &INIT, "r").unwrap();
+            let mut par = config.init(&r.dev, &r.tp, &r.init, "r").unwrap();
+            let mut twin = config.init(&r.dev, &r.solo, &r.init, "r").unwrap();
             twin.bias = Some(Param::from_tensor(r.t([D], 3)));
             par.bias = Some(Param::from_tensor(r.t([D], 3)));
             let sp = output == RowOutput::SequenceScattered;
@@ -149,8 +150,8 @@ pub fn rms_norm(h: &Harness) {
         let r = Rank::new(h, &ctx);
         for sp in [false, true] {
             let config = RmsNormConfig::new(D).with_sequence_parallel(sp);
-            let mut par = config.init(&r.dev, &r.tp);
-            let mut twin = config.clone().with_sequence_parallel(false).init(&r.dev, &r.solo);
+            let mut par = config.init(&r.dev, &r.tp, &r.init);
+            let mut twin = config.clone().with_sequence_parallel(false).init(&r.dev, &r.solo, &r.init);
             par.weight = Param::from_tensor(r.t([D], 5));
             twin.weight = Param::from_tensor(r.t([D], 5));
             let x = r.t([B, S, D], 1);
@@ -170,8 +171,8 @@ pub fn mlp(h: &Harness) {
         let r = Rank::new(h, &ctx);
         for sp in [false, true] {
             let config = ParallelMlpConfig::new(D, 3 * 8 * r.tp.size().max(1)).with_sequence_parallel(sp);
-            let par = config.init(&r.dev, &r.tp, &INIT, "mlp").unwrap();
-            let twin = config.clone().with_sequence_parallel(false).init(&r.dev, &r.solo, &INIT, "mlp").unwrap();
+            let par = config.init(&r.dev, &r.tp, &r.init, "mlp").unwrap();
+            let twin = config.clone().with_sequence_parallel(false).init(&r.dev, &r.solo, &r.init, "mlp").unwrap();
             let x = r.t([B, S, D], 1);
             let full = [B, S, D];
             let p = r.run(r.seq(x.clone(), sp), full, |w| r.seq(w, sp), |x| par.forward(x).unwrap());
@@ -193,8 +194,8 @@ pub fn attention(h: &Harness) {
         for sp in [false, true] {
             // 8 heads over 4 kv heads: GQA at every tp ≤ 4.
             let config = ParallelAttentionConfig::new(D, 8, 4, S).with_sequence_parallel(sp);
-            let par = config.init(&r.dev, &r.tp, &INIT, "attn").unwrap();
-            let twin = config.clone().with_sequence_parallel(false).init(&r.dev, &r.solo, &INIT, "attn").unwrap();
+            let par = config.init(&r.dev, &r.tp, &r.init, "attn").unwrap();
+            let twin = config.clone().with_sequence_parallel(false).init(&r.dev, &r.solo, &r.init, "attn").unwrap();
             let x = r.t([B, S, D], 1);
             let full = [B, S, D];
             let p = r.run(r.seq(x.clone(), sp), full, |w| r.seq(w, sp), |x| par.forward(x).unwrap());
@@ -217,8 +218,8 @@ pub fn embedding(h: &Harness) {
         let vocab = 37;
         for sp in [false, true] {
             let config = VocabParallelEmbeddingConfig::new(vocab, D).with_sequence_parallel(sp);
-            let par = config.init(&r.dev, &r.tp, &INIT, "emb");
-            let twin = config.clone().with_sequence_parallel(false).init(&r.dev, &r.solo, &INIT, "emb");
+            let par = config.init(&r.dev, &r.tp, &r.init, "emb");
+            let twin = config.clone().with_sequence_parallel(false).init(&r.dev, &r.solo, &r.init, "emb");
             assert_eq!(par.weight.dims()[0] * r.tp.size(), padded_vocab(vocab, 1, r.tp.size()));
             let ids: Vec<i64> = (0..(B * S) as i64).map(|i| (i * 7 + 3) % vocab as i64).collect();
             let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [B, S]), &r.dev);
@@ -237,7 +238,7 @@ pub fn embedding(h: &Harness) {
             let real = rows.min(vocab.saturating_sub(start));
             r.close(dw.clone().narrow(0, 0, real), dw1.narrow(0, start, real), &format!("embedding sp={sp} weight grad"));
             if real < rows {
-                r.close(dw.narrow(0, real, rows - real), Tensor::zeros([rows - real, D], &r.dev), "padded rows' grad");
+                r.close(dw.narrow(0, real, rows - real), Tensor::zeros([rows - real, D], (&r.dev, h.float)), "padded rows' grad");
             }
         }
     });
@@ -269,7 +270,7 @@ pub fn cross_entropy(h: &Harness) {
             let dwhole = whole.grad(&expected.backward()).unwrap();
             let what = format!("cross-entropy ε={smoothing}");
             assert_close(&value, &expected, h.tolerance * 10.0, &format!("{what} loss"));
-            let padded_dw = Tensor::cat(vec![dwhole, Tensor::zeros([B, S, v - vocab], &r.dev)], 2);
+            let padded_dw = Tensor::cat(vec![dwhole, Tensor::zeros([B, S, v - vocab], (&r.dev, h.float))], 2);
             r.close(dlogits, r.shard(padded_dw, 2), &format!("{what} logits grad"));
         }
     });

@@ -15,11 +15,11 @@ const SEQ: usize = 64;
 const BATCH: usize = 2;
 
 /// The tiny preset planned for `tp` (with or without SP), initialized from one seed.
-fn tiny(groups: &ProcessGroups, device: &Device, sp: bool) -> Llama {
+fn tiny(h: &Harness, groups: &ProcessGroups, device: &Device, sp: bool) -> Llama {
     let tp = groups.tp.size();
     let plan = ParallelPlan::new(ParallelDims::tp_dp(tp, 1), sp);
     let config = plan.apply(recipes::tiny().model, tp, SEQ).expect("tiny plans at every tp ≤ 4");
-    config.init(device, groups, &ParamInit::new(3, InitMode::Full)).expect("init")
+    config.init(device, groups, &ParamInit::new(3, InitMode::Full).with_dtype(h.float)).expect("init")
 }
 
 /// Token ids and next-token targets, the same on every rank.
@@ -40,7 +40,7 @@ impl ModuleVisitor for Collect<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         let grad = param.val().grad(self.grads).expect("every parameter takes part in the loss");
         let dims = grad.dims().to_vec();
-        self.out.push((dims, grad.into_data().convert::<f64>().into_vec::<f64>().expect("f64")));
+        self.out.push((dims, grad.into_data().convert::<f64>().try_into_vec::<f64>().expect("f64")));
     }
 }
 
@@ -70,19 +70,19 @@ pub fn tiny_loss_and_gradients(h: &Harness) {
     h.run(h.tp_world(), |ctx| {
         let dev = ctx.device.clone().autodiff();
         let single = ProcessGroups::single();
-        let twin = tiny(&single, &dev, false);
+        let twin = tiny(h, &single, &dev, false);
         let (ids, targets) = batch(&dev, 0);
         let twin_loss = twin.forward_loss(ids.clone(), targets.clone()).unwrap();
         let twin_grads = gradients(&twin, &twin_loss.backward());
         let twin_loss = twin_loss.into_scalar::<f64>();
         for sp in [false, true] {
-            let model = tiny(&ctx.groups, &dev, sp);
+            let model = tiny(h, &ctx.groups, &dev, sp);
             let loss = model.forward_loss(ids.clone(), targets.clone()).unwrap();
             let grads = gradients(&model, &loss.backward());
             let loss = loss.into_scalar::<f64>();
-            // The loss is a mean of log-probabilities over 128 tokens: f32 rounding of the
-            // differently ordered sums stays far below 1e-5 of it.
-            assert!((loss - twin_loss).abs() <= 1e-5 * twin_loss.abs(), "tp={} sp={sp}: loss {loss} vs {twin_loss}", ctx.groups.tp.size());
+            // The loss is a mean of log-probabilities over 128 tokens, so rounding averages out:
+            // a tenth of the split-product tolerance (f32 on the CPU: 1e-5).
+            assert!((loss - twin_loss).abs() <= 0.1 * h.matmul_tolerance * twin_loss.abs(), "tp={} sp={sp}: loss {loss} vs {twin_loss}", ctx.groups.tp.size());
             assert_eq!(grads.len(), twin_grads.len());
             for (i, ((dims, g), whole)) in grads.iter().zip(&twin_grads).enumerate() {
                 let expected = shard_of(whole, dims, ctx.groups.tp.group_rank());
@@ -97,7 +97,7 @@ pub fn tiny_loss_and_gradients(h: &Harness) {
 /// 20 AdamW steps at tp with SP against tp = 1: the same losses.
 pub fn adamw_steps_match(h: &Harness) {
     let losses = |groups: &ProcessGroups, dev: &Device, sp: bool| -> Vec<f64> {
-        let mut model = tiny(groups, dev, sp);
+        let mut model = tiny(h, groups, dev, sp);
         let mut optim = AdamWConfig::new().with_epsilon(1e-8).with_weight_decay(0.01).init();
         (0..20)
             .map(|step| {
@@ -119,10 +119,11 @@ pub fn adamw_steps_match(h: &Harness) {
         }
         let twin = losses(&ProcessGroups::single(), &dev, false);
         for (step, (a, b)) in par.iter().zip(&twin).enumerate() {
-            // f32 gradients differ from the twin's by rounding (~1e-6 relative); Adam divides
-            // each update by the gradient's RMS, which carries that rounding into the weights
-            // step after step. Over 20 steps the losses stay within 1e-3 relative.
-            assert!((a - b).abs() <= 1e-3 * b.abs(), "step {step}: tp={} loss {a} vs tp=1 loss {b}", ctx.groups.tp.size());
+            // Gradients differ from the twin's by rounding; Adam divides each update by the
+            // gradient's RMS, which carries that rounding into the weights step after step.
+            // Over 20 steps the losses stay within 10× the split-product tolerance (f32 on the
+            // CPU: 1e-3 relative).
+            assert!((a - b).abs() <= 10.0 * h.matmul_tolerance * b.abs(), "step {step}: tp={} loss {a} vs tp=1 loss {b}", ctx.groups.tp.size());
         }
         assert!(twin[19] < twin[0], "the model learns: {} → {}", twin[0], twin[19]);
     });

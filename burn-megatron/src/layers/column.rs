@@ -74,7 +74,7 @@ impl ColumnParallelLinearConfig {
         let weight = init.normal(&format!("{name}.weight"), [self.d_input, self.d_output], shard, self.init_std, device);
         let bias = self.bias.then(|| {
             let bias_shard = Shard::new(0, tp.group_rank(), tp.size());
-            Tensor::zeros(bias_shard.shape([self.d_output]), device)
+            init.zeros(bias_shard.shape([self.d_output]), device)
         });
         Ok(ColumnParallelLinear::from_parts(weight, bias, self.input, self.output, tp))
     }

@@ -69,7 +69,7 @@ impl VocabParallelEmbedding {
         let v = padded_vocab(vocab_size, pad_vocab_to_multiple_of, tp.size());
         let weight = match v - vocab_size {
             0 => weight,
-            extra => Tensor::cat(vec![weight.clone(), Tensor::zeros([extra, d], &weight.device())], 0),
+            extra => Tensor::cat(vec![weight.clone(), Tensor::zeros([extra, d], (&weight.device(), weight.dtype()))], 0),
         };
         VocabParallelEmbedding {
             weight: Param::from_tensor(Shard::new(0, tp.group_rank(), tp.size()).slice(weight).detach()),

@@ -7,6 +7,7 @@ use burn_megatron_dist::ProcessGroup;
 use burn_megatron_dist::mappings::copy_to_tp;
 
 use crate::error::LayerError;
+use crate::init::ParamInit;
 
 /// Configuration of an [`RmsNorm`].
 #[derive(Config, Debug)]
@@ -34,9 +35,9 @@ pub struct RmsNorm {
 }
 
 impl RmsNormConfig {
-    pub fn init(&self, device: &Device, tp: &ProcessGroup) -> RmsNorm {
+    pub fn init(&self, device: &Device, tp: &ProcessGroup, init: &ParamInit) -> RmsNorm {
         RmsNorm {
-            weight: Param::from_tensor(Tensor::ones([self.d_model], device)),
+            weight: Param::from_tensor(init.ones([self.d_model], device)),
             epsilon: self.epsilon,
             sequence_parallel: self.sequence_parallel,
             tp: tp.clone(),

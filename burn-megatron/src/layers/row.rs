@@ -70,7 +70,7 @@ impl RowParallelLinearConfig {
         divisible("d_input", self.d_input, tp.size())?;
         let shard = Shard::new(0, tp.group_rank(), tp.size());
         let weight = init.normal(&format!("{name}.weight"), [self.d_input, self.d_output], shard, self.init_std, device);
-        let bias = self.bias.then(|| Tensor::zeros([self.d_output], device));
+        let bias = self.bias.then(|| init.zeros([self.d_output], device));
         Ok(RowParallelLinear::from_parts(weight, bias, self.input, self.output, tp))
     }
 }

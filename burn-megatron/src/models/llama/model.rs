@@ -71,9 +71,9 @@ impl LlamaConfig {
             .map(|i| {
                 let name = format!("layers.{i}");
                 Ok(LlamaBlock {
-                    attention_norm: self.norm.init(device, tp),
+                    attention_norm: self.norm.init(device, tp, init),
                     attention: self.attention.init(device, tp, init, &format!("{name}.attention"))?,
-                    mlp_norm: self.norm.init(device, tp),
+                    mlp_norm: self.norm.init(device, tp, init),
                     mlp: self.mlp.init(device, tp, init, &format!("{name}.mlp"))?,
                 })
             })
@@ -81,7 +81,7 @@ impl LlamaConfig {
         Ok(Llama {
             embedding: self.embedding.init(device, tp, init, "embedding"),
             layers,
-            norm: self.norm.init(device, tp),
+            norm: self.norm.init(device, tp, init),
             output: self.output.init(device, tp, init, "output")?,
             loss: self.loss.init(tp, &groups.dp),
         })
