@@ -201,7 +201,7 @@ impl InProcessTransport {
     fn gather_here(&self, collective: Collective, x: Payload) -> Result<Vec<Payload>, CommError> {
         let device = x.device();
         let values = self.meet_data(collective, Value::One(x))?;
-        Ok(values.into_iter().map(|v| one(v).to_device(&device)).collect())
+        Ok(values.into_iter().map(|v| move_to(one(v), &device)).collect())
     }
 }
 
@@ -250,6 +250,25 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, Rounds> {
         self.rounds.lock().expect("rendezvous lock")
     }
+}
+
+/// Moves a payload to `device`.
+///
+/// Between two CUDA devices this is an NCCL send on one and a receive on the other, each
+/// queued on its device's communication stream. Two transfers in opposite directions queued in
+/// different orders on the two devices would wait for each other forever, so transfers between
+/// CUDA devices are queued one at a time, process-wide: every device sees them in one order.
+fn move_to(x: Payload, device: &burn::tensor::Device) -> Payload {
+    if &x.device() == device {
+        return x;
+    }
+    #[cfg(feature = "cuda")]
+    if native::is_cuda(device) && native::is_cuda(&x.device()) {
+        static QUEUE: Mutex<()> = Mutex::new(());
+        let _queued = QUEUE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        return x.to_device(device);
+    }
+    x.to_device(device)
 }
 
 fn one(value: Value) -> Payload {
@@ -315,7 +334,7 @@ impl Transport for InProcessTransport {
         let device = x.device();
         // Only this rank's slice of each peer's tensor travels.
         let values = self.meet_data(Collective::ReduceScatter, Value::One(x))?;
-        let parts = values.into_iter().map(|v| one(v).narrow(mine.clone()).to_device(&device)).collect();
+        let parts = values.into_iter().map(|v| move_to(one(v).narrow(mine.clone()), &device)).collect();
         Ok(reduce(parts, op))
     }
 
@@ -325,7 +344,7 @@ impl Transport for InProcessTransport {
         Ok(values
             .into_iter()
             .map(|v| match v {
-                Value::Many(mut chunks) => chunks.swap_remove(self.group_rank).to_device(&device),
+                Value::Many(mut chunks) => move_to(chunks.swap_remove(self.group_rank), &device),
                 other => panic!("expected chunks, got {other:?}"),
             })
             .collect())
@@ -360,7 +379,7 @@ impl Transport for InProcessTransport {
                     );
                     return Err(CommError::Mismatch { group: self.shared.label.clone(), collective: collective.name(), seq, detail });
                 }
-                return Ok(x.to_device(&like.device()));
+                return Ok(move_to(x, &like.device()));
             }
             rounds = self.wait(rounds, collective, seq, deadline, vec![peer])?;
         }
