@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use burn::backend::Cube;
 use burn::tensor::{DType, Device, Int, Tensor};
-use burn_cubecl::cubecl::Runtime;
+use burn_cubecl::cubecl::prelude::Runtime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl_cuda::CudaRuntime;
 use cudarc::driver::{CudaContext, CudaStream};
@@ -113,7 +113,7 @@ impl ProcessRank {
             let namespace = format!("{launch}/{label}");
             let joined = NcclTransport::join(label, namespace, &members, self, &ctx, device, timeout);
             let transport = joined?;
-            Ok(ProcessGroup::new(Arc::new(transport), members))
+            Ok::<_, CommError>(ProcessGroup::new(Arc::new(transport), members))
         })
         .map_err(LaunchError::from)
     }
