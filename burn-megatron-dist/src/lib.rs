@@ -8,7 +8,6 @@
 //! - [`launch`](mod@launch): run a closure on every rank, as threads or as one process a GPU.
 
 pub mod comm;
-pub mod ddp;
 pub mod error;
 pub mod groups;
 pub mod launch;

@@ -19,5 +19,6 @@ pub mod error;
 pub mod init;
 pub mod layers;
 pub mod models;
+pub mod optim;
 
 pub use error::{ConfigError, LayerError};

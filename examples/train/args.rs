@@ -26,10 +26,12 @@ pub struct Args {
     /// Generate every parameter whole and keep the rank's slice (the same model at every
     /// layout), or only the slice.
     pub per_shard_init: bool,
+    /// Split the optimizer state over the data-parallel group (ZeRO-1).
+    pub zero1: bool,
 }
 
 const USAGE: &str = "usage: train [--preset tiny|llama-1b|llama-8b] [--tp N] [--dp N] [--sp] [--steps N] \
-[--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard]";
+[--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1]";
 
 impl Args {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
@@ -45,6 +47,7 @@ impl Args {
             seq: None,
             device: DeviceKind::Cpu,
             per_shard_init: false,
+            zero1: false,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -54,6 +57,7 @@ impl Args {
                 "--tp" => out.tp = number(&flag, &value()?)?,
                 "--dp" => out.dp = number(&flag, &value()?)?,
                 "--sp" => out.sp = true,
+                "--zero1" => out.zero1 = true,
                 "--steps" => out.steps = number(&flag, &value()?)?,
                 "--seed" => out.seed = number(&flag, &value()?)?,
                 "--lr" => out.lr = number(&flag, &value()?)?,

@@ -9,11 +9,11 @@
 mod args;
 mod data;
 
-use burn::optim::{AdamWConfig, GradientsParams};
+use burn::optim::GradientsParams;
 use burn::tensor::Device;
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::{ParallelPlan, preset};
-use burn_megatron_dist::ddp::average_gradients;
+use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 
 use args::{Args, DeviceKind};
@@ -53,7 +53,7 @@ fn run(args: &Args) -> Result<(), String> {
     let results = launch(dims, device_of, |ctx| -> Result<(), String> {
         let device = ctx.device.clone().autodiff();
         let mut model = config.init(&device, &ctx.groups, &init).map_err(|e| e.to_string())?;
-        let mut optim = AdamWConfig::new().with_epsilon(1e-8).with_weight_decay(0.01).init();
+        let mut optim = DistributedAdamWConfig::new().with_zero1(args.zero1).init(&ctx.groups);
         let dp_rank = ctx.groups.dp.group_rank();
         for step in 1..=args.steps {
             let (ids, targets) = corpus.batch(step, dp_rank * per_rank, per_rank, seq, &device);
@@ -64,8 +64,7 @@ fn run(args: &Args) -> Result<(), String> {
                 return Err(format!("step {step}: the loss is {value}"));
             }
             let grads = GradientsParams::from_grads(loss.backward(), &model);
-            let grads = average_gradients(grads, &model, &ctx.groups.dp).map_err(|e| e.to_string())?;
-            model = optim.step(args.lr, model, grads);
+            model = optim.step(args.lr, model, grads).map_err(|e| e.to_string())?.0;
             if ctx.global_rank == 0 {
                 println!("step {step} loss {value:.6}");
             }

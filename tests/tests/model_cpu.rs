@@ -14,6 +14,11 @@ mod tp2 {
     fn adamw_steps_match() {
         model_suite::adamw_steps_match(&Harness::cpu(2));
     }
+
+    #[test]
+    fn zero1_matches_unsharded() {
+        model_suite::zero1_matches_unsharded(&Harness::cpu(2));
+    }
 }
 
 mod tp4 {

@@ -1,0 +1,204 @@
+//! AdamW with fp32 master weights, data-parallel gradient averaging and, optionally, the
+//! distributed optimizer of ZeRO stage 1: master weights and moments split over the
+//! data-parallel group, gradients reduce-scattered and updated shards all-gathered.
+//!
+//! Legend: `n` a parameter's element count on this rank, `dp` the data-parallel group size.
+
+use burn::config::Config;
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::{DType, Tensor};
+use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
+
+use super::params::{ParamInfo, map_params, param_infos};
+
+/// Configuration of a [`DistributedAdamW`]. The defaults are PyTorch's and Megatron's (Burn's
+/// AdamW defaults differ: ε 1e-5, weight decay 1e-4).
+#[derive(Config, Debug)]
+pub struct DistributedAdamWConfig {
+    #[config(default = 0.9)]
+    pub beta_1: f64,
+    #[config(default = 0.999)]
+    pub beta_2: f64,
+    #[config(default = 1e-8)]
+    pub epsilon: f64,
+    #[config(default = 0.01)]
+    pub weight_decay: f64,
+    /// Split master weights and moments over the data-parallel group (ZeRO-1).
+    #[config(default = false)]
+    pub zero1: bool,
+    /// Clip gradients to this global norm (over every rank, each parameter counted once).
+    #[config(default = "None")]
+    pub max_grad_norm: Option<f64>,
+}
+
+/// One parameter's optimizer state on this rank: fp32, the whole parameter or its dp shard.
+struct State {
+    master: Tensor<1>,
+    m: Tensor<1>,
+    v: Tensor<1>,
+}
+
+/// What a step reports.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepReport {
+    /// The global gradient norm before clipping.
+    pub grad_norm: f64,
+}
+
+/// AdamW over a model whose groups are `groups`; see the module docs.
+pub struct DistributedAdamW {
+    config: DistributedAdamWConfig,
+    groups: ProcessGroups,
+    infos: Vec<ParamInfo>,
+    states: Vec<State>,
+    step: u64,
+}
+
+impl DistributedAdamWConfig {
+    pub fn init(&self, groups: &ProcessGroups) -> DistributedAdamW {
+        DistributedAdamW { config: self.clone(), groups: groups.clone(), infos: Vec::new(), states: Vec::new(), step: 0 }
+    }
+}
+
+/// Every parameter's gradient, flattened, in traversal order (zeros for an unused parameter).
+fn flat_grads<M: Module>(model: &M, grads: GradientsParams) -> Vec<(Tensor<1>, DType)> {
+    struct Take {
+        grads: GradientsParams,
+        out: Vec<(Tensor<1>, DType)>,
+    }
+    impl ModuleVisitor for Take {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let value = param.val();
+            let n = value.shape().num_elements();
+            let grad = self.grads.remove::<D>(param.id).map(|g| g.reshape([n])).unwrap_or_else(|| {
+                Tensor::zeros([n], (&value.device(), value.dtype()))
+            });
+            self.out.push((grad, value.dtype()));
+        }
+    }
+    let mut take = Take { grads, out: Vec::new() };
+    model.visit(&mut take);
+    take.out
+}
+
+impl DistributedAdamW {
+    /// Optimizer-state bytes held on this rank (fp32 master weights and two moments).
+    pub fn state_bytes(&self) -> usize {
+        self.states.iter().map(|s| 3 * 4 * s.master.dims()[0]).sum()
+    }
+
+    /// One update of `model` from `grads`; averages gradients over the data-parallel group.
+    pub fn step<M: Module>(&mut self, lr: f64, model: M, grads: GradientsParams) -> Result<(M, StepReport), CommError> {
+        let dp = &self.groups.dp;
+        let zero1 = self.config.zero1 && dp.size() > 1;
+        if self.infos.is_empty() {
+            self.infos = param_infos(&model);
+        }
+        // Gradients in fp32, averaged over dp: reduce-scattered into this rank's shard with
+        // ZeRO-1, all-reduced whole otherwise.
+        let mut shards = Vec::with_capacity(self.infos.len());
+        let mut dtypes = Vec::with_capacity(self.infos.len());
+        for (grad, dtype) in flat_grads(&model, grads) {
+            let grad = grad.cast(DType::F32);
+            let shard = match zero1 {
+                true => dp.reduce_scatter(pad(grad, dp.size()), 0, ReduceOp::Avg)?,
+                false => dp.all_reduce(grad, ReduceOp::Avg)?,
+            };
+            shards.push(shard);
+            dtypes.push(dtype);
+        }
+        let grad_norm = self.global_norm(&shards, zero1)?;
+        let scale = match self.config.max_grad_norm {
+            Some(max) if grad_norm > max => max / (grad_norm + 1e-6),
+            _ => 1.0,
+        };
+        self.step += 1;
+        if self.states.is_empty() {
+            self.states = self.first_states(&model, zero1);
+        }
+        let c = &self.config;
+        let (bias_1, bias_2) = (1.0 - c.beta_1.powi(self.step as i32), 1.0 - c.beta_2.powi(self.step as i32));
+        for (state, grad) in self.states.iter_mut().zip(shards) {
+            let grad = grad.mul_scalar(scale);
+            state.m = state.m.clone().mul_scalar(c.beta_1) + grad.clone().mul_scalar(1.0 - c.beta_1);
+            state.v = state.v.clone().mul_scalar(c.beta_2) + grad.square().mul_scalar(1.0 - c.beta_2);
+            let update = state.m.clone().div_scalar(bias_1) / state.v.clone().div_scalar(bias_2).sqrt().add_scalar(c.epsilon);
+            let decayed = state.master.clone().mul_scalar(1.0 - lr * c.weight_decay);
+            state.master = decayed - update.mul_scalar(lr);
+        }
+        // The new values, gathered back whole in the parameters' dtype.
+        let mut values = Vec::with_capacity(self.states.len());
+        for (state, dtype) in self.states.iter().zip(dtypes) {
+            let value = state.master.clone().cast(dtype);
+            values.push(if zero1 { dp.all_gather(value, 0)? } else { value });
+        }
+        let model = map_params(model, &mut |index, old, dims| {
+            let n: usize = dims.iter().product();
+            values[index].clone().narrow(0, 0, n).to_device(&old.device())
+        });
+        Ok((model, StepReport { grad_norm }))
+    }
+
+    /// √(Σ g²) over every rank, each parameter counted once: tp-replicated parameters count on
+    /// tp rank 0 only, and dp shards are disjoint only under ZeRO-1.
+    fn global_norm(&self, shards: &[Tensor<1>], zero1: bool) -> Result<f64, CommError> {
+        let tp = &self.groups.tp;
+        let device = shards.first().map(|s| s.device());
+        let Some(device) = device else { return Ok(0.0) };
+        let mut local = Tensor::<1>::zeros([1], (&device, DType::F32));
+        for (shard, info) in shards.iter().zip(&self.infos) {
+            if info.tp_split || tp.group_rank() == 0 {
+                local = local + shard.clone().square().sum();
+            }
+        }
+        let mut total = tp.all_reduce(local, ReduceOp::Sum)?;
+        if zero1 {
+            total = self.groups.dp.all_reduce(total, ReduceOp::Sum)?;
+        }
+        Ok(total.into_scalar::<f64>().sqrt())
+    }
+
+    /// fp32 master copies of the current values (this rank's dp shard under ZeRO-1) and zero
+    /// moments.
+    fn first_states<M: Module>(&self, model: &M, zero1: bool) -> Vec<State> {
+        struct Copy<'a> {
+            dp: &'a burn_megatron_dist::ProcessGroup,
+            zero1: bool,
+            out: Vec<State>,
+        }
+        impl ModuleVisitor for Copy<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                let value = param.val().detach();
+                let n = value.shape().num_elements();
+                let flat = value.reshape([n]).cast(DType::F32);
+                let master = match self.zero1 {
+                    true => {
+                        let padded = pad(flat, self.dp.size());
+                        let part = padded.dims()[0] / self.dp.size();
+                        padded.narrow(0, self.dp.group_rank() * part, part)
+                    }
+                    false => flat,
+                };
+                let zeros = master.zeros_like();
+                self.out.push(State { m: zeros.clone(), v: zeros, master });
+            }
+        }
+        let mut copy = Copy { dp: &self.groups.dp, zero1, out: Vec::new() };
+        model.visit(&mut copy);
+        copy.out
+    }
+}
+
+/// `x` padded with zeros to a multiple of `parts`.
+///
+/// # Shapes
+/// `[n]` → `[⌈n/parts⌉·parts]`
+fn pad(x: Tensor<1>, parts: usize) -> Tensor<1> {
+    let n = x.dims()[0];
+    let padded = n.div_ceil(parts) * parts;
+    match padded - n {
+        0 => x,
+        extra => Tensor::cat(vec![x.clone(), Tensor::zeros([extra], (&x.device(), x.dtype()))], 0),
+    }
+}

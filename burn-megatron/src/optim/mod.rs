@@ -1,0 +1,8 @@
+//! Optimizers that know the mesh: AdamW with fp32 master weights, data-parallel averaging and
+//! the ZeRO-1 distributed optimizer.
+
+pub mod adamw;
+pub mod params;
+
+pub use adamw::{DistributedAdamW, DistributedAdamWConfig, StepReport};
+pub use params::{ParamInfo, param_infos};
