@@ -164,3 +164,31 @@ pub fn zero1_matches_unsharded(h: &Harness) {
         assert!(2 * bytes <= single_bytes + 2 * 12 * 32 && 2 * bytes >= single_bytes, "state bytes {bytes} vs {single_bytes}");
     }
 }
+
+/// The global gradient norm at tp with SP (and at dp = 2 with ZeRO-1) equals the norm of the
+/// single-device gradients: each parameter counted once.
+pub fn grad_norm_counts_each_parameter_once(h: &Harness) {
+    use burn_megatron::optim::DistributedAdamWConfig;
+    let norm = |dims: ParallelDims, sp: bool| {
+        h.run(dims, |ctx| {
+            let dev = ctx.device.clone().autodiff();
+            let model = tiny(h, &ctx.groups, &dev, sp);
+            let mut optim = DistributedAdamWConfig::new().with_zero1(true).init(&ctx.groups);
+            let per = BATCH / dims.dp;
+            let first = ctx.groups.dp.group_rank() * per;
+            let (ids, targets) = batch(&dev, 0);
+            let loss = model.forward_loss(ids.narrow(0, first, per), targets.narrow(0, first, per)).unwrap();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            optim.step(1e-3, model.clone(), grads).unwrap().1.grad_norm
+        })
+    };
+    let single = norm(ParallelDims::tp_dp(1, 1), false)[0];
+    let tp = h.world;
+    for (what, dims, sp) in [("tp+sp", ParallelDims::tp_dp(tp, 1), true), ("dp+zero1", ParallelDims::tp_dp(1, tp), false)] {
+        for n in norm(dims, sp) {
+            // A sum of squares of every gradient: split products round differently (see
+            // `tiny_loss_and_gradients`), the norm averages that out.
+            assert!((n - single).abs() <= h.matmul_tolerance * single, "{what}: norm {n} vs {single}");
+        }
+    }
+}

@@ -16,6 +16,11 @@ mod tp2 {
     }
 
     #[test]
+    fn grad_norm_counts_each_parameter_once() {
+        model_suite::grad_norm_counts_each_parameter_once(&Harness::cpu(2));
+    }
+
+    #[test]
     fn zero1_matches_unsharded() {
         model_suite::zero1_matches_unsharded(&Harness::cpu(2));
     }
