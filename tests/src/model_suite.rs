@@ -186,9 +186,9 @@ pub fn grad_norm_counts_each_parameter_once(h: &Harness) {
     let tp = h.world;
     for (what, dims, sp) in [("tp+sp", ParallelDims::tp_dp(tp, 1), true), ("dp+zero1", ParallelDims::tp_dp(1, tp), false)] {
         for n in norm(dims, sp) {
-            // A sum of squares of every gradient: split products round differently (see
-            // `tiny_loss_and_gradients`), the norm averages that out.
-            assert!((n - single).abs() <= h.matmul_tolerance * single, "{what}: norm {n} vs {single}");
+            // A sum of squares of every gradient: the split products' rounding (see
+            // `tiny_loss_and_gradients`) averages out, as in the loss: a tenth of the tolerance.
+            assert!((n - single).abs() <= 0.1 * h.matmul_tolerance * single, "{what}: norm {n} vs {single}");
         }
     }
 }
