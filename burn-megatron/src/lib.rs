@@ -15,6 +15,7 @@ pub use burn_megatron_dist as dist;
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+pub mod checkpoint;
 pub mod error;
 pub mod init;
 pub mod layers;

@@ -6,6 +6,7 @@
 //! process a GPU under torchrun. `tests/` stamps them out for the CPU; the `gpu-suite` binary
 //! runs them on GPUs.
 
+pub mod checkpoint_suite;
 pub mod comm_suite;
 pub mod data;
 pub mod harness;

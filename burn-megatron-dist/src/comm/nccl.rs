@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use burn::backend::Cube;
 use burn::tensor::{DType, Device, Int, Tensor};
-use burn_cubecl::cubecl::prelude::Runtime;
+use cubecl_runtime::runtime::Runtime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl_cuda::CudaRuntime;
 use cudarc::driver::{CudaContext, CudaStream};

@@ -82,7 +82,55 @@ fn flat_grads<M: Module>(model: &M, grads: GradientsParams) -> Vec<(Tensor<1>, D
     take.out
 }
 
+/// One parameter's whole optimizer state on this rank's tensor-parallel shard, flattened:
+/// what a checkpoint stores, whatever the data-parallel split.
+#[derive(Clone, Debug)]
+pub struct ParamState {
+    pub master: Tensor<1>,
+    pub m: Tensor<1>,
+    pub v: Tensor<1>,
+}
+
 impl DistributedAdamW {
+    /// Steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// Every parameter's state, whole over the data-parallel group (gathered under ZeRO-1),
+    /// in traversal order; `numels` are the parameters' element counts on this rank. Empty
+    /// before the first step.
+    pub fn export_state(&self, numels: &[usize]) -> Result<Vec<ParamState>, CommError> {
+        let dp = &self.groups.dp;
+        let zero1 = self.config.zero1 && dp.size() > 1;
+        let whole = |x: &Tensor<1>, n: usize| -> Result<Tensor<1>, CommError> {
+            let x = if zero1 { dp.all_gather(x.clone(), 0)? } else { x.clone() };
+            Ok(x.narrow(0, 0, n))
+        };
+        self.states
+            .iter()
+            .zip(numels)
+            .map(|(s, &n)| Ok(ParamState { master: whole(&s.master, n)?, m: whole(&s.m, n)?, v: whole(&s.v, n)? }))
+            .collect()
+    }
+
+    /// Restores the state exported by [`export_state`](Self::export_state) (possibly at another
+    /// layout, resharded by the caller) after `steps` steps.
+    pub fn import_state(&mut self, states: Vec<ParamState>, steps: u64) {
+        let dp = &self.groups.dp;
+        let zero1 = self.config.zero1 && dp.size() > 1;
+        let mine = |x: Tensor<1>| match zero1 {
+            true => {
+                let padded = pad(x, dp.size());
+                let part = padded.dims()[0] / dp.size();
+                padded.narrow(0, dp.group_rank() * part, part)
+            }
+            false => x,
+        };
+        self.states = states.into_iter().map(|s| State { master: mine(s.master), m: mine(s.m), v: mine(s.v) }).collect();
+        self.step = steps;
+    }
+
     /// Optimizer-state bytes held on this rank (fp32 master weights and two moments).
     pub fn state_bytes(&self) -> usize {
         self.states.iter().map(|s| 3 * 4 * s.master.dims()[0]).sum()

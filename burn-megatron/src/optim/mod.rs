@@ -4,5 +4,5 @@
 pub mod adamw;
 pub mod params;
 
-pub use adamw::{DistributedAdamW, DistributedAdamWConfig, StepReport};
+pub use adamw::{DistributedAdamW, DistributedAdamWConfig, ParamState, StepReport};
 pub use params::{ParamInfo, param_infos};

@@ -15,6 +15,8 @@ pub struct ParamInfo {
     pub path: String,
     /// Whether each tensor-parallel rank holds a different slice of it.
     pub tp_split: bool,
+    /// The dim it is split along over the tensor-parallel group, if it is.
+    pub split_dim: Option<usize>,
 }
 
 /// Tracks the module path and the type of the innermost layer.
@@ -40,12 +42,14 @@ impl Path {
     fn info(&self) -> ParamInfo {
         let owner = self.containers.last().map(String::as_str).unwrap_or("");
         let field = self.names.last().map(String::as_str).unwrap_or("");
-        let tp_split = match owner {
-            "Struct:ColumnParallelLinear" | "Struct:VocabParallelEmbedding" => true,
-            "Struct:RowParallelLinear" => field == "weight",
-            _ => false,
+        let split_dim = match (owner, field) {
+            ("Struct:ColumnParallelLinear", "weight") => Some(1),
+            ("Struct:ColumnParallelLinear", "bias") => Some(0),
+            ("Struct:RowParallelLinear", "weight") => Some(0),
+            ("Struct:VocabParallelEmbedding", "weight") => Some(0),
+            _ => None,
         };
-        ParamInfo { path: self.names.join("."), tp_split }
+        ParamInfo { path: self.names.join("."), tp_split: split_dim.is_some(), split_dim }
     }
 }
 

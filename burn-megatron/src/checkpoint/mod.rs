@@ -1,0 +1,227 @@
+//! Sharded checkpoints: one safetensors file per tensor-parallel rank, each tensor stored with
+//! its global shape and its offset, plus an index. Loading reshards to any tp × dp layout, the
+//! optimizer state too.
+//!
+//! A save writes into a staging directory, fsyncs every file, then renames the directory into
+//! place and moves the `latest` pointer (itself written to a temporary name, fsynced and
+//! renamed): a crash at any point leaves the previous checkpoint whole and `latest` pointing at
+//! it. A load reads and checks everything before it changes anything, so a damaged or
+//! incompatible checkpoint is an error and the model is untouched.
+
+mod files;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use burn::module::{Module, ModuleVisitor, Param};
+use burn::tensor::{Tensor, TensorData};
+use burn_megatron_dist::{CommError, ProcessGroups};
+
+pub use files::{Index, Placement};
+use files::{FORMAT, Piece, read_shard, shard_file, sync_dir, write_shard, write_synced};
+
+use crate::optim::params::{ParamInfo, map_params, param_infos};
+use crate::optim::{DistributedAdamW, ParamState};
+
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("{path}: {detail}", path = path.display())]
+    Io { path: PathBuf, detail: String },
+    #[error("{path} is not a valid checkpoint file: {detail}", path = path.display())]
+    Format { path: PathBuf, detail: String },
+    #[error("no checkpoint in {dir}: {detail}", dir = dir.display())]
+    NotFound { dir: PathBuf, detail: String },
+    #[error("checkpoint tensor {name} does not fit this model: {detail}")]
+    Incompatible { name: String, detail: String },
+    #[error(transparent)]
+    Comm(#[from] CommError),
+}
+
+/// Every parameter's values on this rank, flattened to f32, with its local shape.
+fn local_values<M: Module>(model: &M) -> Vec<(Vec<usize>, Vec<f32>)> {
+    struct Collect(Vec<(Vec<usize>, Vec<f32>)>);
+    impl ModuleVisitor for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let value = param.val();
+            let data = value.to_data().convert::<f32>();
+            self.0.push((value.dims().to_vec(), data.try_into_vec::<f32>().expect("f32 values")));
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    model.visit(&mut collect);
+    collect.0
+}
+
+fn placement(info: &ParamInfo, shape: &[usize], groups: &ProcessGroups) -> Placement {
+    let tp = &groups.tp;
+    let mut global_shape = shape.to_vec();
+    let offset = match info.split_dim {
+        Some(d) => {
+            global_shape[d] *= tp.size();
+            tp.group_rank() * shape[d]
+        }
+        None => 0,
+    };
+    Placement { global_shape, split_dim: info.split_dim, offset }
+}
+
+const OPTIMIZER: [&str; 3] = ["master", "m", "v"];
+
+fn optimizer_name(part: &str, path: &str) -> String {
+    format!("optimizer.{part}.{path}")
+}
+
+/// Saves `model` and `optim` as checkpoint `step` under `dir`. Every rank calls it.
+pub fn save<M: Module>(dir: &Path, step: u64, model: &M, optim: &DistributedAdamW, groups: &ProcessGroups) -> Result<(), CheckpointError> {
+    let infos = param_infos(model);
+    let values = local_values(model);
+    let numels: Vec<usize> = values.iter().map(|(s, _)| s.iter().product()).collect();
+    let states = optim.export_state(&numels)?;
+    let staging = dir.join(format!(".step-{step:08}.partial"));
+    let io = |path: &Path, e: std::io::Error| CheckpointError::Io { path: path.to_path_buf(), detail: e.to_string() };
+    if groups.global_rank == 0 {
+        let _ = std::fs::remove_dir_all(&staging);
+        std::fs::create_dir_all(&staging).map_err(|e| io(&staging, e))?;
+    }
+    groups.world.barrier()?;
+    let writer = groups.dp.group_rank() == 0;
+    let mut tensors = BTreeMap::new();
+    if writer {
+        let mut pieces = BTreeMap::new();
+        for (i, (info, (shape, data))) in infos.iter().zip(values).enumerate() {
+            let placement = placement(info, &shape, groups);
+            tensors.insert(info.path.clone(), placement.global_shape.clone());
+            for (part, state) in OPTIMIZER.iter().zip(states.get(i).map(state_parts).unwrap_or_default()) {
+                let name = optimizer_name(part, &info.path);
+                tensors.insert(name.clone(), placement.global_shape.clone());
+                pieces.insert(name, Piece { shape: shape.clone(), values: state, placement: placement.clone() });
+            }
+            pieces.insert(info.path.clone(), Piece { shape, values: data, placement });
+        }
+        write_shard(&staging.join(shard_file(groups.tp.group_rank(), groups.tp.size())), &pieces)?;
+    }
+    groups.world.barrier()?;
+    if groups.global_rank == 0 {
+        let index = Index {
+            format: FORMAT.into(),
+            step,
+            optimizer_steps: optim.steps(),
+            tp: groups.tp.size(),
+            dp: groups.dp.size(),
+            files: (0..groups.tp.size()).map(|r| shard_file(r, groups.tp.size())).collect(),
+            tensors,
+        };
+        let json = serde_json::to_vec_pretty(&index).expect("index serializes");
+        write_synced(&staging.join("index.json"), &json)?;
+        let target = dir.join(format!("step-{step:08}"));
+        let _ = std::fs::remove_dir_all(&target);
+        std::fs::rename(&staging, &target).map_err(|e| io(&target, e))?;
+        sync_dir(dir)?;
+        write_synced(&dir.join("latest"), format!("step-{step:08}").as_bytes())?;
+    }
+    groups.world.barrier()?;
+    Ok(())
+}
+
+fn state_parts(state: &ParamState) -> Vec<Vec<f32>> {
+    [&state.master, &state.m, &state.v]
+        .into_iter()
+        .map(|t| t.to_data().convert::<f32>().try_into_vec::<f32>().expect("f32 values"))
+        .collect()
+}
+
+/// Loads the latest checkpoint under `dir` into `model` and `optim`, resharded to this layout;
+/// returns the model and the step it was saved at. Every rank calls it.
+pub fn load<M: Module>(dir: &Path, model: M, optim: &mut DistributedAdamW, groups: &ProcessGroups) -> Result<(M, u64), CheckpointError> {
+    let not_found = |detail: String| CheckpointError::NotFound { dir: dir.to_path_buf(), detail };
+    let latest = std::fs::read_to_string(dir.join("latest")).map_err(|e| not_found(e.to_string()))?;
+    let root = dir.join(latest.trim());
+    let index_path = root.join("index.json");
+    let index_bytes = std::fs::read(&index_path).map_err(|e| not_found(e.to_string()))?;
+    let index: Index = serde_json::from_slice(&index_bytes)
+        .map_err(|e| CheckpointError::Format { path: index_path.clone(), detail: e.to_string() })?;
+    if index.format != FORMAT {
+        return Err(CheckpointError::Format { path: index_path, detail: format!("format {:?}, expected {FORMAT:?}", index.format) });
+    }
+    let mut stored = BTreeMap::new();
+    for file in &index.files {
+        stored.extend(read_shard(&root.join(file))?.into_iter().map(|(name, piece)| ((name, piece.placement.offset), piece)));
+    }
+    let infos = param_infos(&model);
+    let locals = local_values(&model);
+    let mut params = Vec::with_capacity(infos.len());
+    let mut states = Vec::with_capacity(infos.len());
+    for (info, (shape, _)) in infos.iter().zip(&locals) {
+        let want = placement(info, shape, groups);
+        params.push(assemble(&stored, &index, &info.path, shape, &want)?);
+        if index.optimizer_steps > 0 {
+            let parts = OPTIMIZER
+                .iter()
+                .map(|part| assemble(&stored, &index, &optimizer_name(part, &info.path), shape, &want))
+                .collect::<Result<Vec<_>, _>>()?;
+            states.push(parts);
+        }
+    }
+    // Everything is read and checked: now change the model and the optimizer.
+    let model = map_params(model, &mut |i, old, _| {
+        let n = params[i].len();
+        Tensor::<1>::from_data(TensorData::new(params[i].clone(), [n]), &old.device()).cast(old.dtype())
+    });
+    if index.optimizer_steps > 0 {
+        let device = optimizer_device(&model);
+        let tensor = |v: &Vec<f32>| Tensor::<1>::from_data(TensorData::new(v.clone(), [v.len()]), &device);
+        let states = states.iter().map(|p| ParamState { master: tensor(&p[0]), m: tensor(&p[1]), v: tensor(&p[2]) }).collect();
+        optim.import_state(states, index.optimizer_steps);
+    }
+    Ok((model, index.step))
+}
+
+/// The device of the model's first parameter (where the optimizer keeps its state).
+fn optimizer_device<M: Module>(model: &M) -> burn::tensor::Device {
+    struct First(Option<burn::tensor::Device>);
+    impl ModuleVisitor for First {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.get_or_insert_with(|| param.val().device());
+        }
+    }
+    let mut first = First(None);
+    model.visit(&mut first);
+    first.0.unwrap_or_else(burn::tensor::Device::flex)
+}
+
+/// This rank's piece of `name` (local `shape` at placement `want`), cut from the stored pieces.
+/// Along the split dim, positions past the stored tensor (a vocabulary padded further at this
+/// layout) are zeros; every other dim must match.
+fn assemble(
+    stored: &BTreeMap<(String, usize), Piece>,
+    index: &Index,
+    name: &str,
+    shape: &[usize],
+    want: &Placement,
+) -> Result<Vec<f32>, CheckpointError> {
+    let incompatible = |detail: String| CheckpointError::Incompatible { name: name.to_string(), detail };
+    let global = index.tensors.get(name).ok_or_else(|| incompatible("not in the checkpoint".into()))?;
+    let dim = want.split_dim.unwrap_or(0);
+    let same_rank = global.len() == want.global_shape.len();
+    let fits = same_rank && global.iter().zip(&want.global_shape).enumerate().all(|(d, (a, b))| a == b || (d == dim && want.split_dim.is_some()));
+    if !fits {
+        return Err(incompatible(format!("stored with shape {global:?}, this model has {:?}", want.global_shape)));
+    }
+    let outer: usize = shape[..dim].iter().product();
+    let inner: usize = shape[dim + 1..].iter().product();
+    let mut out = vec![0.0f32; shape.iter().product()];
+    let (start, end) = (want.offset, want.offset + shape[dim]);
+    for ((piece_name, _), piece) in stored.range((name.to_string(), 0)..=(name.to_string(), usize::MAX)) {
+        debug_assert_eq!(piece_name, name);
+        let (p_start, p_len) = (piece.placement.offset, piece.shape.get(dim).copied().unwrap_or(1));
+        let (lo, hi) = (start.max(p_start), end.min(p_start + p_len));
+        for o in 0..outer {
+            for n in lo..hi {
+                let src = (o * p_len + (n - p_start)) * inner;
+                let dst = (o * shape[dim] + (n - start)) * inner;
+                out[dst..dst + inner].copy_from_slice(&piece.values[src..src + inner]);
+            }
+        }
+    }
+    Ok(out)
+}

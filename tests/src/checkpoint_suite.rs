@@ -1,0 +1,132 @@
+//! The checkpoint suite: save at tp2 × dp2 (ZeRO-1) and resume at other layouts, the loss curve
+//! unchanged; damaged, missing and incompatible checkpoints are errors that change nothing.
+
+use std::path::{Path, PathBuf};
+
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_megatron::checkpoint::{self, CheckpointError};
+use burn_megatron::init::{InitMode, ParamInit};
+use burn_megatron::models::llama::{Llama, LlamaConfig, ParallelPlan};
+use burn_megatron::optim::{DistributedAdamW, DistributedAdamWConfig};
+use burn_megatron_dist::{ParallelDims, ProcessGroups, ReduceOp};
+
+use crate::Harness;
+
+const SEQ: usize = 32;
+const BATCH: usize = 2;
+
+/// A small Llama: 2 layers, d 64, 4 heads, vocab 70 (padded at tp = 4).
+fn config() -> LlamaConfig {
+    LlamaConfig::llama(70, 64, 2, 4, 4, 128, SEQ)
+}
+
+fn model(groups: &ProcessGroups, device: &Device, seed: u64) -> Llama {
+    let tp = groups.tp.size();
+    let dims = ParallelDims::tp_dp(tp, groups.dp.size());
+    let config = ParallelPlan::new(dims, tp > 1).apply(config(), dims.world_size(), SEQ).unwrap();
+    config.init(device, groups, &ParamInit::new(seed, InitMode::Full)).unwrap()
+}
+
+fn batch(device: &Device, step: u64) -> (Tensor<2, Int>, Tensor<2, Int>) {
+    let ids: Vec<i64> = (0..(BATCH * (SEQ + 1)) as u64).map(|i| ((i * 31 + step * 7) % 70) as i64).collect();
+    let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [BATCH, SEQ + 1]), device);
+    (all.clone().narrow(1, 0, SEQ), all.narrow(1, 1, SEQ))
+}
+
+/// Runs steps `from..to` and returns the losses (averaged over dp).
+fn train(model: &mut Llama, optim: &mut DistributedAdamW, groups: &ProcessGroups, device: &Device, steps: std::ops::Range<u64>) -> Vec<f64> {
+    let per = BATCH / groups.dp.size();
+    let first = groups.dp.group_rank() * per;
+    steps
+        .map(|step| {
+            let (ids, targets) = batch(device, step);
+            let loss = model.clone().forward_loss(ids.narrow(0, first, per), targets.narrow(0, first, per)).unwrap();
+            let value = groups.dp.all_reduce(loss.clone().detach(), ReduceOp::Avg).unwrap().into_scalar::<f64>();
+            let grads = GradientsParams::from_grads(loss.backward(), &*model);
+            *model = optim.step(3e-3, model.clone(), grads).unwrap().0;
+            value
+        })
+        .collect()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-megatron-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Saves at tp2 × dp2 after 3 steps; resuming at tp1 × dp1, tp2 × dp1 and tp1 × dp2 gives the
+/// same next 2 losses as going on without stopping.
+pub fn resume_at_other_layouts(h: &Harness) {
+    let dir = scratch("resume");
+    let reference = h.run(ParallelDims::tp_dp(2, 2), |ctx| {
+        let dev = ctx.device.clone().autodiff();
+        let mut m = model(&ctx.groups, &dev, 5);
+        let mut optim = DistributedAdamWConfig::new().with_zero1(true).init(&ctx.groups);
+        train(&mut m, &mut optim, &ctx.groups, &dev, 0..3);
+        checkpoint::save(&dir, 3, &m, &optim, &ctx.groups).unwrap();
+        train(&mut m, &mut optim, &ctx.groups, &dev, 3..5)
+    });
+    for (tp, dp) in [(1, 1), (2, 1), (1, 2)] {
+        let resumed = h.run(ParallelDims::tp_dp(tp, dp), |ctx| {
+            let dev = ctx.device.clone().autodiff();
+            // Another seed: every value must come from the checkpoint.
+            let fresh = model(&ctx.groups, &dev, 99);
+            let mut optim = DistributedAdamWConfig::new().with_zero1(true).init(&ctx.groups);
+            let (mut m, step) = checkpoint::load(&dir, fresh, &mut optim, &ctx.groups).unwrap();
+            assert_eq!(step, 3);
+            train(&mut m, &mut optim, &ctx.groups, &dev, 3..5)
+        });
+        for losses in resumed {
+            for (a, b) in losses.iter().zip(&reference[0]) {
+                // Another layout sums its products and gradients in another order (see the
+                // model suite): two Adam steps from identical state stay within this.
+                assert!((a - b).abs() <= 10.0 * h.matmul_tolerance * b.abs(), "tp{tp}×dp{dp}: {losses:?} vs {:?}", reference[0]);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Damaged, missing and incompatible checkpoints are typed errors, and a save that died half
+/// way (its staging directory left behind) does not hide the previous checkpoint.
+pub fn bad_checkpoints_are_errors(h: &Harness) {
+    let dir = scratch("bad");
+    h.run(ParallelDims::tp_dp(1, 1), |ctx| {
+        let dev = ctx.device.clone().autodiff();
+        let load = |dir: &Path| {
+            let mut optim = DistributedAdamWConfig::new().init(&ctx.groups);
+            checkpoint::load(dir, model(&ctx.groups, &dev, 1), &mut optim, &ctx.groups).map(|(_, step)| step)
+        };
+        assert!(matches!(load(&dir), Err(CheckpointError::NotFound { .. })));
+        let mut m = model(&ctx.groups, &dev, 1);
+        let mut optim = DistributedAdamWConfig::new().init(&ctx.groups);
+        train(&mut m, &mut optim, &ctx.groups, &dev, 0..1);
+        checkpoint::save(&dir, 1, &m, &optim, &ctx.groups).unwrap();
+        // A save killed half way leaves its staging directory and partial files.
+        let staging = dir.join(".step-00000002.partial");
+        std::fs::create_dir_all(&staging).unwrap();
+        std::fs::write(staging.join("tp-000-of-001.safetensors"), b"partial").unwrap();
+        assert_eq!(load(&dir), Ok(1));
+
+        let file = dir.join("step-00000001").join("tp-000-of-001.safetensors");
+        let good = std::fs::read(&file).unwrap();
+        std::fs::write(&file, &good[..good.len() / 2]).unwrap();
+        assert!(matches!(load(&dir), Err(CheckpointError::Format { .. })), "truncated");
+        let mut flipped = good.clone();
+        flipped[10] ^= 0xff;
+        std::fs::write(&file, &flipped).unwrap();
+        assert!(matches!(load(&dir), Err(CheckpointError::Format { .. })), "corrupted header");
+        std::fs::write(&file, &good).unwrap();
+        assert_eq!(load(&dir), Ok(1));
+
+        // Another model shape: refused, naming the tensor.
+        let other = LlamaConfig::llama(70, 32, 2, 4, 4, 128, SEQ).init(&dev, &ctx.groups, &ParamInit::new(1, InitMode::Full)).unwrap();
+        let mut optim = DistributedAdamWConfig::new().init(&ctx.groups);
+        let err = checkpoint::load(&dir, other, &mut optim, &ctx.groups).unwrap_err();
+        assert!(matches!(err, CheckpointError::Incompatible { .. }), "{err}");
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,13 @@
+//! The checkpoint suite on the CPU, ranks as threads.
+
+use burn_megatron_tests::{Harness, checkpoint_suite};
+
+#[test]
+fn resume_at_other_layouts() {
+    checkpoint_suite::resume_at_other_layouts(&Harness::cpu(4));
+}
+
+#[test]
+fn bad_checkpoints_are_errors() {
+    checkpoint_suite::bad_checkpoints_are_errors(&Harness::cpu(1));
+}
