@@ -28,10 +28,15 @@ pub struct Args {
     pub per_shard_init: bool,
     /// Split the optimizer state over the data-parallel group (ZeRO-1).
     pub zero1: bool,
+    /// Write a checkpoint here at the end (and every `save_every` steps).
+    pub save: Option<std::path::PathBuf>,
+    pub save_every: Option<usize>,
+    /// Continue from the latest checkpoint here, up to `steps`.
+    pub resume: Option<std::path::PathBuf>,
 }
 
 const USAGE: &str = "usage: train [--preset tiny|llama-1b|llama-8b] [--tp N] [--dp N] [--sp] [--steps N] \
-[--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1]";
+[--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--resume DIR]";
 
 impl Args {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
@@ -48,6 +53,9 @@ impl Args {
             device: DeviceKind::Cpu,
             per_shard_init: false,
             zero1: false,
+            save: None,
+            save_every: None,
+            resume: None,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -58,6 +66,9 @@ impl Args {
                 "--dp" => out.dp = number(&flag, &value()?)?,
                 "--sp" => out.sp = true,
                 "--zero1" => out.zero1 = true,
+                "--save" => out.save = Some(value()?.into()),
+                "--save-every" => out.save_every = Some(number(&flag, &value()?)?),
+                "--resume" => out.resume = Some(value()?.into()),
                 "--steps" => out.steps = number(&flag, &value()?)?,
                 "--seed" => out.seed = number(&flag, &value()?)?,
                 "--lr" => out.lr = number(&flag, &value()?)?,
@@ -83,6 +94,12 @@ impl Args {
         }
         if out.tp == 0 || out.dp == 0 {
             return Err("--tp and --dp must be at least 1".into());
+        }
+        if out.save_every.is_some() && out.save.is_none() {
+            return Err("--save-every needs --save DIR".into());
+        }
+        if out.save_every == Some(0) {
+            return Err("--save-every must be at least 1".into());
         }
         Ok(out)
     }

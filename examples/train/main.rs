@@ -11,6 +11,7 @@ mod data;
 
 use burn::optim::GradientsParams;
 use burn::tensor::Device;
+use burn_megatron::checkpoint;
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::{ParallelPlan, preset};
 use burn_megatron::optim::DistributedAdamWConfig;
@@ -54,8 +55,17 @@ fn run(args: &Args) -> Result<(), String> {
         let device = ctx.device.clone().autodiff();
         let mut model = config.init(&device, &ctx.groups, &init).map_err(|e| e.to_string())?;
         let mut optim = DistributedAdamWConfig::new().with_zero1(args.zero1).init(&ctx.groups);
+        let mut done = 0;
+        if let Some(dir) = &args.resume {
+            let (loaded, step) = checkpoint::load(dir, model, &mut optim, &ctx.groups).map_err(|e| e.to_string())?;
+            (model, done) = (loaded, step as usize);
+        }
+        let save = |model: &_, optim: &_, step: usize| match &args.save {
+            Some(dir) => checkpoint::save(dir, step as u64, model, optim, &ctx.groups).map_err(|e| e.to_string()),
+            None => Ok(()),
+        };
         let dp_rank = ctx.groups.dp.group_rank();
-        for step in 1..=args.steps {
+        for step in done + 1..=args.steps {
             let (ids, targets) = corpus.batch(step, dp_rank * per_rank, per_rank, seq, &device);
             let loss = model.forward_loss(ids, targets).map_err(|e| e.to_string())?;
             let reported = ctx.groups.dp.all_reduce(loss.clone().detach(), ReduceOp::Avg).map_err(|e| e.to_string())?;
@@ -68,8 +78,11 @@ fn run(args: &Args) -> Result<(), String> {
             if ctx.global_rank == 0 {
                 println!("step {step} loss {value:.6}");
             }
+            if args.save_every.is_some_and(|k| step % k == 0 && step < args.steps) {
+                save(&model, &optim, step)?;
+            }
         }
-        Ok(())
+        save(&model, &optim, args.steps.max(done))
     })
     .map_err(|e| e.to_string())?;
     results.into_iter().collect()
