@@ -49,6 +49,17 @@ pub struct ProcessRank {
 
 static PROCESS: OnceLock<ProcessRank> = OnceLock::new();
 
+/// The store's port: `BURN_MEGATRON_STORE_PORT` if set; else `MASTER_PORT` (29500 if unset),
+/// plus one under torchrun, whose own store already listens on `MASTER_PORT`.
+fn store_port() -> Result<usize, LaunchError> {
+    if let Some(port) = env_usize("BURN_MEGATRON_STORE_PORT")? {
+        return Ok(port);
+    }
+    let master = env_usize("MASTER_PORT")?.unwrap_or(29500);
+    let torchrun = std::env::var("TORCHELASTIC_USE_AGENT_STORE").is_ok_and(|v| v.eq_ignore_ascii_case("true"));
+    Ok(if torchrun { master + 1 } else { master })
+}
+
 fn env_usize(name: &'static str) -> Result<Option<usize>, LaunchError> {
     match std::env::var(name) {
         Ok(v) => v.trim().parse().map(Some).map_err(|_| LaunchError::Env {
@@ -79,7 +90,7 @@ impl ProcessRank {
             return Err(LaunchError::Env { name: "RANK", detail: format!("{global_rank} ≥ WORLD_SIZE {world_size}") });
         }
         let host = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
-        let port = env_usize("MASTER_PORT")?.unwrap_or(29500);
+        let port = store_port()?;
         let address = format!("{host}:{port}");
         let rendezvous = |detail: String| LaunchError::Rendezvous { address: address.clone(), detail };
         let server = match global_rank {
