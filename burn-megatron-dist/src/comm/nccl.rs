@@ -81,7 +81,21 @@ impl ProcessRank {
     }
 
     /// Reads the launcher's variables and meets the other ranks at the store.
+    ///
+    /// Refused unless `BURN_MEGATRON_EXPERIMENTAL_NCCL=1`: on 2 H200s some collectives of this
+    /// transport returned zeros instead of their result (tensors freshly uploaded from the host,
+    /// see docs/perf/collectives.md), and a wrong answer must not pass silently. Ranks as threads
+    /// (the CubeCL transport) passed every suite.
     fn from_env() -> Result<Self, LaunchError> {
+        if std::env::var("BURN_MEGATRON_EXPERIMENTAL_NCCL").as_deref() != Ok("1") {
+            return Err(LaunchError::Env {
+                name: "BURN_MEGATRON_EXPERIMENTAL_NCCL",
+                detail: "one process a GPU is experimental: some collectives returned wrong results on \
+                         2 H200s; set BURN_MEGATRON_EXPERIMENTAL_NCCL=1 to run it anyway, or run ranks as \
+                         threads (unset RANK and WORLD_SIZE)"
+                    .into(),
+            });
+        }
         let missing = |name| LaunchError::Env { name, detail: "is not set".into() };
         let global_rank = env_usize("RANK")?.ok_or_else(|| missing("RANK"))?;
         let world_size = env_usize("WORLD_SIZE")?.ok_or_else(|| missing("WORLD_SIZE"))?;
@@ -247,8 +261,14 @@ impl NcclTransport {
             reason: "the communicator was aborted by an earlier timeout".into(),
         })?;
         // Made contiguous first, so the fence below also covers those copies.
-        let tensors: Vec<CubeTensor> = inputs.iter().chain(outputs).map(|p| cube(p)).collect();
-        self.device.sync().map_err(|e| self.error(collective, e))?;
+        let contiguous: Vec<Payload> = inputs.iter().chain(outputs).map(|p| contiguous(p)).collect();
+        // The fence: a read of one element of each buffer returns only once every queued
+        // operation that writes it has run. (A device sync alone was seen to let NCCL start
+        // before freshly queued kernels had run, on these H200s: zeros came back.)
+        for p in &contiguous {
+            p.read_first().map_err(|e| self.error(collective, e))?;
+        }
+        let tensors: Vec<CubeTensor> = contiguous.iter().map(cube).collect();
         let resources = tensors
             .iter()
             .map(|t| t.client.get_resource::<CudaServer>(t.handle.clone()))
@@ -336,14 +356,26 @@ fn numel(p: &Payload) -> usize {
     p.dims().iter().product()
 }
 
-/// The CubeCL tensor behind a payload, made contiguous.
+/// The CubeCL tensor behind a payload (contiguous, from [`contiguous`]).
 fn cube(p: &Payload) -> CubeTensor {
-    let t = match p.clone() {
+    match p.clone() {
         Payload::Float(t) => t.try_into_primitive::<Cube>(),
         Payload::Int(t) => t.try_into_primitive::<Cube>(),
     }
-    .expect("NCCL payloads live on CUDA devices");
-    if t.is_contiguous() { t } else { burn_cubecl::kernel::into_contiguous(t) }
+    .expect("NCCL payloads live on CUDA devices, without autodiff")
+}
+
+/// The payload with its data laid out contiguously (a copy if it was a strided view).
+fn contiguous(p: &Payload) -> Payload {
+    let t = cube(p);
+    if t.is_contiguous() {
+        return p.clone();
+    }
+    let t = burn_cubecl::kernel::into_contiguous(t);
+    match p {
+        Payload::Float(_) => Payload::Float(Tensor::from_primitive::<Cube>(t)),
+        Payload::Int(_) => Payload::Int(Tensor::from_primitive::<Cube>(t)),
+    }
 }
 
 fn check(status: Result<nccl::NcclStatus, nccl::NcclError>) -> Result<(), sys::ncclResult_t> {

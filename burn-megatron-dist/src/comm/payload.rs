@@ -52,6 +52,16 @@ impl Payload {
         matches!(self, Payload::Float(_))
     }
 
+    /// Reads the first element back to the host (nothing for an empty payload): returns once
+    /// everything queued that writes this payload's buffer has run.
+    pub fn read_first(&self) -> Result<(), String> {
+        let [o, n, i] = self.dims();
+        if o * n * i == 0 {
+            return Ok(());
+        }
+        read!(self, t => t.clone().slice([0..1, 0..1, 0..1]).try_into_data().map(|_| ()).map_err(|e| format!("{e:?}")))
+    }
+
     pub fn to_device(self, device: &Device) -> Self {
         each!(self, t => t.to_device(device))
     }

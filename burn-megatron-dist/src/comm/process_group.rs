@@ -86,9 +86,9 @@ impl ProcessGroup {
         if self.size() == 1 {
             return Ok(x);
         }
-        let shape = x.shape();
+        let (shape, autodiff) = (x.shape(), x.device().is_autodiff());
         let out = self.transport.all_reduce(view(x, 0), op)?;
-        Ok(unview(out, shape))
+        Ok(unview(out, shape, autodiff))
     }
 
     /// Concatenates every rank's `x` along `dim`, in group-rank order.
@@ -106,10 +106,10 @@ impl ProcessGroup {
         if self.size() == 1 {
             return Ok(x);
         }
-        let mut shape = x.shape();
+        let (mut shape, autodiff) = (x.shape(), x.device().is_autodiff());
         shape[dim] *= self.size();
         let out = self.transport.all_gather(view(x, dim))?;
-        Ok(unview(out, shape))
+        Ok(unview(out, shape, autodiff))
     }
 
     /// Reduces `x` over the group and keeps this rank's slice of `dim`.
@@ -136,10 +136,10 @@ impl ProcessGroup {
         if self.size() == 1 {
             return Ok(x);
         }
-        let mut shape = x.shape();
+        let (mut shape, autodiff) = (x.shape(), x.device().is_autodiff());
         shape[dim] /= self.size();
         let out = self.transport.reduce_scatter(view(x, dim), op)?;
-        Ok(unview(out, shape))
+        Ok(unview(out, shape, autodiff))
     }
 
     /// Splits `split_dim` into `size` equal parts, sends part `j` to group rank `j`, and
@@ -170,8 +170,9 @@ impl ProcessGroup {
         let mut chunk_shape = x.shape();
         chunk_shape[split_dim] = part;
         let recv_dims = vec![view_dims(&chunk_shape, concat_dim); self.size()];
+        let autodiff = x.device().is_autodiff();
         let received = self.exchange_chunks(chunks, concat_dim, recv_dims)?;
-        let parts = received.into_iter().map(|p| unview(p, chunk_shape.clone())).collect();
+        let parts = received.into_iter().map(|p| unview(p, chunk_shape.clone(), autodiff)).collect();
         Ok(Tensor::cat(parts, concat_dim))
     }
 
@@ -213,11 +214,12 @@ impl ProcessGroup {
         };
         let chunks = x.clone().split_with_sizes(send_splits.to_vec(), dim);
         let recv_dims = recv_splits.iter().map(|&n| view_dims(&shape_with(n), dim)).collect();
+        let autodiff = x.device().is_autodiff();
         let received = self.exchange_chunks(chunks, dim, recv_dims)?;
         let parts: Vec<_> = received
             .into_iter()
             .zip(&recv_splits)
-            .map(|(p, &n)| unview(p, shape_with(n)))
+            .map(|(p, &n)| unview(p, shape_with(n), autodiff))
             .collect();
         Ok((Tensor::cat(parts, dim), recv_splits))
     }
@@ -236,8 +238,8 @@ impl ProcessGroup {
         if self.size() == 1 {
             return Ok(x);
         }
-        let shape = x.shape();
-        Ok(unview(self.transport.broadcast(view(x, 0), root)?, shape))
+        let (shape, autodiff) = (x.shape(), x.device().is_autodiff());
+        Ok(unview(self.transport.broadcast(view(x, 0), root)?, shape, autodiff))
     }
 
     /// Sends `x` to group rank `peer`, which must call [`recv`](Self::recv) with the same shape.
@@ -254,8 +256,8 @@ impl ProcessGroup {
         peer: usize,
     ) -> Result<Tensor<D, K>, CommError> {
         let seq = self.p2p(Collective::Recv, peer)?;
-        let shape = like.shape();
-        Ok(unview(self.transport.recv(view(like, 0), peer, seq)?, shape))
+        let (shape, autodiff) = (like.shape(), like.device().is_autodiff());
+        Ok(unview(self.transport.recv(view(like, 0), peer, seq)?, shape, autodiff))
     }
 
     /// Waits until every rank of the group has arrived.
@@ -338,16 +340,15 @@ fn view_dims(shape: &Shape, dim: usize) -> [usize; 3] {
     [outer, dims[dim], inner]
 }
 
-/// The transport's rank-3 view of `x` around `dim`.
+/// The transport's rank-3 view of `x` around `dim`, without autodiff: a plain collective is
+/// not differentiable (the mappings are), and no rank's graph may reach into another's.
 fn view<const D: usize, K: Numeric>(x: Tensor<D, K>, dim: usize) -> Payload {
     let dims = view_dims(&x.shape(), dim);
     let dispatch = x.reshape(dims).into_dispatch();
     if dispatch_is_float(&dispatch) {
-        // A plain collective is not differentiable (the mappings are): cut the graph, so no
-        // rank's autodiff graph ever reaches into another's.
-        Payload::Float(Tensor::<3>::from_dispatch(dispatch).detach())
+        Payload::Float(Tensor::<3>::from_dispatch(dispatch).without_autodiff())
     } else {
-        Payload::Int(Tensor::<3, Int>::from_dispatch(dispatch))
+        Payload::Int(Tensor::<3, Int>::from_dispatch(dispatch).without_autodiff())
     }
 }
 
@@ -356,11 +357,14 @@ fn dispatch_is_float(x: &burn::tensor::DispatchTensor) -> bool {
     x.dtype().is_float()
 }
 
-/// Back from the transport's view to the caller's rank and kind.
-fn unview<const D: usize, K: Numeric>(payload: Payload, shape: Shape) -> Tensor<D, K> {
-    let dispatch = match payload {
-        Payload::Float(t) => t.into_dispatch(),
-        Payload::Int(t) => t.into_dispatch(),
+/// Back from the transport's view to the caller's rank and kind, on an autodiff device again if
+/// the caller's tensor was on one.
+fn unview<const D: usize, K: Numeric>(payload: Payload, shape: Shape, autodiff: bool) -> Tensor<D, K> {
+    let dispatch = match (payload, autodiff) {
+        (Payload::Float(t), false) => t.into_dispatch(),
+        (Payload::Float(t), true) => t.autodiff().into_dispatch(),
+        (Payload::Int(t), false) => t.into_dispatch(),
+        (Payload::Int(t), true) => t.autodiff().into_dispatch(),
     };
     Tensor::<3, K>::from_dispatch(dispatch).reshape(shape)
 }

@@ -149,7 +149,8 @@ impl StoreClient {
         let mut stream = self.stream.lock().expect("store connection");
         stream.write_all(&[GET])?;
         write_bytes(&mut *stream, key.as_bytes())?;
-        stream.write_all(&(timeout.as_millis() as u64).to_le_bytes())?;
+        // Rounded up, so the server never waits less than asked.
+        stream.write_all(&(timeout.as_micros().div_ceil(1000) as u64).to_le_bytes())?;
         match read_u8(&mut *stream)? {
             FOUND => Ok(Some(read_bytes(&mut *stream)?)),
             _ => Ok(None),

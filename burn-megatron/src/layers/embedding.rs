@@ -98,3 +98,25 @@ impl VocabParallelEmbedding {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use burn::module::Param;
+    use burn::nn::EmbeddingConfig;
+    use burn::tensor::{Device, TensorData};
+    use burn_megatron_dist::ProcessGroup;
+
+    use super::*;
+
+    /// At tp = 1 the layer is Burn's Embedding.
+    #[test]
+    fn matches_burn_embedding() {
+        let dev = Device::flex();
+        let mut theirs = EmbeddingConfig::new(11, 4).init(&dev);
+        theirs.weight = Param::from_tensor(crate::init::normal([11, 4], 3, 1.0, &dev));
+        let ours = VocabParallelEmbedding::from_embedding(theirs.clone(), 1, false, &ProcessGroup::solo());
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(vec![0i64, 5, 10, 3, 3, 7], [2, 3]), &dev);
+        // A lookup copies rows: exactly equal.
+        ours.forward(ids.clone()).unwrap().into_data().assert_eq(&theirs.forward(ids).into_data(), true);
+    }
+}

@@ -59,3 +59,25 @@ impl RmsNorm {
         Ok((x32 / rms).cast(dtype) * weight.unsqueeze())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use burn::nn::RmsNormConfig as BurnRmsNormConfig;
+    use burn::tensor::Device;
+    use burn_megatron_dist::ProcessGroup;
+
+    use super::*;
+
+    /// Without sequence parallelism the layer is Burn's RmsNorm.
+    #[test]
+    fn matches_burn_rms_norm() {
+        let dev = Device::flex();
+        let ours = RmsNormConfig::new(8).init(&dev, &ProcessGroup::solo(), &ParamInit::new(0, crate::init::InitMode::Full));
+        let theirs = BurnRmsNormConfig::new(8).with_epsilon(1e-5).init(&dev);
+        let x = crate::init::normal([3, 4, 8], 2, 1.0, &dev);
+        let (a, b) = (ours.forward(x.clone()).unwrap(), theirs.forward(x));
+        let diff = (a - b).abs().max().into_scalar::<f32>();
+        // Both compute in f32, in a slightly different order: a few ulps.
+        assert!(diff < 1e-6, "{diff}");
+    }
+}
