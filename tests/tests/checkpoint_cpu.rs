@@ -11,3 +11,8 @@ fn resume_at_other_layouts() {
 fn bad_checkpoints_are_errors() {
     checkpoint_suite::bad_checkpoints_are_errors(&Harness::cpu(1));
 }
+
+#[test]
+fn hugging_face_round_trip() {
+    checkpoint_suite::hugging_face_round_trip(&Harness::cpu(4));
+}

@@ -18,7 +18,8 @@ use burn::tensor::{Tensor, TensorData};
 use burn_megatron_dist::{CommError, ProcessGroups};
 
 pub use files::{Index, Placement};
-use files::{FORMAT, Piece, read_shard, shard_file, sync_dir, write_shard, write_synced};
+pub use files::write_synced;
+use files::{FORMAT, Piece, read_shard, shard_file, sync_dir, write_shard};
 
 use crate::optim::params::{ParamInfo, map_params, param_infos};
 use crate::optim::{DistributedAdamW, ParamState};

@@ -89,7 +89,9 @@ pub fn map_params<M: Module>(model: M, next: &mut dyn FnMut(usize, Tensor<1>, Ve
             param.map(|value| {
                 let dims = value.dims();
                 let flat = value.detach().reshape([dims.iter().product::<usize>()]);
-                next(index, flat, dims.to_vec()).reshape(dims).detach().require_grad()
+                let value = next(index, flat, dims.to_vec()).reshape(dims).detach();
+                // A new leaf, trainable again on an autodiff device.
+                if value.is_autodiff() { value.require_grad() } else { value }
             })
         }
     }

@@ -1,6 +1,7 @@
-//! Llama: the model (`model.rs`), the plan that parallelizes it (`plan.rs`) and the recipes
-//! that name whole runs (`recipes.rs`).
+//! Llama: the model (`model.rs`), the plan that parallelizes it (`plan.rs`), the recipes that
+//! name whole runs (`recipes.rs`) and Hugging Face checkpoints (`hf.rs`).
 
+pub mod hf;
 pub mod model;
 pub mod plan;
 pub mod recipes;
