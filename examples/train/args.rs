@@ -33,10 +33,13 @@ pub struct Args {
     pub save_every: Option<usize>,
     /// Continue from the latest checkpoint here, up to `steps`.
     pub resume: Option<std::path::PathBuf>,
+    /// Train on this text file or directory of text (byte-level tokens) instead of the
+    /// generated arithmetic corpus.
+    pub data: Option<std::path::PathBuf>,
 }
 
 const USAGE: &str = "usage: train [--preset tiny|llama-1b|llama-8b] [--tp N] [--dp N] [--sp] [--steps N] \
-[--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--resume DIR]";
+[--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--resume DIR] [--data PATH]";
 
 impl Args {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
@@ -56,6 +59,7 @@ impl Args {
             save: None,
             save_every: None,
             resume: None,
+            data: None,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -69,6 +73,7 @@ impl Args {
                 "--save" => out.save = Some(value()?.into()),
                 "--save-every" => out.save_every = Some(number(&flag, &value()?)?),
                 "--resume" => out.resume = Some(value()?.into()),
+                "--data" => out.data = Some(value()?.into()),
                 "--steps" => out.steps = number(&flag, &value()?)?,
                 "--seed" => out.seed = number(&flag, &value()?)?,
                 "--lr" => out.lr = number(&flag, &value()?)?,

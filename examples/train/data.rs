@@ -32,6 +32,28 @@ impl Corpus {
         Self { bytes: text.into_bytes() }
     }
 
+    /// The bytes of a text file, or of every file under a directory (sorted by path), each
+    /// followed by a newline: byte-level tokens.
+    pub fn from_path(path: &std::path::Path) -> Result<Self, String> {
+        let mut files = Vec::new();
+        collect_files(path, &mut files).map_err(|e| format!("{}: {e}", path.display()))?;
+        files.sort();
+        let mut bytes = Vec::new();
+        for file in &files {
+            bytes.extend(std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?);
+            bytes.push(b'\n');
+        }
+        Ok(Self { bytes })
+    }
+
+    /// Checks the corpus can fill a sequence of `seq + 1` tokens.
+    pub fn check_len(&self, seq: usize) -> Result<(), String> {
+        if self.bytes.len() <= seq + 1 {
+            return Err(format!("the data has {} bytes; a sequence needs more than {}", self.bytes.len(), seq + 1));
+        }
+        Ok(())
+    }
+
     /// Sequence `index` of step `step`: `seq + 1` tokens from a position drawn from the step,
     /// so every layout sees the same data in the same order.
     pub fn window(&self, step: usize, index: usize, seq: usize) -> &[u8] {
@@ -51,5 +73,53 @@ impl Corpus {
             .collect();
         let all = Tensor::<2, Int>::from_data(TensorData::new(tokens, [count, seq + 1]), device);
         (all.clone().narrow(1, 0, seq), all.narrow(1, 1, seq))
+    }
+}
+
+fn collect_files(path: &std::path::Path, out: &mut Vec<std::path::PathBuf>) -> std::io::Result<()> {
+    if path.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            collect_files(&entry?.path(), out)?;
+        }
+    } else {
+        out.push(path.to_path_buf());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arithmetic_is_deterministic_and_correct() {
+        let a = Corpus::arithmetic(4096, 7);
+        assert_eq!(a.bytes, Corpus::arithmetic(4096, 7).bytes);
+        let text = String::from_utf8(a.bytes).unwrap();
+        for line in text.lines() {
+            let (lhs, rhs) = line.split_once('=').unwrap();
+            let value: i64 = rhs.parse().unwrap();
+            let expected = match lhs.split_once('+') {
+                Some((x, y)) => x.parse::<i64>().unwrap() + y.parse::<i64>().unwrap(),
+                None => {
+                    let (x, y) = lhs.split_once('-').unwrap();
+                    x.parse::<i64>().unwrap() - y.parse::<i64>().unwrap()
+                }
+            };
+            assert_eq!(value, expected, "{line}");
+        }
+    }
+
+    #[test]
+    fn reads_a_directory_of_text() {
+        let dir = std::env::temp_dir().join(format!("burn-megatron-data-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        std::fs::write(dir.join("b.txt"), "world").unwrap();
+        std::fs::write(dir.join("sub").join("a.txt"), "hello").unwrap();
+        let corpus = Corpus::from_path(&dir).unwrap();
+        assert_eq!(corpus.bytes, b"world\nhello\n");
+        assert!(corpus.check_len(20).is_err());
+        assert!(Corpus::from_path(&dir.join("missing")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -44,7 +44,14 @@ fn run(args: &Args) -> Result<(), String> {
     let dims = ParallelDims::tp_dp(args.tp, args.dp);
     let plan = ParallelPlan::new(dims, args.sp);
     let config = plan.apply(recipe.model, dims.world_size(), seq).map_err(|e| e.to_string())?;
-    let corpus = Corpus::arithmetic(1 << 20, args.seed);
+    let corpus = match &args.data {
+        Some(path) => Corpus::from_path(path)?,
+        None => Corpus::arithmetic(1 << 20, args.seed),
+    };
+    corpus.check_len(seq)?;
+    if config.embedding.vocab_size < 256 {
+        return Err(format!("byte tokens need a vocabulary of 256; preset {} has {}", args.preset, config.embedding.vocab_size));
+    }
     let init = ParamInit::new(args.seed, if args.per_shard_init { InitMode::PerShard } else { InitMode::Full });
     let device_of = |local: usize| match args.device {
         DeviceKind::Cpu => Device::flex(),
