@@ -111,7 +111,8 @@ pub fn bad_checkpoints_are_errors(h: &Harness) {
         std::fs::write(staging.join("tp-000-of-001.safetensors"), b"partial").unwrap();
         assert_eq!(load(&dir), Ok(1));
 
-        let file = dir.join("step-00000001").join("tp-000-of-001.safetensors");
+        let latest = std::fs::read_to_string(dir.join("latest")).unwrap();
+        let file = dir.join(latest.trim()).join("tp-000-of-001.safetensors");
         let good = std::fs::read(&file).unwrap();
         std::fs::write(&file, &good[..good.len() / 2]).unwrap();
         assert!(matches!(load(&dir), Err(CheckpointError::Format { .. })), "truncated");

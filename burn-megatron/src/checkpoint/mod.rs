@@ -114,11 +114,21 @@ pub fn save<M: Module>(dir: &Path, step: u64, model: &M, optim: &DistributedAdam
         };
         let json = serde_json::to_vec_pretty(&index).expect("index serializes");
         write_synced(&staging.join("index.json"), &json)?;
-        let target = dir.join(format!("step-{step:08}"));
-        let _ = std::fs::remove_dir_all(&target);
+        // A fresh name every time: `latest` never points at a directory this save removes, even
+        // when the same step is saved again.
+        let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let name = format!("step-{step:08}-{nonce:x}");
+        let target = dir.join(&name);
         std::fs::rename(&staging, &target).map_err(|e| io(&target, e))?;
         sync_dir(dir)?;
-        write_synced(&dir.join("latest"), format!("step-{step:08}").as_bytes())?;
+        write_synced(&dir.join("latest"), name.as_bytes())?;
+        // Earlier saves of the same step are superseded now that `latest` names this one.
+        for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))?.flatten() {
+            let other = entry.file_name().to_string_lossy().into_owned();
+            if other != name && other.starts_with(&format!("step-{step:08}-")) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
     }
     groups.world.barrier()?;
     Ok(())
