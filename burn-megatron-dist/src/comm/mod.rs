@@ -66,8 +66,13 @@ pub trait Transport: Send + Sync + Debug {
     -> Result<Vec<Payload>, CommError>;
     /// The root's tensor, on every rank.
     fn broadcast(&self, x: Payload, root: usize) -> Result<Payload, CommError>;
-    /// Sends to one group rank.
+    /// Sends to one group rank. It may return before the data has left: a transport that
+    /// defers it posts it with this rank's next call on the group, or at [`flush`](Self::flush).
     fn send(&self, x: Payload, peer: usize, seq: u64) -> Result<(), CommError>;
+    /// Posts every deferred send now.
+    fn flush(&self) -> Result<(), CommError> {
+        Ok(())
+    }
     /// Receives from one group rank into a tensor shaped like `like`.
     fn recv(&self, like: Payload, peer: usize, seq: u64) -> Result<Payload, CommError>;
 }

@@ -243,9 +243,19 @@ impl ProcessGroup {
     }
 
     /// Sends `x` to group rank `peer`, which must call [`recv`](Self::recv) with the same shape.
+    ///
+    /// Returns at once. On NCCL the send is posted together with this rank's next call on the
+    /// group (a `recv`, a collective, a barrier) or at [`flush`](Self::flush): a ring of
+    /// `send` then `recv` on every rank cannot deadlock, since each pair travels as one NCCL
+    /// group. A rank whose last call on the group is a `send` calls `flush`.
     pub fn send<const D: usize, K: Numeric>(&self, x: Tensor<D, K>, peer: usize) -> Result<(), CommError> {
         let seq = self.p2p(Collective::Send, peer)?;
         self.transport.send(view(x, 0), peer, seq)
+    }
+
+    /// Posts this rank's deferred sends and waits until they have left.
+    pub fn flush(&self) -> Result<(), CommError> {
+        self.transport.flush()
     }
 
     /// Receives from group rank `peer` a tensor shaped like `like` (same shape, dtype, device);
@@ -269,6 +279,7 @@ impl ProcessGroup {
             args: vec![],
             splits: vec![],
         };
+        self.transport.flush()?;
         self.agree(record, None).map(|_| ())
     }
 

@@ -6,7 +6,8 @@
 //! on the host, by name, before any NCCL call is made.
 //!
 //! CubeCL's CUDA streams are private, so NCCL runs on a stream of its own, fenced on the host:
-//! the device is synchronized before a collective and the collective's stream after it (the
+//! every buffer is read back once (one element) before a collective, and the collective's
+//! stream is waited for after it (the
 //! single-process path of [`in_process`](super::in_process) runs on CubeCL's own transport
 //! instead, without host fences). The wait for NCCL is a poll with a deadline; past it the
 //! communicator is aborted and the call fails instead of hanging.
@@ -65,6 +66,23 @@ pub struct NcclTransport {
     store: Arc<StoreClient>,
     device: Device,
     timeout: Duration,
+    /// Sends not posted yet: they go out with the next call (see [`Transport::send`]).
+    pending: Mutex<Vec<PendingSend>>,
+}
+
+/// A send waiting for the group's next call.
+struct PendingSend {
+    payload: Payload,
+    peer: usize,
+    ty: sys::ncclDataType_t,
+}
+
+impl Drop for NcclTransport {
+    /// A send still deferred leaves before the communicator goes; a failure here has no caller
+    /// to go to, and the peer's `recv` reports it (a timeout naming this rank).
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
 }
 
 impl std::fmt::Debug for NcclTransport {
@@ -124,6 +142,7 @@ impl NcclTransport {
             store: process.store.clone(),
             device: device.clone(),
             timeout,
+            pending: Mutex::new(Vec::new()),
         })
     }
 
@@ -147,11 +166,21 @@ impl NcclTransport {
             rank: usize::MAX,
             reason: "the communicator was aborted by an earlier timeout".into(),
         })?;
-        // Made contiguous first, so the fence below also covers those copies.
-        let contiguous: Vec<Payload> = inputs.iter().chain(outputs).map(|p| contiguous(p)).collect();
-        // The fence: a read of one element of each buffer returns only once every queued
-        // operation that writes it has run. (A device sync alone was seen to let NCCL start
-        // before freshly queued kernels had run, on these H200s: zeros came back.)
+        // Inputs are made contiguous first, so the fence below also covers those copies.
+        // Outputs come from `output_like`, compact already: NCCL must write the very buffer
+        // that is returned.
+        debug_assert!(outputs.iter().all(|p| cube(p).is_contiguous()), "outputs come from output_like");
+        // Deferred sends go out first, in one NCCL group with this call.
+        let pending = std::mem::take(&mut *self.pending.lock().expect("pending sends lock"));
+        let contiguous: Vec<Payload> = inputs
+            .iter()
+            .map(|p| contiguous(p))
+            .chain(outputs.iter().map(|p| (*p).clone()))
+            .chain(pending.iter().map(|send| send.payload.clone()))
+            .collect();
+        // The fence: a read of one element of each buffer returns only once every operation
+        // queued before it on the buffer's CubeCL stream has run: the kernels that write the
+        // inputs, and those still using an output's memory before CubeCL handed it out again.
         for p in &contiguous {
             p.read_first().map_err(|e| self.error(collective, e))?;
         }
@@ -164,7 +193,25 @@ impl NcclTransport {
         let ptrs: Vec<u64> = resources.iter().map(|r| r.resource().ptr).collect();
         self.ctx.bind_to_thread().map_err(|e| self.error(collective, e))?;
         let stream = self.stream.cu_stream() as sys::cudaStream_t;
-        launch(comm.0, &ptrs[..inputs.len()], &ptrs[inputs.len()..], stream).map_err(|e| self.error(collective, e))?;
+        let (ptrs, send_ptrs) = ptrs.split_at(inputs.len() + outputs.len());
+        let (input_ptrs, output_ptrs) = ptrs.split_at(inputs.len());
+        let launched = if pending.is_empty() {
+            launch(comm.0, input_ptrs, output_ptrs, stream)
+        } else {
+            // Safety: each pending payload holds the counted elements and is kept alive (in
+            // `contiguous`) until the wait below ends.
+            unsafe {
+                check(nccl::group_start()).and_then(|()| {
+                    let sent = pending.iter().zip(send_ptrs).try_for_each(|(send, &ptr)| {
+                        check(nccl::send(ptr as _, numel(&send.payload), send.ty, send.peer as i32, comm.0, stream))
+                    });
+                    // The group is closed whatever happened inside it.
+                    let launched = sent.and_then(|()| launch(comm.0, input_ptrs, output_ptrs, stream));
+                    launched.and(check(nccl::group_end()))
+                })
+            }
+        };
+        launched.map_err(|e| self.error(collective, e))?;
         let done = self.stream.record_event(None).map_err(|e| self.error(collective, e))?;
         let deadline = Instant::now() + self.timeout;
         loop {
@@ -199,11 +246,27 @@ impl NcclTransport {
         }
     }
 
-    fn zeros_like(&self, x: &Payload, dims: [usize; 3]) -> Payload {
-        let options = (&self.device, x.dtype());
+    /// An output buffer for NCCL to fill: compact (`[o, n, i]` strides), uninitialized.
+    ///
+    /// Not `Tensor::zeros`/`empty`: CubeCL may pitch those (pad each row for vector loads), and
+    /// NCCL writes a dense buffer. A pitched output passed through [`contiguous`] would have
+    /// NCCL fill a temporary copy while the returned tensor kept its zeros: that was the
+    /// one-process-a-GPU bug behind every `[3, 5]`-shaped collective reading back zeros.
+    fn output_like(&self, x: &Payload, dims: [usize; 3]) -> Payload {
+        let bytes = dims.iter().product::<usize>() * x.dtype().size();
+        if bytes == 0 {
+            let options = (&self.device, x.dtype());
+            return match x {
+                Payload::Float(_) => Payload::Float(Tensor::zeros(dims, options)),
+                Payload::Int(_) => Payload::Int(Tensor::<3, Int>::zeros(dims, options)),
+            };
+        }
+        let like = cube(x);
+        let handle = like.client.empty(bytes);
+        let t = CubeTensor::new_contiguous(like.client, like.device, dims.into(), handle, like.dtype);
         match x {
-            Payload::Float(_) => Payload::Float(Tensor::zeros(dims, options)),
-            Payload::Int(_) => Payload::Int(Tensor::<3, Int>::zeros(dims, options)),
+            Payload::Float(_) => Payload::Float(Tensor::from_primitive::<Cube>(t)),
+            Payload::Int(_) => Payload::Int(Tensor::from_primitive::<Cube>(t)),
         }
     }
 
@@ -317,7 +380,7 @@ impl Transport for NcclTransport {
     fn all_reduce(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
         let c = Collective::AllReduce;
         let ty = self.nccl_type(c, x.dtype())?;
-        let out = self.zeros_like(&x, x.dims());
+        let out = self.output_like(&x, x.dims());
         let n = numel(&x);
         self.run(c, &[&x], &[&out], |comm, i, o, s| unsafe {
             // Safety: both buffers hold `n` elements of `ty` and stay alive until the wait ends.
@@ -332,7 +395,7 @@ impl Transport for NcclTransport {
         let c = Collective::AllGather;
         let ty = self.nccl_type(c, x.dtype())?;
         let [o, n, i] = x.dims();
-        let out = self.zeros_like(&x, [self.size * o, n, i]);
+        let out = self.output_like(&x, [self.size * o, n, i]);
         let count = numel(&x);
         self.run(c, &[&x], &[&out], |comm, inp, outp, s| unsafe {
             // Safety: the output holds `size · count` elements.
@@ -348,7 +411,7 @@ impl Transport for NcclTransport {
         let part = n / self.size;
         // NCCL scatters contiguous blocks: bring rank j's block of dim 1 to the front.
         let blocks = dim1_to_stacked(x, self.size, [o, part, i]);
-        let out = self.zeros_like(&blocks, [o, part, i]);
+        let out = self.output_like(&blocks, [o, part, i]);
         let count = o * part * i;
         self.run(c, &[&blocks], &[&out], |comm, inp, outp, s| unsafe {
             // Safety: the input holds `size · count` elements, the output `count`.
@@ -360,7 +423,7 @@ impl Transport for NcclTransport {
     fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
         let c = Collective::AllToAll;
         let ty = self.nccl_type(c, chunks[0].dtype())?;
-        let outs: Vec<Payload> = recv_dims.iter().map(|&d| self.zeros_like(&chunks[0], d)).collect();
+        let outs: Vec<Payload> = recv_dims.iter().map(|&d| self.output_like(&chunks[0], d)).collect();
         let me = self.group_rank;
         let sends: Vec<&Payload> = chunks.iter().collect();
         let recvs: Vec<&Payload> = outs.iter().collect();
@@ -389,7 +452,7 @@ impl Transport for NcclTransport {
     fn broadcast(&self, x: Payload, root: usize) -> Result<Payload, CommError> {
         let c = Collective::Broadcast;
         let ty = self.nccl_type(c, x.dtype())?;
-        let out = self.zeros_like(&x, x.dims());
+        let out = self.output_like(&x, x.dims());
         let n = numel(&x);
         self.run(c, &[&x], &[&out], |comm, i, o, s| unsafe {
             // Safety: both buffers hold `n` elements.
@@ -404,11 +467,16 @@ impl Transport for NcclTransport {
         let header = format!("{:?} {:?} {}", x.dtype(), x.dims(), x.is_float());
         let key = format!("{}/p2p/{}-{peer}/{seq}", self.namespace, self.group_rank);
         self.store.set(&key, header.as_bytes(), 1).map_err(|e| self.error(c, e))?;
-        let n = numel(&x);
-        self.run(c, &[&x], &[], |comm, i, _, s| unsafe {
-            // Safety: the buffer holds `n` elements.
-            check(nccl::send(i[0] as _, n, ty, peer as i32, comm, s))
-        })
+        let send = PendingSend { payload: contiguous(&x), peer, ty };
+        self.pending.lock().expect("pending sends lock").push(send);
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), CommError> {
+        if self.pending.lock().expect("pending sends lock").is_empty() {
+            return Ok(());
+        }
+        self.run(Collective::Send, &[], &[], |_, _, _, _| Ok(()))
     }
 
     fn recv(&self, like: Payload, peer: usize, seq: u64) -> Result<Payload, CommError> {
@@ -424,7 +492,7 @@ impl Transport for NcclTransport {
             let detail = format!("group rank {peer} sent {header} but this rank expects {expected}");
             return Err(CommError::Mismatch { group: self.label.clone(), collective: c.name(), seq, detail });
         }
-        let out = self.zeros_like(&like, like.dims());
+        let out = self.output_like(&like, like.dims());
         let n = numel(&like);
         self.run(c, &[], &[&out], |comm, _, o, s| unsafe {
             // Safety: the buffer holds `n` elements.

@@ -65,21 +65,7 @@ impl ProcessRank {
     }
 
     /// Reads the launcher's variables and meets the other ranks at the store.
-    ///
-    /// Refused unless `BURN_MEGATRON_EXPERIMENTAL_NCCL=1`: on 2 H200s some collectives of this
-    /// transport returned zeros instead of their result (tensors freshly uploaded from the host,
-    /// see docs/perf/collectives.md), and a wrong answer must not pass silently. Ranks as threads
-    /// (the CubeCL transport) passed every suite.
     fn from_env() -> Result<Self, LaunchError> {
-        if std::env::var("BURN_MEGATRON_EXPERIMENTAL_NCCL").as_deref() != Ok("1") {
-            return Err(LaunchError::Env {
-                name: "BURN_MEGATRON_EXPERIMENTAL_NCCL",
-                detail: "one process a GPU is experimental: some collectives returned wrong results on \
-                         2 H200s; set BURN_MEGATRON_EXPERIMENTAL_NCCL=1 to run it anyway, or run ranks as \
-                         threads (unset RANK and WORLD_SIZE)"
-                    .into(),
-            });
-        }
         let missing = |name| LaunchError::Env { name, detail: "is not set".into() };
         let global_rank = env_usize("RANK")?.ok_or_else(|| missing("RANK"))?;
         let world_size = env_usize("WORLD_SIZE")?.ok_or_else(|| missing("WORLD_SIZE"))?;
