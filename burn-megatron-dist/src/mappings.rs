@@ -11,6 +11,7 @@
 //! | [`reduce_scatter_to_sp`] | reduce-scatter      | all-gather          |
 //! | [`all_to_all`]           | all-to-all          | all-to-all, inverse |
 //! | [`all_to_all_uneven`]    | all-to-all (splits) | all-to-all, inverse |
+//! | [`tap_grad`]             | identity            | hands the gradient to a [`GradTap`] |
 //!
 //! They are one Burn backend extension, [`MappingOps`]: the concrete backends run a single
 //! [`Step`] through the rank's [`ProcessGroup`], and the `Autodiff` implementation records the
@@ -48,7 +49,34 @@ pub enum Step {
     Split { dim: usize },
     AllToAll { split_dim: usize, concat_dim: usize },
     AllToAllUneven { dim: usize, send_splits: Vec<usize> },
+    /// Hands the tensor, flattened, to a tap; passes it on unchanged.
+    Tap(GradTap),
 }
+
+/// Receives a gradient during the backward pass, the moment autodiff has it whole: what
+/// data-parallel training uses to launch a bucket's reduction while backward goes on.
+#[derive(Clone)]
+pub struct GradTap(Arc<dyn Fn(Tensor<1>) + Send + Sync>);
+
+impl GradTap {
+    pub fn new(deliver: impl Fn(Tensor<1>) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(deliver))
+    }
+}
+
+impl std::fmt::Debug for GradTap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GradTap")
+    }
+}
+
+impl PartialEq for GradTap {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for GradTap {}
 
 /// A mapping call: the group, the step to run and the step its gradient takes.
 #[derive(Clone, Debug)]
@@ -228,6 +256,15 @@ pub fn all_to_all_uneven<const D: usize>(
     apply(x, group, step, Step::Identity)
 }
 
+/// Identity forward; backward, the gradient of `x` goes to `tap` (flattened, without autodiff)
+/// and on unchanged. `x` is typically a parameter's value: its gradient reaches the tap once,
+/// summed over every use. `group` is the group the tap reduces over (it runs no collective
+/// itself).
+pub fn tap_grad<const D: usize>(x: Tensor<D>, group: &ProcessGroup, tap: GradTap) -> Tensor<D> {
+    let (out, _) = apply(x, group, Step::Identity, Step::Tap(tap)).expect("a tap runs no collective");
+    out
+}
+
 /// Runs one step on a rank-`D` tensor through the group's collectives.
 fn run_step<const D: usize>(x: Tensor<D>, group: &ProcessGroup, step: &Step) -> Result<(Tensor<D>, Vec<usize>), CommError> {
     let size = group.size();
@@ -251,6 +288,11 @@ fn run_step<const D: usize>(x: Tensor<D>, group: &ProcessGroup, step: &Step) -> 
         }
         Step::AllToAll { split_dim, concat_dim } => Ok((group.all_to_all(x, *split_dim, *concat_dim)?, none())),
         Step::AllToAllUneven { dim, send_splits } => group.all_to_all_uneven(x, *dim, send_splits),
+        Step::Tap(tap) => {
+            let n = x.shape().num_elements();
+            (tap.0)(x.clone().reshape([n]));
+            Ok((x, none()))
+        }
     }
 }
 

@@ -21,5 +21,7 @@ pub mod init;
 pub mod layers;
 pub mod models;
 pub mod optim;
+#[cfg(feature = "learner")]
+pub mod train;
 
 pub use error::{ConfigError, LayerError};

@@ -11,6 +11,8 @@ pub mod comm_suite;
 pub mod data;
 pub mod harness;
 pub mod layer_suite;
+#[cfg(feature = "learner")]
+pub mod learner_suite;
 pub mod mapping_suite;
 pub mod model_suite;
 

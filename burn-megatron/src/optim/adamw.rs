@@ -1,5 +1,5 @@
-//! AdamW with fp32 master weights, data-parallel gradient averaging and, optionally, the
-//! distributed optimizer of ZeRO stage 1: master weights and moments split over the
+//! AdamW with fp32 master weights, data-parallel gradient averaging in buckets and, optionally,
+//! the distributed optimizer of ZeRO stage 1: master weights and moments split over the
 //! data-parallel group, gradients reduce-scattered and updated shards all-gathered.
 //!
 //! Legend: `n` a parameter's element count on this rank, `dp` the data-parallel group size.
@@ -10,6 +10,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{DType, Tensor};
 use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
 
+use super::buckets::{BucketConfig, GradReducer, Reduction, pad};
 use super::params::{ParamInfo, map_params, param_infos};
 
 /// Configuration of a [`DistributedAdamW`]. The defaults are PyTorch's and Megatron's (Burn's
@@ -30,6 +31,9 @@ pub struct DistributedAdamWConfig {
     /// Clip gradients to this global norm (over every rank, each parameter counted once).
     #[config(default = "None")]
     pub max_grad_norm: Option<f64>,
+    /// How gradients are bucketed for the data-parallel reduction.
+    #[config(default = "BucketConfig::new()")]
+    pub buckets: BucketConfig,
 }
 
 /// One parameter's optimizer state on this rank: fp32, the whole parameter or its dp shard.
@@ -80,6 +84,39 @@ fn flat_grads<M: Module>(model: &M, grads: GradientsParams) -> Vec<(Tensor<1>, D
     let mut take = Take { grads, out: Vec::new() };
     model.visit(&mut take);
     take.out
+}
+
+/// Each parameter's element count, in traversal order, and the dtype of the first.
+fn numels_and_dtype<M: Module>(model: &M) -> (Vec<usize>, DType) {
+    let dtypes = param_dtypes(model);
+    let numels = param_numels(model);
+    (numels, dtypes.first().copied().unwrap_or(DType::F32))
+}
+
+/// Each parameter's element count, in traversal order.
+pub(crate) fn param_numels<M: Module>(model: &M) -> Vec<usize> {
+    struct Count(Vec<usize>);
+    impl ModuleVisitor for Count {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.push(param.val().shape().num_elements());
+        }
+    }
+    let mut count = Count(Vec::new());
+    model.visit(&mut count);
+    count.0
+}
+
+/// Each parameter's dtype, in traversal order.
+fn param_dtypes<M: Module>(model: &M) -> Vec<DType> {
+    struct Dtypes(Vec<DType>);
+    impl ModuleVisitor for Dtypes {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.0.push(param.val().dtype());
+        }
+    }
+    let mut dtypes = Dtypes(Vec::new());
+    model.visit(&mut dtypes);
+    dtypes.0
 }
 
 /// One parameter's whole optimizer state on this rank's tensor-parallel shard, flattened:
@@ -136,26 +173,42 @@ impl DistributedAdamW {
         self.states.iter().map(|s| 3 * 4 * s.master.dims()[0]).sum()
     }
 
+    /// What the gradients of `model` go through before [`step_reduced`](Self::step_reduced):
+    /// whole or sharded over dp, bucketed as configured. Gradients handed to the reducer
+    /// during backward (through taps) overlap their reduction with the rest of backward.
+    pub fn reducer<M: Module>(&self, model: &M) -> GradReducer {
+        let (numels, dtype) = numels_and_dtype(model);
+        let reduction = match self.config.zero1 && self.groups.dp.size() > 1 {
+            true => Reduction::ReduceScatter,
+            false => Reduction::AllReduce,
+        };
+        GradReducer::new(&self.groups.dp, numels, dtype.size(), reduction, &self.config.buckets)
+    }
+
     /// One update of `model` from `grads`; averages gradients over the data-parallel group.
     pub fn step<M: Module>(&mut self, lr: f64, model: M, grads: GradientsParams) -> Result<(M, StepReport), CommError> {
+        let mut reducer = self.reducer(&model);
+        let flat = flat_grads(&model, grads);
+        let like = flat.first().map(|(g, dtype)| (g.device(), *dtype));
+        for (index, (grad, _)) in flat.into_iter().enumerate().rev() {
+            reducer.add(index, grad)?;
+        }
+        let reduced = match like {
+            Some((device, dtype)) => reducer.finish(&device, dtype)?,
+            None => Vec::new(),
+        };
+        self.step_reduced(lr, model, reduced)
+    }
+
+    /// One update of `model` from gradients already reduced by [`reducer`](Self::reducer):
+    /// one fp32 tensor a parameter, in traversal order (this rank's shard under ZeRO-1).
+    pub fn step_reduced<M: Module>(&mut self, lr: f64, model: M, shards: Vec<Tensor<1>>) -> Result<(M, StepReport), CommError> {
         let dp = &self.groups.dp;
         let zero1 = self.config.zero1 && dp.size() > 1;
         if self.infos.is_empty() {
             self.infos = param_infos(&model);
         }
-        // Gradients in fp32, averaged over dp: reduce-scattered into this rank's shard with
-        // ZeRO-1, all-reduced whole otherwise.
-        let mut shards = Vec::with_capacity(self.infos.len());
-        let mut dtypes = Vec::with_capacity(self.infos.len());
-        for (grad, dtype) in flat_grads(&model, grads) {
-            let grad = grad.cast(DType::F32);
-            let shard = match zero1 {
-                true => dp.reduce_scatter(pad(grad, dp.size()), 0, ReduceOp::Avg)?,
-                false => dp.all_reduce(grad, ReduceOp::Avg)?,
-            };
-            shards.push(shard);
-            dtypes.push(dtype);
-        }
+        let dtypes = param_dtypes(&model);
         let grad_norm = self.global_norm(&shards, zero1)?;
         let scale = match self.config.max_grad_norm {
             Some(max) if grad_norm > max => max / (grad_norm + 1e-6),
@@ -235,18 +288,5 @@ impl DistributedAdamW {
         let mut copy = Copy { dp: &self.groups.dp, zero1, out: Vec::new() };
         model.visit(&mut copy);
         copy.out
-    }
-}
-
-/// `x` padded with zeros to a multiple of `parts`.
-///
-/// # Shapes
-/// `[n]` → `[⌈n/parts⌉·parts]`
-fn pad(x: Tensor<1>, parts: usize) -> Tensor<1> {
-    let n = x.dims()[0];
-    let padded = n.div_ceil(parts) * parts;
-    match padded - n {
-        0 => x,
-        extra => Tensor::cat(vec![x.clone(), Tensor::zeros([extra], (&x.device(), x.dtype()))], 0),
     }
 }

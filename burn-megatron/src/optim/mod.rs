@@ -2,7 +2,9 @@
 //! the ZeRO-1 distributed optimizer.
 
 pub mod adamw;
+pub mod buckets;
 pub mod params;
 
 pub use adamw::{DistributedAdamW, DistributedAdamWConfig, ParamState, StepReport};
+pub use buckets::{BucketConfig, GradReducer, Reduction};
 pub use params::{ParamInfo, param_infos};

@@ -1,0 +1,82 @@
+//! Llama under Burn's Learner: a batch of token sequences in, the next-token loss out.
+
+use burn::data::dataloader::batcher::Batcher;
+use burn::tensor::{Device, ExecutionError, Int, Tensor, TensorData};
+use burn::train::metric::{Adaptor, ItemLazy, LossInput};
+use burn::train::{InferenceStep, TrainOutput, TrainStep};
+
+use super::Llama;
+
+/// Token ids and the ids that follow them.
+///
+/// # Shapes
+/// `ids`, `targets`: `[b, s]`
+#[derive(Clone, Debug)]
+pub struct TokenBatch {
+    pub ids: Tensor<2, Int>,
+    pub targets: Tensor<2, Int>,
+}
+
+/// Batches sequences of `s + 1` token ids: the first `s` are read, the last `s` predicted.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TokenBatcher;
+
+impl Batcher<Vec<u32>, TokenBatch> for TokenBatcher {
+    fn batch(&self, items: Vec<Vec<u32>>, device: &Device) -> TokenBatch {
+        let (b, s) = (items.len(), items.first().map_or(0, |x| x.len().saturating_sub(1)));
+        let mut ids = Vec::with_capacity(b * s);
+        let mut targets = Vec::with_capacity(b * s);
+        for item in &items {
+            assert_eq!(item.len(), s + 1, "every sequence of a batch has the same length");
+            ids.extend(item[..s].iter().map(|&t| t as i64));
+            targets.extend(item[1..].iter().map(|&t| t as i64));
+        }
+        TokenBatch {
+            ids: Tensor::from_data(TensorData::new(ids, [b, s]), device),
+            targets: Tensor::from_data(TensorData::new(targets, [b, s]), device),
+        }
+    }
+}
+
+/// What a step reports: the loss, for Burn's `LossMetric`.
+#[derive(Clone, Debug)]
+pub struct LmOutput {
+    /// `[1]`
+    pub loss: Tensor<1>,
+}
+
+impl ItemLazy for LmOutput {
+    fn sync(self) -> Result<Self, ExecutionError> {
+        self.loss.device().flush()?;
+        Ok(Self { loss: self.loss.without_autodiff() })
+    }
+}
+
+impl Adaptor<LossInput> for LmOutput {
+    fn adapt(&self) -> LossInput {
+        LossInput::new(self.loss.clone())
+    }
+}
+
+impl TrainStep for Llama {
+    type Input = TokenBatch;
+    type Output = LmOutput;
+
+    /// Forward and backward. A failed collective (a lost peer) panics with its error: a
+    /// Learner step cannot return one.
+    fn step(&self, batch: TokenBatch) -> TrainOutput<LmOutput> {
+        let loss = self.forward_loss(batch.ids, batch.targets).unwrap_or_else(|e| panic!("{e}"));
+        let grads = loss.backward();
+        TrainOutput::new(self, grads, LmOutput { loss: loss.detach() })
+    }
+}
+
+impl InferenceStep for Llama {
+    type Input = TokenBatch;
+    type Output = LmOutput;
+
+    fn step(&self, batch: TokenBatch) -> LmOutput {
+        let loss = self.forward_loss(batch.ids, batch.targets).unwrap_or_else(|e| panic!("{e}"));
+        LmOutput { loss }
+    }
+}

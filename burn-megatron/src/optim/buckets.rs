@@ -1,0 +1,178 @@
+//! Data-parallel gradient reduction in buckets: the gradients of several parameters are packed
+//! into one buffer and reduced by one collective, and a bucket is reduced as soon as its last
+//! gradient arrives — during the backward pass when gradients come from taps
+//! ([`tap_grad`](burn_megatron_dist::mappings::tap_grad)).
+//!
+//! Buckets are filled in reverse traversal order, the order backward produces gradients in
+//! (Megatron and PyTorch DDP do the same). With ZeRO-1 a bucket is reduce-scattered so that
+//! each rank receives, for every parameter of the bucket, its own shard of that parameter's
+//! (padded) gradient: the layout [`DistributedAdamW`](super::DistributedAdamW) keeps its state
+//! in.
+//!
+//! Legend: `dp` the data-parallel group size, `n_p` parameter `p`'s element count, `k_p` its
+//! shard `⌈n_p / dp⌉`.
+
+use burn::tensor::{DType, Device, Tensor};
+use burn_megatron_dist::{CommError, ProcessGroup, ReduceOp};
+
+/// How gradients are bucketed and reduced.
+#[derive(burn::config::Config, Debug, PartialEq)]
+pub struct BucketConfig {
+    /// A bucket closes once it holds at least this many bytes of gradients (Megatron's
+    /// default bucket is 40M parameters; 25 MiB is PyTorch DDP's).
+    #[config(default = 25_165_824)]
+    pub bytes: usize,
+    /// Reduce bf16/f16 gradients in fp32 (twice the bytes on the wire, no rounding in the sum).
+    #[config(default = false)]
+    pub reduce_in_fp32: bool,
+}
+
+/// What a reduction produces for each parameter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduction {
+    /// The whole gradient, averaged over dp.
+    AllReduce,
+    /// This rank's shard (`k_p` elements) of the padded gradient, averaged over dp (ZeRO-1).
+    ReduceScatter,
+}
+
+/// Collects one step's gradients and reduces them bucket by bucket.
+pub struct GradReducer {
+    dp: ProcessGroup,
+    reduction: Reduction,
+    reduce_in_fp32: bool,
+    /// Element count of each parameter, in traversal order.
+    numels: Vec<usize>,
+    /// Parameter indices of each bucket, in the order backward fills them.
+    buckets: Vec<Vec<usize>>,
+    bucket_of: Vec<usize>,
+    waiting: Vec<usize>,
+    grads: Vec<Option<Tensor<1>>>,
+    reduced: Vec<Option<Tensor<1>>>,
+}
+
+impl GradReducer {
+    /// A reducer for parameters of `numels` elements (traversal order), whose gradients are
+    /// `dtype_bytes` wide.
+    pub fn new(dp: &ProcessGroup, numels: Vec<usize>, dtype_bytes: usize, reduction: Reduction, config: &BucketConfig) -> Self {
+        let width = if config.reduce_in_fp32 { 4 } else { dtype_bytes };
+        let mut buckets: Vec<Vec<usize>> = vec![Vec::new()];
+        let mut filled = 0;
+        for index in (0..numels.len()).rev() {
+            if filled >= config.bytes.max(1) {
+                buckets.push(Vec::new());
+                filled = 0;
+            }
+            buckets.last_mut().expect("one bucket at least").push(index);
+            filled += numels[index] * width;
+        }
+        buckets.retain(|b| !b.is_empty());
+        let mut bucket_of = vec![0; numels.len()];
+        for (b, members) in buckets.iter().enumerate() {
+            for &p in members {
+                bucket_of[p] = b;
+            }
+        }
+        let waiting = buckets.iter().map(Vec::len).collect();
+        let n = numels.len();
+        Self {
+            dp: dp.clone(),
+            reduction,
+            reduce_in_fp32: config.reduce_in_fp32,
+            numels,
+            buckets,
+            bucket_of,
+            waiting,
+            grads: vec![None; n],
+            reduced: vec![None; n],
+        }
+    }
+
+    /// How many buckets the parameters fall into.
+    pub fn bucket_count(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// Takes parameter `index`'s flattened gradient; reduces its bucket if it was the last one
+    /// missing. A second gradient for the same parameter in one step is added to the first.
+    pub fn add(&mut self, index: usize, grad: Tensor<1>) -> Result<(), CommError> {
+        if self.reduced[index].is_some() {
+            panic!("parameter {index} received a gradient after its bucket was reduced");
+        }
+        self.grads[index] = Some(match self.grads[index].take() {
+            Some(earlier) => earlier + grad,
+            None => {
+                self.waiting[self.bucket_of[index]] -= 1;
+                grad
+            }
+        });
+        let bucket = self.bucket_of[index];
+        if self.waiting[bucket] == 0 { self.reduce(bucket) } else { Ok(()) }
+    }
+
+    /// Reduces every bucket still open (a parameter without a gradient counts as zeros) and
+    /// returns each parameter's result in traversal order, in fp32; resets for the next step.
+    pub fn finish(&mut self, device: &Device, dtype: DType) -> Result<Vec<Tensor<1>>, CommError> {
+        for bucket in 0..self.buckets.len() {
+            if self.buckets[bucket].iter().any(|&p| self.reduced[p].is_none()) {
+                for &p in &self.buckets[bucket] {
+                    if self.grads[p].is_none() {
+                        self.grads[p] = Some(Tensor::zeros([self.numels[p]], (device, dtype)));
+                    }
+                }
+                self.reduce(bucket)?;
+            }
+        }
+        self.waiting = self.buckets.iter().map(Vec::len).collect();
+        Ok(self.reduced.iter_mut().map(|r| r.take().expect("every bucket was reduced")).collect())
+    }
+
+    fn reduce(&mut self, bucket: usize) -> Result<(), CommError> {
+        let members = self.buckets[bucket].clone();
+        let grads: Vec<Tensor<1>> = members.iter().map(|&p| self.grads[p].take().expect("a full bucket")).collect();
+        let wire = match self.reduce_in_fp32 {
+            true => DType::F32,
+            false => grads[0].dtype(),
+        };
+        let grads: Vec<Tensor<1>> = grads.into_iter().map(|g| g.cast(wire)).collect();
+        let results = match self.reduction {
+            Reduction::AllReduce => self.all_reduce(grads)?,
+            Reduction::ReduceScatter => self.reduce_scatter(grads)?,
+        };
+        for (&p, result) in members.iter().zip(results) {
+            self.reduced[p] = Some(result.cast(DType::F32));
+        }
+        Ok(())
+    }
+
+    /// `[Σ n_p]` packed, all-reduced, unpacked.
+    fn all_reduce(&self, grads: Vec<Tensor<1>>) -> Result<Vec<Tensor<1>>, CommError> {
+        let sizes: Vec<usize> = grads.iter().map(|g| g.dims()[0]).collect();
+        let packed = self.dp.all_reduce(Tensor::cat(grads, 0), ReduceOp::Avg)?;
+        Ok(packed.split_with_sizes(sizes, 0))
+    }
+
+    /// `[dp, Σ k_p]` (row `r` holds rank `r`'s shard of every parameter), reduce-scattered
+    /// along the rows, unpacked into shards of `k_p`.
+    fn reduce_scatter(&self, grads: Vec<Tensor<1>>) -> Result<Vec<Tensor<1>>, CommError> {
+        let dp = self.dp.size();
+        let parts: Vec<usize> = grads.iter().map(|g| g.dims()[0].div_ceil(dp)).collect();
+        let rows: Vec<Tensor<2>> = grads.into_iter().map(|g| pad(g, dp).reshape([dp as i32, -1])).collect();
+        let mine = self.dp.reduce_scatter(Tensor::cat(rows, 1), 0, ReduceOp::Avg)?;
+        let total: usize = parts.iter().sum();
+        Ok(mine.reshape([total]).split_with_sizes(parts, 0))
+    }
+}
+
+/// `x` padded with zeros to a multiple of `parts`.
+///
+/// # Shapes
+/// `[n]` → `[⌈n/parts⌉·parts]`
+pub(crate) fn pad(x: Tensor<1>, parts: usize) -> Tensor<1> {
+    let n = x.dims()[0];
+    let padded = n.div_ceil(parts) * parts;
+    match padded - n {
+        0 => x,
+        extra => Tensor::cat(vec![x.clone(), Tensor::zeros([extra], (&x.device(), x.dtype()))], 0),
+    }
+}

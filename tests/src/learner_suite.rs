@@ -1,0 +1,141 @@
+//! Burn's `SupervisedTraining` driven by [`MegatronStrategy`]: one epoch at tp2 × dp2 against
+//! the same epoch at tp1 × dp1, for each way the strategy can reduce and step.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
+use burn::data::dataset::InMemDataset;
+use burn::optim::AdamWConfig;
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::train::metric::LossMetric;
+use burn::train::{Learner, SupervisedTraining, TrainingStrategy};
+use burn_megatron::init::{InitMode, ParamInit};
+use burn_megatron::models::llama::learner::{TokenBatch, TokenBatcher};
+use burn_megatron::models::llama::{Llama, LlamaConfig, ParallelPlan};
+use burn_megatron::optim::{BucketConfig, DistributedAdamWConfig};
+use burn_megatron::train::{MegatronStrategy, Silent, StrategyOptimizer};
+use burn_megatron_dist::{ParallelDims, RankContext};
+
+use crate::Harness;
+
+const SEQ: usize = 16;
+const VOCAB: usize = 64;
+/// Sequences in the epoch; the global batch is 4, so 4 steps.
+const ITEMS: usize = 16;
+const GLOBAL_BATCH: usize = 4;
+
+/// How the strategy is set up in one run.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    optimizer: StrategyOptimizer,
+    overlap: bool,
+    /// Small buckets, so that a step reduces several.
+    bucket_bytes: usize,
+}
+
+fn sequences() -> Vec<Vec<u32>> {
+    (0..ITEMS as u32).map(|i| (0..=SEQ as u32).map(|t| (i * 7 + t * t * 3 + t) % VOCAB as u32).collect()).collect()
+}
+
+/// The epoch's sequences in the order one rank of `dp` reads them, so that step `k` of the
+/// single-rank run sees the union of the dp ranks' step-`k` batches.
+fn in_dp_order(items: Vec<Vec<u32>>, dp: usize) -> Vec<Vec<u32>> {
+    if dp != 1 {
+        return items;
+    }
+    let (half, per) = (ITEMS / 2, GLOBAL_BATCH / 2);
+    (0..ITEMS / GLOBAL_BATCH)
+        .flat_map(|k| {
+            let first = items[k * per..(k + 1) * per].iter();
+            let second = items[half + k * per..half + (k + 1) * per].iter();
+            first.chain(second).cloned().collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn model(ctx: &RankContext, device: &Device) -> Llama {
+    let dims = ParallelDims::tp_dp(ctx.groups.tp.size(), ctx.groups.dp.size());
+    let config = LlamaConfig::llama(VOCAB, 64, 2, 4, 4, 128, SEQ);
+    let config = ParallelPlan::new(dims, dims.tp > 1).apply(config, dims.world_size(), SEQ).unwrap();
+    config.init(device, &ctx.groups, &ParamInit::new(11, InitMode::Full)).unwrap()
+}
+
+/// The loss of the epoch's first two sequences.
+fn eval_loss(model: &Llama, device: &Device) -> f64 {
+    let ids: Vec<i64> = sequences()[..2].iter().flatten().map(|&t| t as i64).collect();
+    let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [2, SEQ + 1]), device);
+    model.forward_loss(all.clone().narrow(1, 0, SEQ), all.narrow(1, 1, SEQ)).unwrap().into_scalar::<f64>()
+}
+
+fn scratch(name: &str, rank: usize) -> PathBuf {
+    std::env::temp_dir().join(format!("burn-megatron-learner-{name}-{}-{rank}", std::process::id()))
+}
+
+/// One epoch through `SupervisedTraining` on every rank of `dims`; each rank's loss on two training sequences
+/// before and after.
+fn train(h: &Harness, dims: ParallelDims, setup: &Setup) -> Vec<(f64, f64)> {
+    h.run(dims, |ctx| {
+        let device = ctx.device.clone();
+        let dp = ctx.groups.dp.size();
+        let loader = |items: Vec<Vec<u32>>| -> Arc<dyn DataLoader<TokenBatch>> {
+            DataLoaderBuilder::new(TokenBatcher).batch_size(GLOBAL_BATCH / dp).build(InMemDataset::new(items))
+        };
+        let train = loader(in_dp_order(sequences(), dp));
+        let valid = loader(sequences()[..GLOBAL_BATCH].to_vec());
+        // Built on the autodiff device, as for Burn's own strategies: parameters made on a
+        // plain device are not trainable after `fork`.
+        let initial = model(&ctx, &device.clone().autodiff());
+        let before = eval_loss(&initial, &device);
+        let strategy = MegatronStrategy::new(&ctx)
+            .with_optimizer(setup.optimizer.clone())
+            .with_overlap(setup.overlap)
+            .with_buckets(BucketConfig::new().with_bytes(setup.bucket_bytes));
+        // Burn's AdamW with PyTorch's ε and weight decay, like `DistributedAdamWConfig`'s.
+        let optim = AdamWConfig::new().with_epsilon(1e-8).with_weight_decay(0.01).init();
+        let dir = scratch("epoch", ctx.global_rank);
+        let result = SupervisedTraining::new(&dir, train, valid)
+            .metrics((LossMetric::new(),))
+            .num_epochs(1)
+            .with_application_logger(None)
+            .renderer(Box::new(Silent))
+            .with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy)))
+            .launch(Learner::new(initial, optim, 3e-3));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(result.error.is_none(), "training failed: {:?}", result.error);
+        (before, eval_loss(&result.model, &device.clone().autodiff()))
+    })
+}
+
+fn check(h: &Harness, setup: Setup) {
+    let single = train(h, ParallelDims::tp_dp(1, 1), &setup)[0];
+    let parallel = train(h, ParallelDims::tp_dp(2, 2), &setup);
+    assert!(single.1 < single.0, "one epoch lowers the loss on two training sequences: {single:?}");
+    for (rank, (before, after)) in parallel.into_iter().enumerate() {
+        assert!((before - single.0).abs() <= h.matmul_tolerance * single.0, "rank {rank}: the same initial model");
+        // Averaging two half-batch gradients instead of one whole-batch gradient, and tp's
+        // split products, reorder f32 sums; Adam carries that rounding through 4 steps (see
+        // `model_suite::adamw_steps_match`): 10× the split-product tolerance.
+        assert!(
+            (after - single.1).abs() <= 10.0 * h.matmul_tolerance * single.1,
+            "rank {rank}: loss on two training sequences {after} after the epoch at tp2 × dp2, {} at tp1 × dp1",
+            single.1
+        );
+    }
+}
+
+/// The Learner's own optimizer (Burn's AdamW), buckets reduced from inside backward.
+pub fn learner_optimizer_overlapped(h: &Harness) {
+    check(h, Setup { optimizer: StrategyOptimizer::Learner, overlap: true, bucket_bytes: 64 * 1024 });
+}
+
+/// The Learner's own optimizer, buckets reduced after backward.
+pub fn learner_optimizer_after_backward(h: &Harness) {
+    check(h, Setup { optimizer: StrategyOptimizer::Learner, overlap: false, bucket_bytes: 64 * 1024 });
+}
+
+/// The distributed optimizer with ZeRO-1, overlapped reduce-scatters.
+pub fn distributed_optimizer_zero1(h: &Harness) {
+    let config = DistributedAdamWConfig::new().with_zero1(true).with_max_grad_norm(Some(1.0));
+    check(h, Setup { optimizer: StrategyOptimizer::Distributed(config), overlap: true, bucket_bytes: 64 * 1024 });
+}
