@@ -1,6 +1,16 @@
 //! CubeCL kernels for burn-megatron's hot paths, each as a Burn backend extension beside its
 //! reference twin (plain tensor ops, the test oracle and the CPU path).
 //!
-//! Empty for now: the GEMM, fused RMSNorm / RoPE / SwiGLU / cross-entropy, flash attention and
-//! fused AdamW kernels belong to the GPU performance issue. The crate exists so the workspace has
-//! its final shape and the parallel layers can call into it without a restructuring.
+//! - [`linear`]: the linear layers' matrix product as a backend extension with its backward,
+//!   running the fastest measured routine on CUDA.
+//! - [`gemm`] (CUDA): every matrix-multiply routine of cubek, callable by name on Burn tensors,
+//!   to measure them against cuBLAS and to pick the best for each linear's shapes.
+//!
+//! The fused RMSNorm / RoPE / SwiGLU / cross-entropy, flash attention and fused AdamW kernels
+//! are still to come (the GPU performance issue).
+
+#[cfg(feature = "cuda")]
+pub mod gemm;
+pub mod linear;
+
+pub use linear::{gemm, linear};

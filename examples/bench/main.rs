@@ -1,10 +1,16 @@
 //! Training throughput of a Llama preset on CUDA GPUs, as the RESULT line of
 //! ../shared/BENCHMARKS.md, so it runs beside `../shared/peers/run_peers.sh` in one device call.
 //!
-//!   bench [--preset llama-1b] [--tp N] [--sp] [--steps 10] [--warmup 3]
+//!   bench [--preset llama-1b] [--tp N] [--sp] [--steps 10] [--warmup 3] [--profile]
+//!   bench --gemm                 every cubek matmul routine on the llama GEMM shapes (gemm.rs)
+//!
+//! `--profile` adds a `PROFILE {…}` line: forward, backward and optimizer time per step, each
+//! synchronized (so their sum exceeds the unsynchronized step time).
 //!
 //! bf16 parameters and activations (no fp32 master weights yet), AdamW at lr 1e-4, random token
 //! ids from a fixed seed. Each timed step is synchronized; the time is the mean over `--steps`.
+
+mod gemm;
 
 use std::time::Instant;
 
@@ -20,10 +26,12 @@ struct Args {
     sp: bool,
     steps: usize,
     warmup: usize,
+    profile: bool,
+    gemm: bool,
 }
 
 fn parse() -> Args {
-    let mut args = Args { preset: "llama-1b".into(), tp: 1, sp: false, steps: 10, warmup: 3 };
+    let mut args = Args { preset: "llama-1b".into(), tp: 1, sp: false, steps: 10, warmup: 3, profile: false, gemm: false };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
@@ -31,6 +39,8 @@ fn parse() -> Args {
             "--preset" => args.preset = value(),
             "--tp" => args.tp = value().parse().expect("--tp N"),
             "--sp" => args.sp = true,
+            "--profile" => args.profile = true,
+            "--gemm" => args.gemm = true,
             "--steps" => args.steps = value().parse().expect("--steps N"),
             "--warmup" => args.warmup = value().parse().expect("--warmup N"),
             other => panic!("unknown flag {other}"),
@@ -41,6 +51,10 @@ fn parse() -> Args {
 
 fn main() {
     let args = parse();
+    if args.gemm {
+        gemm::run(&Device::cuda(0), 10);
+        return;
+    }
     let recipe = preset(&args.preset).unwrap_or_else(|e| panic!("{e}"));
     let (seq, batch) = (recipe.seq_len, recipe.batch_size);
     let dims = ParallelDims::tp_dp(args.tp, 1);
@@ -78,7 +92,33 @@ fn main() {
             last = loss.into_scalar::<f32>();
         }
         ctx.device.sync().expect("sync");
-        (start.elapsed().as_secs_f64() / args.steps as f64, last)
+        let step_s = start.elapsed().as_secs_f64() / args.steps as f64;
+        if args.profile {
+            let (mut forward, mut backward, mut optimizer) = (0.0, 0.0, 0.0);
+            let sync = || ctx.device.sync().expect("sync");
+            for _ in 0..args.steps {
+                let t = Instant::now();
+                let loss = model.forward_loss(inputs.clone(), targets.clone()).expect("forward");
+                sync();
+                forward += t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                sync();
+                backward += t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                model = optim.step(1e-4, model, grads);
+                sync();
+                optimizer += t.elapsed().as_secs_f64();
+            }
+            let ms = |s: f64| s * 1e3 / args.steps as f64;
+            if ctx.global_rank == 0 {
+                println!(
+                    "PROFILE {{\"preset\": \"{}\", \"tp\": {}, \"forward_ms\": {:.1}, \"backward_ms\": {:.1}, \"optimizer_ms\": {:.1}}}",
+                    args.preset, args.tp, ms(forward), ms(backward), ms(optimizer)
+                );
+            }
+        }
+        (step_s, last)
     })
     .unwrap_or_else(|e| panic!("{e}"));
     let (step_s, loss) = results[0];

@@ -5,7 +5,8 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
-use burn::tensor::{Device, Tensor, module::linear};
+use burn::tensor::{Device, Tensor};
+use burn_megatron_kernels::linear;
 use burn_megatron_dist::ProcessGroup;
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp, gather_from_tp};
 

@@ -1,0 +1,123 @@
+//! The matrix product of the linear layers as a backend extension, [`GemmOps`]: on CUDA the
+//! forward product and both backward products run the cubek routine that measured fastest on
+//! the llama shapes (`docs/perf/gemm.md`); everywhere else, and for f32, Burn's own matmul.
+//!
+//! Legend: `m` rows (tokens), `k` input features, `n` output features.
+
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::ops::FloatTensorOps;
+use burn::backend::{Autodiff, Backend, Flex, backend_extension};
+use burn::tensor::Tensor;
+
+/// The backend extension behind [`gemm`] and [`linear`].
+#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
+pub trait GemmOps: Backend {
+    /// `[m, k] · [k, n] → [m, n]`; operands may be transposed views.
+    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
+}
+
+impl GemmOps for Flex {
+    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        Flex::float_matmul(lhs, rhs)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl GemmOps for burn::backend::Cube {
+    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        crate::gemm::fastest(lhs, rhs)
+    }
+}
+
+#[derive(Debug)]
+struct GemmBackward;
+
+impl<B: Backend + GemmOps> Backward<B, 2> for GemmBackward {
+    type State = (Option<NodeId>, Option<NodeId>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+        let (lhs, rhs) = ops.state;
+        let lhs: Option<FloatTensor<B>> = lhs.map(|id| checkpointer.retrieve_node_output(id));
+        let rhs: Option<FloatTensor<B>> = rhs.map(|id| checkpointer.retrieve_node_output(id));
+        binary::<B, _, _>(
+            ops.parents,
+            ops.node,
+            grads,
+            // d lhs = d out · rhsᵀ: [m, n] · [n, k]
+            |grad| B::gemm(grad, B::float_transpose(rhs.expect("rhs saved for the lhs gradient"))),
+            // d rhs = lhsᵀ · d out: [k, m] · [m, n]
+            |grad| B::gemm(B::float_transpose(lhs.expect("lhs saved for the rhs gradient")), grad),
+        );
+    }
+}
+
+impl<B: Backend + GemmOps, C: CheckpointStrategy> GemmOps for Autodiff<B, C> {
+    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+        let (lhs_tracked, rhs_tracked) = (lhs.is_tracked(), rhs.is_tracked());
+        match GemmBackward.prepare::<C>([lhs.node(), rhs.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(mut prep) => {
+                // Each operand is kept for the other's gradient.
+                let lhs_state = rhs_tracked.then(|| prep.checkpoint(&lhs));
+                let rhs_state = lhs_tracked.then(|| prep.checkpoint(&rhs));
+                let out = B::gemm(lhs.into_parts().0, rhs.into_parts().0);
+                prep.finish((lhs_state, rhs_state), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::gemm(lhs.into_parts().0, rhs.into_parts().0)),
+        }
+    }
+}
+
+/// `lhs · rhs` through [`GemmOps`].
+///
+/// # Shapes
+/// `[m, k]`, `[k, n]` → `[m, n]`
+pub fn gemm(lhs: Tensor<2>, rhs: Tensor<2>) -> Tensor<2> {
+    Tensor::from_dispatch(<burn::backend::Dispatch as GemmOps>::gemm(lhs.into_dispatch(), rhs.into_dispatch()))
+}
+
+/// `x · weight + bias` over the last dim of `x`, Burn's `linear` with [`gemm`] inside.
+///
+/// # Shapes
+/// `[.., k]`, `[k, n]`, `[n]` → `[.., n]`
+pub fn linear<const D: usize>(x: Tensor<D>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<D> {
+    let mut dims = x.dims();
+    let k = dims[D - 1];
+    let rows = dims[..D - 1].iter().product();
+    let [_, n] = weight.dims();
+    let y = gemm(x.reshape([rows, k]), weight);
+    let y = match bias {
+        Some(b) => y + b.unsqueeze::<2>(),
+        None => y,
+    };
+    dims[D - 1] = n;
+    y.reshape(dims)
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, Distribution, Tensor, module};
+
+    /// On the CPU, `linear` is Burn's `linear`: the same values and the same gradients.
+    #[test]
+    fn linear_matches_burns_with_gradients() {
+        let device = Device::flex().autodiff();
+        let x = Tensor::<3>::random([2, 5, 7], Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let w = Tensor::<2>::random([7, 3], Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let b = Tensor::<1>::random([3], Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let ours = super::linear(x.clone(), w.clone(), Some(b.clone()));
+        let theirs = module::linear(x.clone(), w.clone(), Some(b.clone()));
+        // The same f32 products, perhaps summed in another order: a few ulps.
+        let tolerance = burn::tensor::Tolerance::absolute(1e-5);
+        ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
+        let (g1, g2) = (ours.sum().backward(), theirs.sum().backward());
+        let same = |a: Option<Tensor<3>>, b: Option<Tensor<3>>| a.unwrap().to_data().assert_approx_eq::<f32>(&b.unwrap().to_data(), tolerance);
+        same(x.grad(&g1), x.grad(&g2));
+        w.grad(&g1).unwrap().to_data().assert_approx_eq::<f32>(&w.grad(&g2).unwrap().to_data(), tolerance);
+        b.grad(&g1).unwrap().to_data().assert_approx_eq::<f32>(&b.grad(&g2).unwrap().to_data(), tolerance);
+    }
+}
