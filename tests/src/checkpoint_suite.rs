@@ -90,6 +90,64 @@ pub fn resume_at_other_layouts(h: &Harness) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An asynchronous save at tp2 × dp2 while training goes on: the same checkpoint as a
+/// synchronous one (resumed at tp1 × dp1, the same next losses), and the training steps taken
+/// while it was written are unchanged.
+pub fn async_save_while_training(h: &Harness) {
+    let dir = scratch("async");
+    let (reference, during) = {
+        let runs = h.run(ParallelDims::tp_dp(2, 2), |ctx| {
+            let dev = ctx.device.clone().autodiff();
+            let mut m = model(&ctx.groups, &dev, 5);
+            let mut optim = DistributedAdamWConfig::new().with_zero1(true).init(&ctx.groups);
+            train(&mut m, &mut optim, &ctx.groups, &dev, 0..3);
+            let mut saver = checkpoint::AsyncSaver::new();
+            saver.save(&dir, 3, &m, &optim, &ctx.groups).unwrap();
+            let during = train(&mut m, &mut optim, &ctx.groups, &dev, 3..5);
+            saver.finish(&ctx.groups).unwrap();
+            during
+        });
+        (runs[0].clone(), runs)
+    };
+    for losses in &during {
+        assert_eq!(losses, &reference, "every rank reports the dp-averaged loss");
+    }
+    let resumed = h.run(ParallelDims::tp_dp(1, 1), |ctx| {
+        let dev = ctx.device.clone().autodiff();
+        let mut optim = DistributedAdamWConfig::new().with_zero1(true).init(&ctx.groups);
+        let (mut m, step) = checkpoint::load(&dir, model(&ctx.groups, &dev, 99), &mut optim, &ctx.groups).unwrap();
+        assert_eq!(step, 3);
+        train(&mut m, &mut optim, &ctx.groups, &dev, 3..5)
+    });
+    for (a, b) in resumed[0].iter().zip(&reference) {
+        // As in `resume_at_other_layouts`: another layout, another summation order.
+        assert!((a - b).abs() <= 10.0 * h.matmul_tolerance * b.abs(), "{:?} vs {reference:?}", resumed[0]);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// 30 steps at tp2 × dp2 (sequence parallel, ZeRO-1) against tp1 × dp1: the same losses.
+pub fn tp2_dp2_matches_single_device_for_30_steps(h: &Harness) {
+    let run = |tp: usize, dp: usize| {
+        h.run(ParallelDims::tp_dp(tp, dp), |ctx| {
+            let dev = ctx.device.clone().autodiff();
+            let mut m = model(&ctx.groups, &dev, 5);
+            let mut optim = DistributedAdamWConfig::new().with_zero1(true).init(&ctx.groups);
+            train(&mut m, &mut optim, &ctx.groups, &dev, 0..30)
+        })
+    };
+    let single = run(1, 1).remove(0);
+    assert!(single[29] < 0.8 * single[0], "the model learns: {} → {}", single[0], single[29]);
+    for losses in run(2, 2) {
+        for (step, (a, b)) in losses.iter().zip(&single).enumerate() {
+            // Split products and dp-averaged half batches reorder f32 sums; Adam carries the
+            // rounding from step to step. Over 30 steps it stays within 20× the split-product
+            // tolerance (2e-3 relative on the CPU).
+            assert!((a - b).abs() <= 20.0 * h.matmul_tolerance * b.abs(), "step {step}: tp2×dp2 loss {a} vs tp1×dp1 {b}");
+        }
+    }
+}
+
 /// Damaged, missing and incompatible checkpoints are typed errors, and a save that died half
 /// way (its staging directory left behind) does not hide the previous checkpoint.
 pub fn bad_checkpoints_are_errors(h: &Harness) {

@@ -16,3 +16,13 @@ fn bad_checkpoints_are_errors() {
 fn hugging_face_round_trip() {
     checkpoint_suite::hugging_face_round_trip(&Harness::cpu(4));
 }
+
+#[test]
+fn async_save_while_training() {
+    checkpoint_suite::async_save_while_training(&Harness::cpu(4));
+}
+
+#[test]
+fn tp2_dp2_matches_single_device_for_30_steps() {
+    checkpoint_suite::tp2_dp2_matches_single_device_for_30_steps(&Harness::cpu(4));
+}

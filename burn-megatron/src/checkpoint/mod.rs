@@ -5,10 +5,11 @@
 //! A save writes into a staging directory, fsyncs every file, then renames the directory into
 //! place and moves the `latest` pointer (itself written to a temporary name, fsynced and
 //! renamed): a crash at any point leaves the previous checkpoint whole and `latest` pointing at
-//! it. A load reads and checks everything before it changes anything, so a damaged or
+//! it. [`AsyncSaver`] does the writing on a thread of its own, so training goes on meanwhile. A load reads and checks everything before it changes anything, so a damaged or
 //! incompatible checkpoint is an error and the model is untouched.
 
 mod files;
+mod save;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,7 +20,8 @@ use burn_megatron_dist::{CommError, ProcessGroups};
 
 pub use files::{Index, Placement};
 pub use files::write_synced;
-use files::{FORMAT, Piece, read_shard, shard_file, sync_dir, write_shard};
+use files::{FORMAT, Piece, read_shard};
+pub use save::{AsyncSaver, save};
 
 use crate::optim::params::{ParamInfo, map_params, param_infos};
 use crate::optim::{DistributedAdamW, ParamState};
@@ -70,68 +72,6 @@ const OPTIMIZER: [&str; 3] = ["master", "m", "v"];
 
 fn optimizer_name(part: &str, path: &str) -> String {
     format!("optimizer.{part}.{path}")
-}
-
-/// Saves `model` and `optim` as checkpoint `step` under `dir`. Every rank calls it.
-pub fn save<M: Module>(dir: &Path, step: u64, model: &M, optim: &DistributedAdamW, groups: &ProcessGroups) -> Result<(), CheckpointError> {
-    let infos = param_infos(model);
-    let values = local_values(model);
-    let numels: Vec<usize> = values.iter().map(|(s, _)| s.iter().product()).collect();
-    let states = optim.export_state(&numels)?;
-    let staging = dir.join(format!(".step-{step:08}.partial"));
-    let io = |path: &Path, e: std::io::Error| CheckpointError::Io { path: path.to_path_buf(), detail: e.to_string() };
-    if groups.global_rank == 0 {
-        let _ = std::fs::remove_dir_all(&staging);
-        std::fs::create_dir_all(&staging).map_err(|e| io(&staging, e))?;
-    }
-    groups.world.barrier()?;
-    let writer = groups.dp.group_rank() == 0;
-    let mut tensors = BTreeMap::new();
-    if writer {
-        let mut pieces = BTreeMap::new();
-        for (i, (info, (shape, data))) in infos.iter().zip(values).enumerate() {
-            let placement = placement(info, &shape, groups);
-            tensors.insert(info.path.clone(), placement.global_shape.clone());
-            for (part, state) in OPTIMIZER.iter().zip(states.get(i).map(state_parts).unwrap_or_default()) {
-                let name = optimizer_name(part, &info.path);
-                tensors.insert(name.clone(), placement.global_shape.clone());
-                pieces.insert(name, Piece { shape: shape.clone(), values: state, placement: placement.clone() });
-            }
-            pieces.insert(info.path.clone(), Piece { shape, values: data, placement });
-        }
-        write_shard(&staging.join(shard_file(groups.tp.group_rank(), groups.tp.size())), &pieces)?;
-    }
-    groups.world.barrier()?;
-    if groups.global_rank == 0 {
-        let index = Index {
-            format: FORMAT.into(),
-            step,
-            optimizer_steps: optim.steps(),
-            tp: groups.tp.size(),
-            dp: groups.dp.size(),
-            files: (0..groups.tp.size()).map(|r| shard_file(r, groups.tp.size())).collect(),
-            tensors,
-        };
-        let json = serde_json::to_vec_pretty(&index).expect("index serializes");
-        write_synced(&staging.join("index.json"), &json)?;
-        // A fresh name every time: `latest` never points at a directory this save removes, even
-        // when the same step is saved again.
-        let nonce = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        let name = format!("step-{step:08}-{nonce:x}");
-        let target = dir.join(&name);
-        std::fs::rename(&staging, &target).map_err(|e| io(&target, e))?;
-        sync_dir(dir)?;
-        write_synced(&dir.join("latest"), name.as_bytes())?;
-        // Earlier saves of the same step are superseded now that `latest` names this one.
-        for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))?.flatten() {
-            let other = entry.file_name().to_string_lossy().into_owned();
-            if other != name && other.starts_with(&format!("step-{step:08}-")) {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
-    }
-    groups.world.barrier()?;
-    Ok(())
 }
 
 fn state_parts(state: &ParamState) -> Vec<Vec<f32>> {

@@ -1,0 +1,199 @@
+//! Saving: a [`Snapshot`] taken on the training thread (the collectives and the copies to the
+//! host), then written by every dp-rank-0 writer and completed by global rank 0, which waits on
+//! the files themselves rather than on a collective — so the writing can run on a thread of its
+//! own ([`AsyncSaver`]) while training goes on over the same groups.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use burn::module::Module;
+use burn::tensor::{Int, Tensor};
+use burn_megatron_dist::{ProcessGroups, ReduceOp};
+
+use super::files::{FORMAT, Index, Piece, shard_file, sync_dir, write_shard, write_synced};
+use super::{CheckpointError, OPTIMIZER, local_values, optimizer_device, optimizer_name, placement, state_parts};
+use crate::optim::DistributedAdamW;
+use crate::optim::params::param_infos;
+
+/// How long rank 0 waits for the other writers' shards before giving up on a save.
+const WRITERS_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Everything one rank writes for one save, on the host.
+struct Snapshot {
+    step: u64,
+    optimizer_steps: u64,
+    /// The save's staging directory name, the same on every rank.
+    staging: String,
+    tp_rank: usize,
+    tp: usize,
+    dp: usize,
+    global_rank: usize,
+    /// This rank's shard, when it writes one (dp rank 0).
+    pieces: Option<BTreeMap<String, Piece>>,
+    /// Every tensor's global shape (rank 0 writes them into the index).
+    tensors: BTreeMap<String, Vec<usize>>,
+}
+
+impl Snapshot {
+    /// Runs the collectives a save needs (the optimizer state gathered over dp, the staging
+    /// name agreed) and copies this rank's part to the host. Every rank calls it.
+    fn take<M: Module>(step: u64, model: &M, optim: &DistributedAdamW, groups: &ProcessGroups) -> Result<Self, CheckpointError> {
+        let infos = param_infos(model);
+        let values = local_values(model);
+        let numels: Vec<usize> = values.iter().map(|(s, _)| s.iter().product()).collect();
+        let states = optim.export_state(&numels)?;
+        // Rank 0's clock names the staging directory; the max over the world is rank 0's own
+        // value on every rank (the others send 0). 31 bits of microseconds: an Int tensor may
+        // be i32, and two saves of one step 36 minutes apart with the same name only share a
+        // staging directory that the first one already renamed away.
+        let nonce = match groups.global_rank {
+            0 => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| (d.as_micros() & 0x7fff_ffff) as i64 | 1)
+                .unwrap_or(1),
+            _ => 0,
+        };
+        let nonce = Tensor::<1, Int>::from_data([nonce], &optimizer_device(model));
+        let nonce: i64 = groups.world.all_reduce(nonce, ReduceOp::Max)?.into_scalar();
+        let mut tensors = BTreeMap::new();
+        let mut pieces = BTreeMap::new();
+        for (i, (info, (shape, data))) in infos.iter().zip(values).enumerate() {
+            let placement = placement(info, &shape, groups);
+            tensors.insert(info.path.clone(), placement.global_shape.clone());
+            for (part, state) in OPTIMIZER.iter().zip(states.get(i).map(state_parts).unwrap_or_default()) {
+                let name = optimizer_name(part, &info.path);
+                tensors.insert(name.clone(), placement.global_shape.clone());
+                pieces.insert(name, Piece { shape: shape.clone(), values: state, placement: placement.clone() });
+            }
+            pieces.insert(info.path.clone(), Piece { shape, values: data, placement });
+        }
+        Ok(Self {
+            step,
+            optimizer_steps: optim.steps(),
+            staging: format!(".step-{step:08}-{nonce:x}.partial"),
+            tp_rank: groups.tp.group_rank(),
+            tp: groups.tp.size(),
+            dp: groups.dp.size(),
+            global_rank: groups.global_rank,
+            pieces: (groups.dp.group_rank() == 0).then_some(pieces),
+            tensors,
+        })
+    }
+
+    /// Writes this rank's shard; on global rank 0, waits for every shard and completes the
+    /// checkpoint (index, rename, `latest`).
+    fn write(self, dir: &Path) -> Result<(), CheckpointError> {
+        let io = |path: &Path, e: std::io::Error| CheckpointError::Io { path: path.to_path_buf(), detail: e.to_string() };
+        let staging = dir.join(&self.staging);
+        if let Some(pieces) = &self.pieces {
+            std::fs::create_dir_all(&staging).map_err(|e| io(&staging, e))?;
+            write_shard(&staging.join(shard_file(self.tp_rank, self.tp)), pieces)?;
+            write_synced(&staging.join(done_marker(self.tp_rank)), b"")?;
+        }
+        if self.global_rank != 0 {
+            return Ok(());
+        }
+        wait_for_markers(&staging, self.tp)?;
+        for r in 0..self.tp {
+            std::fs::remove_file(staging.join(done_marker(r))).map_err(|e| io(&staging, e))?;
+        }
+        let index = Index {
+            format: FORMAT.into(),
+            step: self.step,
+            optimizer_steps: self.optimizer_steps,
+            tp: self.tp,
+            dp: self.dp,
+            files: (0..self.tp).map(|r| shard_file(r, self.tp)).collect(),
+            tensors: self.tensors,
+        };
+        let json = serde_json::to_vec_pretty(&index).expect("index serializes");
+        write_synced(&staging.join("index.json"), &json)?;
+        let name = self.staging.trim_start_matches('.').trim_end_matches(".partial").to_string();
+        let target = dir.join(&name);
+        std::fs::rename(&staging, &target).map_err(|e| io(&target, e))?;
+        sync_dir(dir)?;
+        write_synced(&dir.join("latest"), name.as_bytes())?;
+        // Earlier saves of the same step are superseded now that `latest` names this one.
+        let prefix = format!("step-{:08}-", self.step);
+        for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))?.flatten() {
+            let other = entry.file_name().to_string_lossy().into_owned();
+            if other != name && other.starts_with(&prefix) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        Ok(())
+    }
+}
+
+fn done_marker(tp_rank: usize) -> String {
+    format!("shard-{tp_rank}.done")
+}
+
+fn wait_for_markers(staging: &Path, tp: usize) -> Result<(), CheckpointError> {
+    let start = Instant::now();
+    loop {
+        let missing: Vec<usize> = (0..tp).filter(|r| !staging.join(done_marker(*r)).exists()).collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if start.elapsed() > WRITERS_TIMEOUT {
+            return Err(CheckpointError::Io {
+                path: staging.to_path_buf(),
+                detail: format!("the shards of tensor-parallel ranks {missing:?} were not written within {WRITERS_TIMEOUT:?}"),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Saves `model` and `optim` as checkpoint `step` under `dir` and returns once it is complete.
+/// Every rank calls it.
+pub fn save<M: Module>(dir: &Path, step: u64, model: &M, optim: &DistributedAdamW, groups: &ProcessGroups) -> Result<(), CheckpointError> {
+    Snapshot::take(step, model, optim, groups)?.write(dir)?;
+    groups.world.barrier()?;
+    Ok(())
+}
+
+/// Saves without stalling training: [`save`](Self::save) takes the snapshot (its collectives
+/// and host copies) and returns; a thread writes the files. A save waits for the one before it,
+/// and [`wait`](Self::wait) for the last; either reports a failed write.
+#[derive(Default)]
+pub struct AsyncSaver {
+    writing: Option<(PathBuf, JoinHandle<Result<(), CheckpointError>>)>,
+}
+
+impl AsyncSaver {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every rank calls it, at the same step.
+    pub fn save<M: Module>(&mut self, dir: &Path, step: u64, model: &M, optim: &DistributedAdamW, groups: &ProcessGroups) -> Result<(), CheckpointError> {
+        self.wait()?;
+        let snapshot = Snapshot::take(step, model, optim, groups)?;
+        let target = dir.to_path_buf();
+        let handle = std::thread::spawn(move || snapshot.write(&target));
+        self.writing = Some((dir.to_path_buf(), handle));
+        Ok(())
+    }
+
+    /// Waits for the save in flight on every rank: afterwards `latest` names it everywhere.
+    pub fn finish(&mut self, groups: &ProcessGroups) -> Result<(), CheckpointError> {
+        self.wait()?;
+        groups.world.barrier()?;
+        Ok(())
+    }
+
+    /// Waits for this rank's part of the save in flight, if any (rank 0's part completes the
+    /// checkpoint; use [`finish`](Self::finish) to know it is complete everywhere).
+    pub fn wait(&mut self) -> Result<(), CheckpointError> {
+        match self.writing.take() {
+            Some((dir, handle)) => handle.join().unwrap_or_else(|_| {
+                Err(CheckpointError::Io { path: dir, detail: "the checkpoint writer panicked".into() })
+            }),
+            None => Ok(()),
+        }
+    }
+}
