@@ -36,10 +36,19 @@ pub struct Args {
     /// Train on this text file or directory of text (byte-level tokens) instead of the
     /// generated arithmetic corpus.
     pub data: Option<std::path::PathBuf>,
+    /// Tokenize the text with this Hugging Face `tokenizer.json` instead of by bytes.
+    pub tokenizer: Option<std::path::PathBuf>,
+    /// Parameters and activations in bf16 (the optimizer keeps fp32 master weights).
+    pub bf16: bool,
+    /// Write checkpoints on a thread of their own while training goes on.
+    pub async_save: bool,
+    /// Print a greedy sample every this many steps (0: never); a fifth of the run by default.
+    pub sample_every: Option<usize>,
 }
 
 const USAGE: &str = "usage: train [--preset tiny|llama-1b|llama-8b] [--tp N] [--dp N] [--sp] [--steps N] \
-[--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--resume DIR] [--data PATH]";
+[--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--async-save] [--resume DIR] [--data PATH] [--tokenizer tokenizer.json] \
+[--dtype f32|bf16] [--sample-every K]";
 
 impl Args {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
@@ -60,6 +69,10 @@ impl Args {
             save_every: None,
             resume: None,
             data: None,
+            tokenizer: None,
+            bf16: false,
+            async_save: false,
+            sample_every: None,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -74,6 +87,16 @@ impl Args {
                 "--save-every" => out.save_every = Some(number(&flag, &value()?)?),
                 "--resume" => out.resume = Some(value()?.into()),
                 "--data" => out.data = Some(value()?.into()),
+                "--tokenizer" => out.tokenizer = Some(value()?.into()),
+                "--async-save" => out.async_save = true,
+                "--sample-every" => out.sample_every = Some(number(&flag, &value()?)?),
+                "--dtype" => {
+                    out.bf16 = match value()?.as_str() {
+                        "f32" => false,
+                        "bf16" => true,
+                        other => return Err(format!("--dtype {other}: expected f32 or bf16")),
+                    }
+                }
                 "--steps" => out.steps = number(&flag, &value()?)?,
                 "--seed" => out.seed = number(&flag, &value()?)?,
                 "--lr" => out.lr = number(&flag, &value()?)?,
@@ -102,6 +125,9 @@ impl Args {
         }
         if out.save_every.is_some() && out.save.is_none() {
             return Err("--save-every needs --save DIR".into());
+        }
+        if out.async_save && out.save.is_none() {
+            return Err("--async-save needs --save DIR".into());
         }
         if out.save_every == Some(0) {
             return Err("--save-every must be at least 1".into());

@@ -1,14 +1,19 @@
-//! The default corpus: arithmetic, generated deterministically in-process, as bytes.
+//! The training text as a stream of tokens: bytes, or the ids of a Hugging Face
+//! `tokenizer.json`. The default corpus is arithmetic, generated deterministically in-process.
 //!
 //! Lines such as `417+38=455` have structure a small model learns: digits, then the operator,
 //! then a sum that follows from the operands. Its unigram entropy is about 2.6 nats a byte, so
 //! a falling loss well below that shows learning.
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use std::path::Path;
 
-/// A stream of byte tokens.
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use tokenizers::Tokenizer;
+
+/// A stream of tokens, and how to turn tokens back into text.
 pub struct Corpus {
-    bytes: Vec<u8>,
+    tokens: Vec<u32>,
+    tokenizer: Option<Tokenizer>,
 }
 
 impl Corpus {
@@ -29,7 +34,45 @@ impl Corpus {
                 text.push_str(&format!("{hi}-{lo}={}\n", hi - lo));
             }
         }
-        Self { bytes: text.into_bytes() }
+        Self::bytes(text.into_bytes())
+    }
+
+    fn bytes(bytes: Vec<u8>) -> Self {
+        Self { tokens: bytes.into_iter().map(u32::from).collect(), tokenizer: None }
+    }
+
+    /// The corpus's text in the ids of `tokenizer.json` at `path`.
+    pub fn tokenized(self, path: &Path) -> Result<Self, String> {
+        let tokenizer = Tokenizer::from_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = String::from_utf8_lossy(&self.tokens.iter().map(|&t| t as u8).collect::<Vec<_>>()).into_owned();
+        let encoding = tokenizer.encode(text, false).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Self { tokens: encoding.get_ids().to_vec(), tokenizer: Some(tokenizer) })
+    }
+
+    /// How many token ids there are: 256 bytes, or the tokenizer's vocabulary.
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.as_ref().map_or(256, |t| t.get_vocab_size(true))
+    }
+
+    /// The tokens of `text`.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        match &self.tokenizer {
+            Some(t) => t.encode(text, false).map(|e| e.get_ids().to_vec()).unwrap_or_default(),
+            None => text.bytes().map(u32::from).collect(),
+        }
+    }
+
+    /// The text of `tokens`.
+    pub fn decode(&self, tokens: &[u32]) -> String {
+        match &self.tokenizer {
+            Some(t) => t.decode(tokens, false).unwrap_or_default(),
+            None => String::from_utf8_lossy(&tokens.iter().map(|&t| t as u8).collect::<Vec<_>>()).into_owned(),
+        }
+    }
+
+    /// The first `n` tokens (a prompt for samples of a corpus read from files).
+    pub fn head(&self, n: usize) -> &[u32] {
+        &self.tokens[..n.min(self.tokens.len())]
     }
 
     /// The bytes of a text file, or of every file under a directory (sorted by path), each
@@ -43,24 +86,24 @@ impl Corpus {
             bytes.extend(std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?);
             bytes.push(b'\n');
         }
-        Ok(Self { bytes })
+        Ok(Self::bytes(bytes))
     }
 
     /// Checks the corpus can fill a sequence of `seq + 1` tokens.
     pub fn check_len(&self, seq: usize) -> Result<(), String> {
-        if self.bytes.len() <= seq + 1 {
-            return Err(format!("the data has {} bytes; a sequence needs more than {}", self.bytes.len(), seq + 1));
+        if self.tokens.len() <= seq + 1 {
+            return Err(format!("the data has {} tokens; a sequence needs more than {}", self.tokens.len(), seq + 1));
         }
         Ok(())
     }
 
     /// Sequence `index` of step `step`: `seq + 1` tokens from a position drawn from the step,
     /// so every layout sees the same data in the same order.
-    pub fn window(&self, step: usize, index: usize, seq: usize) -> &[u8] {
+    pub fn window(&self, step: usize, index: usize, seq: usize) -> &[u32] {
         let mut h = (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (index as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         h ^= h >> 29;
-        let start = (h % (self.bytes.len() - seq - 1) as u64) as usize;
-        &self.bytes[start..start + seq + 1]
+        let start = (h % (self.tokens.len() - seq - 1) as u64) as usize;
+        &self.tokens[start..start + seq + 1]
     }
 
     /// Inputs and next-token targets for sequences `first..first + count` of `step`.
@@ -69,7 +112,7 @@ impl Corpus {
     /// `[count, seq]`, `[count, seq]`
     pub fn batch(&self, step: usize, first: usize, count: usize, seq: usize, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>) {
         let tokens: Vec<i64> = (first..first + count)
-            .flat_map(|i| self.window(step, i, seq).iter().map(|&b| b as i64))
+            .flat_map(|i| self.window(step, i, seq).iter().map(|&t| t as i64))
             .collect();
         let all = Tensor::<2, Int>::from_data(TensorData::new(tokens, [count, seq + 1]), device);
         (all.clone().narrow(1, 0, seq), all.narrow(1, 1, seq))
@@ -94,8 +137,8 @@ mod tests {
     #[test]
     fn arithmetic_is_deterministic_and_correct() {
         let a = Corpus::arithmetic(4096, 7);
-        assert_eq!(a.bytes, Corpus::arithmetic(4096, 7).bytes);
-        let text = String::from_utf8(a.bytes).unwrap();
+        assert_eq!(a.tokens, Corpus::arithmetic(4096, 7).tokens);
+        let text = a.decode(&a.tokens);
         for line in text.lines() {
             let (lhs, rhs) = line.split_once('=').unwrap();
             let value: i64 = rhs.parse().unwrap();
@@ -117,9 +160,29 @@ mod tests {
         std::fs::write(dir.join("b.txt"), "world").unwrap();
         std::fs::write(dir.join("sub").join("a.txt"), "hello").unwrap();
         let corpus = Corpus::from_path(&dir).unwrap();
-        assert_eq!(corpus.bytes, b"world\nhello\n");
+        assert_eq!(corpus.decode(&corpus.tokens), "world\nhello\n");
         assert!(corpus.check_len(20).is_err());
         assert!(Corpus::from_path(&dir.join("missing")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn reads_a_tokenizer_json() {
+        let dir = std::env::temp_dir().join(format!("burn-megatron-tokenizer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tokenizer.json");
+        std::fs::write(
+            &path,
+            r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+               "pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+               "model":{"type":"WordLevel","vocab":{"[UNK]":0,"hello":1,"world":2},"unk_token":"[UNK]"}}"#,
+        )
+        .unwrap();
+        let corpus = Corpus::bytes(b"hello world hello there".to_vec()).tokenized(&path).unwrap();
+        assert_eq!(corpus.tokens, vec![1, 2, 1, 0]);
+        assert_eq!(corpus.vocab_size(), 3);
+        assert_eq!(corpus.encode("world"), vec![2]);
+        assert!(Corpus::arithmetic(64, 1).tokenized(&dir.join("missing.json")).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

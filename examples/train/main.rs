@@ -2,16 +2,20 @@
 //!
 //!   cargo run --release --example train -- --preset tiny --tp 2 --sp --steps 20 --seed 7
 //!
-//! Prints `step N loss X` for every step. The same seed and preset print the same losses at
-//! every layout (within f32 rounding), since every layout builds the same model
-//! (`InitMode::Full`) and reads the same data in the same order.
+//! Prints `step N loss X` for every step, a greedy sample now and then, and the throughput at
+//! the end. The same seed and preset print the same losses at every layout (within f32
+//! rounding), since every layout builds the same model (`InitMode::Full`) and reads the same
+//! data in the same order. A loss that is not finite stops the run, naming the step.
 
 mod args;
 mod data;
+mod sample;
+
+use std::time::Instant;
 
 use burn::optim::GradientsParams;
-use burn::tensor::Device;
-use burn_megatron::checkpoint;
+use burn::tensor::{DType, Device};
+use burn_megatron::checkpoint::{self, AsyncSaver};
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::{ParallelPlan, preset};
 use burn_megatron::optim::DistributedAdamWConfig;
@@ -48,16 +52,32 @@ fn run(args: &Args) -> Result<(), String> {
         Some(path) => Corpus::from_path(path)?,
         None => Corpus::arithmetic(1 << 20, args.seed),
     };
+    let corpus = match &args.tokenizer {
+        Some(path) => corpus.tokenized(path)?,
+        None => corpus,
+    };
     corpus.check_len(seq)?;
-    if config.embedding.vocab_size < 256 {
-        return Err(format!("byte tokens need a vocabulary of 256; preset {} has {}", args.preset, config.embedding.vocab_size));
+    if config.embedding.vocab_size < corpus.vocab_size() {
+        return Err(format!(
+            "the tokens need a vocabulary of {}; preset {} has {}",
+            corpus.vocab_size(),
+            args.preset,
+            config.embedding.vocab_size
+        ));
     }
-    let init = ParamInit::new(args.seed, if args.per_shard_init { InitMode::PerShard } else { InitMode::Full });
+    let mode = if args.per_shard_init { InitMode::PerShard } else { InitMode::Full };
+    let dtype = if args.bf16 { DType::BF16 } else { DType::F32 };
+    let init = ParamInit::new(args.seed, mode).with_dtype(dtype);
     let device_of = |local: usize| match args.device {
         DeviceKind::Cpu => Device::flex(),
         DeviceKind::Cuda => cuda(local),
     };
     let per_rank = batch / args.dp;
+    let sample_every = args.sample_every.unwrap_or((args.steps / 5).max(1));
+    let (prompt, pad) = match &args.data {
+        Some(_) => (corpus.head(seq / 2).to_vec(), corpus.encode("\n").first().copied().unwrap_or(0)),
+        None => (corpus.encode("\n417+385="), corpus.encode("\n")[0]),
+    };
     let results = launch(dims, device_of, |ctx| -> Result<(), String> {
         let device = ctx.device.clone().autodiff();
         let mut model = config.init(&device, &ctx.groups, &init).map_err(|e| e.to_string())?;
@@ -67,29 +87,47 @@ fn run(args: &Args) -> Result<(), String> {
             let (loaded, step) = checkpoint::load(dir, model, &mut optim, &ctx.groups).map_err(|e| e.to_string())?;
             (model, done) = (loaded, step as usize);
         }
-        let save = |model: &_, optim: &_, step: usize| match &args.save {
+        let mut saver = AsyncSaver::new();
+        let mut save = |model: &_, optim: &_, step: usize| match &args.save {
+            Some(dir) if args.async_save => saver.save(dir, step as u64, model, optim, &ctx.groups).map_err(|e| e.to_string()),
             Some(dir) => checkpoint::save(dir, step as u64, model, optim, &ctx.groups).map_err(|e| e.to_string()),
             None => Ok(()),
         };
         let dp_rank = ctx.groups.dp.group_rank();
+        let start = Instant::now();
+        let mut sampling = 0.0;
         for step in done + 1..=args.steps {
             let (ids, targets) = corpus.batch(step, dp_rank * per_rank, per_rank, seq, &device);
             let loss = model.forward_loss(ids, targets).map_err(|e| e.to_string())?;
             let reported = ctx.groups.dp.all_reduce(loss.clone().detach(), ReduceOp::Avg).map_err(|e| e.to_string())?;
             let value = reported.into_scalar::<f64>();
             if !value.is_finite() {
-                return Err(format!("step {step}: the loss is {value}"));
+                return Err(format!("step {step}: the loss is {value}; training stops"));
             }
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             model = optim.step(args.lr, model, grads).map_err(|e| e.to_string())?.0;
             if ctx.global_rank == 0 {
                 println!("step {step} loss {value:.6}");
             }
+            if sample_every > 0 && (step % sample_every == 0 || step == args.steps) {
+                let begun = Instant::now();
+                let text = sample::greedy(&model, &ctx.groups, &prompt, pad, 12, seq, &device)?;
+                if ctx.global_rank == 0 {
+                    println!("sample {:?} -> {:?}", corpus.decode(&prompt), corpus.decode(&text));
+                }
+                sampling += begun.elapsed().as_secs_f64();
+            }
             if args.save_every.is_some_and(|k| step % k == 0 && step < args.steps) {
                 save(&model, &optim, step)?;
             }
         }
-        save(&model, &optim, args.steps.max(done))
+        let ran = args.steps.saturating_sub(done);
+        if ran > 0 && ctx.global_rank == 0 {
+            let seconds = start.elapsed().as_secs_f64() - sampling;
+            println!("{ran} steps in {seconds:.1} s: {:.0} tokens/s", (ran * batch * seq) as f64 / seconds);
+        }
+        save(&model, &optim, args.steps.max(done))?;
+        saver.finish(&ctx.groups).map_err(|e| e.to_string())
     })
     .map_err(|e| e.to_string())?;
     results.into_iter().collect()
@@ -104,4 +142,21 @@ fn cuda(local_rank: usize) -> Device {
 fn cuda(_local_rank: usize) -> Device {
     eprintln!("error: --device cuda needs a build with `--features cuda`");
     std::process::exit(2);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(flags: &str) -> Args {
+        Args::parse(flags.split_whitespace().map(String::from)).unwrap()
+    }
+
+    /// An absurd learning rate overflows the weights: the run stops on the first loss that is
+    /// not finite and says which step it was.
+    #[test]
+    fn a_loss_that_is_not_finite_stops_training() {
+        let error = run(&args("--steps 6 --seq 32 --lr 1e30 --sample-every 0")).unwrap_err();
+        assert!(error.contains("step ") && error.contains("the loss is") && error.contains("training stops"), "{error}");
+    }
 }
