@@ -126,6 +126,10 @@ fn run(args: &Args) -> Result<(), String> {
             let seconds = start.elapsed().as_secs_f64() - sampling;
             println!("{ran} steps in {seconds:.1} s: {:.0} tokens/s", (ran * batch * seq) as f64 / seconds);
         }
+        if ctx.global_rank == 0 {
+            // fp32 master weights and both moments: 1/dp of them per rank with ZeRO-1.
+            println!("optimizer state on rank 0: {:.2} MiB", optim.state_bytes() as f64 / (1 << 20) as f64);
+        }
         save(&model, &optim, args.steps.max(done))?;
         saver.finish(&ctx.groups).map_err(|e| e.to_string())
     })

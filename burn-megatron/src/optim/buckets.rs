@@ -136,6 +136,8 @@ impl GradReducer {
         };
         let grads: Vec<Tensor<1>> = grads.into_iter().map(|g| g.cast(wire)).collect();
         let results = match self.reduction {
+            // One rank: nothing to pack, every shard is the whole gradient.
+            _ if self.dp.size() == 1 => grads,
             Reduction::AllReduce => self.all_reduce(grads)?,
             Reduction::ReduceScatter => self.reduce_scatter(grads)?,
         };
