@@ -4,13 +4,13 @@
 
 use std::sync::{Arc, Mutex};
 
-use burn::data::dataloader::DataLoader;
+use burn::data::dataloader::{DataLoader, Progress};
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, Device, Tensor};
 use burn::train::train::WorkerFailure;
 use burn::train::{
-    EventProcessorTraining, InferenceStep, Learner, LearnerEvent, LearnerModel, SupervisedLearningStrategy,
+    EventProcessorTraining, InferenceStep, Interrupter, Learner, LearnerEvent, LearnerModel, SupervisedLearningStrategy,
     SupervisedTrainingEventProcessor, TrainLoader, TrainStep, TrainingComponents, TrainingError, TrainingItem,
     ValidLoader,
 };
@@ -80,7 +80,7 @@ impl MegatronStrategy {
         self
     }
 
-    fn fail(&self, interrupter: &burn::train::Interrupter, message: String) {
+    fn fail(&self, interrupter: &Interrupter, message: String) {
         interrupter.fail(TrainingError::Workers(vec![WorkerFailure { device_id: self.rank, message }]));
     }
 }
@@ -113,59 +113,33 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for MegatronStrategy {
         };
         for epoch in starting_epoch..=num_epochs {
             report(&mut event_processor, LearnerEvent::StartSplit { epoch_number: epoch, total_items: train.num_items() });
-            let mut items = train.iter();
-            let mut iteration = 0;
-            while let Some(item) = items.next() {
-                let item = match item {
-                    Ok(item) => item,
-                    Err(error) => {
-                        interrupter.fail(error);
-                        break;
-                    }
-                };
-                iteration += 1;
-                let progress = items.progress();
+            for_each_item(&train, &interrupter, |iteration, progress, item| {
                 learner.lr_step();
-                let output = match rank.step(&mut learner, item) {
-                    Ok(output) => output,
+                match rank.step(&mut learner, item) {
+                    Ok(output) => {
+                        let item = TrainingItem::new(output, progress, Some(iteration), Some(learner.lr_current()));
+                        report(&mut event_processor, LearnerEvent::ProcessedItem(item));
+                        true
+                    }
                     Err(error) => {
                         self.fail(&interrupter, format!("step {iteration} of epoch {epoch}: {error}"));
-                        break;
+                        false
                     }
-                };
-                let lr = Some(learner.lr_current());
-                report(&mut event_processor, LearnerEvent::ProcessedItem(TrainingItem::new(output, progress, Some(iteration), lr)));
-                if interrupter.should_stop() {
-                    break;
                 }
-            }
+            });
             report(&mut event_processor, LearnerEvent::EndSplit(epoch));
             if interrupter.should_stop() {
                 break;
             }
             let model = rank.model.valid();
-            interrupter.fail_on_error(
-                event_processor.process_valid(LearnerEvent::StartSplit { epoch_number: epoch, total_items: valid.num_items() }),
-            );
-            let mut items = valid.iter();
-            let mut iteration = 0;
-            while let Some(item) = items.next() {
-                let item = match item {
-                    Ok(item) => item,
-                    Err(error) => {
-                        interrupter.fail(error);
-                        break;
-                    }
-                };
-                iteration += 1;
-                let progress = items.progress();
+            let start = LearnerEvent::StartSplit { epoch_number: epoch, total_items: valid.num_items() };
+            interrupter.fail_on_error(event_processor.process_valid(start));
+            for_each_item(&valid, &interrupter, |iteration, progress, item| {
                 let output = InferenceStep::step(&model, item);
                 let event = LearnerEvent::ProcessedItem(TrainingItem::new(output, progress, Some(iteration), None));
                 interrupter.fail_on_error(event_processor.process_valid(event));
-                if interrupter.should_stop() {
-                    break;
-                }
-            }
+                true
+            });
             interrupter.fail_on_error(event_processor.process_valid(LearnerEvent::EndSplit(epoch)));
             report(&mut event_processor, LearnerEvent::EndEpoch(epoch));
             if checkpointer.is_some() || early_stopping.is_some() {
@@ -255,6 +229,27 @@ impl<'a, M: LearnerModel> RankTrainer<'a, M> {
         if self.learner_behind {
             learner.load_model(self.model.clone().into_record());
             self.learner_behind = false;
+        }
+    }
+}
+
+/// Runs `body(iteration, progress, item)` on each item of `loader`, counting from 1, until the
+/// loader is done, an item fails to load (the interrupter gets the error), `body` returns
+/// false, or a stop is asked.
+fn for_each_item<I>(loader: &Arc<dyn DataLoader<I>>, interrupter: &Interrupter, mut body: impl FnMut(usize, Progress, I) -> bool) {
+    let mut items = loader.iter();
+    let mut iteration = 0;
+    while let Some(item) = items.next() {
+        let item = match item {
+            Ok(item) => item,
+            Err(error) => {
+                interrupter.fail(error);
+                return;
+            }
+        };
+        iteration += 1;
+        if !body(iteration, items.progress(), item) || interrupter.should_stop() {
+            return;
         }
     }
 }
