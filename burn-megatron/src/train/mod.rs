@@ -8,6 +8,7 @@
 //! hold its shard), so Burn's metrics, checkpointers, LR schedulers and early stopping work
 //! unchanged on each; ranks other than 0 render with [`Silent`].
 
+mod rank;
 mod silent;
 mod strategy;
 
