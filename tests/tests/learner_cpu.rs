@@ -17,3 +17,8 @@ fn learner_optimizer_after_backward() {
 fn distributed_optimizer_zero1() {
     learner_suite::distributed_optimizer_zero1(&Harness::cpu(4));
 }
+
+#[test]
+fn burn_checkpointers_resume() {
+    learner_suite::burn_checkpointers_resume(&Harness::cpu(4));
+}
