@@ -13,12 +13,11 @@ mod sample;
 
 use std::time::Instant;
 
-use burn::optim::GradientsParams;
 use burn::tensor::{DType, Device};
 use burn_megatron::checkpoint::{self, AsyncSaver};
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::{ParallelPlan, preset};
-use burn_megatron::optim::DistributedAdamWConfig;
+use burn_megatron::optim::{DistributedAdamWConfig, Overlap};
 use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 
 use args::{Args, DeviceKind};
@@ -98,14 +97,18 @@ fn run(args: &Args) -> Result<(), String> {
         let mut sampling = 0.0;
         for step in done + 1..=args.steps {
             let (ids, targets) = corpus.batch(step, dp_rank * per_rank, per_rank, seq, &device);
-            let loss = model.forward_loss(ids, targets).map_err(|e| e.to_string())?;
+            // Gradients reach the dp reduction through taps, bucket by bucket during backward.
+            let overlap = Overlap::new(optim.reducer(&model));
+            let tapped = overlap.tap(model.clone(), &ctx.groups.dp);
+            let loss = tapped.forward_loss(ids, targets).map_err(|e| e.to_string())?;
             let reported = ctx.groups.dp.all_reduce(loss.clone().detach(), ReduceOp::Avg).map_err(|e| e.to_string())?;
             let value = reported.into_scalar::<f64>();
             if !value.is_finite() {
                 return Err(format!("step {step}: the loss is {value}; training stops"));
             }
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            model = optim.step(args.lr, model, grads).map_err(|e| e.to_string())?.0;
+            drop(loss.backward());
+            let reduced = overlap.finish(&ctx.device, dtype).map_err(|e| e.to_string())?;
+            model = optim.step_reduced(args.lr, model, reduced).map_err(|e| e.to_string())?.0;
             if ctx.global_rank == 0 {
                 println!("step {step} loss {value:.6}");
             }

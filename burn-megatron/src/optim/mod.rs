@@ -3,8 +3,10 @@
 
 pub mod adamw;
 pub mod buckets;
+pub mod overlap;
 pub mod params;
 
 pub use adamw::{DistributedAdamW, DistributedAdamWConfig, ParamState, StepReport};
 pub use buckets::{BucketConfig, GradReducer, Reduction};
+pub use overlap::Overlap;
 pub use params::{ParamInfo, param_infos};

@@ -1,18 +1,14 @@
 //! One rank's training state between steps: its model, its optimizer (when the strategy
 //! steps with the distributed one) and the dp reduction of each step's gradients.
 
-use std::sync::{Arc, Mutex};
-
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, Tensor};
 use burn::train::{Learner, LearnerModel, TrainStep};
-use burn_megatron_dist::mappings::{GradTap, tap_grad};
-use burn_megatron_dist::{CommError, ProcessGroups};
 
 use super::strategy::{MegatronStrategy, StrategyOptimizer};
 use crate::optim::adamw::param_numels;
-use crate::optim::{DistributedAdamW, GradReducer, Reduction};
+use crate::optim::{DistributedAdamW, GradReducer, Overlap, Reduction};
 
 /// One rank's model, optimizer and gradient reducer between steps.
 pub(super) struct RankTrainer<'a, M> {
@@ -40,28 +36,20 @@ impl<'a, M: LearnerModel> RankTrainer<'a, M> {
             Some(optim) => optim.reducer(&self.model),
             None => GradReducer::new(dp, param_numels(&self.model), dtype_of(&self.model).size(), Reduction::AllReduce, &s.buckets),
         };
-        let reducer = Arc::new(Mutex::new(reduction));
-        let errors: Arc<Mutex<Vec<CommError>>> = Arc::default();
+        let overlap = Overlap::new(reduction);
         let output = if s.overlap && dp.size() > 1 {
-            let tapped = tap_params(self.model.clone(), &s.groups, &reducer, &errors);
-            let output = TrainStep::step(&tapped, item);
-            output.item
+            TrainStep::step(&overlap.tap(self.model.clone(), dp), item).item
         } else {
             let output = TrainStep::step(&self.model, item);
             let grads = flat_grads(&self.model, output.grads);
-            let mut reducer = reducer.lock().expect("reducer lock");
             for (index, grad) in grads.into_iter().enumerate().rev() {
                 if let Some(grad) = grad {
-                    reducer.add(index, grad).map_err(|e| e.to_string())?;
+                    overlap.add(index, grad).map_err(|e| e.to_string())?;
                 }
             }
             output.item
         };
-        if let Some(error) = errors.lock().expect("errors lock").drain(..).next() {
-            return Err(error.to_string());
-        }
-        let inner = s.device.clone();
-        let reduced = reducer.lock().expect("reducer lock").finish(&inner, dtype_of(&self.model)).map_err(|e| e.to_string())?;
+        let reduced = overlap.finish(&s.device, dtype_of(&self.model)).map_err(|e| e.to_string())?;
         match &mut self.optim {
             Some(optim) => {
                 let lr = learner.lr_current().base();
@@ -83,31 +71,6 @@ impl<'a, M: LearnerModel> RankTrainer<'a, M> {
             self.learner_behind = false;
         }
     }
-}
-
-/// The model with every parameter's value behind a tap that hands its gradient to `reducer`.
-fn tap_params<M: Module>(model: M, groups: &ProcessGroups, reducer: &Arc<Mutex<GradReducer>>, errors: &Arc<Mutex<Vec<CommError>>>) -> M {
-    struct Tap<'a> {
-        index: usize,
-        groups: &'a ProcessGroups,
-        reducer: &'a Arc<Mutex<GradReducer>>,
-        errors: &'a Arc<Mutex<Vec<CommError>>>,
-    }
-    impl ModuleMapper for Tap<'_> {
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            let index = self.index;
-            self.index += 1;
-            let (reducer, errors) = (self.reducer.clone(), self.errors.clone());
-            let tap = GradTap::new(move |grad| {
-                if let Err(error) = reducer.lock().expect("reducer lock").add(index, grad) {
-                    errors.lock().expect("errors lock").push(error);
-                }
-            });
-            let dp = &self.groups.dp;
-            param.map(|value| tap_grad(value, dp, tap))
-        }
-    }
-    model.map(&mut Tap { index: 0, groups, reducer, errors })
 }
 
 /// Each parameter's gradient, flattened, in traversal order (`None` for an unused one).
