@@ -44,11 +44,14 @@ pub struct Args {
     pub async_save: bool,
     /// Print a greedy sample every this many steps (0: never); a fifth of the run by default.
     pub sample_every: Option<usize>,
+    /// Run through Burn's `SupervisedTraining` with `MegatronStrategy` (Burn's progress and
+    /// metrics) instead of the plain loop.
+    pub learner: bool,
 }
 
 const USAGE: &str = "usage: train [--preset tiny|llama-1b|llama-8b] [--tp N] [--dp N] [--sp] [--steps N] \
 [--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--async-save] [--resume DIR] [--data PATH] [--tokenizer tokenizer.json] \
-[--dtype f32|bf16] [--sample-every K]";
+[--dtype f32|bf16] [--sample-every K] [--learner]";
 
 impl Args {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
@@ -73,6 +76,7 @@ impl Args {
             bf16: false,
             async_save: false,
             sample_every: None,
+            learner: false,
         };
         let mut args = args.into_iter();
         while let Some(flag) = args.next() {
@@ -89,6 +93,7 @@ impl Args {
                 "--data" => out.data = Some(value()?.into()),
                 "--tokenizer" => out.tokenizer = Some(value()?.into()),
                 "--async-save" => out.async_save = true,
+                "--learner" => out.learner = true,
                 "--sample-every" => out.sample_every = Some(number(&flag, &value()?)?),
                 "--dtype" => {
                     out.bf16 = match value()?.as_str() {
@@ -125,6 +130,9 @@ impl Args {
         }
         if out.save_every.is_some() && out.save.is_none() {
             return Err("--save-every needs --save DIR".into());
+        }
+        if out.learner && (out.save.is_some() || out.resume.is_some()) {
+            return Err("--learner keeps Burn's checkpoints in its artifact directory; --save and --resume are the plain loop's".into());
         }
         if out.async_save && out.save.is_none() {
             return Err("--async-save needs --save DIR".into());

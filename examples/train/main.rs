@@ -9,6 +9,8 @@
 
 mod args;
 mod data;
+#[cfg(feature = "learner")]
+mod learner;
 mod sample;
 
 use std::time::Instant;
@@ -72,6 +74,12 @@ fn run(args: &Args) -> Result<(), String> {
         DeviceKind::Cuda => cuda(local),
     };
     let per_rank = batch / args.dp;
+    if args.learner {
+        #[cfg(feature = "learner")]
+        return learner::run(args, dims, &config, &corpus, &init, device_of, per_rank, seq);
+        #[cfg(not(feature = "learner"))]
+        return Err("--learner needs the examples' `learner` feature (on by default)".into());
+    }
     let sample_every = args.sample_every.unwrap_or((args.steps / 5).max(1));
     let (prompt, pad) = match &args.data {
         Some(_) => (corpus.head(seq / 2).to_vec(), corpus.encode("\n").first().copied().unwrap_or(0)),
@@ -161,6 +169,13 @@ mod tests {
 
     /// An absurd learning rate overflows the weights: the run stops on the first loss that is
     /// not finite and says which step it was.
+    /// The same run through Burn's Learner: it trains and ends without an error.
+    #[cfg(feature = "learner")]
+    #[test]
+    fn the_learner_runs_the_same_job() {
+        run(&args("--learner --tp 2 --dp 2 --sp --zero1 --steps 3 --seq 32 --batch 4")).unwrap();
+    }
+
     #[test]
     fn a_loss_that_is_not_finite_stops_training() {
         let error = run(&args("--steps 6 --seq 32 --lr 1e30 --sample-every 0")).unwrap_err();

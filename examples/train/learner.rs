@@ -1,0 +1,72 @@
+//! `train --learner`: the same run through Burn's `SupervisedTraining` and
+//! [`MegatronStrategy`], so progress and metrics show the way Burn's Learner shows them (its
+//! dashboard in a terminal, its plain renderer otherwise).
+
+use std::sync::Arc;
+
+use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
+use burn::data::dataset::InMemDataset;
+use burn::optim::AdamWConfig;
+use burn::tensor::Device;
+use burn::train::metric::LossMetric;
+use burn::train::{Learner, SupervisedTraining, TrainingStrategy};
+use burn_megatron::init::ParamInit;
+use burn_megatron::models::llama::LlamaConfig;
+use burn_megatron::models::llama::learner::{TokenBatch, TokenBatcher};
+use burn_megatron::optim::DistributedAdamWConfig;
+use burn_megatron::train::{MegatronStrategy, Silent, StrategyOptimizer};
+use burn_megatron_dist::{ParallelDims, launch};
+
+use crate::args::Args;
+use crate::data::Corpus;
+
+/// The run's sequences in the order the strategy's dp slices read them: rank `r`'s `k`-th
+/// batch is sequences `r·per_rank..(r+1)·per_rank` of step `k`, what the plain loop reads.
+fn sequences(corpus: &Corpus, dp: usize, per_rank: usize, steps: usize, seq: usize) -> Vec<Vec<u32>> {
+    (0..dp)
+        .flat_map(|r| (1..=steps).flat_map(move |step| (0..per_rank).map(move |i| (step, r * per_rank + i))))
+        .map(|(step, index)| corpus.window(step, index, seq).to_vec())
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    args: &Args,
+    dims: ParallelDims,
+    config: &LlamaConfig,
+    corpus: &Corpus,
+    init: &ParamInit,
+    device_of: impl Fn(usize) -> Device + Sync,
+    per_rank: usize,
+    seq: usize,
+) -> Result<(), String> {
+    let train = sequences(corpus, dims.dp, per_rank, args.steps, seq);
+    // Validation: the first batch of a step past the run.
+    let valid = sequences(corpus, dims.dp, per_rank, 1, seq);
+    let results = launch(dims, device_of, |ctx| -> Result<(), String> {
+        let device = ctx.device.clone().autodiff();
+        let model = config.init(&device, &ctx.groups, init).map_err(|e| e.to_string())?;
+        let loader = |items: Vec<Vec<u32>>| -> Arc<dyn DataLoader<TokenBatch>> {
+            DataLoaderBuilder::new(TokenBatcher).batch_size(per_rank).build(InMemDataset::new(items))
+        };
+        // The optimizer of the plain loop: the same losses at every layout.
+        let optimizer = StrategyOptimizer::Distributed(DistributedAdamWConfig::new().with_zero1(args.zero1));
+        let strategy = MegatronStrategy::new(&ctx).with_optimizer(optimizer);
+        let dir = std::env::temp_dir().join(format!("burn-megatron-train-learner/rank-{}", ctx.global_rank));
+        let mut training = SupervisedTraining::new(dir, loader(train.clone()), loader(valid.clone()))
+            .metrics((LossMetric::new(),))
+            .num_epochs(1)
+            .with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy)));
+        if ctx.global_rank != 0 {
+            training = training.renderer(Box::new(Silent)).with_application_logger(None);
+        }
+        // The Learner's own optimizer goes unused: the strategy steps with the distributed one.
+        let result = training.launch(Learner::new(model, AdamWConfig::new().init(), args.lr));
+        match result.error {
+            Some(error) => Err(error.to_string()),
+            None => Ok(()),
+        }
+    })
+    .map_err(|e| e.to_string())?;
+    results.into_iter().collect()
+}
