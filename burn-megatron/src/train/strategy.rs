@@ -40,7 +40,7 @@ pub enum StrategyOptimizer {
 #[derive(Clone, Debug)]
 pub struct MegatronStrategy {
     pub(super) groups: ProcessGroups,
-    rank: usize,
+    global_rank: usize,
     pub(super) device: Device,
     pub(super) optimizer: StrategyOptimizer,
     pub(super) buckets: BucketConfig,
@@ -53,7 +53,7 @@ impl MegatronStrategy {
     pub fn new(ctx: &RankContext) -> Self {
         Self {
             groups: ctx.groups.clone(),
-            rank: ctx.global_rank,
+            global_rank: ctx.global_rank,
             device: ctx.device.clone(),
             optimizer: StrategyOptimizer::Learner,
             buckets: BucketConfig::new(),
@@ -78,7 +78,7 @@ impl MegatronStrategy {
     }
 
     fn fail(&self, interrupter: &Interrupter, message: String) {
-        interrupter.fail(TrainingError::Workers(vec![WorkerFailure { device_id: self.rank, message }]));
+        interrupter.fail(TrainingError::Workers(vec![WorkerFailure { device_id: self.global_rank, message }]));
     }
 }
 
@@ -104,7 +104,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for MegatronStrategy {
         let train = dp_slice(train, &self.groups).to_device(&autodiff);
         let valid = dp_slice(valid, &self.groups).to_device(&self.device);
         learner.fork(&autodiff);
-        let mut rank = RankTrainer::new(self, learner.model());
+        let mut trainer = RankTrainer::new(self, learner.model());
         let report = |processor: &mut SupervisedTrainingEventProcessor<M>, event| {
             interrupter.fail_on_error(processor.process_train(event));
         };
@@ -112,7 +112,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for MegatronStrategy {
             report(&mut event_processor, LearnerEvent::StartSplit { epoch_number: epoch, total_items: train.num_items() });
             for_each_item(&train, &interrupter, |iteration, progress, item| {
                 learner.lr_step();
-                match rank.step(&mut learner, item) {
+                match trainer.step(&mut learner, item) {
                     Ok(output) => {
                         let item = TrainingItem::new(output, progress, Some(iteration), Some(learner.lr_current()));
                         report(&mut event_processor, LearnerEvent::ProcessedItem(item));
@@ -128,7 +128,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for MegatronStrategy {
             if interrupter.should_stop() {
                 break;
             }
-            let model = rank.model.valid();
+            let model = trainer.model.valid();
             let start = LearnerEvent::StartSplit { epoch_number: epoch, total_items: valid.num_items() };
             interrupter.fail_on_error(event_processor.process_valid(start));
             for_each_item(&valid, &interrupter, |iteration, progress, item| {
@@ -146,7 +146,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for MegatronStrategy {
                 break;
             }
             if let Some(checkpointer) = &mut checkpointer {
-                rank.sync_learner(&mut learner);
+                trainer.sync_learner(&mut learner);
                 checkpointer.checkpoint(&learner, epoch, &event_store);
             }
             if let Some(early) = &mut early_stopping
@@ -155,7 +155,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for MegatronStrategy {
                 break;
             }
         }
-        (rank.model, event_processor)
+        (trainer.model, event_processor)
     }
 }
 
@@ -182,10 +182,10 @@ fn for_each_item<I>(loader: &Arc<dyn DataLoader<I>>, interrupter: &Interrupter, 
 
 /// The loader's `dp_rank`-th of `dp` contiguous slices.
 fn dp_slice<O: Send + 'static>(loader: Arc<dyn DataLoader<O>>, groups: &ProcessGroups) -> Arc<dyn DataLoader<O>> {
-    let (dp, rank) = (groups.dp.size(), groups.dp.group_rank());
+    let (dp, dp_rank) = (groups.dp.size(), groups.dp.group_rank());
     if dp == 1 {
         return loader;
     }
     let n = loader.num_items();
-    loader.slice(rank * n / dp, (rank + 1) * n / dp)
+    loader.slice(dp_rank * n / dp, (dp_rank + 1) * n / dp)
 }
