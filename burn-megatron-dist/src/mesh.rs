@@ -88,7 +88,7 @@ impl ParallelDims {
         if product != world_size {
             return Err(MeshError::WorldSizeMismatch { dims: *self, product, world_size });
         }
-        if (self.dp * self.cp) % self.ep != 0 {
+        if !(self.dp * self.cp).is_multiple_of(self.ep) {
             return Err(MeshError::ExpertsDoNotDivide { ep: self.ep, dp_cp: self.dp * self.cp });
         }
         Ok(())

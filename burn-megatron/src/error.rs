@@ -33,5 +33,5 @@ pub enum LayerError {
 
 /// Checks that `size` splits over `tp` ranks.
 pub fn divisible(what: &'static str, size: usize, tp: usize) -> Result<usize, ConfigError> {
-    if size % tp == 0 { Ok(size / tp) } else { Err(ConfigError::NotDivisible { what, size, tp }) }
+    if size.is_multiple_of(tp) { Ok(size / tp) } else { Err(ConfigError::NotDivisible { what, size, tp }) }
 }

@@ -43,7 +43,7 @@ fn run(args: &Args) -> Result<(), String> {
     let recipe = preset(&args.preset).map_err(|e| e.to_string())?;
     let seq = args.seq.unwrap_or(recipe.seq_len);
     let batch = args.batch.unwrap_or(recipe.batch_size);
-    if batch % args.dp != 0 {
+    if !batch.is_multiple_of(args.dp) {
         return Err(format!("--batch {batch} does not split over --dp {}", args.dp));
     }
     let dims = ParallelDims::tp_dp(args.tp, args.dp);

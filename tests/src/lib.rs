@@ -71,14 +71,17 @@ macro_rules! list {
     };
 }
 
+/// A suite test and its name, for the GPU binary's list.
+pub type NamedTest = (&'static str, fn(&Harness));
+
 /// Every communicator test, by name.
-pub const COMM_TESTS: &[(&str, fn(&Harness))] = for_each_comm_test!(list!());
+pub const COMM_TESTS: &[NamedTest] = for_each_comm_test!(list!());
 /// Every layer test, by name.
-pub const LAYER_TESTS: &[(&str, fn(&Harness))] = for_each_layer_test!(list!());
+pub const LAYER_TESTS: &[NamedTest] = for_each_layer_test!(list!());
 /// Every model test, by name.
-pub const MODEL_TESTS: &[(&str, fn(&Harness))] = &[
+pub const MODEL_TESTS: &[NamedTest] = &[
     ("model_suite::tiny_loss_and_gradients", model_suite::tiny_loss_and_gradients),
     ("model_suite::adamw_steps_match", model_suite::adamw_steps_match),
 ];
 /// Every mapping test, by name.
-pub const MAPPING_TESTS: &[(&str, fn(&Harness))] = for_each_mapping_test!(list!());
+pub const MAPPING_TESTS: &[NamedTest] = for_each_mapping_test!(list!());

@@ -129,7 +129,7 @@ impl ProcessGroup {
         }
         self.agree(self.record(collective, &x, vec![dim, op.code()]), None)?;
         let n = x.dims()[dim];
-        if n % self.size() != 0 {
+        if !n.is_multiple_of(self.size()) {
             let detail = format!("dim {dim} of size {n} does not split over {} ranks", self.size());
             return Err(self.invalid(collective, detail));
         }
@@ -158,7 +158,7 @@ impl ProcessGroup {
         self.check_dim::<D>(collective, concat_dim)?;
         self.agree(self.record(collective, &x, vec![split_dim, concat_dim]), None)?;
         let n = x.dims()[split_dim];
-        if n % self.size() != 0 {
+        if !n.is_multiple_of(self.size()) {
             let detail = format!("dim {split_dim} of size {n} does not split over {} ranks", self.size());
             return Err(self.invalid(collective, detail));
         }

@@ -43,13 +43,13 @@ impl ParallelAttentionConfig {
 
     /// Checks the head layout against a tensor-parallel group of `tp` ranks.
     pub fn validate(&self, tp: usize) -> Result<(), ConfigError> {
-        if self.d_model % self.n_heads != 0 {
+        if !self.d_model.is_multiple_of(self.n_heads) {
             return Err(ConfigError::ModelNotDivisibleByHeads { d_model: self.d_model, n_heads: self.n_heads });
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(ConfigError::HeadsNotMultipleOfKvHeads { n_heads: self.n_heads, n_kv_heads: self.n_kv_heads });
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return Err(ConfigError::OddHeadDim { head_dim: self.head_dim() });
         }
         divisible("n_heads", self.n_heads, tp)?;

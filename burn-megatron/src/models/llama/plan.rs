@@ -28,7 +28,7 @@ impl ParallelPlan {
         let sp = self.sequence_parallel && tp > 1;
         config.attention.validate(tp)?;
         divisible("d_ff", config.mlp.d_ff, tp)?;
-        if sp && seq_len % tp != 0 {
+        if sp && !seq_len.is_multiple_of(tp) {
             return Err(ConfigError::SequenceNotDivisible { seq_len, tp });
         }
         config.embedding.sequence_parallel = sp;
