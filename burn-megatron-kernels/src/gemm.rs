@@ -4,6 +4,8 @@
 //! over a subset when Burn's `autotune` feature is on). [`GemmKernel`] names each routine
 //! cubek has, so the llama shapes can be measured against cuBLAS and the best chosen.
 
+use core::sync::atomic::{AtomicUsize, Ordering};
+
 use burn::backend::Cube;
 use burn::tensor::{DType, Tensor};
 use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
@@ -40,10 +42,12 @@ pub enum GemmKernel {
     TiledCmma,
     /// The tile-DSL WMMA routine with TMA loads (unbatched shapes that divide its stage).
     TiledCmmaTma,
+    /// Our own `wgmma` kernel ([`crate::wgmma`]), bf16 only.
+    Wgmma,
 }
 
 impl GemmKernel {
-    pub const ALL: [GemmKernel; 17] = [
+    pub const ALL: [GemmKernel; 18] = [
         Self::Auto,
         Self::SimpleCyclicCmma,
         Self::SimpleCyclicMma,
@@ -61,12 +65,14 @@ impl GemmKernel {
         Self::OrderedDoubleMma,
         Self::TiledCmma,
         Self::TiledCmmaTma,
+        Self::Wgmma,
     ];
 
-    fn strategy(self) -> Strategy {
+    /// cubek's strategy for the routine; `None` for our own kernels.
+    fn strategy(self) -> Option<Strategy> {
         use BlueprintStrategy::Inferred;
         let ml = |s: MultiLevel| Strategy::MultiLevel(s);
-        match self {
+        Some(match self {
             Self::Auto => Strategy::Auto,
             Self::SimpleCyclicCmma => ml(MultiLevel::SimpleCyclicCmma(Inferred(Default::default()))),
             Self::SimpleCyclicMma => ml(MultiLevel::SimpleCyclicMma(Inferred(Default::default()))),
@@ -84,7 +90,8 @@ impl GemmKernel {
             Self::OrderedDoubleMma => ml(MultiLevel::OrderedDoubleMma(Inferred(Default::default()))),
             Self::TiledCmma => Strategy::Tiled(tiled::Strategy::Cmma(Inferred(CmmaStrategy::default()))),
             Self::TiledCmmaTma => Strategy::Tiled(tiled::Strategy::Cmma(Inferred(CmmaStrategy::tma()))),
-        }
+            Self::Wgmma => return None,
+        })
     }
 }
 
@@ -97,13 +104,17 @@ pub fn matmul(lhs: Tensor<2>, rhs: Tensor<2>, kernel: GemmKernel) -> Result<Tens
     let dtype = lhs.dtype();
     let lhs: CubeTensor = lhs.try_into_primitive::<Cube>().map_err(|_| "gemm runs on CUDA tensors without autodiff")?;
     let rhs: CubeTensor = rhs.try_into_primitive::<Cube>().map_err(|_| "gemm runs on CUDA tensors without autodiff")?;
+    let Some(strategy) = kernel.strategy() else {
+        let out = crate::wgmma::gemm(lhs, rhs).map_err(|e| e.to_string())?;
+        return Ok(Tensor::from_primitive::<Cube>(out));
+    };
     let out = init_matmul_output(&lhs, &rhs, dtype);
     let globals = MatmulGlobalElems { lhs: elem(lhs.dtype)?, rhs: elem(rhs.dtype)?, out: elem(out.dtype)? };
     let mut dtypes = MatmulElems::from_globals(&globals);
     let client = out.client.clone();
     let (lhs_elem, rhs_elem) = (globals.lhs, globals.rhs);
     launch_ref(
-        &kernel.strategy(),
+        &strategy,
         &client,
         cubek::std::InputBinding::new(lhs.binding(), lhs_elem),
         cubek::std::InputBinding::new(rhs.binding(), rhs_elem),
@@ -124,19 +135,51 @@ fn elem(dtype: DType) -> Result<ElemType, String> {
     })
 }
 
-/// The routine the linear layers run: the fastest on every llama shape measured
-/// (`docs/perf/gemm.md`), for bf16 and f16; f32 keeps Burn's matmul (its precision is what the
-/// f32 parity suites expect). A shape the routine refuses falls back to Burn's matmul.
-pub const FASTEST: GemmKernel = GemmKernel::SpecializedTmaMma;
+/// The routine the linear layers run unless [`set_linear_kernel`] picks another: the fastest on
+/// every llama shape measured (`docs/perf/gemm.md`). It takes bf16; f16, and any shape it
+/// refuses, run [`FALLBACK`]; f32 keeps Burn's matmul (its precision is what the f32 parity
+/// suites expect).
+pub const FASTEST: GemmKernel = GemmKernel::Wgmma;
 
-/// `lhs · rhs` on primitives with [`FASTEST`].
+/// The fastest cubek routine, for what [`FASTEST`] refuses; Burn's matmul after it.
+pub const FALLBACK: GemmKernel = GemmKernel::SpecializedTmaMma;
+
+/// `usize::MAX` until [`set_linear_kernel`]: [`FASTEST`].
+static LINEAR_KERNEL: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// Makes every linear layer of this process multiply with `kernel` (benchmarks compare routines
+/// inside whole training steps this way).
+pub fn set_linear_kernel(kernel: GemmKernel) {
+    let index = GemmKernel::ALL.iter().position(|k| *k == kernel).expect("ALL lists every kernel");
+    LINEAR_KERNEL.store(index, Ordering::Relaxed);
+}
+
+/// The routine the linear layers run now.
+pub fn linear_kernel() -> GemmKernel {
+    GemmKernel::ALL.get(LINEAR_KERNEL.load(Ordering::Relaxed)).copied().unwrap_or(FASTEST)
+}
+
+impl core::str::FromStr for GemmKernel {
+    type Err = String;
+
+    /// A routine by its name, as `Debug` prints it (`SpecializedTmaMma`, `Wgmma`), any case.
+    fn from_str(name: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|k| format!("{k:?}").eq_ignore_ascii_case(name))
+            .ok_or_else(|| format!("no GEMM routine named {name:?}; the routines are {:?}", Self::ALL))
+    }
+}
+
+/// `lhs · rhs` on primitives with [`linear_kernel`].
 pub(crate) fn fastest(lhs: CubeTensor, rhs: CubeTensor) -> CubeTensor {
     use burn::backend::ops::FloatTensorOps;
     if !matches!(lhs.dtype, DType::BF16 | DType::F16) || lhs.dtype != rhs.dtype {
         return Cube::float_matmul(lhs, rhs);
     }
-    let (l, r) = (Tensor::<2>::from_primitive::<Cube>(lhs.clone()), Tensor::<2>::from_primitive::<Cube>(rhs.clone()));
-    match matmul(l, r, FASTEST) {
+    let tensor = |t: &CubeTensor| Tensor::<2>::from_primitive::<Cube>(t.clone());
+    let out = matmul(tensor(&lhs), tensor(&rhs), linear_kernel()).or_else(|_| matmul(tensor(&lhs), tensor(&rhs), FALLBACK));
+    match out {
         Ok(out) => out.try_into_primitive::<Cube>().expect("a CUDA tensor"),
         Err(_) => Cube::float_matmul(lhs, rhs),
     }

@@ -12,5 +12,7 @@
 #[cfg(feature = "cuda")]
 pub mod gemm;
 pub mod linear;
+#[cfg(feature = "cuda")]
+pub mod wgmma;
 
 pub use linear::{gemm, linear};

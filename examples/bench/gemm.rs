@@ -1,5 +1,7 @@
-//! `bench --gemm`: every cubek routine and Burn's own matmul on the llama GEMM shapes, in bf16,
+//! `bench --gemm`: the matmul routines and Burn's own matmul on the llama GEMM shapes, in bf16,
 //! one `GEMM {…}` line each; `gemm_peer.py` prints the same lines for cuBLAS through PyTorch.
+//! Before timing, each routine is checked on ragged shapes with every operand layout
+//! (`CHECK {…}` lines).
 
 use std::time::Instant;
 
@@ -18,14 +20,60 @@ pub const SHAPES: [(&str, usize, usize, usize, bool); 5] = [
     ("square.8192", 8192, 8192, 8192, false),
 ];
 
-pub fn run(device: &Device, iters: usize) {
-    let options = (device, DType::BF16);
+/// `(m, k, n)` that fill no tile: m and n ragged for 128 × 256 blocks, k for 64-deep slices (a
+/// multiple of 8, which TMA's 16-byte rows need), plus a k shorter than one slice.
+const RAGGED: [(usize, usize, usize); 3] = [(300, 136, 520), (129, 2056, 257), (64, 24, 40)];
+
+/// ‖out − ref‖ / ‖ref‖ in f32: bf16 operands land between 1e-3 and 1e-2; a wrong kernel near 1.
+fn relative_error(out: Tensor<2>, reference: Tensor<2>) -> f32 {
+    let (out, reference) = (out.cast(DType::F32), reference.cast(DType::F32));
+    let norm = |t: Tensor<2>| t.square().sum().sqrt().into_scalar::<f32>();
+    norm(out - reference.clone()) / norm(reference)
+}
+
+/// `[rows, cols]`, or a transposed view of a `[cols, rows]` tensor.
+fn operand(rows: usize, cols: usize, transposed: bool, device: &Device) -> Tensor<2> {
+    let normal = burn::tensor::Distribution::Normal(0.0, 1.0);
+    match transposed {
+        true => Tensor::<2>::random([cols, rows], normal, (device, DType::BF16)).transpose(),
+        false => Tensor::<2>::random([rows, cols], normal, (device, DType::BF16)),
+    }
+}
+
+/// Every kernel on the ragged shapes, each operand plain and transposed, against Burn's product.
+fn check(device: &Device, kernels: &[GemmKernel]) {
+    for kernel in kernels {
+        for (m, k, n) in RAGGED {
+            for (lhs_t, rhs_t) in [(false, false), (true, false), (false, true), (true, true)] {
+                let (lhs, rhs) = (operand(m, k, lhs_t, device), operand(k, n, rhs_t, device));
+                let reference = lhs.clone().cast(DType::F32).matmul(rhs.clone().cast(DType::F32));
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    let out = matmul(lhs, rhs, *kernel)?;
+                    device.sync().map_err(|e| format!("{e:?}"))?;
+                    Ok::<_, String>(out)
+                }));
+                // The norms too: an output never written can still be close to some reference.
+                let norm = |t: Tensor<2>| t.cast(DType::F32).square().sum().sqrt().into_scalar::<f32>();
+                let error = match result {
+                    Ok(Ok(out)) => format!(
+                        "{:.3e}, \"out_norm\": {:.4e}, \"ref_norm\": {:.4e}",
+                        relative_error(out.clone(), reference.clone()),
+                        norm(out),
+                        norm(reference)
+                    ),
+                    Ok(Err(e)) => format!("{e:?}"),
+                    Err(_) => "\"panicked\"".into(),
+                };
+                println!("CHECK {{\"kernel\": \"{kernel:?}\", \"m\": {m}, \"k\": {k}, \"n\": {n}, \"lhs_t\": {lhs_t}, \"rhs_t\": {rhs_t}, \"rel_error\": {error}}}");
+            }
+        }
+    }
+}
+
+pub fn run(device: &Device, iters: usize, kernels: &[GemmKernel]) {
+    check(device, kernels);
     for (name, m, k, n, transposed) in SHAPES {
-        let lhs = match transposed {
-            true => Tensor::<2>::random([k, m], burn::tensor::Distribution::Normal(0.0, 1.0), options).transpose(),
-            false => Tensor::<2>::random([m, k], burn::tensor::Distribution::Normal(0.0, 1.0), options),
-        };
-        let rhs = Tensor::<2>::random([k, n], burn::tensor::Distribution::Normal(0.0, 1.0), options);
+        let (lhs, rhs) = (operand(m, k, transposed, device), operand(k, n, false, device));
         let reference = lhs.clone().matmul(rhs.clone());
         let flops = 2.0 * (m * n * k) as f64;
         let time = |f: &dyn Fn() -> Result<Tensor<2>, String>| -> Result<(f64, Tensor<2>), String> {
@@ -40,11 +88,7 @@ pub fn run(device: &Device, iters: usize) {
         };
         let report = |kernel: &str, result: Result<(f64, Tensor<2>), String>| match result {
             Ok((seconds, out)) => {
-                // ‖out − ref‖ / ‖ref‖ against Burn's own product, in f32: bf16 operands land
-                // between 1e-3 and 1e-2; a wrong kernel near 1.
-                let (out, reference) = (out.cast(DType::F32), reference.clone().cast(DType::F32));
-                let norm = |t: Tensor<2>| t.square().sum().sqrt().into_scalar::<f32>();
-                let error = norm(out - reference.clone()) / norm(reference);
+                let error = relative_error(out, reference.clone());
                 println!(
                     "GEMM {{\"shape\": \"{name}\", \"m\": {m}, \"k\": {k}, \"n\": {n}, \"kernel\": \"{kernel}\", \"us\": {:.1}, \"tflops\": {:.1}, \"max_abs_diff_vs_burn\": {error:.3e}}}",
                     seconds * 1e6,
@@ -54,7 +98,7 @@ pub fn run(device: &Device, iters: usize) {
             Err(error) => println!("GEMM {{\"shape\": \"{name}\", \"kernel\": \"{kernel}\", \"error\": {:?}}}", error),
         };
         report("burn", time(&|| Ok(lhs.clone().matmul(rhs.clone()))));
-        for kernel in GemmKernel::ALL {
+        for &kernel in kernels {
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 time(&|| matmul(lhs.clone(), rhs.clone(), kernel))
             }))

@@ -2,7 +2,8 @@
 //! ../shared/BENCHMARKS.md, so it runs beside `../shared/peers/run_peers.sh` in one device call.
 //!
 //!   bench [--preset llama-1b] [--tp N] [--sp] [--steps 10] [--warmup 3] [--profile]
-//!   bench --gemm                 every cubek matmul routine on the llama GEMM shapes (gemm.rs)
+//!   bench --gemm [--kernels A,B]  matmul routines on the llama GEMM shapes (gemm.rs); all by default
+//!   bench … --linear-gemm NAME    the routine the linear layers run (default: gemm::FASTEST)
 //!
 //! `--profile` adds a `PROFILE {…}` line: forward, backward and optimizer time per step, each
 //! synchronized (so their sum exceeds the unsynchronized step time).
@@ -19,6 +20,7 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::{ParallelPlan, preset};
 use burn_megatron_dist::{ParallelDims, launch};
+use burn_megatron_kernels::gemm::{GemmKernel, set_linear_kernel};
 
 struct Args {
     preset: String,
@@ -28,10 +30,11 @@ struct Args {
     warmup: usize,
     profile: bool,
     gemm: bool,
+    kernels: Vec<GemmKernel>,
 }
 
 fn parse() -> Args {
-    let mut args = Args { preset: "llama-1b".into(), tp: 1, sp: false, steps: 10, warmup: 3, profile: false, gemm: false };
+    let mut args = Args { preset: "llama-1b".into(), tp: 1, sp: false, steps: 10, warmup: 3, profile: false, gemm: false, kernels: GemmKernel::ALL.to_vec() };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
@@ -41,6 +44,8 @@ fn parse() -> Args {
             "--sp" => args.sp = true,
             "--profile" => args.profile = true,
             "--gemm" => args.gemm = true,
+            "--kernels" => args.kernels = value().split(',').map(|k| k.parse().unwrap_or_else(|e| panic!("{e}"))).collect(),
+            "--linear-gemm" => set_linear_kernel(value().parse().unwrap_or_else(|e| panic!("{e}"))),
             "--steps" => args.steps = value().parse().expect("--steps N"),
             "--warmup" => args.warmup = value().parse().expect("--warmup N"),
             other => panic!("unknown flag {other}"),
@@ -52,7 +57,7 @@ fn parse() -> Args {
 fn main() {
     let args = parse();
     if args.gemm {
-        gemm::run(&Device::cuda(0), 10);
+        gemm::run(&Device::cuda(0), 10, &args.kernels);
         return;
     }
     let recipe = preset(&args.preset).unwrap_or_else(|e| panic!("{e}"));

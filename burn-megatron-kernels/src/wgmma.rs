@@ -1,0 +1,364 @@
+//! A Hopper GEMM of our own: `wgmma` through inline PTX, fed by TMA through an mbarrier
+//! pipeline, one producer warpgroup and two consumer warpgroups (CubeCL 0.11 emits no `wgmma`
+//! itself; `docs/perf/wgmma-plan.md`).
+//!
+//! `C[m, n] = A[m, k] · B[k, n]`, bf16 in, f32 accumulation, bf16 out. A block computes a
+//! 128 × 256 tile of C. Each of its `STAGES` shared-memory stages holds a 64-deep slice of A and
+//! of B with the 128-byte swizzle, each K-major or MN-major as the operand lies in memory
+//! ([`Major`]), so plain and transposed views are read in place; only an operand with neither
+//! dim contiguous is copied first ([`gemm`]).
+
+use burn::backend::Cube;
+use burn::backend::ops::FloatTensorOps;
+use burn::tensor::DType;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::kernel::matmul::init_matmul_output;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use half::bf16;
+use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
+use cubecl::zspace::shape;
+use cubecl_cpp::cuda::ptx::{generic_to_shared, tensor_map_address};
+
+/// Rows of C a block computes: two consumer warpgroups of 64.
+const BLOCK_M: u32 = 128;
+/// Columns of C a block computes: one `m64n256k16` per consumer and k-step.
+const BLOCK_N: u32 = 256;
+/// The k extent of a stage: 64 bf16 are one 128-byte swizzle row.
+const BLOCK_K: u32 = 64;
+/// Pipeline depth: 4 × 48 KiB of the 227 KiB a block may use.
+const STAGES: u32 = 4;
+const A_STAGE_BYTES: u32 = BLOCK_M * BLOCK_K * 2;
+const B_STAGE_BYTES: u32 = BLOCK_N * BLOCK_K * 2;
+const STAGE_BYTES: u32 = A_STAGE_BYTES + B_STAGE_BYTES;
+/// Tiles, then `STAGES` "full" and `STAGES` "empty" mbarriers, plus 1 KiB to align the tiles to
+/// the 1 KiB the 128-byte swizzle repeats over.
+const SMEM_BYTES: u32 = STAGES * STAGE_BYTES + 1024 + 1024;
+/// One arrival per consumer warp frees a stage.
+const CONSUMER_WARPS: u32 = 8;
+
+/// How an operand tile sits in shared memory, both with the 128-byte swizzle.
+///
+/// - K-major (A as `[m, k]`, B as `[n, k]`, k contiguous): rows of 64 k, 8-row groups 1 KiB
+///   apart; a 16-deep k-step is 32 bytes further along the row.
+/// - MN-major (A as `[k, m]`, B as `[k, n]`, m or n contiguous): one TMA box per 64 m or n, 8 KiB
+///   apart, each 64 rows of k; 8-k groups 1 KiB apart; a k-step is 16 rows, 2 KiB further.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Major {
+    K,
+    Mn,
+}
+
+impl Major {
+    /// Bytes a 16-deep k-step moves the descriptor's start address.
+    const fn k_step(self) -> u32 {
+        match self {
+            Major::K => 32,
+            Major::Mn => 2048,
+        }
+    }
+
+    /// `wgmma`'s transpose flag for this operand.
+    const fn transposed(self) -> u32 {
+        match self {
+            Major::K => 0,
+            Major::Mn => 1,
+        }
+    }
+
+    /// The descriptor bits above the address: the 128-byte swizzle (bit 62), the leading (bits
+    /// 16-29) and stride (bits 32-45) byte offsets, in 16-byte units.
+    const fn descriptor_bits(self) -> u64 {
+        let (lbo, sbo): (u64, u64) = match self {
+            // Leading offset unused by this layout; 8-row groups 1 KiB apart.
+            Major::K => (16, 1024),
+            // 64-wide MN atoms 8 KiB apart, 8-k groups 1 KiB apart. (Measured: the other order,
+            // 1 KiB / 8 KiB, gives wrong products whenever an operand is MN-major.)
+            Major::Mn => (8192, 1024),
+        };
+        (1 << 62) | ((sbo >> 4) << 32) | ((lbo >> 4) << 16)
+    }
+}
+
+/// The PTX of one k-slice (64 deep) for one consumer warpgroup: copy the running accumulator
+/// (`%128…%255`) into the result registers (`%0…%127`), then four `m64n256k16` steps, each
+/// advancing both descriptors one k-step, and wait for them. Operands: `$0` the result, `$1`
+/// the old accumulator, `$2`/`$3` the A/B descriptors.
+fn k_slice_ptx(a: Major, b: Major) -> String {
+    let mut ptx = String::from("{\n.reg .pred p;\n.reg .b32 one;\n.reg .b64 da, db;\nmov.b32 one, 1;\nsetp.ne.b32 p, one, 0;\n");
+    for i in 0..128 {
+        ptx += &format!("mov.f32 %{i}, %{};\n", 128 + i);
+    }
+    ptx += "wgmma.fence.sync.aligned;\n";
+    let (ta, tb) = (a.transposed(), b.transposed());
+    for step in 0..4 {
+        // Descriptor addresses count 16-byte units.
+        ptx += &format!("add.s64 da, $2, {};\nadd.s64 db, $3, {};\n", step * a.k_step() / 16, step * b.k_step() / 16);
+        ptx += &format!("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 $0, da, db, p, 1, 1, {ta}, {tb};\n");
+    }
+    ptx += "wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n}";
+    ptx
+}
+
+type Acc = Vector<f32, Const<128>>;
+
+#[cube]
+fn k_slice(acc: Acc, desc_a: u64, desc_b: u64, #[comptime] a: Major, #[comptime] b: Major) -> Acc {
+    let body = comptime![k_slice_ptx(a, b)];
+    let current = load(&acc);
+    let out: Acc;
+    gpu_asm!(
+        "{body}",
+        "// {d} {c} {a} {b}",
+        d = out(_) out, c = in(_) current, a = in(_) desc_a, b = in(_) desc_b,
+    );
+    out
+}
+
+/// The accumulator lives in a mutable local, which `gpu_asm!` would bind as its address: this
+/// loads it, so the asm gets its 128 registers.
+#[cube]
+fn load(acc: &Acc) -> Acc {
+    intrinsic!(|scope| acc.read_value(scope).into())
+}
+
+/// A shared-memory matrix descriptor: the start address in 16-byte units, then `bits`
+/// ([`Major::descriptor_bits`]).
+#[cube]
+fn descriptor(smem_addr: u32, #[comptime] bits: u64) -> u64 {
+    u64::cast_from((smem_addr >> 4) & 0x3FFF) | bits
+}
+
+/// Loads one operand's 64-deep slice for the block into `tile`: one box of `rows` × 64 k when
+/// K-major, else `rows / 64` boxes of 64 k × 64, 8 KiB apart.
+#[cube]
+fn load_operand(tile: u32, map: u64, k0: u32, row0: u32, bar: u32, #[comptime] rows: u32, #[comptime] major: Major) {
+    match comptime!(major) {
+        Major::K => tma_load(tile, map, k0, row0, bar),
+        Major::Mn => {
+            #[unroll]
+            for j in 0..rows / 64 {
+                tma_load(tile + j * 8192, map, row0 + j * 64, k0, bar);
+            }
+        }
+    }
+}
+
+#[cube]
+fn mbarrier_init(bar: u32, #[comptime] count: u32) {
+    gpu_asm!("mbarrier.init.shared::cta.b64 [{bar}], {count};", bar = in(_) bar);
+}
+
+#[cube]
+fn mbarrier_arrive(bar: u32) {
+    gpu_asm!("mbarrier.arrive.shared::cta.b64 _, [{bar}];", bar = in(_) bar);
+}
+
+#[cube]
+fn mbarrier_expect(bar: u32, #[comptime] bytes: u32) {
+    gpu_asm!("mbarrier.arrive.expect_tx.shared::cta.b64 _, [{bar}], {bytes};", bar = in(_) bar);
+}
+
+/// Spins until the phase of `bar` with this parity has completed.
+#[cube]
+fn mbarrier_wait(bar: u32, parity: u32) {
+    loop {
+        let done: u32;
+        gpu_asm!(
+            "{{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [{bar}], {parity};\nselp.u32 {done}, 1, 0, p;\n}}",
+            done = out(_) done, bar = in(_) bar, parity = in(_) parity,
+        );
+        if done != 0 {
+            break;
+        }
+    }
+}
+
+/// A 2-D bulk tensor copy of the box at `(inner, outer)` into shared memory, counted on `bar`.
+#[cube]
+fn tma_load(dst: u32, map: u64, inner: u32, outer: u32, bar: u32) {
+    gpu_asm!(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{inner}, {outer}}}], [{bar}];",
+        dst = in(_) dst, map = in(_) map, inner = in(_) inner, outer = in(_) outer, bar = in(_) bar,
+    );
+}
+
+#[cube(launch_unchecked)]
+fn gemm_kernel(
+    a: &TensorMap<bf16, Tiled>,
+    b: &TensorMap<bf16, Tiled>,
+    c: &mut Tensor<bf16>,
+    m: u32,
+    n: u32,
+    k: u32,
+    #[comptime] a_major: Major,
+    #[comptime] b_major: Major,
+) {
+    let smem = Shared::<[u32]>::new_aligned_slice(comptime!((SMEM_BYTES / 4) as usize), 1024usize);
+    let raw = generic_to_shared::<u32>(smem.as_ptr());
+    let tiles = (raw + 1023) & !1023u32;
+    let full = tiles + STAGES * STAGE_BYTES;
+    let empty = full + STAGES * 8;
+
+    if UNIT_POS == 0 {
+        #[unroll]
+        for s in 0..STAGES {
+            mbarrier_init(full + s * 8, 1u32);
+            mbarrier_init(empty + s * 8, CONSUMER_WARPS);
+        }
+        gpu_asm!("fence.mbarrier_init.release.cluster;");
+    }
+    sync_cube();
+
+    let k_tiles = k.div_ceil(BLOCK_K);
+    let m0 = CUBE_POS_Y * BLOCK_M;
+    let n0 = CUBE_POS_X * BLOCK_N;
+    let warpgroup = UNIT_POS / 128;
+
+    // No `setmaxnreg` split between producer and consumers: the consumers need 154 registers,
+    // under the 168 that 384 threads leave each (measured: the split changed no timing).
+    if warpgroup == 0 {
+        if UNIT_POS == 0 {
+            let map_a = tensor_map_address(a);
+            let map_b = tensor_map_address(b);
+            for kt in 0..k_tiles {
+                let stage = kt % STAGES;
+                let round = kt / STAGES;
+                if round > 0 {
+                    mbarrier_wait(empty + stage * 8, (round - 1) & 1);
+                }
+                let bar = full + stage * 8;
+                mbarrier_expect(bar, STAGE_BYTES);
+                let tile = tiles + stage * STAGE_BYTES;
+                load_operand(tile, map_a, kt * BLOCK_K, m0, bar, BLOCK_M, a_major);
+                load_operand(tile + A_STAGE_BYTES, map_b, kt * BLOCK_K, n0, bar, BLOCK_N, b_major);
+            }
+        }
+    } else {
+        let consumer = warpgroup - 1;
+        let mut acc = Acc::zeroed();
+        for kt in 0..k_tiles {
+            let stage = kt % STAGES;
+            mbarrier_wait(full + stage * 8, (kt / STAGES) & 1);
+            let tile = tiles + stage * STAGE_BYTES;
+            // This warpgroup's 64 rows of A start 8 KiB into the stage in either layout.
+            let desc_a = descriptor(tile + consumer * 8192, comptime!(a_major.descriptor_bits()));
+            let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.descriptor_bits()));
+            acc = k_slice(acc, desc_a, desc_b, a_major, b_major);
+            if UNIT_POS % 32 == 0 {
+                mbarrier_arrive(empty + stage * 8);
+            }
+        }
+
+        // The m64n256 accumulator layout: warp w of the group holds rows 16w..16w+15; its lane l
+        // holds, for each 8-column block j, the pairs (row l/4, cols 8j + 2(l%4) + {0, 1}) in
+        // registers 4j, 4j+1 and the same columns 8 rows lower in 4j+2, 4j+3.
+        let lane = UNIT_POS % 32;
+        let warp = (UNIT_POS % 128) / 32;
+        let row0 = m0 + consumer * 64 + warp * 16 + lane / 4;
+        let col0 = n0 + 2 * (lane % 4);
+        let stride = c.stride(0);
+        #[unroll]
+        for j in 0..32u32 {
+            #[unroll]
+            for half in 0..2u32 {
+                let row = row0 + half * 8;
+                #[unroll]
+                for e in 0..2u32 {
+                    let col = col0 + j * 8 + e;
+                    if row < m && col < n {
+                        let value = acc.extract((4 * j + 2 * half + e) as usize);
+                        c[row as usize * stride + col as usize] = bf16::cast_from(value);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Why [`gemm`] cannot run a product.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WgmmaError {
+    /// Only bf16 operands, both the same dtype.
+    DType(DType, DType),
+    /// TMA needs 16-byte aligned rows: k must be a multiple of 8.
+    Unaligned { k: usize },
+}
+
+impl core::fmt::Display for WgmmaError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::DType(l, r) => write!(f, "the wgmma GEMM takes bf16 operands, not {l:?} · {r:?}"),
+            Self::Unaligned { k } => write!(f, "the wgmma GEMM needs k to be a multiple of 8, not {k}"),
+        }
+    }
+}
+
+impl std::error::Error for WgmmaError {}
+
+/// An operand as the kernel reads it: `t` itself or its transpose, whichever has contiguous
+/// rows with 16-byte aligned row strides (TMA's rule), else a K-major copy. `k_last` says
+/// whether `t`'s last dim is k (A, `[m, k]`) or its first (B, `[k, n]`).
+fn operand(t: CubeTensor, k_last: bool) -> (CubeTensor, Major) {
+    let rows_fit = |t: &CubeTensor| {
+        let strides = t.meta.strides();
+        strides[1] == 1 && (strides[0] * 2) % 16 == 0
+    };
+    let (k_major, mn_major) = match k_last {
+        true => (t.clone(), Cube::float_transpose(t)),
+        false => (Cube::float_transpose(t.clone()), t),
+    };
+    if rows_fit(&k_major) {
+        (k_major, Major::K)
+    } else if rows_fit(&mn_major) {
+        (mn_major, Major::Mn)
+    } else {
+        (into_contiguous(k_major), Major::K)
+    }
+}
+
+/// `lhs · rhs` on the wgmma kernel.
+///
+/// # Shapes
+/// `[m, k]`, `[k, n]` → `[m, n]`; operands may be transposed views.
+pub fn gemm(lhs: CubeTensor, rhs: CubeTensor) -> Result<CubeTensor, WgmmaError> {
+    if lhs.dtype != DType::BF16 || rhs.dtype != DType::BF16 {
+        return Err(WgmmaError::DType(lhs.dtype, rhs.dtype));
+    }
+    let (m, k) = (lhs.meta.shape()[0], lhs.meta.shape()[1]);
+    let n = rhs.meta.shape()[1];
+    if k % 8 != 0 {
+        return Err(WgmmaError::Unaligned { k });
+    }
+    let out = init_matmul_output(&lhs, &rhs, DType::BF16);
+    let (a, a_major) = operand(lhs, true);
+    let (b, b_major) = operand(rhs, false);
+    let client = out.client.clone();
+    let elem = ElemType::Float(FloatKind::BF16);
+    let map = |t: CubeTensor, major: Major, rows: u32| {
+        let tile_size = match major {
+            Major::K => shape![rows as usize, BLOCK_K as usize],
+            Major::Mn => shape![BLOCK_K as usize, 64],
+        };
+        TensorMapArg::new(TiledArgs { tile_size }, t.into_tensor_arg(), elem).with_swizzle(TensorMapSwizzle::B128)
+    };
+    let count = CubeCount::Static((n as u32).div_ceil(BLOCK_N), (m as u32).div_ceil(BLOCK_M), 1);
+    // SAFETY: the maps cover exactly the operands (TMA fills out-of-range boxes with zeros) and
+    // every store to `c` is checked against m and n.
+    unsafe {
+        gemm_kernel::launch_unchecked(
+            &client,
+            count,
+            CubeDim::new_1d(384),
+            map(a, a_major, BLOCK_M),
+            map(b, b_major, BLOCK_N),
+            out.clone().into_tensor_arg(),
+            m as u32,
+            n as u32,
+            k as u32,
+            a_major,
+            b_major,
+        );
+    }
+    Ok(out)
+}
