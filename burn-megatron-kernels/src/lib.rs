@@ -9,9 +9,20 @@
 //! The fused RMSNorm / RoPE / SwiGLU / cross-entropy, flash attention and fused AdamW kernels
 //! are still to come (the GPU performance issue).
 
+pub mod adamw;
+pub mod attention;
+#[cfg(feature = "cuda")]
+mod elementwise;
 #[cfg(feature = "cuda")]
 pub mod gemm;
+#[cfg(feature = "cuda")]
+mod hopper;
 pub mod linear;
+#[cfg(feature = "cuda")]
+mod norm_kernels;
+pub mod rms_norm;
+pub mod rope;
+pub mod swiglu;
 #[cfg(feature = "cuda")]
 pub mod wgmma;
 

@@ -20,6 +20,8 @@ use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
 use cubecl::zspace::shape;
 use cubecl_cpp::cuda::ptx::{generic_to_shared, tensor_map_address};
 
+use crate::hopper::*;
+
 /// Rows of C a block computes: two consumer warpgroups of 64.
 const BLOCK_M: u32 = 128;
 /// Columns of C a block computes: one `m64n256k16` per consumer and k-step.
@@ -37,12 +39,11 @@ const SMEM_BYTES: u32 = STAGES * STAGE_BYTES + 1024 + 1024;
 /// One arrival per consumer warp frees a stage.
 const CONSUMER_WARPS: u32 = 8;
 
-/// How an operand tile sits in shared memory, both with the 128-byte swizzle.
+/// How an operand lies in memory, so in its shared-memory tile.
 ///
-/// - K-major (A as `[m, k]`, B as `[n, k]`, k contiguous): rows of 64 k, 8-row groups 1 KiB
-///   apart; a 16-deep k-step is 32 bytes further along the row.
-/// - MN-major (A as `[k, m]`, B as `[k, n]`, m or n contiguous): one TMA box per 64 m or n, 8 KiB
-///   apart, each 64 rows of k; 8-k groups 1 KiB apart; a k-step is 16 rows, 2 KiB further.
+/// - K-major (A as `[m, k]`, B as `[n, k]`, k contiguous): one TMA box of all the tile's rows × 64 k.
+/// - MN-major (A as `[k, m]`, B as `[k, n]`, m or n contiguous): one box of 64 k × 64 per 64 rows,
+///   8 KiB apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Major {
     K,
@@ -50,83 +51,17 @@ pub enum Major {
 }
 
 impl Major {
-    /// Bytes a 16-deep k-step moves the descriptor's start address.
-    const fn k_step(self) -> u32 {
+    const fn tile(self, rows: u32) -> Tile {
         match self {
-            Major::K => 32,
-            Major::Mn => 2048,
+            Major::K => Tile::KMajor { rows },
+            Major::Mn => Tile::MnMajor { box_bytes: 8192 },
         }
     }
-
-    /// `wgmma`'s transpose flag for this operand.
-    const fn transposed(self) -> u32 {
-        match self {
-            Major::K => 0,
-            Major::Mn => 1,
-        }
-    }
-
-    /// The descriptor bits above the address: the 128-byte swizzle (bit 62), the leading (bits
-    /// 16-29) and stride (bits 32-45) byte offsets, in 16-byte units.
-    const fn descriptor_bits(self) -> u64 {
-        let (lbo, sbo): (u64, u64) = match self {
-            // Leading offset unused by this layout; 8-row groups 1 KiB apart.
-            Major::K => (16, 1024),
-            // 64-wide MN atoms 8 KiB apart, 8-k groups 1 KiB apart. (Measured: the other order,
-            // 1 KiB / 8 KiB, gives wrong products whenever an operand is MN-major.)
-            Major::Mn => (8192, 1024),
-        };
-        (1 << 62) | ((sbo >> 4) << 32) | ((lbo >> 4) << 16)
-    }
 }
 
-/// The PTX of one k-slice (64 deep) for one consumer warpgroup: copy the running accumulator
-/// (`%128…%255`) into the result registers (`%0…%127`), then four `m64n256k16` steps, each
-/// advancing both descriptors one k-step, and wait for them. Operands: `$0` the result, `$1`
-/// the old accumulator, `$2`/`$3` the A/B descriptors.
-fn k_slice_ptx(a: Major, b: Major) -> String {
-    let mut ptx = String::from("{\n.reg .pred p;\n.reg .b32 one;\n.reg .b64 da, db;\nmov.b32 one, 1;\nsetp.ne.b32 p, one, 0;\n");
-    for i in 0..128 {
-        ptx += &format!("mov.f32 %{i}, %{};\n", 128 + i);
-    }
-    ptx += "wgmma.fence.sync.aligned;\n";
-    let (ta, tb) = (a.transposed(), b.transposed());
-    for step in 0..4 {
-        // Descriptor addresses count 16-byte units.
-        ptx += &format!("add.s64 da, $2, {};\nadd.s64 db, $3, {};\n", step * a.k_step() / 16, step * b.k_step() / 16);
-        ptx += &format!("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 $0, da, db, p, 1, 1, {ta}, {tb};\n");
-    }
-    ptx += "wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n}";
-    ptx
-}
-
-type Acc = Vector<f32, Const<128>>;
-
-#[cube]
-fn k_slice(acc: Acc, desc_a: u64, desc_b: u64, #[comptime] a: Major, #[comptime] b: Major) -> Acc {
-    let body = comptime![k_slice_ptx(a, b)];
-    let current = load(&acc);
-    let out: Acc;
-    gpu_asm!(
-        "{body}",
-        "// {d} {c} {a} {b}",
-        d = out(_) out, c = in(_) current, a = in(_) desc_a, b = in(_) desc_b,
-    );
-    out
-}
-
-/// The accumulator lives in a mutable local, which `gpu_asm!` would bind as its address: this
-/// loads it, so the asm gets its 128 registers.
-#[cube]
-fn load(acc: &Acc) -> Acc {
-    intrinsic!(|scope| acc.read_value(scope).into())
-}
-
-/// A shared-memory matrix descriptor: the start address in 16-byte units, then `bits`
-/// ([`Major::descriptor_bits`]).
-#[cube]
-fn descriptor(smem_addr: u32, #[comptime] bits: u64) -> u64 {
-    u64::cast_from((smem_addr >> 4) & 0x3FFF) | bits
+/// One 64-deep k-slice for one consumer warpgroup: four `m64n256k16` steps.
+const fn k_slice(a: Major, b: Major) -> Chain {
+    Chain { n: 256, steps: 4, accumulate: true, a: ASource::Smem(a.tile(BLOCK_M)), b: b.tile(BLOCK_N) }
 }
 
 /// Loads one operand's 64-deep slice for the block into `tile`: one box of `rows` × 64 k when
@@ -134,53 +69,14 @@ fn descriptor(smem_addr: u32, #[comptime] bits: u64) -> u64 {
 #[cube]
 fn load_operand(tile: u32, map: u64, k0: u32, row0: u32, bar: u32, #[comptime] rows: u32, #[comptime] major: Major) {
     match comptime!(major) {
-        Major::K => tma_load(tile, map, k0, row0, bar),
+        Major::K => tma_load_2d(tile, map, k0, row0, bar),
         Major::Mn => {
             #[unroll]
             for j in 0..rows / 64 {
-                tma_load(tile + j * 8192, map, row0 + j * 64, k0, bar);
+                tma_load_2d(tile + j * 8192, map, row0 + j * 64, k0, bar);
             }
         }
     }
-}
-
-#[cube]
-fn mbarrier_init(bar: u32, #[comptime] count: u32) {
-    gpu_asm!("mbarrier.init.shared::cta.b64 [{bar}], {count};", bar = in(_) bar);
-}
-
-#[cube]
-fn mbarrier_arrive(bar: u32) {
-    gpu_asm!("mbarrier.arrive.shared::cta.b64 _, [{bar}];", bar = in(_) bar);
-}
-
-#[cube]
-fn mbarrier_expect(bar: u32, #[comptime] bytes: u32) {
-    gpu_asm!("mbarrier.arrive.expect_tx.shared::cta.b64 _, [{bar}], {bytes};", bar = in(_) bar);
-}
-
-/// Spins until the phase of `bar` with this parity has completed.
-#[cube]
-fn mbarrier_wait(bar: u32, parity: u32) {
-    loop {
-        let done: u32;
-        gpu_asm!(
-            "{{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [{bar}], {parity};\nselp.u32 {done}, 1, 0, p;\n}}",
-            done = out(_) done, bar = in(_) bar, parity = in(_) parity,
-        );
-        if done != 0 {
-            break;
-        }
-    }
-}
-
-/// A 2-D bulk tensor copy of the box at `(inner, outer)` into shared memory, counted on `bar`.
-#[cube]
-fn tma_load(dst: u32, map: u64, inner: u32, outer: u32, bar: u32) {
-    gpu_asm!(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{inner}, {outer}}}], [{bar}];",
-        dst = in(_) dst, map = in(_) map, inner = in(_) inner, outer = in(_) outer, bar = in(_) bar,
-    );
 }
 
 #[cube(launch_unchecked)]
@@ -206,7 +102,7 @@ fn gemm_kernel(
             mbarrier_init(full + s * 8, 1u32);
             mbarrier_init(empty + s * 8, CONSUMER_WARPS);
         }
-        gpu_asm!("fence.mbarrier_init.release.cluster;");
+        mbarrier_init_fence();
     }
     sync_cube();
 
@@ -236,23 +132,21 @@ fn gemm_kernel(
         }
     } else {
         let consumer = warpgroup - 1;
-        let mut acc = Acc::zeroed();
+        let mut acc = Acc256::zeroed();
         for kt in 0..k_tiles {
             let stage = kt % STAGES;
             mbarrier_wait(full + stage * 8, (kt / STAGES) & 1);
             let tile = tiles + stage * STAGE_BYTES;
             // This warpgroup's 64 rows of A start 8 KiB into the stage in either layout.
-            let desc_a = descriptor(tile + consumer * 8192, comptime!(a_major.descriptor_bits()));
-            let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.descriptor_bits()));
-            acc = k_slice(acc, desc_a, desc_b, a_major, b_major);
+            let desc_a = descriptor(tile + consumer * 8192, comptime!(a_major.tile(BLOCK_M)));
+            let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
+            acc = chain_256(&acc, desc_a, desc_b, comptime!(k_slice(a_major, b_major)));
             if UNIT_POS % 32 == 0 {
                 mbarrier_arrive(empty + stage * 8);
             }
         }
 
-        // The m64n256 accumulator layout: warp w of the group holds rows 16w..16w+15; its lane l
-        // holds, for each 8-column block j, the pairs (row l/4, cols 8j + 2(l%4) + {0, 1}) in
-        // registers 4j, 4j+1 and the same columns 8 rows lower in 4j+2, 4j+3.
+        // The accumulator layout of `hopper`'s module docs.
         let lane = UNIT_POS % 32;
         let warp = (UNIT_POS % 128) / 32;
         let row0 = m0 + consumer * 64 + warp * 16 + lane / 4;

@@ -4,11 +4,12 @@
 //!   bench [--preset llama-1b] [--tp N] [--sp] [--steps 10] [--warmup 3] [--profile]
 //!   bench --gemm [--kernels A,B]  matmul routines on the llama GEMM shapes (gemm.rs); all by default
 //!   bench … --linear-gemm NAME    the routine the linear layers run (default: gemm::FASTEST)
+//!   bench … --burn-adamw          Burn's AdamW instead of the fused one (FusedAdamW)
 //!
 //! `--profile` adds a `PROFILE {…}` line: forward, backward and optimizer time per step, each
 //! synchronized (so their sum exceeds the unsynchronized step time).
 //!
-//! bf16 parameters and activations (no fp32 master weights yet), AdamW at lr 1e-4, random token
+//! bf16 parameters and activations (no fp32 master weights), f32 AdamW moments, lr 1e-4, random token
 //! ids from a fixed seed. Each timed step is synchronized; the time is the mean over `--steps`.
 
 mod gemm;
@@ -19,6 +20,7 @@ use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::{ParallelPlan, preset};
+use burn_megatron::optim::FusedAdamWConfig;
 use burn_megatron_dist::{ParallelDims, launch};
 use burn_megatron_kernels::gemm::{GemmKernel, set_linear_kernel};
 
@@ -31,10 +33,11 @@ struct Args {
     profile: bool,
     gemm: bool,
     kernels: Vec<GemmKernel>,
+    burn_adamw: bool,
 }
 
 fn parse() -> Args {
-    let mut args = Args { preset: "llama-1b".into(), tp: 1, sp: false, steps: 10, warmup: 3, profile: false, gemm: false, kernels: GemmKernel::ALL.to_vec() };
+    let mut args = Args { preset: "llama-1b".into(), tp: 1, sp: false, steps: 10, warmup: 3, profile: false, gemm: false, kernels: GemmKernel::ALL.to_vec(), burn_adamw: false };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
@@ -44,6 +47,7 @@ fn parse() -> Args {
             "--sp" => args.sp = true,
             "--profile" => args.profile = true,
             "--gemm" => args.gemm = true,
+            "--burn-adamw" => args.burn_adamw = true,
             "--kernels" => args.kernels = value().split(',').map(|k| k.parse().unwrap_or_else(|e| panic!("{e}"))).collect(),
             "--linear-gemm" => set_linear_kernel(value().parse().unwrap_or_else(|e| panic!("{e}"))),
             "--steps" => args.steps = value().parse().expect("--steps N"),
@@ -69,7 +73,11 @@ fn main() {
     let results = launch(dims, Device::cuda, |ctx| {
         let device = ctx.device.clone().autodiff();
         let mut model = config.init(&device, &ctx.groups, &init).expect("init");
-        let mut optim = AdamWConfig::new().with_epsilon(1e-8).with_weight_decay(0.01).init();
+        // PyTorch's AdamW settings either way; `--burn-adamw` measures Burn's own kernels.
+        let mut optim = match args.burn_adamw {
+            true => AdamWConfig::new().with_epsilon(1e-8).with_weight_decay(0.01).init(),
+            false => FusedAdamWConfig::new().init(),
+        };
         let n = batch * (seq + 1);
         let ids: Vec<i64> = (0..n as u64).map(|i| (i.wrapping_mul(2654435761) % shape.embedding.vocab_size as u64) as i64).collect();
         let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, seq + 1]), &device);

@@ -10,6 +10,8 @@ pub mod checkpoint_suite;
 pub mod comm_suite;
 pub mod data;
 pub mod harness;
+#[cfg(feature = "cuda")]
+pub mod kernel_suite;
 pub mod layer_suite;
 #[cfg(feature = "learner")]
 pub mod learner_suite;
@@ -78,6 +80,17 @@ pub type NamedTest = (&'static str, fn(&Harness));
 pub const COMM_TESTS: &[NamedTest] = for_each_comm_test!(list!());
 /// Every layer test, by name.
 pub const LAYER_TESTS: &[NamedTest] = for_each_layer_test!(list!());
+/// Every kernel test, by name (CUDA only: the kernels' CPU twins are tested in their crate).
+#[cfg(feature = "cuda")]
+pub const KERNEL_TESTS: &[NamedTest] =
+    &[
+        ("kernel_suite::wgmma_gemm", kernel_suite::wgmma_gemm),
+        ("kernel_suite::flash_attention", kernel_suite::flash_attention),
+        ("kernel_suite::swiglu", kernel_suite::swiglu),
+        ("kernel_suite::rms_norm", kernel_suite::rms_norm),
+        ("kernel_suite::rope", kernel_suite::rope),
+        ("kernel_suite::adamw", kernel_suite::adamw),
+    ];
 /// Every model test, by name.
 pub const MODEL_TESTS: &[NamedTest] = &[
     ("model_suite::tiny_loss_and_gradients", model_suite::tiny_loss_and_gradients),

@@ -6,8 +6,6 @@
 
 use burn::config::Config;
 use burn::module::Module;
-use burn::tensor::module::attention;
-use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::ProcessGroup;
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
@@ -123,8 +121,8 @@ impl ParallelAttention {
         let k = self.rope.apply(heads(self.wk.forward(x.clone())?, self.n_kv_heads)); // [b, g, s, k]
         let v = heads(self.wv.forward(x)?, self.n_kv_heads); // [b, g, s, k]
         let (k, v) = (self.repeat_kv(k), self.repeat_kv(v)); // [b, h, s, k]
-        let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: true };
-        let out = attention(q, k, v, None, None, options); // [b, h, s, k]
+        // Flash attention on CUDA (bf16, head dim 128); the f32 reference elsewhere.
+        let out = burn_megatron_kernels::attention::attention(q, k, v, true); // [b, h, s, k]
         let out = out.swap_dims(1, 2).reshape([b, s, self.n_heads * self.head_dim]);
         self.wo.forward(out)
     }

@@ -5,7 +5,6 @@
 
 use burn::config::Config;
 use burn::module::Module;
-use burn::tensor::activation::silu;
 use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::ProcessGroup;
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
@@ -74,7 +73,7 @@ impl ParallelMlp {
             true => gather_from_sp(x, &self.tp, 1)?,
             false => copy_to_tp(x, &self.tp)?,
         };
-        let hidden = silu(self.w1.forward(x.clone())?) * self.w3.forward(x)?; // [b, s, f/tp]
+        let hidden = burn_megatron_kernels::swiglu::swiglu(self.w1.forward(x.clone())?, self.w3.forward(x)?); // [b, s, f/tp]
         self.w2.forward(hidden)
     }
 }

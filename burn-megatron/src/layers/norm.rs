@@ -53,10 +53,7 @@ impl RmsNorm {
             true => copy_to_tp(self.weight.val(), &self.tp)?,
             false => self.weight.val(),
         };
-        let dtype = x.dtype();
-        let x32 = x.cast(burn::tensor::DType::F32);
-        let rms = x32.clone().square().mean_dim(D - 1).add_scalar(self.epsilon).sqrt();
-        Ok((x32 / rms).cast(dtype) * weight.unsqueeze())
+        Ok(burn_megatron_kernels::rms_norm::rms_norm(x, weight, self.epsilon as f32))
     }
 }
 

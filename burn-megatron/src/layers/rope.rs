@@ -34,16 +34,8 @@ impl Rope {
     /// # Shapes
     /// `[b, heads, s, head_dim]` → the same
     pub fn apply(&self, x: Tensor<4>) -> Tensor<4> {
-        let [_, _, s, d] = x.dims();
-        let half = d / 2;
-        let dtype = x.dtype();
-        let cos = self.cos.clone().narrow(0, 0, s).cast(dtype).unsqueeze::<4>();
-        let sin = self.sin.clone().narrow(0, 0, s).cast(dtype).unsqueeze::<4>();
-        let x1 = x.clone().narrow(3, 0, half);
-        let x2 = x.narrow(3, half, half);
-        let rotated_1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
-        let rotated_2 = x2 * cos + x1 * sin;
-        Tensor::cat(vec![rotated_1, rotated_2], 3)
+        // One kernel each way on CUDA (burn_megatron_kernels::rope), f32 rotation.
+        burn_megatron_kernels::rope::rope(x, self.cos.clone(), self.sin.clone())
     }
 }
 

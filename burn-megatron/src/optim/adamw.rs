@@ -9,6 +9,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, Tensor};
 use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
+use burn_megatron_kernels::adamw::{AdamWStep, adamw_step};
 
 use super::buckets::{BucketConfig, GradReducer, Reduction, pad};
 use super::params::{ParamInfo, map_params, param_infos};
@@ -219,14 +220,18 @@ impl DistributedAdamW {
             self.states = self.first_states(&model, zero1);
         }
         let c = &self.config;
-        let (bias_1, bias_2) = (1.0 - c.beta_1.powi(self.step as i32), 1.0 - c.beta_2.powi(self.step as i32));
+        let step = AdamWStep {
+            lr: lr as f32,
+            beta_1: c.beta_1 as f32,
+            beta_2: c.beta_2 as f32,
+            epsilon: c.epsilon as f32,
+            weight_decay: c.weight_decay as f32,
+            time: self.step as u32,
+            grad_scale: scale as f32,
+        };
         for (state, grad) in self.states.iter_mut().zip(shards) {
-            let grad = grad.mul_scalar(scale);
-            state.m = state.m.clone().mul_scalar(c.beta_1) + grad.clone().mul_scalar(1.0 - c.beta_1);
-            state.v = state.v.clone().mul_scalar(c.beta_2) + grad.square().mul_scalar(1.0 - c.beta_2);
-            let update = state.m.clone().div_scalar(bias_1) / state.v.clone().div_scalar(bias_2).sqrt().add_scalar(c.epsilon);
-            let decayed = state.master.clone().mul_scalar(1.0 - lr * c.weight_decay);
-            state.master = decayed - update.mul_scalar(lr);
+            // One fused kernel a parameter on CUDA (burn_megatron_kernels::adamw).
+            (state.master, state.m, state.v) = adamw_step(state.master.clone(), grad, state.m.clone(), state.v.clone(), step);
         }
         // The new values, gathered back whole in the parameters' dtype.
         let mut values = Vec::with_capacity(self.states.len());

@@ -1,12 +1,15 @@
 //! Optimizers that know the mesh: AdamW with fp32 master weights, data-parallel averaging and
-//! the ZeRO-1 distributed optimizer.
+//! the ZeRO-1 distributed optimizer; and [`FusedAdamW`], Burn's optimizer interface on the fused
+//! AdamW kernel.
 
 pub mod adamw;
 pub mod buckets;
+pub mod fused;
 pub mod overlap;
 pub mod params;
 
 pub use adamw::{DistributedAdamW, DistributedAdamWConfig, ParamState, StepReport};
 pub use buckets::{BucketConfig, GradReducer, Reduction};
+pub use fused::{FusedAdamW, FusedAdamWConfig};
 pub use overlap::Overlap;
 pub use params::{ParamInfo, param_infos};

@@ -10,7 +10,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 
 use burn::tensor::DType;
-use burn_megatron_tests::{COMM_TESTS, Harness, LAYER_TESTS, MAPPING_TESTS, MODEL_TESTS};
+use burn_megatron_tests::{COMM_TESTS, Harness, KERNEL_TESTS, LAYER_TESTS, MAPPING_TESTS, MODEL_TESTS};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -40,6 +40,7 @@ fn main() {
     let runs: Vec<(&str, &Harness, &(&str, fn(&Harness)))> = COMM_TESTS
         .iter()
         .map(|t| ("", &comm, t))
+        .chain(KERNEL_TESTS.iter().map(|t| ("", &bf16, t)))
         .chain(MAPPING_TESTS.iter().map(|t| ("f32 ", &f32, t)))
         .chain(MAPPING_TESTS.iter().map(|t| ("bf16 ", &bf16, t)))
         .chain(LAYER_TESTS.iter().map(|t| ("f32 ", &f32, t)))

@@ -1,0 +1,200 @@
+//! One AdamW update of a parameter as a backend extension, [`AdamWOps`]: on CUDA one kernel
+//! reads the parameter, its gradient and both moments once and writes the three new tensors;
+//! elsewhere the tensor-op twin, [`reference`]. Both compute in f32, keep the moments in f32 and
+//! round the parameter once to its dtype.
+//!
+//! With `g = grad · grad_scale`: `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`,
+//! `p ← p(1 − lr·λ) − lr · (m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + ε)` (decoupled weight decay λ, as
+//! Burn's and PyTorch's AdamW).
+
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::tensor::Tensor;
+
+/// AdamW's hyper-parameters for one step.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWStep {
+    pub lr: f32,
+    pub beta_1: f32,
+    pub beta_2: f32,
+    pub epsilon: f32,
+    pub weight_decay: f32,
+    /// The step number, from 1 (bias correction).
+    pub time: u32,
+    /// Multiplies the gradient first (clipping by a global norm).
+    pub grad_scale: f32,
+}
+
+impl AdamWStep {
+    fn bias(&self) -> (f32, f32) {
+        (1.0 - self.beta_1.powi(self.time as i32), 1.0 - self.beta_2.powi(self.time as i32))
+    }
+}
+
+/// The backend extension behind [`adamw_step`].
+#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
+pub trait AdamWOps: Backend {
+    /// `(parameter, moment_1, moment_2)` after one step; moments f32, the parameter in its dtype.
+    #[allow(clippy::too_many_arguments)]
+    fn adamw_update(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moment_1: FloatTensor<Self>,
+        moment_2: FloatTensor<Self>,
+        lr: f32,
+        beta_1: f32,
+        beta_2: f32,
+        epsilon: f32,
+        weight_decay: f32,
+        time: u32,
+        grad_scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// The plain tensor-op twin, on any backend's primitives: the CPU path and the kernel's oracle.
+pub mod reference {
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{Backend, Scalar, TensorMetadata};
+    use burn::tensor::FloatDType;
+
+    use super::AdamWStep;
+
+    pub fn update<B: Backend>(
+        param: FloatTensor<B>,
+        grad: FloatTensor<B>,
+        m: FloatTensor<B>,
+        v: FloatTensor<B>,
+        step: AdamWStep,
+    ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+        let f32 = |t: FloatTensor<B>| B::float_cast(t, FloatDType::F32);
+        let scalar = |x: f32| Scalar::from(x);
+        let dtype = FloatDType::from(param.dtype());
+        let (bias_1, bias_2) = step.bias();
+        let g = B::float_mul_scalar(f32(grad), scalar(step.grad_scale));
+        let m = B::float_add(B::float_mul_scalar(f32(m), scalar(step.beta_1)), B::float_mul_scalar(g.clone(), scalar(1.0 - step.beta_1)));
+        let v = B::float_add(B::float_mul_scalar(f32(v), scalar(step.beta_2)), B::float_mul_scalar(B::float_mul(g.clone(), g), scalar(1.0 - step.beta_2)));
+        let denominator = B::float_add_scalar(B::float_sqrt(B::float_div_scalar(v.clone(), scalar(bias_2))), scalar(step.epsilon));
+        let update = B::float_div(B::float_div_scalar(m.clone(), scalar(bias_1)), denominator);
+        let decayed = B::float_mul_scalar(f32(param), scalar(1.0 - step.lr * step.weight_decay));
+        let param = B::float_sub(decayed, B::float_mul_scalar(update, scalar(step.lr)));
+        (B::float_cast(param, dtype), m, v)
+    }
+}
+
+macro_rules! step_of {
+    ($lr:expr, $beta_1:expr, $beta_2:expr, $epsilon:expr, $weight_decay:expr, $time:expr, $grad_scale:expr) => {
+        AdamWStep { lr: $lr, beta_1: $beta_1, beta_2: $beta_2, epsilon: $epsilon, weight_decay: $weight_decay, time: $time, grad_scale: $grad_scale }
+    };
+}
+
+impl AdamWOps for Flex {
+    fn adamw_update(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moment_1: FloatTensor<Self>,
+        moment_2: FloatTensor<Self>,
+        lr: f32,
+        beta_1: f32,
+        beta_2: f32,
+        epsilon: f32,
+        weight_decay: f32,
+        time: u32,
+        grad_scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        reference::update::<Flex>(param, grad, moment_1, moment_2, step_of!(lr, beta_1, beta_2, epsilon, weight_decay, time, grad_scale))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl AdamWOps for burn::backend::Cube {
+    fn adamw_update(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moment_1: FloatTensor<Self>,
+        moment_2: FloatTensor<Self>,
+        lr: f32,
+        beta_1: f32,
+        beta_2: f32,
+        epsilon: f32,
+        weight_decay: f32,
+        time: u32,
+        grad_scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let step = step_of!(lr, beta_1, beta_2, epsilon, weight_decay, time, grad_scale);
+        let (bias_1, bias_2) = step.bias();
+        crate::elementwise::adamw(param, grad, moment_1, moment_2, step, bias_1, bias_2)
+    }
+}
+
+/// Optimizers run on tensors outside the graph: the inner backend's update, as constants.
+impl<B: Backend + AdamWOps, C: CheckpointStrategy> AdamWOps for Autodiff<B, C> {
+    fn adamw_update(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moment_1: FloatTensor<Self>,
+        moment_2: FloatTensor<Self>,
+        lr: f32,
+        beta_1: f32,
+        beta_2: f32,
+        epsilon: f32,
+        weight_decay: f32,
+        time: u32,
+        grad_scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let inner = |t: FloatTensor<Self>| t.into_parts().0;
+        let (p, m, v) = B::adamw_update(inner(param), inner(grad), inner(moment_1), inner(moment_2), lr, beta_1, beta_2, epsilon, weight_decay, time, grad_scale);
+        let outer = |t| <Self as AutodiffBackend>::from_inner(t);
+        (outer(p), outer(m), outer(v))
+    }
+}
+
+/// One AdamW step of `param` through [`AdamWOps`]: the new parameter and f32 moments.
+///
+/// # Shapes
+/// all four of one shape
+pub fn adamw_step<const D: usize>(param: Tensor<D>, grad: Tensor<D>, moment_1: Tensor<D>, moment_2: Tensor<D>, step: AdamWStep) -> (Tensor<D>, Tensor<D>, Tensor<D>) {
+    let AdamWStep { lr, beta_1, beta_2, epsilon, weight_decay, time, grad_scale } = step;
+    let (p, m, v) = <burn::backend::Dispatch as AdamWOps>::adamw_update(
+        param.into_dispatch(),
+        grad.into_dispatch(),
+        moment_1.into_dispatch(),
+        moment_2.into_dispatch(),
+        lr,
+        beta_1,
+        beta_2,
+        epsilon,
+        weight_decay,
+        time,
+        grad_scale,
+    );
+    (Tensor::from_dispatch(p), Tensor::from_dispatch(m), Tensor::from_dispatch(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::optim::{AdamWConfig, Optimizer};
+    use burn::tensor::{DType, Device, Distribution, Tensor, Tolerance};
+
+    use super::*;
+
+    /// Three steps on the CPU match Burn's AdamW (f32, so its moments are f32 too).
+    #[test]
+    fn matches_burns_adamw() {
+        let device = Device::flex();
+        let config = AdamWConfig::new().with_epsilon(1e-8).with_weight_decay(0.1);
+        let burn = config.build();
+        let mut theirs = Tensor::<2>::random([7, 9], Distribution::Normal(0.0, 1.0), &device);
+        let mut ours = theirs.clone();
+        let (mut m, mut v) = (theirs.zeros_like().cast(DType::F32), theirs.zeros_like().cast(DType::F32));
+        let mut state = None;
+        for time in 1..=3 {
+            let grad = Tensor::<2>::random([7, 9], Distribution::Normal(0.0, 1.0), &device);
+            (theirs, state) = burn.step(1e-2, theirs, grad.clone(), state);
+            let step = AdamWStep { lr: 1e-2, beta_1: 0.9, beta_2: 0.999, epsilon: 1e-8, weight_decay: 0.1, time, grad_scale: 1.0 };
+            (ours, m, v) = adamw_step(ours, grad, m, v, step);
+        }
+        // f32 both ways, the same formula in another order: a few ulps of values of order 1.
+        ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), Tolerance::absolute(1e-5));
+    }
+}

@@ -1,0 +1,192 @@
+//! Launching the flash kernels on Burn's CUDA tensors, and the checks that send anything they
+//! do not take to the reference.
+
+use burn::backend::Cube;
+use burn::backend::ops::FloatTensorOps;
+use burn::tensor::{DType, Shape, Tensor};
+use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use cubecl::zspace::shape;
+
+use super::flash::{self, HEAD_DIM};
+use super::reference;
+
+/// Why a call runs on the reference instead of the flash kernels ([`supports`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unsupported {
+    DType(DType),
+    HeadDim(usize),
+    /// q, k and v must share `[b, h, s, d]` (no cross-attention lengths yet).
+    Shapes(Vec<usize>, Vec<usize>, Vec<usize>),
+}
+
+/// `t` with a contiguous head dim and 16-byte aligned strides (what TMA reads), else a copy.
+fn tma_ready(t: CubeTensor) -> CubeTensor {
+    let strides = t.meta.strides();
+    let ok = strides[3] == 1 && strides[..3].iter().all(|s| (s * 2) % 16 == 0);
+    if ok { t } else { into_contiguous(t) }
+}
+
+/// Whether the flash kernels take these q, k, v (else the reference runs): bf16, one shape,
+/// head dim 128.
+pub fn supports(q: &CubeTensor, k: &CubeTensor, v: &CubeTensor) -> Result<(), Unsupported> {
+    check(q, k, v).map(|_| ())
+}
+
+fn check(q: &CubeTensor, k: &CubeTensor, v: &CubeTensor) -> Result<[usize; 4], Unsupported> {
+    for t in [q, k, v] {
+        if t.dtype != DType::BF16 {
+            return Err(Unsupported::DType(t.dtype));
+        }
+    }
+    let dims = |t: &CubeTensor| t.meta.shape().iter().copied().collect::<Vec<_>>();
+    if dims(q) != dims(k) || dims(q) != dims(v) || dims(q).len() != 4 {
+        return Err(Unsupported::Shapes(dims(q), dims(k), dims(v)));
+    }
+    let [b, h, s, d] = [dims(q)[0], dims(q)[1], dims(q)[2], dims(q)[3]];
+    if d != HEAD_DIM {
+        return Err(Unsupported::HeadDim(d));
+    }
+    Ok([b, h, s, d])
+}
+
+/// A compact (unpitched) tensor of `dims`, which the kernels index as laid out.
+fn compact(like: &CubeTensor, dims: &[usize], dtype: DType) -> CubeTensor {
+    let handle = like.client.empty(dims.iter().product::<usize>() * dtype.size());
+    CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), Shape::from(dims.to_vec()), handle, dtype)
+}
+
+/// A TMA map of `rows` × 64 boxes over a `[b, h, s, 128]` view.
+fn map(t: &CubeTensor, rows: usize) -> TensorMapArg<Tiled> {
+    TensorMapArg::new(TiledArgs { tile_size: shape![1, 1, rows, 64] }, t.clone().into_tensor_arg(), ElemType::Float(FloatKind::BF16))
+        .with_swizzle(TensorMapSwizzle::B128)
+}
+
+/// `[b, s, h, d]` storage seen as `[b, h, s, d]`.
+fn heads_view(t: CubeTensor) -> CubeTensor {
+    Cube::float_swap_dims(t, 1, 2)
+}
+
+fn tensor<const D: usize>(t: CubeTensor) -> Tensor<D> {
+    Tensor::from_primitive::<Cube>(t)
+}
+
+fn primitive<const D: usize>(t: Tensor<D>) -> CubeTensor {
+    t.try_into_primitive::<Cube>().expect("a CUDA tensor")
+}
+
+/// 1 / √d · log₂(e): the kernels' softmax runs in base 2.
+fn scale_log2(scale: f32) -> f32 {
+    scale * core::f32::consts::LOG2_E
+}
+
+pub(super) fn forward(q: CubeTensor, k: CubeTensor, v: CubeTensor, causal: bool, scale: f32) -> (CubeTensor, CubeTensor) {
+    let [b, h, s, d] = match check(&q, &k, &v) {
+        Ok(dims) => dims,
+        Err(_) => {
+            let (out, lse) = reference::forward(tensor(q), tensor(k), tensor(v), causal, scale);
+            return (primitive(out), primitive(lse));
+        }
+    };
+    let (q, k, v) = (tma_ready(q), tma_ready(k), tma_ready(v));
+    let out = compact(&q, &[b, s, h, d], DType::BF16);
+    let lse = compact(&q, &[b, h, s], DType::F32);
+    let count = CubeCount::Static(s.div_ceil(128) as u32, h as u32, b as u32);
+    // SAFETY: the maps cover exactly q, k and v (TMA fills rows past s with zeros); every store
+    // is checked against s.
+    unsafe {
+        flash::forward_kernel::launch_unchecked(
+            &q.client,
+            count,
+            CubeDim::new_1d(256),
+            map(&q, 128),
+            map(&k, 64),
+            map(&v, 64),
+            out.clone().into_tensor_arg(),
+            lse.clone().into_tensor_arg(),
+            s as u32,
+            h as u32,
+            scale_log2(scale),
+            causal,
+        );
+    }
+    (heads_view(out), lse)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn backward(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    out: CubeTensor,
+    lse: CubeTensor,
+    grad: CubeTensor,
+    causal: bool,
+    scale: f32,
+) -> (CubeTensor, CubeTensor, CubeTensor) {
+    let [b, h, s, d] = match check(&q, &k, &v).and_then(|dims| check(&out, &grad, &out).map(|_| dims)) {
+        Ok(dims) => dims,
+        Err(_) => {
+            let (dq, dk, dv) = reference::backward(tensor(q), tensor(k), tensor(v), tensor(out), tensor(lse), tensor(grad), causal, scale);
+            return (primitive(dq), primitive(dk), primitive(dv));
+        }
+    };
+    let (q, k, v, grad) = (tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(grad));
+    let delta = compact(&q, &[b, h, s], DType::F32);
+    let (dq, dk, dv) = (compact(&q, &[b, s, h, d], DType::BF16), compact(&q, &[b, s, h, d], DType::BF16), compact(&q, &[b, s, h, d], DType::BF16));
+    let rows = (b * h * s) as u32;
+    let client = q.client.clone();
+    // SAFETY: every kernel checks its rows against s (the delta kernel against b·h·s); the maps
+    // cover exactly their tensors.
+    unsafe {
+        flash::delta_kernel::launch_unchecked(
+            &client,
+            CubeCount::Static(rows.div_ceil(256), 1, 1),
+            CubeDim::new_1d(256),
+            out.into_tensor_arg(),
+            grad.clone().into_tensor_arg(),
+            delta.clone().into_tensor_arg(),
+            s as u32,
+            h as u32,
+        );
+        let count = CubeCount::Static(s.div_ceil(128) as u32, h as u32, b as u32);
+        flash::dq_kernel::launch_unchecked(
+            &client,
+            count.clone(),
+            CubeDim::new_1d(256),
+            map(&q, 128),
+            map(&grad, 128),
+            map(&k, 64),
+            map(&v, 64),
+            lse.clone().into_tensor_arg(),
+            delta.clone().into_tensor_arg(),
+            dq.clone().into_tensor_arg(),
+            s as u32,
+            h as u32,
+            scale_log2(scale),
+            scale,
+            causal,
+        );
+        flash::dkdv_kernel::launch_unchecked(
+            &client,
+            count,
+            CubeDim::new_1d(256),
+            map(&k, 128),
+            map(&v, 128),
+            map(&q, 64),
+            map(&grad, 64),
+            lse.into_tensor_arg(),
+            delta.into_tensor_arg(),
+            dk.clone().into_tensor_arg(),
+            dv.clone().into_tensor_arg(),
+            s as u32,
+            h as u32,
+            scale_log2(scale),
+            scale,
+            causal,
+        );
+    }
+    (heads_view(dq), heads_view(dk), heads_view(dv))
+}

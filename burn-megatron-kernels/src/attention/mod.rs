@@ -1,0 +1,163 @@
+//! Softmax attention as a backend extension, [`AttentionOps`], with its own backward: on CUDA
+//! the flash kernels of [`flash`] (bf16, head dim 128: no O(s²) memory), everywhere else, and
+//! for what those kernels do not take, the plain tensor-op twin in [`reference`].
+//!
+//! Both paths keep, for the backward, the output and each query row's `lse₂`: the log₂ of the
+//! sum of 2 to the power of its `scale · log₂(e)`-scaled scores (so `P = 2^(s·scale·log₂e − lse₂)`).
+//!
+//! Legend: `b` batch, `h` heads, `s` sequence, `d` head dim.
+
+#[cfg(feature = "cuda")]
+mod flash;
+#[cfg(feature = "cuda")]
+mod launch;
+pub mod reference;
+
+#[cfg(feature = "cuda")]
+pub use launch::{Unsupported, supports};
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::tensor::Tensor;
+
+/// The backend extension behind [`attention`].
+#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
+pub trait AttentionOps: Backend {
+    /// `softmax(q·kᵀ·scale [+ causal mask]) · v` and each row's `lse₂` (f32).
+    ///
+    /// # Shapes
+    /// `[b, h, s, d]` × 3 → `[b, h, s, d]`, `[b, h, s]`
+    fn attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// The gradients of q, k and v, given the forward's output and `lse₂` and the output's
+    /// gradient.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+impl AttentionOps for Flex {
+    fn attention_forward(q: FloatTensor<Self>, k: FloatTensor<Self>, v: FloatTensor<Self>, causal: bool, scale: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let t = |x| Tensor::<4>::from_primitive::<Flex>(x);
+        let (out, lse) = reference::forward(t(q), t(k), t(v), causal, scale);
+        (out.try_into_primitive::<Flex>().expect("flex"), lse.try_into_primitive::<Flex>().expect("flex"))
+    }
+
+    fn attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let t = |x| Tensor::<4>::from_primitive::<Flex>(x);
+        let lse = Tensor::<3>::from_primitive::<Flex>(lse);
+        let (dq, dk, dv) = reference::backward(t(q), t(k), t(v), t(out), lse, t(grad), causal, scale);
+        let p = |x: Tensor<4>| x.try_into_primitive::<Flex>().expect("flex");
+        (p(dq), p(dk), p(dv))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl AttentionOps for burn::backend::Cube {
+    fn attention_forward(q: FloatTensor<Self>, k: FloatTensor<Self>, v: FloatTensor<Self>, causal: bool, scale: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        launch::forward(q, k, v, causal, scale)
+    }
+
+    fn attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        launch::backward(q, k, v, out, lse, grad, causal, scale)
+    }
+}
+
+#[derive(Debug)]
+struct AttentionBackward;
+
+impl<B: Backend + AttentionOps> Backward<B, 3> for AttentionBackward {
+    /// q, k, v, the output and `lse₂`, the mask and the scale.
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, bool, f32);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_q, node_k, node_v] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (q, k, v, out, lse, causal, scale) = ops.state;
+        let (dq, dk, dv) = B::attention_backward(q, k, v, out, lse, grad, causal, scale);
+        for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+impl<B: Backend + AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff<B, C> {
+    fn attention_forward(q: FloatTensor<Self>, k: FloatTensor<Self>, v: FloatTensor<Self>, causal: bool, scale: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let nodes = [q.node(), k.node(), v.node()];
+        let (q, k, v) = (q.into_parts().0, k.into_parts().0, v.into_parts().0);
+        let (out, lse) = B::attention_forward(q.clone(), k.clone(), v.clone(), causal, scale);
+        // `lse₂` leaves as a constant: nothing differentiates through it.
+        let lse_out = <Self as AutodiffBackend>::from_inner(lse.clone());
+        let out = match AttentionBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((q, k, v, out.clone(), lse, causal, scale), out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        };
+        (out, lse_out)
+    }
+
+    /// The inner backend's backward, as constants (no second-order gradients).
+    fn attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let inner = |t: FloatTensor<Self>| t.into_parts().0;
+        let (dq, dk, dv) = B::attention_backward(inner(q), inner(k), inner(v), inner(out), inner(lse), inner(grad), causal, scale);
+        let outer = |t| <Self as AutodiffBackend>::from_inner(t);
+        (outer(dq), outer(dk), outer(dv))
+    }
+}
+
+/// Softmax attention `softmax(q·kᵀ / √d [+ causal mask]) · v` through [`AttentionOps`]:
+/// differentiable, and on CUDA (bf16, head dim 128) flash attention.
+///
+/// # Shapes
+/// `[b, h, s, d]` × 3 → `[b, h, s, d]`
+pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool) -> Tensor<4> {
+    let scale = (q.dims()[3] as f32).sqrt().recip();
+    let (out, _) = <burn::backend::Dispatch as AttentionOps>::attention_forward(q.into_dispatch(), k.into_dispatch(), v.into_dispatch(), causal, scale);
+    Tensor::from_dispatch(out)
+}

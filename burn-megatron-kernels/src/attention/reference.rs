@@ -1,0 +1,89 @@
+//! Attention in plain tensor ops, in f32: the CPU path, the fallback for what the flash kernels
+//! do not take, and the oracle their tests compare against. It materializes the `[b, h, s, s]`
+//! scores.
+
+use burn::tensor::{Bool, DType, Tensor};
+
+/// log₂(e): natural logs to base-2 ones.
+const LOG2_E: f32 = core::f32::consts::LOG2_E;
+
+/// The scaled scores `q·kᵀ·scale`, masked to -inf above the diagonal when `causal`, in f32.
+fn scores(q: Tensor<4>, k: Tensor<4>, causal: bool, scale: f32) -> Tensor<4> {
+    let [b, h, s, _] = q.dims();
+    let scores = q.cast(DType::F32).matmul(k.cast(DType::F32).swap_dims(2, 3)) * scale;
+    match causal {
+        true => {
+            let future = Tensor::<2, Bool>::tril_mask([s, s], 0, &scores.device()).unsqueeze::<4>().expand([b, h, s, s]);
+            scores.mask_fill(future, f32::NEG_INFINITY)
+        }
+        false => scores,
+    }
+}
+
+/// `softmax(q·kᵀ·scale) · v` in the inputs' dtype, and `lse₂` (`[b, h, s]`, f32).
+pub fn forward(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool, scale: f32) -> (Tensor<4>, Tensor<3>) {
+    let dtype = q.dtype();
+    let scores = scores(q, k, causal, scale);
+    let max = scores.clone().max_dim(3);
+    let exp = (scores - max.clone()).exp();
+    let sum = exp.clone().sum_dim(3);
+    let out = (exp / sum.clone()).matmul(v.cast(DType::F32)).cast(dtype);
+    let lse = (max + sum.log()) * LOG2_E;
+    (out, lse.squeeze_dim::<3>(3))
+}
+
+/// The gradients of q, k and v from the forward's output, `lse₂` and the output's gradient:
+/// `P = 2^(scores·log₂e − lse₂)`, `dV = Pᵀ·dO`, `dS = P ∘ (dO·Vᵀ − rowsum(dO ∘ O))`,
+/// `dQ = dS·K·scale`, `dK = dSᵀ·Q·scale`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    out: Tensor<4>,
+    lse: Tensor<3>,
+    grad: Tensor<4>,
+    causal: bool,
+    scale: f32,
+) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    let dtype = q.dtype();
+    let f32 = |t: Tensor<4>| t.cast(DType::F32);
+    let (q, k, v, out, grad) = (f32(q), f32(k), f32(v), f32(out), f32(grad));
+    let probs = (scores(q.clone(), k.clone(), causal, scale) - lse.unsqueeze_dim::<4>(3) * core::f32::consts::LN_2).exp();
+    let dv = probs.clone().swap_dims(2, 3).matmul(grad.clone());
+    let delta = (grad.clone() * out).sum_dim(3);
+    let ds = probs * (grad.matmul(v.swap_dims(2, 3)) - delta);
+    let dq = ds.clone().matmul(k) * scale;
+    let dk = ds.swap_dims(2, 3).matmul(q) * scale;
+    (dq.cast(dtype), dk.cast(dtype), dv.cast(dtype))
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, Distribution, Tensor, Tolerance, module};
+    use burn::tensor::ops::AttentionModuleOptions;
+
+    /// The extension on the CPU (this reference forward, and its own backward) against Burn's
+    /// attention differentiated by autodiff: the same outputs and the same gradients, with and
+    /// without the causal mask, on a ragged sequence length.
+    #[test]
+    fn matches_burn_attention_with_gradients() {
+        let device = Device::flex().autodiff();
+        for causal in [false, true] {
+            let input = || Tensor::<4>::random([2, 3, 7, 16], Distribution::Normal(0.0, 1.0), &device).require_grad();
+            let (q, k, v) = (input(), input(), input());
+            let ours = crate::attention::attention(q.clone(), k.clone(), v.clone(), causal);
+            let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: causal };
+            let theirs = module::attention(q.clone(), k.clone(), v.clone(), None, None, options);
+            // f32 throughout; the softmax is computed in another order (base 2, saved lse): a
+            // few ulps of values of order 1.
+            let tolerance = Tolerance::absolute(2e-5);
+            ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
+            let weights = Tensor::<4>::random([2, 3, 7, 16], Distribution::Normal(0.0, 1.0), &device);
+            let (g1, g2) = ((ours * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
+            for x in [&q, &k, &v] {
+                x.grad(&g1).unwrap().to_data().assert_approx_eq::<f32>(&x.grad(&g2).unwrap().to_data(), tolerance);
+            }
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! The elementwise CUDA kernels (SwiGLU, RoPE, the AdamW step), on vectors of elements.
+
+use burn::backend::Cube;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use half::{bf16, f16};
+
+use crate::swiglu::reference;
+
+/// Whether `t` is laid out row-major with no padding.
+pub(crate) fn is_compact(t: &CubeTensor) -> bool {
+    let shape = t.meta.shape();
+    let strides = t.meta.strides();
+    let mut expected = 1;
+    for d in (0..shape.num_dims()).rev() {
+        if shape[d] != 1 && strides[d] != expected {
+            return false;
+        }
+        expected *= shape[d];
+    }
+    true
+}
+
+/// `t` compact (copied if it is a view or padded), or `None` if even the copy is padded.
+pub(crate) fn compact_input(t: CubeTensor) -> Option<CubeTensor> {
+    let t = if is_compact(&t) { t } else { into_contiguous(t) };
+    is_compact(&t).then_some(t)
+}
+
+/// A new compact tensor of `shape`.
+pub(crate) fn compact_output(like: &CubeTensor, shape: Shape, dtype: DType) -> CubeTensor {
+    let handle = like.client.empty(shape.num_elements() * dtype.size());
+    CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), shape, handle, dtype)
+}
+
+/// 8 elements a thread where the length allows (16-byte bf16 loads), else 1.
+fn vector_size(len: usize) -> usize {
+    if len % 8 == 0 { 8 } else { 1 }
+}
+
+fn launch_dims(len: usize, vector: usize) -> (CubeCount, CubeDim) {
+    let units = (len / vector) as u32;
+    (CubeCount::Static(units.div_ceil(256), 1, 1), CubeDim::new_1d(256))
+}
+
+#[cube]
+fn sigmoid<N: Size>(x: Vector<f32, N>) -> Vector<f32, N> {
+    Vector::new(1.0f32) / (Vector::new(1.0f32) + (-x).exp())
+}
+
+#[cube(launch_unchecked)]
+fn swiglu_kernel<F: Float, N: Size>(a: &Tensor<Vector<F, N>>, b: &Tensor<Vector<F, N>>, out: &mut Tensor<Vector<F, N>>) {
+    let i = ABSOLUTE_POS;
+    if i < out.len() {
+        let x = Vector::<f32, N>::cast_from(a[i]);
+        out[i] = Vector::cast_from(x * sigmoid(x) * Vector::<f32, N>::cast_from(b[i]));
+    }
+}
+
+#[cube(launch_unchecked)]
+fn swiglu_backward_kernel<F: Float, N: Size>(
+    a: &Tensor<Vector<F, N>>,
+    b: &Tensor<Vector<F, N>>,
+    grad: &Tensor<Vector<F, N>>,
+    da: &mut Tensor<Vector<F, N>>,
+    db: &mut Tensor<Vector<F, N>>,
+) {
+    let i = ABSOLUTE_POS;
+    if i < da.len() {
+        let x = Vector::<f32, N>::cast_from(a[i]);
+        let y = Vector::<f32, N>::cast_from(b[i]);
+        let g = Vector::<f32, N>::cast_from(grad[i]);
+        let s = sigmoid(x);
+        let one = Vector::new(1.0f32);
+        da[i] = Vector::cast_from(g * y * s * (one + x * (one - s)));
+        db[i] = Vector::cast_from(g * x * s);
+    }
+}
+
+/// Runs `$kernel::launch_unchecked::<F>` for the tensor's float dtype.
+macro_rules! launch_float {
+    ($dtype:expr, $kernel:ident, $($arg:expr),* $(,)?) => {
+        // SAFETY: every thread checks its index against the output's length, and all tensors
+        // are compact and of one length.
+        unsafe {
+            match $dtype {
+                DType::BF16 => $kernel::launch_unchecked::<bf16>($($arg),*),
+                DType::F16 => $kernel::launch_unchecked::<f16>($($arg),*),
+                _ => $kernel::launch_unchecked::<f32>($($arg),*),
+            }
+        }
+    };
+}
+
+fn float_like(a: &CubeTensor, b: &CubeTensor) -> bool {
+    a.dtype == b.dtype && matches!(a.dtype, DType::BF16 | DType::F16 | DType::F32) && a.meta.shape() == b.meta.shape()
+}
+
+pub(crate) fn swiglu(a: CubeTensor, b: CubeTensor) -> CubeTensor {
+    let (Some(a), Some(b)) = (float_like(&a, &b).then(|| compact_input(a.clone())).flatten(), compact_input(b.clone())) else {
+        return reference::forward::<Cube>(a, b);
+    };
+    let out = compact_output(&a, a.meta.shape().clone(), a.dtype);
+    let len = a.meta.num_elements();
+    let vector = vector_size(len);
+    let (count, dim) = launch_dims(len, vector);
+    launch_float!(a.dtype, swiglu_kernel, &a.client, count, dim, vector, a.clone().into_tensor_arg(), b.into_tensor_arg(), out.clone().into_tensor_arg());
+    out
+}
+
+pub(crate) fn swiglu_backward(a: CubeTensor, b: CubeTensor, grad: CubeTensor) -> (CubeTensor, CubeTensor) {
+    let fits = float_like(&a, &b) && float_like(&a, &grad);
+    let (Some(a), Some(b), Some(grad)) = (fits.then(|| compact_input(a.clone())).flatten(), compact_input(b.clone()), compact_input(grad.clone())) else {
+        return reference::backward::<Cube>(a, b, grad);
+    };
+    let (da, db) = (compact_output(&a, a.meta.shape().clone(), a.dtype), compact_output(&a, a.meta.shape().clone(), a.dtype));
+    let len = a.meta.num_elements();
+    let vector = vector_size(len);
+    let (count, dim) = launch_dims(len, vector);
+    launch_float!(
+        a.dtype,
+        swiglu_backward_kernel,
+        &a.client,
+        count,
+        dim,
+        vector,
+        a.clone().into_tensor_arg(),
+        b.into_tensor_arg(),
+        grad.into_tensor_arg(),
+        da.clone().into_tensor_arg(),
+        db.clone().into_tensor_arg(),
+    );
+    (da, db)
+}
+
+/// One AdamW step: parameter and gradient in `F`, moments in f32; new tensors out.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn adamw_kernel<F: Float, N: Size>(
+    param: &Tensor<Vector<F, N>>,
+    grad: &Tensor<Vector<F, N>>,
+    m: &Tensor<Vector<f32, N>>,
+    v: &Tensor<Vector<f32, N>>,
+    param_out: &mut Tensor<Vector<F, N>>,
+    m_out: &mut Tensor<Vector<f32, N>>,
+    v_out: &mut Tensor<Vector<f32, N>>,
+    lr: f32,
+    beta_1: f32,
+    beta_2: f32,
+    epsilon: f32,
+    decay: f32,
+    bias_1: f32,
+    bias_2: f32,
+    grad_scale: f32,
+) {
+    let i = ABSOLUTE_POS;
+    if i < param_out.len() {
+        let g = Vector::<f32, N>::cast_from(grad[i]) * Vector::new(grad_scale);
+        let m = m[i] * Vector::new(beta_1) + g * Vector::new(1.0f32 - beta_1);
+        let v = v[i] * Vector::new(beta_2) + g * g * Vector::new(1.0f32 - beta_2);
+        let update = (m / Vector::new(bias_1)) / ((v / Vector::new(bias_2)).sqrt() + Vector::new(epsilon));
+        let p = Vector::<f32, N>::cast_from(param[i]) * Vector::new(decay) - update * Vector::new(lr);
+        param_out[i] = Vector::cast_from(p);
+        m_out[i] = m;
+        v_out[i] = v;
+    }
+}
+
+pub(crate) fn adamw(
+    param: CubeTensor,
+    grad: CubeTensor,
+    m: CubeTensor,
+    v: CubeTensor,
+    step: crate::adamw::AdamWStep,
+    bias_1: f32,
+    bias_2: f32,
+) -> (CubeTensor, CubeTensor, CubeTensor) {
+    use burn::backend::ops::FloatTensorOps;
+    let fits = matches!(param.dtype, DType::BF16 | DType::F16 | DType::F32)
+        && m.dtype == DType::F32
+        && v.dtype == DType::F32
+        && [&grad, &m, &v].iter().all(|t| t.meta.shape() == param.meta.shape());
+    let grad = match fits && grad.dtype != param.dtype {
+        true => Cube::float_cast(grad, param.dtype.into()),
+        false => grad,
+    };
+    let inputs = (compact_input(param.clone()), compact_input(grad.clone()), compact_input(m.clone()), compact_input(v.clone()));
+    let (true, Some(pc), Some(gc), Some(mc), Some(vc)) = (fits, inputs.0, inputs.1, inputs.2, inputs.3) else {
+        return crate::adamw::reference::update::<Cube>(param, grad, m, v, step);
+    };
+    let shape = pc.meta.shape().clone();
+    let (param_out, m_out, v_out) = (compact_output(&pc, shape.clone(), pc.dtype), compact_output(&pc, shape.clone(), DType::F32), compact_output(&pc, shape, DType::F32));
+    let len = pc.meta.num_elements();
+    // f32 moments: vectors of 4 are 16-byte loads.
+    let vector = if len % 4 == 0 { 4 } else { 1 };
+    let (count, dim) = launch_dims(len, vector);
+    launch_float!(
+        pc.dtype,
+        adamw_kernel,
+        &pc.client,
+        count,
+        dim,
+        vector,
+        pc.clone().into_tensor_arg(),
+        gc.into_tensor_arg(),
+        mc.into_tensor_arg(),
+        vc.into_tensor_arg(),
+        param_out.clone().into_tensor_arg(),
+        m_out.clone().into_tensor_arg(),
+        v_out.clone().into_tensor_arg(),
+        step.lr,
+        step.beta_1,
+        step.beta_2,
+        step.epsilon,
+        1.0 - step.lr * step.weight_decay,
+        bias_1,
+        bias_2,
+        step.grad_scale,
+    );
+    (param_out, m_out, v_out)
+}
+
+/// RoPE: one thread a vector of the first half of a row and its partner in the second. `x` is
+/// read through its strides (in vectors; head dim contiguous), `out` is compact `[b, h, s, d]`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn rope_kernel<F: Float, N: Size>(
+    x: &Tensor<Vector<F, N>>,
+    cos: &Tensor<Vector<f32, N>>,
+    sin: &Tensor<Vector<f32, N>>,
+    out: &mut Tensor<Vector<F, N>>,
+    stride_b: u32,
+    stride_h: u32,
+    stride_s: u32,
+    heads: u32,
+    seq: u32,
+    half: u32,
+    sign: f32,
+) {
+    let t = ABSOLUTE_POS as u32;
+    if t < out.len() as u32 / 2 {
+        let row = t / half;
+        let j = t % half;
+        let pos = row % seq;
+        let head = (row / seq) % heads;
+        let batch = row / (seq * heads);
+        let at = batch * stride_b + head * stride_h + pos * stride_s + j;
+        let x1 = Vector::<f32, N>::cast_from(x[at as usize]);
+        let x2 = Vector::<f32, N>::cast_from(x[(at + half) as usize]);
+        let c = cos[(pos * half + j) as usize];
+        let s = sin[(pos * half + j) as usize] * Vector::new(sign);
+        let o = row * 2 * half + j;
+        out[o as usize] = Vector::cast_from(x1 * c - x2 * s);
+        out[(o + half) as usize] = Vector::cast_from(x2 * c + x1 * s);
+    }
+}
+
+pub(crate) fn rope(x: CubeTensor, cos: CubeTensor, sin: CubeTensor, inverse: bool) -> CubeTensor {
+    let reference = |x: CubeTensor, cos: CubeTensor, sin: CubeTensor| {
+        let table = |t| burn::tensor::Tensor::<2>::from_primitive::<Cube>(t);
+        crate::rope::reference::rope(burn::tensor::Tensor::from_primitive::<Cube>(x), table(cos), table(sin), inverse)
+            .try_into_primitive::<Cube>()
+            .expect("a CUDA tensor")
+    };
+    let shape = x.meta.shape().clone();
+    let (d, s) = (shape[3], shape[2]);
+    let half = d / 2;
+    let vector = [8, 4, 2, 1].into_iter().find(|v| half % v == 0).expect("1 divides");
+    let x = if x.meta.strides()[3] == 1 { x } else { into_contiguous(x) };
+    let strides = x.meta.strides();
+    let fits = matches!(x.dtype, DType::BF16 | DType::F16 | DType::F32)
+        && d % 2 == 0
+        && strides[..3].iter().all(|st| st % vector == 0)
+        && cos.dtype == DType::F32
+        && sin.dtype == DType::F32
+        && cos.meta.shape()[0] >= s
+        && cos.meta.shape()[1] == half
+        && sin.meta.shape() == cos.meta.shape();
+    let tables = (compact_input(cos.clone()), compact_input(sin.clone()));
+    let (true, Some(cos_c), Some(sin_c)) = (fits, tables.0, tables.1) else {
+        return reference(x, cos, sin);
+    };
+    let out = compact_output(&x, shape.clone(), x.dtype);
+    let in_vectors = |i: usize| (strides[i] / vector) as u32;
+    let (count, dim) = launch_dims(shape.num_elements() / 2, vector);
+    let sign = if inverse { -1.0f32 } else { 1.0 };
+    launch_float!(
+        x.dtype,
+        rope_kernel,
+        &x.client,
+        count,
+        dim,
+        vector,
+        x.clone().into_tensor_arg(),
+        cos_c.into_tensor_arg(),
+        sin_c.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        in_vectors(0),
+        in_vectors(1),
+        in_vectors(2),
+        shape[1] as u32,
+        s as u32,
+        (half / vector) as u32,
+        sign,
+    );
+    out
+}

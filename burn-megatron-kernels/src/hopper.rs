@@ -1,0 +1,259 @@
+//! The Hopper pieces our kernels share, as inline PTX (CubeCL 0.11 emits none of them itself):
+//! mbarriers, TMA bulk tensor loads, `wgmma` shared-memory descriptors and the `wgmma` chains.
+//!
+//! Every operand tile sits in shared memory with the 128-byte swizzle, in boxes 64 bf16 wide
+//! (one 128-byte row each), loaded by TMA ([`Tile`] says how a `wgmma` reads one). The
+//! accumulator of an `m64nN` chain is `N / 2` f32 registers a thread: warp `w` of the warpgroup
+//! holds rows `16w..16w+15`; lane `l` holds, for each 8-column block `j`, the pair (row `l/4`,
+//! columns `8j + 2(l%4) + {0, 1}`) in registers `4j, 4j+1`, and the same columns 8 rows lower in
+//! `4j+2, 4j+3`. Read as bf16 pairs in that order, the registers of two neighbouring blocks are
+//! exactly the A fragment of a 16-deep k-step, so a result feeds the next product from registers.
+
+use cubecl::prelude::*;
+
+/// The f32 accumulator of an `m64n64` chain.
+pub(crate) type Acc64 = Vector<f32, Const<32>>;
+/// The f32 accumulator of an `m64n128` chain.
+pub(crate) type Acc128 = Vector<f32, Const<64>>;
+/// The f32 accumulator of an `m64n256` chain.
+pub(crate) type Acc256 = Vector<f32, Const<128>>;
+/// A 64 × 64 bf16 A operand in registers: 4 k-steps of 4 bf16 pairs.
+pub(crate) type Frags64 = Vector<u32, Const<16>>;
+
+/// How a `wgmma` reads one operand tile from shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Tile {
+    /// K contiguous: each row holds 64 k (128 bytes); 8-row groups 1 KiB apart; further 64-wide
+    /// k boxes follow `rows × 128` bytes apart. A 16-deep k-step is 32 bytes along the row.
+    KMajor { rows: u32 },
+    /// M or N contiguous: each 128-byte row holds 64 m (or n) at one k; 8-k groups 1 KiB apart;
+    /// further 64-wide m (or n) boxes follow `box_bytes` apart. A k-step is 16 rows, 2 KiB.
+    MnMajor { box_bytes: u32 },
+}
+
+impl Tile {
+    /// Bytes from the tile's start to k-step `step`.
+    pub(crate) const fn offset(self, step: u32) -> u32 {
+        match self {
+            Tile::KMajor { rows } => (step / 4) * rows * 128 + (step % 4) * 32,
+            Tile::MnMajor { .. } => step * 2048,
+        }
+    }
+
+    /// `wgmma`'s transpose flag for this operand.
+    pub(crate) const fn transposed(self) -> u32 {
+        match self {
+            Tile::KMajor { .. } => 0,
+            Tile::MnMajor { .. } => 1,
+        }
+    }
+
+    /// The descriptor bits above the address: the 128-byte swizzle (bit 62), the leading (bits
+    /// 16-29) and stride (bits 32-45) byte offsets, in 16-byte units.
+    pub(crate) const fn descriptor_bits(self) -> u64 {
+        let (lbo, sbo): (u64, u64) = match self {
+            // The leading offset is unused by this layout.
+            Tile::KMajor { .. } => (16, 1024),
+            // Leading: from one 64-wide m/n box to the next; stride: from one 8-k group to the
+            // next. (Measured: the other order gives wrong products.)
+            Tile::MnMajor { box_bytes } => (box_bytes as u64, 1024),
+        };
+        (1 << 62) | ((sbo >> 4) << 32) | ((lbo >> 4) << 16)
+    }
+}
+
+/// Where a chain's A operand comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum ASource {
+    Smem(Tile),
+    /// bf16 pairs in registers, 4 a k-step ([`Frags64`] for 4 steps).
+    Registers,
+}
+
+/// A chain of `steps` `m64n{n}k16` products into one accumulator, as one asm statement that
+/// ends by waiting for them. Its operands, in order: the new accumulator; the old one if
+/// `accumulate` (else the first step starts from zero); the A registers or A descriptor; the B
+/// descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Chain {
+    pub n: u32,
+    pub steps: u32,
+    pub accumulate: bool,
+    pub a: ASource,
+    pub b: Tile,
+}
+
+impl Chain {
+    /// The A operand's tile (a chain reading A from shared memory).
+    pub(crate) const fn a_tile(self) -> Tile {
+        match self.a {
+            ASource::Smem(tile) => tile,
+            ASource::Registers => panic!("A comes from registers"),
+        }
+    }
+
+    /// The PTX. Without `inout` operands (`gpu_asm!` has none) the old accumulator is copied
+    /// into the result registers first; ptxas folds the copies (no moves in the SASS).
+    pub(crate) fn ptx(self) -> String {
+        let regs = self.n / 2;
+        let mut placeholder = 1;
+        let mut next = || {
+            placeholder += 1;
+            placeholder - 1
+        };
+        let old = self.accumulate.then(&mut next);
+        let a = next();
+        let b = next();
+        let mut ptx = String::from(
+            "{\n.reg .pred pt, pf;\n.reg .b32 one;\n.reg .b64 da, db;\nmov.b32 one, 1;\nsetp.ne.b32 pt, one, 0;\nsetp.eq.b32 pf, one, 0;\n",
+        );
+        if old.is_some() {
+            for i in 0..regs {
+                ptx += &format!("mov.f32 %{i}, %{};\n", regs + i);
+            }
+        }
+        ptx += "wgmma.fence.sync.aligned;\n";
+        let a_regs = if self.accumulate { 2 * regs } else { regs };
+        for step in 0..self.steps {
+            let scale_d = if step == 0 && !self.accumulate { "pf" } else { "pt" };
+            ptx += &format!("add.s64 db, ${b}, {};\n", self.b.offset(step) / 16);
+            let tb = self.b.transposed();
+            let shape = format!("wgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16 $0", self.n);
+            match self.a {
+                ASource::Smem(tile) => {
+                    ptx += &format!("add.s64 da, ${a}, {};\n", tile.offset(step) / 16);
+                    ptx += &format!("{shape}, da, db, {scale_d}, 1, 1, {}, {tb};\n", tile.transposed());
+                }
+                ASource::Registers => {
+                    let r = a_regs + 4 * step;
+                    ptx += &format!("{shape}, {{%{}, %{}, %{}, %{}}}, db, {scale_d}, 1, 1, {tb};\n", r, r + 1, r + 2, r + 3);
+                }
+            }
+        }
+        ptx += "wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n}";
+        ptx
+    }
+}
+
+/// `acc + A·B` for an `m64n256` chain with both operands in shared memory (the GEMM).
+#[cube]
+pub(crate) fn chain_256(acc: &Acc256, desc_a: u64, desc_b: u64, #[comptime] chain: Chain) -> Acc256 {
+    let body = comptime![chain.ptx()];
+    let old = load::<Acc256>(acc);
+    let out: Acc256;
+    gpu_asm!("{body}", "// {d} {c} {a} {b}", d = out(_) out, c = in(_) old, a = in(_) desc_a, b = in(_) desc_b);
+    out
+}
+
+/// `A·B` for a fresh `m64n64` chain with both operands in shared memory (attention scores).
+#[cube]
+pub(crate) fn chain_64(desc_a: u64, desc_b: u64, #[comptime] chain: Chain) -> Acc64 {
+    let body = comptime![chain.ptx()];
+    let out: Acc64;
+    gpu_asm!("{body}", "// {d} {a} {b}", d = out(_) out, a = in(_) desc_a, b = in(_) desc_b);
+    out
+}
+
+/// `acc + A·B` for an `m64n128` chain, A from registers (attention's outputs and gradients).
+#[cube]
+pub(crate) fn chain_128(acc: &Acc128, frags: &Frags64, desc_b: u64, #[comptime] chain: Chain) -> Acc128 {
+    let body = comptime![chain.ptx()];
+    let old = load::<Acc128>(acc);
+    let a = load::<Frags64>(frags);
+    let out: Acc128;
+    gpu_asm!("{body}", "// {d} {c} {a} {b}", d = out(_) out, c = in(_) old, a = in(_) a, b = in(_) desc_b);
+    out
+}
+
+/// A value in a mutable local would reach `gpu_asm!` as its address: this loads it, so the asm
+/// gets its registers.
+#[cube]
+pub(crate) fn load<V: CubeType<ExpandType: ReadValue> + CubePrimitive>(value: &V) -> V {
+    intrinsic!(|scope| value.read_value(scope).into())
+}
+
+/// 2ˣ (`ex2.approx`: 2 ulp; -inf gives 0).
+#[cube]
+pub(crate) fn exp2(x: f32) -> f32 {
+    let out: f32;
+    gpu_asm!("ex2.approx.ftz.f32 {out}, {x};", out = out(_) out, x = in(_) x, options(pure, nomem));
+    out
+}
+
+/// log₂ x (`lg2.approx`).
+#[cube]
+pub(crate) fn log2(x: f32) -> f32 {
+    let out: f32;
+    gpu_asm!("lg2.approx.ftz.f32 {out}, {x};", out = out(_) out, x = in(_) x, options(pure, nomem));
+    out
+}
+
+/// Two f32 as the bf16 pair of one A-fragment register, `lo` in the low half.
+#[cube]
+pub(crate) fn pack_bf16(lo: f32, hi: f32) -> u32 {
+    let out: u32;
+    gpu_asm!("cvt.rn.bf16x2.f32 {out}, {hi}, {lo};", out = out(_) out, hi = in(_) hi, lo = in(_) lo, options(pure, nomem));
+    out
+}
+
+/// A shared-memory matrix descriptor: the start address in 16-byte units, then `bits`
+/// ([`Tile::descriptor_bits`]).
+#[cube]
+pub(crate) fn descriptor(smem_addr: u32, #[comptime] tile: Tile) -> u64 {
+    u64::cast_from((smem_addr >> 4) & 0x3FFF) | comptime!(tile.descriptor_bits())
+}
+
+#[cube]
+pub(crate) fn mbarrier_init(bar: u32, #[comptime] count: u32) {
+    gpu_asm!("mbarrier.init.shared::cta.b64 [{bar}], {count};", bar = in(_) bar);
+}
+
+/// Makes the initialized barriers visible to the TMA engine; a `sync_cube` must follow.
+#[cube]
+pub(crate) fn mbarrier_init_fence() {
+    gpu_asm!("fence.mbarrier_init.release.cluster;");
+}
+
+#[cube]
+pub(crate) fn mbarrier_arrive(bar: u32) {
+    gpu_asm!("mbarrier.arrive.shared::cta.b64 _, [{bar}];", bar = in(_) bar);
+}
+
+/// Arrives and announces `bytes` of TMA traffic the phase also waits for.
+#[cube]
+pub(crate) fn mbarrier_expect(bar: u32, #[comptime] bytes: u32) {
+    gpu_asm!("mbarrier.arrive.expect_tx.shared::cta.b64 _, [{bar}], {bytes};", bar = in(_) bar);
+}
+
+/// Spins until the phase of `bar` with this parity has completed.
+#[cube]
+pub(crate) fn mbarrier_wait(bar: u32, parity: u32) {
+    loop {
+        let done: u32;
+        gpu_asm!(
+            "{{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [{bar}], {parity};\nselp.u32 {done}, 1, 0, p;\n}}",
+            done = out(_) done, bar = in(_) bar, parity = in(_) parity,
+        );
+        if done != 0 {
+            break;
+        }
+    }
+}
+
+/// A 2-D bulk tensor copy of the box at `(inner, outer)` into shared memory, counted on `bar`.
+#[cube]
+pub(crate) fn tma_load_2d(dst: u32, map: u64, inner: u32, outer: u32, bar: u32) {
+    gpu_asm!(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{inner}, {outer}}}], [{bar}];",
+        dst = in(_) dst, map = in(_) map, inner = in(_) inner, outer = in(_) outer, bar = in(_) bar,
+    );
+}
+
+/// A 4-D bulk tensor copy (coordinates innermost first), counted on `bar`.
+#[cube]
+pub(crate) fn tma_load_4d(dst: u32, map: u64, c0: u32, c1: u32, c2: u32, c3: u32, bar: u32) {
+    gpu_asm!(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [{dst}], [{map}, {{{c0}, {c1}, {c2}, {c3}}}], [{bar}];",
+        dst = in(_) dst, map = in(_) map, c0 = in(_) c0, c1 = in(_) c1, c2 = in(_) c2, c3 = in(_) c3, bar = in(_) bar,
+    );
+}

@@ -1,0 +1,187 @@
+//! RMSNorm's CUDA kernels: a block of 256 threads a row for the forward and for `dx` (vectors
+//! of 8 along the row, a shuffle-and-shared-memory sum), and a column-sum kernel for `dw` that
+//! leaves one partial row per 64 input rows, summed after.
+
+use burn::backend::Cube;
+use burn::backend::ops::FloatTensorOps;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use half::{bf16, f16};
+
+use crate::elementwise::{compact_input, compact_output};
+use crate::rms_norm::reference;
+
+/// Threads a block: 8 warps.
+const THREADS: u32 = 256;
+/// Input rows a `dw` block sums.
+const DW_ROWS: u32 = 64;
+
+#[cube]
+fn hsum<N: Size>(v: Vector<f32, N>) -> f32 {
+    let mut sum = 0.0f32;
+    #[unroll]
+    for i in 0..v.vector_size() {
+        sum += v.extract(i);
+    }
+    sum
+}
+
+/// The sum of `x` over the block's 256 threads, on every thread.
+#[cube]
+fn block_sum(x: f32) -> f32 {
+    let mut partial = Shared::<[f32]>::new_slice(8usize);
+    let warp = plane_sum(x);
+    if UNIT_POS_PLANE == 0 {
+        partial[PLANE_POS as usize] = warp;
+    }
+    sync_cube();
+    let mut total = 0.0f32;
+    #[unroll]
+    for i in 0..8usize {
+        total += partial[i];
+    }
+    total
+}
+
+/// Grid: one block a row. `columns` counts vectors, `width` elements.
+#[cube(launch_unchecked)]
+fn forward_kernel<F: Float, N: Size>(
+    x: &Tensor<Vector<F, N>>,
+    weight: &Tensor<Vector<F, N>>,
+    y: &mut Tensor<Vector<F, N>>,
+    rstd: &mut Tensor<f32>,
+    columns: u32,
+    width: f32,
+    epsilon: f32,
+) {
+    let base = CUBE_POS * columns as usize;
+    let mut squares = 0.0f32;
+    for c in range_stepped(UNIT_POS, columns, THREADS) {
+        let v = Vector::<f32, N>::cast_from(x[base + c as usize]);
+        squares += hsum(v * v);
+    }
+    let r = 1.0f32 / (block_sum(squares) / width + epsilon).sqrt();
+    for c in range_stepped(UNIT_POS, columns, THREADS) {
+        let v = Vector::<f32, N>::cast_from(x[base + c as usize]);
+        y[base + c as usize] = Vector::<F, N>::cast_from(v * Vector::new(r)) * weight[c as usize];
+    }
+    if UNIT_POS == 0 {
+        rstd[CUBE_POS] = r;
+    }
+}
+
+/// Grid: one block a row; `dx = rstd · (g∘w − x̂ · mean(g∘w∘x̂))`.
+#[cube(launch_unchecked)]
+fn dx_kernel<F: Float, N: Size>(
+    x: &Tensor<Vector<F, N>>,
+    weight: &Tensor<Vector<F, N>>,
+    rstd: &Tensor<f32>,
+    grad: &Tensor<Vector<F, N>>,
+    dx: &mut Tensor<Vector<F, N>>,
+    columns: u32,
+    width: f32,
+) {
+    let base = CUBE_POS * columns as usize;
+    let r = Vector::<f32, N>::new(rstd[CUBE_POS]);
+    let mut dot = 0.0f32;
+    for c in range_stepped(UNIT_POS, columns, THREADS) {
+        let i = base + c as usize;
+        let gw = Vector::<f32, N>::cast_from(grad[i]) * Vector::<f32, N>::cast_from(weight[c as usize]);
+        dot += hsum(gw * Vector::<f32, N>::cast_from(x[i]) * r);
+    }
+    let mean = Vector::<f32, N>::new(block_sum(dot) / width);
+    for c in range_stepped(UNIT_POS, columns, THREADS) {
+        let i = base + c as usize;
+        let gw = Vector::<f32, N>::cast_from(grad[i]) * Vector::<f32, N>::cast_from(weight[c as usize]);
+        dx[i] = Vector::cast_from(r * (gw - Vector::<f32, N>::cast_from(x[i]) * r * mean));
+    }
+}
+
+/// Grid `(columns / 256, rows / 64)`: `partial[row block, c] = Σ g ∘ x · rstd` over 64 rows.
+#[cube(launch_unchecked)]
+fn dw_kernel<F: Float, N: Size>(
+    x: &Tensor<Vector<F, N>>,
+    rstd: &Tensor<f32>,
+    grad: &Tensor<Vector<F, N>>,
+    partial: &mut Tensor<Vector<f32, N>>,
+    columns: u32,
+    rows: u32,
+) {
+    let c = CUBE_POS_X * THREADS + UNIT_POS;
+    if c < columns {
+        let first = CUBE_POS_Y * DW_ROWS;
+        let last = min(first + DW_ROWS, rows);
+        let mut sum = Vector::<f32, N>::new(0.0f32);
+        for r in first..last {
+            let i = (r * columns + c) as usize;
+            sum += Vector::<f32, N>::cast_from(grad[i]) * Vector::<f32, N>::cast_from(x[i]) * Vector::new(rstd[r as usize]);
+        }
+        partial[(CUBE_POS_Y * columns + c) as usize] = sum;
+    }
+}
+
+macro_rules! launch_float {
+    ($dtype:expr, $kernel:ident, $($arg:expr),* $(,)?) => {
+        // SAFETY: the grids cover the rows and columns exactly (dw checks its column), and all
+        // tensors are compact with the shapes the kernels index.
+        unsafe {
+            match $dtype {
+                DType::BF16 => $kernel::launch_unchecked::<bf16>($($arg),*),
+                DType::F16 => $kernel::launch_unchecked::<f16>($($arg),*),
+                _ => $kernel::launch_unchecked::<f32>($($arg),*),
+            }
+        }
+    };
+}
+
+/// `(rows, columns, vector)` when the kernels take `x` and `weight`: compact, one float dtype,
+/// a weight as long as a row.
+fn layout(x: &CubeTensor, weight: &CubeTensor) -> Option<(usize, usize, usize)> {
+    let columns = *x.meta.shape().last()?;
+    let fits = x.dtype == weight.dtype && matches!(x.dtype, DType::BF16 | DType::F16 | DType::F32) && weight.meta.shape().num_dims() == 1 && weight.meta.shape()[0] == columns && columns > 0;
+    let vector = if columns % 8 == 0 { 8 } else { 1 };
+    fits.then_some((x.meta.num_elements() / columns, columns, vector))
+}
+
+/// `x`'s shape with a last dim of 1.
+fn row_shape(x: &CubeTensor) -> Shape {
+    let mut dims: Vec<usize> = x.meta.shape().iter().copied().collect();
+    *dims.last_mut().expect("rank ≥ 1") = 1;
+    Shape::from(dims)
+}
+
+pub(crate) fn forward(x: CubeTensor, weight: CubeTensor, epsilon: f32) -> (CubeTensor, CubeTensor) {
+    let (Some((rows, columns, vector)), Some(xc), Some(wc)) = (layout(&x, &weight), compact_input(x.clone()), compact_input(weight.clone())) else {
+        return reference::forward::<Cube>(x, weight, epsilon);
+    };
+    let y = compact_output(&xc, xc.meta.shape().clone(), xc.dtype);
+    let rstd = compact_output(&xc, row_shape(&xc), DType::F32);
+    let count = CubeCount::Static(rows as u32, 1, 1);
+    let args = (xc.clone().into_tensor_arg(), wc.into_tensor_arg(), y.clone().into_tensor_arg(), rstd.clone().into_tensor_arg());
+    launch_float!(xc.dtype, forward_kernel, &xc.client, count, CubeDim::new_1d(THREADS), vector, args.0, args.1, args.2, args.3, (columns / vector) as u32, columns as f32, epsilon);
+    (y, rstd)
+}
+
+pub(crate) fn backward(x: CubeTensor, weight: CubeTensor, rstd: CubeTensor, grad: CubeTensor) -> (CubeTensor, CubeTensor) {
+    let inputs = (layout(&x, &weight), compact_input(x.clone()), compact_input(weight.clone()), compact_input(rstd.clone()), compact_input(grad.clone()));
+    let (Some((rows, columns, vector)), Some(xc), Some(wc), Some(rc), Some(gc)) = inputs else {
+        return reference::backward::<Cube>(x, weight, rstd, grad);
+    };
+    if gc.dtype != xc.dtype {
+        return reference::backward::<Cube>(x, weight, rstd, grad);
+    }
+    let client = xc.client.clone();
+    let vectors = (columns / vector) as u32;
+    let dx = compact_output(&xc, xc.meta.shape().clone(), xc.dtype);
+    let row_blocks = (rows as u32).div_ceil(DW_ROWS);
+    let partial = compact_output(&xc, Shape::from([row_blocks as usize, columns]), DType::F32);
+    let dim = CubeDim::new_1d(THREADS);
+    let dx_args = (xc.clone().into_tensor_arg(), wc.into_tensor_arg(), rc.clone().into_tensor_arg(), gc.clone().into_tensor_arg(), dx.clone().into_tensor_arg());
+    launch_float!(xc.dtype, dx_kernel, &client, CubeCount::Static(rows as u32, 1, 1), dim, vector, dx_args.0, dx_args.1, dx_args.2, dx_args.3, dx_args.4, vectors, columns as f32);
+    let dw_count = CubeCount::Static(vectors.div_ceil(THREADS), row_blocks, 1);
+    let dw_args = (xc.clone().into_tensor_arg(), rc.into_tensor_arg(), gc.into_tensor_arg(), partial.clone().into_tensor_arg());
+    launch_float!(xc.dtype, dw_kernel, &client, dw_count, dim, vector, dw_args.0, dw_args.1, dw_args.2, dw_args.3, vectors, rows as u32);
+    let dw = Cube::float_reshape(Cube::float_sum_dim(partial, 0), Shape::from([columns]));
+    (dx, Cube::float_cast(dw, weight.dtype.into()))
+}

@@ -1,0 +1,114 @@
+//! Rotary position embedding on the two halves of each head (Hugging Face Llama's and
+//! Megatron's layout) as a backend extension, [`RopeOps`], with its own backward (the inverse
+//! rotation of the gradient): on CUDA one elementwise kernel that reads any `[b, h, s, d]` view
+//! with a contiguous head dim; elsewhere the tensor-op twin, [`reference`]. Both rotate in f32
+//! and round once.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, Backend, Flex, backend_extension};
+use burn::tensor::Tensor;
+
+/// The backend extension behind [`rope`].
+#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
+pub trait RopeOps: Backend {
+    /// `x` rotated for positions `0..s` by the `[≥ s, d/2]` f32 tables: `(x₁, x₂) →
+    /// (x₁cos − x₂sin, x₂cos + x₁sin)`, or by the inverse rotation when `inverse`.
+    fn rope(x: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>, inverse: bool) -> FloatTensor<Self>;
+}
+
+/// The plain tensor-op twin: the CPU path and the kernel's oracle.
+pub mod reference {
+    use burn::tensor::{DType, Tensor};
+
+    pub fn rope(x: Tensor<4>, cos: Tensor<2>, sin: Tensor<2>, inverse: bool) -> Tensor<4> {
+        let [_, _, s, d] = x.dims();
+        let half = d / 2;
+        let dtype = x.dtype();
+        let x = x.cast(DType::F32);
+        let cos = cos.narrow(0, 0, s).cast(DType::F32).unsqueeze::<4>();
+        let sin = sin.narrow(0, 0, s).cast(DType::F32).unsqueeze::<4>();
+        let sin = if inverse { sin.neg() } else { sin };
+        let x1 = x.clone().narrow(3, 0, half);
+        let x2 = x.narrow(3, half, half);
+        let rotated_1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
+        let rotated_2 = x2 * cos + x1 * sin;
+        Tensor::cat(vec![rotated_1, rotated_2], 3).cast(dtype)
+    }
+}
+
+impl RopeOps for Flex {
+    fn rope(x: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>, inverse: bool) -> FloatTensor<Self> {
+        let table = |t| Tensor::<2>::from_primitive::<Flex>(t);
+        reference::rope(Tensor::from_primitive::<Flex>(x), table(cos), table(sin), inverse).try_into_primitive::<Flex>().expect("flex")
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl RopeOps for burn::backend::Cube {
+    fn rope(x: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>, inverse: bool) -> FloatTensor<Self> {
+        crate::elementwise::rope(x, cos, sin, inverse)
+    }
+}
+
+#[derive(Debug)]
+struct RopeBackward;
+
+impl<B: Backend + RopeOps> Backward<B, 1> for RopeBackward {
+    /// The tables and the direction.
+    type State = (FloatTensor<B>, FloatTensor<B>, bool);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (cos, sin, inverse) = ops.state;
+        // A rotation's transpose is its inverse.
+        unary::<B, _>(ops.parents, ops.node, grads, |grad| B::rope(grad, cos, sin, !inverse));
+    }
+}
+
+impl<B: Backend + RopeOps, C: CheckpointStrategy> RopeOps for Autodiff<B, C> {
+    fn rope(x: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>, inverse: bool) -> FloatTensor<Self> {
+        let (cos, sin) = (cos.into_parts().0, sin.into_parts().0);
+        match RopeBackward.prepare::<C>([x.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let out = B::rope(x.into_parts().0, cos.clone(), sin.clone(), inverse);
+                prep.finish((cos, sin, inverse), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::rope(x.into_parts().0, cos, sin, inverse)),
+        }
+    }
+}
+
+/// `x` rotated for positions `0..s` through [`RopeOps`], differentiable in `x` (the tables are
+/// constants).
+///
+/// # Shapes
+/// `[b, h, s, d]`, `[≥ s, d/2]` × 2 → `[b, h, s, d]`
+pub fn rope(x: Tensor<4>, cos: Tensor<2>, sin: Tensor<2>) -> Tensor<4> {
+    Tensor::from_dispatch(<burn::backend::Dispatch as RopeOps>::rope(x.into_dispatch(), cos.into_dispatch(), sin.into_dispatch(), false))
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, Distribution, Tensor, Tolerance};
+
+    /// On the CPU the extension is the rotation written in tensor ops, differentiated by
+    /// autodiff: the same values and gradients (the backward is the inverse rotation).
+    #[test]
+    fn matches_autodiff_with_gradients() {
+        let device = Device::flex().autodiff();
+        let x = Tensor::<4>::random([2, 3, 5, 8], Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let angles = Tensor::<2>::random([7, 4], Distribution::Uniform(0.0, 6.0), &device);
+        let (cos, sin) = (angles.clone().cos(), angles.sin());
+        let ours = super::rope(x.clone(), cos.clone(), sin.clone());
+        let theirs = super::reference::rope(x.clone(), cos, sin, false);
+        // The same f32 products: equal up to rounding order.
+        let tolerance = Tolerance::absolute(1e-6);
+        ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
+        let weights = Tensor::<4>::random([2, 3, 5, 8], Distribution::Normal(0.0, 1.0), &device);
+        let (g1, g2) = ((ours * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
+        x.grad(&g1).unwrap().to_data().assert_approx_eq::<f32>(&x.grad(&g2).unwrap().to_data(), tolerance);
+    }
+}

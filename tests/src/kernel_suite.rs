@@ -1,0 +1,197 @@
+//! burn-megatron-kernels' CUDA kernels against their references, on one GPU (`gpu-suite`): the
+//! wgmma GEMM and flash attention, forward and backward, on ragged shapes and every operand
+//! layout they read.
+
+use burn::tensor::module::attention as burn_attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{DType, Distribution, Tensor};
+use burn_megatron_kernels::attention::attention;
+use burn_megatron_kernels::gemm::{GemmKernel, matmul};
+
+use crate::Harness;
+
+/// ‖a − b‖ / ‖b‖ in f32.
+fn relative_error<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
+    let (a, b) = (a.cast(DType::F32), b.cast(DType::F32));
+    let norm = |t: Tensor<D>| t.square().sum().sqrt().into_scalar::<f32>();
+    norm(a - b.clone()) / norm(b)
+}
+
+/// The wgmma GEMM on shapes that fill no tile, each operand plain and transposed, against the
+/// f32 product of the same bf16 operands.
+pub fn wgmma_gemm(h: &Harness) {
+    let device = h.device(0);
+    let operand = |rows: usize, cols: usize, transposed: bool| {
+        let normal = Distribution::Normal(0.0, 1.0);
+        match transposed {
+            true => Tensor::<2>::random([cols, rows], normal, (&device, DType::BF16)).transpose(),
+            false => Tensor::<2>::random([rows, cols], normal, (&device, DType::BF16)),
+        }
+    };
+    for (m, k, n) in [(300, 136, 520), (129, 2056, 257), (64, 24, 40), (1000, 64, 777)] {
+        for (lhs_t, rhs_t) in [(false, false), (true, false), (false, true), (true, true)] {
+            let (lhs, rhs) = (operand(m, k, lhs_t), operand(k, n, rhs_t));
+            let out = matmul(lhs.clone(), rhs.clone(), GemmKernel::Wgmma).unwrap();
+            let expected = lhs.cast(DType::F32).matmul(rhs.cast(DType::F32));
+            // The output is rounded to bf16 (2⁻⁹ relative each): about 2e-3 in norm; a wrong
+            // tile or layout is of order 1.
+            let error = relative_error(out, expected);
+            assert!(error < 1e-2, "{m}×{k}×{n} lhs_t {lhs_t} rhs_t {rhs_t}: relative error {error}");
+        }
+    }
+    let f32_operand = Tensor::<2>::random([64, 64], Distribution::Normal(0.0, 1.0), (&device, DType::F32));
+    assert!(matmul(f32_operand.clone(), f32_operand, GemmKernel::Wgmma).is_err(), "f32 is refused, not miscomputed");
+}
+
+/// Flash attention (bf16, head dim 128, the layer's `[b, s, h, d]` storage seen as
+/// `[b, h, s, d]`) against Burn's attention in f32 differentiated by autodiff: outputs and the
+/// gradients of q, k and v, with and without the causal mask, on lengths that fill no tile. A
+/// head dim of 64 goes to the reference path and must match too.
+pub fn flash_attention(h: &Harness) {
+    let device = h.device(0).autodiff();
+    for (b, heads, s, d) in [(2, 3, 100, 128), (1, 2, 257, 128), (2, 2, 256, 128), (1, 2, 70, 64)] {
+        for causal in [false, true] {
+            let input = || Tensor::<4>::random([b, s, heads, d], Distribution::Normal(0.0, 1.0), (&device, DType::BF16)).swap_dims(1, 2).detach().require_grad();
+            let (q, k, v) = (input(), input(), input());
+            let out = attention(q.clone(), k.clone(), v.clone(), causal);
+            let f32 = |t: &Tensor<4>| t.clone().cast(DType::F32).detach().require_grad();
+            let (q32, k32, v32) = (f32(&q), f32(&k), f32(&v));
+            let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: causal };
+            let expected = burn_attention(q32.clone(), k32.clone(), v32.clone(), None, None, options);
+            let case = format!("b {b} h {heads} s {s} d {d} causal {causal}");
+            // bf16 inputs in both; ours rounds the probabilities and the output to bf16 (2⁻⁸
+            // relative each): a few 1e-3 in norm. A wrong tile, mask or layout is of order 1.
+            let error = relative_error(out.clone(), expected.clone());
+            assert!(error < 2e-2, "{case}: output relative error {error}");
+            let weights = Tensor::<4>::random([b, heads, s, d], Distribution::Normal(0.0, 1.0), (&device, DType::F32));
+            let grads = (out.cast(DType::F32) * weights.clone()).sum().backward();
+            let expected_grads = (expected * weights).sum().backward();
+            for (name, ours, theirs) in [("q", &q, &q32), ("k", &k, &k32), ("v", &v, &v32)] {
+                let (g, e) = (ours.grad(&grads).unwrap(), theirs.grad(&expected_grads).unwrap());
+                // The gradients also round dS and dP to bf16 before their products: 4e-2.
+                let error = relative_error(g, e);
+                assert!(error < 4e-2, "{case}: d{name} relative error {error}");
+            }
+        }
+    }
+}
+
+/// `t` as f32, detached and tracked again: the reference's own leaf.
+fn f32_leaf<const D: usize>(t: &Tensor<D>) -> Tensor<D> {
+    t.clone().cast(DType::F32).detach().require_grad()
+}
+
+/// What a dtype's result may differ from the f32 reference by, in norm: f32 kernels differ in
+/// summation order and `exp`/`sqrt` rounding (ulps); bf16 outputs and gradients are rounded to
+/// 8 bits of mantissa (2⁻⁹ relative each).
+fn tolerance(dtype: DType) -> f32 {
+    match dtype {
+        DType::BF16 => 1e-2,
+        _ => 1e-4,
+    }
+}
+
+/// Fused SwiGLU against `silu(a) ∘ b` in f32 with autodiff: values and both gradients, in f32
+/// and bf16, with a row length that takes vectors of 8 and one that does not.
+pub fn swiglu(h: &Harness) {
+    let device = h.device(0).autodiff();
+    for dtype in [DType::F32, DType::BF16] {
+        for dims in [[2, 37, 2048], [3, 5, 100]] {
+            // Drawn then cast on the autodiff device: detach, so the leaf is the cast tensor.
+            let input = || Tensor::<3>::random(dims, Distribution::Normal(0.0, 2.0), (&device, dtype)).detach().require_grad();
+            let (a, b) = (input(), input());
+            let ours = burn_megatron_kernels::swiglu::swiglu(a.clone(), b.clone());
+            let (a32, b32) = (f32_leaf(&a), f32_leaf(&b));
+            let theirs = burn::tensor::activation::silu(a32.clone()) * b32.clone();
+            let case = format!("{dtype:?} {dims:?}");
+            let error = relative_error(ours.clone(), theirs.clone());
+            assert!(error < tolerance(dtype), "{case}: output relative error {error}");
+            let weights = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), (&device, DType::F32));
+            let (g1, g2) = ((ours.cast(DType::F32) * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
+            for (name, x, x32) in [("a", &a, &a32), ("b", &b, &b32)] {
+                let error = relative_error(x.grad(&g1).unwrap(), x32.grad(&g2).unwrap());
+                assert!(error < tolerance(dtype), "{case}: d{name} relative error {error}");
+            }
+        }
+    }
+}
+
+/// Fused RMSNorm against the formula in f32 with autodiff: values and the gradients of the input
+/// and the weight, in f32 and bf16, on rows that take vectors of 8 and rows that do not.
+pub fn rms_norm(h: &Harness) {
+    let device = h.device(0).autodiff();
+    for dtype in [DType::F32, DType::BF16] {
+        for dims in [[2, 37, 2048], [3, 100, 100]] {
+            let x = Tensor::<3>::random(dims, Distribution::Normal(0.0, 2.0), (&device, dtype)).detach().require_grad();
+            let w = Tensor::<1>::random([dims[2]], Distribution::Normal(1.0, 0.5), (&device, dtype)).detach().require_grad();
+            let ours = burn_megatron_kernels::rms_norm::rms_norm(x.clone(), w.clone(), 1e-5);
+            let (x32, w32) = (f32_leaf(&x), f32_leaf(&w));
+            let theirs = x32.clone() / x32.clone().square().mean_dim(2).add_scalar(1e-5).sqrt() * w32.clone().unsqueeze::<3>();
+            let case = format!("{dtype:?} {dims:?}");
+            let error = relative_error(ours.clone(), theirs.clone());
+            assert!(error < tolerance(dtype), "{case}: output relative error {error}");
+            let weights = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), (&device, DType::F32));
+            let (g1, g2) = ((ours.cast(DType::F32) * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
+            let error = relative_error(x.grad(&g1).unwrap(), x32.grad(&g2).unwrap());
+            assert!(error < tolerance(dtype), "{case}: dx relative error {error}");
+            // dw sums 74 to 300 rows of bf16 products: a little more rounding than the rest.
+            let error = relative_error(w.grad(&g1).unwrap(), w32.grad(&g2).unwrap());
+            assert!(error < 2.0 * tolerance(dtype), "{case}: dw relative error {error}");
+        }
+    }
+}
+
+/// Fused RoPE on the attention layer's `[b, s, h, d]`-storage views against the rotation in
+/// tensor ops (f32, autodiff): values and the input gradient, for head dims that take vectors of
+/// 8 and one that takes none.
+pub fn rope(h: &Harness) {
+    let device = h.device(0).autodiff();
+    for dtype in [DType::F32, DType::BF16] {
+        for (b, heads, s, d) in [(2, 3, 50, 128), (1, 2, 9, 6)] {
+            let x = Tensor::<4>::random([b, s, heads, d], Distribution::Normal(0.0, 1.0), (&device, dtype)).swap_dims(1, 2).detach().require_grad();
+            let angles = Tensor::<2>::random([s + 3, d / 2], Distribution::Uniform(0.0, 6.0), (&device, DType::F32));
+            let (cos, sin) = (angles.clone().cos(), angles.sin());
+            let ours = burn_megatron_kernels::rope::rope(x.clone(), cos.clone(), sin.clone());
+            let x32 = f32_leaf(&x);
+            let theirs = burn_megatron_kernels::rope::reference::rope(x32.clone(), cos, sin, false);
+            let case = format!("{dtype:?} b {b} h {heads} s {s} d {d}");
+            let error = relative_error(ours.clone(), theirs.clone());
+            assert!(error < tolerance(dtype), "{case}: output relative error {error}");
+            let weights = Tensor::<4>::random([b, heads, s, d], Distribution::Normal(0.0, 1.0), (&device, DType::F32));
+            let (g1, g2) = ((ours.cast(DType::F32) * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
+            let error = relative_error(x.grad(&g1).unwrap(), x32.grad(&g2).unwrap());
+            assert!(error < tolerance(dtype), "{case}: dx relative error {error}");
+        }
+    }
+}
+
+/// Three fused AdamW steps against the update written in f32 tensor ops, for f32 and bf16
+/// parameters, on lengths that take vectors of 4 and one that takes none.
+pub fn adamw(h: &Harness) {
+    use burn_megatron_kernels::adamw::{AdamWStep, adamw_step};
+    let device = h.device(0);
+    for dtype in [DType::F32, DType::BF16] {
+        for dims in [[1000, 37], [7, 13]] {
+            let start = Tensor::<2>::random(dims, Distribution::Normal(0.0, 1.0), (&device, dtype));
+            let (mut p, mut m, mut v) = (start.clone(), start.zeros_like().cast(DType::F32), start.zeros_like().cast(DType::F32));
+            let (mut p32, mut m32, mut v32) = (start.cast(DType::F32), m.clone(), v.clone());
+            for time in 1..=3u32 {
+                let step = AdamWStep { lr: 1e-2, beta_1: 0.9, beta_2: 0.95, epsilon: 1e-8, weight_decay: 0.1, time, grad_scale: 0.5 };
+                let grad = Tensor::<2>::random(dims, Distribution::Normal(0.0, 1.0), (&device, dtype));
+                (p, m, v) = adamw_step(p, grad.clone(), m, v, step);
+                let g = grad.cast(DType::F32) * 0.5;
+                m32 = m32 * 0.9 + g.clone() * 0.1;
+                v32 = v32 * 0.95 + g.square() * 0.05;
+                let update = (m32.clone() / (1.0 - 0.9f32.powi(time as i32))) / ((v32.clone() / (1.0 - 0.95f32.powi(time as i32))).sqrt() + 1e-8);
+                p32 = p32 * (1.0 - 1e-2 * 0.1) - update * 1e-2;
+            }
+            let case = format!("{dtype:?} {dims:?}");
+            // f32: the same formula (ulps). bf16: the parameter is rounded each step (2⁻⁹ of
+            // values of order 1), the f32 twin is not.
+            let error = relative_error(p, p32);
+            assert!(error < tolerance(dtype), "{case}: parameter relative error {error}");
+            let error = relative_error(m, m32);
+            assert!(error < 1e-4, "{case}: first moment relative error {error}");
+        }
+    }
+}
