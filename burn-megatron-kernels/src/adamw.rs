@@ -27,7 +27,8 @@ pub struct AdamWStep {
 }
 
 impl AdamWStep {
-    fn bias(&self) -> (f32, f32) {
+    /// The bias corrections `(1 − β₁ᵗ, 1 − β₂ᵗ)`.
+    pub(crate) fn bias(&self) -> (f32, f32) {
         (1.0 - self.beta_1.powi(self.time as i32), 1.0 - self.beta_2.powi(self.time as i32))
     }
 }
@@ -36,19 +37,12 @@ impl AdamWStep {
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait AdamWOps: Backend {
     /// `(parameter, moment_1, moment_2)` after one step; moments f32, the parameter in its dtype.
-    #[allow(clippy::too_many_arguments)]
     fn adamw_update(
         param: FloatTensor<Self>,
         grad: FloatTensor<Self>,
         moment_1: FloatTensor<Self>,
         moment_2: FloatTensor<Self>,
-        lr: f32,
-        beta_1: f32,
-        beta_2: f32,
-        epsilon: f32,
-        weight_decay: f32,
-        time: u32,
-        grad_scale: f32,
+        step: AdamWStep,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
@@ -82,68 +76,27 @@ pub mod reference {
     }
 }
 
-macro_rules! step_of {
-    ($lr:expr, $beta_1:expr, $beta_2:expr, $epsilon:expr, $weight_decay:expr, $time:expr, $grad_scale:expr) => {
-        AdamWStep { lr: $lr, beta_1: $beta_1, beta_2: $beta_2, epsilon: $epsilon, weight_decay: $weight_decay, time: $time, grad_scale: $grad_scale }
-    };
-}
+/// The new parameter and moments.
+type Update<B> = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
 
 impl AdamWOps for Flex {
-    fn adamw_update(
-        param: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        moment_1: FloatTensor<Self>,
-        moment_2: FloatTensor<Self>,
-        lr: f32,
-        beta_1: f32,
-        beta_2: f32,
-        epsilon: f32,
-        weight_decay: f32,
-        time: u32,
-        grad_scale: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        reference::update::<Flex>(param, grad, moment_1, moment_2, step_of!(lr, beta_1, beta_2, epsilon, weight_decay, time, grad_scale))
+    fn adamw_update(param: FloatTensor<Self>, grad: FloatTensor<Self>, m: FloatTensor<Self>, v: FloatTensor<Self>, step: AdamWStep) -> Update<Self> {
+        reference::update::<Flex>(param, grad, m, v, step)
     }
 }
 
 #[cfg(feature = "cuda")]
 impl AdamWOps for burn::backend::Cube {
-    fn adamw_update(
-        param: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        moment_1: FloatTensor<Self>,
-        moment_2: FloatTensor<Self>,
-        lr: f32,
-        beta_1: f32,
-        beta_2: f32,
-        epsilon: f32,
-        weight_decay: f32,
-        time: u32,
-        grad_scale: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let step = step_of!(lr, beta_1, beta_2, epsilon, weight_decay, time, grad_scale);
-        let (bias_1, bias_2) = step.bias();
-        crate::elementwise::adamw(param, grad, moment_1, moment_2, step, bias_1, bias_2)
+    fn adamw_update(param: FloatTensor<Self>, grad: FloatTensor<Self>, m: FloatTensor<Self>, v: FloatTensor<Self>, step: AdamWStep) -> Update<Self> {
+        crate::elementwise::adamw(param, grad, m, v, step)
     }
 }
 
 /// Optimizers run on tensors outside the graph: the inner backend's update, as constants.
 impl<B: Backend + AdamWOps, C: CheckpointStrategy> AdamWOps for Autodiff<B, C> {
-    fn adamw_update(
-        param: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        moment_1: FloatTensor<Self>,
-        moment_2: FloatTensor<Self>,
-        lr: f32,
-        beta_1: f32,
-        beta_2: f32,
-        epsilon: f32,
-        weight_decay: f32,
-        time: u32,
-        grad_scale: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+    fn adamw_update(param: FloatTensor<Self>, grad: FloatTensor<Self>, m: FloatTensor<Self>, v: FloatTensor<Self>, step: AdamWStep) -> Update<Self> {
         let inner = |t: FloatTensor<Self>| t.into_parts().0;
-        let (p, m, v) = B::adamw_update(inner(param), inner(grad), inner(moment_1), inner(moment_2), lr, beta_1, beta_2, epsilon, weight_decay, time, grad_scale);
+        let (p, m, v) = B::adamw_update(inner(param), inner(grad), inner(m), inner(v), step);
         let outer = |t| <Self as AutodiffBackend>::from_inner(t);
         (outer(p), outer(m), outer(v))
     }
@@ -154,20 +107,7 @@ impl<B: Backend + AdamWOps, C: CheckpointStrategy> AdamWOps for Autodiff<B, C> {
 /// # Shapes
 /// all four of one shape
 pub fn adamw_step<const D: usize>(param: Tensor<D>, grad: Tensor<D>, moment_1: Tensor<D>, moment_2: Tensor<D>, step: AdamWStep) -> (Tensor<D>, Tensor<D>, Tensor<D>) {
-    let AdamWStep { lr, beta_1, beta_2, epsilon, weight_decay, time, grad_scale } = step;
-    let (p, m, v) = <burn::backend::Dispatch as AdamWOps>::adamw_update(
-        param.into_dispatch(),
-        grad.into_dispatch(),
-        moment_1.into_dispatch(),
-        moment_2.into_dispatch(),
-        lr,
-        beta_1,
-        beta_2,
-        epsilon,
-        weight_decay,
-        time,
-        grad_scale,
-    );
+    let (p, m, v) = <burn::backend::Dispatch as AdamWOps>::adamw_update(param.into_dispatch(), grad.into_dispatch(), moment_1.into_dispatch(), moment_2.into_dispatch(), step);
     (Tensor::from_dispatch(p), Tensor::from_dispatch(m), Tensor::from_dispatch(v))
 }
 

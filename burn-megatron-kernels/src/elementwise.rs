@@ -82,8 +82,9 @@ fn swiglu_backward_kernel<F: Float, N: Size>(
 /// Runs `$kernel::launch_unchecked::<F>` for the tensor's float dtype.
 macro_rules! launch_float {
     ($dtype:expr, $kernel:ident, $($arg:expr),* $(,)?) => {
-        // SAFETY: every thread checks its index against the output's length, and all tensors
-        // are compact and of one length.
+        // SAFETY: the callers' kernels check every index against their outputs' lengths (or
+        // their grids cover the rows exactly), and every tensor is compact with the shape the
+        // kernel indexes.
         unsafe {
             match $dtype {
                 DType::BF16 => $kernel::launch_unchecked::<bf16>($($arg),*),
@@ -93,6 +94,8 @@ macro_rules! launch_float {
         }
     };
 }
+
+pub(crate) use launch_float;
 
 fn float_like(a: &CubeTensor, b: &CubeTensor) -> bool {
     a.dtype == b.dtype && matches!(a.dtype, DType::BF16 | DType::F16 | DType::F32) && a.meta.shape() == b.meta.shape()
@@ -174,9 +177,8 @@ pub(crate) fn adamw(
     m: CubeTensor,
     v: CubeTensor,
     step: crate::adamw::AdamWStep,
-    bias_1: f32,
-    bias_2: f32,
 ) -> (CubeTensor, CubeTensor, CubeTensor) {
+    let (bias_1, bias_2) = step.bias();
     use burn::backend::ops::FloatTensorOps;
     let fits = matches!(param.dtype, DType::BF16 | DType::F16 | DType::F32)
         && m.dtype == DType::F32

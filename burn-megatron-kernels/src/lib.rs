@@ -1,16 +1,21 @@
 //! CubeCL kernels for burn-megatron's hot paths, each as a Burn backend extension beside its
 //! reference twin (plain tensor ops, the test oracle and the CPU path).
 //!
-//! - [`linear`]: the linear layers' matrix product as a backend extension with its backward,
-//!   running the fastest measured routine on CUDA.
-//! - [`gemm`] (CUDA): every matrix-multiply routine of cubek, callable by name on Burn tensors,
-//!   to measure them against cuBLAS and to pick the best for each linear's shapes.
+//! - [`linear`]: the linear layers' matrix product with its backward; on CUDA our Hopper GEMM,
+//!   [`wgmma`] (`wgmma` + TMA through inline PTX; the shared pieces in `hopper`).
+//! - [`gemm`] (CUDA): every matrix-multiply routine by name (cubek's and ours), to measure them
+//!   against cuBLAS and to choose the linears' routine.
+//! - [`attention`]: flash attention forward and backward (no O(s²) memory).
+//! - [`rms_norm`], [`swiglu`], [`rope`]: the fused row and elementwise ops of a Llama block.
+//! - [`cross_entropy`]: the full-vocabulary sums of (vocab-parallel) cross-entropy and their
+//!   backward, on the logits in their dtype.
+//! - [`adamw`]: one AdamW update a parameter in one kernel.
 //!
-//! The fused RMSNorm / RoPE / SwiGLU / cross-entropy, flash attention and fused AdamW kernels
-//! are still to come (the GPU performance issue).
+//! `docs/perf/kernels.md` describes each and what it measured.
 
 pub mod adamw;
 pub mod attention;
+pub mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod elementwise;
 #[cfg(feature = "cuda")]
@@ -19,7 +24,7 @@ pub mod gemm;
 mod hopper;
 pub mod linear;
 #[cfg(feature = "cuda")]
-mod norm_kernels;
+mod row_kernels;
 pub mod rms_norm;
 pub mod rope;
 pub mod swiglu;

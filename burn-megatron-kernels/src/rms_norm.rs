@@ -1,6 +1,6 @@
 //! RMSNorm, `y = x / √(mean(x²) + ε) · w` over the last dim, as a backend extension,
 //! [`RmsNormOps`], with its own backward: on CUDA one kernel a row each way plus a column-sum
-//! kernel for the weight's gradient ([`crate::norm_kernels`]); elsewhere the tensor-op twin,
+//! kernel for the weight's gradient ([`crate::row_kernels`]); elsewhere the tensor-op twin,
 //! [`reference`]. Both normalize in f32, round to the input's dtype, then scale by the weight in
 //! that dtype (Burn's and Hugging Face's order), and keep `rstd = 1/√(mean(x²) + ε)` per row
 //! (f32, the input's shape with a last dim of 1) for the backward.
@@ -83,11 +83,11 @@ impl RmsNormOps for Flex {
 #[cfg(feature = "cuda")]
 impl RmsNormOps for burn::backend::Cube {
     fn rms_norm(x: FloatTensor<Self>, weight: FloatTensor<Self>, epsilon: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        crate::norm_kernels::forward(x, weight, epsilon)
+        crate::row_kernels::forward(x, weight, epsilon)
     }
 
     fn rms_norm_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, rstd: FloatTensor<Self>, grad: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        crate::norm_kernels::backward(x, weight, rstd, grad)
+        crate::row_kernels::backward(x, weight, rstd, grad)
     }
 }
 

@@ -195,3 +195,32 @@ pub fn adamw(h: &Harness) {
         }
     }
 }
+
+/// Cross-entropy's fused row sums and their backward against the twin in f32 with autodiff:
+/// logits in f32 and bf16, rows that take vectors of 8 and rows that do not, padded columns and
+/// targets in other slices.
+pub fn cross_entropy(h: &Harness) {
+    use burn::tensor::TensorData;
+    use burn_megatron_kernels::cross_entropy::{partials, reference};
+    let device = h.device(0).autodiff();
+    for dtype in [DType::F32, DType::BF16] {
+        for (rows, columns, valid) in [(37, 2048, 2000), (9, 100, 100)] {
+            let logits = Tensor::<2>::random([rows, columns], Distribution::Normal(0.0, 3.0), (&device, dtype)).detach().require_grad();
+            let shift = logits.clone().detach().cast(DType::F32).narrow(1, 0, valid).max_dim(1).reshape([rows]);
+            // Every third row's target lies in another slice (-1).
+            let targets: Vec<f32> = (0..rows).map(|r| if r % 3 == 0 { -1.0 } else { ((r * 37) % valid) as f32 }).collect();
+            let target = Tensor::<1>::from_data(TensorData::new(targets, [rows]), (&device, DType::F32));
+            let ours = partials(logits.clone(), shift.clone(), target.clone(), valid);
+            let logits32 = f32_leaf(&logits);
+            let theirs = reference::partials(logits32.clone(), shift, target, valid);
+            let case = format!("{dtype:?} {rows}×{columns} valid {valid}");
+            // Sums of up to 2048 f32 terms read from the same values: ulps of the sums.
+            let error = relative_error(ours.clone(), theirs.clone());
+            assert!(error < 1e-4, "{case}: sums relative error {error}");
+            let weights = Tensor::<2>::random([rows, 3], Distribution::Normal(0.0, 1.0), (&device, DType::F32));
+            let (g1, g2) = ((ours * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
+            let error = relative_error(logits.grad(&g1).unwrap(), logits32.grad(&g2).unwrap());
+            assert!(error < tolerance(dtype), "{case}: logits gradient relative error {error}");
+        }
+    }
+}

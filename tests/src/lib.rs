@@ -90,6 +90,7 @@ pub const KERNEL_TESTS: &[NamedTest] =
         ("kernel_suite::rms_norm", kernel_suite::rms_norm),
         ("kernel_suite::rope", kernel_suite::rope),
         ("kernel_suite::adamw", kernel_suite::adamw),
+        ("kernel_suite::cross_entropy", kernel_suite::cross_entropy),
     ];
 /// Every model test, by name.
 pub const MODEL_TESTS: &[NamedTest] = &[

@@ -1,6 +1,7 @@
 //! Cross-entropy over a vocabulary split across the tensor-parallel group. No rank ever holds
 //! the logits of the whole vocabulary: the softmax's maximum and sum, and the target's logit,
-//! are combined over the group.
+//! are combined over the group. The sums over each slice come from one fused op on the logits in
+//! their own dtype (`burn_megatron_kernels::cross_entropy`), so no f32 copy of them exists either.
 //!
 //! Legend: `b` batch, `s` sequence, `v` padded vocabulary, `n = b·s` tokens.
 
@@ -8,6 +9,7 @@ use burn::config::Config;
 use burn::tensor::{DType, Int, Tensor};
 use burn_megatron_dist::mappings::reduce_from_tp;
 use burn_megatron_dist::{ProcessGroup, ReduceOp};
+use burn_megatron_kernels::cross_entropy::partials;
 
 use crate::error::LayerError;
 
@@ -62,31 +64,31 @@ impl VocabParallelCrossEntropy {
         let n = b * s;
         let start = self.tp.group_rank() * columns;
         let device = logits.device();
-        let logits = logits.reshape([n, columns]).cast(DType::F32); // [n, v/tp]
-
+        let logits = logits.reshape([n, columns]); // [n, v/tp], in its own dtype
         // Padded vocabulary columns take no part.
-        let ids = Tensor::<1, Int>::arange(start as i64..(start + columns) as i64, &device).unsqueeze::<2>(); // [1, v/tp]
-        let padded = ids.greater_equal_elem(self.vocab_size as i64).expand([n, columns]);
-        let logits = logits.mask_fill(padded.clone(), f32::NEG_INFINITY);
+        let valid = self.vocab_size.saturating_sub(start).min(columns);
 
-        // Softmax statistics over the whole vocabulary.
-        let local_max = logits.clone().detach().max_dim(1); // [n, 1]
-        let max = self.tp.all_reduce(local_max, ReduceOp::Max)?;
-        let shifted = logits - max; // [n, v/tp]
-        let sum_exp = reduce_from_tp(shifted.clone().exp().sum_dim(1), &self.tp)?; // [n, 1]
-        let log_sum_exp = sum_exp.log();
+        // Each row's max over the whole vocabulary: the shift of every sum, a constant.
+        let local_max = match valid {
+            0 => Tensor::full([n, 1], f32::NEG_INFINITY, (&device, DType::F32)),
+            _ => logits.clone().detach().narrow(1, 0, valid).max_dim(1).cast(DType::F32),
+        };
+        let max = self.tp.all_reduce(local_max, ReduceOp::Max)?; // [n, 1]
 
-        // The target's logit, from the rank that holds it.
+        // The target's column in this slice, -1 where another rank holds it.
         let targets = targets.reshape([n]);
-        let here = targets.clone().greater_equal_elem(start as i64).bool_and(targets.clone().lower_elem((start + columns) as i64));
-        let local = targets.clone().sub_scalar(start as i64).mask_fill(here.clone().bool_not(), 0);
-        let picked = shifted.clone().gather(1, local.unsqueeze_dim(1)).mask_fill(here.bool_not().unsqueeze_dim(1), 0.0);
-        let target_logit = reduce_from_tp(picked, &self.tp)?; // [n, 1]
+        let here = targets.clone().greater_equal_elem(start as i64).bool_and(targets.clone().lower_elem((start + valid) as i64));
+        let column = targets.clone().sub_scalar(start as i64).mask_fill(here.bool_not(), -1).float().cast(DType::F32);
+
+        // This slice's sums in one pass over the logits, with no f32 copy of them
+        // (burn_megatron_kernels::cross_entropy), then summed over the slices.
+        let sums = partials(logits, max.reshape([n]), column, valid); // [n, 3]
+        let log_sum_exp = reduce_from_tp(sums.clone().narrow(1, 0, 1), &self.tp)?.log(); // [n, 1]
+        let target_logit = reduce_from_tp(sums.clone().narrow(1, 1, 1), &self.tp)?; // [n, 1]
         let mut token_loss = log_sum_exp.clone() - target_logit; // [n, 1]
 
         if self.label_smoothing > 0.0 {
-            let real = shifted.mask_fill(padded, 0.0).sum_dim(1); // [n, 1]
-            let mean_logit = reduce_from_tp(real, &self.tp)?.div_scalar(self.vocab_size as f64);
+            let mean_logit = reduce_from_tp(sums.narrow(1, 2, 1), &self.tp)?.div_scalar(self.vocab_size as f64);
             let smooth = log_sum_exp - mean_logit;
             token_loss = token_loss.mul_scalar(1.0 - self.label_smoothing) + smooth.mul_scalar(self.label_smoothing);
         }

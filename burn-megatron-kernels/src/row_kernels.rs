@@ -1,6 +1,7 @@
-//! RMSNorm's CUDA kernels: a block of 256 threads a row for the forward and for `dx` (vectors
-//! of 8 along the row, a shuffle-and-shared-memory sum), and a column-sum kernel for `dw` that
-//! leaves one partial row per 64 input rows, summed after.
+//! Row kernels, a block of 256 threads a row (vectors of 8 along the row where it allows, a
+//! shuffle-and-shared-memory sum): RMSNorm's forward and `dx`, with a column-sum kernel for its
+//! `dw` that leaves one partial row per 64 input rows, summed after; cross-entropy's row sums,
+//! with an elementwise kernel for their backward.
 
 use burn::backend::Cube;
 use burn::backend::ops::FloatTensorOps;
@@ -9,8 +10,9 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use half::{bf16, f16};
 
-use crate::elementwise::{compact_input, compact_output};
+use crate::elementwise::{compact_input, compact_output, launch_float};
 use crate::rms_norm::reference;
+use crate::cross_entropy::reference as ce_reference;
 
 /// Threads a block: 8 warps.
 const THREADS: u32 = 256;
@@ -121,20 +123,6 @@ fn dw_kernel<F: Float, N: Size>(
     }
 }
 
-macro_rules! launch_float {
-    ($dtype:expr, $kernel:ident, $($arg:expr),* $(,)?) => {
-        // SAFETY: the grids cover the rows and columns exactly (dw checks its column), and all
-        // tensors are compact with the shapes the kernels index.
-        unsafe {
-            match $dtype {
-                DType::BF16 => $kernel::launch_unchecked::<bf16>($($arg),*),
-                DType::F16 => $kernel::launch_unchecked::<f16>($($arg),*),
-                _ => $kernel::launch_unchecked::<f32>($($arg),*),
-            }
-        }
-    };
-}
-
 /// `(rows, columns, vector)` when the kernels take `x` and `weight`: compact, one float dtype,
 /// a weight as long as a row.
 fn layout(x: &CubeTensor, weight: &CubeTensor) -> Option<(usize, usize, usize)> {
@@ -184,4 +172,123 @@ pub(crate) fn backward(x: CubeTensor, weight: CubeTensor, rstd: CubeTensor, grad
     launch_float!(xc.dtype, dw_kernel, &client, dw_count, dim, vector, dw_args.0, dw_args.1, dw_args.2, dw_args.3, vectors, rows as u32);
     let dw = Cube::float_reshape(Cube::float_sum_dim(partial, 0), Shape::from([columns]));
     (dx, Cube::float_cast(dw, weight.dtype.into()))
+}
+
+/// Grid: one block a row. `out[row] = (Σ exp x̃, x̃ at the target, Σ x̃)` over the columns
+/// before `valid` (`crate::cross_entropy`).
+#[cube(launch_unchecked)]
+fn ce_partials_kernel<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    shift: &Tensor<f32>,
+    target: &Tensor<f32>,
+    out: &mut Tensor<f32>,
+    columns: u32,
+    valid: u32,
+) {
+    let row = CUBE_POS;
+    let base = row * columns as usize;
+    let s = shift[row];
+    let t = i32::cast_from(target[row]);
+    let width = logits.vector_size().comptime() as u32;
+    let mut sum_exp = 0.0f32;
+    let mut picked = 0.0f32;
+    let mut real = 0.0f32;
+    for c in range_stepped(UNIT_POS, columns, THREADS) {
+        let v = Vector::<f32, N>::cast_from(logits[base + c as usize]) - Vector::new(s);
+        #[unroll]
+        for lane in 0..logits.vector_size() {
+            let column = c * width + lane as u32;
+            let x = v.extract(lane);
+            if column < valid {
+                sum_exp += x.exp();
+                real += x;
+                if i32::cast_from(column) == t {
+                    picked += x;
+                }
+            }
+        }
+    }
+    let sum_exp = block_sum(sum_exp);
+    let picked = block_sum(picked);
+    let real = block_sum(real);
+    if UNIT_POS == 0 {
+        out[row * 3] = sum_exp;
+        out[row * 3 + 1] = picked;
+        out[row * 3 + 2] = real;
+    }
+}
+
+/// `dlogits = g₀·exp x̃ + g₁·[j = t] + g₂` before `valid`, 0 after; one thread a vector.
+#[cube(launch_unchecked)]
+fn ce_backward_kernel<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    shift: &Tensor<f32>,
+    target: &Tensor<f32>,
+    grad: &Tensor<f32>,
+    d_logits: &mut Tensor<Vector<F, N>>,
+    columns: u32,
+    valid: u32,
+) {
+    let i = ABSOLUTE_POS;
+    if i < d_logits.len() {
+        let row = i / columns as usize;
+        let c = (i % columns as usize) as u32;
+        let width = logits.vector_size().comptime() as u32;
+        let t = i32::cast_from(target[row]);
+        let (g0, g1, g2) = (grad[row * 3], grad[row * 3 + 1], grad[row * 3 + 2]);
+        let v = Vector::<f32, N>::cast_from(logits[i]) - Vector::new(shift[row]);
+        let mut d = Vector::<f32, N>::empty();
+        #[unroll]
+        for lane in 0..logits.vector_size() {
+            let column = c * width + lane as u32;
+            let value = g0 * v.extract(lane).exp() + select(i32::cast_from(column) == t, g1, 0.0f32) + g2;
+            d.insert(lane, select(column < valid, value, 0.0f32));
+        }
+        d_logits[i] = Vector::cast_from(d);
+    }
+}
+
+/// `(rows, columns, vector)` when the cross-entropy kernels take these tensors.
+fn ce_layout(logits: &CubeTensor, shift: &CubeTensor, target: &CubeTensor) -> Option<(usize, usize, usize)> {
+    let shape = logits.meta.shape();
+    let fits = shape.num_dims() == 2
+        && matches!(logits.dtype, DType::BF16 | DType::F16 | DType::F32)
+        && shift.dtype == DType::F32
+        && target.dtype == DType::F32
+        && shift.meta.num_elements() == shape[0]
+        && target.meta.num_elements() == shape[0];
+    let vector = if shape[1] % 8 == 0 { 8 } else { 1 };
+    fits.then_some((shape[0], shape[1], vector))
+}
+
+fn tensor<const D: usize>(t: CubeTensor) -> burn::tensor::Tensor<D> {
+    burn::tensor::Tensor::from_primitive::<Cube>(t)
+}
+
+pub(crate) fn cross_entropy_partials(logits: CubeTensor, shift: CubeTensor, target: CubeTensor, valid: usize) -> CubeTensor {
+    let inputs = (ce_layout(&logits, &shift, &target), compact_input(logits.clone()), compact_input(shift.clone()), compact_input(target.clone()));
+    let (Some((rows, columns, vector)), Some(lc), Some(sc), Some(tc)) = inputs else {
+        return ce_reference::partials(tensor(logits), tensor(shift), tensor(target), valid).try_into_primitive::<Cube>().expect("cuda");
+    };
+    let out = compact_output(&lc, Shape::from([rows, 3]), DType::F32);
+    let count = CubeCount::Static(rows as u32, 1, 1);
+    let args = (lc.clone().into_tensor_arg(), sc.into_tensor_arg(), tc.into_tensor_arg(), out.clone().into_tensor_arg());
+    launch_float!(lc.dtype, ce_partials_kernel, &lc.client, count, CubeDim::new_1d(THREADS), vector, args.0, args.1, args.2, args.3, (columns / vector) as u32, valid as u32);
+    out
+}
+
+pub(crate) fn cross_entropy_backward(logits: CubeTensor, shift: CubeTensor, target: CubeTensor, valid: usize, grad: CubeTensor) -> CubeTensor {
+    let inputs = (ce_layout(&logits, &shift, &target), compact_input(logits.clone()), compact_input(shift.clone()), compact_input(target.clone()), compact_input(grad.clone()));
+    let (Some((rows, columns, vector)), Some(lc), Some(sc), Some(tc), Some(gc)) = inputs else {
+        return ce_reference::backward(tensor(logits), tensor(shift), tensor(target), valid, tensor(grad)).try_into_primitive::<Cube>().expect("cuda");
+    };
+    if gc.dtype != DType::F32 || gc.meta.num_elements() != rows * 3 {
+        return ce_reference::backward(tensor(logits), tensor(shift), tensor(target), valid, tensor(grad)).try_into_primitive::<Cube>().expect("cuda");
+    }
+    let d_logits = compact_output(&lc, lc.meta.shape().clone(), lc.dtype);
+    let units = (rows * columns / vector) as u32;
+    let count = CubeCount::Static(units.div_ceil(THREADS), 1, 1);
+    let args = (lc.clone().into_tensor_arg(), sc.into_tensor_arg(), tc.into_tensor_arg(), gc.into_tensor_arg(), d_logits.clone().into_tensor_arg());
+    launch_float!(lc.dtype, ce_backward_kernel, &lc.client, count, CubeDim::new_1d(THREADS), vector, args.0, args.1, args.2, args.3, args.4, (columns / vector) as u32, valid as u32);
+    d_logits
 }

@@ -1,0 +1,182 @@
+//! The backward kernels: `delta`, then dQ (sweeping key and value tiles) and dK + dV (sweeping
+//! query and output-gradient tiles).
+
+use cubecl::prelude::*;
+use cubecl_cpp::cuda::ptx::tensor_map_address;
+use half::bf16;
+
+use super::*;
+
+/// dQ: grid `(s / 128, h, b)`, 256 threads; sweeps the k and v tiles.
+#[cube(launch_unchecked)]
+pub(crate) fn dq_kernel(
+    q: &TensorMap<bf16, Tiled>,
+    d_out: &TensorMap<bf16, Tiled>,
+    k: &TensorMap<bf16, Tiled>,
+    v: &TensorMap<bf16, Tiled>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    dq: &mut Tensor<bf16>,
+    seq: u32,
+    heads: u32,
+    scale_log2: f32,
+    scale: f32,
+    #[comptime] causal: bool,
+) {
+    let s = smem();
+    let block = query_block(seq, causal);
+    let (head, batch, q0, tiles) = (block.head, block.batch, block.q0, block.tiles);
+    let map_q = tensor_map_address(q);
+    let map_o = tensor_map_address(d_out);
+    let map_k = tensor_map_address(k);
+    let map_v = tensor_map_address(v);
+    load_block(&s, map_q, map_o, q0, head, batch, true);
+    if tiles > 0 {
+        load_sweep(&s, map_k, map_v, 0, 0, head, batch);
+    }
+
+    let wg = UNIT_POS / 128;
+    let row0 = q0 + wg * 64;
+    let l = lane();
+    let stats = (batch * heads + head) * seq;
+    let ra = (stats + min(row0 + l.row_a, seq - 1)) as usize;
+    let rb = (stats + min(row0 + l.row_b, seq - 1)) as usize;
+    let lse_a = lse[ra];
+    let lse_b = lse[rb];
+    let delta_a = delta[ra];
+    let delta_b = delta[rb];
+    let mut acc = Acc128::zeroed();
+    mbarrier_wait(s.block_full, 0);
+    for t in 0..tiles {
+        if t + 1 < tiles {
+            load_sweep(&s, map_k, map_v, t + 1, (t + 1) * TILE, head, batch);
+        }
+        let stage = t % 2;
+        mbarrier_wait(s.full + stage * 8, (t / 2) & 1);
+        let k0 = t * TILE;
+        if !causal || k0 <= row0 + 63 {
+            let k_tile = s.sweep_a + stage * TILE_BYTES;
+            let scores = chain_64(descriptor(s.first + wg * 8192, comptime!(SCORES.a_tile())), descriptor(k_tile, comptime!(SCORES.b)), SCORES);
+            let d_probs = chain_64(descriptor(s.second + wg * 8192, comptime!(SCORES.a_tile())), descriptor(s.sweep_b + stage * TILE_BYTES, comptime!(SCORES.b)), SCORES);
+            let mut ds = Acc64::empty();
+            #[unroll]
+            for i in 0..32u32 {
+                let upper = comptime!(i % 4 < 2);
+                let p = exp2(scores.extract(i as usize) * scale_log2 - if upper { lse_a } else { lse_b });
+                let p = select(masked(row(&l, row0, i), column(&l, k0, i), seq, causal), 0.0f32, p);
+                ds.insert(i as usize, p * (d_probs.extract(i as usize) - if upper { delta_a } else { delta_b }));
+            }
+            let frags = fragments(&ds);
+            acc = chain_128(&acc, &frags, descriptor(k_tile, comptime!(UPDATE.b)), UPDATE);
+        }
+        if UNIT_POS % 32 == 0 {
+            mbarrier_arrive(s.empty + stage * 8);
+        }
+    }
+    store_rows(dq, &acc, scale, scale, row0, head, batch, heads, seq);
+}
+
+/// dK and dV: grid `(s / 128, h, b)`, 256 threads; each block owns 128 key rows and sweeps the
+/// q and dO tiles. Works on the transposed scores `K·Qᵀ`, so rows are keys, columns queries.
+#[cube(launch_unchecked)]
+pub(crate) fn dkdv_kernel(
+    k: &TensorMap<bf16, Tiled>,
+    v: &TensorMap<bf16, Tiled>,
+    q: &TensorMap<bf16, Tiled>,
+    d_out: &TensorMap<bf16, Tiled>,
+    lse: &Tensor<f32>,
+    delta: &Tensor<f32>,
+    dk: &mut Tensor<bf16>,
+    dv: &mut Tensor<bf16>,
+    seq: u32,
+    heads: u32,
+    scale_log2: f32,
+    scale: f32,
+    #[comptime] causal: bool,
+) {
+    let s = smem();
+    let head = CUBE_POS_Y;
+    let batch = CUBE_POS_Z;
+    let k0 = CUBE_POS_X * BLOCK;
+    // Under the causal mask the queries before this block's first key see none of its keys.
+    let mut first = 0u32;
+    if comptime!(causal) {
+        first = k0 / TILE;
+    }
+    let tiles = seq.div_ceil(TILE);
+    let map_k = tensor_map_address(k);
+    let map_v = tensor_map_address(v);
+    let map_q = tensor_map_address(q);
+    let map_o = tensor_map_address(d_out);
+    load_block(&s, map_k, map_v, k0, head, batch, true);
+    // Sweep tiles are numbered from 0 for the pipeline; tile `t` holds queries from (first + t)·64.
+    if first < tiles {
+        load_sweep(&s, map_q, map_o, 0, first * TILE, head, batch);
+    }
+
+    let wg = UNIT_POS / 128;
+    let row0 = k0 + wg * 64;
+    let l = lane();
+    let stats = (batch * heads + head) * seq;
+    let mut dk_acc = Acc128::zeroed();
+    let mut dv_acc = Acc128::zeroed();
+    mbarrier_wait(s.block_full, 0);
+    let count = tiles - min(first, tiles);
+    for t in 0..count {
+        if t + 1 < count {
+            load_sweep(&s, map_q, map_o, t + 1, (first + t + 1) * TILE, head, batch);
+        }
+        let stage = t % 2;
+        mbarrier_wait(s.full + stage * 8, (t / 2) & 1);
+        let q0 = (first + t) * TILE;
+        // A tile of queries all before this warpgroup's first key adds nothing.
+        if !causal || q0 + 63 >= row0 {
+            let q_tile = s.sweep_a + stage * TILE_BYTES;
+            let o_tile = s.sweep_b + stage * TILE_BYTES;
+            let scores = chain_64(descriptor(s.first + wg * 8192, comptime!(SCORES.a_tile())), descriptor(q_tile, comptime!(SCORES.b)), SCORES);
+            let mut p = Acc64::empty();
+            #[unroll]
+            for i in 0..32u32 {
+                let query = column(&l, q0, i);
+                let out = masked(query, row(&l, row0, i), seq, causal);
+                let at = (stats + min(query, seq - 1)) as usize;
+                p.insert(i as usize, select(out, 0.0f32, exp2(scores.extract(i as usize) * scale_log2 - lse[at])));
+            }
+            let frags = fragments(&p);
+            dv_acc = chain_128(&dv_acc, &frags, descriptor(o_tile, comptime!(UPDATE.b)), UPDATE);
+            let d_probs = chain_64(descriptor(s.second + wg * 8192, comptime!(SCORES.a_tile())), descriptor(o_tile, comptime!(SCORES.b)), SCORES);
+            let mut ds = Acc64::empty();
+            #[unroll]
+            for i in 0..32u32 {
+                let at = (stats + min(column(&l, q0, i), seq - 1)) as usize;
+                ds.insert(i as usize, p.extract(i as usize) * (d_probs.extract(i as usize) - delta[at]));
+            }
+            let frags = fragments(&ds);
+            dk_acc = chain_128(&dk_acc, &frags, descriptor(q_tile, comptime!(UPDATE.b)), UPDATE);
+        }
+        if UNIT_POS % 32 == 0 {
+            mbarrier_arrive(s.empty + stage * 8);
+        }
+    }
+    store_rows(dk, &dk_acc, scale, scale, row0, head, batch, heads, seq);
+    store_rows(dv, &dv_acc, 1.0f32, 1.0f32, row0, head, batch, heads, seq);
+}
+
+/// `delta = rowsum(dO ∘ O)` in f32, one thread a row of the `[b, h, s, 128]` views (any
+/// strides, head dim contiguous), into a compact `[b, h, s]`.
+#[cube(launch_unchecked)]
+pub(crate) fn delta_kernel(out: &Tensor<bf16>, d_out: &Tensor<bf16>, delta: &mut Tensor<f32>, seq: u32, heads: u32) {
+    let r = ABSOLUTE_POS as u32;
+    if r < delta.len() as u32 {
+        let batch = (r / (heads * seq)) as usize;
+        let head = ((r / seq) % heads) as usize;
+        let pos = (r % seq) as usize;
+        let o = batch * out.stride(0) + head * out.stride(1) + pos * out.stride(2);
+        let g = batch * d_out.stride(0) + head * d_out.stride(1) + pos * d_out.stride(2);
+        let mut sum = 0.0f32;
+        for i in 0..HEAD_DIM {
+            sum += f32::cast_from(out[o + i]) * f32::cast_from(d_out[g + i]);
+        }
+        delta[r as usize] = sum;
+    }
+}

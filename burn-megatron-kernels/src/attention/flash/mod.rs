@@ -1,0 +1,230 @@
+//! Flash attention on Hopper for head dim 128, bf16: the forward, and the backward as two
+//! kernels (dQ sweeping kv tiles, dK/dV sweeping q tiles), so neither needs atomics. Scores
+//! and probabilities live in registers only: no O(s²) memory.
+//!
+//! A block owns 128 rows (two warpgroups of 64) of the tensor it writes and sweeps 64-row tiles
+//! of the others through a 2-stage TMA pipeline (thread 0 issues the copies one tile ahead).
+//! Every product is a `wgmma` chain ([`crate::hopper`]): scores as `m64n64` over the 128-deep
+//! head dim, the updates as `m64n128` with the probabilities (or their gradients) as the A
+//! operand straight from registers. Softmax runs in base 2 on `scale · log2(e)`-scaled scores;
+//! the forward saves `lse₂`, each row's log₂-sum-exp₂, for the backward.
+//!
+//! Tensors: q, k, v, o, dO are `[b, h, s, 128]` views with a contiguous head dim; outputs are
+//! written as `[b, s, h, 128]` (what the attention layer reshapes next); `lse₂` and
+//! `delta = rowsum(dO ∘ O)` are `[b, h, s]` f32.
+
+use cubecl::prelude::*;
+use cubecl_cpp::cuda::ptx::generic_to_shared;
+use half::bf16;
+
+use crate::hopper::*;
+
+mod backward;
+mod forward;
+
+pub(crate) use backward::{delta_kernel, dkdv_kernel, dq_kernel};
+pub(crate) use forward::forward_kernel;
+
+/// The head dim these kernels take.
+pub const HEAD_DIM: usize = 128;
+/// Rows a block owns: two warpgroups of 64.
+const BLOCK: u32 = 128;
+/// Rows of the tiles a block sweeps.
+const TILE: u32 = 64;
+const BLOCK_BYTES: u32 = BLOCK * 256;
+const TILE_BYTES: u32 = TILE * 256;
+/// Two block tiles, two stages of two sweep tiles, 64 bytes of barriers, 1 KiB to align.
+const SMEM_BYTES: u32 = 2 * BLOCK_BYTES + 4 * TILE_BYTES + 64 + 1024;
+/// One arrival per warp frees a stage.
+const WARPS: u32 = 8;
+
+/// Scores `A·Bᵀ` of a warpgroup's 64 block rows against a 64-row sweep tile, over the head dim.
+const SCORES: Chain = Chain {
+    n: 64,
+    steps: 8,
+    accumulate: false,
+    a: ASource::Smem(Tile::KMajor { rows: BLOCK }),
+    b: Tile::KMajor { rows: TILE },
+};
+/// `acc + P·B`: P (64 × 64, registers) times a sweep tile read MN-major (rows are the k).
+const UPDATE: Chain = Chain {
+    n: 128,
+    steps: 4,
+    accumulate: true,
+    a: ASource::Registers,
+    b: Tile::MnMajor { box_bytes: TILE * 128 },
+};
+
+/// Shared-memory addresses of one kernel's tiles and barriers.
+#[derive(CubeType, Clone, Copy)]
+struct Smem {
+    /// The block's two 128-row tiles.
+    first: u32,
+    second: u32,
+    /// Stage 0 of the two sweep tiles (stage 1 follows each by `TILE_BYTES`).
+    sweep_a: u32,
+    sweep_b: u32,
+    /// Barriers: block tiles loaded; sweep stage loaded (2); sweep stage free (2).
+    block_full: u32,
+    full: u32,
+    empty: u32,
+}
+
+#[cube]
+fn smem() -> Smem {
+    let raw = Shared::<[u32]>::new_aligned_slice(comptime!((SMEM_BYTES / 4) as usize), 1024usize);
+    let first = (generic_to_shared::<u32>(raw.as_ptr()) + 1023) & !1023u32;
+    let second = first + BLOCK_BYTES;
+    let sweep_a = second + BLOCK_BYTES;
+    let sweep_b = sweep_a + 2 * TILE_BYTES;
+    let block_full = sweep_b + 2 * TILE_BYTES;
+    let smem = Smem { first, second, sweep_a, sweep_b, block_full, full: block_full + 8, empty: block_full + 24 };
+    if UNIT_POS == 0 {
+        mbarrier_init(smem.block_full, 1u32);
+        #[unroll]
+        for s in 0..2u32 {
+            mbarrier_init(smem.full + s * 8, 1u32);
+            mbarrier_init(smem.empty + s * 8, WARPS);
+        }
+        mbarrier_init_fence();
+    }
+    sync_cube();
+    smem
+}
+
+/// `rows` rows of a `[b, h, s, 128]` tensor from `row0` into `dst`: two 64-wide boxes of the head
+/// dim, `rows × 128` bytes apart.
+#[cube]
+fn load_rows(dst: u32, map: u64, row0: u32, head: u32, batch: u32, bar: u32, #[comptime] rows: u32) {
+    tma_load_4d(dst, map, 0, row0, head, batch, bar);
+    tma_load_4d(dst + rows * 128, map, 64, row0, head, batch, bar);
+}
+
+/// Thread 0: the block's two tiles (`first` may be the only one, `second_map` then unused).
+#[cube]
+fn load_block(s: &Smem, first: u64, second: u64, row0: u32, head: u32, batch: u32, #[comptime] both: bool) {
+    if UNIT_POS == 0 {
+        let bytes = comptime!(if both { 2 * BLOCK_BYTES } else { BLOCK_BYTES });
+        mbarrier_expect(s.block_full, bytes);
+        load_rows(s.first, first, row0, head, batch, s.block_full, BLOCK);
+        if comptime!(both) {
+            load_rows(s.second, second, row0, head, batch, s.block_full, BLOCK);
+        }
+    }
+}
+
+/// Thread 0: sweep tile `t` (both tensors) into its stage, once the stage is free.
+#[cube]
+fn load_sweep(s: &Smem, a: u64, b: u64, t: u32, row0: u32, head: u32, batch: u32) {
+    if UNIT_POS == 0 {
+        let stage = t % 2;
+        if t >= 2 {
+            mbarrier_wait(s.empty + stage * 8, (t / 2 - 1) & 1);
+        }
+        let bar = s.full + stage * 8;
+        mbarrier_expect(bar, 2 * TILE_BYTES);
+        load_rows(s.sweep_a + stage * TILE_BYTES, a, row0, head, batch, bar, TILE);
+        load_rows(s.sweep_b + stage * TILE_BYTES, b, row0, head, batch, bar, TILE);
+    }
+}
+
+/// This thread's place in the accumulator layout: its two rows (relative to the warpgroup's
+/// first) and the first of its columns.
+#[derive(CubeType, Clone, Copy)]
+struct Lane {
+    row_a: u32,
+    row_b: u32,
+    col: u32,
+}
+
+#[cube]
+fn lane() -> Lane {
+    let lane = UNIT_POS % 32;
+    let warp = (UNIT_POS % 128) / 32;
+    let row_a = warp * 16 + lane / 4;
+    Lane { row_a, row_b: row_a + 8, col: 2 * (lane % 4) }
+}
+
+/// The column of accumulator register `i`, from the tile's first column `col0`.
+#[cube]
+fn column(l: &Lane, col0: u32, #[comptime] i: u32) -> u32 {
+    col0 + l.col + comptime!((i / 4) * 8 + i % 2)
+}
+
+/// The absolute row of accumulator register `i`.
+#[cube]
+fn row(l: &Lane, row0: u32, #[comptime] i: u32) -> u32 {
+    if comptime!(i % 4 < 2) { row0 + l.row_a } else { row0 + l.row_b }
+}
+
+#[cube]
+fn quad_max(x: f32) -> f32 {
+    let x = max(x, plane_shuffle_xor(x, 1u32));
+    max(x, plane_shuffle_xor(x, 2u32))
+}
+
+#[cube]
+fn quad_sum(x: f32) -> f32 {
+    let x = x + plane_shuffle_xor(x, 1u32);
+    x + plane_shuffle_xor(x, 2u32)
+}
+
+/// A 64 × 64 f32 accumulator as the bf16 A operand of the next product (pair `t` is register
+/// `t` of the fragments: see `hopper`'s module docs).
+#[cube]
+fn fragments(p: &Acc64) -> Frags64 {
+    let mut frags = Frags64::empty();
+    #[unroll]
+    for t in 0..16u32 {
+        frags.insert(t as usize, pack_bf16(p.extract((2 * t) as usize), p.extract((2 * t + 1) as usize)));
+    }
+    frags
+}
+
+/// Whether (query `q`, key `k`) is outside the attention pattern.
+#[cube]
+fn masked(q: u32, k: u32, seq: u32, #[comptime] causal: bool) -> bool {
+    let out = q >= seq || k >= seq;
+    if comptime!(causal) { out || k > q } else { out }
+}
+
+/// Writes a warpgroup's 64 × 128 result `acc · factor` into `[b, s, h, 128]` rows from `row0`.
+#[cube]
+fn store_rows(out: &mut Tensor<bf16>, acc: &Acc128, factor_a: f32, factor_b: f32, row0: u32, head: u32, batch: u32, heads: u32, seq: u32) {
+    let l = lane();
+    #[unroll]
+    for i in 0..64u32 {
+        let r = row(&l, row0, i);
+        let factor = if comptime!(i % 4 < 2) { factor_a } else { factor_b };
+        if r < seq {
+            let at = ((batch * seq + r) * heads + head) as usize * HEAD_DIM + column(&l, 0u32, i) as usize;
+            out[at] = bf16::cast_from(acc.extract(i as usize) * factor);
+        }
+    }
+}
+
+#[cube]
+fn scale_rows(acc: &mut Acc128, a: f32, b: f32) {
+    #[unroll]
+    for i in 0..64u32 {
+        let factor = if comptime!(i % 4 < 2) { a } else { b };
+        acc.insert(i as usize, acc.extract(i as usize) * factor);
+    }
+}
+
+/// Where a query-outer block works: its head, its batch entry, its first query row (the
+/// heaviest blocks first under the causal mask) and how many 64-row key tiles it sweeps.
+#[derive(CubeType, Clone, Copy)]
+struct QueryBlock {
+    head: u32,
+    batch: u32,
+    q0: u32,
+    tiles: u32,
+}
+
+#[cube]
+fn query_block(seq: u32, #[comptime] causal: bool) -> QueryBlock {
+    let q0 = (seq.div_ceil(BLOCK) - 1 - CUBE_POS_X) * BLOCK;
+    let end = if comptime!(causal) { min(q0 + BLOCK, seq) } else { seq };
+    QueryBlock { head: CUBE_POS_Y, batch: CUBE_POS_Z, q0, tiles: end.div_ceil(TILE) }
+}

@@ -1,0 +1,176 @@
+//! The full-vocabulary part of (vocab-parallel) cross-entropy as a backend extension,
+//! [`CrossEntropyOps`]: per row of this rank's logit slice, the three sums the loss needs, read
+//! straight from the logits in their dtype; its backward writes the logits' gradient in their
+//! dtype. No `[tokens, vocab]` f32 tensor exists on either pass. The tensor-parallel reductions
+//! of those `[tokens, 3]` sums stay with the caller (`VocabParallelCrossEntropy`).
+//!
+//! With `x̃ = x − shift` (the rows' global max, a constant) over the columns `j < valid` (the
+//! slice's real vocabulary; padded columns take no part), the sums are
+//! `(Σ exp x̃_j, x̃_t if the target t is in this slice else 0, Σ x̃_j)`, and the gradient of a
+//! row is `g₀·exp x̃_j + g₁·[j = t] + g₂` on those columns, 0 on the padded ones.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::tensor::Tensor;
+
+/// The backend extension behind [`partials`].
+#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
+pub trait CrossEntropyOps: Backend {
+    /// The `[n, 3]` f32 sums for `logits` `[n, c]`, `shift` `[n]` f32 and `target` `[n]` (the
+    /// target's column in this slice as f32, -1 where it lies in another).
+    fn cross_entropy_partials(logits: FloatTensor<Self>, shift: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self>;
+
+    /// The logits' gradient given the sums' gradient `grad` `[n, 3]`.
+    fn cross_entropy_partials_backward(
+        logits: FloatTensor<Self>,
+        shift: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+        valid: usize,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+}
+
+/// The plain tensor-op twin: the CPU path and the kernels' oracle.
+pub mod reference {
+    use burn::tensor::{DType, Int, Tensor};
+
+    pub fn partials(logits: Tensor<2>, shift: Tensor<1>, target: Tensor<1>, valid: usize) -> Tensor<2> {
+        let [n, _] = logits.dims();
+        if valid == 0 {
+            return Tensor::zeros([n, 3], (&logits.device(), DType::F32));
+        }
+        let x = logits.cast(DType::F32).narrow(1, 0, valid) - shift.unsqueeze_dim::<2>(1); // [n, valid]
+        let sum_exp = x.clone().exp().sum_dim(1);
+        let real = x.clone().sum_dim(1);
+        let elsewhere = target.clone().lower_elem(0.0).unsqueeze_dim::<2>(1);
+        let column = target.clamp_min(0.0).int().unsqueeze_dim::<2>(1);
+        let picked = x.gather(1, column).mask_fill(elsewhere, 0.0);
+        Tensor::cat(vec![sum_exp, picked, real], 1)
+    }
+
+    pub fn backward(logits: Tensor<2>, shift: Tensor<1>, target: Tensor<1>, valid: usize, grad: Tensor<2>) -> Tensor<2> {
+        let [n, c] = logits.dims();
+        let dtype = logits.dtype();
+        let device = logits.device();
+        let x = logits.cast(DType::F32) - shift.unsqueeze_dim::<2>(1); // [n, c]
+        let columns = Tensor::<1, Int>::arange(0..c as i64, &device).unsqueeze::<2>().expand([n, c]);
+        let padded = columns.clone().greater_equal_elem(valid as i64);
+        let is_target = columns.equal(target.int().unsqueeze_dim::<2>(1).expand([n, c]));
+        let g = |i: usize| grad.clone().narrow(1, i, 1);
+        let d = x.exp() * g(0) + is_target.float().cast(DType::F32) * g(1) + g(2);
+        d.mask_fill(padded, 0.0).cast(dtype)
+    }
+}
+
+fn flex<const D: usize>(t: FloatTensor<Flex>) -> Tensor<D> {
+    Tensor::from_primitive::<Flex>(t)
+}
+
+impl CrossEntropyOps for Flex {
+    fn cross_entropy_partials(logits: FloatTensor<Self>, shift: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
+        reference::partials(flex(logits), flex(shift), flex(target), valid).try_into_primitive::<Flex>().expect("flex")
+    }
+
+    fn cross_entropy_partials_backward(
+        logits: FloatTensor<Self>,
+        shift: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+        valid: usize,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        reference::backward(flex(logits), flex(shift), flex(target), valid, flex(grad)).try_into_primitive::<Flex>().expect("flex")
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl CrossEntropyOps for burn::backend::Cube {
+    fn cross_entropy_partials(logits: FloatTensor<Self>, shift: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
+        crate::row_kernels::cross_entropy_partials(logits, shift, target, valid)
+    }
+
+    fn cross_entropy_partials_backward(
+        logits: FloatTensor<Self>,
+        shift: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+        valid: usize,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        crate::row_kernels::cross_entropy_backward(logits, shift, target, valid, grad)
+    }
+}
+
+#[derive(Debug)]
+struct PartialsBackward;
+
+impl<B: Backend + CrossEntropyOps> Backward<B, 1> for PartialsBackward {
+    /// The logits, the shift, the targets and the valid width.
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, usize);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (logits, shift, target, valid) = ops.state;
+        unary::<B, _>(ops.parents, ops.node, grads, |grad| B::cross_entropy_partials_backward(logits, shift, target, valid, grad));
+    }
+}
+
+impl<B: Backend + CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, C> {
+    fn cross_entropy_partials(logits: FloatTensor<Self>, shift: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
+        let (shift, target) = (shift.into_parts().0, target.into_parts().0);
+        match PartialsBackward.prepare::<C>([logits.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let logits = logits.into_parts().0;
+                let out = B::cross_entropy_partials(logits.clone(), shift.clone(), target.clone(), valid);
+                prep.finish((logits, shift, target, valid), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::cross_entropy_partials(logits.into_parts().0, shift, target, valid)),
+        }
+    }
+
+    /// The inner backend's backward, as constants (no second-order gradients).
+    fn cross_entropy_partials_backward(
+        logits: FloatTensor<Self>,
+        shift: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+        valid: usize,
+        grad: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        let inner = |t: FloatTensor<Self>| t.into_parts().0;
+        <Self as AutodiffBackend>::from_inner(B::cross_entropy_partials_backward(inner(logits), inner(shift), inner(target), valid, inner(grad)))
+    }
+}
+
+/// The `[n, 3]` sums of the module docs through [`CrossEntropyOps`], differentiable in `logits`.
+///
+/// # Shapes
+/// `[n, c]`, `[n]`, `[n]` → `[n, 3]`
+pub fn partials(logits: Tensor<2>, shift: Tensor<1>, target: Tensor<1>, valid: usize) -> Tensor<2> {
+    let out = <burn::backend::Dispatch as CrossEntropyOps>::cross_entropy_partials(logits.into_dispatch(), shift.into_dispatch(), target.into_dispatch(), valid);
+    Tensor::from_dispatch(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{DType, Device, Distribution, Tensor, TensorData, Tolerance};
+
+    /// On the CPU the extension's backward is the derivative autodiff finds for the twin's
+    /// forward: the same sums and the same logit gradients, with a padded column and a target in
+    /// another slice.
+    #[test]
+    fn backward_matches_autodiff() {
+        let device = Device::flex().autodiff();
+        let logits = Tensor::<2>::random([4, 6], Distribution::Normal(0.0, 2.0), &device).require_grad();
+        let shift = logits.clone().detach().max_dim(1).reshape([4]);
+        let target = Tensor::<1>::from_data(TensorData::from([2.0f32, -1.0, 0.0, 4.0]), &device);
+        let ours = super::partials(logits.clone(), shift.clone(), target.clone(), 5);
+        let theirs = super::reference::partials(logits.clone(), shift, target, 5);
+        // f32 both ways, the same sums: ulps.
+        let tolerance = Tolerance::absolute(1e-5);
+        ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
+        let weights = Tensor::<2>::random([4, 3], Distribution::Normal(0.0, 1.0), &device).cast(DType::F32);
+        let (g1, g2) = ((ours * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
+        logits.grad(&g1).unwrap().to_data().assert_approx_eq::<f32>(&logits.grad(&g2).unwrap().to_data(), tolerance);
+    }
+}
