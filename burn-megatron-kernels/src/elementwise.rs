@@ -37,7 +37,7 @@ pub(crate) fn compact_output(like: &CubeTensor, shape: Shape, dtype: DType) -> C
 
 /// 8 elements a thread where the length allows (16-byte bf16 loads), else 1.
 fn vector_size(len: usize) -> usize {
-    if len % 8 == 0 { 8 } else { 1 }
+    if len.is_multiple_of(8) { 8 } else { 1 }
 }
 
 fn launch_dims(len: usize, vector: usize) -> (CubeCount, CubeDim) {

@@ -128,7 +128,7 @@ fn dw_kernel<F: Float, N: Size>(
 fn layout(x: &CubeTensor, weight: &CubeTensor) -> Option<(usize, usize, usize)> {
     let columns = *x.meta.shape().last()?;
     let fits = x.dtype == weight.dtype && matches!(x.dtype, DType::BF16 | DType::F16 | DType::F32) && weight.meta.shape().num_dims() == 1 && weight.meta.shape()[0] == columns && columns > 0;
-    let vector = if columns % 8 == 0 { 8 } else { 1 };
+    let vector = if columns.is_multiple_of(8) { 8 } else { 1 };
     fits.then_some((x.meta.num_elements() / columns, columns, vector))
 }
 
@@ -257,7 +257,7 @@ fn ce_layout(logits: &CubeTensor, shift: &CubeTensor, target: &CubeTensor) -> Op
         && target.dtype == DType::F32
         && shift.meta.num_elements() == shape[0]
         && target.meta.num_elements() == shape[0];
-    let vector = if shape[1] % 8 == 0 { 8 } else { 1 };
+    let vector = if shape[1].is_multiple_of(8) { 8 } else { 1 };
     fits.then_some((shape[0], shape[1], vector))
 }
 

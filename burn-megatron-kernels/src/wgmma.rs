@@ -141,7 +141,7 @@ fn gemm_kernel(
             let desc_a = descriptor(tile + consumer * 8192, comptime!(a_major.tile(BLOCK_M)));
             let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
             acc = chain_256(&acc, desc_a, desc_b, comptime!(k_slice(a_major, b_major)));
-            if UNIT_POS % 32 == 0 {
+            if UNIT_POS.is_multiple_of(32) {
                 mbarrier_arrive(empty + stage * 8);
             }
         }
@@ -196,7 +196,7 @@ impl std::error::Error for WgmmaError {}
 fn operand(t: CubeTensor, k_last: bool) -> (CubeTensor, Major) {
     let rows_fit = |t: &CubeTensor| {
         let strides = t.meta.strides();
-        strides[1] == 1 && (strides[0] * 2) % 16 == 0
+        strides[1] == 1 && (strides[0] * 2).is_multiple_of(16)
     };
     let (k_major, mn_major) = match k_last {
         true => (t.clone(), Cube::float_transpose(t)),

@@ -25,7 +25,7 @@ pub enum Unsupported {
 /// `t` with a contiguous head dim and 16-byte aligned strides (what TMA reads), else a copy.
 fn tma_ready(t: CubeTensor) -> CubeTensor {
     let strides = t.meta.strides();
-    let ok = strides[3] == 1 && strides[..3].iter().all(|s| (s * 2) % 16 == 0);
+    let ok = strides[3] == 1 && strides[..3].iter().all(|s| (s * 2).is_multiple_of(16));
     if ok { t } else { into_contiguous(t) }
 }
 

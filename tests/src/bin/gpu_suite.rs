@@ -10,7 +10,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 
 use burn::tensor::DType;
-use burn_megatron_tests::{COMM_TESTS, Harness, KERNEL_TESTS, LAYER_TESTS, MAPPING_TESTS, MODEL_TESTS};
+use burn_megatron_tests::{COMM_TESTS, Harness, KERNEL_TESTS, LAYER_TESTS, MAPPING_TESTS, MODEL_TESTS, NamedTest};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -35,9 +35,9 @@ fn main() {
     // parallel and single-device paths round at different points (partial sums are rounded
     // before they are reduced), a few roundings deep.
     let bf16 = Harness::cuda(world, DType::BF16, 3e-2, 6e-2);
-    let model_f32: &[(&str, fn(&Harness))] = MODEL_TESTS;
-    let model_bf16: &[(&str, fn(&Harness))] = &MODEL_TESTS[..1];
-    let runs: Vec<(&str, &Harness, &(&str, fn(&Harness)))> = COMM_TESTS
+    let model_f32: &[NamedTest] = MODEL_TESTS;
+    let model_bf16: &[NamedTest] = &MODEL_TESTS[..1];
+    let runs: Vec<(&str, &Harness, &NamedTest)> = COMM_TESTS
         .iter()
         .map(|t| ("", &comm, t))
         .chain(KERNEL_TESTS.iter().map(|t| ("", &bf16, t)))

@@ -69,7 +69,7 @@ pub(crate) fn dq_kernel(
             let frags = fragments(&ds);
             acc = chain_128(&acc, &frags, descriptor(k_tile, comptime!(UPDATE.b)), UPDATE);
         }
-        if UNIT_POS % 32 == 0 {
+        if UNIT_POS.is_multiple_of(32) {
             mbarrier_arrive(s.empty + stage * 8);
         }
     }
@@ -154,7 +154,7 @@ pub(crate) fn dkdv_kernel(
             let frags = fragments(&ds);
             dk_acc = chain_128(&dk_acc, &frags, descriptor(q_tile, comptime!(UPDATE.b)), UPDATE);
         }
-        if UNIT_POS % 32 == 0 {
+        if UNIT_POS.is_multiple_of(32) {
             mbarrier_arrive(s.empty + stage * 8);
         }
     }

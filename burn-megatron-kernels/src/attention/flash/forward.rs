@@ -82,7 +82,7 @@ pub(crate) fn forward_kernel(
             let frags = fragments(&x);
             acc = chain_128(&acc, &frags, descriptor(s.sweep_b + stage * TILE_BYTES, comptime!(UPDATE.b)), UPDATE);
         }
-        if UNIT_POS % 32 == 0 {
+        if UNIT_POS.is_multiple_of(32) {
             mbarrier_arrive(s.empty + stage * 8);
         }
     }
@@ -92,7 +92,7 @@ pub(crate) fn forward_kernel(
     let inv_a = select(l_a > 0.0f32, 1.0f32 / l_a, 0.0f32);
     let inv_b = select(l_b > 0.0f32, 1.0f32 / l_b, 0.0f32);
     store_rows(out, &acc, inv_a, inv_b, row0, head, batch, heads, seq);
-    if UNIT_POS % 4 == 0 {
+    if UNIT_POS.is_multiple_of(4) {
         let at = (batch * heads + head) * seq;
         if row0 + l.row_a < seq {
             lse[(at + row0 + l.row_a) as usize] = m_a + log2(l_a);
