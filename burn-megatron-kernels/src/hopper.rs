@@ -2,7 +2,7 @@
 //! mbarriers, TMA bulk tensor loads, `wgmma` shared-memory descriptors and the `wgmma` chains.
 //!
 //! Every operand tile sits in shared memory with the 128-byte swizzle, in boxes 64 bf16 wide
-//! (one 128-byte row each), loaded by TMA ([`Tile`] says how a `wgmma` reads one). The
+//! (one 128-byte row each), loaded by TMA (`wgmma_ptx::Tile` says how a `wgmma` reads one). The
 //! accumulator of an `m64nN` chain is `N / 2` f32 registers a thread: warp `w` of the warpgroup
 //! holds rows `16w..16w+15`; lane `l` holds, for each 8-column block `j`, the pair (row `l/4`,
 //! columns `8j + 2(l%4) + {0, 1}`) in registers `4j, 4j+1`, and the same columns 8 rows lower in
@@ -10,6 +10,8 @@
 //! exactly the A fragment of a 16-deep k-step, so a result feeds the next product from registers.
 
 use cubecl::prelude::*;
+
+pub(crate) use crate::wgmma_ptx::{ASource, Chain, Tile};
 
 /// The f32 accumulator of an `m64n64` chain.
 pub(crate) type Acc64 = Vector<f32, Const<32>>;
@@ -19,121 +21,6 @@ pub(crate) type Acc128 = Vector<f32, Const<64>>;
 pub(crate) type Acc256 = Vector<f32, Const<128>>;
 /// A 64 × 64 bf16 A operand in registers: 4 k-steps of 4 bf16 pairs.
 pub(crate) type Frags64 = Vector<u32, Const<16>>;
-
-/// How a `wgmma` reads one operand tile from shared memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Tile {
-    /// K contiguous: each row holds 64 k (128 bytes); 8-row groups 1 KiB apart; further 64-wide
-    /// k boxes follow `rows × 128` bytes apart. A 16-deep k-step is 32 bytes along the row.
-    KMajor { rows: u32 },
-    /// M or N contiguous: each 128-byte row holds 64 m (or n) at one k; 8-k groups 1 KiB apart;
-    /// further 64-wide m (or n) boxes follow `box_bytes` apart. A k-step is 16 rows, 2 KiB.
-    MnMajor { box_bytes: u32 },
-}
-
-impl Tile {
-    /// Bytes from the tile's start to k-step `step`.
-    pub(crate) const fn offset(self, step: u32) -> u32 {
-        match self {
-            Tile::KMajor { rows } => (step / 4) * rows * 128 + (step % 4) * 32,
-            Tile::MnMajor { .. } => step * 2048,
-        }
-    }
-
-    /// `wgmma`'s transpose flag for this operand.
-    pub(crate) const fn transposed(self) -> u32 {
-        match self {
-            Tile::KMajor { .. } => 0,
-            Tile::MnMajor { .. } => 1,
-        }
-    }
-
-    /// The descriptor bits above the address: the 128-byte swizzle (bit 62), the leading (bits
-    /// 16-29) and stride (bits 32-45) byte offsets, in 16-byte units.
-    pub(crate) const fn descriptor_bits(self) -> u64 {
-        let (lbo, sbo): (u64, u64) = match self {
-            // The leading offset is unused by this layout.
-            Tile::KMajor { .. } => (16, 1024),
-            // Leading: from one 64-wide m/n box to the next; stride: from one 8-k group to the
-            // next. (Measured: the other order gives wrong products.)
-            Tile::MnMajor { box_bytes } => (box_bytes as u64, 1024),
-        };
-        (1 << 62) | ((sbo >> 4) << 32) | ((lbo >> 4) << 16)
-    }
-}
-
-/// Where a chain's A operand comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum ASource {
-    Smem(Tile),
-    /// bf16 pairs in registers, 4 a k-step ([`Frags64`] for 4 steps).
-    Registers,
-}
-
-/// A chain of `steps` `m64n{n}k16` products into one accumulator, as one asm statement that
-/// ends by waiting for them. Its operands, in order: the new accumulator; the old one if
-/// `accumulate` (else the first step starts from zero); the A registers or A descriptor; the B
-/// descriptor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Chain {
-    pub n: u32,
-    pub steps: u32,
-    pub accumulate: bool,
-    pub a: ASource,
-    pub b: Tile,
-}
-
-impl Chain {
-    /// The A operand's tile (a chain reading A from shared memory).
-    pub(crate) const fn a_tile(self) -> Tile {
-        match self.a {
-            ASource::Smem(tile) => tile,
-            ASource::Registers => panic!("A comes from registers"),
-        }
-    }
-
-    /// The PTX. Without `inout` operands (`gpu_asm!` has none) the old accumulator is copied
-    /// into the result registers first; ptxas folds the copies (no moves in the SASS).
-    pub(crate) fn ptx(self) -> String {
-        let regs = self.n / 2;
-        let mut placeholder = 1;
-        let mut next = || {
-            placeholder += 1;
-            placeholder - 1
-        };
-        let old = self.accumulate.then(&mut next);
-        let a = next();
-        let b = next();
-        let mut ptx = String::from(
-            "{\n.reg .pred pt, pf;\n.reg .b32 one;\n.reg .b64 da, db;\nmov.b32 one, 1;\nsetp.ne.b32 pt, one, 0;\nsetp.eq.b32 pf, one, 0;\n",
-        );
-        if old.is_some() {
-            for i in 0..regs {
-                ptx += &format!("mov.f32 %{i}, %{};\n", regs + i);
-            }
-        }
-        ptx += "wgmma.fence.sync.aligned;\n";
-        let a_regs = if self.accumulate { 2 * regs } else { regs };
-        for step in 0..self.steps {
-            let scale_d = if step == 0 && !self.accumulate { "pf" } else { "pt" };
-            ptx += &format!("add.s64 db, ${b}, {};\n", self.b.offset(step) / 16);
-            let tb = self.b.transposed();
-            let shape = format!("wgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16 $0", self.n);
-            match self.a {
-                ASource::Smem(tile) => {
-                    ptx += &format!("add.s64 da, ${a}, {};\n", tile.offset(step) / 16);
-                    ptx += &format!("{shape}, da, db, {scale_d}, 1, 1, {}, {tb};\n", tile.transposed());
-                }
-                ASource::Registers => {
-                    let r = a_regs + 4 * step;
-                    ptx += &format!("{shape}, {{%{}, %{}, %{}, %{}}}, db, {scale_d}, 1, 1, {tb};\n", r, r + 1, r + 2, r + 3);
-                }
-            }
-        }
-        ptx += "wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n}";
-        ptx
-    }
-}
 
 /// `acc + A·B` for an `m64n256` chain with both operands in shared memory (the GEMM).
 #[cube]

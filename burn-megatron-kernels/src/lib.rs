@@ -30,5 +30,7 @@ pub mod rope;
 pub mod swiglu;
 #[cfg(feature = "cuda")]
 pub mod wgmma;
+#[cfg(any(feature = "cuda", test))]
+mod wgmma_ptx;
 
 pub use linear::{gemm, linear};

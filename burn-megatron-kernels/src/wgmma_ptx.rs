@@ -1,0 +1,188 @@
+//! The PTX text of `wgmma` chains, as plain Rust (no CubeCL), so its operand numbering is unit
+//! tested on any machine. `hopper` binds the text to operands through `gpu_asm!`.
+
+// Without `cuda` only the tests use this module.
+#![cfg_attr(not(feature = "cuda"), allow(dead_code))]
+
+/// How a `wgmma` reads one operand tile from shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Tile {
+    /// K contiguous: each row holds 64 k (128 bytes); 8-row groups 1 KiB apart; further 64-wide
+    /// k boxes follow `rows × 128` bytes apart. A 16-deep k-step is 32 bytes along the row.
+    KMajor { rows: u32 },
+    /// M or N contiguous: each 128-byte row holds 64 m (or n) at one k; 8-k groups 1 KiB apart;
+    /// further 64-wide m (or n) boxes follow `box_bytes` apart. A k-step is 16 rows, 2 KiB.
+    MnMajor { box_bytes: u32 },
+}
+
+impl Tile {
+    /// Bytes from the tile's start to k-step `step`.
+    pub(crate) const fn offset(self, step: u32) -> u32 {
+        match self {
+            Tile::KMajor { rows } => (step / 4) * rows * 128 + (step % 4) * 32,
+            Tile::MnMajor { .. } => step * 2048,
+        }
+    }
+
+    /// `wgmma`'s transpose flag for this operand.
+    pub(crate) const fn transposed(self) -> u32 {
+        match self {
+            Tile::KMajor { .. } => 0,
+            Tile::MnMajor { .. } => 1,
+        }
+    }
+
+    /// The descriptor bits above the address: the 128-byte swizzle (bit 62), the leading (bits
+    /// 16-29) and stride (bits 32-45) byte offsets, in 16-byte units.
+    pub(crate) const fn descriptor_bits(self) -> u64 {
+        let (lbo, sbo): (u64, u64) = match self {
+            // The leading offset is unused by this layout.
+            Tile::KMajor { .. } => (16, 1024),
+            // Leading: from one 64-wide m/n box to the next; stride: from one 8-k group to the
+            // next. (Measured: the other order gives wrong products.)
+            Tile::MnMajor { box_bytes } => (box_bytes as u64, 1024),
+        };
+        (1 << 62) | ((sbo >> 4) << 32) | ((lbo >> 4) << 16)
+    }
+}
+
+/// Where a chain's A operand comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum ASource {
+    Smem(Tile),
+    /// bf16 pairs in registers, 4 a k-step ([`Frags64`] for 4 steps).
+    Registers,
+}
+
+/// A chain of `steps` `m64n{n}k16` products into one accumulator, as one asm statement that
+/// ends by waiting for them. Its operands, in order: the new accumulator; the old one if
+/// `accumulate` (else the first step starts from zero); the A registers or A descriptor; the B
+/// descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Chain {
+    pub n: u32,
+    pub steps: u32,
+    pub accumulate: bool,
+    pub a: ASource,
+    pub b: Tile,
+}
+
+impl Chain {
+    /// The A operand's tile (a chain reading A from shared memory).
+    pub(crate) const fn a_tile(self) -> Tile {
+        match self.a {
+            ASource::Smem(tile) => tile,
+            ASource::Registers => panic!("A comes from registers"),
+        }
+    }
+
+    /// The PTX. Without `inout` operands (`gpu_asm!` has none) the old accumulator is copied
+    /// into the result registers first; ptxas folds the copies (no moves in the SASS).
+    pub(crate) fn ptx(self) -> String {
+        let regs = self.n / 2;
+        let mut placeholder = 1;
+        let mut next = || {
+            placeholder += 1;
+            placeholder - 1
+        };
+        let old = self.accumulate.then(&mut next);
+        let a = next();
+        let b = next();
+        let mut ptx = String::from(
+            "{\n.reg .pred pt, pf;\n.reg .b32 one;\n.reg .b64 da, db;\nmov.b32 one, 1;\nsetp.ne.b32 pt, one, 0;\nsetp.eq.b32 pf, one, 0;\n",
+        );
+        if old.is_some() {
+            for i in 0..regs {
+                ptx += &format!("mov.f32 %{i}, %{};\n", regs + i);
+            }
+        }
+        ptx += "wgmma.fence.sync.aligned;\n";
+        let a_regs = if self.accumulate { 2 * regs } else { regs };
+        for step in 0..self.steps {
+            let scale_d = if step == 0 && !self.accumulate { "pf" } else { "pt" };
+            ptx += &format!("add.s64 db, ${b}, {};\n", self.b.offset(step) / 16);
+            let tb = self.b.transposed();
+            let shape = format!("wgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16 $0", self.n);
+            match self.a {
+                ASource::Smem(tile) => {
+                    ptx += &format!("add.s64 da, ${a}, {};\n", tile.offset(step) / 16);
+                    ptx += &format!("{shape}, da, db, {scale_d}, 1, 1, {}, {tb};\n", tile.transposed());
+                }
+                ASource::Registers => {
+                    let r = a_regs + 4 * step;
+                    ptx += &format!("{shape}, {{%{}, %{}, %{}, %{}}}, db, {scale_d}, 1, 1, {tb};\n", r, r + 1, r + 2, r + 3);
+                }
+            }
+        }
+        ptx += "wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n}";
+        ptx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The PTX register numbers `%i` the text names.
+    fn registers(ptx: &str) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut rest = ptx;
+        while let Some(at) = rest.find('%') {
+            let digits: String = rest[at + 1..].chars().take_while(char::is_ascii_digit).collect();
+            if let Ok(n) = digits.parse() {
+                out.push(n);
+            }
+            rest = &rest[at + 1..];
+        }
+        out
+    }
+
+    /// The GEMM's k-slice: 128 copies of the old accumulator into the result, four
+    /// `m64n256k16` steps 32 bytes apart on both K-major operands, one wait.
+    #[test]
+    fn gemm_slice_copies_then_four_steps() {
+        let chain = Chain { n: 256, steps: 4, accumulate: true, a: ASource::Smem(Tile::KMajor { rows: 128 }), b: Tile::KMajor { rows: 256 } };
+        let ptx = chain.ptx();
+        assert_eq!(ptx.matches("mov.f32").count(), 128);
+        assert_eq!(ptx.matches("wgmma.mma_async.sync.aligned.m64n256k16").count(), 4);
+        assert!(ptx.contains("mov.f32 %0, %128;") && ptx.contains("mov.f32 %127, %255;"));
+        // Descriptor steps in 16-byte units: 32 bytes is +2.
+        assert!(ptx.contains("add.s64 da, $2, 6;") && ptx.contains("add.s64 db, $3, 6;"));
+        // Result $0, old accumulator $1, descriptors $2 and $3; 256 registers named.
+        assert!(registers(&ptx).iter().all(|&r| r < 256));
+        assert!(ptx.ends_with("wgmma.wait_group.sync.aligned 0;\n}"));
+    }
+
+    /// A fresh chain starts from zero (the first step's scale-d is false) and copies nothing.
+    #[test]
+    fn a_fresh_chain_zeroes_its_first_step() {
+        let chain = Chain { n: 64, steps: 8, accumulate: false, a: ASource::Smem(Tile::KMajor { rows: 128 }), b: Tile::KMajor { rows: 64 } };
+        let ptx = chain.ptx();
+        assert_eq!(ptx.matches("mov.f32").count(), 0);
+        assert_eq!(ptx.matches(", pf, ").count(), 1);
+        assert_eq!(ptx.matches(", pt, ").count(), 7);
+        // Step 4 crosses into the second 64-wide k box: 128 rows × 128 bytes = 16 KiB further.
+        assert!(ptx.contains(&format!("add.s64 da, $1, {};", 16384 / 16)));
+        assert!(registers(&ptx).iter().all(|&r| r < 32));
+    }
+
+    /// A from registers: 4 fragment registers a step after the two accumulators, B MN-major
+    /// (transposed flag 1, 2 KiB a step).
+    #[test]
+    fn register_operands_follow_the_accumulators() {
+        let chain = Chain { n: 128, steps: 4, accumulate: true, a: ASource::Registers, b: Tile::MnMajor { box_bytes: 8192 } };
+        let ptx = chain.ptx();
+        assert!(ptx.contains("{%128, %129, %130, %131}, db, pt, 1, 1, 1;"));
+        assert!(ptx.contains("{%140, %141, %142, %143}, db, pt, 1, 1, 1;"));
+        assert!(ptx.contains(&format!("add.s64 db, $3, {};", 3 * 2048 / 16)));
+        assert!(registers(&ptx).iter().all(|&r| r < 64 + 64 + 16));
+    }
+
+    /// The descriptor fields: 128-byte swizzle at bit 62, stride 1 KiB, leading 16 bytes
+    /// (K-major) or the MN box stride.
+    #[test]
+    fn descriptor_bits() {
+        assert_eq!(Tile::KMajor { rows: 64 }.descriptor_bits(), (1 << 62) | (64 << 32) | (1 << 16));
+        assert_eq!(Tile::MnMajor { box_bytes: 8192 }.descriptor_bits(), (1 << 62) | (64 << 32) | (512 << 16));
+    }
+}
