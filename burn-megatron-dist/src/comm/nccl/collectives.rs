@@ -1,60 +1,15 @@
-//! The collectives of [`NcclTransport`]: each one allocates its outputs, then hands NCCL the
-//! raw buffers through [`NcclTransport::run`].
-
-use std::time::{Duration, Instant};
+//! The collectives of [`NcclComm`], with the [`Transport`](crate::comm::Transport) contract
+//! (`[o, n, i]` payloads, dim 1): each one allocates its outputs, then hands NCCL the raw
+//! buffers through [`NcclComm::run`].
 
 use cudarc::nccl::result as nccl;
 
-use super::{NcclTransport, PendingSend, check, contiguous, nccl_op, numel};
-use crate::comm::{Collective, Payload, ReduceOp, Transport};
+use super::{NcclComm, PendingSend, check, contiguous, nccl_op, numel};
+use crate::comm::{Collective, Payload, ReduceOp};
 use crate::error::CommError;
 
-impl Transport for NcclTransport {
-    fn size(&self) -> usize {
-        self.size
-    }
-
-    fn group_rank(&self) -> usize {
-        self.group_rank
-    }
-
-    fn label(&self) -> &str {
-        &self.label
-    }
-
-    fn exchange(&self, collective: Collective, seq: u64, record: Vec<u8>) -> Result<Vec<Vec<u8>>, CommError> {
-        let key = |r: usize| format!("{}/check/{seq}/{r}", self.namespace);
-        let fail = |e: std::io::Error| self.error(collective, e);
-        self.store.set(&key(self.group_rank), &record, (self.size - 1) as u32).map_err(fail)?;
-        let deadline = Instant::now() + self.timeout;
-        let mut records = Vec::with_capacity(self.size);
-        for r in 0..self.size {
-            if r == self.group_rank {
-                records.push(record.clone());
-                continue;
-            }
-            let wait = deadline.saturating_duration_since(Instant::now());
-            match self.store.get(&key(r), wait).map_err(fail)? {
-                Some(bytes) => records.push(bytes),
-                None => {
-                    let missing = (r..self.size)
-                        .filter(|&j| j != self.group_rank)
-                        .filter(|&j| j == r || matches!(self.store.get(&key(j), Duration::ZERO), Ok(None)))
-                        .collect();
-                    return Err(CommError::Timeout {
-                        group: self.label.clone(),
-                        collective: collective.name(),
-                        seq,
-                        timeout: self.timeout,
-                        missing,
-                    });
-                }
-            }
-        }
-        Ok(records)
-    }
-
-    fn all_reduce(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
+impl NcclComm {
+    pub(crate) fn all_reduce(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
         let c = Collective::AllReduce;
         let ty = self.nccl_type(c, x.dtype())?;
         let out = self.output_like(&x, x.dims());
@@ -66,7 +21,7 @@ impl Transport for NcclTransport {
         Ok(out)
     }
 
-    fn all_gather(&self, x: Payload) -> Result<Payload, CommError> {
+    pub(crate) fn all_gather(&self, x: Payload) -> Result<Payload, CommError> {
         // NCCL gathers whole buffers; gather along dim 1 of [o, n, i] is gather along dim 0 of
         // [size, o, n, i] followed by a transpose, done on the gathered tensor.
         let c = Collective::AllGather;
@@ -81,7 +36,7 @@ impl Transport for NcclTransport {
         Ok(stacked_to_dim1(out, self.size, [o, n, i]))
     }
 
-    fn reduce_scatter(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
+    pub(crate) fn reduce_scatter(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
         let c = Collective::ReduceScatter;
         let ty = self.nccl_type(c, x.dtype())?;
         let [o, n, i] = x.dims();
@@ -97,7 +52,7 @@ impl Transport for NcclTransport {
         Ok(out)
     }
 
-    fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
+    pub(crate) fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
         let c = Collective::AllToAll;
         let ty = self.nccl_type(c, chunks[0].dtype())?;
         let outs: Vec<Payload> = recv_dims.iter().map(|&d| self.output_like(&chunks[0], d)).collect();
@@ -126,7 +81,7 @@ impl Transport for NcclTransport {
         Ok(outs)
     }
 
-    fn broadcast(&self, x: Payload, root: usize) -> Result<Payload, CommError> {
+    pub(crate) fn broadcast(&self, x: Payload, root: usize) -> Result<Payload, CommError> {
         let c = Collective::Broadcast;
         let ty = self.nccl_type(c, x.dtype())?;
         let out = self.output_like(&x, x.dims());
@@ -138,37 +93,26 @@ impl Transport for NcclTransport {
         Ok(out)
     }
 
-    fn send(&self, x: Payload, peer: usize, seq: u64) -> Result<(), CommError> {
-        let c = Collective::Send;
-        let ty = self.nccl_type(c, x.dtype())?;
-        let header = format!("{:?} {:?} {}", x.dtype(), x.dims(), x.is_float());
-        let key = format!("{}/p2p/{}-{peer}/{seq}", self.namespace, self.group_rank);
-        self.store.set(&key, header.as_bytes(), 1).map_err(|e| self.error(c, e))?;
+    /// Queues a send to group rank `peer`: it goes out in one NCCL group with this rank's next
+    /// call, or at [`flush`](Self::flush), so a ring of sends then receives cannot deadlock.
+    pub(crate) fn send(&self, x: Payload, peer: usize) -> Result<(), CommError> {
+        let ty = self.nccl_type(Collective::Send, x.dtype())?;
         let send = PendingSend { payload: contiguous(&x), peer, ty };
         self.pending.lock().expect("pending sends lock").push(send);
         Ok(())
     }
 
-    fn flush(&self) -> Result<(), CommError> {
+    pub(crate) fn flush(&self) -> Result<(), CommError> {
         if self.pending.lock().expect("pending sends lock").is_empty() {
             return Ok(());
         }
         self.run(Collective::Send, &[], &[], |_, _, _, _| Ok(()))
     }
 
-    fn recv(&self, like: Payload, peer: usize, seq: u64) -> Result<Payload, CommError> {
+    /// Receives from group rank `peer` into a tensor shaped like `like`.
+    pub(crate) fn recv(&self, like: Payload, peer: usize) -> Result<Payload, CommError> {
         let c = Collective::Recv;
         let ty = self.nccl_type(c, like.dtype())?;
-        let expected = format!("{:?} {:?} {}", like.dtype(), like.dims(), like.is_float());
-        let key = format!("{}/p2p/{peer}-{}/{seq}", self.namespace, self.group_rank);
-        let header = self.store.get(&key, self.timeout).map_err(|e| self.error(c, e))?.ok_or_else(|| {
-            CommError::Timeout { group: self.label.clone(), collective: c.name(), seq, timeout: self.timeout, missing: vec![peer] }
-        })?;
-        let header = String::from_utf8_lossy(&header).into_owned();
-        if header != expected {
-            let detail = format!("group rank {peer} sent {header} but this rank expects {expected}");
-            return Err(CommError::Mismatch { group: self.label.clone(), collective: c.name(), seq, detail });
-        }
         let out = self.output_like(&like, like.dims());
         let n = numel(&like);
         self.run(c, &[], &[&out], |comm, _, o, s| unsafe {

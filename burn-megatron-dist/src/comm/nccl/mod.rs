@@ -1,36 +1,41 @@
-//! The NCCL transport: one process a GPU, started by torchrun, SLURM or any launcher that sets
-//! `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT`. It works across nodes.
+//! NCCL on CUDA devices, for both ways of running ranks: one process a GPU
+//! ([`NcclTransport`], started by torchrun, SLURM or any launcher that sets `RANK`,
+//! `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT`; it works across nodes), and
+//! ranks as threads of one process, one GPU each (the [in-process
+//! transport](super::in_process)).
 //!
-//! Global rank 0 serves the [store](super::store) at `MASTER_ADDR:MASTER_PORT`. Each group's
-//! NCCL unique id and every call's agreement record go through it, so a missing rank is caught
-//! on the host, by name, before any NCCL call is made.
-//!
-//! CubeCL's CUDA streams are private, so NCCL runs on a stream of its own, fenced on the host:
-//! every buffer is read back once (one element) before a collective, and the collective's
-//! stream is waited for after it (the
-//! single-process path of [`in_process`](super::in_process) runs on CubeCL's own transport
-//! instead, without host fences). The wait for NCCL is a poll with a deadline; past it the
-//! communicator is aborted and the call fails instead of hanging.
+//! [`NcclComm`] is one rank's communicator for one group. Its collectives run on a stream of
+//! its own, ordered against CubeCL's compute stream on the GPU ([`order`]): nothing on the host
+//! waits for a kernel or for NCCL. The [watchdog](flights) aborts a communicator whose
+//! collective is stuck past the timeout, so a lost peer is reported instead of hanging.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::thread::ThreadId;
+use std::time::Duration;
 
 use burn::backend::Cube;
 use burn::tensor::{DType, Device, Int, Tensor};
 use cubecl_runtime::runtime::Runtime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl_cuda::CudaRuntime;
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::{result as nccl, sys};
 
-use super::store::StoreClient;
-use super::{Collective, Payload, ReduceOp, Transport};
+use super::{Collective, Payload, ReduceOp};
 use crate::error::CommError;
 
 mod collectives;
+mod flights;
+mod order;
 mod process;
+mod transport;
 
 pub use process::ProcessRank;
+pub use transport::NcclTransport;
+
+use flights::Flights;
+use order::GpuOrder;
 
 type CudaServer = <CudaRuntime as Runtime>::Server;
 fn transport_error(group: &str, collective: &'static str, error: impl std::fmt::Debug) -> CommError {
@@ -41,7 +46,7 @@ fn transport_error(group: &str, collective: &'static str, error: impl std::fmt::
 struct Comm(sys::ncclComm_t);
 
 // Safety: an NCCL communicator may be used from any thread as long as calls on it are not
-// concurrent; `NcclTransport` serializes them with its lock.
+// concurrent; its lock in [`Flights`] serializes them.
 unsafe impl Send for Comm {}
 unsafe impl Sync for Comm {}
 
@@ -54,20 +59,33 @@ impl Drop for Comm {
     }
 }
 
-/// One rank's NCCL communicator for one group.
-pub struct NcclTransport {
+/// A fresh NCCL unique id, made by a group's first rank and handed to the others.
+pub(crate) fn unique_id() -> Result<Vec<u8>, CommError> {
+    let id = nccl::get_uniqueid().map_err(|e| transport_error("nccl", "init", e))?;
+    Ok(id.internal.iter().map(|&c| c as u8).collect())
+}
+
+/// The CUDA ordinal of a device, if it is a CUDA device.
+pub(crate) fn cuda_index(device: &Device) -> Option<usize> {
+    use burn::backend::DispatchDevice;
+    match device.as_dispatch() {
+        DispatchDevice::Cube(cubecl::Device::Cuda(cuda)) => Some(cuda.index),
+        _ => None,
+    }
+}
+
+/// One rank's NCCL communicator for one group, on one CUDA device.
+pub(crate) struct NcclComm {
     label: String,
-    /// Prefix of this group's keys in the store.
-    namespace: String,
     size: usize,
     group_rank: usize,
-    comm: Mutex<Option<Comm>>,
+    device: Device,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    store: Arc<StoreClient>,
-    device: Device,
-    timeout: Duration,
-    /// Sends not posted yet: they go out with the next call (see [`Transport::send`]).
+    flights: Arc<Flights>,
+    /// The GPU-side order, and the thread whose CubeCL stream it orders against.
+    order: Mutex<(GpuOrder, Option<ThreadId>)>,
+    /// Sends not posted yet: they go out with the next call (see [`Transport::send`](super::Transport::send)).
     pending: Mutex<Vec<PendingSend>>,
 }
 
@@ -78,81 +96,84 @@ struct PendingSend {
     ty: sys::ncclDataType_t,
 }
 
-impl Drop for NcclTransport {
-    /// A send still deferred leaves before the communicator goes; a failure here has no caller
-    /// to go to, and the peer's `recv` reports it (a timeout naming this rank).
+impl Drop for NcclComm {
+    /// A send still deferred leaves before the communicator goes, and everything queued
+    /// finishes (or is aborted at the deadline); a failure here has no caller to go to, and the
+    /// peer reports it.
     fn drop(&mut self) {
         let _ = self.flush();
+        let _ = self.flights.drain();
     }
 }
 
-impl std::fmt::Debug for NcclTransport {
+impl std::fmt::Debug for NcclComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "NcclTransport({} @ {})", self.label, self.group_rank)
+        write!(f, "NcclComm({} @ {})", self.label, self.group_rank)
     }
 }
 
-impl NcclTransport {
-    fn join(
+impl NcclComm {
+    /// Joins the group: every member calls this, each from its own thread or process, with the
+    /// same `id` (from [`unique_id`]). Blocks until all have.
+    pub(crate) fn join(
         label: String,
-        namespace: String,
-        members: &[usize],
-        process: &ProcessRank,
-        ctx: &Arc<CudaContext>,
+        size: usize,
+        group_rank: usize,
+        id: &[u8],
         device: &Device,
         timeout: Duration,
     ) -> Result<Self, CommError> {
-        let size = members.len();
-        let group_rank = members.iter().position(|&r| r == process.global_rank).expect("member of its group");
         let fail = |e: &dyn std::fmt::Debug| transport_error(&label, "init", e);
-        let key = format!("{namespace}/nccl-id");
-        let id = if group_rank == 0 {
-            let id = nccl::get_uniqueid().map_err(|e| fail(&e))?;
-            let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-            process.store.set(&key, &bytes, (size - 1) as u32).map_err(|e| fail(&e))?;
-            id
-        } else {
-            let bytes = process.store.get(&key, timeout).map_err(|e| fail(&e))?.ok_or_else(|| {
-                CommError::Timeout {
-                    group: label.clone(),
-                    collective: "init",
-                    seq: 0,
-                    timeout,
-                    missing: vec![0],
-                }
-            })?;
-            let mut id = sys::ncclUniqueId { internal: [0; 128] };
-            for (dst, src) in id.internal.iter_mut().zip(bytes) {
-                *dst = src as _;
-            }
-            id
-        };
+        let index = cuda_index(device).ok_or_else(|| fail(&format!("{device:?} is not a CUDA device")))?;
+        let ctx = CudaContext::new(index).map_err(|e| fail(&e))?;
+        // Safety: no cudarc buffer is ever made on this context (NCCL gets CubeCL's), so there
+        // is nothing for its event tracking to order. Left on, the first stream made on the
+        // context synchronizes the whole device: a stall, and a wait on other groups' spins.
+        unsafe { ctx.disable_event_tracking() };
+        let mut unique = sys::ncclUniqueId { internal: [0; 128] };
+        for (dst, &src) in unique.internal.iter_mut().zip(id) {
+            *dst = src as _;
+        }
         ctx.bind_to_thread().map_err(|e| fail(&e))?;
         let mut comm: sys::ncclComm_t = std::ptr::null_mut();
         // Safety: `comm` is a valid out-pointer; every member calls this with the same id.
-        unsafe { nccl::comm_init_rank(&mut comm, size as i32, id, group_rank as i32) }.map_err(|e| fail(&e))?;
+        unsafe { nccl::comm_init_rank(&mut comm, size as i32, unique, group_rank as i32) }.map_err(|e| fail(&e))?;
+        let comm = Comm(comm);
         let stream = ctx.new_stream().map_err(|e| fail(&e))?;
+        let order = GpuOrder::new(device).map_err(|e| fail(&e))?;
+        let flights = Flights::start(label.clone(), timeout, ctx.clone(), comm);
         Ok(Self {
             label,
-            namespace,
             size,
             group_rank,
-            comm: Mutex::new(Some(Comm(comm))),
-            ctx: ctx.clone(),
-            stream,
-            store: process.store.clone(),
             device: device.clone(),
-            timeout,
+            ctx,
+            stream,
+            flights,
+            order: Mutex::new((order, None)),
             pending: Mutex::new(Vec::new()),
         })
+    }
+
+    pub(crate) fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub(crate) fn label(&self) -> &str {
+        &self.label
+    }
+
+    pub(crate) fn group_rank(&self) -> usize {
+        self.group_rank
     }
 
     fn error(&self, collective: Collective, error: impl std::fmt::Debug) -> CommError {
         transport_error(&self.label, collective.name(), error)
     }
 
-    /// Runs `launch` on this group's stream once the device's queued work is done, and waits
-    /// for it with a deadline. `launch` gets the raw pointers of `inputs` and `outputs`.
+    /// Queues `launch` on this group's stream, after the work the calling thread queued on the
+    /// device, and the calling thread's later work after it; returns without waiting. `launch`
+    /// gets the raw pointers of `inputs` and `outputs`.
     fn run(
         &self,
         collective: Collective,
@@ -160,32 +181,31 @@ impl NcclTransport {
         outputs: &[&Payload],
         launch: impl FnOnce(sys::ncclComm_t, &[u64], &[u64], sys::cudaStream_t) -> Result<(), sys::ncclResult_t>,
     ) -> Result<(), CommError> {
-        let guard = self.comm.lock().expect("communicator lock");
-        let comm = guard.as_ref().ok_or_else(|| CommError::PeerLost {
-            group: self.label.clone(),
-            collective: collective.name(),
-            rank: usize::MAX,
-            reason: "the communicator was aborted by an earlier timeout".into(),
-        })?;
-        // Inputs are made contiguous first, so the fence below also covers those copies.
+        let mut order = self.order.lock().expect("order lock");
+        let (order, thread) = &mut *order;
+        // The order holds against one CubeCL stream, the calling thread's. A call from another
+        // thread first lets everything queued finish, so its stream cannot overtake the last.
+        let here = std::thread::current().id();
+        if thread.is_some_and(|t| t != here) {
+            self.flights.drain()?;
+        }
+        *thread = Some(here);
+        let guard = self.flights.comm(collective.name())?;
+        let comm = guard.as_ref().expect("checked by Flights::comm");
         // Outputs come from `output_like`, compact already: NCCL must write the very buffer
         // that is returned.
         debug_assert!(outputs.iter().all(|p| cube(p).is_contiguous()), "outputs come from output_like");
         // Deferred sends go out first, in one NCCL group with this call.
         let pending = std::mem::take(&mut *self.pending.lock().expect("pending sends lock"));
-        let contiguous: Vec<Payload> = inputs
+        let buffers: Vec<Payload> = inputs
             .iter()
             .map(|p| contiguous(p))
             .chain(outputs.iter().map(|p| (*p).clone()))
             .chain(pending.iter().map(|send| send.payload.clone()))
             .collect();
-        // The fence: a read of one element of each buffer returns only once every operation
-        // queued before it on the buffer's CubeCL stream has run: the kernels that write the
-        // inputs, and those still using an output's memory before CubeCL handed it out again.
-        for p in &contiguous {
-            p.read_first().map_err(|e| self.error(collective, e))?;
-        }
-        let tensors: Vec<CubeTensor> = contiguous.iter().map(cube).collect();
+        // Each lookup also orders the calling thread's stream after any other CubeCL stream
+        // that wrote the buffer: the signal below comes after all of it.
+        let tensors: Vec<CubeTensor> = buffers.iter().map(cube).collect();
         let resources = tensors
             .iter()
             .map(|t| t.client.get_resource::<CudaServer>(t.handle.clone()))
@@ -193,6 +213,7 @@ impl NcclTransport {
             .map_err(|e| self.error(collective, e))?;
         let ptrs: Vec<u64> = resources.iter().map(|r| r.resource().ptr).collect();
         self.ctx.bind_to_thread().map_err(|e| self.error(collective, e))?;
+        let call = order.before(&self.stream).map_err(|e| self.error(collective, e))?;
         let stream = self.stream.cu_stream() as sys::cudaStream_t;
         let (ptrs, send_ptrs) = ptrs.split_at(inputs.len() + outputs.len());
         let (input_ptrs, output_ptrs) = ptrs.split_at(inputs.len());
@@ -200,7 +221,7 @@ impl NcclTransport {
             launch(comm.0, input_ptrs, output_ptrs, stream)
         } else {
             // Safety: each pending payload holds the counted elements and is kept alive (in
-            // `contiguous`) until the wait below ends.
+            // `buffers`) until the collective has finished.
             unsafe {
                 check(nccl::group_start()).and_then(|()| {
                     let sent = pending.iter().zip(send_ptrs).try_for_each(|(send, &ptr)| {
@@ -212,39 +233,14 @@ impl NcclTransport {
                 })
             }
         };
+        // The release comes whatever happened: the NCCL stream already waits for this call's
+        // signal, and the next call's would never match otherwise.
+        order.after(&self.stream, call).map_err(|e| self.error(collective, e))?;
         launched.map_err(|e| self.error(collective, e))?;
-        let done = self.stream.record_event(None).map_err(|e| self.error(collective, e))?;
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            match done.try_is_complete() {
-                Ok(true) => break,
-                Ok(false) if Instant::now() < deadline => std::thread::yield_now(),
-                Ok(false) => {
-                    drop(guard);
-                    self.abort();
-                    return Err(CommError::Timeout {
-                        group: self.label.clone(),
-                        collective: collective.name(),
-                        seq: 0,
-                        timeout: self.timeout,
-                        missing: vec![],
-                    });
-                }
-                Err(e) => return Err(self.error(collective, e)),
-            }
-        }
+        let done = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(|e| self.error(collective, e))?;
         drop(resources);
+        self.flights.push(collective.name(), done, buffers);
         Ok(())
-    }
-
-    fn abort(&self) {
-        if let Some(comm) = self.comm.lock().expect("communicator lock").take() {
-            // Safety: aborting a live communicator; it is not used again.
-            unsafe {
-                let _ = nccl::comm_abort(comm.0);
-            }
-            std::mem::forget(comm);
-        }
     }
 
     /// An output buffer for NCCL to fill: compact (`[o, n, i]` strides), uninitialized.

@@ -6,11 +6,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use burn::tensor::Device;
-use cudarc::driver::CudaContext;
 
 use super::super::ProcessGroup;
 use super::super::store::{StoreClient, StoreServer};
-use super::{NcclTransport, transport_error};
+use super::NcclTransport;
 use crate::error::{CommError, LaunchError};
 use crate::groups::ProcessGroups;
 use crate::mesh::ParallelDims;
@@ -21,10 +20,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(120);
 /// This process's place in a one-process-a-rank run. There is one per process: the store
 /// connection outlives the groups of each [`launch`](crate::launch()).
 pub struct ProcessRank {
-    pub(super) global_rank: usize,
+    global_rank: usize,
     world_size: usize,
     local_rank: usize,
-    pub(super) store: Arc<StoreClient>,
+    store: Arc<StoreClient>,
     /// Kept alive on global rank 0.
     _server: Option<StoreServer>,
     /// Launches so far; every process counts the same, so it namespaces the store's keys.
@@ -101,13 +100,11 @@ impl ProcessRank {
     /// Creates an NCCL communicator for every group of this rank, on `device`
     /// (`Device::cuda(local_rank)`).
     pub fn groups(&self, dims: ParallelDims, device: &Device, timeout: Duration) -> Result<ProcessGroups, LaunchError> {
-        let ctx = CudaContext::new(self.local_rank).map_err(|e| transport_error("init", "cuda", e))?;
         let launch = self.launches.fetch_add(1, Ordering::Relaxed);
         ProcessGroups::try_build(dims, self.global_rank, |axis, members| {
             let label = format!("{axis}{members:?}");
             let namespace = format!("{launch}/{label}");
-            let joined = NcclTransport::join(label, namespace, &members, self, &ctx, device, timeout);
-            let transport = joined?;
+            let transport = NcclTransport::join(label, namespace, &members, self.global_rank, &self.store, device, timeout)?;
             Ok::<_, CommError>(ProcessGroup::new(Arc::new(transport), members))
         })
         .map_err(LaunchError::from)

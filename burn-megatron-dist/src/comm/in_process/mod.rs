@@ -4,6 +4,10 @@
 //! own result from everybody's tensors, moved to its device. It works on any Burn device; CI
 //! runs it on the CPU. Results are reduced in group-rank order, so every rank gets the same
 //! bits.
+//!
+//! When every rank of a group drives a GPU of its own, the data goes through NCCL instead
+//! ([`nccl`]), ordered on the GPU; the rendezvous then only carries the agreement checks and
+//! the shapes of point-to-point messages.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,6 +15,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::{Collective, Payload, ProcessGroup, ReduceOp, Transport};
+
+#[cfg(feature = "cuda")]
+mod nccl;
 use crate::error::CommError;
 
 /// How long a rank waits for its peers before it gives up, unless told otherwise. Comfortably
@@ -72,7 +79,13 @@ impl InProcessWorld {
                 })
             })
             .clone();
-        let transport = InProcessTransport { shared, group_rank, data_seq: AtomicU64::new(0) };
+        let transport = InProcessTransport {
+            shared,
+            group_rank,
+            data_seq: AtomicU64::new(0),
+            #[cfg(feature = "cuda")]
+            nccl: Default::default(),
+        };
         ProcessGroup::new(Arc::new(transport), members)
     }
 
@@ -131,6 +144,9 @@ pub struct InProcessTransport {
     shared: Arc<Shared>,
     group_rank: usize,
     data_seq: AtomicU64,
+    /// NCCL, once the group's first collective on CUDA found every rank on a GPU of its own.
+    #[cfg(feature = "cuda")]
+    nccl: std::sync::OnceLock<Option<crate::comm::nccl::NcclComm>>,
 }
 
 impl InProcessTransport {
@@ -205,47 +221,6 @@ impl InProcessTransport {
     }
 }
 
-#[cfg(feature = "cuda")]
-impl InProcessTransport {
-    /// The group's devices when NCCL can all-reduce `x` natively on CubeCL's communication
-    /// stream (float sums and means, every rank on a CUDA device of its own).
-    fn native_all_reduce_devices(&self, x: &Payload, op: ReduceOp) -> Result<Option<Vec<burn::tensor::Device>>, CommError> {
-        if !x.is_float() || op == ReduceOp::Max || !native::is_cuda(&x.device()) {
-            return Ok(None);
-        }
-        let devices: Vec<_> = self
-            .meet_data(Collective::AllReduce, Value::One(x.clone()))?
-            .into_iter()
-            .map(|v| one(v).device())
-            .collect();
-        let distinct = devices.iter().enumerate().all(|(i, d)| devices[..i].iter().all(|e| e != d));
-        Ok((distinct && devices.iter().all(native::is_cuda)).then_some(devices))
-    }
-}
-
-/// NCCL through CubeCL's own transport, ordered on the GPU without host synchronization.
-#[cfg(feature = "cuda")]
-mod native {
-    use burn::backend::DispatchDevice;
-    use burn::tensor::Device;
-    use burn::tensor::distributed::{ReduceOperation, all_reduce as burn_all_reduce};
-
-    use super::{Payload, ReduceOp};
-
-    pub fn is_cuda(device: &Device) -> bool {
-        matches!(device.as_dispatch(), DispatchDevice::Cube(_))
-    }
-
-    pub fn all_reduce(x: Payload, op: ReduceOp, devices: Vec<Device>) -> Payload {
-        let op = match op {
-            ReduceOp::Sum => ReduceOperation::Sum,
-            ReduceOp::Avg => ReduceOperation::Mean,
-            ReduceOp::Max => unreachable!("max is not native"),
-        };
-        Payload::Float(burn_all_reduce(x.into_float(), op, devices).resolve())
-    }
-}
-
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Rounds> {
         self.rounds.lock().expect("rendezvous lock")
@@ -263,7 +238,7 @@ fn move_to(x: Payload, device: &burn::tensor::Device) -> Payload {
         return x;
     }
     #[cfg(feature = "cuda")]
-    if native::is_cuda(device) && native::is_cuda(&x.device()) {
+    if crate::comm::nccl::cuda_index(device).is_some() && crate::comm::nccl::cuda_index(&x.device()).is_some() {
         static QUEUE: Mutex<()> = Mutex::new(());
         let _queued = QUEUE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         return x.to_device(device);
@@ -318,17 +293,25 @@ impl Transport for InProcessTransport {
 
     fn all_reduce(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
         #[cfg(feature = "cuda")]
-        if let Some(devices) = self.native_all_reduce_devices(&x, op)? {
-            return Ok(native::all_reduce(x, op, devices));
+        if let Some(nccl) = self.nccl(Collective::AllReduce, &x)? {
+            return nccl.all_reduce(x, op);
         }
         Ok(reduce(self.gather_here(Collective::AllReduce, x)?, op))
     }
 
     fn all_gather(&self, x: Payload) -> Result<Payload, CommError> {
+        #[cfg(feature = "cuda")]
+        if let Some(nccl) = self.nccl(Collective::AllGather, &x)? {
+            return nccl.all_gather(x);
+        }
         Ok(Payload::cat(self.gather_here(Collective::AllGather, x)?))
     }
 
     fn reduce_scatter(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
+        #[cfg(feature = "cuda")]
+        if let Some(nccl) = self.nccl(Collective::ReduceScatter, &x)? {
+            return nccl.reduce_scatter(x, op);
+        }
         let part = x.dims()[1] / self.shared.size;
         let mine = self.group_rank * part..(self.group_rank + 1) * part;
         let device = x.device();
@@ -338,7 +321,12 @@ impl Transport for InProcessTransport {
         Ok(reduce(parts, op))
     }
 
-    fn all_to_all(&self, chunks: Vec<Payload>, _recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
+    fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
+        #[cfg(feature = "cuda")]
+        if let Some(nccl) = self.nccl(Collective::AllToAll, &chunks[0])? {
+            return nccl.all_to_all(chunks, recv_dims);
+        }
+        let _ = recv_dims;
         let device = chunks[0].device();
         let values = self.meet_data(Collective::AllToAll, Value::Many(chunks))?;
         Ok(values
@@ -351,14 +339,32 @@ impl Transport for InProcessTransport {
     }
 
     fn broadcast(&self, x: Payload, root: usize) -> Result<Payload, CommError> {
+        #[cfg(feature = "cuda")]
+        if let Some(nccl) = self.nccl(Collective::Broadcast, &x)? {
+            return nccl.broadcast(x, root);
+        }
         let mut parts = self.gather_here(Collective::Broadcast, x)?;
         Ok(parts.swap_remove(root))
     }
 
+    /// The payload goes by mail; under NCCL the mail only carries its shape, for the receiver's
+    /// check, and the data goes with this rank's next call on the group.
     fn send(&self, x: Payload, peer: usize, seq: u64) -> Result<(), CommError> {
+        #[cfg(feature = "cuda")]
+        if let Some(nccl) = self.nccl_if_joined(&x) {
+            nccl.send(x.clone(), peer)?;
+        }
         let mut rounds = self.shared.lock();
         rounds.mail.insert((self.group_rank, peer, seq), x);
         self.shared.arrived.notify_all();
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), CommError> {
+        #[cfg(feature = "cuda")]
+        if let Some(Some(nccl)) = self.nccl.get() {
+            return nccl.flush();
+        }
         Ok(())
     }
 
@@ -378,6 +384,11 @@ impl Transport for InProcessTransport {
                         like.dims()
                     );
                     return Err(CommError::Mismatch { group: self.shared.label.clone(), collective: collective.name(), seq, detail });
+                }
+                #[cfg(feature = "cuda")]
+                if let Some(nccl) = self.nccl_if_joined(&like) {
+                    drop(rounds);
+                    return nccl.recv(like, peer);
                 }
                 return Ok(move_to(x, &like.device()));
             }
