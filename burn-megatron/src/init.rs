@@ -191,7 +191,7 @@ mod tests {
     #[test]
     fn threaded_normals_are_one_stream() {
         let n = 3 * (1 << 20) + 5;
-        let x = normal([n], 11, 1.0, &Device::flex()).into_data().to_vec::<f32>().unwrap();
+        let x = normal([n], 11, 1.0, &Device::flex()).into_data().try_to_vec::<f32>().unwrap();
         let mut one = vec![0f32; n];
         fill_normal(&mut one, 11, 0, 1.0);
         assert_eq!(x, one);

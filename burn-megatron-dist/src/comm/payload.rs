@@ -72,7 +72,7 @@ impl Payload {
     }
 
     /// Element-wise sum; both payloads have the same variant.
-    pub fn add(self, other: Self) -> Self {
+    pub fn add_pair(self, other: Self) -> Self {
         match (self, other) {
             (Payload::Float(a), Payload::Float(b)) => Payload::Float(a.add(b)),
             (Payload::Int(a), Payload::Int(b)) => Payload::Int(a.add(b)),

@@ -1,7 +1,7 @@
 //! Runs the communicator and mapping suites on CUDA devices, outside `cargo test` (the device
 //! machine has no Rust).
 //!
-//!   gpu-suite [--world N] [--filter TEXT]       ranks as threads, one GPU each (CubeCL transport)
+//!   gpu-suite [--world N] [--filter TEXT]       ranks as threads, one GPU each (NCCL among threads)
 //!   torchrun --nproc-per-node N gpu-suite        one process a GPU (NCCL transport)
 //!
 //! Prints one line per test and closes with `N passed, M failed`; exits non-zero on a failure.

@@ -33,11 +33,14 @@ pub struct InProcessWorld {
     state: Arc<WorldState>,
 }
 
+/// A group's axis name and members.
+type GroupKey = (String, Vec<usize>);
+
 #[derive(Debug)]
 struct WorldState {
     size: usize,
     timeout: Duration,
-    groups: Mutex<HashMap<(String, Vec<usize>), Arc<Shared>>>,
+    groups: Mutex<HashMap<GroupKey, Arc<Shared>>>,
     /// Set when a rank died: (its global rank, why).
     aborted: Mutex<Option<(usize, String)>>,
 }
@@ -134,7 +137,7 @@ struct Round {
 #[derive(Clone, Debug)]
 enum Value {
     Bytes(Vec<u8>),
-    One(Payload),
+    One(Box<Payload>),
     Many(Vec<Payload>),
 }
 
@@ -216,7 +219,7 @@ impl InProcessTransport {
     /// Everybody's payloads, moved to this rank's device.
     fn gather_here(&self, collective: Collective, x: Payload) -> Result<Vec<Payload>, CommError> {
         let device = x.device();
-        let values = self.meet_data(collective, Value::One(x))?;
+        let values = self.meet_data(collective, Value::One(Box::new(x)))?;
         Ok(values.into_iter().map(|v| move_to(one(v), &device)).collect())
     }
 }
@@ -248,7 +251,7 @@ fn move_to(x: Payload, device: &burn::tensor::Device) -> Payload {
 
 fn one(value: Value) -> Payload {
     match value {
-        Value::One(p) => p,
+        Value::One(p) => *p,
         other => panic!("expected one payload, got {other:?}"),
     }
 }
@@ -258,7 +261,7 @@ fn reduce(parts: Vec<Payload>, op: ReduceOp) -> Payload {
     let mut parts = parts.into_iter();
     let first = parts.next().expect("a group has members");
     let combined = parts.fold(first, |acc, x| match op {
-        ReduceOp::Sum | ReduceOp::Avg => acc.add(x),
+        ReduceOp::Sum | ReduceOp::Avg => acc.add_pair(x),
         ReduceOp::Max => acc.max_pair(x),
     });
     match op {
@@ -316,7 +319,7 @@ impl Transport for InProcessTransport {
         let mine = self.group_rank * part..(self.group_rank + 1) * part;
         let device = x.device();
         // Only this rank's slice of each peer's tensor travels.
-        let values = self.meet_data(Collective::ReduceScatter, Value::One(x))?;
+        let values = self.meet_data(Collective::ReduceScatter, Value::One(Box::new(x)))?;
         let parts = values.into_iter().map(|v| move_to(one(v).narrow(mine.clone()), &device)).collect();
         Ok(reduce(parts, op))
     }
