@@ -11,6 +11,7 @@ use burn::tensor::{DType, Tensor};
 use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
 use burn_cubecl::kernel::matmul::init_matmul_output;
 use burn_cubecl::tensor::CubeTensor;
+use crate::wgmma::Pipeline;
 use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
 use cubek::matmul::launch::launch_ref;
 use cubek::matmul::multi_level::Strategy as MultiLevel;
@@ -44,10 +45,13 @@ pub enum GemmKernel {
     TiledCmmaTma,
     /// Our own `wgmma` kernel ([`crate::wgmma`]), bf16 only.
     Wgmma,
+    /// The same kernel with its k-loop in one asm statement, one k-slice in flight
+    /// ([`Pipeline::InFlight`]); not yet measured, so not the default.
+    WgmmaInFlight,
 }
 
 impl GemmKernel {
-    pub const ALL: [GemmKernel; 18] = [
+    pub const ALL: [GemmKernel; 19] = [
         Self::Auto,
         Self::SimpleCyclicCmma,
         Self::SimpleCyclicMma,
@@ -66,6 +70,7 @@ impl GemmKernel {
         Self::TiledCmma,
         Self::TiledCmmaTma,
         Self::Wgmma,
+        Self::WgmmaInFlight,
     ];
 
     /// cubek's strategy for the routine; `None` for our own kernels.
@@ -90,7 +95,7 @@ impl GemmKernel {
             Self::OrderedDoubleMma => ml(MultiLevel::OrderedDoubleMma(Inferred(Default::default()))),
             Self::TiledCmma => Strategy::Tiled(tiled::Strategy::Cmma(Inferred(CmmaStrategy::default()))),
             Self::TiledCmmaTma => Strategy::Tiled(tiled::Strategy::Cmma(Inferred(CmmaStrategy::tma()))),
-            Self::Wgmma => return None,
+            Self::Wgmma | Self::WgmmaInFlight => return None,
         })
     }
 }
@@ -105,7 +110,11 @@ pub fn matmul(lhs: Tensor<2>, rhs: Tensor<2>, kernel: GemmKernel) -> Result<Tens
     let lhs: CubeTensor = lhs.try_into_primitive::<Cube>().map_err(|_| "gemm runs on CUDA tensors without autodiff")?;
     let rhs: CubeTensor = rhs.try_into_primitive::<Cube>().map_err(|_| "gemm runs on CUDA tensors without autodiff")?;
     let Some(strategy) = kernel.strategy() else {
-        let out = crate::wgmma::gemm(lhs, rhs).map_err(|e| e.to_string())?;
+        let pipeline = match kernel {
+            GemmKernel::WgmmaInFlight => Pipeline::InFlight,
+            _ => Pipeline::SliceBySlice,
+        };
+        let out = crate::wgmma::gemm(lhs, rhs, pipeline).map_err(|e| e.to_string())?;
         return Ok(Tensor::from_primitive::<Cube>(out));
     };
     let out = init_matmul_output(&lhs, &rhs, dtype);

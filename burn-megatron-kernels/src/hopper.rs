@@ -11,7 +11,7 @@
 
 use cubecl::prelude::*;
 
-pub(crate) use crate::wgmma_ptx::{ASource, Chain, Tile};
+pub(crate) use crate::wgmma_ptx::{ASource, Chain, Mainloop, Tile};
 
 /// The f32 accumulator of an `m64n64` chain.
 pub(crate) type Acc64 = Vector<f32, Const<32>>;
@@ -29,6 +29,20 @@ pub(crate) fn chain_256(acc: &Acc256, desc_a: u64, desc_b: u64, #[comptime] chai
     let old = load::<Acc256>(acc);
     let out: Acc256;
     gpu_asm!("{body}", "// {d} {c} {a} {b}", d = out(_) out, c = in(_) old, a = in(_) desc_a, b = in(_) desc_b);
+    out
+}
+
+/// A consumer warpgroup's whole k-loop for an `m64n256` tile ([`Mainloop`]): waits for each
+/// stage's "full" barrier, keeps one k-slice in flight, arrives on "empty" (where `leader` is
+/// non-zero) as each stage is done with; returns `A·B` over all `slices`.
+#[cube]
+pub(crate) fn mainloop_256(full: u32, empty: u32, desc_a: u64, desc_b: u64, slices: u32, leader: u32, #[comptime] main: Mainloop) -> Acc256 {
+    let body = comptime![main.ptx()];
+    let out: Acc256;
+    gpu_asm!(
+        "{body}", "// {d} {f} {e} {a} {b} {k} {l}",
+        d = out(_) out, f = in(_) full, e = in(_) empty, a = in(_) desc_a, b = in(_) desc_b, k = in(_) slices, l = in(_) leader,
+    );
     out
 }
 

@@ -64,6 +64,23 @@ const fn k_slice(a: Major, b: Major) -> Chain {
     Chain { n: 256, steps: 4, accumulate: true, a: ASource::Smem(a.tile(BLOCK_M)), b: b.tile(BLOCK_N) }
 }
 
+/// The pipelined consumer loop (`Pipeline::InFlight`): the whole k-loop in one asm statement.
+const fn main_loop(a: Major, b: Major) -> Mainloop {
+    Mainloop { n: 256, steps: 4, stages: STAGES, stage_bytes: STAGE_BYTES, a: a.tile(BLOCK_M), b: b.tile(BLOCK_N) }
+}
+
+/// How a consumer warpgroup runs its k-loop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pipeline {
+    /// One asm statement a k-slice, each ending with `wait_group 0` (measured: `gemm.md`).
+    SliceBySlice,
+    /// The whole loop in one asm statement with one slice in flight (`wait_group 1`), so the
+    /// next barrier wait and the release of the previous stage overlap the products. A local
+    /// NVRTC + ptxas 13.5 build of its exact text: 154 registers, no spills, `HGMMA`s followed by
+    /// `WARPGROUP.DEPBAR.LE gsb0, 0x1`. Not yet run on a GPU (`gemm.md`).
+    InFlight,
+}
+
 /// Loads one operand's 64-deep slice for the block into `tile`: one box of `rows` × 64 k when
 /// K-major, else `rows / 64` boxes of 64 k × 64, 8 KiB apart.
 #[cube]
@@ -89,6 +106,7 @@ fn gemm_kernel(
     k: u32,
     #[comptime] a_major: Major,
     #[comptime] b_major: Major,
+    #[comptime] pipeline: Pipeline,
 ) {
     let smem = Shared::<[u32]>::new_aligned_slice(comptime!((SMEM_BYTES / 4) as usize), 1024usize);
     let raw = generic_to_shared::<u32>(smem.as_ptr());
@@ -133,16 +151,28 @@ fn gemm_kernel(
     } else {
         let consumer = warpgroup - 1;
         let mut acc = Acc256::zeroed();
-        for kt in 0..k_tiles {
-            let stage = kt % STAGES;
-            mbarrier_wait(full + stage * 8, (kt / STAGES) & 1);
-            let tile = tiles + stage * STAGE_BYTES;
-            // This warpgroup's 64 rows of A start 8 KiB into the stage in either layout.
-            let desc_a = descriptor(tile + consumer * 8192, comptime!(a_major.tile(BLOCK_M)));
-            let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
-            acc = chain_256(&acc, desc_a, desc_b, comptime!(k_slice(a_major, b_major)));
-            if UNIT_POS.is_multiple_of(32) {
-                mbarrier_arrive(empty + stage * 8);
+        match comptime!(pipeline) {
+            Pipeline::SliceBySlice => {
+                for kt in 0..k_tiles {
+                    let stage = kt % STAGES;
+                    mbarrier_wait(full + stage * 8, (kt / STAGES) & 1);
+                    let tile = tiles + stage * STAGE_BYTES;
+                    // This warpgroup's 64 rows of A start 8 KiB into the stage in either layout.
+                    let desc_a = descriptor(tile + consumer * 8192, comptime!(a_major.tile(BLOCK_M)));
+                    let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
+                    acc = chain_256(&acc, desc_a, desc_b, comptime!(k_slice(a_major, b_major)));
+                    if UNIT_POS.is_multiple_of(32) {
+                        mbarrier_arrive(empty + stage * 8);
+                    }
+                }
+            }
+            Pipeline::InFlight => {
+                // Stage 0's descriptors; the loop adds each stage's offset (the 14-bit address
+                // field cannot carry: every tile ends below 256 KiB).
+                let desc_a = descriptor(tiles + consumer * 8192, comptime!(a_major.tile(BLOCK_M)));
+                let desc_b = descriptor(tiles + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
+                let leader = select(UNIT_POS.is_multiple_of(32), 1u32, 0u32);
+                acc = mainloop_256(full, empty, desc_a, desc_b, k_tiles, leader, comptime!(main_loop(a_major, b_major)));
             }
         }
 
@@ -211,11 +241,11 @@ fn operand(t: CubeTensor, k_last: bool) -> (CubeTensor, Major) {
     }
 }
 
-/// `lhs · rhs` on the wgmma kernel.
+/// `lhs · rhs` on the wgmma kernel, its consumers looping as `pipeline` says.
 ///
 /// # Shapes
 /// `[m, k]`, `[k, n]` → `[m, n]`; operands may be transposed views.
-pub fn gemm(lhs: CubeTensor, rhs: CubeTensor) -> Result<CubeTensor, WgmmaError> {
+pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, pipeline: Pipeline) -> Result<CubeTensor, WgmmaError> {
     if lhs.dtype != DType::BF16 || rhs.dtype != DType::BF16 {
         return Err(WgmmaError::DType(lhs.dtype, rhs.dtype));
     }
@@ -252,6 +282,7 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor) -> Result<CubeTensor, WgmmaError> 
             k as u32,
             a_major,
             b_major,
+            pipeline,
         );
     }
     Ok(out)

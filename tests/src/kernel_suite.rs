@@ -17,8 +17,10 @@ fn relative_error<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
     norm(a - b.clone()) / norm(b)
 }
 
-/// The wgmma GEMM on shapes that fill no tile, each operand plain and transposed, against the
-/// f32 product of the same bf16 operands.
+/// The wgmma GEMM, both consumer loops, on shapes that fill no tile, each operand plain and
+/// transposed, against the f32 product of the same bf16 operands. (129, 2056, 257) runs 33
+/// k-slices: eight rounds of the 4 stages and one more, so every stage's barrier flips parity
+/// many times and the pipelined loop's last release is exercised.
 pub fn wgmma_gemm(h: &Harness) {
     let device = h.device(0);
     let operand = |rows: usize, cols: usize, transposed: bool| {
@@ -28,15 +30,17 @@ pub fn wgmma_gemm(h: &Harness) {
             false => Tensor::<2>::random([rows, cols], normal, (&device, DType::BF16)),
         }
     };
-    for (m, k, n) in [(300, 136, 520), (129, 2056, 257), (64, 24, 40), (1000, 64, 777)] {
-        for (lhs_t, rhs_t) in [(false, false), (true, false), (false, true), (true, true)] {
-            let (lhs, rhs) = (operand(m, k, lhs_t), operand(k, n, rhs_t));
-            let out = matmul(lhs.clone(), rhs.clone(), GemmKernel::Wgmma).unwrap();
-            let expected = lhs.cast(DType::F32).matmul(rhs.cast(DType::F32));
-            // The output is rounded to bf16 (2⁻⁹ relative each): about 2e-3 in norm; a wrong
-            // tile or layout is of order 1.
-            let error = relative_error(out, expected);
-            assert!(error < 1e-2, "{m}×{k}×{n} lhs_t {lhs_t} rhs_t {rhs_t}: relative error {error}");
+    for kernel in [GemmKernel::Wgmma, GemmKernel::WgmmaInFlight] {
+        for (m, k, n) in [(300, 136, 520), (129, 2056, 257), (64, 24, 40), (1000, 64, 777)] {
+            for (lhs_t, rhs_t) in [(false, false), (true, false), (false, true), (true, true)] {
+                let (lhs, rhs) = (operand(m, k, lhs_t), operand(k, n, rhs_t));
+                let out = matmul(lhs.clone(), rhs.clone(), kernel).unwrap();
+                let expected = lhs.cast(DType::F32).matmul(rhs.cast(DType::F32));
+                // The output is rounded to bf16 (2⁻⁹ relative each): about 2e-3 in norm; a
+                // wrong tile, layout or stage is of order 1.
+                let error = relative_error(out, expected);
+                assert!(error < 1e-2, "{kernel:?} {m}×{k}×{n} lhs_t {lhs_t} rhs_t {rhs_t}: relative error {error}");
+            }
         }
     }
     let f32_operand = Tensor::<2>::random([64, 64], Distribution::Normal(0.0, 1.0), (&device, DType::F32));
