@@ -11,7 +11,7 @@ use burn::tensor::{DType, Tensor};
 use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
 use burn_cubecl::kernel::matmul::init_matmul_output;
 use burn_cubecl::tensor::CubeTensor;
-use crate::wgmma::Pipeline;
+use crate::wgmma::Cluster;
 use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
 use cubek::matmul::launch::launch_ref;
 use cubek::matmul::multi_level::Strategy as MultiLevel;
@@ -43,15 +43,19 @@ pub enum GemmKernel {
     TiledCmma,
     /// The tile-DSL WMMA routine with TMA loads (unbatched shapes that divide its stage).
     TiledCmmaTma,
-    /// Our own `wgmma` kernel ([`crate::wgmma`]), bf16 only.
+    /// Our own `wgmma` kernel ([`crate::wgmma`]), bf16 only, one block at a time.
     Wgmma,
-    /// The same kernel with its k-loop in one asm statement, one k-slice in flight
-    /// ([`Pipeline::InFlight`]); not yet measured, so not the default.
-    WgmmaInFlight,
+    /// The same kernel in clusters of 2 blocks along M that multicast their B slices
+    /// ([`Cluster`]).
+    WgmmaCluster2x1,
+    /// Clusters of 2 blocks along N that multicast their A slices.
+    WgmmaCluster1x2,
+    /// Clusters of 2 × 2 blocks that multicast both.
+    WgmmaCluster2x2,
 }
 
 impl GemmKernel {
-    pub const ALL: [GemmKernel; 19] = [
+    pub const ALL: [GemmKernel; 21] = [
         Self::Auto,
         Self::SimpleCyclicCmma,
         Self::SimpleCyclicMma,
@@ -70,7 +74,9 @@ impl GemmKernel {
         Self::TiledCmma,
         Self::TiledCmmaTma,
         Self::Wgmma,
-        Self::WgmmaInFlight,
+        Self::WgmmaCluster2x1,
+        Self::WgmmaCluster1x2,
+        Self::WgmmaCluster2x2,
     ];
 
     /// cubek's strategy for the routine; `None` for our own kernels.
@@ -95,7 +101,18 @@ impl GemmKernel {
             Self::OrderedDoubleMma => ml(MultiLevel::OrderedDoubleMma(Inferred(Default::default()))),
             Self::TiledCmma => Strategy::Tiled(tiled::Strategy::Cmma(Inferred(CmmaStrategy::default()))),
             Self::TiledCmmaTma => Strategy::Tiled(tiled::Strategy::Cmma(Inferred(CmmaStrategy::tma()))),
-            Self::Wgmma | Self::WgmmaInFlight => return None,
+            Self::Wgmma | Self::WgmmaCluster2x1 | Self::WgmmaCluster1x2 | Self::WgmmaCluster2x2 => return None,
+        })
+    }
+
+    /// The cluster our `wgmma` kernel runs in; `None` for cubek's routines.
+    fn cluster(self) -> Option<Cluster> {
+        Some(match self {
+            Self::Wgmma => Cluster::ONE,
+            Self::WgmmaCluster2x1 => Cluster { m: 2, n: 1 },
+            Self::WgmmaCluster1x2 => Cluster { m: 1, n: 2 },
+            Self::WgmmaCluster2x2 => Cluster { m: 2, n: 2 },
+            _ => return None,
         })
     }
 }
@@ -109,14 +126,11 @@ pub fn matmul(lhs: Tensor<2>, rhs: Tensor<2>, kernel: GemmKernel) -> Result<Tens
     let dtype = lhs.dtype();
     let lhs: CubeTensor = lhs.try_into_primitive::<Cube>().map_err(|_| "gemm runs on CUDA tensors without autodiff")?;
     let rhs: CubeTensor = rhs.try_into_primitive::<Cube>().map_err(|_| "gemm runs on CUDA tensors without autodiff")?;
-    let Some(strategy) = kernel.strategy() else {
-        let pipeline = match kernel {
-            GemmKernel::WgmmaInFlight => Pipeline::InFlight,
-            _ => Pipeline::SliceBySlice,
-        };
-        let out = crate::wgmma::gemm(lhs, rhs, pipeline).map_err(|e| e.to_string())?;
+    if let Some(cluster) = kernel.cluster() {
+        let out = crate::wgmma::gemm(lhs, rhs, cluster).map_err(|e| e.to_string())?;
         return Ok(Tensor::from_primitive::<Cube>(out));
-    };
+    }
+    let strategy = kernel.strategy().expect("every routine but ours is cubek's");
     let out = init_matmul_output(&lhs, &rhs, dtype);
     let globals = MatmulGlobalElems { lhs: elem(lhs.dtype)?, rhs: elem(rhs.dtype)?, out: elem(out.dtype)? };
     let mut dtypes = MatmulElems::from_globals(&globals);

@@ -11,7 +11,7 @@
 
 use cubecl::prelude::*;
 
-pub(crate) use crate::wgmma_ptx::{ASource, Chain, Mainloop, Tile};
+pub(crate) use crate::wgmma_ptx::{ASource, Chain, Tile};
 
 /// The f32 accumulator of an `m64n64` chain.
 pub(crate) type Acc64 = Vector<f32, Const<32>>;
@@ -29,20 +29,6 @@ pub(crate) fn chain_256(acc: &Acc256, desc_a: u64, desc_b: u64, #[comptime] chai
     let old = load::<Acc256>(acc);
     let out: Acc256;
     gpu_asm!("{body}", "// {d} {c} {a} {b}", d = out(_) out, c = in(_) old, a = in(_) desc_a, b = in(_) desc_b);
-    out
-}
-
-/// A consumer warpgroup's whole k-loop for an `m64n256` tile ([`Mainloop`]): waits for each
-/// stage's "full" barrier, keeps one k-slice in flight, arrives on "empty" (where `leader` is
-/// non-zero) as each stage is done with; returns `A·B` over all `slices`.
-#[cube]
-pub(crate) fn mainloop_256(full: u32, empty: u32, desc_a: u64, desc_b: u64, slices: u32, leader: u32, #[comptime] main: Mainloop) -> Acc256 {
-    let body = comptime![main.ptx()];
-    let out: Acc256;
-    gpu_asm!(
-        "{body}", "// {d} {f} {e} {a} {b} {k} {l}",
-        d = out(_) out, f = in(_) full, e = in(_) empty, a = in(_) desc_a, b = in(_) desc_b, k = in(_) slices, l = in(_) leader,
-    );
     out
 }
 
@@ -139,6 +125,42 @@ pub(crate) fn mbarrier_wait(bar: u32, parity: u32) {
             break;
         }
     }
+}
+
+/// This block's rank in its cluster: `x + y · width`, x fastest.
+#[cube]
+pub(crate) fn cluster_rank() -> u32 {
+    let out: u32;
+    gpu_asm!("mov.u32 {out}, %%cluster_ctarank;", out = out(_) out, options(pure, nomem));
+    out
+}
+
+/// Every thread of every block of the cluster meets here; shared-memory writes and barrier
+/// initializations before it are visible cluster-wide after it.
+#[cube]
+pub(crate) fn cluster_sync() {
+    gpu_asm!("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;");
+}
+
+/// Arrives on the barrier at `bar`'s offset in the shared memory of the cluster's block `rank`,
+/// with the default (CTA-scope) release: a cluster-scope release on every stage's arrivals cost
+/// the clustered GEMM a third of its rate (`gemm.md`, session 5).
+#[cube]
+pub(crate) fn mbarrier_arrive_cluster(bar: u32, rank: u32) {
+    gpu_asm!(
+        "{{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, {bar}, {rank};\nmbarrier.arrive.shared::cluster.b64 _, [remote];\n}}",
+        bar = in(_) bar, rank = in(_) rank,
+    );
+}
+
+/// [`tma_load_2d`] into the same offset `dst` of every block of the cluster whose rank bit is
+/// set in `blocks`, counted on the barrier at `bar`'s offset in each of them.
+#[cube]
+pub(crate) fn tma_load_2d_multicast(dst: u32, map: u64, inner: u32, outer: u32, bar: u32, blocks: u32) {
+    gpu_asm!(
+        "{{\n.reg .b16 mask;\ncvt.u16.u32 mask, {blocks};\ncp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{dst}], [{map}, {{{inner}, {outer}}}], [{bar}], mask;\n}}",
+        dst = in(_) dst, map = in(_) map, inner = in(_) inner, outer = in(_) outer, bar = in(_) bar, blocks = in(_) blocks,
+    );
 }
 
 /// A 2-D bulk tensor copy of the box at `(inner, outer)` into shared memory, counted on `bar`.

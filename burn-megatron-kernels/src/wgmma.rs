@@ -64,39 +64,89 @@ const fn k_slice(a: Major, b: Major) -> Chain {
     Chain { n: 256, steps: 4, accumulate: true, a: ASource::Smem(a.tile(BLOCK_M)), b: b.tile(BLOCK_N) }
 }
 
-/// The pipelined consumer loop (`Pipeline::InFlight`): the whole k-loop in one asm statement.
-const fn main_loop(a: Major, b: Major) -> Mainloop {
-    Mainloop { n: 256, steps: 4, stages: STAGES, stage_bytes: STAGE_BYTES, a: a.tile(BLOCK_M), b: b.tile(BLOCK_N) }
-}
-
-/// How a consumer warpgroup runs its k-loop.
+/// The blocks of a cluster, `m` along M by `n` along N, and so who loads what.
+///
+/// The `m` blocks of a column compute the same columns of C, so they need the same B slices:
+/// each loads `1 / m` of the slice and TMA multicasts it into all of them. Likewise the `n`
+/// blocks of a row share A. Each block then reads `A/n + B/m` of a stage from L2 instead of
+/// `A + B`: 128 × 256 tiles fed one block at a time drew ~7.5 TB/s of L2 at 490–650 TFLOP/s
+/// (`gemm.md`, session 5), which is where L2 stops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Pipeline {
-    /// One asm statement a k-slice, each ending with `wait_group 0` (measured: `gemm.md`).
-    SliceBySlice,
-    /// The whole loop in one asm statement with one slice in flight (`wait_group 1`), so the
-    /// next barrier wait and the release of the previous stage overlap the products. A local
-    /// NVRTC + ptxas 13.5 build of its exact text: 154 registers, no spills, `HGMMA`s followed by
-    /// `WARPGROUP.DEPBAR.LE gsb0, 0x1`. Not yet run on a GPU (`gemm.md`).
-    InFlight,
+pub struct Cluster {
+    pub m: u32,
+    pub n: u32,
 }
 
-/// Loads one operand's 64-deep slice for the block into `tile`: one box of `rows` × 64 k when
-/// K-major, else `rows / 64` boxes of 64 k × 64, 8 KiB apart.
+impl Cluster {
+    /// One block: plain TMA loads.
+    pub const ONE: Cluster = Cluster { m: 1, n: 1 };
+
+    /// Each stage of a block is written by its own row's and column's blocks, and each of
+    /// their consumer warps frees it there.
+    const fn writers(self) -> u32 {
+        self.m + self.n - 1
+    }
+
+    /// The rank mask of row 0's blocks (ranks run along N first).
+    const fn row_pattern(self) -> u32 {
+        (1 << self.n) - 1
+    }
+
+    /// The rank mask of column 0's blocks.
+    const fn column_pattern(self) -> u32 {
+        let mut mask = 0;
+        let mut y = 0;
+        while y < self.m {
+            mask |= 1 << (y * self.n);
+            y += 1;
+        }
+        mask
+    }
+}
+
+/// Loads part `part` of `parts` of one operand's 64-deep slice for the block into `tile`, and
+/// into the same place in every block of `blocks` (a cluster rank mask; just this block when
+/// `parts` is 1). K-major: one box of `rows / parts` × 64 k. MN-major: the part's boxes of
+/// 64 k × 64, 8 KiB apart.
 #[cube]
-fn load_operand(tile: u32, map: u64, k0: u32, row0: u32, bar: u32, #[comptime] rows: u32, #[comptime] major: Major) {
+fn load_part(
+    tile: u32,
+    map: u64,
+    k0: u32,
+    row0: u32,
+    bar: u32,
+    part: u32,
+    blocks: u32,
+    #[comptime] rows: u32,
+    #[comptime] parts: u32,
+    #[comptime] major: Major,
+) {
+    let part_rows = comptime!(rows / parts);
     match comptime!(major) {
-        Major::K => tma_load_2d(tile, map, k0, row0, bar),
+        Major::K => {
+            let (dst, row) = (tile + part * part_rows * 128, row0 + part * part_rows);
+            load_box(dst, map, k0, row, bar, blocks, parts);
+        }
         Major::Mn => {
             #[unroll]
-            for j in 0..rows / 64 {
-                tma_load_2d(tile + j * 8192, map, row0 + j * 64, k0, bar);
+            for j in 0..part_rows / 64 {
+                let b = part * comptime!(part_rows / 64) + j;
+                load_box(tile + b * 8192, map, row0 + b * 64, k0, bar, blocks, parts);
             }
         }
     }
 }
 
-#[cube(launch_unchecked)]
+#[cube]
+fn load_box(dst: u32, map: u64, inner: u32, outer: u32, bar: u32, blocks: u32, #[comptime] parts: u32) {
+    if comptime!(parts == 1) {
+        tma_load_2d(dst, map, inner, outer, bar);
+    } else {
+        tma_load_2d_multicast(dst, map, inner, outer, bar, blocks);
+    }
+}
+
+#[cube(launch_unchecked, cluster_dim = CubeDim::new_3d(cluster.n, cluster.m, 1))]
 fn gemm_kernel(
     a: &TensorMap<bf16, Tiled>,
     b: &TensorMap<bf16, Tiled>,
@@ -106,7 +156,7 @@ fn gemm_kernel(
     k: u32,
     #[comptime] a_major: Major,
     #[comptime] b_major: Major,
-    #[comptime] pipeline: Pipeline,
+    #[comptime] cluster: Cluster,
 ) {
     let smem = Shared::<[u32]>::new_aligned_slice(comptime!((SMEM_BYTES / 4) as usize), 1024usize);
     let raw = generic_to_shared::<u32>(smem.as_ptr());
@@ -118,11 +168,19 @@ fn gemm_kernel(
         #[unroll]
         for s in 0..STAGES {
             mbarrier_init(full + s * 8, 1u32);
-            mbarrier_init(empty + s * 8, CONSUMER_WARPS);
+            mbarrier_init(empty + s * 8, comptime!(CONSUMER_WARPS * cluster.writers()));
         }
         mbarrier_init_fence();
     }
-    sync_cube();
+    // The peers' barriers must be initialized before any multicast or remote arrival.
+    cluster_sync();
+
+    // This block's place in its cluster; the blocks of its row share A, those of its column B.
+    let rank = cluster_rank();
+    let row_blocks = comptime!(cluster.row_pattern()) << (rank - rank % cluster.n);
+    let column_blocks = comptime!(cluster.column_pattern()) << (rank % cluster.n);
+    // The blocks whose loads land in this block's stages, so whose stages it frees.
+    let writers = row_blocks | column_blocks;
 
     let k_tiles = k.div_ceil(BLOCK_K);
     let m0 = CUBE_POS_Y * BLOCK_M;
@@ -135,6 +193,10 @@ fn gemm_kernel(
         if UNIT_POS == 0 {
             let map_a = tensor_map_address(a);
             let map_b = tensor_map_address(b);
+            // A block past the edge (the grid is whole clusters) still loads its share for its
+            // peers: real rows, whose products its masked stores drop.
+            let a_row0 = select(m0 < m, m0, 0);
+            let b_row0 = select(n0 < n, n0, 0);
             for kt in 0..k_tiles {
                 let stage = kt % STAGES;
                 let round = kt / STAGES;
@@ -142,37 +204,37 @@ fn gemm_kernel(
                     mbarrier_wait(empty + stage * 8, (round - 1) & 1);
                 }
                 let bar = full + stage * 8;
+                // The whole stage lands here: this block's parts and its peers'.
                 mbarrier_expect(bar, STAGE_BYTES);
                 let tile = tiles + stage * STAGE_BYTES;
-                load_operand(tile, map_a, kt * BLOCK_K, m0, bar, BLOCK_M, a_major);
-                load_operand(tile + A_STAGE_BYTES, map_b, kt * BLOCK_K, n0, bar, BLOCK_N, b_major);
+                let k0 = kt * BLOCK_K;
+                load_part(tile, map_a, k0, a_row0, bar, rank % cluster.n, row_blocks, BLOCK_M, cluster.n, a_major);
+                load_part(tile + A_STAGE_BYTES, map_b, k0, b_row0, bar, rank / cluster.n, column_blocks, BLOCK_N, cluster.m, b_major);
             }
         }
     } else {
         let consumer = warpgroup - 1;
         let mut acc = Acc256::zeroed();
-        match comptime!(pipeline) {
-            Pipeline::SliceBySlice => {
-                for kt in 0..k_tiles {
-                    let stage = kt % STAGES;
-                    mbarrier_wait(full + stage * 8, (kt / STAGES) & 1);
-                    let tile = tiles + stage * STAGE_BYTES;
-                    // This warpgroup's 64 rows of A start 8 KiB into the stage in either layout.
-                    let desc_a = descriptor(tile + consumer * 8192, comptime!(a_major.tile(BLOCK_M)));
-                    let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
-                    acc = chain_256(&acc, desc_a, desc_b, comptime!(k_slice(a_major, b_major)));
-                    if UNIT_POS.is_multiple_of(32) {
-                        mbarrier_arrive(empty + stage * 8);
+        for kt in 0..k_tiles {
+            let stage = kt % STAGES;
+            mbarrier_wait(full + stage * 8, (kt / STAGES) & 1);
+            let tile = tiles + stage * STAGE_BYTES;
+            // This warpgroup's 64 rows of A start 8 KiB into the stage in either layout.
+            let desc_a = descriptor(tile + consumer * 8192, comptime!(a_major.tile(BLOCK_M)));
+            let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
+            acc = chain_256(&acc, desc_a, desc_b, comptime!(k_slice(a_major, b_major)));
+            if UNIT_POS.is_multiple_of(32) {
+                let bar = empty + stage * 8;
+                if comptime!(cluster.writers() == 1) {
+                    mbarrier_arrive(bar);
+                } else {
+                    #[unroll]
+                    for r in 0..comptime!(cluster.m * cluster.n) {
+                        if (writers >> r) & 1 == 1 {
+                            mbarrier_arrive_cluster(bar, r);
+                        }
                     }
                 }
-            }
-            Pipeline::InFlight => {
-                // Stage 0's descriptors; the loop adds each stage's offset (the 14-bit address
-                // field cannot carry: every tile ends below 256 KiB).
-                let desc_a = descriptor(tiles + consumer * 8192, comptime!(a_major.tile(BLOCK_M)));
-                let desc_b = descriptor(tiles + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
-                let leader = select(UNIT_POS.is_multiple_of(32), 1u32, 0u32);
-                acc = mainloop_256(full, empty, desc_a, desc_b, k_tiles, leader, comptime!(main_loop(a_major, b_major)));
             }
         }
 
@@ -198,6 +260,8 @@ fn gemm_kernel(
             }
         }
     }
+    // No block may leave while its peers can still write into it or arrive on its barriers.
+    cluster_sync();
 }
 
 /// Why [`gemm`] cannot run a product.
@@ -241,11 +305,11 @@ fn operand(t: CubeTensor, k_last: bool) -> (CubeTensor, Major) {
     }
 }
 
-/// `lhs · rhs` on the wgmma kernel, its consumers looping as `pipeline` says.
+/// `lhs · rhs` on the wgmma kernel, its blocks sharing loads in clusters of `cluster`.
 ///
 /// # Shapes
 /// `[m, k]`, `[k, n]` → `[m, n]`; operands may be transposed views.
-pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, pipeline: Pipeline) -> Result<CubeTensor, WgmmaError> {
+pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, cluster: Cluster) -> Result<CubeTensor, WgmmaError> {
     if lhs.dtype != DType::BF16 || rhs.dtype != DType::BF16 {
         return Err(WgmmaError::DType(lhs.dtype, rhs.dtype));
     }
@@ -266,7 +330,9 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, pipeline: Pipeline) -> Result<Cube
         };
         TensorMapArg::new(TiledArgs { tile_size }, t.into_tensor_arg(), elem).with_swizzle(TensorMapSwizzle::B128)
     };
-    let count = CubeCount::Static((n as u32).div_ceil(BLOCK_N), (m as u32).div_ceil(BLOCK_M), 1);
+    // Whole clusters: the blocks past the edge feed their peers and store nothing.
+    let blocks = |len: usize, block: u32, per: u32| (len as u32).div_ceil(block).next_multiple_of(per);
+    let count = CubeCount::Static(blocks(n, BLOCK_N, cluster.n), blocks(m, BLOCK_M, cluster.m), 1);
     // SAFETY: the maps cover exactly the operands (TMA fills out-of-range boxes with zeros) and
     // every store to `c` is checked against m and n.
     unsafe {
@@ -274,15 +340,15 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, pipeline: Pipeline) -> Result<Cube
             &client,
             count,
             CubeDim::new_1d(384),
-            map(a, a_major, BLOCK_M),
-            map(b, b_major, BLOCK_N),
+            map(a, a_major, BLOCK_M / cluster.n),
+            map(b, b_major, BLOCK_N / cluster.m),
             out.clone().into_tensor_arg(),
             m as u32,
             n as u32,
             k as u32,
             a_major,
             b_major,
-            pipeline,
+            cluster,
         );
     }
     Ok(out)

@@ -119,66 +119,6 @@ impl Chain {
     }
 }
 
-/// A consumer warpgroup's whole k-loop as one asm statement, so one k-slice stays in flight
-/// (`wait_group 1`) while the next slice's barrier is awaited and the previous stage is
-/// released: across asm statements the in-flight accumulator would need an `inout` operand,
-/// which `gpu_asm!` lacks. Each slice is `steps` `m64n{n}k16` products from stage `kt % stages`.
-///
-/// Operands, in order: the accumulator (out, `n / 2` registers, zeroed first); the "full"
-/// barrier of stage 0; the "empty" barrier of stage 0 (barriers 8 bytes apart); the A and B
-/// descriptors of stage 0; the number of k-slices; whether this thread arrives on "empty" for
-/// its warp (non-zero).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Mainloop {
-    pub n: u32,
-    pub steps: u32,
-    /// A power of two.
-    pub stages: u32,
-    pub stage_bytes: u32,
-    pub a: Tile,
-    pub b: Tile,
-}
-
-impl Mainloop {
-    pub(crate) fn ptx(self) -> String {
-        assert!(self.stages.is_power_of_two(), "stages index by a mask");
-        let regs = self.n / 2;
-        let (full, empty, a, b, slices, leader) = ("$1", "$2", "$3", "$4", "$5", "$6");
-        let mut ptx = String::from(
-            "{\n.reg .pred p, pl, pk;\n.reg .b32 kt, stage, par, bar;\n.reg .b64 off, da, db, sa, sb;\n",
-        );
-        for i in 0..regs {
-            ptx += &format!("mov.f32 %{i}, 0f00000000;\n");
-        }
-        let mask = self.stages - 1;
-        let shift = self.stages.trailing_zeros();
-        let release = |slice: &str| {
-            // Lane 0 of each warp frees the stage of k-slice `slice` (none before the first).
-            format!(
-                "setp.ne.u32 pk, {slice}, 0;\nand.pred pk, pk, pl;\nadd.u32 bar, {slice}, {};\nand.b32 bar, bar, {mask};\n\
-                 mad.lo.u32 bar, bar, 8, {empty};\n@pk mbarrier.arrive.shared::cta.b64 _, [bar];\n",
-                mask,
-            )
-        };
-        ptx += &format!("setp.ne.b32 pl, {leader}, 0;\nmov.b32 kt, 0;\nLOOP:\nsetp.ge.u32 p, kt, {slices};\n@p bra.uni END;\n");
-        ptx += &format!("and.b32 stage, kt, {mask};\nshr.b32 par, kt, {shift};\nand.b32 par, par, 1;\n");
-        ptx += &format!("mad.lo.u32 bar, stage, 8, {full};\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [bar], par;\n@!p bra.uni WAIT;\n");
-        ptx += &format!("mul.wide.u32 off, stage, {};\nadd.s64 sa, {a}, off;\nadd.s64 sb, {b}, off;\n", self.stage_bytes / 16);
-        ptx += "wgmma.fence.sync.aligned;\n";
-        let shape = format!("wgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16 $0", self.n);
-        for step in 0..self.steps {
-            ptx += &format!("add.s64 da, sa, {};\nadd.s64 db, sb, {};\n", self.a.offset(step) / 16, self.b.offset(step) / 16);
-            ptx += &format!("{shape}, da, db, 1, 1, 1, {}, {};\n", self.a.transposed(), self.b.transposed());
-        }
-        ptx += "wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 1;\n";
-        ptx += &release("kt");
-        ptx += "add.u32 kt, kt, 1;\nbra.uni LOOP;\nEND:\nwgmma.wait_group.sync.aligned 0;\n";
-        ptx += &release(slices);
-        ptx += "}";
-        ptx
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,42 +184,5 @@ mod tests {
     fn descriptor_bits() {
         assert_eq!(Tile::KMajor { rows: 64 }.descriptor_bits(), (1 << 62) | (64 << 32) | (1 << 16));
         assert_eq!(Tile::MnMajor { box_bytes: 8192 }.descriptor_bits(), (1 << 62) | (64 << 32) | (512 << 16));
-    }
-
-    /// The GEMM's pipelined k-loop: zeroed accumulator, a barrier wait a slice, four products at
-    /// the stage's descriptors, one slice left in flight, the previous stage released.
-    #[test]
-    fn mainloop_keeps_one_slice_in_flight() {
-        let stage_bytes = 49152;
-        let main = Mainloop { n: 256, steps: 4, stages: 4, stage_bytes, a: Tile::KMajor { rows: 128 }, b: Tile::KMajor { rows: 256 } };
-        let ptx = main.ptx();
-        assert_eq!(ptx.matches("mov.f32").count(), 128);
-        assert!(ptx.contains("mov.f32 %127, 0f00000000;"));
-        assert_eq!(ptx.matches("wgmma.mma_async.sync.aligned.m64n256k16").count(), 4);
-        // The stage's offset in 16-byte descriptor units, then 32 bytes (+2) a k-step.
-        assert!(ptx.contains(&format!("mul.wide.u32 off, stage, {};", stage_bytes / 16)));
-        assert!(ptx.contains("add.s64 da, sa, 6;") && ptx.contains("add.s64 db, sb, 6;"));
-        // Stage and parity for 4 stages; barriers 8 bytes apart.
-        assert!(ptx.contains("and.b32 stage, kt, 3;") && ptx.contains("shr.b32 par, kt, 2;"));
-        assert!(ptx.contains("mad.lo.u32 bar, stage, 8, $1;"));
-        // One slice in flight, the previous stage (kt + 3 mod 4) freed, the last after the loop.
-        let wait1 = ptx.find("wgmma.wait_group.sync.aligned 1;").unwrap();
-        let wait0 = ptx.find("wgmma.wait_group.sync.aligned 0;").unwrap();
-        assert!(wait1 < ptx.find("bra.uni LOOP;").unwrap() && wait0 > ptx.find("END:").unwrap());
-        assert_eq!(ptx.matches("mbarrier.arrive.shared::cta.b64 _, [bar];").count(), 2);
-        assert_eq!(ptx.matches("mad.lo.u32 bar, bar, 8, $2;").count(), 2);
-        assert!(ptx.contains("setp.ne.u32 pk, $5, 0;"));
-        // The accumulator is the only raw registers named: 128 of them.
-        assert!(registers(&ptx).iter().all(|&r| r < 128));
-        assert!(ptx.starts_with("{\n") && ptx.ends_with("}"));
-    }
-
-    /// MN-major operands: transposed flags set, 2 KiB a k-step.
-    #[test]
-    fn mainloop_reads_mn_major_in_place() {
-        let tile = Tile::MnMajor { box_bytes: 8192 };
-        let ptx = Mainloop { n: 256, steps: 4, stages: 4, stage_bytes: 49152, a: tile, b: tile }.ptx();
-        assert!(ptx.contains(", da, db, 1, 1, 1, 1, 1;"));
-        assert!(ptx.contains(&format!("add.s64 da, sa, {};", 3 * 2048 / 16)));
     }
 }

@@ -17,10 +17,11 @@ fn relative_error<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
     norm(a - b.clone()) / norm(b)
 }
 
-/// The wgmma GEMM, both consumer loops, on shapes that fill no tile, each operand plain and
-/// transposed, against the f32 product of the same bf16 operands. (129, 2056, 257) runs 33
-/// k-slices: eight rounds of the 4 stages and one more, so every stage's barrier flips parity
-/// many times and the pipelined loop's last release is exercised.
+/// The wgmma GEMM, alone and in every cluster shape, on shapes that fill no tile, each operand
+/// plain and transposed, against the f32 product of the same bf16 operands. (129, 2056, 257)
+/// runs 33 k-slices: eight rounds of the 4 stages and one more, so every stage's barrier flips
+/// parity many times. Odd tile counts (300 rows: 3 blocks; 64 × 40: one block) leave blocks
+/// past the edge that only feed their cluster peers.
 pub fn wgmma_gemm(h: &Harness) {
     let device = h.device(0);
     let operand = |rows: usize, cols: usize, transposed: bool| {
@@ -30,7 +31,7 @@ pub fn wgmma_gemm(h: &Harness) {
             false => Tensor::<2>::random([rows, cols], normal, (&device, DType::BF16)),
         }
     };
-    for kernel in [GemmKernel::Wgmma, GemmKernel::WgmmaInFlight] {
+    for kernel in [GemmKernel::Wgmma, GemmKernel::WgmmaCluster2x1, GemmKernel::WgmmaCluster1x2, GemmKernel::WgmmaCluster2x2] {
         for (m, k, n) in [(300, 136, 520), (129, 2056, 257), (64, 24, 40), (1000, 64, 777)] {
             for (lhs_t, rhs_t) in [(false, false), (true, false), (false, true), (true, true)] {
                 let (lhs, rhs) = (operand(m, k, lhs_t), operand(k, n, rhs_t));
