@@ -11,7 +11,7 @@ use burn::tensor::{DType, Tensor};
 use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
 use burn_cubecl::kernel::matmul::init_matmul_output;
 use burn_cubecl::tensor::CubeTensor;
-use crate::wgmma::Cluster;
+use crate::wgmma::Schedule;
 use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
 use cubek::matmul::launch::launch_ref;
 use cubek::matmul::multi_level::Strategy as MultiLevel;
@@ -43,19 +43,15 @@ pub enum GemmKernel {
     TiledCmma,
     /// The tile-DSL WMMA routine with TMA loads (unbatched shapes that divide its stage).
     TiledCmmaTma,
-    /// Our own `wgmma` kernel ([`crate::wgmma`]), bf16 only, one block at a time.
+    /// Our own `wgmma` kernel ([`crate::wgmma`]), bf16 only, one block an SM running its
+    /// tiles in turn ([`Schedule::Persistent`]).
     Wgmma,
-    /// The same kernel in clusters of 2 blocks along M that multicast their B slices
-    /// ([`Cluster`]).
-    WgmmaCluster2x1,
-    /// Clusters of 2 blocks along N that multicast their A slices.
-    WgmmaCluster1x2,
-    /// Clusters of 2 × 2 blocks that multicast both.
-    WgmmaCluster2x2,
+    /// The same kernel with a block a tile ([`Schedule::TilePerBlock`]).
+    WgmmaTilePerBlock,
 }
 
 impl GemmKernel {
-    pub const ALL: [GemmKernel; 21] = [
+    pub const ALL: [GemmKernel; 19] = [
         Self::Auto,
         Self::SimpleCyclicCmma,
         Self::SimpleCyclicMma,
@@ -74,9 +70,7 @@ impl GemmKernel {
         Self::TiledCmma,
         Self::TiledCmmaTma,
         Self::Wgmma,
-        Self::WgmmaCluster2x1,
-        Self::WgmmaCluster1x2,
-        Self::WgmmaCluster2x2,
+        Self::WgmmaTilePerBlock,
     ];
 
     /// cubek's strategy for the routine; `None` for our own kernels.
@@ -101,19 +95,17 @@ impl GemmKernel {
             Self::OrderedDoubleMma => ml(MultiLevel::OrderedDoubleMma(Inferred(Default::default()))),
             Self::TiledCmma => Strategy::Tiled(tiled::Strategy::Cmma(Inferred(CmmaStrategy::default()))),
             Self::TiledCmmaTma => Strategy::Tiled(tiled::Strategy::Cmma(Inferred(CmmaStrategy::tma()))),
-            Self::Wgmma | Self::WgmmaCluster2x1 | Self::WgmmaCluster1x2 | Self::WgmmaCluster2x2 => return None,
+            Self::Wgmma | Self::WgmmaTilePerBlock => return None,
         })
     }
 
-    /// The cluster our `wgmma` kernel runs in; `None` for cubek's routines.
-    fn cluster(self) -> Option<Cluster> {
-        Some(match self {
-            Self::Wgmma => Cluster::ONE,
-            Self::WgmmaCluster2x1 => Cluster { m: 2, n: 1 },
-            Self::WgmmaCluster1x2 => Cluster { m: 1, n: 2 },
-            Self::WgmmaCluster2x2 => Cluster { m: 2, n: 2 },
-            _ => return None,
-        })
+    /// How our `wgmma` kernel hands out its tiles; `None` for cubek's routines.
+    fn schedule(self) -> Option<Schedule> {
+        match self {
+            Self::Wgmma => Some(Schedule::Persistent),
+            Self::WgmmaTilePerBlock => Some(Schedule::TilePerBlock),
+            _ => None,
+        }
     }
 }
 
@@ -126,8 +118,8 @@ pub fn matmul(lhs: Tensor<2>, rhs: Tensor<2>, kernel: GemmKernel) -> Result<Tens
     let dtype = lhs.dtype();
     let lhs: CubeTensor = lhs.try_into_primitive::<Cube>().map_err(|_| "gemm runs on CUDA tensors without autodiff")?;
     let rhs: CubeTensor = rhs.try_into_primitive::<Cube>().map_err(|_| "gemm runs on CUDA tensors without autodiff")?;
-    if let Some(cluster) = kernel.cluster() {
-        let out = crate::wgmma::gemm(lhs, rhs, cluster).map_err(|e| e.to_string())?;
+    if let Some(schedule) = kernel.schedule() {
+        let out = crate::wgmma::gemm(lhs, rhs, schedule).map_err(|e| e.to_string())?;
         return Ok(Tensor::from_primitive::<Cube>(out));
     }
     let strategy = kernel.strategy().expect("every routine but ours is cubek's");

@@ -127,40 +127,64 @@ pub(crate) fn mbarrier_wait(bar: u32, parity: u32) {
     }
 }
 
-/// This block's rank in its cluster: `x + y · width`, x fastest.
+/// The address of a tensor map the kernel writes through (`tensor_map_address` takes only maps
+/// it reads), for [`tma_store_box`].
 #[cube]
-pub(crate) fn cluster_rank() -> u32 {
-    let out: u32;
-    gpu_asm!("mov.u32 {out}, %%cluster_ctarank;", out = out(_) out, options(pure, nomem));
-    out
+pub(crate) fn store_map_address<T: CubePrimitive>(map: &mut TensorMap<T, Tiled>) -> u64 {
+    intrinsic!(|scope| {
+        let addr = cubecl_cpp::cuda::ptx::TensorMapAddrOp::new(scope.ctx_mut(), map.value(scope));
+        scope.register_with_result(&addr).into()
+    })
 }
 
-/// Every thread of every block of the cluster meets here; shared-memory writes and barrier
-/// initializations before it are visible cluster-wide after it.
+/// Stores 4 bytes at a shared-memory address. `value` is often another asm statement's output,
+/// which CubeCL keeps in a mutable local: [`load`] hands over its value, not its address (the
+/// address is what the first build stored, seen in CubeCL's generated source).
 #[cube]
-pub(crate) fn cluster_sync() {
-    gpu_asm!("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;");
+pub(crate) fn st_shared_u32(addr: u32, value: u32) {
+    let value = load::<u32>(&value);
+    gpu_asm!("st.shared.b32 [{addr}], {value};", addr = in(_) addr, value = in(_) value);
 }
 
-/// Arrives on the barrier at `bar`'s offset in the shared memory of the cluster's block `rank`,
-/// with the default (CTA-scope) release: a cluster-scope release on every stage's arrivals cost
-/// the clustered GEMM a third of its rate (`gemm.md`, session 5).
+/// Makes this thread's shared-memory writes visible to the TMA engine (the async proxy).
 #[cube]
-pub(crate) fn mbarrier_arrive_cluster(bar: u32, rank: u32) {
+pub(crate) fn fence_proxy_async_shared() {
+    gpu_asm!("fence.proxy.async.shared::cta;");
+}
+
+/// Waits until `threads` threads (whole warps) have arrived at named barrier `id` (0 is
+/// `sync_cube`'s).
+#[cube]
+pub(crate) fn named_barrier(id: u32, #[comptime] threads: u32) {
+    gpu_asm!("bar.sync {id}, {threads};", id = in(_) id);
+}
+
+/// A 2-D bulk tensor copy from shared memory `src` to the box at `(inner, outer)` of `map`'s
+/// tensor, in this thread's current bulk group; out-of-range parts of the box are not written.
+#[cube]
+pub(crate) fn tma_store_box(map: u64, inner: u32, outer: u32, src: u32) {
     gpu_asm!(
-        "{{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, {bar}, {rank};\nmbarrier.arrive.shared::cluster.b64 _, [remote];\n}}",
-        bar = in(_) bar, rank = in(_) rank,
+        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [{map}, {{{inner}, {outer}}}], [{src}];",
+        map = in(_) map, inner = in(_) inner, outer = in(_) outer, src = in(_) src,
     );
 }
 
-/// [`tma_load_2d`] into the same offset `dst` of every block of the cluster whose rank bit is
-/// set in `blocks`, counted on the barrier at `bar`'s offset in each of them.
+/// Closes this thread's current bulk group.
 #[cube]
-pub(crate) fn tma_load_2d_multicast(dst: u32, map: u64, inner: u32, outer: u32, bar: u32, blocks: u32) {
-    gpu_asm!(
-        "{{\n.reg .b16 mask;\ncvt.u16.u32 mask, {blocks};\ncp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{dst}], [{map}, {{{inner}, {outer}}}], [{bar}], mask;\n}}",
-        dst = in(_) dst, map = in(_) map, inner = in(_) inner, outer = in(_) outer, bar = in(_) bar, blocks = in(_) blocks,
-    );
+pub(crate) fn bulk_commit() {
+    gpu_asm!("cp.async.bulk.commit_group;");
+}
+
+/// Waits until every bulk group of this thread has finished reading its shared memory.
+#[cube]
+pub(crate) fn bulk_wait_read() {
+    gpu_asm!("cp.async.bulk.wait_group.read 0;");
+}
+
+/// Waits until every bulk group of this thread is complete, its writes done.
+#[cube]
+pub(crate) fn bulk_wait() {
+    gpu_asm!("cp.async.bulk.wait_group 0;");
 }
 
 /// A 2-D bulk tensor copy of the box at `(inner, outer)` into shared memory, counted on `bar`.

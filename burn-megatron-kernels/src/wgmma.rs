@@ -1,23 +1,26 @@
 //! A Hopper GEMM of our own: `wgmma` through inline PTX, fed by TMA through an mbarrier
 //! pipeline, one producer warpgroup and two consumer warpgroups (CubeCL 0.11 emits no `wgmma`
-//! itself; `docs/perf/wgmma-plan.md`).
+//! itself; `docs/perf/wgmma-plan.md`, measurements in `docs/perf/gemm.md`).
 //!
-//! `C[m, n] = A[m, k] · B[k, n]`, bf16 in, f32 accumulation, bf16 out. A block computes a
-//! 128 × 256 tile of C. Each of its `STAGES` shared-memory stages holds a 64-deep slice of A and
-//! of B with the 128-byte swizzle, each K-major or MN-major as the operand lies in memory
-//! ([`Major`]), so plain and transposed views are read in place; only an operand with neither
-//! dim contiguous is copied first ([`gemm`]).
+//! `C[m, n] = A[m, k] · B[k, n]`, bf16 in, f32 accumulation, bf16 out. A block computes 128 × 256
+//! tiles of C, one after another ([`Schedule`]), in an L2-friendly order ([`GROUP_M`]). Each of
+//! its `STAGES` shared-memory stages holds a 64-deep slice of A and of B with the 128-byte
+//! swizzle, each K-major or MN-major as the operand lies in memory ([`Major`]), so plain and
+//! transposed views are read in place; only an operand with neither dim contiguous is copied
+//! first ([`gemm`]). Results leave through shared memory and TMA stores, which write whole lines
+//! while the consumers start the next tile: storing bf16 scalars from registers had held every
+//! shape 100–200 TFLOP/s lower.
 
 use burn::backend::Cube;
 use burn::backend::ops::FloatTensorOps;
 use burn::tensor::DType;
 use burn_cubecl::kernel::into_contiguous;
-use burn_cubecl::kernel::matmul::init_matmul_output;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use half::bf16;
 use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
-use cubecl::zspace::shape;
+use cubecl::zspace::metadata::Metadata;
+use cubecl::zspace::{shape, strides};
 use cubecl_cpp::cuda::ptx::{generic_to_shared, tensor_map_address};
 
 use crate::hopper::*;
@@ -33,9 +36,13 @@ const STAGES: u32 = 4;
 const A_STAGE_BYTES: u32 = BLOCK_M * BLOCK_K * 2;
 const B_STAGE_BYTES: u32 = BLOCK_N * BLOCK_K * 2;
 const STAGE_BYTES: u32 = A_STAGE_BYTES + B_STAGE_BYTES;
-/// Tiles, then `STAGES` "full" and `STAGES` "empty" mbarriers, plus 1 KiB to align the tiles to
-/// the 1 KiB the 128-byte swizzle repeats over.
-const SMEM_BYTES: u32 = STAGES * STAGE_BYTES + 1024 + 1024;
+/// Where a consumer warpgroup stages its results for TMA stores: 128 of its 256 columns at a
+/// time, as two 64 × 64 boxes with the 128-byte swizzle (the 33 KiB the stages leave).
+const STAGING_BYTES: u32 = 16384;
+/// Tiles, the two warpgroups' staging, then `STAGES` "full" and `STAGES` "empty" mbarriers,
+/// plus 1 KiB to align the tiles to the 1 KiB the 128-byte swizzle repeats over: 226 KiB of
+/// the 227 a block may have.
+const SMEM_BYTES: u32 = STAGES * STAGE_BYTES + 2 * STAGING_BYTES + 1024 + 1024;
 /// One arrival per consumer warp frees a stage.
 const CONSUMER_WARPS: u32 = 8;
 
@@ -64,127 +71,81 @@ const fn k_slice(a: Major, b: Major) -> Chain {
     Chain { n: 256, steps: 4, accumulate: true, a: ASource::Smem(a.tile(BLOCK_M)), b: b.tile(BLOCK_N) }
 }
 
-/// The blocks of a cluster, `m` along M by `n` along N, and so who loads what.
+/// How tiles are handed to blocks.
 ///
-/// The `m` blocks of a column compute the same columns of C, so they need the same B slices:
-/// each loads `1 / m` of the slice and TMA multicasts it into all of them. Likewise the `n`
-/// blocks of a row share A. Each block then reads `A/n + B/m` of a stage from L2 instead of
-/// `A + B`: 128 × 256 tiles fed one block at a time drew ~7.5 TB/s of L2 at 490–650 TFLOP/s
-/// (`gemm.md`, session 5), which is where L2 stops.
+/// A block runs its tiles one after another, keeping its pipeline's stage and parity count
+/// across them, so its producer loads the next tile's first slices while the consumers store the
+/// last one's results. With one block an SM (the stages take 194 KiB), `Persistent` launches one
+/// block an SM and so pays the block's start (barriers, descriptor fetch, pipeline fill) once;
+/// `TilePerBlock` launches a block a tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Cluster {
-    pub m: u32,
-    pub n: u32,
+pub enum Schedule {
+    TilePerBlock,
+    Persistent,
 }
 
-impl Cluster {
-    /// One block: plain TMA loads.
-    pub const ONE: Cluster = Cluster { m: 1, n: 1 };
+/// Tiles are numbered down columns of `GROUP_M` tile rows, so the blocks running at once share
+/// a few A panels and a few B panels in L2: row by row, 132 blocks of the output layer (128
+/// tiles a row) read all 128 MiB of its weight once per row of tiles, from DRAM.
+const GROUP_M: u32 = 8;
 
-    /// Each stage of a block is written by its own row's and column's blocks, and each of
-    /// their consumer warps frees it there.
-    const fn writers(self) -> u32 {
-        self.m + self.n - 1
-    }
-
-    /// The rank mask of row 0's blocks (ranks run along N first).
-    const fn row_pattern(self) -> u32 {
-        (1 << self.n) - 1
-    }
-
-    /// The rank mask of column 0's blocks.
-    const fn column_pattern(self) -> u32 {
-        let mut mask = 0;
-        let mut y = 0;
-        while y < self.m {
-            mask |= 1 << (y * self.n);
-            y += 1;
-        }
-        mask
-    }
-}
-
-/// Loads part `part` of `parts` of one operand's 64-deep slice for the block into `tile`, and
-/// into the same place in every block of `blocks` (a cluster rank mask; just this block when
-/// `parts` is 1). K-major: one box of `rows / parts` × 64 k. MN-major: the part's boxes of
-/// 64 k × 64, 8 KiB apart.
+/// Tile `t`'s `(row, column)` in the `rows × columns` tile grid ([`GROUP_M`]).
 #[cube]
-fn load_part(
-    tile: u32,
-    map: u64,
-    k0: u32,
-    row0: u32,
-    bar: u32,
-    part: u32,
-    blocks: u32,
-    #[comptime] rows: u32,
-    #[comptime] parts: u32,
-    #[comptime] major: Major,
-) {
-    let part_rows = comptime!(rows / parts);
+fn tile_position(t: u32, rows: u32, columns: u32) -> (u32, u32) {
+    let per_group = GROUP_M * columns;
+    let first = (t / per_group) * GROUP_M;
+    let height = select(rows - first < GROUP_M, rows - first, GROUP_M);
+    let local = t % per_group;
+    (first + local % height, local / height)
+}
+
+/// Loads one operand's 64-deep slice for the block into `tile`: one box of `rows` × 64 k when
+/// K-major, else `rows / 64` boxes of 64 k × 64, 8 KiB apart.
+#[cube]
+fn load_operand(tile: u32, map: u64, k0: u32, row0: u32, bar: u32, #[comptime] rows: u32, #[comptime] major: Major) {
     match comptime!(major) {
-        Major::K => {
-            let (dst, row) = (tile + part * part_rows * 128, row0 + part * part_rows);
-            load_box(dst, map, k0, row, bar, blocks, parts);
-        }
+        Major::K => tma_load_2d(tile, map, k0, row0, bar),
         Major::Mn => {
             #[unroll]
-            for j in 0..part_rows / 64 {
-                let b = part * comptime!(part_rows / 64) + j;
-                load_box(tile + b * 8192, map, row0 + b * 64, k0, bar, blocks, parts);
+            for j in 0..rows / 64 {
+                tma_load_2d(tile + j * 8192, map, row0 + j * 64, k0, bar);
             }
         }
     }
 }
 
-#[cube]
-fn load_box(dst: u32, map: u64, inner: u32, outer: u32, bar: u32, blocks: u32, #[comptime] parts: u32) {
-    if comptime!(parts == 1) {
-        tma_load_2d(dst, map, inner, outer, bar);
-    } else {
-        tma_load_2d_multicast(dst, map, inner, outer, bar, blocks);
-    }
-}
-
-#[cube(launch_unchecked, cluster_dim = CubeDim::new_3d(cluster.n, cluster.m, 1))]
+#[cube(launch_unchecked)]
 fn gemm_kernel(
     a: &TensorMap<bf16, Tiled>,
     b: &TensorMap<bf16, Tiled>,
-    c: &mut Tensor<bf16>,
+    c: &mut TensorMap<bf16, Tiled>,
     m: u32,
     n: u32,
     k: u32,
     #[comptime] a_major: Major,
     #[comptime] b_major: Major,
-    #[comptime] cluster: Cluster,
 ) {
     let smem = Shared::<[u32]>::new_aligned_slice(comptime!((SMEM_BYTES / 4) as usize), 1024usize);
     let raw = generic_to_shared::<u32>(smem.as_ptr());
     let tiles = (raw + 1023) & !1023u32;
-    let full = tiles + STAGES * STAGE_BYTES;
+    let staging = tiles + STAGES * STAGE_BYTES;
+    let full = staging + 2 * STAGING_BYTES;
     let empty = full + STAGES * 8;
 
     if UNIT_POS == 0 {
         #[unroll]
         for s in 0..STAGES {
             mbarrier_init(full + s * 8, 1u32);
-            mbarrier_init(empty + s * 8, comptime!(CONSUMER_WARPS * cluster.writers()));
+            mbarrier_init(empty + s * 8, CONSUMER_WARPS);
         }
         mbarrier_init_fence();
     }
-    // The peers' barriers must be initialized before any multicast or remote arrival.
-    cluster_sync();
-
-    // This block's place in its cluster; the blocks of its row share A, those of its column B.
-    let rank = cluster_rank();
-    let row_blocks = comptime!(cluster.row_pattern()) << (rank - rank % cluster.n);
-    let column_blocks = comptime!(cluster.column_pattern()) << (rank % cluster.n);
-    // The blocks whose loads land in this block's stages, so whose stages it frees.
-    let writers = row_blocks | column_blocks;
+    sync_cube();
 
     let k_tiles = k.div_ceil(BLOCK_K);
-    let m0 = CUBE_POS_Y * BLOCK_M;
-    let n0 = CUBE_POS_X * BLOCK_N;
+    let (rows, columns) = (m.div_ceil(BLOCK_M), n.div_ceil(BLOCK_N));
+    // This block's tiles: CUBE_POS_X, then every CUBE_COUNT_X-th.
+    let mine = (rows * columns - CUBE_POS_X).div_ceil(CUBE_COUNT_X);
     let warpgroup = UNIT_POS / 128;
 
     // No `setmaxnreg` split between producer and consumers: the consumers need 154 registers,
@@ -193,75 +154,91 @@ fn gemm_kernel(
         if UNIT_POS == 0 {
             let map_a = tensor_map_address(a);
             let map_b = tensor_map_address(b);
-            // A block past the edge (the grid is whole clusters) still loads its share for its
-            // peers: real rows, whose products its masked stores drop.
-            let a_row0 = select(m0 < m, m0, 0);
-            let b_row0 = select(n0 < n, n0, 0);
-            for kt in 0..k_tiles {
-                let stage = kt % STAGES;
-                let round = kt / STAGES;
-                if round > 0 {
-                    mbarrier_wait(empty + stage * 8, (round - 1) & 1);
+            for i in 0..mine {
+                let (row, column) = tile_position(CUBE_POS_X + i * CUBE_COUNT_X, rows, columns);
+                for kt in 0..k_tiles {
+                    // The block's slice count so far picks the stage and its round.
+                    let slice = i * k_tiles + kt;
+                    let stage = slice % STAGES;
+                    let round = slice / STAGES;
+                    if round > 0 {
+                        mbarrier_wait(empty + stage * 8, (round - 1) & 1);
+                    }
+                    let bar = full + stage * 8;
+                    mbarrier_expect(bar, STAGE_BYTES);
+                    let tile = tiles + stage * STAGE_BYTES;
+                    load_operand(tile, map_a, kt * BLOCK_K, row * BLOCK_M, bar, BLOCK_M, a_major);
+                    load_operand(tile + A_STAGE_BYTES, map_b, kt * BLOCK_K, column * BLOCK_N, bar, BLOCK_N, b_major);
                 }
-                let bar = full + stage * 8;
-                // The whole stage lands here: this block's parts and its peers'.
-                mbarrier_expect(bar, STAGE_BYTES);
-                let tile = tiles + stage * STAGE_BYTES;
-                let k0 = kt * BLOCK_K;
-                load_part(tile, map_a, k0, a_row0, bar, rank % cluster.n, row_blocks, BLOCK_M, cluster.n, a_major);
-                load_part(tile + A_STAGE_BYTES, map_b, k0, b_row0, bar, rank / cluster.n, column_blocks, BLOCK_N, cluster.m, b_major);
             }
         }
     } else {
         let consumer = warpgroup - 1;
-        let mut acc = Acc256::zeroed();
-        for kt in 0..k_tiles {
-            let stage = kt % STAGES;
-            mbarrier_wait(full + stage * 8, (kt / STAGES) & 1);
-            let tile = tiles + stage * STAGE_BYTES;
-            // This warpgroup's 64 rows of A start 8 KiB into the stage in either layout.
-            let desc_a = descriptor(tile + consumer * 8192, comptime!(a_major.tile(BLOCK_M)));
-            let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
-            acc = chain_256(&acc, desc_a, desc_b, comptime!(k_slice(a_major, b_major)));
-            if UNIT_POS.is_multiple_of(32) {
-                let bar = empty + stage * 8;
-                if comptime!(cluster.writers() == 1) {
-                    mbarrier_arrive(bar);
-                } else {
-                    #[unroll]
-                    for r in 0..comptime!(cluster.m * cluster.n) {
-                        if (writers >> r) & 1 == 1 {
-                            mbarrier_arrive_cluster(bar, r);
-                        }
-                    }
+        let buffer = staging + consumer * STAGING_BYTES;
+        // One thread a warpgroup issues its stores.
+        let storer = UNIT_POS.is_multiple_of(128);
+        let map_c = store_map_address(c);
+        for i in 0..mine {
+            let (row, column) = tile_position(CUBE_POS_X + i * CUBE_COUNT_X, rows, columns);
+            let mut acc = Acc256::zeroed();
+            for kt in 0..k_tiles {
+                let slice = i * k_tiles + kt;
+                let stage = slice % STAGES;
+                mbarrier_wait(full + stage * 8, (slice / STAGES) & 1);
+                let tile = tiles + stage * STAGE_BYTES;
+                // This warpgroup's 64 rows of A start 8 KiB into the stage in either layout.
+                let desc_a = descriptor(tile + consumer * 8192, comptime!(a_major.tile(BLOCK_M)));
+                let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
+                acc = chain_256(&acc, desc_a, desc_b, comptime!(k_slice(a_major, b_major)));
+                if UNIT_POS.is_multiple_of(32) {
+                    mbarrier_arrive(empty + stage * 8);
                 }
             }
+            store_tile(&acc, buffer, map_c, row * BLOCK_M + consumer * 64, column * BLOCK_N, 1 + consumer, storer);
         }
-
-        // The accumulator layout of `hopper`'s module docs.
-        let lane = UNIT_POS % 32;
-        let warp = (UNIT_POS % 128) / 32;
-        let row0 = m0 + consumer * 64 + warp * 16 + lane / 4;
-        let col0 = n0 + 2 * (lane % 4);
-        let stride = c.stride(0);
-        #[unroll]
-        for j in 0..32u32 {
-            #[unroll]
-            for half in 0..2u32 {
-                let row = row0 + half * 8;
-                #[unroll]
-                for e in 0..2u32 {
-                    let col = col0 + j * 8 + e;
-                    if row < m && col < n {
-                        let value = acc.extract((4 * j + 2 * half + e) as usize);
-                        c[row as usize * stride + col as usize] = bf16::cast_from(value);
-                    }
-                }
-            }
+        if storer {
+            bulk_wait();
         }
     }
-    // No block may leave while its peers can still write into it or arrive on its barriers.
-    cluster_sync();
+}
+
+/// Stores a consumer warpgroup's 64 × 256 results at `(row0, col0)` of C, in two passes of 128
+/// columns through its staging `buffer`: every thread writes its bf16 pairs into two swizzled
+/// 64 × 64 boxes, then `storer` hands them to TMA, which writes C in whole lines and lets the
+/// warpgroup go on to its next tile while it does (`barrier`: the warpgroup's named barrier).
+#[cube]
+fn store_tile(acc: &Acc256, buffer: u32, map: u64, row0: u32, col0: u32, barrier: u32, storer: bool) {
+    // The accumulator layout of `hopper`'s module docs: row `16 · warp + lane / 4` (+ 8), the
+    // column pair `8j + 2 · (lane % 4)` of each 8-column block j.
+    let lane = UNIT_POS % 32;
+    let warp = (UNIT_POS % 128) / 32;
+    #[unroll]
+    for pass in 0..2u32 {
+        // The buffer is free again once the last stores from it have read it.
+        if storer {
+            bulk_wait_read();
+        }
+        named_barrier(barrier, 128u32);
+        #[unroll]
+        for jj in 0..16u32 {
+            #[unroll]
+            for half in 0..2u32 {
+                let r = warp * 16 + lane / 4 + half * 8;
+                // The 128-byte swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8).
+                let chunk = (jj % 8) ^ (r % 8);
+                let addr = buffer + (jj / 8) * 8192 + r * 128 + chunk * 16 + (lane % 4) * 4;
+                let reg = comptime!((4 * (16 * pass + jj) + 2 * half) as usize);
+                st_shared_u32(addr, pack_bf16(acc.extract(reg), acc.extract(reg + 1)));
+            }
+        }
+        fence_proxy_async_shared();
+        named_barrier(barrier, 128u32);
+        if storer {
+            tma_store_box(map, col0 + pass * 128, row0, buffer);
+            tma_store_box(map, col0 + pass * 128 + 64, row0, buffer + 8192);
+            bulk_commit();
+        }
+    }
 }
 
 /// Why [`gemm`] cannot run a product.
@@ -305,11 +282,11 @@ fn operand(t: CubeTensor, k_last: bool) -> (CubeTensor, Major) {
     }
 }
 
-/// `lhs · rhs` on the wgmma kernel, its blocks sharing loads in clusters of `cluster`.
+/// `lhs · rhs` on the wgmma kernel, its tiles handed to blocks as `schedule` says.
 ///
 /// # Shapes
 /// `[m, k]`, `[k, n]` → `[m, n]`; operands may be transposed views.
-pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, cluster: Cluster) -> Result<CubeTensor, WgmmaError> {
+pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, schedule: Schedule) -> Result<CubeTensor, WgmmaError> {
     if lhs.dtype != DType::BF16 || rhs.dtype != DType::BF16 {
         return Err(WgmmaError::DType(lhs.dtype, rhs.dtype));
     }
@@ -318,10 +295,14 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, cluster: Cluster) -> Result<CubeTe
     if k % 8 != 0 {
         return Err(WgmmaError::Unaligned { k });
     }
-    let out = init_matmul_output(&lhs, &rhs, DType::BF16);
+    // TMA stores need 16-byte rows: an n that is no multiple of 8 gets padded rows, and the
+    // result is the `[m, n]` view of them.
+    let padded = n.next_multiple_of(8);
+    let (client, device) = (lhs.client.clone(), lhs.device.clone());
+    let handle = client.empty(m * padded * DType::BF16.size());
+    let out = CubeTensor::new(client.clone(), handle, Metadata::new(shape![m, n], strides![padded, 1]), device, DType::BF16);
     let (a, a_major) = operand(lhs, true);
     let (b, b_major) = operand(rhs, false);
-    let client = out.client.clone();
     let elem = ElemType::Float(FloatKind::BF16);
     let map = |t: CubeTensor, major: Major, rows: u32| {
         let tile_size = match major {
@@ -330,25 +311,27 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, cluster: Cluster) -> Result<CubeTe
         };
         TensorMapArg::new(TiledArgs { tile_size }, t.into_tensor_arg(), elem).with_swizzle(TensorMapSwizzle::B128)
     };
-    // Whole clusters: the blocks past the edge feed their peers and store nothing.
-    let blocks = |len: usize, block: u32, per: u32| (len as u32).div_ceil(block).next_multiple_of(per);
-    let count = CubeCount::Static(blocks(n, BLOCK_N, cluster.n), blocks(m, BLOCK_M, cluster.m), 1);
-    // SAFETY: the maps cover exactly the operands (TMA fills out-of-range boxes with zeros) and
-    // every store to `c` is checked against m and n.
+    let tiles = (m as u32).div_ceil(BLOCK_M) * (n as u32).div_ceil(BLOCK_N);
+    let blocks = match schedule {
+        Schedule::TilePerBlock => tiles,
+        // One block an SM fits (shared memory), so more would only queue.
+        Schedule::Persistent => tiles.min(client.properties().hardware.num_streaming_multiprocessors.unwrap_or(tiles)),
+    };
+    // SAFETY: the maps cover exactly the operands and the output (TMA fills out-of-range boxes
+    // with zeros when loading and drops their out-of-range parts when storing).
     unsafe {
         gemm_kernel::launch_unchecked(
             &client,
-            count,
+            CubeCount::Static(blocks, 1, 1),
             CubeDim::new_1d(384),
-            map(a, a_major, BLOCK_M / cluster.n),
-            map(b, b_major, BLOCK_N / cluster.m),
-            out.clone().into_tensor_arg(),
+            map(a, a_major, BLOCK_M),
+            map(b, b_major, BLOCK_N),
+            TensorMapArg::new(TiledArgs { tile_size: shape![64, 64] }, out.clone().into_tensor_arg(), elem).with_swizzle(TensorMapSwizzle::B128),
             m as u32,
             n as u32,
             k as u32,
             a_major,
             b_major,
-            cluster,
         );
     }
     Ok(out)

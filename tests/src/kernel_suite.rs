@@ -17,11 +17,12 @@ fn relative_error<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
     norm(a - b.clone()) / norm(b)
 }
 
-/// The wgmma GEMM, alone and in every cluster shape, on shapes that fill no tile, each operand
+/// The wgmma GEMM, persistent and a block a tile, on shapes that fill no tile, each operand
 /// plain and transposed, against the f32 product of the same bf16 operands. (129, 2056, 257)
 /// runs 33 k-slices: eight rounds of the 4 stages and one more, so every stage's barrier flips
-/// parity many times. Odd tile counts (300 rows: 3 blocks; 64 × 40: one block) leave blocks
-/// past the edge that only feed their cluster peers.
+/// parity many times. (4100, 200, 2000) has 264 tiles in 33 rows of 8 columns, more than the
+/// H200's 132 SMs: each persistent block runs two of 4 slices each, its stage count (and so
+/// the barriers' parity) running on across them, and the last group of rows is one tile high.
 pub fn wgmma_gemm(h: &Harness) {
     let device = h.device(0);
     let operand = |rows: usize, cols: usize, transposed: bool| {
@@ -31,8 +32,8 @@ pub fn wgmma_gemm(h: &Harness) {
             false => Tensor::<2>::random([rows, cols], normal, (&device, DType::BF16)),
         }
     };
-    for kernel in [GemmKernel::Wgmma, GemmKernel::WgmmaCluster2x1, GemmKernel::WgmmaCluster1x2, GemmKernel::WgmmaCluster2x2] {
-        for (m, k, n) in [(300, 136, 520), (129, 2056, 257), (64, 24, 40), (1000, 64, 777)] {
+    for kernel in [GemmKernel::Wgmma, GemmKernel::WgmmaTilePerBlock] {
+        for (m, k, n) in [(300, 136, 520), (129, 2056, 257), (64, 24, 40), (1000, 64, 777), (4100, 200, 2000)] {
             for (lhs_t, rhs_t) in [(false, false), (true, false), (false, true), (true, true)] {
                 let (lhs, rhs) = (operand(m, k, lhs_t), operand(k, n, rhs_t));
                 let out = matmul(lhs.clone(), rhs.clone(), kernel).unwrap();
