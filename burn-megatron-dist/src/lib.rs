@@ -14,7 +14,7 @@ pub mod launch;
 pub mod mappings;
 pub mod mesh;
 
-pub use comm::{ProcessGroup, ReduceOp};
+pub use comm::{InFlight, ProcessGroup, ReduceOp};
 pub use error::{CommError, LaunchError, MeshError};
 pub use groups::ProcessGroups;
 pub use launch::{RankContext, launch};

@@ -92,6 +92,35 @@ pub fn reduce_scatter_every_dim(h: &Harness) {
     });
 }
 
+/// Collectives left in flight: an all-reduce and a reduce-scatter are launched, the rank queues
+/// other device work and a plain all-reduce behind them, and waits for the two last, the
+/// reduce-scatter before the all-reduce. On NCCL the device has then signalled three calls
+/// before waiting for the first, and waits for them out of order; every result must still be
+/// the collective's. A refused call is refused at launch.
+pub fn deferred_collectives(h: &Harness) {
+    h.run(h.tp_world(), |ctx| {
+        let g = &ctx.groups.tp;
+        let (n, r) = (g.size(), g.group_rank());
+        let dev = &ctx.device;
+        let total: i64 = (1..=n as i64).sum();
+        let summed = |shape: [usize; 2]| small_ints(shape, 0, dev, DType::F32).mul_scalar(n as f32).add_scalar(total as f32);
+        let reduce = g.all_reduce_async(small_ints([64, 33], r as i64 + 1, dev, DType::F32), ReduceOp::Sum).unwrap();
+        let scatter = g.reduce_scatter_async(small_ints([8 * n, 5], r as i64 + 1, dev, DType::BF16), 0, ReduceOp::Sum).unwrap();
+        // Device work of this rank's own, queued while both collectives may be running.
+        let busy = small_ints([256, 256], 0, dev, DType::F32);
+        let busy = busy.clone().matmul(busy).sum();
+        let plain = g.all_reduce(small_ints([3, 4], r as i64 + 1, dev, DType::F32), ReduceOp::Sum).unwrap();
+        assert_exact(&plain, &summed([3, 4]), "the plain all-reduce behind two in flight");
+        let scattered = scatter.wait().unwrap();
+        let expected = summed([8 * n, 5]).cast(DType::BF16).narrow(0, 8 * r, 8);
+        assert_exact(&scattered, &expected, "the deferred reduce-scatter, waited for first");
+        assert_exact(&reduce.wait().unwrap(), &summed([64, 33]), "the deferred all-reduce, waited for last");
+        assert!(busy.into_scalar::<f32>().is_finite());
+        let refused = g.all_reduce_async(ints([2, 2], 0, dev), ReduceOp::Avg);
+        assert!(matches!(refused, Err(CommError::InvalidArgument { .. })), "an integer average is refused at launch");
+    });
+}
+
 /// Even all-to-all (split dim 1, gather dim 0) and uneven all-to-all (rank r sends r+j+1 rows
 /// to rank j).
 pub fn all_to_all_even_and_uneven(h: &Harness) {

@@ -25,7 +25,7 @@ pub use harness::Harness;
 macro_rules! for_each_comm_test {
     ($callback:ident!($($args:tt)*)) => {
         $crate::$callback! { $($args)*; comm_suite:
-            all_reduce_floats, all_reduce_ints, all_gather_every_dim, reduce_scatter_every_dim,
+            all_reduce_floats, all_reduce_ints, all_gather_every_dim, reduce_scatter_every_dim, deferred_collectives,
             all_to_all_even_and_uneven, broadcast_send_recv_barrier,
             mismatches_are_errors_on_every_rank, a_missing_rank_times_out_with_its_name }
     };
@@ -96,6 +96,12 @@ pub const KERNEL_TESTS: &[NamedTest] =
 pub const MODEL_TESTS: &[NamedTest] = &[
     ("model_suite::tiny_loss_and_gradients", model_suite::tiny_loss_and_gradients),
     ("model_suite::adamw_steps_match", model_suite::adamw_steps_match),
+];
+/// The data-parallel model tests. Each launches a one-rank twin of its own beside the parallel
+/// world, so they run with ranks as threads only (torchrun's world has one size).
+pub const DP_MODEL_TESTS: &[NamedTest] = &[
+    ("model_suite::zero1_matches_unsharded", model_suite::zero1_matches_unsharded),
+    ("model_suite::grad_norm_counts_each_parameter_once", model_suite::grad_norm_counts_each_parameter_once),
 ];
 /// Every mapping test, by name.
 pub const MAPPING_TESTS: &[NamedTest] = for_each_mapping_test!(list!());

@@ -15,7 +15,7 @@ mod process_group;
 
 pub use check::{Collective, Record};
 pub use payload::Payload;
-pub use process_group::ProcessGroup;
+pub use process_group::{InFlight, ProcessGroup};
 
 use std::fmt::Debug;
 
@@ -34,6 +34,16 @@ impl ReduceOp {
     fn code(self) -> usize {
         self as usize
     }
+}
+
+/// Names a collective that may still be running on the device when its call returned
+/// ([`Transport::all_reduce_deferred`]); [`Transport::wait_for`] takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket(pub(crate) Option<u32>);
+
+impl Ticket {
+    /// A collective that was complete when its call returned.
+    pub const DONE: Ticket = Ticket(None);
 }
 
 /// Moves payloads between the ranks of one group. Calls arrive already checked: every rank of
@@ -56,6 +66,22 @@ pub trait Transport: Send + Sync + Debug {
 
     /// `[o, n, i]` → `[o, n, i]`, reduced over the group.
     fn all_reduce(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError>;
+    /// [`all_reduce`](Self::all_reduce) whose result the calling thread may read on the device
+    /// only after [`wait_for`](Self::wait_for) with the ticket; its other device work meanwhile
+    /// runs alongside the collective (gradient buckets during backward).
+    fn all_reduce_deferred(&self, x: Payload, op: ReduceOp) -> Result<(Payload, Ticket), CommError> {
+        Ok((self.all_reduce(x, op)?, Ticket::DONE))
+    }
+    /// [`reduce_scatter`](Self::reduce_scatter), deferred as
+    /// [`all_reduce_deferred`](Self::all_reduce_deferred) is.
+    fn reduce_scatter_deferred(&self, x: Payload, op: ReduceOp) -> Result<(Payload, Ticket), CommError> {
+        Ok((self.reduce_scatter(x, op)?, Ticket::DONE))
+    }
+    /// Makes the calling thread's later device work wait for the collective of `ticket`.
+    fn wait_for(&self, ticket: Ticket) -> Result<(), CommError> {
+        debug_assert_eq!(ticket, Ticket::DONE, "this transport completes every call before returning");
+        Ok(())
+    }
     /// `[o, n, i]` → `[o, size·n, i]`, the ranks' tensors in group-rank order.
     fn all_gather(&self, x: Payload) -> Result<Payload, CommError>;
     /// `[o, size·n, i]` → `[o, n, i]`: this rank's part of the reduction.

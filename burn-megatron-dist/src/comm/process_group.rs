@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use burn::tensor::kind::Numeric;
-use burn::tensor::{Int, Shape, Tensor};
+use burn::tensor::{Float, Int, Shape, Tensor};
 
 use super::check::{self, Collective, Record};
 use super::in_process::InProcessWorld;
-use super::{Payload, ReduceOp, Transport};
+use super::{Payload, ReduceOp, Ticket, Transport};
 use crate::error::CommError;
 
 /// A group of ranks that run collectives together: one axis of the mesh, as seen from one rank.
@@ -78,17 +78,29 @@ impl ProcessGroup {
         x: Tensor<D, K>,
         op: ReduceOp,
     ) -> Result<Tensor<D, K>, CommError> {
+        self.all_reduce_async(x, op)?.wait()
+    }
+
+    /// [`all_reduce`](Self::all_reduce) that returns while the reduction may still run on the
+    /// device: this rank's later device work runs alongside it until [`InFlight::wait`] hands
+    /// the result over. On NCCL, the reduction then overlaps whatever comes before the wait
+    /// (a gradient bucket's, the rest of backward); other transports finish before returning.
+    pub fn all_reduce_async<const D: usize, K: Numeric>(
+        &self,
+        x: Tensor<D, K>,
+        op: ReduceOp,
+    ) -> Result<InFlight<D, K>, CommError> {
         let collective = Collective::AllReduce;
         if op == ReduceOp::Avg && !x.dtype().is_float() {
             return Err(self.invalid(collective, "Avg needs a float tensor".into()));
         }
         self.agree(self.record(collective, &x, vec![op.code()]), None)?;
         if self.size() == 1 {
-            return Ok(x);
+            return Ok(InFlight::done(x));
         }
         let (shape, autodiff) = (x.shape(), x.device().is_autodiff());
-        let out = self.transport.all_reduce(view(x, 0), op)?;
-        Ok(unview(out, shape, autodiff))
+        let (out, ticket) = self.transport.all_reduce_deferred(view(x, 0), op)?;
+        Ok(InFlight { out: Landing::Payload { payload: out, shape, autodiff }, wait: Some((self.transport.clone(), ticket)) })
     }
 
     /// Concatenates every rank's `x` along `dim`, in group-rank order.
@@ -122,6 +134,17 @@ impl ProcessGroup {
         dim: usize,
         op: ReduceOp,
     ) -> Result<Tensor<D, K>, CommError> {
+        self.reduce_scatter_async(x, dim, op)?.wait()
+    }
+
+    /// [`reduce_scatter`](Self::reduce_scatter), returning while it may still run on the
+    /// device, as [`all_reduce_async`](Self::all_reduce_async) does.
+    pub fn reduce_scatter_async<const D: usize, K: Numeric>(
+        &self,
+        x: Tensor<D, K>,
+        dim: usize,
+        op: ReduceOp,
+    ) -> Result<InFlight<D, K>, CommError> {
         let collective = Collective::ReduceScatter;
         self.check_dim::<D>(collective, dim)?;
         if op == ReduceOp::Avg && !x.dtype().is_float() {
@@ -134,12 +157,12 @@ impl ProcessGroup {
             return Err(self.invalid(collective, detail));
         }
         if self.size() == 1 {
-            return Ok(x);
+            return Ok(InFlight::done(x));
         }
         let (mut shape, autodiff) = (x.shape(), x.device().is_autodiff());
         shape[dim] /= self.size();
-        let out = self.transport.reduce_scatter(view(x, dim), op)?;
-        Ok(unview(out, shape, autodiff))
+        let (out, ticket) = self.transport.reduce_scatter_deferred(view(x, dim), op)?;
+        Ok(InFlight { out: Landing::Payload { payload: out, shape, autodiff }, wait: Some((self.transport.clone(), ticket)) })
     }
 
     /// Splits `split_dim` into `size` equal parts, sends part `j` to group rank `j`, and
@@ -340,6 +363,41 @@ impl ProcessGroup {
 
     fn invalid(&self, collective: Collective, detail: String) -> CommError {
         CommError::InvalidArgument { group: self.label().to_string(), collective: collective.name(), detail }
+    }
+}
+
+/// The result of a collective that may still be running on the device
+/// ([`ProcessGroup::all_reduce_async`]). It is handed over only by [`wait`](Self::wait), which
+/// orders this rank's later device work after the collective; dropped unwaited, the result is
+/// simply never read.
+#[must_use = "the result is only readable through `wait`"]
+pub struct InFlight<const D: usize, K: Numeric = Float> {
+    out: Landing<D, K>,
+    /// The transport to wait on; `None` when the result was ready on return.
+    wait: Option<(Arc<dyn Transport>, Ticket)>,
+}
+
+enum Landing<const D: usize, K: Numeric> {
+    /// A one-rank group's input, returned as is.
+    Tensor(Tensor<D, K>),
+    /// The transport's output, in its rank-3 view.
+    Payload { payload: Payload, shape: Shape, autodiff: bool },
+}
+
+impl<const D: usize, K: Numeric> InFlight<D, K> {
+    fn done(x: Tensor<D, K>) -> Self {
+        Self { out: Landing::Tensor(x), wait: None }
+    }
+
+    /// The result, once this rank's later device work is ordered after the collective.
+    pub fn wait(self) -> Result<Tensor<D, K>, CommError> {
+        if let Some((transport, ticket)) = self.wait {
+            transport.wait_for(ticket)?;
+        }
+        Ok(match self.out {
+            Landing::Tensor(x) => x,
+            Landing::Payload { payload, shape, autodiff } => unview(payload, shape, autodiff),
+        })
     }
 }
 

@@ -1,7 +1,9 @@
 //! Data-parallel gradient reduction in buckets: the gradients of several parameters are packed
 //! into one buffer and reduced by one collective, and a bucket is reduced as soon as its last
 //! gradient arrives — during the backward pass when gradients come from taps
-//! ([`tap_grad`](burn_megatron_dist::mappings::tap_grad)).
+//! ([`tap_grad`](burn_megatron_dist::mappings::tap_grad)). The collective is left in flight
+//! ([`ProcessGroup::all_reduce_async`]): on NCCL it runs beside the rest of backward, and only
+//! [`GradReducer::finish`] makes the device wait for it.
 //!
 //! Buckets are filled in reverse traversal order, the order backward produces gradients in
 //! (Megatron and PyTorch DDP do the same). With ZeRO-1 a bucket is reduce-scattered so that
@@ -13,7 +15,7 @@
 //! shard `⌈n_p / dp⌉`.
 
 use burn::tensor::{DType, Device, Tensor};
-use burn_megatron_dist::{CommError, ProcessGroup, ReduceOp};
+use burn_megatron_dist::{CommError, InFlight, ProcessGroup, ReduceOp};
 
 /// How gradients are bucketed and reduced.
 #[derive(burn::config::Config, Debug, PartialEq)]
@@ -48,7 +50,30 @@ pub struct GradReducer {
     bucket_of: Vec<usize>,
     waiting: Vec<usize>,
     grads: Vec<Option<Tensor<1>>>,
-    reduced: Vec<Option<Tensor<1>>>,
+    /// Each bucket's reduction once launched, unpacked at [`finish`](Self::finish).
+    launched: Vec<Option<Launched>>,
+}
+
+/// A bucket's reduction, from its launch until [`GradReducer::finish`] unpacks it: on NCCL the
+/// collective runs alongside the rest of backward until then.
+enum Launched {
+    /// One rank: the gradients themselves.
+    Alone(Vec<Tensor<1>>),
+    /// The packed collective, and each member's element count in its result.
+    Packed(Box<InFlight<2>>, Vec<usize>),
+}
+
+impl Launched {
+    /// Each member's result, in bucket order.
+    fn unpack(self) -> Result<Vec<Tensor<1>>, CommError> {
+        Ok(match self {
+            Launched::Alone(grads) => grads,
+            Launched::Packed(flight, sizes) => {
+                let total: usize = sizes.iter().sum();
+                flight.wait()?.reshape([total]).split_with_sizes(sizes, 0)
+            }
+        })
+    }
 }
 
 impl GradReducer {
@@ -75,6 +100,7 @@ impl GradReducer {
         }
         let waiting = buckets.iter().map(Vec::len).collect();
         let n = numels.len();
+        let launched = buckets.iter().map(|_| None).collect();
         Self {
             dp: dp.clone(),
             reduction,
@@ -84,7 +110,7 @@ impl GradReducer {
             bucket_of,
             waiting,
             grads: vec![None; n],
-            reduced: vec![None; n],
+            launched,
         }
     }
 
@@ -96,7 +122,7 @@ impl GradReducer {
     /// Takes parameter `index`'s flattened gradient; reduces its bucket if it was the last one
     /// missing. A second gradient for the same parameter in one step is added to the first.
     pub fn add(&mut self, index: usize, grad: Tensor<1>) -> Result<(), CommError> {
-        if self.reduced[index].is_some() {
+        if self.launched[self.bucket_of[index]].is_some() {
             panic!("parameter {index} received a gradient after its bucket was reduced");
         }
         self.grads[index] = Some(match self.grads[index].take() {
@@ -114,7 +140,7 @@ impl GradReducer {
     /// returns each parameter's result in traversal order, in fp32; resets for the next step.
     pub fn finish(&mut self, device: &Device, dtype: DType) -> Result<Vec<Tensor<1>>, CommError> {
         for bucket in 0..self.buckets.len() {
-            if self.buckets[bucket].iter().any(|&p| self.reduced[p].is_none()) {
+            if self.launched[bucket].is_none() {
                 for &p in &self.buckets[bucket] {
                     if self.grads[p].is_none() {
                         self.grads[p] = Some(Tensor::zeros([self.numels[p]], (device, dtype)));
@@ -124,45 +150,48 @@ impl GradReducer {
             }
         }
         self.waiting = self.buckets.iter().map(Vec::len).collect();
-        Ok(self.reduced.iter_mut().map(|r| r.take().expect("every bucket was reduced")).collect())
+        let mut reduced: Vec<Option<Tensor<1>>> = vec![None; self.numels.len()];
+        for (members, launched) in self.buckets.iter().zip(&mut self.launched) {
+            let results = launched.take().expect("every bucket was launched").unpack()?;
+            for (&p, result) in members.iter().zip(results) {
+                reduced[p] = Some(result.cast(DType::F32));
+            }
+        }
+        Ok(reduced.into_iter().map(|r| r.expect("every parameter is in a bucket")).collect())
     }
 
+    /// Launches bucket `bucket`'s reduction, leaving it in flight.
     fn reduce(&mut self, bucket: usize) -> Result<(), CommError> {
-        let members = self.buckets[bucket].clone();
+        let members = &self.buckets[bucket];
         let grads: Vec<Tensor<1>> = members.iter().map(|&p| self.grads[p].take().expect("a full bucket")).collect();
         let wire = match self.reduce_in_fp32 {
             true => DType::F32,
             false => grads[0].dtype(),
         };
         let grads: Vec<Tensor<1>> = grads.into_iter().map(|g| g.cast(wire)).collect();
-        let results = match self.reduction {
+        self.launched[bucket] = Some(match self.reduction {
             // One rank: nothing to pack, every shard is the whole gradient.
-            _ if self.dp.size() == 1 => grads,
+            _ if self.dp.size() == 1 => Launched::Alone(grads),
             Reduction::AllReduce => self.all_reduce(grads)?,
             Reduction::ReduceScatter => self.reduce_scatter(grads)?,
-        };
-        for (&p, result) in members.iter().zip(results) {
-            self.reduced[p] = Some(result.cast(DType::F32));
-        }
+        });
         Ok(())
     }
 
-    /// `[Σ n_p]` packed, all-reduced, unpacked.
-    fn all_reduce(&self, grads: Vec<Tensor<1>>) -> Result<Vec<Tensor<1>>, CommError> {
+    /// `[1, Σ n_p]` packed, all-reduced.
+    fn all_reduce(&self, grads: Vec<Tensor<1>>) -> Result<Launched, CommError> {
         let sizes: Vec<usize> = grads.iter().map(|g| g.dims()[0]).collect();
-        let packed = self.dp.all_reduce(Tensor::cat(grads, 0), ReduceOp::Avg)?;
-        Ok(packed.split_with_sizes(sizes, 0))
+        let packed = Tensor::cat(grads, 0).unsqueeze::<2>();
+        Ok(Launched::Packed(Box::new(self.dp.all_reduce_async(packed, ReduceOp::Avg)?), sizes))
     }
 
     /// `[dp, Σ k_p]` (row `r` holds rank `r`'s shard of every parameter), reduce-scattered
-    /// along the rows, unpacked into shards of `k_p`.
-    fn reduce_scatter(&self, grads: Vec<Tensor<1>>) -> Result<Vec<Tensor<1>>, CommError> {
+    /// along the rows into this rank's shards of `k_p`.
+    fn reduce_scatter(&self, grads: Vec<Tensor<1>>) -> Result<Launched, CommError> {
         let dp = self.dp.size();
         let parts: Vec<usize> = grads.iter().map(|g| g.dims()[0].div_ceil(dp)).collect();
         let rows: Vec<Tensor<2>> = grads.into_iter().map(|g| pad(g, dp).reshape([dp as i32, -1])).collect();
-        let mine = self.dp.reduce_scatter(Tensor::cat(rows, 1), 0, ReduceOp::Avg)?;
-        let total: usize = parts.iter().sum();
-        Ok(mine.reshape([total]).split_with_sizes(parts, 0))
+        Ok(Launched::Packed(Box::new(self.dp.reduce_scatter_async(Tensor::cat(rows, 1), 0, ReduceOp::Avg)?), parts))
     }
 }
 

@@ -1,8 +1,8 @@
 //! Runs the communicator and mapping suites on CUDA devices, outside `cargo test` (the device
 //! machine has no Rust).
 //!
-//!   gpu-suite [--world N] [--filter TEXT]       ranks as threads, one GPU each (NCCL among threads)
-//!   torchrun --nproc-per-node N gpu-suite        one process a GPU (NCCL transport)
+//!   gpu-suite [--world N] [--filter TEXT] [--skip TEXT]   ranks as threads, one GPU each (NCCL among threads)
+//!   torchrun --nproc-per-node N gpu-suite        one process a GPU (NCCL transport; no DP model tests)
 //!
 //! Prints one line per test and closes with `N passed, M failed`; exits non-zero on a failure.
 
@@ -10,7 +10,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 
 use burn::tensor::DType;
-use burn_megatron_tests::{COMM_TESTS, Harness, KERNEL_TESTS, LAYER_TESTS, MAPPING_TESTS, MODEL_TESTS, NamedTest};
+use burn_megatron_tests::{COMM_TESTS, DP_MODEL_TESTS, Harness, KERNEL_TESTS, LAYER_TESTS, MAPPING_TESTS, MODEL_TESTS, NamedTest};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -18,8 +18,9 @@ fn main() {
         Some(i) => args[i + 1].parse().expect("--world N"),
         None => std::env::var("WORLD_SIZE").ok().and_then(|w| w.parse().ok()).unwrap_or(2),
     };
-    // `--filter TEXT` runs only the tests whose name contains TEXT.
-    let filter = args.iter().position(|a| a == "--filter").map(|i| args[i + 1].clone());
+    // `--filter TEXT` runs only the tests whose name contains TEXT, `--skip TEXT` all others.
+    let option = |flag: &str| args.iter().position(|a| a == flag).map(|i| args[i + 1].clone());
+    let (filter, skip) = (option("--filter"), option("--skip"));
     let rank = std::env::var("RANK").ok();
     let mode = match &rank {
         Some(r) => format!("processes(rank {r})"),
@@ -37,6 +38,7 @@ fn main() {
     let bf16 = Harness::cuda(world, DType::BF16, 3e-2, 6e-2);
     let model_f32: &[NamedTest] = MODEL_TESTS;
     let model_bf16: &[NamedTest] = &MODEL_TESTS[..1];
+    let dp_model: &[NamedTest] = if rank.is_none() { DP_MODEL_TESTS } else { &[] };
     let runs: Vec<(&str, &Harness, &NamedTest)> = COMM_TESTS
         .iter()
         .map(|t| ("", &comm, t))
@@ -48,7 +50,9 @@ fn main() {
         .chain(model_f32.iter().map(|t| ("f32 ", &f32, t)))
         // 20 AdamW steps in bf16 drift apart by more than a meaningful tolerance: f32 only.
         .chain(model_bf16.iter().map(|t| ("bf16 ", &bf16, t)))
+        .chain(dp_model.iter().map(|t| ("f32 ", &f32, t)))
         .filter(|(_, _, (name, _))| filter.as_ref().is_none_or(|f| name.contains(f.as_str())))
+        .filter(|(_, _, (name, _))| skip.as_ref().is_none_or(|s| !name.contains(s.as_str())))
         .collect();
     let (mut passed, mut failed) = (0, 0);
     for (tag, harness, (name, test)) in runs {

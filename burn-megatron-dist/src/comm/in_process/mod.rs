@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Collective, Payload, ProcessGroup, ReduceOp, Transport};
+use super::{Collective, Payload, ProcessGroup, ReduceOp, Ticket, Transport};
+#[cfg(feature = "cuda")]
+use crate::comm::nccl::Wait;
 
 #[cfg(feature = "cuda")]
 mod nccl;
@@ -295,11 +297,26 @@ impl Transport for InProcessTransport {
     }
 
     fn all_reduce(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
+        let (out, ticket) = self.all_reduce_deferred(x, op)?;
+        self.wait_for(ticket)?;
+        Ok(out)
+    }
+
+    fn all_reduce_deferred(&self, x: Payload, op: ReduceOp) -> Result<(Payload, Ticket), CommError> {
         #[cfg(feature = "cuda")]
         if let Some(nccl) = self.nccl(Collective::AllReduce, &x)? {
-            return nccl.all_reduce(x, op);
+            return nccl.all_reduce(x, op, Wait::Later);
         }
-        Ok(reduce(self.gather_here(Collective::AllReduce, x)?, op))
+        Ok((reduce(self.gather_here(Collective::AllReduce, x)?, op), Ticket::DONE))
+    }
+
+    fn wait_for(&self, ticket: Ticket) -> Result<(), CommError> {
+        #[cfg(feature = "cuda")]
+        if let Some(Some(nccl)) = self.nccl.get() {
+            return nccl.wait_for(ticket);
+        }
+        debug_assert_eq!(ticket, Ticket::DONE, "only NCCL defers");
+        Ok(())
     }
 
     fn all_gather(&self, x: Payload) -> Result<Payload, CommError> {
@@ -311,9 +328,15 @@ impl Transport for InProcessTransport {
     }
 
     fn reduce_scatter(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
+        let (out, ticket) = self.reduce_scatter_deferred(x, op)?;
+        self.wait_for(ticket)?;
+        Ok(out)
+    }
+
+    fn reduce_scatter_deferred(&self, x: Payload, op: ReduceOp) -> Result<(Payload, Ticket), CommError> {
         #[cfg(feature = "cuda")]
         if let Some(nccl) = self.nccl(Collective::ReduceScatter, &x)? {
-            return nccl.reduce_scatter(x, op);
+            return nccl.reduce_scatter(x, op, Wait::Later);
         }
         let part = x.dims()[1] / self.shared.size;
         let mine = self.group_rank * part..(self.group_rank + 1) * part;
@@ -321,7 +344,7 @@ impl Transport for InProcessTransport {
         // Only this rank's slice of each peer's tensor travels.
         let values = self.meet_data(Collective::ReduceScatter, Value::One(Box::new(x)))?;
         let parts = values.into_iter().map(|v| move_to(one(v).narrow(mine.clone()), &device)).collect();
-        Ok(reduce(parts, op))
+        Ok((reduce(parts, op), Ticket::DONE))
     }
 
     fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {

@@ -4,21 +4,22 @@
 
 use cudarc::nccl::result as nccl;
 
-use super::{NcclComm, PendingSend, check, contiguous, nccl_op, numel};
-use crate::comm::{Collective, Payload, ReduceOp};
+use super::{NcclComm, PendingSend, Wait, check, contiguous, nccl_op, numel};
+use crate::comm::{Collective, Payload, ReduceOp, Ticket};
 use crate::error::CommError;
 
 impl NcclComm {
-    pub(crate) fn all_reduce(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
+    /// The all-reduce, its result readable once the calling thread's stream has waited (`wait`).
+    pub(crate) fn all_reduce(&self, x: Payload, op: ReduceOp, wait: Wait) -> Result<(Payload, Ticket), CommError> {
         let c = Collective::AllReduce;
         let ty = self.nccl_type(c, x.dtype())?;
         let out = self.output_like(&x, x.dims());
         let n = numel(&x);
-        self.run(c, &[&x], &[&out], |comm, i, o, s| unsafe {
+        let ticket = self.run(c, &[&x], &[&out], wait, |comm, i, o, s| unsafe {
             // Safety: both buffers hold `n` elements of `ty` and stay alive until the wait ends.
             check(nccl::all_reduce(i[0] as _, o[0] as _, n, ty, nccl_op(op), comm, s))
         })?;
-        Ok(out)
+        Ok((out, ticket))
     }
 
     pub(crate) fn all_gather(&self, x: Payload) -> Result<Payload, CommError> {
@@ -29,14 +30,15 @@ impl NcclComm {
         let [o, n, i] = x.dims();
         let out = self.output_like(&x, [self.size * o, n, i]);
         let count = numel(&x);
-        self.run(c, &[&x], &[&out], |comm, inp, outp, s| unsafe {
+        self.run(c, &[&x], &[&out], Wait::Now, |comm, inp, outp, s| unsafe {
             // Safety: the output holds `size · count` elements.
             check(nccl::all_gather(inp[0] as _, outp[0] as _, count, ty, comm, s))
         })?;
         Ok(stacked_to_dim1(out, self.size, [o, n, i]))
     }
 
-    pub(crate) fn reduce_scatter(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
+    /// The reduce-scatter, its result readable once the calling thread's stream has waited.
+    pub(crate) fn reduce_scatter(&self, x: Payload, op: ReduceOp, wait: Wait) -> Result<(Payload, Ticket), CommError> {
         let c = Collective::ReduceScatter;
         let ty = self.nccl_type(c, x.dtype())?;
         let [o, n, i] = x.dims();
@@ -45,11 +47,11 @@ impl NcclComm {
         let blocks = dim1_to_stacked(x, self.size, [o, part, i]);
         let out = self.output_like(&blocks, [o, part, i]);
         let count = o * part * i;
-        self.run(c, &[&blocks], &[&out], |comm, inp, outp, s| unsafe {
+        let ticket = self.run(c, &[&blocks], &[&out], wait, |comm, inp, outp, s| unsafe {
             // Safety: the input holds `size · count` elements, the output `count`.
             check(nccl::reduce_scatter(inp[0] as _, outp[0] as _, count, ty, nccl_op(op), comm, s))
         })?;
-        Ok(out)
+        Ok((out, ticket))
     }
 
     pub(crate) fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
@@ -60,7 +62,7 @@ impl NcclComm {
         let sends: Vec<&Payload> = chunks.iter().collect();
         let recvs: Vec<&Payload> = outs.iter().collect();
         let counts: Vec<(usize, usize)> = (0..self.size).map(|j| (numel(&chunks[j]), numel(&outs[j]))).collect();
-        self.run(c, &sends, &recvs, |comm, inp, outp, s| unsafe {
+        self.run(c, &sends, &recvs, Wait::Now, |comm, inp, outp, s| unsafe {
             // Safety: each send and receive buffer holds the counted elements.
             check(nccl::group_start())?;
             for (j, &(send, recv)) in counts.iter().enumerate() {
@@ -86,7 +88,7 @@ impl NcclComm {
         let ty = self.nccl_type(c, x.dtype())?;
         let out = self.output_like(&x, x.dims());
         let n = numel(&x);
-        self.run(c, &[&x], &[&out], |comm, i, o, s| unsafe {
+        self.run(c, &[&x], &[&out], Wait::Now, |comm, i, o, s| unsafe {
             // Safety: both buffers hold `n` elements.
             check(nccl::broadcast(i[0] as _, o[0] as _, n, ty, root as i32, comm, s))
         })?;
@@ -106,7 +108,7 @@ impl NcclComm {
         if self.pending.lock().expect("pending sends lock").is_empty() {
             return Ok(());
         }
-        self.run(Collective::Send, &[], &[], |_, _, _, _| Ok(()))
+        self.run(Collective::Send, &[], &[], Wait::Now, |_, _, _, _| Ok(())).map(|_| ())
     }
 
     /// Receives from group rank `peer` into a tensor shaped like `like`.
@@ -115,7 +117,7 @@ impl NcclComm {
         let ty = self.nccl_type(c, like.dtype())?;
         let out = self.output_like(&like, like.dims());
         let n = numel(&like);
-        self.run(c, &[], &[&out], |comm, _, o, s| unsafe {
+        self.run(c, &[], &[&out], Wait::Now, |comm, _, o, s| unsafe {
             // Safety: the buffer holds `n` elements.
             check(nccl::recv(o[0] as _, n, ty, peer as i32, comm, s))
         })?;

@@ -22,7 +22,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::{result as nccl, sys};
 
-use super::{Collective, Payload, ReduceOp};
+use super::{Collective, Payload, ReduceOp, Ticket};
 use crate::error::CommError;
 
 mod collectives;
@@ -87,6 +87,14 @@ pub(crate) struct NcclComm {
     order: Mutex<(GpuOrder, Option<ThreadId>)>,
     /// Sends not posted yet: they go out with the next call (see [`Transport::send`](super::Transport::send)).
     pending: Mutex<Vec<PendingSend>>,
+}
+
+/// When the calling thread's stream waits for a collective: at once, or at
+/// [`NcclComm::wait_for`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    Now,
+    Later,
 }
 
 /// A send waiting for the group's next call.
@@ -172,15 +180,17 @@ impl NcclComm {
     }
 
     /// Queues `launch` on this group's stream, after the work the calling thread queued on the
-    /// device, and the calling thread's later work after it; returns without waiting. `launch`
-    /// gets the raw pointers of `inputs` and `outputs`.
+    /// device, and the calling thread's later work after it (`Wait::Now`) or after
+    /// [`wait_for`](Self::wait_for) with the returned ticket (`Wait::Later`); returns without
+    /// waiting on the host. `launch` gets the raw pointers of `inputs` and `outputs`.
     fn run(
         &self,
         collective: Collective,
         inputs: &[&Payload],
         outputs: &[&Payload],
+        wait: Wait,
         launch: impl FnOnce(sys::ncclComm_t, &[u64], &[u64], sys::cudaStream_t) -> Result<(), sys::ncclResult_t>,
-    ) -> Result<(), CommError> {
+    ) -> Result<Ticket, CommError> {
         let mut order = self.order.lock().expect("order lock");
         let (order, thread) = &mut *order;
         // The order holds against one CubeCL stream, the calling thread's. A call from another
@@ -234,12 +244,28 @@ impl NcclComm {
             }
         };
         // The release comes whatever happened: the NCCL stream already waits for this call's
-        // signal, and the next call's would never match otherwise.
+        // signal, and every later spin would wait for it.
         order.after(&self.stream, call).map_err(|e| self.error(collective, e))?;
+        if wait == Wait::Now {
+            order.spin(call);
+        }
         launched.map_err(|e| self.error(collective, e))?;
         let done = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(|e| self.error(collective, e))?;
         drop(resources);
         self.flights.push(collective.name(), done, buffers);
+        Ok(Ticket(Some(call)))
+    }
+
+    /// Makes the calling thread's later device work wait for the collective of `ticket`.
+    pub(crate) fn wait_for(&self, ticket: Ticket) -> Result<(), CommError> {
+        let Ticket(Some(call)) = ticket else { return Ok(()) };
+        let mut order = self.order.lock().expect("order lock");
+        let (order, thread) = &mut *order;
+        // Another thread's stream is not the one the call was ordered against: the host waits.
+        if thread.is_some_and(|t| t != std::thread::current().id()) {
+            self.flights.drain()?;
+        }
+        order.spin(call);
         Ok(())
     }
 

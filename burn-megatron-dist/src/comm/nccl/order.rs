@@ -1,25 +1,28 @@
 //! Orders an NCCL stream against CubeCL's compute stream on the GPU, without the host.
 //!
 //! CubeCL 0.11 keeps its CUDA streams private, so no event can be recorded on them or waited
-//! for there. Two 32-bit flags in device memory carry the order instead:
+//! for there. Two 32-bit counters in device memory carry the order instead:
 //!
 //! ```text
 //! compute stream (CubeCL)            NCCL stream (ours)
 //! … kernels writing the inputs
-//! signal: ready ← n  ──────────────▶ wait until ready = n     (cuStreamWaitValue32)
+//! signal: ready ← n  ──────────────▶ wait until ready ≥ n     (cuStreamWaitValue32)
 //!                                    the collective
-//! spin until done = n ◀────────────  done ← n                 (cuStreamWriteValue32, fenced)
+//!                                    done ← n                 (cuStreamWriteValue32, fenced)
+//! … kernels not reading the outputs
+//! spin until done ≥ n ◀────────────
 //! … kernels reading the outputs
 //! ```
 //!
 //! `signal` and `spin` are one-thread CubeCL kernels queued on the stream of the calling thread,
 //! which is where CubeCL queued the work that wrote the inputs, and where it hands out the
-//! outputs' memory. The spin holds one thread of one SM while NCCL runs; the compute stream
-//! could not have run anything past it anyway.
+//! outputs' memory. The spin holds one thread of one SM while NCCL runs.
 //!
-//! Calls strictly alternate: the compute stream cannot signal call `n + 1` before it has seen
-//! `done = n`, and NCCL cannot finish `n + 1` before it saw `ready = n + 1`. So each side waits
-//! for equality with the call's number, and the number may wrap.
+//! The spin may come right after the signal (the outputs are read at once) or later (a
+//! gradient bucket's reduction runs while backward goes on), so calls need not alternate: the
+//! compute stream may signal several calls before it waits for the first. Both counters only
+//! grow, each side waits until the other's has reached the call's number, and "reached" is
+//! CUDA's cyclic comparison (`(int32)(flag − n) ≥ 0`), so the numbers may wrap.
 
 use burn::backend::Cube;
 use burn::tensor::{DType, Device, Int};
@@ -41,9 +44,10 @@ fn signal_kernel(flags: &mut Tensor<Atomic<u32>>, call: u32) {
 
 #[cube(launch_unchecked)]
 fn spin_kernel(flags: &mut Tensor<Atomic<u32>>, call: u32) {
-    // A volatile read each turn (CubeCL's atomic load); NCCL's write lands in L2.
+    // A volatile read each turn (CubeCL's atomic load); NCCL's write lands in L2. `done − call`
+    // below 2³¹ is "done has reached call", wrapping like CUDA's own wait.
     loop {
-        if flags[DONE].load() == call {
+        if flags[DONE].load() - call < 0x8000_0000 {
             break;
         }
     }
@@ -60,7 +64,7 @@ pub(super) struct GpuOrder {
     flags: CubeTensor,
     /// The flags' device address, for the NCCL stream's memory operations.
     address: u64,
-    /// The number of the last call; 0 is never used, so fresh flags (zeros) match no call.
+    /// The number of the last call; fresh flags (zeros) have reached none from 1 on.
     call: u32,
 }
 
@@ -102,7 +106,7 @@ impl GpuOrder {
     /// Makes `stream` wait for everything the calling thread queued on the flags' device so far.
     /// Returns the call's number, for [`after`](Self::after).
     pub(super) fn before(&mut self, stream: &CudaStream) -> Result<u32, String> {
-        self.call = self.call.wrapping_add(1).max(1);
+        self.call = self.call.wrapping_add(1);
         let call = self.call;
         self.launch(Kernel::Signal, call);
         // CubeCL launches from its device thread. A round trip through that thread puts the
@@ -113,18 +117,21 @@ impl GpuOrder {
         let ready = self.address + (READY * 4) as u64;
         // Safety: the flags outlive the stream's use of them (they live as long as the
         // communicator, whose drop synchronizes its stream).
-        check(unsafe { cuda::cuStreamWaitValue32_v2(stream.cu_stream(), ready, call, cuda::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32) })?;
+        check(unsafe { cuda::cuStreamWaitValue32_v2(stream.cu_stream(), ready, call, cuda::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32) })?;
         Ok(call)
     }
 
-    /// Makes the calling thread's later work on the device wait for `stream`'s work so far.
+    /// Marks call `call` done once `stream`'s work so far is: [`spin`](Self::spin) waits for it.
     pub(super) fn after(&self, stream: &CudaStream, call: u32) -> Result<(), String> {
         let done = self.address + (DONE * 4) as u64;
         // Safety: as in `before`. The default flags fence memory before the write, so NCCL's
         // output is visible once the flag is.
-        check(unsafe { cuda::cuStreamWriteValue32_v2(stream.cu_stream(), done, call, cuda::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32) })?;
+        check(unsafe { cuda::cuStreamWriteValue32_v2(stream.cu_stream(), done, call, cuda::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32) })
+    }
+
+    /// Makes the calling thread's later work on the device wait until call `call` is done.
+    pub(super) fn spin(&self, call: u32) {
         self.launch(Kernel::Spin, call);
-        Ok(())
     }
 }
 

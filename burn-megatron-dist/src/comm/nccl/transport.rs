@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use burn::tensor::Device;
 
-use super::{NcclComm, unique_id};
+use super::{NcclComm, Wait, unique_id};
 use crate::comm::store::StoreClient;
-use crate::comm::{Collective, Payload, ReduceOp, Transport};
+use crate::comm::{Collective, Payload, ReduceOp, Ticket, Transport};
 use crate::error::CommError;
 
 /// One rank's NCCL communicator for one group, met through the store.
@@ -121,7 +121,19 @@ impl Transport for NcclTransport {
     }
 
     fn all_reduce(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
-        self.comm.all_reduce(x, op)
+        self.comm.all_reduce(x, op, Wait::Now).map(|(out, _)| out)
+    }
+
+    fn all_reduce_deferred(&self, x: Payload, op: ReduceOp) -> Result<(Payload, Ticket), CommError> {
+        self.comm.all_reduce(x, op, Wait::Later)
+    }
+
+    fn reduce_scatter_deferred(&self, x: Payload, op: ReduceOp) -> Result<(Payload, Ticket), CommError> {
+        self.comm.reduce_scatter(x, op, Wait::Later)
+    }
+
+    fn wait_for(&self, ticket: Ticket) -> Result<(), CommError> {
+        self.comm.wait_for(ticket)
     }
 
     fn all_gather(&self, x: Payload) -> Result<Payload, CommError> {
@@ -129,7 +141,7 @@ impl Transport for NcclTransport {
     }
 
     fn reduce_scatter(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
-        self.comm.reduce_scatter(x, op)
+        self.comm.reduce_scatter(x, op, Wait::Now).map(|(out, _)| out)
     }
 
     fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
