@@ -68,6 +68,14 @@ impl ProcessGroups {
         self.dims.coordinates(self.global_rank)
     }
 
+    /// The ranks whose gradients of the same (non-expert) parameters are averaged: dp × cp,
+    /// which hold different tokens of the batch. The optimizer's reduction and its ZeRO-1
+    /// shards, checkpoints and the loss's token count all use it; expert parameters will use
+    /// `ep_dp` instead.
+    pub fn grad_sync(&self) -> &ProcessGroup {
+        &self.dp_cp
+    }
+
     pub fn get(&self, axis: Axis) -> &ProcessGroup {
         match axis {
             Axis::Tp => &self.tp,

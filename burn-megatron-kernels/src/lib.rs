@@ -1,10 +1,9 @@
 //! CubeCL kernels for burn-megatron's hot paths, each as a Burn backend extension beside its
 //! reference twin (plain tensor ops, the test oracle and the CPU path).
 //!
-//! - [`linear`]: the linear layers' matrix product with its backward; on CUDA our Hopper GEMM,
-//!   [`wgmma`] (`wgmma` + TMA through inline PTX; the shared pieces in `hopper`).
-//! - [`gemm`] (CUDA): every matrix-multiply routine by name (cubek's and ours), to measure them
-//!   against cuBLAS and to choose the linears' routine.
+//! - [`linear`]: the linear layers' matrix product with its backward, the [`Gemm`] each layer's
+//!   configuration names: on CUDA our Hopper GEMM, [`wgmma`] (`wgmma` + TMA through inline PTX;
+//!   the shared pieces in `hopper`), with Burn's matmul as the fallback.
 //! - [`attention`]: flash attention forward and backward (no O(s²) memory).
 //! - [`rms_norm`], [`swiglu`], [`rope`]: the fused row and elementwise ops of a Llama block.
 //! - [`cross_entropy`]: the full-vocabulary sums of (vocab-parallel) cross-entropy and their
@@ -19,8 +18,6 @@ pub mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod elementwise;
 #[cfg(feature = "cuda")]
-pub mod gemm;
-#[cfg(feature = "cuda")]
 mod hopper;
 pub mod linear;
 #[cfg(feature = "cuda")]
@@ -33,4 +30,4 @@ pub mod wgmma;
 #[cfg(any(feature = "cuda", test))]
 mod wgmma_ptx;
 
-pub use linear::{gemm, linear};
+pub use linear::{Gemm, gemm, linear};

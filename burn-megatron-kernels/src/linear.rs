@@ -1,6 +1,7 @@
-//! The matrix product of the linear layers as a backend extension, [`GemmOps`]: on CUDA the
-//! forward product and both backward products run the cubek routine that measured fastest on
-//! the llama shapes (`docs/perf/gemm.md`); everywhere else, and for f32, Burn's own matmul.
+//! The matrix product of the linear layers as a backend extension, [`GemmOps`]. Which product
+//! runs is part of each layer's configuration, a [`Gemm`], passed with every call (forward and
+//! both backward products): on CUDA, our Hopper GEMM ([`crate::wgmma`]) for bf16 operands;
+//! Burn's own matmul for everything else.
 //!
 //! Legend: `m` rows (tokens), `k` input features, `n` output features.
 
@@ -9,28 +10,49 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
-use burn::backend::tensor::FloatTensor;
 use burn::backend::ops::FloatTensorOps;
+use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Flex, backend_extension};
+use burn::config::Config;
 use burn::tensor::Tensor;
+
+/// The matrix product a linear layer runs. It lives in the layer's configuration (a precision
+/// policy sets it before `init`), never in process state, so two layers of one model may run
+/// different products.
+#[derive(Config, Debug, Copy, PartialEq, Eq, Hash)]
+pub enum Gemm {
+    /// Burn's matmul, on every backend and dtype.
+    Burn,
+    /// Our Hopper GEMM (`wgmma` through inline PTX, one persistent block an SM) for bf16
+    /// operands on CUDA; Burn's matmul for other dtypes, for shapes it refuses (an inner size
+    /// that is no multiple of 8) and on other devices.
+    Wgmma,
+}
 
 /// The backend extension behind [`gemm`] and [`linear`].
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait GemmOps: Backend {
-    /// `[m, k] · [k, n] → [m, n]`; operands may be transposed views.
-    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `[m, k] · [k, n] → [m, n]` with `kind`; operands may be transposed views.
+    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, kind: Gemm) -> FloatTensor<Self>;
 }
 
 impl GemmOps for Flex {
-    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, _kind: Gemm) -> FloatTensor<Self> {
         Flex::float_matmul(lhs, rhs)
     }
 }
 
 #[cfg(feature = "cuda")]
 impl GemmOps for burn::backend::Cube {
-    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
-        crate::gemm::fastest(lhs, rhs)
+    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, kind: Gemm) -> FloatTensor<Self> {
+        use burn::tensor::DType;
+        use burn::backend::Cube;
+        let bf16 = lhs.dtype == DType::BF16 && rhs.dtype == DType::BF16;
+        match kind {
+            Gemm::Wgmma if bf16 => crate::wgmma::gemm(lhs.clone(), rhs.clone(), crate::wgmma::Schedule::Persistent)
+                .unwrap_or_else(|_| Cube::float_matmul(lhs, rhs)),
+            Gemm::Wgmma | Gemm::Burn => Cube::float_matmul(lhs, rhs),
+        }
     }
 }
 
@@ -38,10 +60,10 @@ impl GemmOps for burn::backend::Cube {
 struct GemmBackward;
 
 impl<B: Backend + GemmOps> Backward<B, 2> for GemmBackward {
-    type State = (Option<NodeId>, Option<NodeId>);
+    type State = (Option<NodeId>, Option<NodeId>, Gemm);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
-        let (lhs, rhs) = ops.state;
+        let (lhs, rhs, kind) = ops.state;
         let lhs: Option<FloatTensor<B>> = lhs.map(|id| checkpointer.retrieve_node_output(id));
         let rhs: Option<FloatTensor<B>> = rhs.map(|id| checkpointer.retrieve_node_output(id));
         binary::<B, _, _>(
@@ -49,47 +71,47 @@ impl<B: Backend + GemmOps> Backward<B, 2> for GemmBackward {
             ops.node,
             grads,
             // d lhs = d out · rhsᵀ: [m, n] · [n, k]
-            |grad| B::gemm(grad, B::float_transpose(rhs.expect("rhs saved for the lhs gradient"))),
+            |grad| B::gemm(grad, B::float_transpose(rhs.expect("rhs saved for the lhs gradient")), kind),
             // d rhs = lhsᵀ · d out: [k, m] · [m, n]
-            |grad| B::gemm(B::float_transpose(lhs.expect("lhs saved for the rhs gradient")), grad),
+            |grad| B::gemm(B::float_transpose(lhs.expect("lhs saved for the rhs gradient")), grad, kind),
         );
     }
 }
 
 impl<B: Backend + GemmOps, C: CheckpointStrategy> GemmOps for Autodiff<B, C> {
-    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, kind: Gemm) -> FloatTensor<Self> {
         let (lhs_tracked, rhs_tracked) = (lhs.is_tracked(), rhs.is_tracked());
         match GemmBackward.prepare::<C>([lhs.node(), rhs.node()]).compute_bound().stateful() {
             OpsKind::Tracked(mut prep) => {
                 // Each operand is kept for the other's gradient.
                 let lhs_state = rhs_tracked.then(|| prep.checkpoint(&lhs));
                 let rhs_state = lhs_tracked.then(|| prep.checkpoint(&rhs));
-                let out = B::gemm(lhs.into_parts().0, rhs.into_parts().0);
-                prep.finish((lhs_state, rhs_state), out)
+                let out = B::gemm(lhs.into_parts().0, rhs.into_parts().0, kind);
+                prep.finish((lhs_state, rhs_state, kind), out)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::gemm(lhs.into_parts().0, rhs.into_parts().0)),
+            OpsKind::UnTracked(prep) => prep.finish(B::gemm(lhs.into_parts().0, rhs.into_parts().0, kind)),
         }
     }
 }
 
-/// `lhs · rhs` through [`GemmOps`].
+/// `lhs · rhs` with `kind`, through [`GemmOps`].
 ///
 /// # Shapes
 /// `[m, k]`, `[k, n]` → `[m, n]`
-pub fn gemm(lhs: Tensor<2>, rhs: Tensor<2>) -> Tensor<2> {
-    Tensor::from_dispatch(<burn::backend::Dispatch as GemmOps>::gemm(lhs.into_dispatch(), rhs.into_dispatch()))
+pub fn gemm(lhs: Tensor<2>, rhs: Tensor<2>, kind: Gemm) -> Tensor<2> {
+    Tensor::from_dispatch(<burn::backend::Dispatch as GemmOps>::gemm(lhs.into_dispatch(), rhs.into_dispatch(), kind))
 }
 
 /// `x · weight + bias` over the last dim of `x`, Burn's `linear` with [`gemm`] inside.
 ///
 /// # Shapes
 /// `[.., k]`, `[k, n]`, `[n]` → `[.., n]`
-pub fn linear<const D: usize>(x: Tensor<D>, weight: Tensor<2>, bias: Option<Tensor<1>>) -> Tensor<D> {
+pub fn linear<const D: usize>(x: Tensor<D>, weight: Tensor<2>, bias: Option<Tensor<1>>, kind: Gemm) -> Tensor<D> {
     let mut dims = x.dims();
     let k = dims[D - 1];
     let rows = dims[..D - 1].iter().product();
     let [_, n] = weight.dims();
-    let y = gemm(x.reshape([rows, k]), weight);
+    let y = gemm(x.reshape([rows, k]), weight, kind);
     let y = match bias {
         Some(b) => y + b.unsqueeze::<2>(),
         None => y,
@@ -102,14 +124,21 @@ pub fn linear<const D: usize>(x: Tensor<D>, weight: Tensor<2>, bias: Option<Tens
 mod tests {
     use burn::tensor::{Device, Distribution, Tensor, module};
 
-    /// On the CPU, `linear` is Burn's `linear`: the same values and the same gradients.
+    /// On the CPU, `linear` is Burn's `linear` whatever its GEMM: the same values and the same
+    /// gradients.
     #[test]
     fn linear_matches_burns_with_gradients() {
+        for kind in [super::Gemm::Burn, super::Gemm::Wgmma] {
+            check(kind);
+        }
+    }
+
+    fn check(kind: super::Gemm) {
         let device = Device::flex().autodiff();
         let x = Tensor::<3>::random([2, 5, 7], Distribution::Normal(0.0, 1.0), &device).require_grad();
         let w = Tensor::<2>::random([7, 3], Distribution::Normal(0.0, 1.0), &device).require_grad();
         let b = Tensor::<1>::random([3], Distribution::Normal(0.0, 1.0), &device).require_grad();
-        let ours = super::linear(x.clone(), w.clone(), Some(b.clone()));
+        let ours = super::linear(x.clone(), w.clone(), Some(b.clone()), kind);
         let theirs = module::linear(x.clone(), w.clone(), Some(b.clone()));
         // The same f32 products, perhaps summed in another order: a few ulps.
         let tolerance = burn::tensor::Tolerance::absolute(1e-5);

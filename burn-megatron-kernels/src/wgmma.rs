@@ -248,6 +248,8 @@ pub enum WgmmaError {
     DType(DType, DType),
     /// TMA needs 16-byte aligned rows: k must be a multiple of 8.
     Unaligned { k: usize },
+    /// The operands are not CUDA tensors (or are autodiff tensors).
+    NotCuda,
 }
 
 impl core::fmt::Display for WgmmaError {
@@ -255,6 +257,7 @@ impl core::fmt::Display for WgmmaError {
         match self {
             Self::DType(l, r) => write!(f, "the wgmma GEMM takes bf16 operands, not {l:?} · {r:?}"),
             Self::Unaligned { k } => write!(f, "the wgmma GEMM needs k to be a multiple of 8, not {k}"),
+            Self::NotCuda => write!(f, "the wgmma GEMM runs on CUDA tensors without autodiff"),
         }
     }
 }
@@ -335,4 +338,14 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, schedule: Schedule) -> Result<Cube
         );
     }
     Ok(out)
+}
+
+/// [`gemm`] on Burn tensors (CUDA, without autodiff): for the kernel suite and the GEMM study.
+///
+/// # Shapes
+/// `[m, k]`, `[k, n]` → `[m, n]`
+pub fn matmul(lhs: burn::tensor::Tensor<2>, rhs: burn::tensor::Tensor<2>, schedule: Schedule) -> Result<burn::tensor::Tensor<2>, WgmmaError> {
+    let lhs: CubeTensor = lhs.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
+    let rhs: CubeTensor = rhs.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
+    Ok(burn::tensor::Tensor::from_primitive::<Cube>(gemm(lhs, rhs, schedule)?))
 }

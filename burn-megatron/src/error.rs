@@ -14,6 +14,16 @@ pub enum ConfigError {
     OddHeadDim { head_dim: usize },
     #[error("sequence length {seq_len} is not divisible by tp = {tp}, which sequence parallelism needs")]
     SequenceNotDivisible { seq_len: usize, tp: usize },
+    #[error("sequence length {seq_len} is longer than the model's {max_seq_len} positions")]
+    SequenceTooLong { seq_len: usize, max_seq_len: usize },
+    #[error("{what} must be at least 1")]
+    Zero { what: &'static str },
+    #[error("{dimension} = {size} is not built yet: set it to 1")]
+    NotBuilt { dimension: &'static str, size: usize },
+    #[error("a global batch of {batch} sequences does not split evenly over dp = {dp}")]
+    BatchNotDivisible { batch: usize, dp: usize },
+    #[error("learning rate {lr} must be a finite number above 0")]
+    LearningRate { lr: f64 },
     #[error("the model is configured for tp = {configured} but its tensor-parallel group has {group} ranks")]
     GroupSizeMismatch { configured: usize, group: usize },
     #[error(transparent)]

@@ -1,8 +1,13 @@
-//! burn-megatron: tensor and sequence parallelism as Burn modules.
+//! burn-megatron: Megatron Core's parallelism as Burn modules.
 //!
+//! - [`plan`]: the parallel plan, one room a dimension (tensor with sequence parallelism built;
+//!   context, expert and pipeline refused by name until built), applied to a model's config.
+//! - [`precision`]: precision policies (dtype, each linear's GEMM, master weights).
 //! - [`layers`]: column/row-parallel linears, the vocabulary-parallel embedding and
 //!   cross-entropy, attention, the SwiGLU MLP and a sequence-parallel RMSNorm.
-//! - [`models::llama`]: a Llama model built from them; its plan applies TP and SP.
+//! - [`models::llama`]: a Llama model built from them, and its layer table.
+//! - [`optim`]: AdamW with fp32 master weights, bucketed gradient averaging and ZeRO-1.
+//! - [`checkpoint`]: sharded checkpoints that reshard on load.
 //! - [`init`]: deterministic, shard-aware initialization.
 //!
 //! The process mesh, communicators and collectives live in [`burn_megatron_dist`], re-exported
@@ -21,6 +26,9 @@ pub mod init;
 pub mod layers;
 pub mod models;
 pub mod optim;
+pub mod params;
+pub mod plan;
+pub mod precision;
 #[cfg(feature = "learner")]
 pub mod train;
 

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use burn::tensor::{DType, Device, Tensor};
-use burn_megatron_kernels::gemm::{GemmKernel, matmul};
+use crate::routines::{GemmKernel, matmul};
 
 /// `(name, m, k, n, lhs transposed)`: llama-1b's MLP (8192 tokens) forward `x·W` and weight
 /// gradient `xᵀ·dy` (lhs a transposed view), its output layer, llama-8b's MLP at tp = 2 (4096

@@ -3,7 +3,7 @@
 //!
 //!   bench [--preset llama-1b] [--tp N] [--sp] [--steps 10] [--warmup 3] [--profile]
 //!   bench --gemm [--kernels A,B]  matmul routines on the llama GEMM shapes (gemm.rs); all by default
-//!   bench … --linear-gemm NAME    the routine the linear layers run (default: gemm::FASTEST)
+//!   bench … --linear-gemm wgmma|burn  the linear layers' product (their config's `Gemm`; wgmma by default)
 //!   bench … --burn-adamw          Burn's AdamW instead of the fused one (FusedAdamW)
 //!
 //! `--profile` adds a `PROFILE {…}` line: forward, backward and optimizer time per step, each
@@ -13,16 +13,20 @@
 //! ids from a fixed seed. Each timed step is synchronized; the time is the mean over `--steps`.
 
 mod gemm;
+mod routines;
 
 use std::time::Instant;
 
 use burn::optim::{AdamWConfig, GradientsParams};
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use burn_megatron::init::{InitMode, ParamInit};
-use burn_megatron::models::llama::{ParallelPlan, preset};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_megatron::init::InitMode;
+use burn_megatron::models::llama::preset;
+use burn_megatron::plan::{ParallelPlan, TensorParallel};
+use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron::optim::FusedAdamWConfig;
 use burn_megatron_dist::{ParallelDims, launch};
-use burn_megatron_kernels::gemm::{GemmKernel, set_linear_kernel};
+use burn_megatron_kernels::Gemm;
+use routines::GemmKernel;
 
 struct Args {
     preset: String,
@@ -33,11 +37,12 @@ struct Args {
     profile: bool,
     gemm: bool,
     kernels: Vec<GemmKernel>,
+    linear_gemm: Gemm,
     burn_adamw: bool,
 }
 
 fn parse() -> Args {
-    let mut args = Args { preset: "llama-1b".into(), tp: 1, sp: false, steps: 10, warmup: 3, profile: false, gemm: false, kernels: GemmKernel::ALL.to_vec(), burn_adamw: false };
+    let mut args = Args { preset: "llama-1b".into(), tp: 1, sp: false, steps: 10, warmup: 3, profile: false, gemm: false, kernels: GemmKernel::ALL.to_vec(), linear_gemm: Gemm::Wgmma, burn_adamw: false };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
@@ -49,7 +54,13 @@ fn parse() -> Args {
             "--gemm" => args.gemm = true,
             "--burn-adamw" => args.burn_adamw = true,
             "--kernels" => args.kernels = value().split(',').map(|k| k.parse().unwrap_or_else(|e| panic!("{e}"))).collect(),
-            "--linear-gemm" => set_linear_kernel(value().parse().unwrap_or_else(|e| panic!("{e}"))),
+            "--linear-gemm" => {
+                args.linear_gemm = match value().as_str() {
+                    "wgmma" => Gemm::Wgmma,
+                    "burn" => Gemm::Burn,
+                    other => panic!("--linear-gemm {other}: expected wgmma or burn"),
+                }
+            }
             "--steps" => args.steps = value().parse().expect("--steps N"),
             "--warmup" => args.warmup = value().parse().expect("--warmup N"),
             other => panic!("unknown flag {other}"),
@@ -68,8 +79,12 @@ fn main() {
     let (seq, batch) = (recipe.seq_len, recipe.batch_size);
     let dims = ParallelDims::tp_dp(args.tp, 1);
     let shape = recipe.model.clone();
-    let config = ParallelPlan::new(dims, args.sp).apply(recipe.model, args.tp, seq).unwrap_or_else(|e| panic!("{e}"));
-    let init = ParamInit::new(0, InitMode::PerShard).with_dtype(DType::BF16);
+    let tensor = if args.sp { TensorParallel::SequenceParallel } else { TensorParallel::Plain };
+    let plan = ParallelPlan::new(dims).with_tensor(tensor);
+    // bf16 parameters updated in bf16 by the fused AdamW (no fp32 master weights).
+    let policy = PrecisionPolicy::pure_bf16().with_gemm(args.linear_gemm);
+    let config = policy.apply(plan.apply(recipe.model, args.tp, seq).unwrap_or_else(|e| panic!("{e}")));
+    let init = policy.init(0, InitMode::PerShard);
     let results = launch(dims, Device::cuda, |ctx| {
         let device = ctx.device.clone().autodiff();
         let mut model = config.init(&device, &ctx.groups, &init).expect("init");

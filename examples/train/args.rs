@@ -128,6 +128,9 @@ impl Args {
         if out.tp == 0 || out.dp == 0 {
             return Err("--tp and --dp must be at least 1".into());
         }
+        if out.steps == 0 {
+            return Err("--steps must be at least 1".into());
+        }
         if out.save_every.is_some() && out.save.is_none() {
             return Err("--save-every needs --save DIR".into());
         }

@@ -15,11 +15,14 @@ mod sample;
 
 use std::time::Instant;
 
-use burn::tensor::{DType, Device};
+use burn::tensor::Device;
 use burn_megatron::checkpoint::{self, AsyncSaver};
-use burn_megatron::init::{InitMode, ParamInit};
-use burn_megatron::models::llama::{ParallelPlan, preset};
-use burn_megatron::optim::{DistributedAdamWConfig, Overlap};
+use burn_megatron::ConfigError;
+use burn_megatron::init::InitMode;
+use burn_megatron::models::llama::{LlamaConfig, preset};
+use burn_megatron::plan::{ParallelPlan, TensorParallel};
+use burn_megatron::optim::{DistributedAdamWConfig, Overlap, check_lr};
+use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 
 use args::{Args, DeviceKind};
@@ -39,16 +42,34 @@ fn main() {
     }
 }
 
-fn run(args: &Args) -> Result<(), String> {
-    let recipe = preset(&args.preset).map_err(|e| e.to_string())?;
-    let seq = args.seq.unwrap_or(recipe.seq_len);
-    let batch = args.batch.unwrap_or(recipe.batch_size);
-    if !batch.is_multiple_of(args.dp) {
-        return Err(format!("--batch {batch} does not split over --dp {}", args.dp));
-    }
+/// A run's configuration, every number checked before any tensor exists.
+struct Job {
+    config: LlamaConfig,
+    dims: ParallelDims,
+    policy: PrecisionPolicy,
+    seq: usize,
+    /// Sequences per global batch, and per data-parallel rank.
+    batch: usize,
+    per_rank: usize,
+}
+
+/// The preset with the flags' overrides, planned for the flags' layout and precision.
+fn configure(args: &Args) -> Result<Job, ConfigError> {
+    let mut recipe = preset(&args.preset)?;
+    recipe.seq_len = args.seq.unwrap_or(recipe.seq_len);
+    recipe.batch_size = args.batch.unwrap_or(recipe.batch_size);
     let dims = ParallelDims::tp_dp(args.tp, args.dp);
-    let plan = ParallelPlan::new(dims, args.sp);
-    let config = plan.apply(recipe.model, dims.world_size(), seq).map_err(|e| e.to_string())?;
+    let tensor = if args.sp { TensorParallel::SequenceParallel } else { TensorParallel::Plain };
+    let plan = ParallelPlan::new(dims).with_tensor(tensor);
+    let policy = if args.bf16 { PrecisionPolicy::bf16() } else { PrecisionPolicy::f32() };
+    let config = policy.apply(plan.apply(recipe.model.clone(), dims.world_size(), recipe.seq_len)?);
+    let per_rank = recipe.per_rank_batch(args.dp)?;
+    check_lr(args.lr)?;
+    Ok(Job { config, dims, policy, seq: recipe.seq_len, batch: recipe.batch_size, per_rank })
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let Job { config, dims, policy, seq, batch, per_rank } = configure(args).map_err(|e| e.to_string())?;
     let corpus = match &args.data {
         Some(path) => Corpus::from_path(path)?,
         None => Corpus::arithmetic(1 << 20, args.seed),
@@ -67,13 +88,11 @@ fn run(args: &Args) -> Result<(), String> {
         ));
     }
     let mode = if args.per_shard_init { InitMode::PerShard } else { InitMode::Full };
-    let dtype = if args.bf16 { DType::BF16 } else { DType::F32 };
-    let init = ParamInit::new(args.seed, mode).with_dtype(dtype);
+    let (init, dtype) = (policy.init(args.seed, mode), policy.compute);
     let device_of = |local: usize| match args.device {
         DeviceKind::Cpu => Device::flex(),
         DeviceKind::Cuda => cuda(local),
     };
-    let per_rank = batch / args.dp;
     if args.learner {
         #[cfg(feature = "learner")]
         return learner::run(args, dims, &config, &corpus, &init, device_of, per_rank, seq);
@@ -107,9 +126,9 @@ fn run(args: &Args) -> Result<(), String> {
             let (ids, targets) = corpus.batch(step, dp_rank * per_rank, per_rank, seq, &device);
             // Gradients reach the dp reduction through taps, bucket by bucket during backward.
             let overlap = Overlap::new(optim.reducer(&model));
-            let tapped = overlap.tap(model.clone(), &ctx.groups.dp);
+            let tapped = overlap.tap(model.clone(), ctx.groups.grad_sync());
             let loss = tapped.forward_loss(ids, targets).map_err(|e| e.to_string())?;
-            let reported = ctx.groups.dp.all_reduce(loss.clone().detach(), ReduceOp::Avg).map_err(|e| e.to_string())?;
+            let reported = ctx.groups.grad_sync().all_reduce(loss.clone().detach(), ReduceOp::Avg).map_err(|e| e.to_string())?;
             let value = reported.into_scalar::<f64>();
             if !value.is_finite() {
                 return Err(format!("step {step}: the loss is {value}; training stops"));
@@ -174,6 +193,45 @@ mod tests {
     #[test]
     fn the_learner_runs_the_same_job() {
         run(&args("--learner --tp 2 --dp 2 --sp --zero1 --steps 3 --seq 32 --batch 4")).unwrap();
+    }
+
+    /// Every bad flag or value is an error before any tensor exists, never a panic and never
+    /// a silent run: zero, negative, too large, not divisible, not a number, unknown names.
+    #[test]
+    fn bad_flags_and_values_are_errors_before_training() {
+        let table = [
+            ("--seq 300", "longer than the model's 256 positions"),
+            ("--seq 0", "sequence length must be at least 1"),
+            ("--seq -5", "not a number"),
+            ("--batch 0", "batch size must be at least 1"),
+            ("--batch 3 --dp 2", "does not split evenly over dp = 2"),
+            ("--lr -1", "learning rate -1 must be"),
+            ("--lr 0", "learning rate 0 must be"),
+            ("--lr nan", "learning rate NaN must be"),
+            ("--lr inf", "learning rate inf must be"),
+            ("--lr fast", "not a number"),
+            ("--tp 0", "at least 1"),
+            ("--dp 0", "at least 1"),
+            ("--tp 3", "n_heads = 4 is not divisible by tp = 3"),
+            ("--tp 2 --sp --seq 255", "not divisible by tp = 2"),
+            ("--steps 0", "--steps must be at least 1"),
+            ("--steps 1.5", "not a number"),
+            ("--preset llama-70b", "unknown preset"),
+            ("--device tpu", "expected cpu or cuda"),
+            ("--dtype f16", "expected f32 or bf16"),
+            ("--init sparse", "expected full or per-shard"),
+            ("--save-every 0 --save /tmp/x", "at least 1"),
+            ("--save-every 5", "needs --save"),
+            ("--frobnicate", "unknown flag"),
+            ("--tp", "needs a value"),
+        ];
+        for (flags, expected) in table {
+            let outcome = std::panic::catch_unwind(|| {
+                Args::parse(flags.split_whitespace().map(String::from)).and_then(|a| configure(&a).map(|_| ()).map_err(|e| e.to_string()))
+            });
+            let error = outcome.unwrap_or_else(|_| panic!("{flags}: panicked instead of an error")).expect_err(flags);
+            assert!(error.contains(expected), "{flags}: {error:?} does not say {expected:?}");
+        }
     }
 
     #[test]

@@ -7,7 +7,8 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron::checkpoint::{self, CheckpointError};
 use burn_megatron::init::{InitMode, ParamInit};
-use burn_megatron::models::llama::{Llama, LlamaConfig, ParallelPlan};
+use burn_megatron::models::llama::{Llama, LlamaConfig};
+use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::optim::{DistributedAdamW, DistributedAdamWConfig};
 use burn_megatron_dist::{ParallelDims, ProcessGroups, ReduceOp};
 
@@ -24,7 +25,7 @@ fn config() -> LlamaConfig {
 fn model(groups: &ProcessGroups, device: &Device, seed: u64) -> Llama {
     let tp = groups.tp.size();
     let dims = ParallelDims::tp_dp(tp, groups.dp.size());
-    let config = ParallelPlan::new(dims, tp > 1).apply(config(), dims.world_size(), SEQ).unwrap();
+    let config = ParallelPlan::new(dims).with_tensor(TensorParallel::SequenceParallel).apply(config(), dims.world_size(), SEQ).unwrap();
     config.init(device, groups, &ParamInit::new(seed, InitMode::Full)).unwrap()
 }
 

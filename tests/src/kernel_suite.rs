@@ -6,7 +6,7 @@ use burn::tensor::module::attention as burn_attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Distribution, Tensor};
 use burn_megatron_kernels::attention::attention;
-use burn_megatron_kernels::gemm::{GemmKernel, matmul};
+use burn_megatron_kernels::wgmma::{Schedule, WgmmaError, matmul};
 
 use crate::Harness;
 
@@ -32,7 +32,7 @@ pub fn wgmma_gemm(h: &Harness) {
             false => Tensor::<2>::random([rows, cols], normal, (&device, DType::BF16)),
         }
     };
-    for kernel in [GemmKernel::Wgmma, GemmKernel::WgmmaTilePerBlock] {
+    for kernel in [Schedule::Persistent, Schedule::TilePerBlock] {
         for (m, k, n) in [(300, 136, 520), (129, 2056, 257), (64, 24, 40), (1000, 64, 777), (4100, 200, 2000)] {
             for (lhs_t, rhs_t) in [(false, false), (true, false), (false, true), (true, true)] {
                 let (lhs, rhs) = (operand(m, k, lhs_t), operand(k, n, rhs_t));
@@ -46,7 +46,8 @@ pub fn wgmma_gemm(h: &Harness) {
         }
     }
     let f32_operand = Tensor::<2>::random([64, 64], Distribution::Normal(0.0, 1.0), (&device, DType::F32));
-    assert!(matmul(f32_operand.clone(), f32_operand, GemmKernel::Wgmma).is_err(), "f32 is refused, not miscomputed");
+    let refused = matmul(f32_operand.clone(), f32_operand, Schedule::Persistent).unwrap_err();
+    assert_eq!(refused, WgmmaError::DType(DType::F32, DType::F32), "f32 is refused, not miscomputed");
 }
 
 /// Flash attention (bf16, head dim 128, the layer's `[b, s, h, d]` storage seen as

@@ -10,7 +10,8 @@ use burn::module::Param;
 use burn::tensor::{Device, Gradients, Int, Tensor, TensorData};
 use burn_megatron::init::{InitMode, ParamInit, Shard};
 use burn_megatron::layers::*;
-use burn_megatron_dist::{ProcessGroup, RankContext};
+use burn_megatron_dist::{ProcessGroup, ProcessGroups, RankContext};
+use burn_megatron_kernels::Gemm;
 
 use crate::Harness;
 use crate::data::{assert_close, fixed};
@@ -20,19 +21,22 @@ const B: usize = 2;
 const S: usize = 8;
 const D: usize = 32;
 
-/// One rank's view: its device (autodiff), its tp group and the layout it runs.
+/// One rank's view: its device (autodiff), its groups (and its tp group) and the groups of the
+/// single-device twin.
 struct Rank<'a> {
     h: &'a Harness,
     dev: Device,
+    groups: ProcessGroups,
     tp: ProcessGroup,
-    solo: ProcessGroup,
+    single: ProcessGroups,
     init: ParamInit,
 }
 
 impl<'a> Rank<'a> {
     fn new(h: &'a Harness, ctx: &RankContext) -> Self {
         let init = ParamInit::new(SEED, InitMode::Full).with_dtype(h.float);
-        Self { h, dev: ctx.device.clone().autodiff(), tp: ctx.groups.tp.clone(), solo: ProcessGroup::solo(), init }
+        let (groups, single) = (ctx.groups.clone(), ProcessGroups::single());
+        Self { h, dev: ctx.device.clone().autodiff(), tp: groups.tp.clone(), groups, single, init }
     }
 
     fn t<const N: usize>(&self, shape: [usize; N], seed: u64) -> Tensor<N> {
@@ -68,6 +72,11 @@ impl<'a> Rank<'a> {
     }
 }
 
+/// The sequence layout of a layer run with (`sp`) or without sequence parallelism.
+fn layout(sp: bool) -> SequenceLayout {
+    if sp { SequenceLayout::Sharded } else { SequenceLayout::Whole }
+}
+
 struct Run {
     out: Tensor<3>,
     dx: Tensor<3>,
@@ -91,8 +100,8 @@ pub fn column_linear(h: &Harness) {
             (ColumnInput::SequenceSharded, ColumnOutput::Gathered),
         ] {
             let config = ColumnParallelLinearConfig::new(D, 4 * D).with_bias(true).with_input(input).with_output(output);
-            let mut par = config.init(&r.dev, &r.tp, &r.init, "c").unwrap();
-            let mut twin = config.init(&r.dev, &r.solo, &r.init, "c").unwrap();
+            let mut par = config.init(&r.dev, &r.groups, &r.init, "c").unwrap();
+            let mut twin = config.init(&r.dev, &r.single, &r.init, "c").unwrap();
             // A non-zero bias, so its gradient path is exercised with real values.
             twin.bias = Some(Param::from_tensor(r.t([4 * D], 3)));
             par.bias = Some(Param::from_tensor(r.shard(r.t([4 * D], 3), 0)));
@@ -123,8 +132,8 @@ pub fn row_linear(h: &Harness) {
             (RowInput::Replicated, RowOutput::SequenceScattered),
         ] {
             let config = RowParallelLinearConfig::new(4 * D, D).with_bias(true).with_input(input).with_output(output);
-            let mut par = config.init(&r.dev, &r.tp, &r.init, "r").unwrap();
-            let mut twin = config.init(&r.dev, &r.solo, &r.init, "r").unwrap();
+            let mut par = config.init(&r.dev, &r.groups, &r.init, "r").unwrap();
+            let mut twin = config.init(&r.dev, &r.single, &r.init, "r").unwrap();
             twin.bias = Some(Param::from_tensor(r.t([D], 3)));
             par.bias = Some(Param::from_tensor(r.t([D], 3)));
             let sp = output == RowOutput::SequenceScattered;
@@ -149,9 +158,9 @@ pub fn rms_norm(h: &Harness) {
     h.run(h.tp_world(), |ctx| {
         let r = Rank::new(h, &ctx);
         for sp in [false, true] {
-            let config = RmsNormConfig::new(D).with_sequence_parallel(sp);
-            let mut par = config.init(&r.dev, &r.tp, &r.init);
-            let mut twin = config.clone().with_sequence_parallel(false).init(&r.dev, &r.solo, &r.init);
+            let config = RmsNormConfig::new(D).with_sequence(layout(sp));
+            let mut par = config.init(&r.dev, &r.groups, &r.init);
+            let mut twin = config.clone().with_sequence(SequenceLayout::Whole).init(&r.dev, &r.single, &r.init);
             par.weight = Param::from_tensor(r.t([D], 5));
             twin.weight = Param::from_tensor(r.t([D], 5));
             let x = r.t([B, S, D], 1);
@@ -170,9 +179,9 @@ pub fn mlp(h: &Harness) {
     h.run(h.tp_world(), |ctx| {
         let r = Rank::new(h, &ctx);
         for sp in [false, true] {
-            let config = ParallelMlpConfig::new(D, 3 * 8 * r.tp.size().max(1)).with_sequence_parallel(sp);
-            let par = config.init(&r.dev, &r.tp, &r.init, "mlp").unwrap();
-            let twin = config.clone().with_sequence_parallel(false).init(&r.dev, &r.solo, &r.init, "mlp").unwrap();
+            let config = ParallelMlpConfig::new(D, 3 * 8 * r.tp.size().max(1)).with_sequence(layout(sp));
+            let par = config.init(&r.dev, &r.groups, &r.init, "mlp").unwrap();
+            let twin = config.clone().with_sequence(SequenceLayout::Whole).init(&r.dev, &r.single, &r.init, "mlp").unwrap();
             let x = r.t([B, S, D], 1);
             let full = [B, S, D];
             let p = r.run(r.seq(x.clone(), sp), full, |w| r.seq(w, sp), |x| par.forward(x).unwrap());
@@ -193,9 +202,9 @@ pub fn attention(h: &Harness) {
         let r = Rank::new(h, &ctx);
         for sp in [false, true] {
             // 8 heads over 4 kv heads: GQA at every tp ≤ 4.
-            let config = ParallelAttentionConfig::new(D, 8, 4, S).with_sequence_parallel(sp);
-            let par = config.init(&r.dev, &r.tp, &r.init, "attn").unwrap();
-            let twin = config.clone().with_sequence_parallel(false).init(&r.dev, &r.solo, &r.init, "attn").unwrap();
+            let config = ParallelAttentionConfig::new(D, 8, 4, S).with_sequence(layout(sp));
+            let par = config.init(&r.dev, &r.groups, &r.init, "attn").unwrap();
+            let twin = config.clone().with_sequence(SequenceLayout::Whole).init(&r.dev, &r.single, &r.init, "attn").unwrap();
             let x = r.t([B, S, D], 1);
             let full = [B, S, D];
             let p = r.run(r.seq(x.clone(), sp), full, |w| r.seq(w, sp), |x| par.forward(x).unwrap());
@@ -217,9 +226,9 @@ pub fn embedding(h: &Harness) {
         let r = Rank::new(h, &ctx);
         let vocab = 37;
         for sp in [false, true] {
-            let config = VocabParallelEmbeddingConfig::new(vocab, D).with_sequence_parallel(sp);
-            let par = config.init(&r.dev, &r.tp, &r.init, "emb");
-            let twin = config.clone().with_sequence_parallel(false).init(&r.dev, &r.solo, &r.init, "emb");
+            let config = VocabParallelEmbeddingConfig::new(vocab, D).with_sequence(layout(sp));
+            let par = config.init(&r.dev, &r.groups, &r.init, "emb");
+            let twin = config.clone().with_sequence(SequenceLayout::Whole).init(&r.dev, &r.single, &r.init, "emb");
             assert_eq!(par.weight.dims()[0] * r.tp.size(), padded_vocab(vocab, 1, r.tp.size()));
             let ids: Vec<i64> = (0..(B * S) as i64).map(|i| (i * 7 + 3) % vocab as i64).collect();
             let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [B, S]), &r.dev);
@@ -252,7 +261,7 @@ pub fn cross_entropy(h: &Harness) {
         let vocab = 37;
         let v = padded_vocab(vocab, 1, r.tp.size());
         for smoothing in [0.0, 0.1] {
-            let loss = VocabParallelCrossEntropyConfig::new(vocab).with_label_smoothing(smoothing).init(&r.tp, &r.solo);
+            let loss = VocabParallelCrossEntropyConfig::new(vocab).with_label_smoothing(smoothing).init(&r.groups);
             let targets: Vec<i64> = (0..(B * S) as i64).map(|i| if i == 5 { -100 } else { (i * 11 + 1) % vocab as i64 }).collect();
             let targets = Tensor::<2, Int>::from_data(TensorData::new(targets, [B, S]), &r.dev);
             let full = r.t([B, S, v], 9);
@@ -287,16 +296,56 @@ pub fn linear_round_trip(h: &Harness) {
         };
         let linear = fixed_linear(D, 4 * D, 11);
         let (w, b) = (linear.weight.val(), linear.bias.as_ref().unwrap().val());
-        let column = ColumnParallelLinear::from_linear(linear.clone(), ColumnInput::Replicated, ColumnOutput::Gathered, &r.tp).unwrap();
+        let column = ColumnParallelLinear::from_linear(linear.clone(), ColumnInput::Replicated, ColumnOutput::Gathered, &r.groups).unwrap();
         let x = r.t([B, S, D], 1);
         r.close(column.forward(x.clone()).unwrap(), linear.forward(x), "column from_linear output");
         let back = column.to_linear().unwrap();
         r.close(back.weight.val(), w.clone(), "column to_linear weight");
         r.close(back.bias.unwrap().val(), b.clone(), "column to_linear bias");
         let row_linear = fixed_linear(4 * D, D, 13);
-        let row = RowParallelLinear::from_linear(row_linear.clone(), RowInput::Replicated, RowOutput::Reduced, &r.tp).unwrap();
+        let row = RowParallelLinear::from_linear(row_linear.clone(), RowInput::Replicated, RowOutput::Reduced, &r.groups).unwrap();
         let x = r.t([B, S, 4 * D], 2);
         r.close(row.forward(x.clone()).unwrap(), row_linear.forward(x), "row from_linear output");
         r.close(row.to_linear().unwrap().weight.val(), row_linear.weight.val(), "row to_linear weight");
     });
+}
+
+/// The GEMM is part of each layer's configuration, not of the process: in one process at the
+/// harness's tp, a column- and a row-parallel layer on each product run exactly that product on
+/// their shards (on CUDA in bf16 our wgmma kernel and Burn's matmul round differently; on the
+/// CPU both are Burn's), and the two models agree with their single-device twin.
+pub fn gemm_per_layer(h: &Harness) {
+    h.run(h.tp_world(), |ctx| {
+        let r = Rank::new(h, &ctx);
+        // Without autodiff: the reference products take plain device tensors.
+        let dev = ctx.device.clone();
+        let x = fixed([B * S, D], 1, &dev, h.float);
+        for gemm in [Gemm::Wgmma, Gemm::Burn] {
+            let column = ColumnParallelLinearConfig::new(D, 4 * D).with_gemm(gemm).init(&dev, &r.groups, &r.init, "c").unwrap();
+            let row = RowParallelLinearConfig::new(4 * D, D).with_input(RowInput::Replicated).with_gemm(gemm);
+            let row = row.init(&dev, &r.groups, &r.init, "r").unwrap();
+            assert_eq!((column.gemm, row.gemm), (gemm, gemm));
+            let hidden = column.forward(x.clone()).unwrap(); // [bs, 4d/tp]
+            // The same kernel on the same operands: bit for bit.
+            hidden.clone().into_data().assert_eq(&product(x.clone(), column.weight.val(), gemm).into_data(), true);
+            let wide = x.clone().repeat_dim(1, 4); // [bs, 4d], whole on every rank
+            let out = row.forward(wide.clone()).unwrap();
+            let partial = product(r.shard(wide, 1), row.weight.val(), gemm);
+            let summed = ctx.groups.tp.all_reduce(partial, burn_megatron_dist::ReduceOp::Sum).unwrap();
+            out.into_data().assert_eq(&summed.into_data(), true);
+        }
+    });
+}
+
+/// `x · w` by the kernel `gemm` names, called directly.
+fn product(x: Tensor<2>, w: Tensor<2>, gemm: Gemm) -> Tensor<2> {
+    #[cfg(feature = "cuda")]
+    if gemm == Gemm::Wgmma && x.dtype() == burn::tensor::DType::BF16 {
+        use burn_megatron_kernels::wgmma::{Schedule, matmul};
+        if let Ok(out) = matmul(x.clone(), w.clone(), Schedule::Persistent) {
+            return out;
+        }
+    }
+    let _ = gemm;
+    x.matmul(w)
 }

@@ -12,7 +12,8 @@ use burn::train::metric::LossMetric;
 use burn::train::{Learner, SupervisedTraining, TrainingStrategy};
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::learner::{TokenBatch, TokenBatcher};
-use burn_megatron::models::llama::{Llama, LlamaConfig, ParallelPlan};
+use burn_megatron::models::llama::{Llama, LlamaConfig};
+use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::optim::{BucketConfig, DistributedAdamWConfig};
 use burn_megatron::train::{MegatronStrategy, Silent, StrategyOptimizer};
 use burn_megatron_dist::{ParallelDims, RankContext};
@@ -61,7 +62,7 @@ fn model(ctx: &RankContext, device: &Device) -> Llama {
 fn seeded_model(ctx: &RankContext, device: &Device, seed: u64) -> Llama {
     let dims = ParallelDims::tp_dp(ctx.groups.tp.size(), ctx.groups.dp.size());
     let config = LlamaConfig::llama(VOCAB, 64, 2, 4, 4, 128, SEQ);
-    let config = ParallelPlan::new(dims, dims.tp > 1).apply(config, dims.world_size(), SEQ).unwrap();
+    let config = ParallelPlan::new(dims).with_tensor(TensorParallel::SequenceParallel).apply(config, dims.world_size(), SEQ).unwrap();
     config.init(device, &ctx.groups, &ParamInit::new(seed, InitMode::Full)).unwrap()
 }
 

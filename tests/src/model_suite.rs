@@ -2,11 +2,12 @@
 //! against the tp = 1 model from the same seed: the loss, every parameter gradient, and the
 //! losses of 20 AdamW steps.
 
-use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Device, Gradients, Int, Tensor, TensorData};
 use burn_megatron::init::{InitMode, ParamInit};
-use burn_megatron::models::llama::{Llama, ParallelPlan, recipes};
+use burn_megatron::models::llama::{Llama, recipes};
+use burn_megatron::params::{param_grads, param_values};
+use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 
 use crate::Harness;
@@ -17,7 +18,8 @@ const BATCH: usize = 2;
 /// The tiny preset planned for `tp` (with or without SP), initialized from one seed.
 fn tiny(h: &Harness, groups: &ProcessGroups, device: &Device, sp: bool) -> Llama {
     let tp = groups.tp.size();
-    let plan = ParallelPlan::new(ParallelDims::tp_dp(tp, 1), sp);
+    let tensor = if sp { TensorParallel::SequenceParallel } else { TensorParallel::Plain };
+    let plan = ParallelPlan::new(ParallelDims::tp_dp(tp, 1)).with_tensor(tensor);
     let config = plan.apply(recipes::tiny().model, tp, SEQ).expect("tiny plans at every tp ≤ 4");
     config.init(device, groups, &ParamInit::new(3, InitMode::Full).with_dtype(h.float)).expect("init")
 }
@@ -31,23 +33,15 @@ fn batch(device: &Device, step: u64) -> (Tensor<2, Int>, Tensor<2, Int>) {
 }
 
 /// Every parameter's gradient, in traversal order, as (shape, values).
-struct Collect<'a> {
-    grads: &'a Gradients,
-    out: Vec<(Vec<usize>, Vec<f64>)>,
-}
-
-impl ModuleVisitor for Collect<'_> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        let grad = param.val().grad(self.grads).expect("every parameter takes part in the loss");
-        let dims = grad.dims().to_vec();
-        self.out.push((dims, grad.into_data().convert::<f64>().try_into_vec::<f64>().expect("f64")));
-    }
-}
-
 fn gradients(model: &Llama, grads: &Gradients) -> Vec<(Vec<usize>, Vec<f64>)> {
-    let mut collect = Collect { grads, out: Vec::new() };
-    model.visit(&mut collect);
-    collect.out
+    param_grads(model, grads)
+        .into_iter()
+        .zip(param_values(model))
+        .map(|(grad, p)| {
+            let grad = grad.expect("every parameter takes part in the loss");
+            (p.dims, grad.into_data().convert::<f64>().try_into_vec::<f64>().expect("f64"))
+        })
+        .collect()
 }
 
 /// This rank's shard of a whole tensor: the dim where the shapes differ, split in `parts`.

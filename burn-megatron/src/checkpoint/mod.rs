@@ -14,7 +14,7 @@ mod save;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::Module;
 use burn::tensor::{Tensor, TensorData};
 use burn_megatron_dist::{CommError, ProcessGroups};
 
@@ -23,7 +23,7 @@ pub use files::write_synced;
 use files::{FORMAT, Piece, read_shard};
 pub use save::{AsyncSaver, save};
 
-use crate::optim::params::{ParamInfo, map_params, param_infos};
+use crate::params::{ParamInfo, map_params, param_infos, param_values};
 use crate::optim::{DistributedAdamW, ParamState};
 
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -42,17 +42,10 @@ pub enum CheckpointError {
 
 /// Every parameter's values on this rank, flattened to f32, with its local shape.
 fn local_values<M: Module>(model: &M) -> Vec<(Vec<usize>, Vec<f32>)> {
-    struct Collect(Vec<(Vec<usize>, Vec<f32>)>);
-    impl ModuleVisitor for Collect {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let value = param.val();
-            let data = value.to_data().convert::<f32>();
-            self.0.push((value.dims().to_vec(), data.try_into_vec::<f32>().expect("f32 values")));
-        }
-    }
-    let mut collect = Collect(Vec::new());
-    model.visit(&mut collect);
-    collect.0
+    param_values(model)
+        .into_iter()
+        .map(|p| (p.dims, p.value.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 values")))
+        .collect()
 }
 
 fn placement(info: &ParamInfo, shape: &[usize], groups: &ProcessGroups) -> Placement {
@@ -129,15 +122,7 @@ pub fn load<M: Module>(dir: &Path, model: M, optim: &mut DistributedAdamW, group
 
 /// The device of the model's first parameter (where the optimizer keeps its state).
 fn optimizer_device<M: Module>(model: &M) -> burn::tensor::Device {
-    struct First(Option<burn::tensor::Device>);
-    impl ModuleVisitor for First {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0.get_or_insert_with(|| param.val().device());
-        }
-    }
-    let mut first = First(None);
-    model.visit(&mut first);
-    first.0.unwrap_or_else(burn::tensor::Device::flex)
+    param_values(model).first().map(|p| p.value.device()).unwrap_or_else(burn::tensor::Device::flex)
 }
 
 /// This rank's piece of `name` (local `shape` at placement `want`), cut from the stored pieces.

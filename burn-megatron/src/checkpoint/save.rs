@@ -15,7 +15,7 @@ use burn_megatron_dist::{ProcessGroups, ReduceOp};
 use super::files::{FORMAT, Index, Piece, shard_file, sync_dir, write_shard, write_synced};
 use super::{CheckpointError, OPTIMIZER, local_values, optimizer_device, optimizer_name, placement, state_parts};
 use crate::optim::DistributedAdamW;
-use crate::optim::params::param_infos;
+use crate::params::param_infos;
 
 /// How long rank 0 waits for the other writers' shards before giving up on a save.
 const WRITERS_TIMEOUT: Duration = Duration::from_secs(600);
@@ -75,9 +75,9 @@ impl Snapshot {
             staging: format!(".step-{step:08}-{nonce:x}.partial"),
             tp_rank: groups.tp.group_rank(),
             tp: groups.tp.size(),
-            dp: groups.dp.size(),
+            dp: groups.grad_sync().size(),
             global_rank: groups.global_rank,
-            pieces: (groups.dp.group_rank() == 0).then_some(pieces),
+            pieces: (groups.grad_sync().group_rank() == 0).then_some(pieces),
             tensors,
         })
     }

@@ -7,12 +7,14 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
-use burn_megatron_dist::ProcessGroup;
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
+use burn_megatron_dist::{ProcessGroup, ProcessGroups};
+use burn_megatron_kernels::Gemm;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig};
 use super::rope::Rope;
 use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
+use super::sequence::SequenceLayout;
 use crate::error::{ConfigError, LayerError, divisible};
 use crate::init::ParamInit;
 
@@ -27,9 +29,12 @@ pub struct ParallelAttentionConfig {
     pub max_seq_len: usize,
     #[config(default = 10000.0)]
     pub rope_theta: f64,
-    /// Input and output are sequence shards (sequence parallelism).
-    #[config(default = false)]
-    pub sequence_parallel: bool,
+    /// The input's and output's layout along the sequence (sequence parallelism: shards).
+    #[config(default = "SequenceLayout::Whole")]
+    pub sequence: SequenceLayout,
+    /// The product of the q, k, v and output projections (set by a precision policy).
+    #[config(default = "Gemm::Wgmma")]
+    pub gemm: Gemm,
     #[config(default = 0.02)]
     pub init_std: f64,
 }
@@ -55,32 +60,36 @@ impl ParallelAttentionConfig {
         Ok(())
     }
 
-    pub fn init(&self, device: &Device, tp: &ProcessGroup, init: &ParamInit, name: &str) -> Result<ParallelAttention, LayerError> {
+    /// This rank's heads over `groups.tp`; `name` is the layer's path, which seeds it.
+    pub fn init(&self, device: &Device, groups: &ProcessGroups, init: &ParamInit, name: &str) -> Result<ParallelAttention, LayerError> {
+        let tp = &groups.tp;
         self.validate(tp.size())?;
         let k = self.head_dim();
         let column = |d_output| {
             ColumnParallelLinearConfig::new(self.d_model, d_output)
                 .with_input(ColumnInput::InRegion)
                 .with_output(ColumnOutput::Sharded)
+                .with_gemm(self.gemm)
                 .with_init_std(self.init_std)
         };
-        let output = match self.sequence_parallel {
-            true => RowOutput::SequenceScattered,
-            false => RowOutput::Reduced,
+        let output = match self.sequence {
+            SequenceLayout::Sharded => RowOutput::SequenceScattered,
+            SequenceLayout::Whole => RowOutput::Reduced,
         };
         let wo = RowParallelLinearConfig::new(self.n_heads * k, self.d_model)
             .with_input(RowInput::Sharded)
             .with_output(output)
+            .with_gemm(self.gemm)
             .with_init_std(self.init_std);
         Ok(ParallelAttention {
-            wq: column(self.n_heads * k).init(device, tp, init, &format!("{name}.wq"))?,
-            wk: column(self.n_kv_heads * k).init(device, tp, init, &format!("{name}.wk"))?,
-            wv: column(self.n_kv_heads * k).init(device, tp, init, &format!("{name}.wv"))?,
-            wo: wo.init(device, tp, init, &format!("{name}.wo"))?,
+            wq: column(self.n_heads * k).init(device, groups, init, &format!("{name}.wq"))?,
+            wk: column(self.n_kv_heads * k).init(device, groups, init, &format!("{name}.wk"))?,
+            wv: column(self.n_kv_heads * k).init(device, groups, init, &format!("{name}.wv"))?,
+            wo: wo.init(device, groups, init, &format!("{name}.wo"))?,
             n_heads: self.n_heads / tp.size(),
             n_kv_heads: self.n_kv_heads / tp.size(),
             head_dim: k,
-            sequence_parallel: self.sequence_parallel,
+            sequence: self.sequence,
             rope: Rope::new(k, self.max_seq_len, self.rope_theta, device),
             tp: tp.clone(),
         })
@@ -99,7 +108,8 @@ pub struct ParallelAttention {
     /// Key/value heads on this rank.
     pub n_kv_heads: usize,
     pub head_dim: usize,
-    pub sequence_parallel: bool,
+    #[module(skip)]
+    pub sequence: SequenceLayout,
     #[module(skip)]
     pub rope: Rope,
     #[module(skip)]
@@ -111,9 +121,9 @@ impl ParallelAttention {
     /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
         // One mapping for q, k and v, which share the input.
-        let x = match self.sequence_parallel {
-            true => gather_from_sp(x, &self.tp, 1)?,
-            false => copy_to_tp(x, &self.tp)?,
+        let x = match self.sequence {
+            SequenceLayout::Sharded => gather_from_sp(x, &self.tp, 1)?,
+            SequenceLayout::Whole => copy_to_tp(x, &self.tp)?,
         };
         let [b, s, _] = x.dims();
         let heads = |y: Tensor<3>, n: usize| y.reshape([b, s, n, self.head_dim]).swap_dims(1, 2);
@@ -145,7 +155,6 @@ impl ParallelAttention {
 mod tests {
     use burn::tensor::activation::softmax;
     use burn::tensor::{Bool, Device, Tensor};
-    use burn_megatron_dist::ProcessGroup;
 
     use super::*;
     use crate::init::{InitMode, ParamInit};
@@ -157,7 +166,7 @@ mod tests {
         let dev = Device::flex();
         let (b, s, d, heads, kv) = (2, 5, 16, 4, 2);
         let config = ParallelAttentionConfig::new(d, heads, kv, s);
-        let layer = config.init(&dev, &ProcessGroup::solo(), &ParamInit::new(1, InitMode::Full), "a").unwrap();
+        let layer = config.init(&dev, &ProcessGroups::single(), &ParamInit::new(1, InitMode::Full), "a").unwrap();
         let x = crate::init::normal([b, s, d], 9, 1.0, &dev);
         let out = layer.forward(x.clone()).unwrap();
 

@@ -6,8 +6,8 @@ use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
-use burn_megatron_kernels::linear;
-use burn_megatron_dist::ProcessGroup;
+use burn_megatron_dist::{ProcessGroup, ProcessGroups};
+use burn_megatron_kernels::{Gemm, linear};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp, gather_from_tp};
 
 use crate::error::{LayerError, divisible};
@@ -47,6 +47,9 @@ pub struct ColumnParallelLinearConfig {
     pub input: ColumnInput,
     #[config(default = "ColumnOutput::Sharded")]
     pub output: ColumnOutput,
+    /// The matrix product, forward and backward (set by a precision policy).
+    #[config(default = "Gemm::Wgmma")]
+    pub gemm: Gemm,
     /// Standard deviation of the normal initialization.
     #[config(default = 0.02)]
     pub init_std: f64,
@@ -64,12 +67,16 @@ pub struct ColumnParallelLinear {
     #[module(skip)]
     pub output: ColumnOutput,
     #[module(skip)]
+    pub gemm: Gemm,
+    #[module(skip)]
     pub tp: ProcessGroup,
 }
 
 impl ColumnParallelLinearConfig {
-    /// Initializes this rank's shard; `name` is the parameter's path, which seeds it.
-    pub fn init(&self, device: &Device, tp: &ProcessGroup, init: &ParamInit, name: &str) -> Result<ColumnParallelLinear, LayerError> {
+    /// Initializes this rank's shard over `groups.tp`; `name` is the parameter's path, which
+    /// seeds it.
+    pub fn init(&self, device: &Device, groups: &ProcessGroups, init: &ParamInit, name: &str) -> Result<ColumnParallelLinear, LayerError> {
+        let tp = &groups.tp;
         divisible("d_output", self.d_output, tp.size())?;
         let shard = Shard::new(1, tp.group_rank(), tp.size());
         let weight = init.normal(&format!("{name}.weight"), [self.d_input, self.d_output], shard, self.init_std, device);
@@ -77,13 +84,15 @@ impl ColumnParallelLinearConfig {
             let bias_shard = Shard::new(0, tp.group_rank(), tp.size());
             init.zeros(bias_shard.shape([self.d_output]), device)
         });
-        Ok(ColumnParallelLinear::from_parts(weight, bias, self.input, self.output, tp))
+        Ok(ColumnParallelLinear::from_parts(weight, bias, self.input, self.output, tp).with_gemm(self.gemm))
     }
 }
 
 impl ColumnParallelLinear {
-    /// This rank's shard of a whole Burn `Linear` (the same on every rank).
-    pub fn from_linear(linear: Linear, input: ColumnInput, output: ColumnOutput, tp: &ProcessGroup) -> Result<Self, LayerError> {
+    /// This rank's shard over `groups.tp` of a whole Burn `Linear` (the same on every rank),
+    /// multiplying with [`Gemm::Wgmma`] until [`with_gemm`](Self::with_gemm).
+    pub fn from_linear(linear: Linear, input: ColumnInput, output: ColumnOutput, groups: &ProcessGroups) -> Result<Self, LayerError> {
+        let tp = &groups.tp;
         let [_, d_output] = linear.weight.dims();
         divisible("d_output", d_output, tp.size())?;
         let shard = |dim| Shard::new(dim, tp.group_rank(), tp.size());
@@ -102,6 +111,11 @@ impl ColumnParallelLinear {
         Ok(Linear { weight: Param::from_tensor(weight), bias })
     }
 
+    /// The same layer multiplying with `gemm`.
+    pub fn with_gemm(self, gemm: Gemm) -> Self {
+        Self { gemm, ..self }
+    }
+
     fn from_parts(weight: Tensor<2>, bias: Option<Tensor<1>>, input: ColumnInput, output: ColumnOutput, tp: &ProcessGroup) -> Self {
         Self {
             // New leaves: a slice of another module's parameter must not stay attached to it.
@@ -109,6 +123,7 @@ impl ColumnParallelLinear {
             bias: bias.map(|b| Param::from_tensor(b.detach())),
             input,
             output,
+            gemm: Gemm::Wgmma,
             tp: tp.clone(),
         }
     }
@@ -122,7 +137,7 @@ impl ColumnParallelLinear {
             ColumnInput::SequenceSharded => gather_from_sp(x, &self.tp, D - 2)?,
             ColumnInput::InRegion => x,
         };
-        let y = linear(x, self.weight.val(), self.bias.as_ref().map(|b| b.val()));
+        let y = linear(x, self.weight.val(), self.bias.as_ref().map(|b| b.val()), self.gemm);
         Ok(match self.output {
             ColumnOutput::Sharded => y,
             ColumnOutput::Gathered => gather_from_tp(y, &self.tp, D - 1)?,

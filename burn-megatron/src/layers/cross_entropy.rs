@@ -8,7 +8,7 @@
 use burn::config::Config;
 use burn::tensor::{DType, Int, Tensor};
 use burn_megatron_dist::mappings::reduce_from_tp;
-use burn_megatron_dist::{ProcessGroup, ReduceOp};
+use burn_megatron_dist::{ProcessGroup, ProcessGroups, ReduceOp};
 use burn_megatron_kernels::cross_entropy::partials;
 
 use crate::error::LayerError;
@@ -33,18 +33,20 @@ pub struct VocabParallelCrossEntropy {
     pub ignore_index: Option<i64>,
     pub label_smoothing: f64,
     pub tp: ProcessGroup,
-    /// The ranks that hold different samples of the batch (data parallelism).
+    /// The ranks that hold different tokens of the batch (data × context parallelism).
     pub batch: ProcessGroup,
 }
 
 impl VocabParallelCrossEntropyConfig {
-    pub fn init(&self, tp: &ProcessGroup, batch: &ProcessGroup) -> VocabParallelCrossEntropy {
+    /// The vocabulary split over `groups.tp`; tokens counted over `groups.grad_sync()`, the ranks
+    /// that hold different tokens of the batch.
+    pub fn init(&self, groups: &ProcessGroups) -> VocabParallelCrossEntropy {
         VocabParallelCrossEntropy {
             vocab_size: self.vocab_size,
             ignore_index: self.ignore_index,
             label_smoothing: self.label_smoothing,
-            tp: tp.clone(),
-            batch: batch.clone(),
+            tp: groups.tp.clone(),
+            batch: groups.grad_sync().clone(),
         }
     }
 }

@@ -7,8 +7,10 @@ use burn::module::{Module, Param};
 use burn::nn::Embedding;
 use burn::tensor::module::embedding;
 use burn::tensor::{Device, Int, Tensor};
-use burn_megatron_dist::ProcessGroup;
 use burn_megatron_dist::mappings::{reduce_from_tp, reduce_scatter_to_sp};
+use burn_megatron_dist::{ProcessGroup, ProcessGroups};
+
+use super::sequence::SequenceLayout;
 
 use crate::error::LayerError;
 use crate::init::{ParamInit, Shard};
@@ -28,9 +30,9 @@ pub struct VocabParallelEmbeddingConfig {
     /// The padded vocabulary is a multiple of this times tp.
     #[config(default = 1)]
     pub pad_vocab_to_multiple_of: usize,
-    /// Return the output's sequence shard (sequence parallelism).
-    #[config(default = false)]
-    pub sequence_parallel: bool,
+    /// The output's layout along the sequence (sequence parallelism: shards).
+    #[config(default = "SequenceLayout::Whole")]
+    pub sequence: SequenceLayout,
     #[config(default = 0.02)]
     pub init_std: f64,
 }
@@ -42,28 +44,32 @@ pub struct VocabParallelEmbedding {
     /// `[v/tp, d]`
     pub weight: Param<Tensor<2>>,
     pub vocab_size: usize,
-    pub sequence_parallel: bool,
+    #[module(skip)]
+    pub sequence: SequenceLayout,
     #[module(skip)]
     pub tp: ProcessGroup,
 }
 
 impl VocabParallelEmbeddingConfig {
-    pub fn init(&self, device: &Device, tp: &ProcessGroup, init: &ParamInit, name: &str) -> VocabParallelEmbedding {
+    /// This rank's rows over `groups.tp`; `name` is the layer's path, which seeds it.
+    pub fn init(&self, device: &Device, groups: &ProcessGroups, init: &ParamInit, name: &str) -> VocabParallelEmbedding {
+        let tp = &groups.tp;
         let v = padded_vocab(self.vocab_size, self.pad_vocab_to_multiple_of, tp.size());
         let shard = Shard::new(0, tp.group_rank(), tp.size());
         let weight = init.normal(&format!("{name}.weight"), [v, self.d_model], shard, self.init_std, device);
         VocabParallelEmbedding {
             weight: Param::from_tensor(weight),
             vocab_size: self.vocab_size,
-            sequence_parallel: self.sequence_parallel,
+            sequence: self.sequence,
             tp: tp.clone(),
         }
     }
 }
 
 impl VocabParallelEmbedding {
-    /// This rank's rows of a whole Burn `Embedding`, padded with zero rows.
-    pub fn from_embedding(embedding: Embedding, pad_vocab_to_multiple_of: usize, sequence_parallel: bool, tp: &ProcessGroup) -> Self {
+    /// This rank's rows over `groups.tp` of a whole Burn `Embedding`, padded with zero rows.
+    pub fn from_embedding(embedding: Embedding, pad_vocab_to_multiple_of: usize, sequence: SequenceLayout, groups: &ProcessGroups) -> Self {
+        let tp = &groups.tp;
         let weight = embedding.weight.val();
         let [vocab_size, d] = weight.dims();
         let v = padded_vocab(vocab_size, pad_vocab_to_multiple_of, tp.size());
@@ -74,7 +80,7 @@ impl VocabParallelEmbedding {
         VocabParallelEmbedding {
             weight: Param::from_tensor(Shard::new(0, tp.group_rank(), tp.size()).slice(weight).detach()),
             vocab_size,
-            sequence_parallel,
+            sequence,
             tp: tp.clone(),
         }
     }
@@ -92,9 +98,9 @@ impl VocabParallelEmbedding {
         let partial = embedding(self.weight.val(), local); // [b, s, d]
         let mask = elsewhere.unsqueeze_dim::<3>(2).expand([b, s, d]);
         let partial = partial.mask_fill(mask, 0.0);
-        Ok(match self.sequence_parallel {
-            true => reduce_scatter_to_sp(partial, &self.tp, 1)?,
-            false => reduce_from_tp(partial, &self.tp)?,
+        Ok(match self.sequence {
+            SequenceLayout::Sharded => reduce_scatter_to_sp(partial, &self.tp, 1)?,
+            SequenceLayout::Whole => reduce_from_tp(partial, &self.tp)?,
         })
     }
 }
@@ -104,7 +110,6 @@ mod tests {
     use burn::module::Param;
     use burn::nn::EmbeddingConfig;
     use burn::tensor::{Device, TensorData};
-    use burn_megatron_dist::ProcessGroup;
 
     use super::*;
 
@@ -114,7 +119,7 @@ mod tests {
         let dev = Device::flex();
         let mut theirs = EmbeddingConfig::new(11, 4).init(&dev);
         theirs.weight = Param::from_tensor(crate::init::normal([11, 4], 3, 1.0, &dev));
-        let ours = VocabParallelEmbedding::from_embedding(theirs.clone(), 1, false, &ProcessGroup::solo());
+        let ours = VocabParallelEmbedding::from_embedding(theirs.clone(), 1, SequenceLayout::Whole, &ProcessGroups::single());
         let ids = Tensor::<2, Int>::from_data(TensorData::new(vec![0i64, 5, 10, 3, 3, 7], [2, 3]), &dev);
         // A lookup copies rows: exactly equal.
         ours.forward(ids.clone()).unwrap().into_data().assert_eq(&theirs.forward(ids).into_data(), true);

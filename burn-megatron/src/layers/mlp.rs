@@ -6,11 +6,13 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
-use burn_megatron_dist::ProcessGroup;
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
+use burn_megatron_dist::{ProcessGroup, ProcessGroups};
+use burn_megatron_kernels::Gemm;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig};
 use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
+use super::sequence::SequenceLayout;
 use crate::error::{LayerError, divisible};
 use crate::init::ParamInit;
 
@@ -19,9 +21,12 @@ use crate::init::ParamInit;
 pub struct ParallelMlpConfig {
     pub d_model: usize,
     pub d_ff: usize,
-    /// Input and output are sequence shards (sequence parallelism).
-    #[config(default = false)]
-    pub sequence_parallel: bool,
+    /// The input's and output's layout along the sequence (sequence parallelism: shards).
+    #[config(default = "SequenceLayout::Whole")]
+    pub sequence: SequenceLayout,
+    /// The product of the three projections (set by a precision policy).
+    #[config(default = "Gemm::Wgmma")]
+    pub gemm: Gemm,
     #[config(default = 0.02)]
     pub init_std: f64,
 }
@@ -35,31 +40,36 @@ pub struct ParallelMlp {
     pub w2: RowParallelLinear,
     /// Up projection, `[d, f/tp]`.
     pub w3: ColumnParallelLinear,
-    pub sequence_parallel: bool,
+    #[module(skip)]
+    pub sequence: SequenceLayout,
     #[module(skip)]
     pub tp: ProcessGroup,
 }
 
 impl ParallelMlpConfig {
-    pub fn init(&self, device: &Device, tp: &ProcessGroup, init: &ParamInit, name: &str) -> Result<ParallelMlp, LayerError> {
+    /// This rank's hidden features over `groups.tp`; `name` is the layer's path, which seeds it.
+    pub fn init(&self, device: &Device, groups: &ProcessGroups, init: &ParamInit, name: &str) -> Result<ParallelMlp, LayerError> {
+        let tp = &groups.tp;
         divisible("d_ff", self.d_ff, tp.size())?;
         let column = ColumnParallelLinearConfig::new(self.d_model, self.d_ff)
             .with_input(ColumnInput::InRegion)
             .with_output(ColumnOutput::Sharded)
+            .with_gemm(self.gemm)
             .with_init_std(self.init_std);
-        let output = match self.sequence_parallel {
-            true => RowOutput::SequenceScattered,
-            false => RowOutput::Reduced,
+        let output = match self.sequence {
+            SequenceLayout::Sharded => RowOutput::SequenceScattered,
+            SequenceLayout::Whole => RowOutput::Reduced,
         };
         let w2 = RowParallelLinearConfig::new(self.d_ff, self.d_model)
             .with_input(RowInput::Sharded)
             .with_output(output)
+            .with_gemm(self.gemm)
             .with_init_std(self.init_std);
         Ok(ParallelMlp {
-            w1: column.init(device, tp, init, &format!("{name}.w1"))?,
-            w2: w2.init(device, tp, init, &format!("{name}.w2"))?,
-            w3: column.init(device, tp, init, &format!("{name}.w3"))?,
-            sequence_parallel: self.sequence_parallel,
+            w1: column.init(device, groups, init, &format!("{name}.w1"))?,
+            w2: w2.init(device, groups, init, &format!("{name}.w2"))?,
+            w3: column.init(device, groups, init, &format!("{name}.w3"))?,
+            sequence: self.sequence,
             tp: tp.clone(),
         })
     }
@@ -69,9 +79,9 @@ impl ParallelMlp {
     /// # Shapes
     /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        let x = match self.sequence_parallel {
-            true => gather_from_sp(x, &self.tp, 1)?,
-            false => copy_to_tp(x, &self.tp)?,
+        let x = match self.sequence {
+            SequenceLayout::Sharded => gather_from_sp(x, &self.tp, 1)?,
+            SequenceLayout::Whole => copy_to_tp(x, &self.tp)?,
         };
         let hidden = burn_megatron_kernels::swiglu::swiglu(self.w1.forward(x.clone())?, self.w3.forward(x)?); // [b, s, f/tp]
         self.w2.forward(hidden)

@@ -8,6 +8,7 @@ pub mod mlp;
 pub mod norm;
 pub mod rope;
 pub mod row;
+pub mod sequence;
 
 pub use attention::{ParallelAttention, ParallelAttentionConfig};
 pub use column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig};
@@ -17,3 +18,4 @@ pub use mlp::{ParallelMlp, ParallelMlpConfig};
 pub use norm::{RmsNorm, RmsNormConfig};
 pub use rope::Rope;
 pub use row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
+pub use sequence::SequenceLayout;

@@ -3,8 +3,10 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
-use burn_megatron_dist::ProcessGroup;
 use burn_megatron_dist::mappings::copy_to_tp;
+use burn_megatron_dist::{ProcessGroup, ProcessGroups};
+
+use super::sequence::SequenceLayout;
 
 use crate::error::LayerError;
 use crate::init::ParamInit;
@@ -15,9 +17,9 @@ pub struct RmsNormConfig {
     pub d_model: usize,
     #[config(default = 1e-5)]
     pub epsilon: f64,
-    /// Whether the input is a sequence shard (sequence parallelism).
-    #[config(default = false)]
-    pub sequence_parallel: bool,
+    /// The input's layout along the sequence (sequence parallelism: shards).
+    #[config(default = "SequenceLayout::Whole")]
+    pub sequence: SequenceLayout,
 }
 
 /// `y = x / √(mean(x²) + ε) · w`.
@@ -29,18 +31,20 @@ pub struct RmsNorm {
     /// `[d_model]`, whole on every rank.
     pub weight: Param<Tensor<1>>,
     pub epsilon: f64,
-    pub sequence_parallel: bool,
+    #[module(skip)]
+    pub sequence: SequenceLayout,
     #[module(skip)]
     pub tp: ProcessGroup,
 }
 
 impl RmsNormConfig {
-    pub fn init(&self, device: &Device, tp: &ProcessGroup, init: &ParamInit) -> RmsNorm {
+    /// A whole weight on every rank; with sequence shards its gradient is summed over `groups.tp`.
+    pub fn init(&self, device: &Device, groups: &ProcessGroups, init: &ParamInit) -> RmsNorm {
         RmsNorm {
             weight: Param::from_tensor(init.ones([self.d_model], device)),
             epsilon: self.epsilon,
-            sequence_parallel: self.sequence_parallel,
-            tp: tp.clone(),
+            sequence: self.sequence,
+            tp: groups.tp.clone(),
         }
     }
 }
@@ -49,9 +53,9 @@ impl RmsNorm {
     /// # Shapes
     /// `[.., d_model]` → `[.., d_model]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Result<Tensor<D>, LayerError> {
-        let weight = match self.sequence_parallel {
-            true => copy_to_tp(self.weight.val(), &self.tp)?,
-            false => self.weight.val(),
+        let weight = match self.sequence {
+            SequenceLayout::Sharded => copy_to_tp(self.weight.val(), &self.tp)?,
+            SequenceLayout::Whole => self.weight.val(),
         };
         Ok(burn_megatron_kernels::rms_norm::rms_norm(x, weight, self.epsilon as f32))
     }
@@ -61,7 +65,6 @@ impl RmsNorm {
 mod tests {
     use burn::nn::RmsNormConfig as BurnRmsNormConfig;
     use burn::tensor::Device;
-    use burn_megatron_dist::ProcessGroup;
 
     use super::*;
 
@@ -69,7 +72,7 @@ mod tests {
     #[test]
     fn matches_burn_rms_norm() {
         let dev = Device::flex();
-        let ours = RmsNormConfig::new(8).init(&dev, &ProcessGroup::solo(), &ParamInit::new(0, crate::init::InitMode::Full));
+        let ours = RmsNormConfig::new(8).init(&dev, &ProcessGroups::single(), &ParamInit::new(0, crate::init::InitMode::Full));
         let theirs = BurnRmsNormConfig::new(8).with_epsilon(1e-5).init(&dev);
         let x = crate::init::normal([3, 4, 8], 2, 1.0, &dev);
         let (a, b) = (ours.forward(x.clone()).unwrap(), theirs.forward(x));

@@ -7,8 +7,8 @@ use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
-use burn_megatron_kernels::linear;
-use burn_megatron_dist::ProcessGroup;
+use burn_megatron_dist::{ProcessGroup, ProcessGroups};
+use burn_megatron_kernels::{Gemm, linear};
 use burn_megatron_dist::mappings::{copy_to_tp, reduce_from_tp, reduce_scatter_to_sp, scatter_to_sp};
 
 use crate::error::{LayerError, divisible};
@@ -45,6 +45,9 @@ pub struct RowParallelLinearConfig {
     pub input: RowInput,
     #[config(default = "RowOutput::Reduced")]
     pub output: RowOutput,
+    /// The matrix product, forward and backward (set by a precision policy).
+    #[config(default = "Gemm::Wgmma")]
+    pub gemm: Gemm,
     /// Standard deviation of the normal initialization.
     #[config(default = 0.02)]
     pub init_std: f64,
@@ -62,23 +65,29 @@ pub struct RowParallelLinear {
     #[module(skip)]
     pub output: RowOutput,
     #[module(skip)]
+    pub gemm: Gemm,
+    #[module(skip)]
     pub tp: ProcessGroup,
 }
 
 impl RowParallelLinearConfig {
-    /// Initializes this rank's shard; `name` is the parameter's path, which seeds it.
-    pub fn init(&self, device: &Device, tp: &ProcessGroup, init: &ParamInit, name: &str) -> Result<RowParallelLinear, LayerError> {
+    /// Initializes this rank's shard over `groups.tp`; `name` is the parameter's path, which
+    /// seeds it.
+    pub fn init(&self, device: &Device, groups: &ProcessGroups, init: &ParamInit, name: &str) -> Result<RowParallelLinear, LayerError> {
+        let tp = &groups.tp;
         divisible("d_input", self.d_input, tp.size())?;
         let shard = Shard::new(0, tp.group_rank(), tp.size());
         let weight = init.normal(&format!("{name}.weight"), [self.d_input, self.d_output], shard, self.init_std, device);
         let bias = self.bias.then(|| init.zeros([self.d_output], device));
-        Ok(RowParallelLinear::from_parts(weight, bias, self.input, self.output, tp))
+        Ok(RowParallelLinear::from_parts(weight, bias, self.input, self.output, tp).with_gemm(self.gemm))
     }
 }
 
 impl RowParallelLinear {
-    /// This rank's shard of a whole Burn `Linear` (the same on every rank).
-    pub fn from_linear(linear: Linear, input: RowInput, output: RowOutput, tp: &ProcessGroup) -> Result<Self, LayerError> {
+    /// This rank's shard over `groups.tp` of a whole Burn `Linear` (the same on every rank),
+    /// multiplying with [`Gemm::Wgmma`] until [`with_gemm`](Self::with_gemm).
+    pub fn from_linear(linear: Linear, input: RowInput, output: RowOutput, groups: &ProcessGroups) -> Result<Self, LayerError> {
+        let tp = &groups.tp;
         let [d_input, _] = linear.weight.dims();
         divisible("d_input", d_input, tp.size())?;
         let weight = Shard::new(0, tp.group_rank(), tp.size()).slice(linear.weight.val());
@@ -92,6 +101,11 @@ impl RowParallelLinear {
         Ok(Linear { weight: Param::from_tensor(weight), bias })
     }
 
+    /// The same layer multiplying with `gemm`.
+    pub fn with_gemm(self, gemm: Gemm) -> Self {
+        Self { gemm, ..self }
+    }
+
     fn from_parts(weight: Tensor<2>, bias: Option<Tensor<1>>, input: RowInput, output: RowOutput, tp: &ProcessGroup) -> Self {
         Self {
             // New leaves: a slice of another module's parameter must not stay attached to it.
@@ -99,6 +113,7 @@ impl RowParallelLinear {
             bias: bias.map(|b| Param::from_tensor(b.detach())),
             input,
             output,
+            gemm: Gemm::Wgmma,
             tp: tp.clone(),
         }
     }
@@ -111,7 +126,7 @@ impl RowParallelLinear {
             RowInput::Sharded => x,
             RowInput::Replicated => scatter_to_sp(x, &self.tp, D - 1)?,
         };
-        let partial = linear(x, self.weight.val(), None);
+        let partial = linear(x, self.weight.val(), None, self.gemm);
         let y = match self.output {
             RowOutput::Reduced => reduce_from_tp(partial, &self.tp)?,
             RowOutput::SequenceScattered => reduce_scatter_to_sp(partial, &self.tp, D - 2)?,

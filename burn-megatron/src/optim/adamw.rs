@@ -5,14 +5,14 @@
 //! Legend: `n` a parameter's element count on this rank, `dp` the data-parallel group size.
 
 use burn::config::Config;
-use burn::module::{Module, ModuleVisitor, Param};
+use burn::module::Module;
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, Tensor};
 use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
 use burn_megatron_kernels::adamw::{AdamWStep, adamw_step};
 
 use super::buckets::{BucketConfig, GradReducer, Reduction, pad};
-use super::params::{ParamInfo, map_params, param_infos};
+use crate::params::{ParamInfo, map_params, param_infos, param_values, take_grads};
 
 /// Configuration of a [`DistributedAdamW`]. The defaults are PyTorch's and Megatron's (Burn's
 /// AdamW defaults differ: ε 1e-5, weight decay 1e-4).
@@ -35,6 +35,14 @@ pub struct DistributedAdamWConfig {
     /// How gradients are bucketed for the data-parallel reduction.
     #[config(default = "BucketConfig::new()")]
     pub buckets: BucketConfig,
+}
+
+/// Checks a learning rate before any step: finite and above 0.
+pub fn check_lr(lr: f64) -> Result<f64, crate::error::ConfigError> {
+    match lr.is_finite() && lr > 0.0 {
+        true => Ok(lr),
+        false => Err(crate::error::ConfigError::LearningRate { lr }),
+    }
 }
 
 /// One parameter's optimizer state on this rank: fp32, the whole parameter or its dp shard.
@@ -68,56 +76,18 @@ impl DistributedAdamWConfig {
 
 /// Every parameter's gradient, flattened, in traversal order (zeros for an unused parameter).
 fn flat_grads<M: Module>(model: &M, grads: GradientsParams) -> Vec<(Tensor<1>, DType)> {
-    struct Take {
-        grads: GradientsParams,
-        out: Vec<(Tensor<1>, DType)>,
-    }
-    impl ModuleVisitor for Take {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let value = param.val();
-            let n = value.shape().num_elements();
-            let grad = self.grads.remove::<D>(param.id).map(|g| g.reshape([n])).unwrap_or_else(|| {
-                Tensor::zeros([n], (&value.device(), value.dtype()))
-            });
-            self.out.push((grad, value.dtype()));
-        }
-    }
-    let mut take = Take { grads, out: Vec::new() };
-    model.visit(&mut take);
-    take.out
+    take_grads(model, grads)
+        .into_iter()
+        .zip(param_values(model))
+        .map(|(grad, p)| (grad.unwrap_or_else(|| p.value.zeros_like()), p.value.dtype()))
+        .collect()
 }
 
 /// Each parameter's element count, in traversal order, and the dtype of the first.
 fn numels_and_dtype<M: Module>(model: &M) -> (Vec<usize>, DType) {
-    let dtypes = param_dtypes(model);
-    let numels = param_numels(model);
-    (numels, dtypes.first().copied().unwrap_or(DType::F32))
-}
-
-/// Each parameter's element count, in traversal order.
-pub(crate) fn param_numels<M: Module>(model: &M) -> Vec<usize> {
-    struct Count(Vec<usize>);
-    impl ModuleVisitor for Count {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0.push(param.val().shape().num_elements());
-        }
-    }
-    let mut count = Count(Vec::new());
-    model.visit(&mut count);
-    count.0
-}
-
-/// Each parameter's dtype, in traversal order.
-fn param_dtypes<M: Module>(model: &M) -> Vec<DType> {
-    struct Dtypes(Vec<DType>);
-    impl ModuleVisitor for Dtypes {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0.push(param.val().dtype());
-        }
-    }
-    let mut dtypes = Dtypes(Vec::new());
-    model.visit(&mut dtypes);
-    dtypes.0
+    let values = param_values(model);
+    let dtype = values.first().map(|p| p.value.dtype()).unwrap_or(DType::F32);
+    (values.iter().map(|p| p.value.dims()[0]).collect(), dtype)
 }
 
 /// One parameter's whole optimizer state on this rank's tensor-parallel shard, flattened:
@@ -139,7 +109,7 @@ impl DistributedAdamW {
     /// in traversal order; `numels` are the parameters' element counts on this rank. Empty
     /// before the first step.
     pub fn export_state(&self, numels: &[usize]) -> Result<Vec<ParamState>, CommError> {
-        let dp = &self.groups.dp;
+        let dp = self.groups.grad_sync();
         let zero1 = self.config.zero1 && dp.size() > 1;
         let whole = |x: &Tensor<1>, n: usize| -> Result<Tensor<1>, CommError> {
             let x = if zero1 { dp.all_gather(x.clone(), 0)? } else { x.clone() };
@@ -155,7 +125,7 @@ impl DistributedAdamW {
     /// Restores the state exported by [`export_state`](Self::export_state) (possibly at another
     /// layout, resharded by the caller) after `steps` steps.
     pub fn import_state(&mut self, states: Vec<ParamState>, steps: u64) {
-        let dp = &self.groups.dp;
+        let dp = self.groups.grad_sync();
         let zero1 = self.config.zero1 && dp.size() > 1;
         let mine = |x: Tensor<1>| match zero1 {
             true => {
@@ -179,11 +149,11 @@ impl DistributedAdamW {
     /// during backward (through taps) overlap their reduction with the rest of backward.
     pub fn reducer<M: Module>(&self, model: &M) -> GradReducer {
         let (numels, dtype) = numels_and_dtype(model);
-        let reduction = match self.config.zero1 && self.groups.dp.size() > 1 {
+        let reduction = match self.config.zero1 && self.groups.grad_sync().size() > 1 {
             true => Reduction::ReduceScatter,
             false => Reduction::AllReduce,
         };
-        GradReducer::new(&self.groups.dp, numels, dtype.size(), reduction, &self.config.buckets)
+        GradReducer::new(self.groups.grad_sync(), numels, dtype.size(), reduction, &self.config.buckets)
     }
 
     /// One update of `model` from `grads`; averages gradients over the data-parallel group.
@@ -204,12 +174,12 @@ impl DistributedAdamW {
     /// One update of `model` from gradients already reduced by [`reducer`](Self::reducer):
     /// one fp32 tensor a parameter, in traversal order (this rank's shard under ZeRO-1).
     pub fn step_reduced<M: Module>(&mut self, lr: f64, model: M, shards: Vec<Tensor<1>>) -> Result<(M, StepReport), CommError> {
-        let dp = &self.groups.dp;
+        let dp = self.groups.grad_sync();
         let zero1 = self.config.zero1 && dp.size() > 1;
         if self.infos.is_empty() {
             self.infos = param_infos(&model);
         }
-        let dtypes = param_dtypes(&model);
+        let dtypes: Vec<DType> = param_values(&model).iter().map(|p| p.value.dtype()).collect();
         let grad_norm = self.global_norm(&shards, zero1)?;
         let scale = match self.config.max_grad_norm {
             Some(max) if grad_norm > max => max / (grad_norm + 1e-6),
@@ -260,7 +230,7 @@ impl DistributedAdamW {
         }
         let mut total = tp.all_reduce(local, ReduceOp::Sum)?;
         if zero1 {
-            total = self.groups.dp.all_reduce(total, ReduceOp::Sum)?;
+            total = self.groups.grad_sync().all_reduce(total, ReduceOp::Sum)?;
         }
         Ok(total.into_scalar::<f64>().sqrt())
     }
@@ -268,30 +238,22 @@ impl DistributedAdamW {
     /// fp32 master copies of the current values (this rank's dp shard under ZeRO-1) and zero
     /// moments.
     fn first_states<M: Module>(&self, model: &M, zero1: bool) -> Vec<State> {
-        struct Copy<'a> {
-            dp: &'a burn_megatron_dist::ProcessGroup,
-            zero1: bool,
-            out: Vec<State>,
-        }
-        impl ModuleVisitor for Copy<'_> {
-            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-                let value = param.val().detach();
-                let n = value.shape().num_elements();
-                let flat = value.reshape([n]).cast(DType::F32);
-                let master = match self.zero1 {
+        let group = self.groups.grad_sync();
+        param_values(model)
+            .into_iter()
+            .map(|p| {
+                let flat = p.value.cast(DType::F32);
+                let master = match zero1 {
                     true => {
-                        let padded = pad(flat, self.dp.size());
-                        let part = padded.dims()[0] / self.dp.size();
-                        padded.narrow(0, self.dp.group_rank() * part, part)
+                        let padded = pad(flat, group.size());
+                        let part = padded.dims()[0] / group.size();
+                        padded.narrow(0, group.group_rank() * part, part)
                     }
                     false => flat,
                 };
                 let zeros = master.zeros_like();
-                self.out.push(State { m: zeros.clone(), v: zeros, master });
-            }
-        }
-        let mut copy = Copy { dp: &self.groups.dp, zero1, out: Vec::new() };
-        model.visit(&mut copy);
-        copy.out
+                State { m: zeros.clone(), v: zeros, master }
+            })
+            .collect()
     }
 }

@@ -6,10 +6,8 @@ pub mod adamw;
 pub mod buckets;
 pub mod fused;
 pub mod overlap;
-pub mod params;
 
-pub use adamw::{DistributedAdamW, DistributedAdamWConfig, ParamState, StepReport};
+pub use adamw::{DistributedAdamW, DistributedAdamWConfig, ParamState, StepReport, check_lr};
 pub use buckets::{BucketConfig, GradReducer, Reduction};
 pub use fused::{FusedAdamW, FusedAdamWConfig};
 pub use overlap::Overlap;
-pub use params::{ParamInfo, param_infos};

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! let overlap = Overlap::new(optim.reducer(&model));
-//! let loss = overlap.tap(model.clone(), &groups.dp).forward_loss(ids, targets)?;
+//! let loss = overlap.tap(model.clone(), groups.grad_sync()).forward_loss(ids, targets)?;
 //! loss.backward();                                   // buckets reduced on the way
 //! let reduced = overlap.finish(&device, dtype)?;
 //! model = optim.step_reduced(lr, model, reduced)?.0;

@@ -16,7 +16,7 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 
 use super::model::{Llama, LlamaConfig};
-use crate::optim::params::{ParamInfo, map_params, param_infos};
+use crate::params::{ParamInfo, map_params, param_infos, param_values};
 
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum HfError {
@@ -198,7 +198,7 @@ fn read_tensors(dir: &Path) -> Result<BTreeMap<String, Whole>, HfError> {
 pub fn load<M: Module>(dir: &Path, model: M, groups: &ProcessGroups) -> Result<M, HfError> {
     let mut tensors = read_tensors(dir)?;
     let infos = param_infos(&model);
-    let shapes = local_shapes(&model);
+    let shapes: Vec<Vec<usize>> = param_values(&model).into_iter().map(|p| p.dims).collect();
     let mut values = Vec::with_capacity(infos.len());
     for (info, shape) in infos.iter().zip(&shapes) {
         let incompatible = |detail: String| HfError::Incompatible { name: info.path.clone(), detail };
@@ -242,53 +242,34 @@ fn slice(whole: &Whole, info: &ParamInfo, shape: &[usize], groups: &ProcessGroup
     Ok(out)
 }
 
-fn local_shapes<M: Module>(model: &M) -> Vec<Vec<usize>> {
-    use burn::module::{ModuleVisitor, Param};
-    struct Shapes(Vec<Vec<usize>>);
-    impl ModuleVisitor for Shapes {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            self.0.push(param.val().dims().to_vec());
-        }
-    }
-    let mut shapes = Shapes(Vec::new());
-    model.visit(&mut shapes);
-    shapes.0
-}
-
 /// Saves `model` in Hugging Face's layout to `dir` (`config.json`, `model.safetensors`, f32):
 /// every rank gathers the whole tensors, global rank 0 writes them.
 pub fn save(dir: &Path, model: &Llama, config: &LlamaConfig, groups: &ProcessGroups) -> Result<(), HfError> {
-    use burn::module::{ModuleVisitor, Param};
-    struct Gather<'a> {
-        groups: &'a ProcessGroups,
-        infos: &'a [ParamInfo],
-        index: usize,
-        out: Vec<Result<Whole, CommError>>,
-    }
-    impl ModuleVisitor for Gather<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let info = &self.infos[self.index];
-            self.index += 1;
-            let value = param.val().detach();
-            let gathered = match info.split_dim {
-                Some(dim) => self.groups.tp.all_gather(value, dim),
-                None => Ok(value),
-            };
-            self.out.push(gathered.map(|t| Whole {
-                shape: t.dims().to_vec(),
-                values: t.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32"),
-            }));
-        }
-    }
     let infos = param_infos(model);
-    let mut gather = Gather { groups, infos: &infos, index: 0, out: Vec::new() };
-    model.visit(&mut gather);
+    let gathered: Vec<Result<Whole, CommError>> = infos
+        .iter()
+        .zip(param_values(model))
+        .map(|(info, p)| {
+            let mut shape = p.dims;
+            let whole = match info.split_dim {
+                // Seen as [outer, split, inner], gathered along the middle.
+                Some(dim) => {
+                    let (outer, inner) = (shape[..dim].iter().product(), shape[dim + 1..].iter().product());
+                    let value = p.value.reshape([outer, shape[dim], inner]);
+                    shape[dim] *= groups.tp.size();
+                    groups.tp.all_gather(value, 1)?.reshape([shape.iter().product::<usize>()])
+                }
+                None => p.value,
+            };
+            Ok(Whole { shape, values: whole.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32") })
+        })
+        .collect();
     if groups.global_rank != 0 {
-        return gather.out.into_iter().try_for_each(|r| r.map(|_| ())).map_err(HfError::from);
+        return gathered.into_iter().try_for_each(|r| r.map(|_| ())).map_err(HfError::from);
     }
     let vocab = config.embedding.vocab_size;
     let mut named = BTreeMap::new();
-    for (info, whole) in infos.iter().zip(gather.out) {
+    for (info, whole) in infos.iter().zip(gathered) {
         let mut whole = whole?;
         let (name, transposed) = hf_name(&info.path)
             .ok_or_else(|| HfError::Incompatible { name: info.path.clone(), detail: "no Hugging Face name".into() })?;

@@ -66,24 +66,23 @@ impl LlamaConfig {
     }
 
     pub fn init(&self, device: &Device, groups: &ProcessGroups, init: &ParamInit) -> Result<Llama, LayerError> {
-        let tp = &groups.tp;
         let layers = (0..self.n_layers)
             .map(|i| {
                 let name = format!("layers.{i}");
                 Ok(LlamaBlock {
-                    attention_norm: self.norm.init(device, tp, init),
-                    attention: self.attention.init(device, tp, init, &format!("{name}.attention"))?,
-                    mlp_norm: self.norm.init(device, tp, init),
-                    mlp: self.mlp.init(device, tp, init, &format!("{name}.mlp"))?,
+                    attention_norm: self.norm.init(device, groups, init),
+                    attention: self.attention.init(device, groups, init, &format!("{name}.attention"))?,
+                    mlp_norm: self.norm.init(device, groups, init),
+                    mlp: self.mlp.init(device, groups, init, &format!("{name}.mlp"))?,
                 })
             })
             .collect::<Result<_, LayerError>>()?;
         Ok(Llama {
-            embedding: self.embedding.init(device, tp, init, "embedding"),
+            embedding: self.embedding.init(device, groups, init, "embedding"),
             layers,
-            norm: self.norm.init(device, tp, init),
-            output: self.output.init(device, tp, init, "output")?,
-            loss: self.loss.init(tp, &groups.dp),
+            norm: self.norm.init(device, groups, init),
+            output: self.output.init(device, groups, init, "output")?,
+            loss: self.loss.init(groups),
         })
     }
 }

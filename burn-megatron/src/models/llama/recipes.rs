@@ -3,7 +3,7 @@
 use burn_megatron_dist::ParallelDims;
 
 use super::model::LlamaConfig;
-use super::plan::ParallelPlan;
+use crate::plan::{ParallelPlan, TensorParallel};
 use crate::error::ConfigError;
 
 /// A model with the batch it trains on.
@@ -14,6 +14,19 @@ pub struct LlamaRecipe {
     pub seq_len: usize,
     /// Sequences per global batch.
     pub batch_size: usize,
+}
+
+impl LlamaRecipe {
+    /// The sequences each of `dp` data-parallel ranks trains on a step: the global batch must
+    /// split evenly.
+    pub fn per_rank_batch(&self, dp: usize) -> Result<usize, ConfigError> {
+        let batch = self.batch_size;
+        match batch {
+            0 => Err(ConfigError::Zero { what: "batch size" }),
+            _ if batch.is_multiple_of(dp) => Ok(batch / dp),
+            _ => Err(ConfigError::BatchNotDivisible { batch, dp }),
+        }
+    }
 }
 
 /// hidden 256, 2 layers, 4 heads, ffn 688, vocab 1024, seq 256, batch 2.
@@ -43,16 +56,30 @@ pub fn preset(name: &str) -> Result<LlamaRecipe, ConfigError> {
 
 /// llama-1b with tensor and sequence parallelism over 2 GPUs.
 pub fn llama_1b_tp2() -> Result<LlamaRecipe, ConfigError> {
-    with_plan(llama_1b(), ParallelPlan::new(ParallelDims::tp_dp(2, 1), true))
+    with_plan(llama_1b(), ParallelPlan::new(ParallelDims::tp_dp(2, 1)).with_tensor(TensorParallel::SequenceParallel))
 }
 
 /// llama-8b with tensor and sequence parallelism over 2 GPUs.
 pub fn llama_8b_tp2() -> Result<LlamaRecipe, ConfigError> {
-    with_plan(llama_8b(), ParallelPlan::new(ParallelDims::tp_dp(2, 1), true))
+    with_plan(llama_8b(), ParallelPlan::new(ParallelDims::tp_dp(2, 1)).with_tensor(TensorParallel::SequenceParallel))
 }
 
 /// `recipe` with `plan` applied.
 pub fn with_plan(mut recipe: LlamaRecipe, plan: ParallelPlan) -> Result<LlamaRecipe, ConfigError> {
     recipe.model = plan.apply(recipe.model, plan.dims.world_size(), recipe.seq_len)?;
     Ok(recipe)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_must_split_over_dp() {
+        let batch = |n| LlamaRecipe { batch_size: n, ..tiny() };
+        assert_eq!(batch(8).per_rank_batch(4), Ok(2));
+        assert_eq!(batch(6).per_rank_batch(4), Err(ConfigError::BatchNotDivisible { batch: 6, dp: 4 }));
+        assert_eq!(batch(0).per_rank_batch(1), Err(ConfigError::Zero { what: "batch size" }));
+        assert_eq!(preset("llama-3b").unwrap_err(), ConfigError::UnknownPreset("llama-3b".into()));
+    }
 }

@@ -1,17 +1,17 @@
-//! cubek's matrix-multiply routines by name, on Burn's CUDA tensors.
+//! Every matrix-multiply routine by name, on Burn's CUDA tensors, for the GEMM study
+//! (`bench --gemm`, `docs/perf/gemm.md`): cubek's routines and our wgmma kernel's two schedules.
 //!
 //! Burn runs one routine for every matmul (`Auto`: a single-stage WMMA kernel, or autotune
 //! over a subset when Burn's `autotune` feature is on). [`GemmKernel`] names each routine
-//! cubek has, so the llama shapes can be measured against cuBLAS and the best chosen.
-
-use core::sync::atomic::{AtomicUsize, Ordering};
+//! cubek has, so the llama shapes can be measured against cuBLAS. The library ships only our
+//! wgmma GEMM with Burn's matmul as its fallback (`burn_megatron_kernels::Gemm`).
 
 use burn::backend::Cube;
 use burn::tensor::{DType, Tensor};
 use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
 use burn_cubecl::kernel::matmul::init_matmul_output;
 use burn_cubecl::tensor::CubeTensor;
-use crate::wgmma::Schedule;
+use burn_megatron_kernels::wgmma::{self, Schedule};
 use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
 use cubek::matmul::launch::launch_ref;
 use cubek::matmul::multi_level::Strategy as MultiLevel;
@@ -119,7 +119,7 @@ pub fn matmul(lhs: Tensor<2>, rhs: Tensor<2>, kernel: GemmKernel) -> Result<Tens
     let lhs: CubeTensor = lhs.try_into_primitive::<Cube>().map_err(|_| "gemm runs on CUDA tensors without autodiff")?;
     let rhs: CubeTensor = rhs.try_into_primitive::<Cube>().map_err(|_| "gemm runs on CUDA tensors without autodiff")?;
     if let Some(schedule) = kernel.schedule() {
-        let out = crate::wgmma::gemm(lhs, rhs, schedule).map_err(|e| e.to_string())?;
+        let out = wgmma::gemm(lhs, rhs, schedule).map_err(|e| e.to_string())?;
         return Ok(Tensor::from_primitive::<Cube>(out));
     }
     let strategy = kernel.strategy().expect("every routine but ours is cubek's");
@@ -150,30 +150,6 @@ fn elem(dtype: DType) -> Result<ElemType, String> {
     })
 }
 
-/// The routine the linear layers run unless [`set_linear_kernel`] picks another: the fastest on
-/// every llama shape measured (`docs/perf/gemm.md`). It takes bf16; f16, and any shape it
-/// refuses, run [`FALLBACK`]; f32 keeps Burn's matmul (its precision is what the f32 parity
-/// suites expect).
-pub const FASTEST: GemmKernel = GemmKernel::Wgmma;
-
-/// The fastest cubek routine, for what [`FASTEST`] refuses; Burn's matmul after it.
-pub const FALLBACK: GemmKernel = GemmKernel::SpecializedTmaMma;
-
-/// `usize::MAX` until [`set_linear_kernel`]: [`FASTEST`].
-static LINEAR_KERNEL: AtomicUsize = AtomicUsize::new(usize::MAX);
-
-/// Makes every linear layer of this process multiply with `kernel` (benchmarks compare routines
-/// inside whole training steps this way).
-pub fn set_linear_kernel(kernel: GemmKernel) {
-    let index = GemmKernel::ALL.iter().position(|k| *k == kernel).expect("ALL lists every kernel");
-    LINEAR_KERNEL.store(index, Ordering::Relaxed);
-}
-
-/// The routine the linear layers run now.
-pub fn linear_kernel() -> GemmKernel {
-    GemmKernel::ALL.get(LINEAR_KERNEL.load(Ordering::Relaxed)).copied().unwrap_or(FASTEST)
-}
-
 impl core::str::FromStr for GemmKernel {
     type Err = String;
 
@@ -183,19 +159,5 @@ impl core::str::FromStr for GemmKernel {
             .into_iter()
             .find(|k| format!("{k:?}").eq_ignore_ascii_case(name))
             .ok_or_else(|| format!("no GEMM routine named {name:?}; the routines are {:?}", Self::ALL))
-    }
-}
-
-/// `lhs · rhs` on primitives with [`linear_kernel`].
-pub(crate) fn fastest(lhs: CubeTensor, rhs: CubeTensor) -> CubeTensor {
-    use burn::backend::ops::FloatTensorOps;
-    if !matches!(lhs.dtype, DType::BF16 | DType::F16) || lhs.dtype != rhs.dtype {
-        return Cube::float_matmul(lhs, rhs);
-    }
-    let tensor = |t: &CubeTensor| Tensor::<2>::from_primitive::<Cube>(t.clone());
-    let out = matmul(tensor(&lhs), tensor(&rhs), linear_kernel()).or_else(|_| matmul(tensor(&lhs), tensor(&rhs), FALLBACK));
-    match out {
-        Ok(out) => out.try_into_primitive::<Cube>().expect("a CUDA tensor"),
-        Err(_) => Cube::float_matmul(lhs, rhs),
     }
 }

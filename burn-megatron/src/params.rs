@@ -1,12 +1,15 @@
-//! Walks a model's float parameters in a fixed order, knowing for each whether its value is
-//! split over the tensor-parallel group or replicated on every rank of it.
+//! A model's float parameters in one fixed order (Burn's traversal order), for the optimizer,
+//! checkpoints and Hugging Face import/export: their paths and tensor-parallel split
+//! ([`param_infos`]), values ([`param_values`]), gradients ([`param_grads`], [`take_grads`],
+//! [`grads_params`]) and new values ([`map_params`]). Every walk over parameters lives here.
 //!
 //! The split is read off the layer that owns the parameter: column-parallel weights and biases,
 //! row-parallel weights and vocabulary-parallel embeddings are split; everything else (norms,
 //! row-parallel biases, a user's plain layers) is replicated.
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
-use burn::tensor::Tensor;
+use burn::optim::GradientsParams;
+use burn::tensor::{Gradients, Tensor};
 
 /// One parameter as the walk sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,4 +99,77 @@ pub fn map_params<M: Module>(model: M, next: &mut dyn FnMut(usize, Tensor<1>, Ve
         }
     }
     model.map(&mut Map { index: 0, next })
+}
+
+/// One parameter's value, flattened and detached, with its shape.
+#[derive(Clone, Debug)]
+pub struct ParamValue {
+    pub dims: Vec<usize>,
+    /// `[n]`, in the parameter's dtype, on its device.
+    pub value: Tensor<1>,
+}
+
+/// Every float parameter's value, in traversal order.
+pub fn param_values<M: Module>(model: &M) -> Vec<ParamValue> {
+    struct Collect(Vec<ParamValue>);
+    impl ModuleVisitor for Collect {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let value = param.val().detach();
+            let dims = value.dims().to_vec();
+            self.0.push(ParamValue { value: value.reshape([dims.iter().product::<usize>()]), dims });
+        }
+    }
+    let mut collect = Collect(Vec::new());
+    model.visit(&mut collect);
+    collect.0
+}
+
+/// Every float parameter's gradient from an autodiff backward pass, flattened, in traversal
+/// order (`None` for a parameter the loss did not reach).
+pub fn param_grads<M: Module>(model: &M, grads: &Gradients) -> Vec<Option<Tensor<1>>> {
+    struct Collect<'a>(&'a Gradients, Vec<Option<Tensor<1>>>);
+    impl ModuleVisitor for Collect<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.1.push(param.val().grad(self.0).map(flatten));
+        }
+    }
+    let mut collect = Collect(grads, Vec::new());
+    model.visit(&mut collect);
+    collect.1
+}
+
+/// Every float parameter's gradient taken out of `grads`, flattened, in traversal order
+/// (`None` for a parameter without one).
+pub fn take_grads<M: Module>(model: &M, grads: GradientsParams) -> Vec<Option<Tensor<1>>> {
+    struct Take(GradientsParams, Vec<Option<Tensor<1>>>);
+    impl ModuleVisitor for Take {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let grad = self.0.remove::<D>(param.id).map(flatten);
+            self.1.push(grad);
+        }
+    }
+    let mut take = Take(grads, Vec::new());
+    model.visit(&mut take);
+    take.1
+}
+
+/// Flat gradients, one a parameter in traversal order, back in the parameters' shapes and
+/// dtypes, as Burn's optimizers take them.
+pub fn grads_params<M: Module>(model: &M, flat: Vec<Tensor<1>>) -> GradientsParams {
+    struct Put(std::vec::IntoIter<Tensor<1>>, GradientsParams);
+    impl ModuleVisitor for Put {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let value = param.val();
+            let grad = self.0.next().expect("a gradient a parameter");
+            self.1.register::<D>(param.id, grad.reshape(value.shape()).cast(value.dtype()));
+        }
+    }
+    let mut put = Put(flat.into_iter(), GradientsParams::new());
+    model.visit(&mut put);
+    put.1
+}
+
+fn flatten<const D: usize>(t: Tensor<D>) -> Tensor<1> {
+    let n = t.shape().num_elements();
+    t.reshape([n])
 }

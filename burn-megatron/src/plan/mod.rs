@@ -1,0 +1,161 @@
+//! The parallel plan: how a model is split over the mesh, one choice per dimension, every
+//! invariant checked before any tensor exists, applied to the model's configuration before
+//! `init` (the model itself knows nothing about parallelism).
+//!
+//! One room a dimension:
+//! - [`tensor`]: tensor parallelism, with or without sequence parallelism; the layer styles a
+//!   model's layer table names.
+//! - [`context`]: context parallelism (not built yet: `cp > 1` is refused by name).
+//! - [`expert`]: expert parallelism (not built yet: `ep > 1` is refused by name).
+//! - [`pipeline`]: pipeline parallelism (not built yet: `pp > 1` is refused by name).
+//!
+//! Data parallelism needs no rewrite of the model: the optimizer averages gradients over
+//! [`ProcessGroups::grad_sync`](burn_megatron_dist::ProcessGroups::grad_sync).
+
+pub mod context;
+pub mod expert;
+pub mod pipeline;
+pub mod tensor;
+
+use burn_megatron_dist::ParallelDims;
+
+pub use context::ContextParallel;
+pub use expert::ExpertParallel;
+pub use pipeline::PipelineSchedule;
+pub use tensor::{TensorParallel, TensorParallelLayer};
+
+use crate::error::ConfigError;
+
+/// How a model is split: the mesh and one choice per dimension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParallelPlan {
+    pub dims: ParallelDims,
+    pub tensor: TensorParallel,
+    pub context: ContextParallel,
+    pub expert: ExpertParallel,
+    pub pipeline: PipelineSchedule,
+}
+
+/// A model configuration a [`ParallelPlan`] can rewrite: it names its layers (torchtitan's
+/// layer plan) and the longest sequence its positions cover.
+pub trait PlannedModel {
+    /// Each layer the tensor plan lays out, by its path in the model (`layers.*.mlp`).
+    fn tensor_layers(&mut self) -> Vec<(&'static str, Box<dyn TensorParallelLayer + '_>)>;
+
+    /// The longest sequence the model's positions cover.
+    fn max_seq_len(&self) -> usize;
+}
+
+impl ParallelPlan {
+    /// `dims` with every dimension's default choice: tensor parallelism without sequence
+    /// parallelism.
+    pub fn new(dims: ParallelDims) -> Self {
+        Self {
+            dims,
+            tensor: TensorParallel::Plain,
+            context: ContextParallel::default(),
+            expert: ExpertParallel::default(),
+            pipeline: PipelineSchedule::default(),
+        }
+    }
+
+    /// The same plan with `tensor` for the tensor dimension.
+    pub fn with_tensor(self, tensor: TensorParallel) -> Self {
+        Self { tensor, ..self }
+    }
+
+    /// Checks the mesh against a run of `world_size` ranks and each dimension's choice: a
+    /// dimension that is not built yet is an error naming it, never ignored.
+    pub fn validate(&self, world_size: usize) -> Result<(), ConfigError> {
+        self.dims.validate(world_size)?;
+        self.context.check(self.dims.cp)?;
+        self.expert.check(self.dims.ep)?;
+        self.pipeline.check(self.dims.pp)?;
+        Ok(())
+    }
+
+    /// Checks every invariant and rewrites `config` for this plan, for a run of `world_size`
+    /// ranks on sequences of `seq_len` tokens.
+    pub fn apply<M: PlannedModel>(&self, mut config: M, world_size: usize, seq_len: usize) -> Result<M, ConfigError> {
+        self.validate(world_size)?;
+        let max_seq_len = config.max_seq_len();
+        if seq_len == 0 {
+            return Err(ConfigError::Zero { what: "sequence length" });
+        }
+        if seq_len > max_seq_len {
+            return Err(ConfigError::SequenceTooLong { seq_len, max_seq_len });
+        }
+        let layout = self.tensor.layout(self.dims.tp, seq_len)?;
+        for (_, mut layer) in config.tensor_layers() {
+            layer.plan_tensor(self.dims.tp, layout)?;
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::{ColumnInput, SequenceLayout};
+    use crate::models::llama::recipes;
+    use burn_megatron_dist::MeshError;
+
+    fn plan(tp: usize, sp: bool) -> ParallelPlan {
+        let tensor = if sp { TensorParallel::SequenceParallel } else { TensorParallel::Plain };
+        ParallelPlan::new(ParallelDims::tp_dp(tp, 1)).with_tensor(tensor)
+    }
+
+    #[test]
+    fn every_bad_layout_is_a_typed_error_before_init() {
+        let tiny = || recipes::tiny().model; // 4 heads, ffn 688, head_dim 64, 256 positions
+        assert!(plan(4, true).apply(tiny(), 4, 256).is_ok());
+        assert_eq!(plan(3, false).apply(tiny(), 3, 256).unwrap_err(), ConfigError::NotDivisible { what: "n_heads", size: 4, tp: 3 });
+        let mut gqa = tiny();
+        gqa.attention.n_kv_heads = 2;
+        assert_eq!(plan(4, false).apply(gqa, 4, 256).unwrap_err(), ConfigError::NotDivisible { what: "n_kv_heads", size: 2, tp: 4 });
+        let mut ffn = tiny();
+        ffn.mlp.d_ff = 690;
+        assert_eq!(plan(4, false).apply(ffn, 4, 256).unwrap_err(), ConfigError::NotDivisible { what: "d_ff", size: 690, tp: 4 });
+        assert_eq!(plan(4, true).apply(tiny(), 4, 254).unwrap_err(), ConfigError::SequenceNotDivisible { seq_len: 254, tp: 4 });
+        // Without SP the sequence need not split.
+        assert!(plan(4, false).apply(tiny(), 4, 254).is_ok());
+        assert_eq!(plan(1, false).apply(tiny(), 1, 300).unwrap_err(), ConfigError::SequenceTooLong { seq_len: 300, max_seq_len: 256 });
+        assert_eq!(plan(1, false).apply(tiny(), 1, 0).unwrap_err(), ConfigError::Zero { what: "sequence length" });
+        assert!(matches!(plan(2, false).apply(tiny(), 4, 256).unwrap_err(), ConfigError::Mesh(MeshError::WorldSizeMismatch { .. })));
+        let mut odd = tiny();
+        odd.attention.d_model = 4 * 63;
+        assert_eq!(plan(1, false).apply(odd, 1, 256).unwrap_err(), ConfigError::OddHeadDim { head_dim: 63 });
+        let mut kv = tiny();
+        kv.attention.n_kv_heads = 3;
+        assert_eq!(plan(1, false).apply(kv, 1, 256).unwrap_err(), ConfigError::HeadsNotMultipleOfKvHeads { n_heads: 4, n_kv_heads: 3 });
+    }
+
+    /// Context, expert and pipeline parallelism are not built yet: asking for any of them is an
+    /// error naming the dimension, on its own and beside tp and dp.
+    #[test]
+    fn a_dimension_not_built_yet_is_refused_by_name() {
+        let dims = |tp, cp, ep, dp, pp| ParallelDims { tp, cp, ep, dp, pp };
+        let refused = |dims: ParallelDims| ParallelPlan::new(dims).apply(recipes::tiny().model, dims.world_size(), 256).unwrap_err();
+        assert_eq!(refused(dims(1, 2, 1, 1, 1)), ConfigError::NotBuilt { dimension: "context parallelism", size: 2 });
+        assert_eq!(refused(dims(2, 2, 1, 2, 1)), ConfigError::NotBuilt { dimension: "context parallelism", size: 2 });
+        assert_eq!(refused(dims(1, 1, 2, 2, 1)), ConfigError::NotBuilt { dimension: "expert parallelism", size: 2 });
+        assert_eq!(refused(dims(1, 1, 1, 1, 4)), ConfigError::NotBuilt { dimension: "pipeline parallelism", size: 4 });
+        assert_eq!(refused(dims(2, 1, 1, 1, 2)), ConfigError::NotBuilt { dimension: "pipeline parallelism", size: 2 });
+        let message = refused(dims(1, 2, 1, 1, 1)).to_string();
+        assert!(message.contains("context parallelism") && message.contains("not built yet"), "{message}");
+    }
+
+    #[test]
+    fn the_plan_sets_each_layers_sequence_layout_and_the_output_layout() {
+        let config = plan(2, true).apply(recipes::tiny().model, 2, 256).unwrap();
+        assert_eq!(config.attention.sequence, SequenceLayout::Sharded);
+        assert_eq!(config.mlp.sequence, SequenceLayout::Sharded);
+        assert_eq!(config.norm.sequence, SequenceLayout::Sharded);
+        assert_eq!(config.embedding.sequence, SequenceLayout::Sharded);
+        assert_eq!(config.output.input, ColumnInput::SequenceSharded);
+        // At tp = 1 SP means nothing and stays off.
+        let single = plan(1, true).apply(recipes::tiny().model, 1, 256).unwrap();
+        assert_eq!(single.attention.sequence, SequenceLayout::Whole);
+        assert_eq!(single.output.input, ColumnInput::Replicated);
+    }
+}

@@ -1,0 +1,26 @@
+//! Pipeline parallelism: the model's blocks split into stages over the pp group. Not built yet;
+//! its room in the plan, so a run asking for it is refused by name.
+
+use crate::error::ConfigError;
+
+/// The order in which a pipeline stage runs its microbatches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PipelineSchedule {
+    /// All forwards, then all backwards.
+    GPipe,
+    /// One forward, one backward in the steady state.
+    #[default]
+    OneForwardOneBackward,
+    /// 1F1B over `virtual_stages` model chunks a rank (Megatron's interleaved schedule).
+    Interleaved { virtual_stages: usize },
+}
+
+impl PipelineSchedule {
+    /// Pipeline parallelism over `pp` ranks: only `pp = 1` runs today.
+    pub fn check(self, pp: usize) -> Result<(), ConfigError> {
+        match pp {
+            1 => Ok(()),
+            size => Err(ConfigError::NotBuilt { dimension: "pipeline parallelism", size }),
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! Precision policies: the dtype a model computes in, the matrix product each of its linear
+//! layers runs, and what the optimizer keeps beside the parameters. A policy rewrites the
+//! model's configuration before `init` (torchtitan's converters; no process state), so FP8 and
+//! FP4 recipes land here as further policies.
+
+use burn::tensor::DType;
+use burn_megatron_kernels::Gemm;
+
+use crate::init::{InitMode, ParamInit};
+
+/// What the optimizer keeps beside the parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MasterWeights {
+    /// fp32 copies of the parameters and fp32 moments (`DistributedAdamW`): the update is
+    /// computed and accumulated in fp32, and rounded once to the parameters' dtype.
+    F32,
+    /// The parameters alone, updated in their own dtype (fp32 moments; `FusedAdamW`).
+    None,
+}
+
+/// How a model computes and keeps its weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrecisionPolicy {
+    /// The dtype of the parameters and activations.
+    pub compute: DType,
+    /// Every linear layer's matrix product, forward and backward.
+    pub gemm: Gemm,
+    pub master: MasterWeights,
+}
+
+/// A model configuration whose linear layers a policy sets, each by its path in the model.
+pub trait PrecisionTarget {
+    fn linear_gemms(&mut self) -> Vec<(&'static str, &mut Gemm)>;
+}
+
+impl PrecisionPolicy {
+    /// f32 parameters and compute on Burn's matmul (the parity suites' policy).
+    pub fn f32() -> Self {
+        Self { compute: DType::F32, gemm: Gemm::Burn, master: MasterWeights::F32 }
+    }
+
+    /// bf16 parameters and compute on our wgmma GEMM, fp32 master weights and moments in the
+    /// optimizer: the recipe of Megatron and of PyTorch's mixed precision.
+    pub fn bf16() -> Self {
+        Self { compute: DType::BF16, gemm: Gemm::Wgmma, master: MasterWeights::F32 }
+    }
+
+    /// bf16 parameters updated in bf16 (no master weights): cheaper, and not the peers' recipe.
+    pub fn pure_bf16() -> Self {
+        Self { master: MasterWeights::None, ..Self::bf16() }
+    }
+
+    /// The same policy with every linear layer on `gemm`.
+    pub fn with_gemm(self, gemm: Gemm) -> Self {
+        Self { gemm, ..self }
+    }
+
+    /// `config` with every linear layer set to this policy's product.
+    pub fn apply<M: PrecisionTarget>(&self, mut config: M) -> M {
+        for (_, gemm) in config.linear_gemms() {
+            *gemm = self.gemm;
+        }
+        config
+    }
+
+    /// Parameters initialized from `seed` in this policy's dtype.
+    pub fn init(&self, seed: u64, mode: InitMode) -> ParamInit {
+        ParamInit::new(seed, mode).with_dtype(self.compute)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::llama::recipes;
+
+    #[test]
+    fn a_policy_sets_every_linear_layers_product() {
+        let config = PrecisionPolicy::f32().apply(recipes::tiny().model);
+        assert_eq!((config.attention.gemm, config.mlp.gemm, config.output.gemm), (Gemm::Burn, Gemm::Burn, Gemm::Burn));
+        let config = PrecisionPolicy::bf16().apply(config);
+        assert_eq!((config.attention.gemm, config.mlp.gemm, config.output.gemm), (Gemm::Wgmma, Gemm::Wgmma, Gemm::Wgmma));
+        assert_eq!(PrecisionPolicy::bf16().init(1, InitMode::Full).dtype, DType::BF16);
+    }
+}
