@@ -1,6 +1,6 @@
 //! A Hopper GEMM of our own: `wgmma` through inline PTX, fed by TMA through an mbarrier
 //! pipeline, one producer warpgroup and two consumer warpgroups (CubeCL 0.11 emits no `wgmma`
-//! itself; `docs/perf/wgmma-plan.md`, measurements in `docs/perf/gemm.md`).
+//! itself; `docs/perf/gemm.md` says what it allows, and the measurements).
 //!
 //! `C[m, n] = A[m, k] · B[k, n]`, bf16 in, f32 accumulation, bf16 out. A block computes 128 × 256
 //! tiles of C, one after another ([`Schedule`]), in an L2-friendly order ([`GROUP_M`]). Each of
