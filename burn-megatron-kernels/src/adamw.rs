@@ -7,9 +7,9 @@
 //! `p ← p(1 − lr·λ) − lr · (m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + ε)` (decoupled weight decay λ, as
 //! Burn's and PyTorch's AdamW).
 
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
-use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::tensor::Tensor;
 
 /// AdamW's hyper-parameters for one step.
@@ -29,7 +29,10 @@ pub struct AdamWStep {
 impl AdamWStep {
     /// The bias corrections `(1 − β₁ᵗ, 1 − β₂ᵗ)`.
     pub(crate) fn bias(&self) -> (f32, f32) {
-        (1.0 - self.beta_1.powi(self.time as i32), 1.0 - self.beta_2.powi(self.time as i32))
+        (
+            1.0 - self.beta_1.powi(self.time as i32),
+            1.0 - self.beta_2.powi(self.time as i32),
+        )
     }
 }
 
@@ -66,9 +69,18 @@ pub mod reference {
         let dtype = FloatDType::from(param.dtype());
         let (bias_1, bias_2) = step.bias();
         let g = B::float_mul_scalar(f32(grad), scalar(step.grad_scale));
-        let m = B::float_add(B::float_mul_scalar(f32(m), scalar(step.beta_1)), B::float_mul_scalar(g.clone(), scalar(1.0 - step.beta_1)));
-        let v = B::float_add(B::float_mul_scalar(f32(v), scalar(step.beta_2)), B::float_mul_scalar(B::float_mul(g.clone(), g), scalar(1.0 - step.beta_2)));
-        let denominator = B::float_add_scalar(B::float_sqrt(B::float_div_scalar(v.clone(), scalar(bias_2))), scalar(step.epsilon));
+        let m = B::float_add(
+            B::float_mul_scalar(f32(m), scalar(step.beta_1)),
+            B::float_mul_scalar(g.clone(), scalar(1.0 - step.beta_1)),
+        );
+        let v = B::float_add(
+            B::float_mul_scalar(f32(v), scalar(step.beta_2)),
+            B::float_mul_scalar(B::float_mul(g.clone(), g), scalar(1.0 - step.beta_2)),
+        );
+        let denominator = B::float_add_scalar(
+            B::float_sqrt(B::float_div_scalar(v.clone(), scalar(bias_2))),
+            scalar(step.epsilon),
+        );
         let update = B::float_div(B::float_div_scalar(m.clone(), scalar(bias_1)), denominator);
         let decayed = B::float_mul_scalar(f32(param), scalar(1.0 - step.lr * step.weight_decay));
         let param = B::float_sub(decayed, B::float_mul_scalar(update, scalar(step.lr)));
@@ -80,21 +92,39 @@ pub mod reference {
 type Update<B> = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
 
 impl AdamWOps for Flex {
-    fn adamw_update(param: FloatTensor<Self>, grad: FloatTensor<Self>, m: FloatTensor<Self>, v: FloatTensor<Self>, step: AdamWStep) -> Update<Self> {
+    fn adamw_update(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        step: AdamWStep,
+    ) -> Update<Self> {
         reference::update::<Flex>(param, grad, m, v, step)
     }
 }
 
 #[cfg(feature = "cuda")]
 impl AdamWOps for burn::backend::Cube {
-    fn adamw_update(param: FloatTensor<Self>, grad: FloatTensor<Self>, m: FloatTensor<Self>, v: FloatTensor<Self>, step: AdamWStep) -> Update<Self> {
+    fn adamw_update(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        step: AdamWStep,
+    ) -> Update<Self> {
         crate::elementwise::adamw(param, grad, m, v, step)
     }
 }
 
 /// Optimizers run on tensors outside the graph: the inner backend's update, as constants.
 impl<B: Backend + AdamWOps, C: CheckpointStrategy> AdamWOps for Autodiff<B, C> {
-    fn adamw_update(param: FloatTensor<Self>, grad: FloatTensor<Self>, m: FloatTensor<Self>, v: FloatTensor<Self>, step: AdamWStep) -> Update<Self> {
+    fn adamw_update(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        step: AdamWStep,
+    ) -> Update<Self> {
         let inner = |t: FloatTensor<Self>| t.into_parts().0;
         let (p, m, v) = B::adamw_update(inner(param), inner(grad), inner(m), inner(v), step);
         let outer = |t| <Self as AutodiffBackend>::from_inner(t);
@@ -106,9 +136,25 @@ impl<B: Backend + AdamWOps, C: CheckpointStrategy> AdamWOps for Autodiff<B, C> {
 ///
 /// # Shapes
 /// all four of one shape
-pub fn adamw_step<const D: usize>(param: Tensor<D>, grad: Tensor<D>, moment_1: Tensor<D>, moment_2: Tensor<D>, step: AdamWStep) -> (Tensor<D>, Tensor<D>, Tensor<D>) {
-    let (p, m, v) = <burn::backend::Dispatch as AdamWOps>::adamw_update(param.into_dispatch(), grad.into_dispatch(), moment_1.into_dispatch(), moment_2.into_dispatch(), step);
-    (Tensor::from_dispatch(p), Tensor::from_dispatch(m), Tensor::from_dispatch(v))
+pub fn adamw_step<const D: usize>(
+    param: Tensor<D>,
+    grad: Tensor<D>,
+    moment_1: Tensor<D>,
+    moment_2: Tensor<D>,
+    step: AdamWStep,
+) -> (Tensor<D>, Tensor<D>, Tensor<D>) {
+    let (p, m, v) = <burn::backend::Dispatch as AdamWOps>::adamw_update(
+        param.into_dispatch(),
+        grad.into_dispatch(),
+        moment_1.into_dispatch(),
+        moment_2.into_dispatch(),
+        step,
+    );
+    (
+        Tensor::from_dispatch(p),
+        Tensor::from_dispatch(m),
+        Tensor::from_dispatch(v),
+    )
 }
 
 #[cfg(test)]
@@ -126,15 +172,27 @@ mod tests {
         let burn = config.build();
         let mut theirs = Tensor::<2>::random([7, 9], Distribution::Normal(0.0, 1.0), &device);
         let mut ours = theirs.clone();
-        let (mut m, mut v) = (theirs.zeros_like().cast(DType::F32), theirs.zeros_like().cast(DType::F32));
+        let (mut m, mut v) = (
+            theirs.zeros_like().cast(DType::F32),
+            theirs.zeros_like().cast(DType::F32),
+        );
         let mut state = None;
         for time in 1..=3 {
             let grad = Tensor::<2>::random([7, 9], Distribution::Normal(0.0, 1.0), &device);
             (theirs, state) = burn.step(1e-2, theirs, grad.clone(), state);
-            let step = AdamWStep { lr: 1e-2, beta_1: 0.9, beta_2: 0.999, epsilon: 1e-8, weight_decay: 0.1, time, grad_scale: 1.0 };
+            let step = AdamWStep {
+                lr: 1e-2,
+                beta_1: 0.9,
+                beta_2: 0.999,
+                epsilon: 1e-8,
+                weight_decay: 0.1,
+                time,
+                grad_scale: 1.0,
+            };
             (ours, m, v) = adamw_step(ours, grad, m, v, step);
         }
         // f32 both ways, the same formula in another order: a few ulps of values of order 1.
-        ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), Tolerance::absolute(1e-5));
+        ours.to_data()
+            .assert_approx_eq::<f32>(&theirs.to_data(), Tolerance::absolute(1e-5));
     }
 }

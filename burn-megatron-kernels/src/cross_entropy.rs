@@ -22,7 +22,12 @@ use burn::tensor::Tensor;
 pub trait CrossEntropyOps: Backend {
     /// The `[n, 3]` f32 sums for `logits` `[n, c]`, `shift` `[n]` f32 and `target` `[n]` (the
     /// target's column in this slice as f32, -1 where it lies in another).
-    fn cross_entropy_partials(logits: FloatTensor<Self>, shift: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self>;
+    fn cross_entropy_partials(
+        logits: FloatTensor<Self>,
+        shift: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+        valid: usize,
+    ) -> FloatTensor<Self>;
 
     /// The logits' gradient given the sums' gradient `grad` `[n, 3]`.
     fn cross_entropy_partials_backward(
@@ -52,12 +57,20 @@ pub mod reference {
         Tensor::cat(vec![sum_exp, picked, real], 1)
     }
 
-    pub fn backward(logits: Tensor<2>, shift: Tensor<1>, target: Tensor<1>, valid: usize, grad: Tensor<2>) -> Tensor<2> {
+    pub fn backward(
+        logits: Tensor<2>,
+        shift: Tensor<1>,
+        target: Tensor<1>,
+        valid: usize,
+        grad: Tensor<2>,
+    ) -> Tensor<2> {
         let [n, c] = logits.dims();
         let dtype = logits.dtype();
         let device = logits.device();
         let x = logits.cast(DType::F32) - shift.unsqueeze_dim::<2>(1); // [n, c]
-        let columns = Tensor::<1, Int>::arange(0..c as i64, &device).unsqueeze::<2>().expand([n, c]);
+        let columns = Tensor::<1, Int>::arange(0..c as i64, &device)
+            .unsqueeze::<2>()
+            .expand([n, c]);
         let padded = columns.clone().greater_equal_elem(valid as i64);
         let is_target = columns.equal(target.int().unsqueeze_dim::<2>(1).expand([n, c]));
         let g = |i: usize| grad.clone().narrow(1, i, 1);
@@ -71,8 +84,15 @@ fn flex<const D: usize>(t: FloatTensor<Flex>) -> Tensor<D> {
 }
 
 impl CrossEntropyOps for Flex {
-    fn cross_entropy_partials(logits: FloatTensor<Self>, shift: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
-        reference::partials(flex(logits), flex(shift), flex(target), valid).try_into_primitive::<Flex>().expect("flex")
+    fn cross_entropy_partials(
+        logits: FloatTensor<Self>,
+        shift: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+        valid: usize,
+    ) -> FloatTensor<Self> {
+        reference::partials(flex(logits), flex(shift), flex(target), valid)
+            .try_into_primitive::<Flex>()
+            .expect("flex")
     }
 
     fn cross_entropy_partials_backward(
@@ -82,13 +102,20 @@ impl CrossEntropyOps for Flex {
         valid: usize,
         grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        reference::backward(flex(logits), flex(shift), flex(target), valid, flex(grad)).try_into_primitive::<Flex>().expect("flex")
+        reference::backward(flex(logits), flex(shift), flex(target), valid, flex(grad))
+            .try_into_primitive::<Flex>()
+            .expect("flex")
     }
 }
 
 #[cfg(feature = "cuda")]
 impl CrossEntropyOps for burn::backend::Cube {
-    fn cross_entropy_partials(logits: FloatTensor<Self>, shift: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
+    fn cross_entropy_partials(
+        logits: FloatTensor<Self>,
+        shift: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+        valid: usize,
+    ) -> FloatTensor<Self> {
         crate::row_kernels::cross_entropy_partials(logits, shift, target, valid)
     }
 
@@ -112,20 +139,33 @@ impl<B: Backend + CrossEntropyOps> Backward<B, 1> for PartialsBackward {
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let (logits, shift, target, valid) = ops.state;
-        unary::<B, _>(ops.parents, ops.node, grads, |grad| B::cross_entropy_partials_backward(logits, shift, target, valid, grad));
+        unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+            B::cross_entropy_partials_backward(logits, shift, target, valid, grad)
+        });
     }
 }
 
 impl<B: Backend + CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, C> {
-    fn cross_entropy_partials(logits: FloatTensor<Self>, shift: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
+    fn cross_entropy_partials(
+        logits: FloatTensor<Self>,
+        shift: FloatTensor<Self>,
+        target: FloatTensor<Self>,
+        valid: usize,
+    ) -> FloatTensor<Self> {
         let (shift, target) = (shift.into_parts().0, target.into_parts().0);
-        match PartialsBackward.prepare::<C>([logits.node()]).compute_bound().stateful() {
+        match PartialsBackward
+            .prepare::<C>([logits.node()])
+            .compute_bound()
+            .stateful()
+        {
             OpsKind::Tracked(prep) => {
                 let logits = logits.into_parts().0;
                 let out = B::cross_entropy_partials(logits.clone(), shift.clone(), target.clone(), valid);
                 prep.finish((logits, shift, target, valid), out)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::cross_entropy_partials(logits.into_parts().0, shift, target, valid)),
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::cross_entropy_partials(logits.into_parts().0, shift, target, valid))
+            }
         }
     }
 
@@ -138,7 +178,13 @@ impl<B: Backend + CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Au
         grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         let inner = |t: FloatTensor<Self>| t.into_parts().0;
-        <Self as AutodiffBackend>::from_inner(B::cross_entropy_partials_backward(inner(logits), inner(shift), inner(target), valid, inner(grad)))
+        <Self as AutodiffBackend>::from_inner(B::cross_entropy_partials_backward(
+            inner(logits),
+            inner(shift),
+            inner(target),
+            valid,
+            inner(grad),
+        ))
     }
 }
 
@@ -147,7 +193,12 @@ impl<B: Backend + CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Au
 /// # Shapes
 /// `[n, c]`, `[n]`, `[n]` → `[n, 3]`
 pub fn partials(logits: Tensor<2>, shift: Tensor<1>, target: Tensor<1>, valid: usize) -> Tensor<2> {
-    let out = <burn::backend::Dispatch as CrossEntropyOps>::cross_entropy_partials(logits.into_dispatch(), shift.into_dispatch(), target.into_dispatch(), valid);
+    let out = <burn::backend::Dispatch as CrossEntropyOps>::cross_entropy_partials(
+        logits.into_dispatch(),
+        shift.into_dispatch(),
+        target.into_dispatch(),
+        valid,
+    );
     Tensor::from_dispatch(out)
 }
 
@@ -170,7 +221,14 @@ mod tests {
         let tolerance = Tolerance::absolute(1e-5);
         ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
         let weights = Tensor::<2>::random([4, 3], Distribution::Normal(0.0, 1.0), &device).cast(DType::F32);
-        let (g1, g2) = ((ours * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
-        logits.grad(&g1).unwrap().to_data().assert_approx_eq::<f32>(&logits.grad(&g2).unwrap().to_data(), tolerance);
+        let (g1, g2) = (
+            (ours * weights.clone()).sum().backward(),
+            (theirs * weights).sum().backward(),
+        );
+        logits
+            .grad(&g1)
+            .unwrap()
+            .to_data()
+            .assert_approx_eq::<f32>(&logits.grad(&g2).unwrap().to_data(), tolerance);
     }
 }

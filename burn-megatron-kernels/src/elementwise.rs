@@ -51,7 +51,11 @@ fn sigmoid<N: Size>(x: Vector<f32, N>) -> Vector<f32, N> {
 }
 
 #[cube(launch_unchecked)]
-fn swiglu_kernel<F: Float, N: Size>(a: &Tensor<Vector<F, N>>, b: &Tensor<Vector<F, N>>, out: &mut Tensor<Vector<F, N>>) {
+fn swiglu_kernel<F: Float, N: Size>(
+    a: &Tensor<Vector<F, N>>,
+    b: &Tensor<Vector<F, N>>,
+    out: &mut Tensor<Vector<F, N>>,
+) {
     let i = ABSOLUTE_POS;
     if i < out.len() {
         let x = Vector::<f32, N>::cast_from(a[i]);
@@ -102,23 +106,43 @@ fn float_like(a: &CubeTensor, b: &CubeTensor) -> bool {
 }
 
 pub(crate) fn swiglu(a: CubeTensor, b: CubeTensor) -> CubeTensor {
-    let (Some(a), Some(b)) = (float_like(&a, &b).then(|| compact_input(a.clone())).flatten(), compact_input(b.clone())) else {
+    let (Some(a), Some(b)) = (
+        float_like(&a, &b).then(|| compact_input(a.clone())).flatten(),
+        compact_input(b.clone()),
+    ) else {
         return reference::forward::<Cube>(a, b);
     };
     let out = compact_output(&a, a.meta.shape().clone(), a.dtype);
     let len = a.meta.num_elements();
     let vector = vector_size(len);
     let (count, dim) = launch_dims(len, vector);
-    launch_float!(a.dtype, swiglu_kernel, &a.client, count, dim, vector, a.clone().into_tensor_arg(), b.into_tensor_arg(), out.clone().into_tensor_arg());
+    launch_float!(
+        a.dtype,
+        swiglu_kernel,
+        &a.client,
+        count,
+        dim,
+        vector,
+        a.clone().into_tensor_arg(),
+        b.into_tensor_arg(),
+        out.clone().into_tensor_arg()
+    );
     out
 }
 
 pub(crate) fn swiglu_backward(a: CubeTensor, b: CubeTensor, grad: CubeTensor) -> (CubeTensor, CubeTensor) {
     let fits = float_like(&a, &b) && float_like(&a, &grad);
-    let (Some(a), Some(b), Some(grad)) = (fits.then(|| compact_input(a.clone())).flatten(), compact_input(b.clone()), compact_input(grad.clone())) else {
+    let (Some(a), Some(b), Some(grad)) = (
+        fits.then(|| compact_input(a.clone())).flatten(),
+        compact_input(b.clone()),
+        compact_input(grad.clone()),
+    ) else {
         return reference::backward::<Cube>(a, b, grad);
     };
-    let (da, db) = (compact_output(&a, a.meta.shape().clone(), a.dtype), compact_output(&a, a.meta.shape().clone(), a.dtype));
+    let (da, db) = (
+        compact_output(&a, a.meta.shape().clone(), a.dtype),
+        compact_output(&a, a.meta.shape().clone(), a.dtype),
+    );
     let len = a.meta.num_elements();
     let vector = vector_size(len);
     let (count, dim) = launch_dims(len, vector);
@@ -188,12 +212,21 @@ pub(crate) fn adamw(
         true => Cube::float_cast(grad, param.dtype.into()),
         false => grad,
     };
-    let inputs = (compact_input(param.clone()), compact_input(grad.clone()), compact_input(m.clone()), compact_input(v.clone()));
+    let inputs = (
+        compact_input(param.clone()),
+        compact_input(grad.clone()),
+        compact_input(m.clone()),
+        compact_input(v.clone()),
+    );
     let (true, Some(pc), Some(gc), Some(mc), Some(vc)) = (fits, inputs.0, inputs.1, inputs.2, inputs.3) else {
         return crate::adamw::reference::update::<Cube>(param, grad, m, v, step);
     };
     let shape = pc.meta.shape().clone();
-    let (param_out, m_out, v_out) = (compact_output(&pc, shape.clone(), pc.dtype), compact_output(&pc, shape.clone(), DType::F32), compact_output(&pc, shape, DType::F32));
+    let (param_out, m_out, v_out) = (
+        compact_output(&pc, shape.clone(), pc.dtype),
+        compact_output(&pc, shape.clone(), DType::F32),
+        compact_output(&pc, shape, DType::F32),
+    );
     let len = pc.meta.num_elements();
     // f32 moments: vectors of 4 are 16-byte loads.
     let vector = if len % 4 == 0 { 4 } else { 1 };
@@ -262,15 +295,24 @@ fn rope_kernel<F: Float, N: Size>(
 pub(crate) fn rope(x: CubeTensor, cos: CubeTensor, sin: CubeTensor, inverse: bool) -> CubeTensor {
     let reference = |x: CubeTensor, cos: CubeTensor, sin: CubeTensor| {
         let table = |t| burn::tensor::Tensor::<2>::from_primitive::<Cube>(t);
-        crate::rope::reference::rope(burn::tensor::Tensor::from_primitive::<Cube>(x), table(cos), table(sin), inverse)
-            .try_into_primitive::<Cube>()
-            .expect("a CUDA tensor")
+        crate::rope::reference::rope(
+            burn::tensor::Tensor::from_primitive::<Cube>(x),
+            table(cos),
+            table(sin),
+            inverse,
+        )
+        .try_into_primitive::<Cube>()
+        .expect("a CUDA tensor")
     };
     let shape = x.meta.shape().clone();
     let (d, s) = (shape[3], shape[2]);
     let half = d / 2;
     let vector = [8, 4, 2, 1].into_iter().find(|v| half % v == 0).expect("1 divides");
-    let x = if x.meta.strides()[3] == 1 { x } else { into_contiguous(x) };
+    let x = if x.meta.strides()[3] == 1 {
+        x
+    } else {
+        into_contiguous(x)
+    };
     let strides = x.meta.strides();
     let fits = matches!(x.dtype, DType::BF16 | DType::F16 | DType::F32)
         && d % 2 == 0

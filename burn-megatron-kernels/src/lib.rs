@@ -20,10 +20,10 @@ mod elementwise;
 #[cfg(feature = "cuda")]
 mod hopper;
 pub mod linear;
-#[cfg(feature = "cuda")]
-mod row_kernels;
 pub mod rms_norm;
 pub mod rope;
+#[cfg(feature = "cuda")]
+mod row_kernels;
 pub mod swiglu;
 #[cfg(feature = "cuda")]
 pub mod wgmma;

@@ -45,8 +45,8 @@ impl GemmOps for Flex {
 #[cfg(feature = "cuda")]
 impl GemmOps for burn::backend::Cube {
     fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, kind: Gemm) -> FloatTensor<Self> {
-        use burn::tensor::DType;
         use burn::backend::Cube;
+        use burn::tensor::DType;
         let bf16 = lhs.dtype == DType::BF16 && rhs.dtype == DType::BF16;
         match kind {
             Gemm::Wgmma if bf16 => crate::wgmma::gemm(lhs.clone(), rhs.clone(), crate::wgmma::Schedule::Persistent)
@@ -71,9 +71,21 @@ impl<B: Backend + GemmOps> Backward<B, 2> for GemmBackward {
             ops.node,
             grads,
             // d lhs = d out · rhsᵀ: [m, n] · [n, k]
-            |grad| B::gemm(grad, B::float_transpose(rhs.expect("rhs saved for the lhs gradient")), kind),
+            |grad| {
+                B::gemm(
+                    grad,
+                    B::float_transpose(rhs.expect("rhs saved for the lhs gradient")),
+                    kind,
+                )
+            },
             // d rhs = lhsᵀ · d out: [k, m] · [m, n]
-            |grad| B::gemm(B::float_transpose(lhs.expect("lhs saved for the rhs gradient")), grad, kind),
+            |grad| {
+                B::gemm(
+                    B::float_transpose(lhs.expect("lhs saved for the rhs gradient")),
+                    grad,
+                    kind,
+                )
+            },
         );
     }
 }
@@ -81,7 +93,11 @@ impl<B: Backend + GemmOps> Backward<B, 2> for GemmBackward {
 impl<B: Backend + GemmOps, C: CheckpointStrategy> GemmOps for Autodiff<B, C> {
     fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, kind: Gemm) -> FloatTensor<Self> {
         let (lhs_tracked, rhs_tracked) = (lhs.is_tracked(), rhs.is_tracked());
-        match GemmBackward.prepare::<C>([lhs.node(), rhs.node()]).compute_bound().stateful() {
+        match GemmBackward
+            .prepare::<C>([lhs.node(), rhs.node()])
+            .compute_bound()
+            .stateful()
+        {
             OpsKind::Tracked(mut prep) => {
                 // Each operand is kept for the other's gradient.
                 let lhs_state = rhs_tracked.then(|| prep.checkpoint(&lhs));
@@ -99,7 +115,11 @@ impl<B: Backend + GemmOps, C: CheckpointStrategy> GemmOps for Autodiff<B, C> {
 /// # Shapes
 /// `[m, k]`, `[k, n]` → `[m, n]`
 pub fn gemm(lhs: Tensor<2>, rhs: Tensor<2>, kind: Gemm) -> Tensor<2> {
-    Tensor::from_dispatch(<burn::backend::Dispatch as GemmOps>::gemm(lhs.into_dispatch(), rhs.into_dispatch(), kind))
+    Tensor::from_dispatch(<burn::backend::Dispatch as GemmOps>::gemm(
+        lhs.into_dispatch(),
+        rhs.into_dispatch(),
+        kind,
+    ))
 }
 
 /// `x · weight + bias` over the last dim of `x`, Burn's `linear` with [`gemm`] inside.
@@ -144,9 +164,19 @@ mod tests {
         let tolerance = burn::tensor::Tolerance::absolute(1e-5);
         ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
         let (g1, g2) = (ours.sum().backward(), theirs.sum().backward());
-        let same = |a: Option<Tensor<3>>, b: Option<Tensor<3>>| a.unwrap().to_data().assert_approx_eq::<f32>(&b.unwrap().to_data(), tolerance);
+        let same = |a: Option<Tensor<3>>, b: Option<Tensor<3>>| {
+            a.unwrap()
+                .to_data()
+                .assert_approx_eq::<f32>(&b.unwrap().to_data(), tolerance)
+        };
         same(x.grad(&g1), x.grad(&g2));
-        w.grad(&g1).unwrap().to_data().assert_approx_eq::<f32>(&w.grad(&g2).unwrap().to_data(), tolerance);
-        b.grad(&g1).unwrap().to_data().assert_approx_eq::<f32>(&b.grad(&g2).unwrap().to_data(), tolerance);
+        w.grad(&g1)
+            .unwrap()
+            .to_data()
+            .assert_approx_eq::<f32>(&w.grad(&g2).unwrap().to_data(), tolerance);
+        b.grad(&g1)
+            .unwrap()
+            .to_data()
+            .assert_approx_eq::<f32>(&b.grad(&g2).unwrap().to_data(), tolerance);
     }
 }

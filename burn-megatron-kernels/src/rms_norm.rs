@@ -17,10 +17,19 @@ use burn::tensor::Tensor;
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait RmsNormOps: Backend {
     /// `(y, rstd)` for `x` `[.., c]` and `weight` `[c]`.
-    fn rms_norm(x: FloatTensor<Self>, weight: FloatTensor<Self>, epsilon: f32) -> (FloatTensor<Self>, FloatTensor<Self>);
+    fn rms_norm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
     /// The gradients of `x` and `weight` given the output's.
-    fn rms_norm_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, rstd: FloatTensor<Self>, grad: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>);
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
 /// The plain tensor-op twin, on any backend's primitives: the CPU path and the kernels' oracle.
@@ -40,7 +49,11 @@ pub mod reference {
         B::float_reshape(weight, Shape::from(dims))
     }
 
-    pub fn forward<B: Backend>(x: FloatTensor<B>, weight: FloatTensor<B>, epsilon: f32) -> (FloatTensor<B>, FloatTensor<B>) {
+    pub fn forward<B: Backend>(
+        x: FloatTensor<B>,
+        weight: FloatTensor<B>,
+        epsilon: f32,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
         let dtype = FloatDType::from(x.dtype());
         let last = x.shape().num_dims() - 1;
         let weight = broadcast::<B>(weight, last + 1);
@@ -53,7 +66,12 @@ pub mod reference {
 
     /// With `x̂ = x · rstd` and `gw = g ∘ w`: `dx = rstd · (gw − x̂ · mean(gw ∘ x̂))`,
     /// `dw = Σ_rows g ∘ x̂`.
-    pub fn backward<B: Backend>(x: FloatTensor<B>, weight: FloatTensor<B>, rstd: FloatTensor<B>, grad: FloatTensor<B>) -> (FloatTensor<B>, FloatTensor<B>) {
+    pub fn backward<B: Backend>(
+        x: FloatTensor<B>,
+        weight: FloatTensor<B>,
+        rstd: FloatTensor<B>,
+        grad: FloatTensor<B>,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
         let (dtype, weight_dtype) = (FloatDType::from(x.dtype()), FloatDType::from(weight.dtype()));
         let shape = x.shape();
         let last = shape.num_dims() - 1;
@@ -71,22 +89,40 @@ pub mod reference {
 }
 
 impl RmsNormOps for Flex {
-    fn rms_norm(x: FloatTensor<Self>, weight: FloatTensor<Self>, epsilon: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    fn rms_norm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         reference::forward::<Flex>(x, weight, epsilon)
     }
 
-    fn rms_norm_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, rstd: FloatTensor<Self>, grad: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         reference::backward::<Flex>(x, weight, rstd, grad)
     }
 }
 
 #[cfg(feature = "cuda")]
 impl RmsNormOps for burn::backend::Cube {
-    fn rms_norm(x: FloatTensor<Self>, weight: FloatTensor<Self>, epsilon: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    fn rms_norm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         crate::row_kernels::forward(x, weight, epsilon)
     }
 
-    fn rms_norm_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, rstd: FloatTensor<Self>, grad: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         crate::row_kernels::backward(x, weight, rstd, grad)
     }
 }
@@ -112,7 +148,11 @@ impl<B: Backend + RmsNormOps> Backward<B, 2> for RmsNormBackward {
 }
 
 impl<B: Backend + RmsNormOps, C: CheckpointStrategy> RmsNormOps for Autodiff<B, C> {
-    fn rms_norm(x: FloatTensor<Self>, weight: FloatTensor<Self>, epsilon: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    fn rms_norm(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        epsilon: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let nodes = [x.node(), weight.node()];
         let (x, weight) = (x.into_parts().0, weight.into_parts().0);
         let (y, rstd) = B::rms_norm(x.clone(), weight.clone(), epsilon);
@@ -125,10 +165,18 @@ impl<B: Backend + RmsNormOps, C: CheckpointStrategy> RmsNormOps for Autodiff<B, 
     }
 
     /// The inner backend's backward, as constants (no second-order gradients).
-    fn rms_norm_backward(x: FloatTensor<Self>, weight: FloatTensor<Self>, rstd: FloatTensor<Self>, grad: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    fn rms_norm_backward(
+        x: FloatTensor<Self>,
+        weight: FloatTensor<Self>,
+        rstd: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let inner = |t: FloatTensor<Self>| t.into_parts().0;
         let (dx, dw) = B::rms_norm_backward(inner(x), inner(weight), inner(rstd), inner(grad));
-        (<Self as AutodiffBackend>::from_inner(dx), <Self as AutodiffBackend>::from_inner(dw))
+        (
+            <Self as AutodiffBackend>::from_inner(dx),
+            <Self as AutodiffBackend>::from_inner(dw),
+        )
     }
 }
 
@@ -159,8 +207,17 @@ mod tests {
         let tolerance = Tolerance::absolute(1e-5);
         ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
         let weights = Tensor::<3>::random([2, 5, 12], Distribution::Normal(0.0, 1.0), &device);
-        let (g1, g2) = ((ours * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
-        x.grad(&g1).unwrap().to_data().assert_approx_eq::<f32>(&x.grad(&g2).unwrap().to_data(), tolerance);
-        w.grad(&g1).unwrap().to_data().assert_approx_eq::<f32>(&w.grad(&g2).unwrap().to_data(), tolerance);
+        let (g1, g2) = (
+            (ours * weights.clone()).sum().backward(),
+            (theirs * weights).sum().backward(),
+        );
+        x.grad(&g1)
+            .unwrap()
+            .to_data()
+            .assert_approx_eq::<f32>(&x.grad(&g2).unwrap().to_data(), tolerance);
+        w.grad(&g1)
+            .unwrap()
+            .to_data()
+            .assert_approx_eq::<f32>(&w.grad(&g2).unwrap().to_data(), tolerance);
     }
 }

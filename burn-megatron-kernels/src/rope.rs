@@ -43,7 +43,9 @@ pub mod reference {
 impl RopeOps for Flex {
     fn rope(x: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>, inverse: bool) -> FloatTensor<Self> {
         let table = |t| Tensor::<2>::from_primitive::<Flex>(t);
-        reference::rope(Tensor::from_primitive::<Flex>(x), table(cos), table(sin), inverse).try_into_primitive::<Flex>().expect("flex")
+        reference::rope(Tensor::from_primitive::<Flex>(x), table(cos), table(sin), inverse)
+            .try_into_primitive::<Flex>()
+            .expect("flex")
     }
 }
 
@@ -87,7 +89,12 @@ impl<B: Backend + RopeOps, C: CheckpointStrategy> RopeOps for Autodiff<B, C> {
 /// # Shapes
 /// `[b, h, s, d]`, `[≥ s, d/2]` × 2 → `[b, h, s, d]`
 pub fn rope(x: Tensor<4>, cos: Tensor<2>, sin: Tensor<2>) -> Tensor<4> {
-    Tensor::from_dispatch(<burn::backend::Dispatch as RopeOps>::rope(x.into_dispatch(), cos.into_dispatch(), sin.into_dispatch(), false))
+    Tensor::from_dispatch(<burn::backend::Dispatch as RopeOps>::rope(
+        x.into_dispatch(),
+        cos.into_dispatch(),
+        sin.into_dispatch(),
+        false,
+    ))
 }
 
 #[cfg(test)]
@@ -108,7 +115,13 @@ mod tests {
         let tolerance = Tolerance::absolute(1e-6);
         ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
         let weights = Tensor::<4>::random([2, 3, 5, 8], Distribution::Normal(0.0, 1.0), &device);
-        let (g1, g2) = ((ours * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
-        x.grad(&g1).unwrap().to_data().assert_approx_eq::<f32>(&x.grad(&g2).unwrap().to_data(), tolerance);
+        let (g1, g2) = (
+            (ours * weights.clone()).sum().backward(),
+            (theirs * weights).sum().backward(),
+        );
+        x.grad(&g1)
+            .unwrap()
+            .to_data()
+            .assert_approx_eq::<f32>(&x.grad(&g2).unwrap().to_data(), tolerance);
     }
 }

@@ -10,9 +10,9 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use half::{bf16, f16};
 
+use crate::cross_entropy::reference as ce_reference;
 use crate::elementwise::{compact_input, compact_output, launch_float};
 use crate::rms_norm::reference;
-use crate::cross_entropy::reference as ce_reference;
 
 /// Threads a block: 8 warps.
 const THREADS: u32 = 256;
@@ -117,7 +117,9 @@ fn dw_kernel<F: Float, N: Size>(
         let mut sum = Vector::<f32, N>::new(0.0f32);
         for r in first..last {
             let i = (r * columns + c) as usize;
-            sum += Vector::<f32, N>::cast_from(grad[i]) * Vector::<f32, N>::cast_from(x[i]) * Vector::new(rstd[r as usize]);
+            sum += Vector::<f32, N>::cast_from(grad[i])
+                * Vector::<f32, N>::cast_from(x[i])
+                * Vector::new(rstd[r as usize]);
         }
         partial[(CUBE_POS_Y * columns + c) as usize] = sum;
     }
@@ -127,7 +129,11 @@ fn dw_kernel<F: Float, N: Size>(
 /// a weight as long as a row.
 fn layout(x: &CubeTensor, weight: &CubeTensor) -> Option<(usize, usize, usize)> {
     let columns = *x.meta.shape().last()?;
-    let fits = x.dtype == weight.dtype && matches!(x.dtype, DType::BF16 | DType::F16 | DType::F32) && weight.meta.shape().num_dims() == 1 && weight.meta.shape()[0] == columns && columns > 0;
+    let fits = x.dtype == weight.dtype
+        && matches!(x.dtype, DType::BF16 | DType::F16 | DType::F32)
+        && weight.meta.shape().num_dims() == 1
+        && weight.meta.shape()[0] == columns
+        && columns > 0;
     let vector = if columns.is_multiple_of(8) { 8 } else { 1 };
     fits.then_some((x.meta.num_elements() / columns, columns, vector))
 }
@@ -140,19 +146,53 @@ fn row_shape(x: &CubeTensor) -> Shape {
 }
 
 pub(crate) fn forward(x: CubeTensor, weight: CubeTensor, epsilon: f32) -> (CubeTensor, CubeTensor) {
-    let (Some((rows, columns, vector)), Some(xc), Some(wc)) = (layout(&x, &weight), compact_input(x.clone()), compact_input(weight.clone())) else {
+    let (Some((rows, columns, vector)), Some(xc), Some(wc)) = (
+        layout(&x, &weight),
+        compact_input(x.clone()),
+        compact_input(weight.clone()),
+    ) else {
         return reference::forward::<Cube>(x, weight, epsilon);
     };
     let y = compact_output(&xc, xc.meta.shape().clone(), xc.dtype);
     let rstd = compact_output(&xc, row_shape(&xc), DType::F32);
     let count = CubeCount::Static(rows as u32, 1, 1);
-    let args = (xc.clone().into_tensor_arg(), wc.into_tensor_arg(), y.clone().into_tensor_arg(), rstd.clone().into_tensor_arg());
-    launch_float!(xc.dtype, forward_kernel, &xc.client, count, CubeDim::new_1d(THREADS), vector, args.0, args.1, args.2, args.3, (columns / vector) as u32, columns as f32, epsilon);
+    let args = (
+        xc.clone().into_tensor_arg(),
+        wc.into_tensor_arg(),
+        y.clone().into_tensor_arg(),
+        rstd.clone().into_tensor_arg(),
+    );
+    launch_float!(
+        xc.dtype,
+        forward_kernel,
+        &xc.client,
+        count,
+        CubeDim::new_1d(THREADS),
+        vector,
+        args.0,
+        args.1,
+        args.2,
+        args.3,
+        (columns / vector) as u32,
+        columns as f32,
+        epsilon
+    );
     (y, rstd)
 }
 
-pub(crate) fn backward(x: CubeTensor, weight: CubeTensor, rstd: CubeTensor, grad: CubeTensor) -> (CubeTensor, CubeTensor) {
-    let inputs = (layout(&x, &weight), compact_input(x.clone()), compact_input(weight.clone()), compact_input(rstd.clone()), compact_input(grad.clone()));
+pub(crate) fn backward(
+    x: CubeTensor,
+    weight: CubeTensor,
+    rstd: CubeTensor,
+    grad: CubeTensor,
+) -> (CubeTensor, CubeTensor) {
+    let inputs = (
+        layout(&x, &weight),
+        compact_input(x.clone()),
+        compact_input(weight.clone()),
+        compact_input(rstd.clone()),
+        compact_input(grad.clone()),
+    );
     let (Some((rows, columns, vector)), Some(xc), Some(wc), Some(rc), Some(gc)) = inputs else {
         return reference::backward::<Cube>(x, weight, rstd, grad);
     };
@@ -165,11 +205,49 @@ pub(crate) fn backward(x: CubeTensor, weight: CubeTensor, rstd: CubeTensor, grad
     let row_blocks = (rows as u32).div_ceil(DW_ROWS);
     let partial = compact_output(&xc, Shape::from([row_blocks as usize, columns]), DType::F32);
     let dim = CubeDim::new_1d(THREADS);
-    let dx_args = (xc.clone().into_tensor_arg(), wc.into_tensor_arg(), rc.clone().into_tensor_arg(), gc.clone().into_tensor_arg(), dx.clone().into_tensor_arg());
-    launch_float!(xc.dtype, dx_kernel, &client, CubeCount::Static(rows as u32, 1, 1), dim, vector, dx_args.0, dx_args.1, dx_args.2, dx_args.3, dx_args.4, vectors, columns as f32);
+    let dx_args = (
+        xc.clone().into_tensor_arg(),
+        wc.into_tensor_arg(),
+        rc.clone().into_tensor_arg(),
+        gc.clone().into_tensor_arg(),
+        dx.clone().into_tensor_arg(),
+    );
+    launch_float!(
+        xc.dtype,
+        dx_kernel,
+        &client,
+        CubeCount::Static(rows as u32, 1, 1),
+        dim,
+        vector,
+        dx_args.0,
+        dx_args.1,
+        dx_args.2,
+        dx_args.3,
+        dx_args.4,
+        vectors,
+        columns as f32
+    );
     let dw_count = CubeCount::Static(vectors.div_ceil(THREADS), row_blocks, 1);
-    let dw_args = (xc.clone().into_tensor_arg(), rc.into_tensor_arg(), gc.into_tensor_arg(), partial.clone().into_tensor_arg());
-    launch_float!(xc.dtype, dw_kernel, &client, dw_count, dim, vector, dw_args.0, dw_args.1, dw_args.2, dw_args.3, vectors, rows as u32);
+    let dw_args = (
+        xc.clone().into_tensor_arg(),
+        rc.into_tensor_arg(),
+        gc.into_tensor_arg(),
+        partial.clone().into_tensor_arg(),
+    );
+    launch_float!(
+        xc.dtype,
+        dw_kernel,
+        &client,
+        dw_count,
+        dim,
+        vector,
+        dw_args.0,
+        dw_args.1,
+        dw_args.2,
+        dw_args.3,
+        vectors,
+        rows as u32
+    );
     let dw = Cube::float_reshape(Cube::float_sum_dim(partial, 0), Shape::from([columns]));
     (dx, Cube::float_cast(dw, weight.dtype.into()))
 }
@@ -265,30 +343,96 @@ fn tensor<const D: usize>(t: CubeTensor) -> burn::tensor::Tensor<D> {
     burn::tensor::Tensor::from_primitive::<Cube>(t)
 }
 
-pub(crate) fn cross_entropy_partials(logits: CubeTensor, shift: CubeTensor, target: CubeTensor, valid: usize) -> CubeTensor {
-    let inputs = (ce_layout(&logits, &shift, &target), compact_input(logits.clone()), compact_input(shift.clone()), compact_input(target.clone()));
+pub(crate) fn cross_entropy_partials(
+    logits: CubeTensor,
+    shift: CubeTensor,
+    target: CubeTensor,
+    valid: usize,
+) -> CubeTensor {
+    let inputs = (
+        ce_layout(&logits, &shift, &target),
+        compact_input(logits.clone()),
+        compact_input(shift.clone()),
+        compact_input(target.clone()),
+    );
     let (Some((rows, columns, vector)), Some(lc), Some(sc), Some(tc)) = inputs else {
-        return ce_reference::partials(tensor(logits), tensor(shift), tensor(target), valid).try_into_primitive::<Cube>().expect("cuda");
+        return ce_reference::partials(tensor(logits), tensor(shift), tensor(target), valid)
+            .try_into_primitive::<Cube>()
+            .expect("cuda");
     };
     let out = compact_output(&lc, Shape::from([rows, 3]), DType::F32);
     let count = CubeCount::Static(rows as u32, 1, 1);
-    let args = (lc.clone().into_tensor_arg(), sc.into_tensor_arg(), tc.into_tensor_arg(), out.clone().into_tensor_arg());
-    launch_float!(lc.dtype, ce_partials_kernel, &lc.client, count, CubeDim::new_1d(THREADS), vector, args.0, args.1, args.2, args.3, (columns / vector) as u32, valid as u32);
+    let args = (
+        lc.clone().into_tensor_arg(),
+        sc.into_tensor_arg(),
+        tc.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+    );
+    launch_float!(
+        lc.dtype,
+        ce_partials_kernel,
+        &lc.client,
+        count,
+        CubeDim::new_1d(THREADS),
+        vector,
+        args.0,
+        args.1,
+        args.2,
+        args.3,
+        (columns / vector) as u32,
+        valid as u32
+    );
     out
 }
 
-pub(crate) fn cross_entropy_backward(logits: CubeTensor, shift: CubeTensor, target: CubeTensor, valid: usize, grad: CubeTensor) -> CubeTensor {
-    let inputs = (ce_layout(&logits, &shift, &target), compact_input(logits.clone()), compact_input(shift.clone()), compact_input(target.clone()), compact_input(grad.clone()));
+pub(crate) fn cross_entropy_backward(
+    logits: CubeTensor,
+    shift: CubeTensor,
+    target: CubeTensor,
+    valid: usize,
+    grad: CubeTensor,
+) -> CubeTensor {
+    let inputs = (
+        ce_layout(&logits, &shift, &target),
+        compact_input(logits.clone()),
+        compact_input(shift.clone()),
+        compact_input(target.clone()),
+        compact_input(grad.clone()),
+    );
     let (Some((rows, columns, vector)), Some(lc), Some(sc), Some(tc), Some(gc)) = inputs else {
-        return ce_reference::backward(tensor(logits), tensor(shift), tensor(target), valid, tensor(grad)).try_into_primitive::<Cube>().expect("cuda");
+        return ce_reference::backward(tensor(logits), tensor(shift), tensor(target), valid, tensor(grad))
+            .try_into_primitive::<Cube>()
+            .expect("cuda");
     };
     if gc.dtype != DType::F32 || gc.meta.num_elements() != rows * 3 {
-        return ce_reference::backward(tensor(logits), tensor(shift), tensor(target), valid, tensor(grad)).try_into_primitive::<Cube>().expect("cuda");
+        return ce_reference::backward(tensor(logits), tensor(shift), tensor(target), valid, tensor(grad))
+            .try_into_primitive::<Cube>()
+            .expect("cuda");
     }
     let d_logits = compact_output(&lc, lc.meta.shape().clone(), lc.dtype);
     let units = (rows * columns / vector) as u32;
     let count = CubeCount::Static(units.div_ceil(THREADS), 1, 1);
-    let args = (lc.clone().into_tensor_arg(), sc.into_tensor_arg(), tc.into_tensor_arg(), gc.into_tensor_arg(), d_logits.clone().into_tensor_arg());
-    launch_float!(lc.dtype, ce_backward_kernel, &lc.client, count, CubeDim::new_1d(THREADS), vector, args.0, args.1, args.2, args.3, args.4, (columns / vector) as u32, valid as u32);
+    let args = (
+        lc.clone().into_tensor_arg(),
+        sc.into_tensor_arg(),
+        tc.into_tensor_arg(),
+        gc.into_tensor_arg(),
+        d_logits.clone().into_tensor_arg(),
+    );
+    launch_float!(
+        lc.dtype,
+        ce_backward_kernel,
+        &lc.client,
+        count,
+        CubeDim::new_1d(THREADS),
+        vector,
+        args.0,
+        args.1,
+        args.2,
+        args.3,
+        args.4,
+        (columns / vector) as u32,
+        valid as u32
+    );
     d_logits
 }

@@ -18,7 +18,11 @@ pub trait SwigluOps: Backend {
     fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
 
     /// The gradients of `a` and `b` given the output's.
-    fn swiglu_backward(a: FloatTensor<Self>, b: FloatTensor<Self>, grad: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>);
+    fn swiglu_backward(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
 /// The plain tensor-op twin, on any backend's primitives: the CPU path and the kernels' oracle.
@@ -44,12 +48,19 @@ pub mod reference {
     }
 
     /// `da = g ∘ b ∘ σ(a)(1 + a(1 − σ(a)))`, `db = g ∘ a ∘ σ(a)`.
-    pub fn backward<B: Backend>(a: FloatTensor<B>, b: FloatTensor<B>, grad: FloatTensor<B>) -> (FloatTensor<B>, FloatTensor<B>) {
+    pub fn backward<B: Backend>(
+        a: FloatTensor<B>,
+        b: FloatTensor<B>,
+        grad: FloatTensor<B>,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
         let dtype = FloatDType::from(a.dtype());
         let (a, b, grad) = (f32::<B>(a), f32::<B>(b), f32::<B>(grad));
         let s = sigmoid::<B>(a.clone());
         let one_minus_s = B::float_add_scalar(B::float_neg(s.clone()), Scalar::from(1.0f32));
-        let slope = B::float_mul(s.clone(), B::float_add_scalar(B::float_mul(a.clone(), one_minus_s), Scalar::from(1.0f32)));
+        let slope = B::float_mul(
+            s.clone(),
+            B::float_add_scalar(B::float_mul(a.clone(), one_minus_s), Scalar::from(1.0f32)),
+        );
         let da = B::float_mul(B::float_mul(grad.clone(), b), slope);
         let db = B::float_mul(grad, B::float_mul(a, s));
         (B::float_cast(da, dtype), B::float_cast(db, dtype))
@@ -61,7 +72,11 @@ impl SwigluOps for Flex {
         reference::forward::<Flex>(a, b)
     }
 
-    fn swiglu_backward(a: FloatTensor<Self>, b: FloatTensor<Self>, grad: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    fn swiglu_backward(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         reference::backward::<Flex>(a, b, grad)
     }
 }
@@ -72,7 +87,11 @@ impl SwigluOps for burn::backend::Cube {
         crate::elementwise::swiglu(a, b)
     }
 
-    fn swiglu_backward(a: FloatTensor<Self>, b: FloatTensor<Self>, grad: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    fn swiglu_backward(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         crate::elementwise::swiglu_backward(a, b, grad)
     }
 }
@@ -110,10 +129,17 @@ impl<B: Backend + SwigluOps, C: CheckpointStrategy> SwigluOps for Autodiff<B, C>
     }
 
     /// The inner backend's backward, as constants (no second-order gradients).
-    fn swiglu_backward(a: FloatTensor<Self>, b: FloatTensor<Self>, grad: FloatTensor<Self>) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    fn swiglu_backward(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let inner = |t: FloatTensor<Self>| t.into_parts().0;
         let (da, db) = B::swiglu_backward(inner(a), inner(b), inner(grad));
-        (<Self as AutodiffBackend>::from_inner(da), <Self as AutodiffBackend>::from_inner(db))
+        (
+            <Self as AutodiffBackend>::from_inner(da),
+            <Self as AutodiffBackend>::from_inner(db),
+        )
     }
 }
 
@@ -122,7 +148,10 @@ impl<B: Backend + SwigluOps, C: CheckpointStrategy> SwigluOps for Autodiff<B, C>
 /// # Shapes
 /// `a` and `b` of one shape → that shape
 pub fn swiglu<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
-    Tensor::from_dispatch(<burn::backend::Dispatch as SwigluOps>::swiglu(a.into_dispatch(), b.into_dispatch()))
+    Tensor::from_dispatch(<burn::backend::Dispatch as SwigluOps>::swiglu(
+        a.into_dispatch(),
+        b.into_dispatch(),
+    ))
 }
 
 #[cfg(test)]
@@ -143,9 +172,15 @@ mod tests {
         let tolerance = Tolerance::absolute(1e-5);
         ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
         let weights = Tensor::<3>::random([2, 5, 7], Distribution::Normal(0.0, 1.0), &device);
-        let (g1, g2) = ((ours * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
+        let (g1, g2) = (
+            (ours * weights.clone()).sum().backward(),
+            (theirs * weights).sum().backward(),
+        );
         for x in [&a, &b] {
-            x.grad(&g1).unwrap().to_data().assert_approx_eq::<f32>(&x.grad(&g2).unwrap().to_data(), tolerance);
+            x.grad(&g1)
+                .unwrap()
+                .to_data()
+                .assert_approx_eq::<f32>(&x.grad(&g2).unwrap().to_data(), tolerance);
         }
     }
 }

@@ -14,14 +14,14 @@
 use burn::backend::Cube;
 use burn::backend::ops::FloatTensorOps;
 use burn::tensor::DType;
+use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-use half::bf16;
-use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
 use cubecl::zspace::metadata::Metadata;
 use cubecl::zspace::{shape, strides};
 use cubecl_cpp::cuda::ptx::{generic_to_shared, tensor_map_address};
+use half::bf16;
 
 use crate::hopper::*;
 
@@ -68,7 +68,13 @@ impl Major {
 
 /// One 64-deep k-slice for one consumer warpgroup: four `m64n256k16` steps.
 const fn k_slice(a: Major, b: Major) -> Chain {
-    Chain { n: 256, steps: 4, accumulate: true, a: ASource::Smem(a.tile(BLOCK_M)), b: b.tile(BLOCK_N) }
+    Chain {
+        n: 256,
+        steps: 4,
+        accumulate: true,
+        a: ASource::Smem(a.tile(BLOCK_M)),
+        b: b.tile(BLOCK_N),
+    }
 }
 
 /// How tiles are handed to blocks.
@@ -105,7 +111,8 @@ fn tile_position(t: u32, rows: u32, columns: u32) -> (u32, u32) {
 fn load_operand(tile: u32, map: u64, k0: u32, row0: u32, bar: u32, #[comptime] rows: u32, #[comptime] major: Major) {
     match comptime!(major) {
         Major::K => tma_load_2d(tile, map, k0, row0, bar),
-        Major::Mn => {
+        Major::Mn =>
+        {
             #[unroll]
             for j in 0..rows / 64 {
                 tma_load_2d(tile + j * 8192, map, row0 + j * 64, k0, bar);
@@ -168,7 +175,15 @@ fn gemm_kernel(
                     mbarrier_expect(bar, STAGE_BYTES);
                     let tile = tiles + stage * STAGE_BYTES;
                     load_operand(tile, map_a, kt * BLOCK_K, row * BLOCK_M, bar, BLOCK_M, a_major);
-                    load_operand(tile + A_STAGE_BYTES, map_b, kt * BLOCK_K, column * BLOCK_N, bar, BLOCK_N, b_major);
+                    load_operand(
+                        tile + A_STAGE_BYTES,
+                        map_b,
+                        kt * BLOCK_K,
+                        column * BLOCK_N,
+                        bar,
+                        BLOCK_N,
+                        b_major,
+                    );
                 }
             }
         }
@@ -194,7 +209,15 @@ fn gemm_kernel(
                     mbarrier_arrive(empty + stage * 8);
                 }
             }
-            store_tile(&acc, buffer, map_c, row * BLOCK_M + consumer * 64, column * BLOCK_N, 1 + consumer, storer);
+            store_tile(
+                &acc,
+                buffer,
+                map_c,
+                row * BLOCK_M + consumer * 64,
+                column * BLOCK_N,
+                1 + consumer,
+                storer,
+            );
         }
         if storer {
             bulk_wait();
@@ -303,7 +326,13 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, schedule: Schedule) -> Result<Cube
     let padded = n.next_multiple_of(8);
     let (client, device) = (lhs.client.clone(), lhs.device.clone());
     let handle = client.empty(m * padded * DType::BF16.size());
-    let out = CubeTensor::new(client.clone(), handle, Metadata::new(shape![m, n], strides![padded, 1]), device, DType::BF16);
+    let out = CubeTensor::new(
+        client.clone(),
+        handle,
+        Metadata::new(shape![m, n], strides![padded, 1]),
+        device,
+        DType::BF16,
+    );
     let (a, a_major) = operand(lhs, true);
     let (b, b_major) = operand(rhs, false);
     let elem = ElemType::Float(FloatKind::BF16);
@@ -318,7 +347,13 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, schedule: Schedule) -> Result<Cube
     let blocks = match schedule {
         Schedule::TilePerBlock => tiles,
         // One block an SM fits (shared memory), so more would only queue.
-        Schedule::Persistent => tiles.min(client.properties().hardware.num_streaming_multiprocessors.unwrap_or(tiles)),
+        Schedule::Persistent => tiles.min(
+            client
+                .properties()
+                .hardware
+                .num_streaming_multiprocessors
+                .unwrap_or(tiles),
+        ),
     };
     // SAFETY: the maps cover exactly the operands and the output (TMA fills out-of-range boxes
     // with zeros when loading and drops their out-of-range parts when storing).
@@ -329,7 +364,14 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, schedule: Schedule) -> Result<Cube
             CubeDim::new_1d(384),
             map(a, a_major, BLOCK_M),
             map(b, b_major, BLOCK_N),
-            TensorMapArg::new(TiledArgs { tile_size: shape![64, 64] }, out.clone().into_tensor_arg(), elem).with_swizzle(TensorMapSwizzle::B128),
+            TensorMapArg::new(
+                TiledArgs {
+                    tile_size: shape![64, 64],
+                },
+                out.clone().into_tensor_arg(),
+                elem,
+            )
+            .with_swizzle(TensorMapSwizzle::B128),
             m as u32,
             n as u32,
             k as u32,
@@ -344,7 +386,11 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, schedule: Schedule) -> Result<Cube
 ///
 /// # Shapes
 /// `[m, k]`, `[k, n]` → `[m, n]`
-pub fn matmul(lhs: burn::tensor::Tensor<2>, rhs: burn::tensor::Tensor<2>, schedule: Schedule) -> Result<burn::tensor::Tensor<2>, WgmmaError> {
+pub fn matmul(
+    lhs: burn::tensor::Tensor<2>,
+    rhs: burn::tensor::Tensor<2>,
+    schedule: Schedule,
+) -> Result<burn::tensor::Tensor<2>, WgmmaError> {
     let lhs: CubeTensor = lhs.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
     let rhs: CubeTensor = rhs.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
     Ok(burn::tensor::Tensor::from_primitive::<Cube>(gemm(lhs, rhs, schedule)?))

@@ -110,7 +110,13 @@ impl Chain {
                 }
                 ASource::Registers => {
                     let r = a_regs + 4 * step;
-                    ptx += &format!("{shape}, {{%{}, %{}, %{}, %{}}}, db, {scale_d}, 1, 1, {tb};\n", r, r + 1, r + 2, r + 3);
+                    ptx += &format!(
+                        "{shape}, {{%{}, %{}, %{}, %{}}}, db, {scale_d}, 1, 1, {tb};\n",
+                        r,
+                        r + 1,
+                        r + 2,
+                        r + 3
+                    );
                 }
             }
         }
@@ -141,7 +147,13 @@ mod tests {
     /// `m64n256k16` steps 32 bytes apart on both K-major operands, one wait.
     #[test]
     fn gemm_slice_copies_then_four_steps() {
-        let chain = Chain { n: 256, steps: 4, accumulate: true, a: ASource::Smem(Tile::KMajor { rows: 128 }), b: Tile::KMajor { rows: 256 } };
+        let chain = Chain {
+            n: 256,
+            steps: 4,
+            accumulate: true,
+            a: ASource::Smem(Tile::KMajor { rows: 128 }),
+            b: Tile::KMajor { rows: 256 },
+        };
         let ptx = chain.ptx();
         assert_eq!(ptx.matches("mov.f32").count(), 128);
         assert_eq!(ptx.matches("wgmma.mma_async.sync.aligned.m64n256k16").count(), 4);
@@ -156,7 +168,13 @@ mod tests {
     /// A fresh chain starts from zero (the first step's scale-d is false) and copies nothing.
     #[test]
     fn a_fresh_chain_zeroes_its_first_step() {
-        let chain = Chain { n: 64, steps: 8, accumulate: false, a: ASource::Smem(Tile::KMajor { rows: 128 }), b: Tile::KMajor { rows: 64 } };
+        let chain = Chain {
+            n: 64,
+            steps: 8,
+            accumulate: false,
+            a: ASource::Smem(Tile::KMajor { rows: 128 }),
+            b: Tile::KMajor { rows: 64 },
+        };
         let ptx = chain.ptx();
         assert_eq!(ptx.matches("mov.f32").count(), 0);
         assert_eq!(ptx.matches(", pf, ").count(), 1);
@@ -170,7 +188,13 @@ mod tests {
     /// (transposed flag 1, 2 KiB a step).
     #[test]
     fn register_operands_follow_the_accumulators() {
-        let chain = Chain { n: 128, steps: 4, accumulate: true, a: ASource::Registers, b: Tile::MnMajor { box_bytes: 8192 } };
+        let chain = Chain {
+            n: 128,
+            steps: 4,
+            accumulate: true,
+            a: ASource::Registers,
+            b: Tile::MnMajor { box_bytes: 8192 },
+        };
         let ptx = chain.ptx();
         assert!(ptx.contains("{%128, %129, %130, %131}, db, pt, 1, 1, 1;"));
         assert!(ptx.contains("{%140, %141, %142, %143}, db, pt, 1, 1, 1;"));
@@ -182,7 +206,13 @@ mod tests {
     /// (K-major) or the MN box stride.
     #[test]
     fn descriptor_bits() {
-        assert_eq!(Tile::KMajor { rows: 64 }.descriptor_bits(), (1 << 62) | (64 << 32) | (1 << 16));
-        assert_eq!(Tile::MnMajor { box_bytes: 8192 }.descriptor_bits(), (1 << 62) | (64 << 32) | (512 << 16));
+        assert_eq!(
+            Tile::KMajor { rows: 64 }.descriptor_bits(),
+            (1 << 62) | (64 << 32) | (1 << 16)
+        );
+        assert_eq!(
+            Tile::MnMajor { box_bytes: 8192 }.descriptor_bits(),
+            (1 << 62) | (64 << 32) | (512 << 16)
+        );
     }
 }

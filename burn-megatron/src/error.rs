@@ -43,5 +43,9 @@ pub enum LayerError {
 
 /// Checks that `size` splits over `tp` ranks.
 pub fn divisible(what: &'static str, size: usize, tp: usize) -> Result<usize, ConfigError> {
-    if size.is_multiple_of(tp) { Ok(size / tp) } else { Err(ConfigError::NotDivisible { what, size, tp }) }
+    if size.is_multiple_of(tp) {
+        Ok(size / tp)
+    } else {
+        Err(ConfigError::NotDivisible { what, size, tp })
+    }
 }

@@ -28,7 +28,11 @@ pub struct Shard {
 
 impl Shard {
     /// The whole tensor.
-    pub const WHOLE: Shard = Shard { dim: 0, index: 0, count: 1 };
+    pub const WHOLE: Shard = Shard {
+        dim: 0,
+        index: 0,
+        count: 1,
+    };
 
     pub fn new(dim: usize, index: usize, count: usize) -> Self {
         Self { dim, index, count }
@@ -63,7 +67,11 @@ pub struct ParamInit {
 
 impl ParamInit {
     pub fn new(seed: u64, mode: InitMode) -> Self {
-        Self { seed, mode, dtype: DType::F32 }
+        Self {
+            seed,
+            mode,
+            dtype: DType::F32,
+        }
     }
 
     pub fn with_dtype(self, dtype: DType) -> Self {
@@ -92,7 +100,12 @@ impl ParamInit {
         let seed = hash(self.seed, name);
         let values = match self.mode {
             InitMode::Full => shard.slice(normal(full, seed, std, device)),
-            InitMode::PerShard => normal(shard.shape(full), hash(seed, &format!("{}/{}", shard.dim, shard.index)), std, device),
+            InitMode::PerShard => normal(
+                shard.shape(full),
+                hash(seed, &format!("{}/{}", shard.dim, shard.index)),
+                std,
+                device,
+            ),
         };
         values.cast(self.dtype)
     }
@@ -108,7 +121,10 @@ pub fn normal<const D: usize>(shape: [usize; D], seed: u64, std: f64, device: &D
     const PER_THREAD: usize = 1 << 20;
     let n: usize = shape.iter().product();
     let mut values = vec![0f32; n];
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get()).min(n.div_ceil(PER_THREAD)).max(1);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |t| t.get())
+        .min(n.div_ceil(PER_THREAD))
+        .max(1);
     // Whole pairs a chunk: each Box–Muller pair takes two consecutive draws.
     let chunk = n.div_ceil(threads).next_multiple_of(2).max(2);
     std::thread::scope(|scope| {
@@ -191,7 +207,10 @@ mod tests {
     #[test]
     fn threaded_normals_are_one_stream() {
         let n = 3 * (1 << 20) + 5;
-        let x = normal([n], 11, 1.0, &Device::flex()).into_data().try_to_vec::<f32>().unwrap();
+        let x = normal([n], 11, 1.0, &Device::flex())
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
         let mut one = vec![0f32; n];
         fill_normal(&mut one, 11, 0, 1.0);
         assert_eq!(x, one);

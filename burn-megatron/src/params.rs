@@ -52,7 +52,11 @@ impl Path {
             ("Struct:VocabParallelEmbedding", "weight") => Some(0),
             _ => None,
         };
-        ParamInfo { path: self.names.join("."), tp_split: split_dim.is_some(), split_dim }
+        ParamInfo {
+            path: self.names.join("."),
+            tp_split: split_dim.is_some(),
+            split_dim,
+        }
     }
 }
 
@@ -73,7 +77,10 @@ pub fn param_infos<M: Module>(model: &M) -> Vec<ParamInfo> {
             self.out.push(self.path.info());
         }
     }
-    let mut collect = Collect { path: Path::default(), out: Vec::new() };
+    let mut collect = Collect {
+        path: Path::default(),
+        out: Vec::new(),
+    };
     model.visit(&mut collect);
     collect.out
 }
@@ -94,7 +101,11 @@ pub fn map_params<M: Module>(model: M, next: &mut dyn FnMut(usize, Tensor<1>, Ve
                 let flat = value.detach().reshape([dims.iter().product::<usize>()]);
                 let value = next(index, flat, dims.to_vec()).reshape(dims).detach();
                 // A new leaf, trainable again on an autodiff device.
-                if value.is_autodiff() { value.require_grad() } else { value }
+                if value.is_autodiff() {
+                    value.require_grad()
+                } else {
+                    value
+                }
             })
         }
     }
@@ -116,7 +127,10 @@ pub fn param_values<M: Module>(model: &M) -> Vec<ParamValue> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             let value = param.val().detach();
             let dims = value.dims().to_vec();
-            self.0.push(ParamValue { value: value.reshape([dims.iter().product::<usize>()]), dims });
+            self.0.push(ParamValue {
+                value: value.reshape([dims.iter().product::<usize>()]),
+                dims,
+            });
         }
     }
     let mut collect = Collect(Vec::new());
@@ -161,7 +175,8 @@ pub fn grads_params<M: Module>(model: &M, flat: Vec<Tensor<1>>) -> GradientsPara
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             let value = param.val();
             let grad = self.0.next().expect("a gradient a parameter");
-            self.1.register::<D>(param.id, grad.reshape(value.shape()).cast(value.dtype()));
+            self.1
+                .register::<D>(param.id, grad.reshape(value.shape()).cast(value.dtype()));
         }
     }
     let mut put = Put(flat.into_iter(), GradientsParams::new());

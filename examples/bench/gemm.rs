@@ -5,8 +5,8 @@
 
 use std::time::Instant;
 
-use burn::tensor::{DType, Device, Tensor};
 use crate::routines::{GemmKernel, matmul};
+use burn::tensor::{DType, Device, Tensor};
 
 /// `(name, m, k, n, lhs transposed)`: llama-1b's MLP (8192 tokens) forward `x·W` and weight
 /// gradient `xᵀ·dy` (lhs a transposed view), its output layer, llama-8b's MLP at tp = 2 (4096
@@ -64,7 +64,9 @@ fn check(device: &Device, kernels: &[GemmKernel]) {
                     Ok(Err(e)) => format!("{e:?}"),
                     Err(_) => "\"panicked\"".into(),
                 };
-                println!("CHECK {{\"kernel\": \"{kernel:?}\", \"m\": {m}, \"k\": {k}, \"n\": {n}, \"lhs_t\": {lhs_t}, \"rhs_t\": {rhs_t}, \"rel_error\": {error}}}");
+                println!(
+                    "CHECK {{\"kernel\": \"{kernel:?}\", \"m\": {m}, \"k\": {k}, \"n\": {n}, \"lhs_t\": {lhs_t}, \"rhs_t\": {rhs_t}, \"rel_error\": {error}}}"
+                );
             }
         }
     }
@@ -95,7 +97,10 @@ pub fn run(device: &Device, iters: usize, kernels: &[GemmKernel]) {
                     flops / seconds / 1e12
                 )
             }
-            Err(error) => println!("GEMM {{\"shape\": \"{name}\", \"kernel\": \"{kernel}\", \"error\": {:?}}}", error),
+            Err(error) => println!(
+                "GEMM {{\"shape\": \"{name}\", \"kernel\": \"{kernel}\", \"error\": {:?}}}",
+                error
+            ),
         };
         report("burn", time(&|| Ok(lhs.clone().matmul(rhs.clone()))));
         for &kernel in kernels {

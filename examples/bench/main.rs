@@ -21,9 +21,9 @@ use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron::init::InitMode;
 use burn_megatron::models::llama::preset;
+use burn_megatron::optim::FusedAdamWConfig;
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::precision::PrecisionPolicy;
-use burn_megatron::optim::FusedAdamWConfig;
 use burn_megatron_dist::{ParallelDims, launch};
 use burn_megatron_kernels::Gemm;
 use routines::GemmKernel;
@@ -42,7 +42,18 @@ struct Args {
 }
 
 fn parse() -> Args {
-    let mut args = Args { preset: "llama-1b".into(), tp: 1, sp: false, steps: 10, warmup: 3, profile: false, gemm: false, kernels: GemmKernel::ALL.to_vec(), linear_gemm: Gemm::Wgmma, burn_adamw: false };
+    let mut args = Args {
+        preset: "llama-1b".into(),
+        tp: 1,
+        sp: false,
+        steps: 10,
+        warmup: 3,
+        profile: false,
+        gemm: false,
+        kernels: GemmKernel::ALL.to_vec(),
+        linear_gemm: Gemm::Wgmma,
+        burn_adamw: false,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
@@ -53,7 +64,12 @@ fn parse() -> Args {
             "--profile" => args.profile = true,
             "--gemm" => args.gemm = true,
             "--burn-adamw" => args.burn_adamw = true,
-            "--kernels" => args.kernels = value().split(',').map(|k| k.parse().unwrap_or_else(|e| panic!("{e}"))).collect(),
+            "--kernels" => {
+                args.kernels = value()
+                    .split(',')
+                    .map(|k| k.parse().unwrap_or_else(|e| panic!("{e}")))
+                    .collect()
+            }
             "--linear-gemm" => {
                 args.linear_gemm = match value().as_str() {
                     "wgmma" => Gemm::Wgmma,
@@ -79,7 +95,11 @@ fn main() {
     let (seq, batch) = (recipe.seq_len, recipe.batch_size);
     let dims = ParallelDims::tp_dp(args.tp, 1);
     let shape = recipe.model.clone();
-    let tensor = if args.sp { TensorParallel::SequenceParallel } else { TensorParallel::Plain };
+    let tensor = if args.sp {
+        TensorParallel::SequenceParallel
+    } else {
+        TensorParallel::Plain
+    };
     let plan = ParallelPlan::new(dims).with_tensor(tensor);
     // bf16 parameters updated in bf16 by the fused AdamW (no fp32 master weights).
     let policy = PrecisionPolicy::pure_bf16().with_gemm(args.linear_gemm);
@@ -150,7 +170,12 @@ fn main() {
     })
     .unwrap_or_else(|e| panic!("{e}"));
     let (step_s, loss) = results[0];
-    let (h, l, f, v) = (shape.attention.d_model, shape.n_layers, shape.mlp.d_ff, shape.embedding.vocab_size);
+    let (h, l, f, v) = (
+        shape.attention.d_model,
+        shape.n_layers,
+        shape.mlp.d_ff,
+        shape.embedding.vocab_size,
+    );
     let params = (l * (4 * h * h + 3 * h * f) + v * h) as f64;
     let flops = (batch * seq) as f64 * (6.0 * params + 12.0 * (l * seq * h) as f64);
     let tflops_per_gpu = flops / step_s / args.tp as f64 / 1e12;

@@ -116,15 +116,23 @@ impl GemmKernel {
 /// `[m, k]`, `[k, n]` → `[m, n]`
 pub fn matmul(lhs: Tensor<2>, rhs: Tensor<2>, kernel: GemmKernel) -> Result<Tensor<2>, String> {
     let dtype = lhs.dtype();
-    let lhs: CubeTensor = lhs.try_into_primitive::<Cube>().map_err(|_| "gemm runs on CUDA tensors without autodiff")?;
-    let rhs: CubeTensor = rhs.try_into_primitive::<Cube>().map_err(|_| "gemm runs on CUDA tensors without autodiff")?;
+    let lhs: CubeTensor = lhs
+        .try_into_primitive::<Cube>()
+        .map_err(|_| "gemm runs on CUDA tensors without autodiff")?;
+    let rhs: CubeTensor = rhs
+        .try_into_primitive::<Cube>()
+        .map_err(|_| "gemm runs on CUDA tensors without autodiff")?;
     if let Some(schedule) = kernel.schedule() {
         let out = wgmma::gemm(lhs, rhs, schedule).map_err(|e| e.to_string())?;
         return Ok(Tensor::from_primitive::<Cube>(out));
     }
     let strategy = kernel.strategy().expect("every routine but ours is cubek's");
     let out = init_matmul_output(&lhs, &rhs, dtype);
-    let globals = MatmulGlobalElems { lhs: elem(lhs.dtype)?, rhs: elem(rhs.dtype)?, out: elem(out.dtype)? };
+    let globals = MatmulGlobalElems {
+        lhs: elem(lhs.dtype)?,
+        rhs: elem(rhs.dtype)?,
+        out: elem(out.dtype)?,
+    };
     let mut dtypes = MatmulElems::from_globals(&globals);
     let client = out.client.clone();
     let (lhs_elem, rhs_elem) = (globals.lhs, globals.rhs);

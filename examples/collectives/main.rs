@@ -23,15 +23,21 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let gpus = match args.iter().position(|a| a == "--gpus") {
         Some(i) => args[i + 1].parse().expect("--gpus N"),
-        None => std::env::var("WORLD_SIZE").ok().and_then(|w| w.parse().ok()).unwrap_or(2),
+        None => std::env::var("WORLD_SIZE")
+            .ok()
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(2),
     };
     if args.iter().any(|a| a == "--processes") && std::env::var_os("RANK").is_none() {
         spawn_processes(gpus);
         return;
     }
-    let transport = if std::env::var_os("RANK").is_some() { "nccl" } else { "cubecl" };
-    launch(ParallelDims::tp_dp(gpus, 1), Device::cuda, |ctx| bench(&ctx, transport))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let transport = if std::env::var_os("RANK").is_some() {
+        "nccl"
+    } else {
+        "cubecl"
+    };
+    launch(ParallelDims::tp_dp(gpus, 1), Device::cuda, |ctx| bench(&ctx, transport)).unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Starts one copy of this program per GPU, as torchrun would, and waits for them.
@@ -65,10 +71,26 @@ fn bench(ctx: &RankContext, transport: &str) {
         let x = Tensor::<1>::random([numel], Distribution::Default, (&ctx.device, DType::BF16));
         let shard = x.clone().narrow(0, 0, numel / n);
         let ops: [(&str, f64, Box<dyn Fn() -> Tensor<1> + '_>); 4] = [
-            ("all_reduce", 2.0, Box::new(|| group.all_reduce(x.clone(), ReduceOp::Sum).unwrap())),
-            ("all_gather", 1.0, Box::new(|| group.all_gather(shard.clone(), 0).unwrap())),
-            ("reduce_scatter", 1.0, Box::new(|| group.reduce_scatter(x.clone(), 0, ReduceOp::Sum).unwrap())),
-            ("all_to_all", 1.0, Box::new(|| group.all_to_all(x.clone(), 0, 0).unwrap())),
+            (
+                "all_reduce",
+                2.0,
+                Box::new(|| group.all_reduce(x.clone(), ReduceOp::Sum).unwrap()),
+            ),
+            (
+                "all_gather",
+                1.0,
+                Box::new(|| group.all_gather(shard.clone(), 0).unwrap()),
+            ),
+            (
+                "reduce_scatter",
+                1.0,
+                Box::new(|| group.reduce_scatter(x.clone(), 0, ReduceOp::Sum).unwrap()),
+            ),
+            (
+                "all_to_all",
+                1.0,
+                Box::new(|| group.all_to_all(x.clone(), 0, 0).unwrap()),
+            ),
         ];
         for (name, factor, op) in &ops {
             let seconds = median_seconds(&ctx.device, group, op);

@@ -38,15 +38,23 @@ impl Corpus {
     }
 
     fn bytes(bytes: Vec<u8>) -> Self {
-        Self { tokens: bytes.into_iter().map(u32::from).collect(), tokenizer: None }
+        Self {
+            tokens: bytes.into_iter().map(u32::from).collect(),
+            tokenizer: None,
+        }
     }
 
     /// The corpus's text in the ids of `tokenizer.json` at `path`.
     pub fn tokenized(self, path: &Path) -> Result<Self, String> {
         let tokenizer = Tokenizer::from_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let text = String::from_utf8_lossy(&self.tokens.iter().map(|&t| t as u8).collect::<Vec<_>>()).into_owned();
-        let encoding = tokenizer.encode(text, false).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(Self { tokens: encoding.get_ids().to_vec(), tokenizer: Some(tokenizer) })
+        let encoding = tokenizer
+            .encode(text, false)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Self {
+            tokens: encoding.get_ids().to_vec(),
+            tokenizer: Some(tokenizer),
+        })
     }
 
     /// How many token ids there are: 256 bytes, or the tokenizer's vocabulary.
@@ -92,7 +100,11 @@ impl Corpus {
     /// Checks the corpus can fill a sequence of `seq + 1` tokens.
     pub fn check_len(&self, seq: usize) -> Result<(), String> {
         if self.tokens.len() <= seq + 1 {
-            return Err(format!("the data has {} tokens; a sequence needs more than {}", self.tokens.len(), seq + 1));
+            return Err(format!(
+                "the data has {} tokens; a sequence needs more than {}",
+                self.tokens.len(),
+                seq + 1
+            ));
         }
         Ok(())
     }
@@ -100,7 +112,8 @@ impl Corpus {
     /// Sequence `index` of step `step`: `seq + 1` tokens from a position drawn from the step,
     /// so every layout sees the same data in the same order.
     pub fn window(&self, step: usize, index: usize, seq: usize) -> &[u32] {
-        let mut h = (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (index as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        let mut h =
+            (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (index as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         h ^= h >> 29;
         let start = (h % (self.tokens.len() - seq - 1) as u64) as usize;
         &self.tokens[start..start + seq + 1]
@@ -110,7 +123,14 @@ impl Corpus {
     ///
     /// # Shapes
     /// `[count, seq]`, `[count, seq]`
-    pub fn batch(&self, step: usize, first: usize, count: usize, seq: usize, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>) {
+    pub fn batch(
+        &self,
+        step: usize,
+        first: usize,
+        count: usize,
+        seq: usize,
+        device: &Device,
+    ) -> (Tensor<2, Int>, Tensor<2, Int>) {
         let tokens: Vec<i64> = (first..first + count)
             .flat_map(|i| self.window(step, i, seq).iter().map(|&t| t as i64))
             .collect();
@@ -178,7 +198,9 @@ mod tests {
                "model":{"type":"WordLevel","vocab":{"[UNK]":0,"hello":1,"world":2},"unk_token":"[UNK]"}}"#,
         )
         .unwrap();
-        let corpus = Corpus::bytes(b"hello world hello there".to_vec()).tokenized(&path).unwrap();
+        let corpus = Corpus::bytes(b"hello world hello there".to_vec())
+            .tokenized(&path)
+            .unwrap();
         assert_eq!(corpus.tokens, vec![1, 2, 1, 0]);
         assert_eq!(corpus.vocab_size(), 3);
         assert_eq!(corpus.encode("world"), vec![2]);

@@ -47,7 +47,9 @@ pub fn run(
         let device = ctx.device.clone().autodiff();
         let model = config.init(&device, &ctx.groups, init).map_err(|e| e.to_string())?;
         let loader = |items: Vec<Vec<u32>>| -> Arc<dyn DataLoader<TokenBatch>> {
-            DataLoaderBuilder::new(TokenBatcher).batch_size(per_rank).build(InMemDataset::new(items))
+            DataLoaderBuilder::new(TokenBatcher)
+                .batch_size(per_rank)
+                .build(InMemDataset::new(items))
         };
         // The optimizer of the plain loop: the same losses at every layout.
         let optimizer = StrategyOptimizer::Distributed(DistributedAdamWConfig::new().with_zero1(args.zero1));

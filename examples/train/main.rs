@@ -16,12 +16,12 @@ mod sample;
 use std::time::Instant;
 
 use burn::tensor::Device;
-use burn_megatron::checkpoint::{self, AsyncSaver};
 use burn_megatron::ConfigError;
+use burn_megatron::checkpoint::{self, AsyncSaver};
 use burn_megatron::init::InitMode;
 use burn_megatron::models::llama::{LlamaConfig, preset};
-use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::optim::{DistributedAdamWConfig, Overlap, check_lr};
+use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 
@@ -59,17 +59,39 @@ fn configure(args: &Args) -> Result<Job, ConfigError> {
     recipe.seq_len = args.seq.unwrap_or(recipe.seq_len);
     recipe.batch_size = args.batch.unwrap_or(recipe.batch_size);
     let dims = ParallelDims::tp_dp(args.tp, args.dp);
-    let tensor = if args.sp { TensorParallel::SequenceParallel } else { TensorParallel::Plain };
+    let tensor = if args.sp {
+        TensorParallel::SequenceParallel
+    } else {
+        TensorParallel::Plain
+    };
     let plan = ParallelPlan::new(dims).with_tensor(tensor);
-    let policy = if args.bf16 { PrecisionPolicy::bf16() } else { PrecisionPolicy::f32() };
+    let policy = if args.bf16 {
+        PrecisionPolicy::bf16()
+    } else {
+        PrecisionPolicy::f32()
+    };
     let config = policy.apply(plan.apply(recipe.model.clone(), dims.world_size(), recipe.seq_len)?);
     let per_rank = recipe.per_rank_batch(args.dp)?;
     check_lr(args.lr)?;
-    Ok(Job { config, dims, policy, seq: recipe.seq_len, batch: recipe.batch_size, per_rank })
+    Ok(Job {
+        config,
+        dims,
+        policy,
+        seq: recipe.seq_len,
+        batch: recipe.batch_size,
+        per_rank,
+    })
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let Job { config, dims, policy, seq, batch, per_rank } = configure(args).map_err(|e| e.to_string())?;
+    let Job {
+        config,
+        dims,
+        policy,
+        seq,
+        batch,
+        per_rank,
+    } = configure(args).map_err(|e| e.to_string())?;
     let corpus = match &args.data {
         Some(path) => Corpus::from_path(path)?,
         None => Corpus::arithmetic(1 << 20, args.seed),
@@ -87,7 +109,11 @@ fn run(args: &Args) -> Result<(), String> {
             config.embedding.vocab_size
         ));
     }
-    let mode = if args.per_shard_init { InitMode::PerShard } else { InitMode::Full };
+    let mode = if args.per_shard_init {
+        InitMode::PerShard
+    } else {
+        InitMode::Full
+    };
     let (init, dtype) = (policy.init(args.seed, mode), policy.compute);
     let device_of = |local: usize| match args.device {
         DeviceKind::Cpu => Device::flex(),
@@ -101,7 +127,10 @@ fn run(args: &Args) -> Result<(), String> {
     }
     let sample_every = args.sample_every.unwrap_or((args.steps / 5).max(1));
     let (prompt, pad) = match &args.data {
-        Some(_) => (corpus.head(seq / 2).to_vec(), corpus.encode("\n").first().copied().unwrap_or(0)),
+        Some(_) => (
+            corpus.head(seq / 2).to_vec(),
+            corpus.encode("\n").first().copied().unwrap_or(0),
+        ),
         None => (corpus.encode("\n417+385="), corpus.encode("\n")[0]),
     };
     let results = launch(dims, device_of, |ctx| -> Result<(), String> {
@@ -115,7 +144,9 @@ fn run(args: &Args) -> Result<(), String> {
         }
         let mut saver = AsyncSaver::new();
         let mut save = |model: &_, optim: &_, step: usize| match &args.save {
-            Some(dir) if args.async_save => saver.save(dir, step as u64, model, optim, &ctx.groups).map_err(|e| e.to_string()),
+            Some(dir) if args.async_save => saver
+                .save(dir, step as u64, model, optim, &ctx.groups)
+                .map_err(|e| e.to_string()),
             Some(dir) => checkpoint::save(dir, step as u64, model, optim, &ctx.groups).map_err(|e| e.to_string()),
             None => Ok(()),
         };
@@ -128,14 +159,21 @@ fn run(args: &Args) -> Result<(), String> {
             let overlap = Overlap::new(optim.reducer(&model));
             let tapped = overlap.tap(model.clone(), ctx.groups.grad_sync());
             let loss = tapped.forward_loss(ids, targets).map_err(|e| e.to_string())?;
-            let reported = ctx.groups.grad_sync().all_reduce(loss.clone().detach(), ReduceOp::Avg).map_err(|e| e.to_string())?;
+            let reported = ctx
+                .groups
+                .grad_sync()
+                .all_reduce(loss.clone().detach(), ReduceOp::Avg)
+                .map_err(|e| e.to_string())?;
             let value = reported.into_scalar::<f64>();
             if !value.is_finite() {
                 return Err(format!("step {step}: the loss is {value}; training stops"));
             }
             drop(loss.backward());
             let reduced = overlap.finish(&ctx.device, dtype).map_err(|e| e.to_string())?;
-            model = optim.step_reduced(args.lr, model, reduced).map_err(|e| e.to_string())?.0;
+            model = optim
+                .step_reduced(args.lr, model, reduced)
+                .map_err(|e| e.to_string())?
+                .0;
             if ctx.global_rank == 0 {
                 println!("step {step} loss {value:.6}");
             }
@@ -154,11 +192,17 @@ fn run(args: &Args) -> Result<(), String> {
         let ran = args.steps.saturating_sub(done);
         if ran > 0 && ctx.global_rank == 0 {
             let seconds = start.elapsed().as_secs_f64() - sampling;
-            println!("{ran} steps in {seconds:.1} s: {:.0} tokens/s", (ran * batch * seq) as f64 / seconds);
+            println!(
+                "{ran} steps in {seconds:.1} s: {:.0} tokens/s",
+                (ran * batch * seq) as f64 / seconds
+            );
         }
         if ctx.global_rank == 0 {
             // fp32 master weights and both moments: 1/dp of them per rank with ZeRO-1.
-            println!("optimizer state on rank 0: {:.2} MiB", optim.state_bytes() as f64 / (1 << 20) as f64);
+            println!(
+                "optimizer state on rank 0: {:.2} MiB",
+                optim.state_bytes() as f64 / (1 << 20) as f64
+            );
         }
         save(&model, &optim, args.steps.max(done))?;
         saver.finish(&ctx.groups).map_err(|e| e.to_string())
@@ -192,7 +236,10 @@ mod tests {
     #[cfg(feature = "learner")]
     #[test]
     fn the_learner_runs_the_same_job() {
-        run(&args("--learner --tp 2 --dp 2 --sp --zero1 --steps 3 --seq 32 --batch 4")).unwrap();
+        run(&args(
+            "--learner --tp 2 --dp 2 --sp --zero1 --steps 3 --seq 32 --batch 4",
+        ))
+        .unwrap();
     }
 
     /// Every bad flag or value is an error before any tensor exists, never a panic and never
@@ -227,9 +274,12 @@ mod tests {
         ];
         for (flags, expected) in table {
             let outcome = std::panic::catch_unwind(|| {
-                Args::parse(flags.split_whitespace().map(String::from)).and_then(|a| configure(&a).map(|_| ()).map_err(|e| e.to_string()))
+                Args::parse(flags.split_whitespace().map(String::from))
+                    .and_then(|a| configure(&a).map(|_| ()).map_err(|e| e.to_string()))
             });
-            let error = outcome.unwrap_or_else(|_| panic!("{flags}: panicked instead of an error")).expect_err(flags);
+            let error = outcome
+                .unwrap_or_else(|_| panic!("{flags}: panicked instead of an error"))
+                .expect_err(flags);
             assert!(error.contains(expected), "{flags}: {error:?} does not say {expected:?}");
         }
     }
@@ -237,6 +287,9 @@ mod tests {
     #[test]
     fn a_loss_that_is_not_finite_stops_training() {
         let error = run(&args("--steps 6 --seq 32 --lr 1e30 --sample-every 0")).unwrap_err();
-        assert!(error.contains("step ") && error.contains("the loss is") && error.contains("training stops"), "{error}");
+        assert!(
+            error.contains("step ") && error.contains("the loss is") && error.contains("training stops"),
+            "{error}"
+        );
     }
 }

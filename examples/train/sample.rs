@@ -9,7 +9,15 @@ use burn_megatron_dist::ProcessGroups;
 ///
 /// The model reads a window of `seq` tokens ending at the last one, padded on the left with
 /// `pad` (the corpus's line separator), so the length always suits sequence parallelism.
-pub fn greedy(model: &Llama, groups: &ProcessGroups, prompt: &[u32], pad: u32, new: usize, seq: usize, device: &Device) -> Result<Vec<u32>, String> {
+pub fn greedy(
+    model: &Llama,
+    groups: &ProcessGroups,
+    prompt: &[u32],
+    pad: u32,
+    new: usize,
+    seq: usize,
+    device: &Device,
+) -> Result<Vec<u32>, String> {
     let vocab = model.embedding.vocab_size;
     let mut tokens = prompt.to_vec();
     for _ in 0..new {

@@ -8,8 +8,8 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron::checkpoint::{self, CheckpointError};
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::{Llama, LlamaConfig};
-use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::optim::{DistributedAdamW, DistributedAdamWConfig};
+use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron_dist::{ParallelDims, ProcessGroups, ReduceOp};
 
 use crate::Harness;
@@ -25,25 +25,45 @@ fn config() -> LlamaConfig {
 fn model(groups: &ProcessGroups, device: &Device, seed: u64) -> Llama {
     let tp = groups.tp.size();
     let dims = ParallelDims::tp_dp(tp, groups.dp.size());
-    let config = ParallelPlan::new(dims).with_tensor(TensorParallel::SequenceParallel).apply(config(), dims.world_size(), SEQ).unwrap();
-    config.init(device, groups, &ParamInit::new(seed, InitMode::Full)).unwrap()
+    let config = ParallelPlan::new(dims)
+        .with_tensor(TensorParallel::SequenceParallel)
+        .apply(config(), dims.world_size(), SEQ)
+        .unwrap();
+    config
+        .init(device, groups, &ParamInit::new(seed, InitMode::Full))
+        .unwrap()
 }
 
 fn batch(device: &Device, step: u64) -> (Tensor<2, Int>, Tensor<2, Int>) {
-    let ids: Vec<i64> = (0..(BATCH * (SEQ + 1)) as u64).map(|i| ((i * 31 + step * 7) % 70) as i64).collect();
+    let ids: Vec<i64> = (0..(BATCH * (SEQ + 1)) as u64)
+        .map(|i| ((i * 31 + step * 7) % 70) as i64)
+        .collect();
     let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [BATCH, SEQ + 1]), device);
     (all.clone().narrow(1, 0, SEQ), all.narrow(1, 1, SEQ))
 }
 
 /// Runs steps `from..to` and returns the losses (averaged over dp).
-fn train(model: &mut Llama, optim: &mut DistributedAdamW, groups: &ProcessGroups, device: &Device, steps: std::ops::Range<u64>) -> Vec<f64> {
+fn train(
+    model: &mut Llama,
+    optim: &mut DistributedAdamW,
+    groups: &ProcessGroups,
+    device: &Device,
+    steps: std::ops::Range<u64>,
+) -> Vec<f64> {
     let per = BATCH / groups.dp.size();
     let first = groups.dp.group_rank() * per;
     steps
         .map(|step| {
             let (ids, targets) = batch(device, step);
-            let loss = model.clone().forward_loss(ids.narrow(0, first, per), targets.narrow(0, first, per)).unwrap();
-            let value = groups.dp.all_reduce(loss.clone().detach(), ReduceOp::Avg).unwrap().into_scalar::<f64>();
+            let loss = model
+                .clone()
+                .forward_loss(ids.narrow(0, first, per), targets.narrow(0, first, per))
+                .unwrap();
+            let value = groups
+                .dp
+                .all_reduce(loss.clone().detach(), ReduceOp::Avg)
+                .unwrap()
+                .into_scalar::<f64>();
             let grads = GradientsParams::from_grads(loss.backward(), &*model);
             *model = optim.step(3e-3, model.clone(), grads).unwrap().0;
             value
@@ -84,7 +104,11 @@ pub fn resume_at_other_layouts(h: &Harness) {
             for (a, b) in losses.iter().zip(&reference[0]) {
                 // Another layout sums its products and gradients in another order (see the
                 // model suite): two Adam steps from identical state stay within this.
-                assert!((a - b).abs() <= 10.0 * h.matmul_tolerance * b.abs(), "tp{tp}×dp{dp}: {losses:?} vs {:?}", reference[0]);
+                assert!(
+                    (a - b).abs() <= 10.0 * h.matmul_tolerance * b.abs(),
+                    "tp{tp}×dp{dp}: {losses:?} vs {:?}",
+                    reference[0]
+                );
             }
         }
     }
@@ -122,7 +146,11 @@ pub fn async_save_while_training(h: &Harness) {
     });
     for (a, b) in resumed[0].iter().zip(&reference) {
         // As in `resume_at_other_layouts`: another layout, another summation order.
-        assert!((a - b).abs() <= 10.0 * h.matmul_tolerance * b.abs(), "{:?} vs {reference:?}", resumed[0]);
+        assert!(
+            (a - b).abs() <= 10.0 * h.matmul_tolerance * b.abs(),
+            "{:?} vs {reference:?}",
+            resumed[0]
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -138,13 +166,21 @@ pub fn tp2_dp2_matches_single_device_for_30_steps(h: &Harness) {
         })
     };
     let single = run(1, 1).remove(0);
-    assert!(single[29] < 0.8 * single[0], "the model learns: {} → {}", single[0], single[29]);
+    assert!(
+        single[29] < 0.8 * single[0],
+        "the model learns: {} → {}",
+        single[0],
+        single[29]
+    );
     for losses in run(2, 2) {
         for (step, (a, b)) in losses.iter().zip(&single).enumerate() {
             // Split products and dp-averaged half batches reorder f32 sums; Adam carries the
             // rounding from step to step. Over 30 steps it stays within 20× the split-product
             // tolerance (2e-3 relative on the CPU).
-            assert!((a - b).abs() <= 20.0 * h.matmul_tolerance * b.abs(), "step {step}: tp2×dp2 loss {a} vs tp1×dp1 {b}");
+            assert!(
+                (a - b).abs() <= 20.0 * h.matmul_tolerance * b.abs(),
+                "step {step}: tp2×dp2 loss {a} vs tp1×dp1 {b}"
+            );
         }
     }
 }
@@ -178,12 +214,17 @@ pub fn bad_checkpoints_are_errors(h: &Harness) {
         let mut flipped = good.clone();
         flipped[10] ^= 0xff;
         std::fs::write(&file, &flipped).unwrap();
-        assert!(matches!(load(&dir), Err(CheckpointError::Format { .. })), "corrupted header");
+        assert!(
+            matches!(load(&dir), Err(CheckpointError::Format { .. })),
+            "corrupted header"
+        );
         std::fs::write(&file, &good).unwrap();
         assert_eq!(load(&dir), Ok(1));
 
         // Another model shape: refused, naming the tensor.
-        let other = LlamaConfig::llama(70, 32, 2, 4, 4, 128, SEQ).init(&dev, &ctx.groups, &ParamInit::new(1, InitMode::Full)).unwrap();
+        let other = LlamaConfig::llama(70, 32, 2, 4, 4, 128, SEQ)
+            .init(&dev, &ctx.groups, &ParamInit::new(1, InitMode::Full))
+            .unwrap();
         let mut optim = DistributedAdamWConfig::new().init(&ctx.groups);
         let err = checkpoint::load(&dir, other, &mut optim, &ctx.groups).unwrap_err();
         assert!(matches!(err, CheckpointError::Incompatible { .. }), "{err}");
@@ -201,7 +242,9 @@ pub fn hugging_face_round_trip(h: &Harness) {
         let (ids, targets) = batch(dev, 0);
         let per = BATCH / groups.dp.size();
         let first = groups.dp.group_rank() * per;
-        let loss = m.forward_loss(ids.narrow(0, first, per), targets.narrow(0, first, per)).unwrap();
+        let loss = m
+            .forward_loss(ids.narrow(0, first, per), targets.narrow(0, first, per))
+            .unwrap();
         groups.dp.all_reduce(loss, ReduceOp::Avg).unwrap().into_scalar::<f64>()
     };
     let saved = h.run(ParallelDims::tp_dp(2, 1), |ctx| {
@@ -212,7 +255,10 @@ pub fn hugging_face_round_trip(h: &Harness) {
     })[0];
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    assert_eq!(file.tensor("model.layers.0.mlp.gate_proj.weight").unwrap().shape(), &[128, 64]);
+    assert_eq!(
+        file.tensor("model.layers.0.mlp.gate_proj.weight").unwrap().shape(),
+        &[128, 64]
+    );
     assert_eq!(file.tensor("model.embed_tokens.weight").unwrap().shape(), &[70, 64]);
     assert_eq!(file.tensor("lm_head.weight").unwrap().shape(), &[70, 64]);
     let config = hf::read_config(&dir).unwrap();
@@ -225,7 +271,10 @@ pub fn hugging_face_round_trip(h: &Harness) {
         });
         for loss in losses {
             // The same weights at another tp: products split differently (see the model suite).
-            assert!((loss - saved).abs() <= 0.1 * h.matmul_tolerance * saved, "tp={tp}: {loss} vs {saved}");
+            assert!(
+                (loss - saved).abs() <= 0.1 * h.matmul_tolerance * saved,
+                "tp={tp}: {loss} vs {saved}"
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

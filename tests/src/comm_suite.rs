@@ -21,13 +21,22 @@ pub fn all_reduce_floats(h: &Harness) {
         for dtype in FLOATS {
             let x = small_ints([3, 5], r + 1, &ctx.device, dtype);
             let sum = ctx.groups.tp.all_reduce(x.clone(), ReduceOp::Sum).unwrap();
-            let expected_sum = small_ints([3, 5], 0, &ctx.device, dtype).mul_scalar(n as f32)
+            let expected_sum = small_ints([3, 5], 0, &ctx.device, dtype)
+                .mul_scalar(n as f32)
                 .add_scalar((n * (n + 1) / 2) as f32);
             assert_exact(&sum, &expected_sum, &format!("all_reduce sum {dtype:?}"));
             let avg = ctx.groups.tp.all_reduce(x.clone(), ReduceOp::Avg).unwrap();
-            assert_exact(&avg, &expected_sum.div_scalar(n as f32), &format!("all_reduce avg {dtype:?}"));
+            assert_exact(
+                &avg,
+                &expected_sum.div_scalar(n as f32),
+                &format!("all_reduce avg {dtype:?}"),
+            );
             let max = ctx.groups.tp.all_reduce(x, ReduceOp::Max).unwrap();
-            assert_exact(&max, &small_ints([3, 5], n, &ctx.device, dtype), &format!("all_reduce max {dtype:?}"));
+            assert_exact(
+                &max,
+                &small_ints([3, 5], n, &ctx.device, dtype),
+                &format!("all_reduce max {dtype:?}"),
+            );
             assert_eq!(sum.dtype(), dtype, "the dtype survives the collective");
         }
     });
@@ -41,11 +50,17 @@ pub fn all_reduce_ints(h: &Harness) {
         for dtype in [DType::I64, DType::I32] {
             let x = ints([4, 2], 1000 * (r + 1), &ctx.device).cast(dtype);
             let sum = ctx.groups.tp.all_reduce(x.clone(), ReduceOp::Sum).unwrap();
-            let expected = ints([4, 2], 0, &ctx.device).mul_scalar(n).add_scalar(1000 * n * (n + 1) / 2);
+            let expected = ints([4, 2], 0, &ctx.device)
+                .mul_scalar(n)
+                .add_scalar(1000 * n * (n + 1) / 2);
             assert_eq!(sum.dtype(), dtype);
             assert_eq!(int_values(sum), int_values(expected), "int sum {dtype:?}");
             let max = ctx.groups.tp.all_reduce(x.clone(), ReduceOp::Max).unwrap();
-            assert_eq!(int_values(max), int_values(ints([4, 2], 1000 * n, &ctx.device)), "int max {dtype:?}");
+            assert_eq!(
+                int_values(max),
+                int_values(ints([4, 2], 1000 * n, &ctx.device)),
+                "int max {dtype:?}"
+            );
             let avg = ctx.groups.tp.all_reduce(x, ReduceOp::Avg);
             assert!(matches!(avg, Err(CommError::InvalidArgument { .. })), "{avg:?}");
         }
@@ -64,7 +79,9 @@ pub fn all_gather_every_dim(h: &Harness) {
                 assert_exact(&got, &expected, &format!("all_gather dim {dim} {dtype:?}"));
             }
         }
-        let got = g.all_gather(ints([2, 2], g.group_rank() as i64, &ctx.device), 1).unwrap();
+        let got = g
+            .all_gather(ints([2, 2], g.group_rank() as i64, &ctx.device), 1)
+            .unwrap();
         let expected = Tensor::cat((0..g.size()).map(|r| ints([2, 2], r as i64, &ctx.device)).collect(), 1);
         assert_eq!(int_values(got), int_values(expected), "integer all_gather");
     });
@@ -82,13 +99,18 @@ pub fn reduce_scatter_every_dim(h: &Harness) {
                 let x = small_ints(shape, r as i64 + 1, &ctx.device, dtype);
                 let got = g.reduce_scatter(x, dim, ReduceOp::Sum).unwrap();
                 let total: i64 = (1..=n as i64).sum();
-                let full = small_ints(shape, 0, &ctx.device, dtype).mul_scalar(n as f32).add_scalar(total as f32);
+                let full = small_ints(shape, 0, &ctx.device, dtype)
+                    .mul_scalar(n as f32)
+                    .add_scalar(total as f32);
                 let expected = full.narrow(dim, r * shape[dim] / n, shape[dim] / n);
                 assert_exact(&got, &expected, &format!("reduce_scatter dim {dim} {dtype:?}"));
             }
         }
         let odd = g.reduce_scatter(small_ints([n + 1, 2], 0, &ctx.device, DType::F32), 0, ReduceOp::Sum);
-        assert!(n == 1 || matches!(odd, Err(CommError::InvalidArgument { .. })), "{odd:?}");
+        assert!(
+            n == 1 || matches!(odd, Err(CommError::InvalidArgument { .. })),
+            "{odd:?}"
+        );
     });
 }
 
@@ -103,21 +125,38 @@ pub fn deferred_collectives(h: &Harness) {
         let (n, r) = (g.size(), g.group_rank());
         let dev = &ctx.device;
         let total: i64 = (1..=n as i64).sum();
-        let summed = |shape: [usize; 2]| small_ints(shape, 0, dev, DType::F32).mul_scalar(n as f32).add_scalar(total as f32);
-        let reduce = g.all_reduce_async(small_ints([64, 33], r as i64 + 1, dev, DType::F32), ReduceOp::Sum).unwrap();
-        let scatter = g.reduce_scatter_async(small_ints([8 * n, 5], r as i64 + 1, dev, DType::BF16), 0, ReduceOp::Sum).unwrap();
+        let summed = |shape: [usize; 2]| {
+            small_ints(shape, 0, dev, DType::F32)
+                .mul_scalar(n as f32)
+                .add_scalar(total as f32)
+        };
+        let reduce = g
+            .all_reduce_async(small_ints([64, 33], r as i64 + 1, dev, DType::F32), ReduceOp::Sum)
+            .unwrap();
+        let scatter = g
+            .reduce_scatter_async(small_ints([8 * n, 5], r as i64 + 1, dev, DType::BF16), 0, ReduceOp::Sum)
+            .unwrap();
         // Device work of this rank's own, queued while both collectives may be running.
         let busy = small_ints([256, 256], 0, dev, DType::F32);
         let busy = busy.clone().matmul(busy).sum();
-        let plain = g.all_reduce(small_ints([3, 4], r as i64 + 1, dev, DType::F32), ReduceOp::Sum).unwrap();
+        let plain = g
+            .all_reduce(small_ints([3, 4], r as i64 + 1, dev, DType::F32), ReduceOp::Sum)
+            .unwrap();
         assert_exact(&plain, &summed([3, 4]), "the plain all-reduce behind two in flight");
         let scattered = scatter.wait().unwrap();
         let expected = summed([8 * n, 5]).cast(DType::BF16).narrow(0, 8 * r, 8);
         assert_exact(&scattered, &expected, "the deferred reduce-scatter, waited for first");
-        assert_exact(&reduce.wait().unwrap(), &summed([64, 33]), "the deferred all-reduce, waited for last");
+        assert_exact(
+            &reduce.wait().unwrap(),
+            &summed([64, 33]),
+            "the deferred all-reduce, waited for last",
+        );
         assert!(busy.into_scalar::<f32>().is_finite());
         let refused = g.all_reduce_async(ints([2, 2], 0, dev), ReduceOp::Avg);
-        assert!(matches!(refused, Err(CommError::InvalidArgument { .. })), "an integer average is refused at launch");
+        assert!(
+            matches!(refused, Err(CommError::InvalidArgument { .. })),
+            "an integer average is refused at launch"
+        );
     });
 }
 
@@ -138,7 +177,12 @@ pub fn all_to_all_even_and_uneven(h: &Harness) {
         let (got, recv) = g.all_to_all_uneven(rows(r), 0, &splits(r)).unwrap();
         assert_eq!(recv, (0..n).map(|from| from + r + 1).collect::<Vec<_>>());
         let offset = |from: usize| splits(from)[..r].iter().sum::<usize>();
-        let expected = Tensor::cat((0..n).map(|from| rows(from).narrow(0, offset(from), from + r + 1)).collect(), 0);
+        let expected = Tensor::cat(
+            (0..n)
+                .map(|from| rows(from).narrow(0, offset(from), from + r + 1))
+                .collect(),
+            0,
+        );
         assert_exact(&got, &expected, "uneven all_to_all");
     });
 }
@@ -150,15 +194,25 @@ pub fn broadcast_send_recv_barrier(h: &Harness) {
         let (n, r) = (g.size(), g.group_rank());
         let dev = &ctx.device;
         let root = n - 1;
-        let got = g.broadcast(small_ints([3, 3], r as i64, dev, DType::BF16), root).unwrap();
+        let got = g
+            .broadcast(small_ints([3, 3], r as i64, dev, DType::BF16), root)
+            .unwrap();
         assert_exact(&got, &small_ints([3, 3], root as i64, dev, DType::BF16), "broadcast");
         let got = g.broadcast(ints([5], r as i64, dev), root).unwrap();
-        assert_eq!(int_values(got), int_values(ints([5], root as i64, dev)), "integer broadcast");
+        assert_eq!(
+            int_values(got),
+            int_values(ints([5], root as i64, dev)),
+            "integer broadcast"
+        );
         if n > 1 {
             let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
             g.send(small_ints([2, 4], r as i64, dev, DType::F32), next).unwrap();
             let got = g.recv(Tensor::<2>::zeros([2, 4], dev), prev).unwrap();
-            assert_exact(&got, &small_ints([2, 4], prev as i64, dev, DType::F32), "ring send/recv");
+            assert_exact(
+                &got,
+                &small_ints([2, 4], prev as i64, dev, DType::F32),
+                "ring send/recv",
+            );
         }
         g.barrier().unwrap();
     });
@@ -173,15 +227,27 @@ pub fn mismatches_are_errors_on_every_rank(h: &Harness) {
         }
         let r = g.group_rank();
         let dev = &ctx.device;
-        let shape_err = g.all_reduce(Tensor::<2>::ones([2, 2 + r % 2], dev), ReduceOp::Sum).unwrap_err();
-        assert!(matches!(&shape_err, CommError::Mismatch { .. }) && shape_err.to_string().contains("shape"), "{shape_err}");
+        let shape_err = g
+            .all_reduce(Tensor::<2>::ones([2, 2 + r % 2], dev), ReduceOp::Sum)
+            .unwrap_err();
+        assert!(
+            matches!(&shape_err, CommError::Mismatch { .. }) && shape_err.to_string().contains("shape"),
+            "{shape_err}"
+        );
         let dtype = if r == 0 { DType::F32 } else { DType::BF16 };
         let dtype_err = g.all_gather(Tensor::<2>::ones([2, 2], (dev, dtype)), 0).unwrap_err();
         assert!(dtype_err.to_string().contains("dtype"), "{dtype_err}");
         let x = Tensor::<1>::ones([4], dev);
-        let call_err = if r == 0 { g.all_reduce(x, ReduceOp::Sum).map(|_| ()) } else { g.all_gather(x, 0).map(|_| ()) };
+        let call_err = if r == 0 {
+            g.all_reduce(x, ReduceOp::Sum).map(|_| ())
+        } else {
+            g.all_gather(x, 0).map(|_| ())
+        };
         let call_err = call_err.unwrap_err();
-        assert!(call_err.to_string().contains("all_gather") && call_err.to_string().contains("all_reduce"), "{call_err}");
+        assert!(
+            call_err.to_string().contains("all_gather") && call_err.to_string().contains("all_reduce"),
+            "{call_err}"
+        );
         // The group is still usable after a refused call.
         let sum = g.all_reduce(Tensor::<1, Int>::ones([2], dev), ReduceOp::Sum).unwrap();
         assert_eq!(int_values(sum), vec![g.size() as i64; 2]);
@@ -198,10 +264,14 @@ pub fn a_missing_rank_times_out_with_its_name(h: &Harness) {
             return;
         }
         let start = Instant::now();
-        let err = g.all_reduce(Tensor::<1>::ones([4], &ctx.device), ReduceOp::Sum).unwrap_err();
+        let err = g
+            .all_reduce(Tensor::<1>::ones([4], &ctx.device), ReduceOp::Sum)
+            .unwrap_err();
         let waited = start.elapsed();
         match &err {
-            CommError::Timeout { missing, collective, .. } => {
+            CommError::Timeout {
+                missing, collective, ..
+            } => {
                 assert_eq!(missing, &vec![last], "{err}");
                 assert_eq!(*collective, "all_reduce");
             }

@@ -48,5 +48,8 @@ pub fn assert_exact<const D: usize>(actual: &Tensor<D>, expected: &Tensor<D>, wh
 
 /// The values of an integer tensor of any integer dtype.
 pub fn int_values<const D: usize>(x: Tensor<D, Int>) -> Vec<i64> {
-    x.into_data().convert::<i64>().try_to_vec::<i64>().expect("integer data")
+    x.into_data()
+        .convert::<i64>()
+        .try_to_vec::<i64>()
+        .expect("integer data")
 }

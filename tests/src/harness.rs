@@ -40,7 +40,13 @@ impl Harness {
     /// the caller states.
     #[cfg(feature = "cuda")]
     pub fn cuda(world: usize, float: DType, tolerance: f64, matmul_tolerance: f64) -> Self {
-        Self { device_of: |i| Device::cuda(i), float, tolerance, matmul_tolerance, world }
+        Self {
+            device_of: |i| Device::cuda(i),
+            float,
+            tolerance,
+            matmul_tolerance,
+            world,
+        }
     }
 
     /// The device of a local rank.
@@ -60,8 +66,7 @@ impl Harness {
         timeout: Duration,
         body: impl Fn(RankContext) -> T + Sync,
     ) -> Vec<T> {
-        launch_with(dims, LaunchOptions { timeout }, self.device_of, body)
-            .unwrap_or_else(|error| panic!("{error}"))
+        launch_with(dims, LaunchOptions { timeout }, self.device_of, body).unwrap_or_else(|error| panic!("{error}"))
     }
 
     /// A world of `self.world` ranks, all on one axis (tensor parallelism).

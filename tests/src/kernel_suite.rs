@@ -33,7 +33,13 @@ pub fn wgmma_gemm(h: &Harness) {
         }
     };
     for kernel in [Schedule::Persistent, Schedule::TilePerBlock] {
-        for (m, k, n) in [(300, 136, 520), (129, 2056, 257), (64, 24, 40), (1000, 64, 777), (4100, 200, 2000)] {
+        for (m, k, n) in [
+            (300, 136, 520),
+            (129, 2056, 257),
+            (64, 24, 40),
+            (1000, 64, 777),
+            (4100, 200, 2000),
+        ] {
             for (lhs_t, rhs_t) in [(false, false), (true, false), (false, true), (true, true)] {
                 let (lhs, rhs) = (operand(m, k, lhs_t), operand(k, n, rhs_t));
                 let out = matmul(lhs.clone(), rhs.clone(), kernel).unwrap();
@@ -41,13 +47,20 @@ pub fn wgmma_gemm(h: &Harness) {
                 // The output is rounded to bf16 (2⁻⁹ relative each): about 2e-3 in norm; a
                 // wrong tile, layout or stage is of order 1.
                 let error = relative_error(out, expected);
-                assert!(error < 1e-2, "{kernel:?} {m}×{k}×{n} lhs_t {lhs_t} rhs_t {rhs_t}: relative error {error}");
+                assert!(
+                    error < 1e-2,
+                    "{kernel:?} {m}×{k}×{n} lhs_t {lhs_t} rhs_t {rhs_t}: relative error {error}"
+                );
             }
         }
     }
     let f32_operand = Tensor::<2>::random([64, 64], Distribution::Normal(0.0, 1.0), (&device, DType::F32));
     let refused = matmul(f32_operand.clone(), f32_operand, Schedule::Persistent).unwrap_err();
-    assert_eq!(refused, WgmmaError::DType(DType::F32, DType::F32), "f32 is refused, not miscomputed");
+    assert_eq!(
+        refused,
+        WgmmaError::DType(DType::F32, DType::F32),
+        "f32 is refused, not miscomputed"
+    );
 }
 
 /// Flash attention (bf16, head dim 128, the layer's `[b, s, h, d]` storage seen as
@@ -58,12 +71,21 @@ pub fn flash_attention(h: &Harness) {
     let device = h.device(0).autodiff();
     for (b, heads, s, d) in [(2, 3, 100, 128), (1, 2, 257, 128), (2, 2, 256, 128), (1, 2, 70, 64)] {
         for causal in [false, true] {
-            let input = || Tensor::<4>::random([b, s, heads, d], Distribution::Normal(0.0, 1.0), (&device, DType::BF16)).swap_dims(1, 2).detach().require_grad();
+            let input = || {
+                Tensor::<4>::random([b, s, heads, d], Distribution::Normal(0.0, 1.0), (&device, DType::BF16))
+                    .swap_dims(1, 2)
+                    .detach()
+                    .require_grad()
+            };
             let (q, k, v) = (input(), input(), input());
             let out = attention(q.clone(), k.clone(), v.clone(), causal);
             let f32 = |t: &Tensor<4>| t.clone().cast(DType::F32).detach().require_grad();
             let (q32, k32, v32) = (f32(&q), f32(&k), f32(&v));
-            let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: causal };
+            let options = AttentionModuleOptions {
+                scale: None,
+                softcap: None,
+                is_causal: causal,
+            };
             let expected = burn_attention(q32.clone(), k32.clone(), v32.clone(), None, None, options);
             let case = format!("b {b} h {heads} s {s} d {d} causal {causal}");
             // bf16 inputs in both; ours rounds the probabilities and the output to bf16 (2⁻⁸
@@ -105,7 +127,11 @@ pub fn swiglu(h: &Harness) {
     for dtype in [DType::F32, DType::BF16] {
         for dims in [[2, 37, 2048], [3, 5, 100]] {
             // Drawn then cast on the autodiff device: detach, so the leaf is the cast tensor.
-            let input = || Tensor::<3>::random(dims, Distribution::Normal(0.0, 2.0), (&device, dtype)).detach().require_grad();
+            let input = || {
+                Tensor::<3>::random(dims, Distribution::Normal(0.0, 2.0), (&device, dtype))
+                    .detach()
+                    .require_grad()
+            };
             let (a, b) = (input(), input());
             let ours = burn_megatron_kernels::swiglu::swiglu(a.clone(), b.clone());
             let (a32, b32) = (f32_leaf(&a), f32_leaf(&b));
@@ -114,7 +140,10 @@ pub fn swiglu(h: &Harness) {
             let error = relative_error(ours.clone(), theirs.clone());
             assert!(error < tolerance(dtype), "{case}: output relative error {error}");
             let weights = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), (&device, DType::F32));
-            let (g1, g2) = ((ours.cast(DType::F32) * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
+            let (g1, g2) = (
+                (ours.cast(DType::F32) * weights.clone()).sum().backward(),
+                (theirs * weights).sum().backward(),
+            );
             for (name, x, x32) in [("a", &a, &a32), ("b", &b, &b32)] {
                 let error = relative_error(x.grad(&g1).unwrap(), x32.grad(&g2).unwrap());
                 assert!(error < tolerance(dtype), "{case}: d{name} relative error {error}");
@@ -129,16 +158,24 @@ pub fn rms_norm(h: &Harness) {
     let device = h.device(0).autodiff();
     for dtype in [DType::F32, DType::BF16] {
         for dims in [[2, 37, 2048], [3, 100, 100]] {
-            let x = Tensor::<3>::random(dims, Distribution::Normal(0.0, 2.0), (&device, dtype)).detach().require_grad();
-            let w = Tensor::<1>::random([dims[2]], Distribution::Normal(1.0, 0.5), (&device, dtype)).detach().require_grad();
+            let x = Tensor::<3>::random(dims, Distribution::Normal(0.0, 2.0), (&device, dtype))
+                .detach()
+                .require_grad();
+            let w = Tensor::<1>::random([dims[2]], Distribution::Normal(1.0, 0.5), (&device, dtype))
+                .detach()
+                .require_grad();
             let ours = burn_megatron_kernels::rms_norm::rms_norm(x.clone(), w.clone(), 1e-5);
             let (x32, w32) = (f32_leaf(&x), f32_leaf(&w));
-            let theirs = x32.clone() / x32.clone().square().mean_dim(2).add_scalar(1e-5).sqrt() * w32.clone().unsqueeze::<3>();
+            let theirs =
+                x32.clone() / x32.clone().square().mean_dim(2).add_scalar(1e-5).sqrt() * w32.clone().unsqueeze::<3>();
             let case = format!("{dtype:?} {dims:?}");
             let error = relative_error(ours.clone(), theirs.clone());
             assert!(error < tolerance(dtype), "{case}: output relative error {error}");
             let weights = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), (&device, DType::F32));
-            let (g1, g2) = ((ours.cast(DType::F32) * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
+            let (g1, g2) = (
+                (ours.cast(DType::F32) * weights.clone()).sum().backward(),
+                (theirs * weights).sum().backward(),
+            );
             let error = relative_error(x.grad(&g1).unwrap(), x32.grad(&g2).unwrap());
             assert!(error < tolerance(dtype), "{case}: dx relative error {error}");
             // dw sums 74 to 300 rows of bf16 products: a little more rounding than the rest.
@@ -155,7 +192,10 @@ pub fn rope(h: &Harness) {
     let device = h.device(0).autodiff();
     for dtype in [DType::F32, DType::BF16] {
         for (b, heads, s, d) in [(2, 3, 50, 128), (1, 2, 9, 6)] {
-            let x = Tensor::<4>::random([b, s, heads, d], Distribution::Normal(0.0, 1.0), (&device, dtype)).swap_dims(1, 2).detach().require_grad();
+            let x = Tensor::<4>::random([b, s, heads, d], Distribution::Normal(0.0, 1.0), (&device, dtype))
+                .swap_dims(1, 2)
+                .detach()
+                .require_grad();
             let angles = Tensor::<2>::random([s + 3, d / 2], Distribution::Uniform(0.0, 6.0), (&device, DType::F32));
             let (cos, sin) = (angles.clone().cos(), angles.sin());
             let ours = burn_megatron_kernels::rope::rope(x.clone(), cos.clone(), sin.clone());
@@ -165,7 +205,10 @@ pub fn rope(h: &Harness) {
             let error = relative_error(ours.clone(), theirs.clone());
             assert!(error < tolerance(dtype), "{case}: output relative error {error}");
             let weights = Tensor::<4>::random([b, heads, s, d], Distribution::Normal(0.0, 1.0), (&device, DType::F32));
-            let (g1, g2) = ((ours.cast(DType::F32) * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
+            let (g1, g2) = (
+                (ours.cast(DType::F32) * weights.clone()).sum().backward(),
+                (theirs * weights).sum().backward(),
+            );
             let error = relative_error(x.grad(&g1).unwrap(), x32.grad(&g2).unwrap());
             assert!(error < tolerance(dtype), "{case}: dx relative error {error}");
         }
@@ -180,16 +223,29 @@ pub fn adamw(h: &Harness) {
     for dtype in [DType::F32, DType::BF16] {
         for dims in [[1000, 37], [7, 13]] {
             let start = Tensor::<2>::random(dims, Distribution::Normal(0.0, 1.0), (&device, dtype));
-            let (mut p, mut m, mut v) = (start.clone(), start.zeros_like().cast(DType::F32), start.zeros_like().cast(DType::F32));
+            let (mut p, mut m, mut v) = (
+                start.clone(),
+                start.zeros_like().cast(DType::F32),
+                start.zeros_like().cast(DType::F32),
+            );
             let (mut p32, mut m32, mut v32) = (start.cast(DType::F32), m.clone(), v.clone());
             for time in 1..=3u32 {
-                let step = AdamWStep { lr: 1e-2, beta_1: 0.9, beta_2: 0.95, epsilon: 1e-8, weight_decay: 0.1, time, grad_scale: 0.5 };
+                let step = AdamWStep {
+                    lr: 1e-2,
+                    beta_1: 0.9,
+                    beta_2: 0.95,
+                    epsilon: 1e-8,
+                    weight_decay: 0.1,
+                    time,
+                    grad_scale: 0.5,
+                };
                 let grad = Tensor::<2>::random(dims, Distribution::Normal(0.0, 1.0), (&device, dtype));
                 (p, m, v) = adamw_step(p, grad.clone(), m, v, step);
                 let g = grad.cast(DType::F32) * 0.5;
                 m32 = m32 * 0.9 + g.clone() * 0.1;
                 v32 = v32 * 0.95 + g.square() * 0.05;
-                let update = (m32.clone() / (1.0 - 0.9f32.powi(time as i32))) / ((v32.clone() / (1.0 - 0.95f32.powi(time as i32))).sqrt() + 1e-8);
+                let update = (m32.clone() / (1.0 - 0.9f32.powi(time as i32)))
+                    / ((v32.clone() / (1.0 - 0.95f32.powi(time as i32))).sqrt() + 1e-8);
                 p32 = p32 * (1.0 - 1e-2 * 0.1) - update * 1e-2;
             }
             let case = format!("{dtype:?} {dims:?}");
@@ -212,10 +268,20 @@ pub fn cross_entropy(h: &Harness) {
     let device = h.device(0).autodiff();
     for dtype in [DType::F32, DType::BF16] {
         for (rows, columns, valid) in [(37, 2048, 2000), (9, 100, 100)] {
-            let logits = Tensor::<2>::random([rows, columns], Distribution::Normal(0.0, 3.0), (&device, dtype)).detach().require_grad();
-            let shift = logits.clone().detach().cast(DType::F32).narrow(1, 0, valid).max_dim(1).reshape([rows]);
+            let logits = Tensor::<2>::random([rows, columns], Distribution::Normal(0.0, 3.0), (&device, dtype))
+                .detach()
+                .require_grad();
+            let shift = logits
+                .clone()
+                .detach()
+                .cast(DType::F32)
+                .narrow(1, 0, valid)
+                .max_dim(1)
+                .reshape([rows]);
             // Every third row's target lies in another slice (-1).
-            let targets: Vec<f32> = (0..rows).map(|r| if r % 3 == 0 { -1.0 } else { ((r * 37) % valid) as f32 }).collect();
+            let targets: Vec<f32> = (0..rows)
+                .map(|r| if r % 3 == 0 { -1.0 } else { ((r * 37) % valid) as f32 })
+                .collect();
             let target = Tensor::<1>::from_data(TensorData::new(targets, [rows]), (&device, DType::F32));
             let ours = partials(logits.clone(), shift.clone(), target.clone(), valid);
             let logits32 = f32_leaf(&logits);
@@ -225,9 +291,15 @@ pub fn cross_entropy(h: &Harness) {
             let error = relative_error(ours.clone(), theirs.clone());
             assert!(error < 1e-4, "{case}: sums relative error {error}");
             let weights = Tensor::<2>::random([rows, 3], Distribution::Normal(0.0, 1.0), (&device, DType::F32));
-            let (g1, g2) = ((ours * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
+            let (g1, g2) = (
+                (ours * weights.clone()).sum().backward(),
+                (theirs * weights).sum().backward(),
+            );
             let error = relative_error(logits.grad(&g1).unwrap(), logits32.grad(&g2).unwrap());
-            assert!(error < tolerance(dtype), "{case}: logits gradient relative error {error}");
+            assert!(
+                error < tolerance(dtype),
+                "{case}: logits gradient relative error {error}"
+            );
         }
     }
 }

@@ -36,7 +36,14 @@ impl<'a> Rank<'a> {
     fn new(h: &'a Harness, ctx: &RankContext) -> Self {
         let init = ParamInit::new(SEED, InitMode::Full).with_dtype(h.float);
         let (groups, single) = (ctx.groups.clone(), ProcessGroups::single());
-        Self { h, dev: ctx.device.clone().autodiff(), tp: groups.tp.clone(), groups, single, init }
+        Self {
+            h,
+            dev: ctx.device.clone().autodiff(),
+            tp: groups.tp.clone(),
+            groups,
+            single,
+            init,
+        }
     }
 
     fn t<const N: usize>(&self, shape: [usize; N], seed: u64) -> Tensor<N> {
@@ -45,7 +52,11 @@ impl<'a> Rank<'a> {
 
     /// This rank's sequence shard (dim 1) when `sp`, else the whole tensor.
     fn seq<const N: usize>(&self, x: Tensor<N>, sp: bool) -> Tensor<N> {
-        if sp { Shard::new(1, self.tp.group_rank(), self.tp.size()).slice(x) } else { x }
+        if sp {
+            Shard::new(1, self.tp.group_rank(), self.tp.size()).slice(x)
+        } else {
+            x
+        }
     }
 
     fn shard<const N: usize>(&self, x: Tensor<N>, dim: usize) -> Tensor<N> {
@@ -53,17 +64,32 @@ impl<'a> Rank<'a> {
     }
 
     fn close<const N: usize>(&self, actual: Tensor<N>, expected: Tensor<N>, what: &str) {
-        assert_close(&actual, &expected, self.h.matmul_tolerance, &format!("tp={} {what}", self.tp.size()));
+        assert_close(
+            &actual,
+            &expected,
+            self.h.matmul_tolerance,
+            &format!("tp={} {what}", self.tp.size()),
+        );
     }
 
     /// Runs `forward` on the rank's input `x` (a leaf) and back-propagates `Σ out ⊙ part(w)`,
     /// where `w` is a fixed tensor of the whole output's shape `full` and `part` takes this
     /// rank's share of it.
-    fn run(&self, x: Tensor<3>, full: [usize; 3], part: impl Fn(Tensor<3>) -> Tensor<3>, forward: impl Fn(Tensor<3>) -> Tensor<3>) -> Run {
+    fn run(
+        &self,
+        x: Tensor<3>,
+        full: [usize; 3],
+        part: impl Fn(Tensor<3>) -> Tensor<3>,
+        forward: impl Fn(Tensor<3>) -> Tensor<3>,
+    ) -> Run {
         let x = x.require_grad();
         let out = forward(x.clone());
         let grads = (out.clone() * part(self.t(full, 7))).sum().backward();
-        Run { dx: x.grad(&grads).expect("input gradient"), out, grads }
+        Run {
+            dx: x.grad(&grads).expect("input gradient"),
+            out,
+            grads,
+        }
     }
 
     /// [`run`](Self::run) for the twin: the whole input and the whole output.
@@ -74,7 +100,11 @@ impl<'a> Rank<'a> {
 
 /// The sequence layout of a layer run with (`sp`) or without sequence parallelism.
 fn layout(sp: bool) -> SequenceLayout {
-    if sp { SequenceLayout::Sharded } else { SequenceLayout::Whole }
+    if sp {
+        SequenceLayout::Sharded
+    } else {
+        SequenceLayout::Whole
+    }
 }
 
 struct Run {
@@ -99,7 +129,10 @@ pub fn column_linear(h: &Harness) {
             (ColumnInput::SequenceSharded, ColumnOutput::Sharded),
             (ColumnInput::SequenceSharded, ColumnOutput::Gathered),
         ] {
-            let config = ColumnParallelLinearConfig::new(D, 4 * D).with_bias(true).with_input(input).with_output(output);
+            let config = ColumnParallelLinearConfig::new(D, 4 * D)
+                .with_bias(true)
+                .with_input(input)
+                .with_output(output);
             let mut par = config.init(&r.dev, &r.groups, &r.init, "c").unwrap();
             let mut twin = config.init(&r.dev, &r.single, &r.init, "c").unwrap();
             // A non-zero bias, so its gradient path is exercised with real values.
@@ -108,15 +141,26 @@ pub fn column_linear(h: &Harness) {
             let sp = input == ColumnInput::SequenceSharded;
             let x = r.t([B, S, D], 1);
             let out_dim = if output == ColumnOutput::Sharded { Some(2) } else { None };
-            let expect = |x: Tensor<3>| match out_dim { Some(d) => r.shard(x, d), None => x };
+            let expect = |x: Tensor<3>| match out_dim {
+                Some(d) => r.shard(x, d),
+                None => x,
+            };
             let full = [B, S, 4 * D];
             let p = r.run(r.seq(x.clone(), sp), full, expect, |x| par.forward(x).unwrap());
             let t = r.run_twin(x, full, |x| twin.forward(x).unwrap());
             let what = format!("column {input:?}/{output:?}");
             r.close(p.out.clone(), expect(t.out.clone()), &format!("{what} output"));
             r.close(p.dx.clone(), r.seq(t.dx.clone(), sp), &format!("{what} input grad"));
-            r.close(p.grad(&par.weight), r.shard(t.grad(&twin.weight), 1), &format!("{what} weight grad"));
-            r.close(p.grad(par.bias.as_ref().unwrap()), r.shard(t.grad(twin.bias.as_ref().unwrap()), 0), &format!("{what} bias grad"));
+            r.close(
+                p.grad(&par.weight),
+                r.shard(t.grad(&twin.weight), 1),
+                &format!("{what} weight grad"),
+            );
+            r.close(
+                p.grad(par.bias.as_ref().unwrap()),
+                r.shard(t.grad(twin.bias.as_ref().unwrap()), 0),
+                &format!("{what} bias grad"),
+            );
         }
     });
 }
@@ -131,7 +175,10 @@ pub fn row_linear(h: &Harness) {
             (RowInput::Replicated, RowOutput::Reduced),
             (RowInput::Replicated, RowOutput::SequenceScattered),
         ] {
-            let config = RowParallelLinearConfig::new(4 * D, D).with_bias(true).with_input(input).with_output(output);
+            let config = RowParallelLinearConfig::new(4 * D, D)
+                .with_bias(true)
+                .with_input(input)
+                .with_output(output);
             let mut par = config.init(&r.dev, &r.groups, &r.init, "r").unwrap();
             let mut twin = config.init(&r.dev, &r.single, &r.init, "r").unwrap();
             twin.bias = Some(Param::from_tensor(r.t([D], 3)));
@@ -139,16 +186,32 @@ pub fn row_linear(h: &Harness) {
             let sp = output == RowOutput::SequenceScattered;
             let x = r.t([B, S, 4 * D], 1);
             // A sharded input is this rank's slice of the features, a leaf of its own.
-            let x_par = if input == RowInput::Sharded { r.shard(x.clone(), 2) } else { x.clone() };
+            let x_par = if input == RowInput::Sharded {
+                r.shard(x.clone(), 2)
+            } else {
+                x.clone()
+            };
             let full = [B, S, D];
             let p = r.run(x_par, full, |w| r.seq(w, sp), |x| par.forward(x).unwrap());
             let t = r.run_twin(x, full, |x| twin.forward(x).unwrap());
             let what = format!("row {input:?}/{output:?}");
             r.close(p.out.clone(), r.seq(t.out.clone(), sp), &format!("{what} output"));
-            let dx = if input == RowInput::Sharded { r.shard(t.dx.clone(), 2) } else { t.dx.clone() };
+            let dx = if input == RowInput::Sharded {
+                r.shard(t.dx.clone(), 2)
+            } else {
+                t.dx.clone()
+            };
             r.close(p.dx.clone(), dx, &format!("{what} input grad"));
-            r.close(p.grad(&par.weight), r.shard(t.grad(&twin.weight), 0), &format!("{what} weight grad"));
-            r.close(p.grad(par.bias.as_ref().unwrap()), t.grad(twin.bias.as_ref().unwrap()), &format!("{what} bias grad"));
+            r.close(
+                p.grad(&par.weight),
+                r.shard(t.grad(&twin.weight), 0),
+                &format!("{what} weight grad"),
+            );
+            r.close(
+                p.grad(par.bias.as_ref().unwrap()),
+                t.grad(twin.bias.as_ref().unwrap()),
+                &format!("{what} bias grad"),
+            );
         }
     });
 }
@@ -160,16 +223,32 @@ pub fn rms_norm(h: &Harness) {
         for sp in [false, true] {
             let config = RmsNormConfig::new(D).with_sequence(layout(sp));
             let mut par = config.init(&r.dev, &r.groups, &r.init);
-            let mut twin = config.clone().with_sequence(SequenceLayout::Whole).init(&r.dev, &r.single, &r.init);
+            let mut twin = config
+                .clone()
+                .with_sequence(SequenceLayout::Whole)
+                .init(&r.dev, &r.single, &r.init);
             par.weight = Param::from_tensor(r.t([D], 5));
             twin.weight = Param::from_tensor(r.t([D], 5));
             let x = r.t([B, S, D], 1);
             let full = [B, S, D];
-            let p = r.run(r.seq(x.clone(), sp), full, |w| r.seq(w, sp), |x| par.forward(x).unwrap());
+            let p = r.run(
+                r.seq(x.clone(), sp),
+                full,
+                |w| r.seq(w, sp),
+                |x| par.forward(x).unwrap(),
+            );
             let t = r.run_twin(x, full, |x| twin.forward(x).unwrap());
             r.close(p.out.clone(), r.seq(t.out.clone(), sp), &format!("norm sp={sp} output"));
-            r.close(p.dx.clone(), r.seq(t.dx.clone(), sp), &format!("norm sp={sp} input grad"));
-            r.close(p.grad(&par.weight), t.grad(&twin.weight), &format!("norm sp={sp} weight grad"));
+            r.close(
+                p.dx.clone(),
+                r.seq(t.dx.clone(), sp),
+                &format!("norm sp={sp} input grad"),
+            );
+            r.close(
+                p.grad(&par.weight),
+                t.grad(&twin.weight),
+                &format!("norm sp={sp} weight grad"),
+            );
         }
     });
 }
@@ -181,17 +260,38 @@ pub fn mlp(h: &Harness) {
         for sp in [false, true] {
             let config = ParallelMlpConfig::new(D, 3 * 8 * r.tp.size().max(1)).with_sequence(layout(sp));
             let par = config.init(&r.dev, &r.groups, &r.init, "mlp").unwrap();
-            let twin = config.clone().with_sequence(SequenceLayout::Whole).init(&r.dev, &r.single, &r.init, "mlp").unwrap();
+            let twin = config
+                .clone()
+                .with_sequence(SequenceLayout::Whole)
+                .init(&r.dev, &r.single, &r.init, "mlp")
+                .unwrap();
             let x = r.t([B, S, D], 1);
             let full = [B, S, D];
-            let p = r.run(r.seq(x.clone(), sp), full, |w| r.seq(w, sp), |x| par.forward(x).unwrap());
+            let p = r.run(
+                r.seq(x.clone(), sp),
+                full,
+                |w| r.seq(w, sp),
+                |x| par.forward(x).unwrap(),
+            );
             let t = r.run_twin(x, full, |x| twin.forward(x).unwrap());
             let what = format!("mlp sp={sp}");
             r.close(p.out.clone(), r.seq(t.out.clone(), sp), &format!("{what} output"));
             r.close(p.dx.clone(), r.seq(t.dx.clone(), sp), &format!("{what} input grad"));
-            r.close(p.grad(&par.w1.weight), r.shard(t.grad(&twin.w1.weight), 1), &format!("{what} w1 grad"));
-            r.close(p.grad(&par.w3.weight), r.shard(t.grad(&twin.w3.weight), 1), &format!("{what} w3 grad"));
-            r.close(p.grad(&par.w2.weight), r.shard(t.grad(&twin.w2.weight), 0), &format!("{what} w2 grad"));
+            r.close(
+                p.grad(&par.w1.weight),
+                r.shard(t.grad(&twin.w1.weight), 1),
+                &format!("{what} w1 grad"),
+            );
+            r.close(
+                p.grad(&par.w3.weight),
+                r.shard(t.grad(&twin.w3.weight), 1),
+                &format!("{what} w3 grad"),
+            );
+            r.close(
+                p.grad(&par.w2.weight),
+                r.shard(t.grad(&twin.w2.weight), 0),
+                &format!("{what} w2 grad"),
+            );
         }
     });
 }
@@ -204,18 +304,39 @@ pub fn attention(h: &Harness) {
             // 8 heads over 4 kv heads: GQA at every tp ≤ 4.
             let config = ParallelAttentionConfig::new(D, 8, 4, S).with_sequence(layout(sp));
             let par = config.init(&r.dev, &r.groups, &r.init, "attn").unwrap();
-            let twin = config.clone().with_sequence(SequenceLayout::Whole).init(&r.dev, &r.single, &r.init, "attn").unwrap();
+            let twin = config
+                .clone()
+                .with_sequence(SequenceLayout::Whole)
+                .init(&r.dev, &r.single, &r.init, "attn")
+                .unwrap();
             let x = r.t([B, S, D], 1);
             let full = [B, S, D];
-            let p = r.run(r.seq(x.clone(), sp), full, |w| r.seq(w, sp), |x| par.forward(x).unwrap());
+            let p = r.run(
+                r.seq(x.clone(), sp),
+                full,
+                |w| r.seq(w, sp),
+                |x| par.forward(x).unwrap(),
+            );
             let t = r.run_twin(x, full, |x| twin.forward(x).unwrap());
             let what = format!("attention sp={sp}");
             r.close(p.out.clone(), r.seq(t.out.clone(), sp), &format!("{what} output"));
             r.close(p.dx.clone(), r.seq(t.dx.clone(), sp), &format!("{what} input grad"));
-            for (name, a, b) in [("wq", &par.wq, &twin.wq), ("wk", &par.wk, &twin.wk), ("wv", &par.wv, &twin.wv)] {
-                r.close(p.grad(&a.weight), r.shard(t.grad(&b.weight), 1), &format!("{what} {name} grad"));
+            for (name, a, b) in [
+                ("wq", &par.wq, &twin.wq),
+                ("wk", &par.wk, &twin.wk),
+                ("wv", &par.wv, &twin.wv),
+            ] {
+                r.close(
+                    p.grad(&a.weight),
+                    r.shard(t.grad(&b.weight), 1),
+                    &format!("{what} {name} grad"),
+                );
             }
-            r.close(p.grad(&par.wo.weight), r.shard(t.grad(&twin.wo.weight), 0), &format!("{what} wo grad"));
+            r.close(
+                p.grad(&par.wo.weight),
+                r.shard(t.grad(&twin.wo.weight), 0),
+                &format!("{what} wo grad"),
+            );
         }
     });
 }
@@ -228,7 +349,10 @@ pub fn embedding(h: &Harness) {
         for sp in [false, true] {
             let config = VocabParallelEmbeddingConfig::new(vocab, D).with_sequence(layout(sp));
             let par = config.init(&r.dev, &r.groups, &r.init, "emb");
-            let twin = config.clone().with_sequence(SequenceLayout::Whole).init(&r.dev, &r.single, &r.init, "emb");
+            let twin = config
+                .clone()
+                .with_sequence(SequenceLayout::Whole)
+                .init(&r.dev, &r.single, &r.init, "emb");
             assert_eq!(par.weight.dims()[0] * r.tp.size(), padded_vocab(vocab, 1, r.tp.size()));
             let ids: Vec<i64> = (0..(B * S) as i64).map(|i| (i * 7 + 3) % vocab as i64).collect();
             let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [B, S]), &r.dev);
@@ -245,9 +369,17 @@ pub fn embedding(h: &Harness) {
             let rows = par.weight.dims()[0];
             let start = r.tp.group_rank() * rows;
             let real = rows.min(vocab.saturating_sub(start));
-            r.close(dw.clone().narrow(0, 0, real), dw1.narrow(0, start, real), &format!("embedding sp={sp} weight grad"));
+            r.close(
+                dw.clone().narrow(0, 0, real),
+                dw1.narrow(0, start, real),
+                &format!("embedding sp={sp} weight grad"),
+            );
             if real < rows {
-                r.close(dw.narrow(0, real, rows - real), Tensor::zeros([rows - real, D], (&r.dev, h.float)), "padded rows' grad");
+                r.close(
+                    dw.narrow(0, real, rows - real),
+                    Tensor::zeros([rows - real, D], (&r.dev, h.float)),
+                    "padded rows' grad",
+                );
             }
         }
     });
@@ -261,8 +393,12 @@ pub fn cross_entropy(h: &Harness) {
         let vocab = 37;
         let v = padded_vocab(vocab, 1, r.tp.size());
         for smoothing in [0.0, 0.1] {
-            let loss = VocabParallelCrossEntropyConfig::new(vocab).with_label_smoothing(smoothing).init(&r.groups);
-            let targets: Vec<i64> = (0..(B * S) as i64).map(|i| if i == 5 { -100 } else { (i * 11 + 1) % vocab as i64 }).collect();
+            let loss = VocabParallelCrossEntropyConfig::new(vocab)
+                .with_label_smoothing(smoothing)
+                .init(&r.groups);
+            let targets: Vec<i64> = (0..(B * S) as i64)
+                .map(|i| if i == 5 { -100 } else { (i * 11 + 1) % vocab as i64 })
+                .collect();
             let targets = Tensor::<2, Int>::from_data(TensorData::new(targets, [B, S]), &r.dev);
             let full = r.t([B, S, v], 9);
             let logits = r.shard(full.clone(), 2).require_grad();
@@ -271,11 +407,17 @@ pub fn cross_entropy(h: &Harness) {
 
             let whole = full.narrow(2, 0, vocab).require_grad();
             let log_p = burn::tensor::activation::log_softmax(whole.clone(), 2); // [b, s, vocab]
-            let nll = -log_p.clone().gather(2, targets.clone().clamp_min(0).unsqueeze_dim(2)).squeeze_dim::<2>(2);
+            let nll = -log_p
+                .clone()
+                .gather(2, targets.clone().clamp_min(0).unsqueeze_dim(2))
+                .squeeze_dim::<2>(2);
             let smooth = -log_p.mean_dim(2).squeeze_dim::<2>(2);
             let token = nll.mul_scalar(1.0 - smoothing) + smooth.mul_scalar(smoothing);
             let counted = targets.not_equal_elem(-100);
-            let expected = token.mask_fill(counted.clone().bool_not(), 0.0).sum().div_scalar((B * S - 1) as f64);
+            let expected = token
+                .mask_fill(counted.clone().bool_not(), 0.0)
+                .sum()
+                .div_scalar((B * S - 1) as f64);
             let dwhole = whole.grad(&expected.backward()).unwrap();
             let what = format!("cross-entropy ε={smoothing}");
             assert_close(&value, &expected, h.tolerance * 10.0, &format!("{what} loss"));
@@ -296,17 +438,37 @@ pub fn linear_round_trip(h: &Harness) {
         };
         let linear = fixed_linear(D, 4 * D, 11);
         let (w, b) = (linear.weight.val(), linear.bias.as_ref().unwrap().val());
-        let column = ColumnParallelLinear::from_linear(linear.clone(), ColumnInput::Replicated, ColumnOutput::Gathered, &r.groups).unwrap();
+        let column = ColumnParallelLinear::from_linear(
+            linear.clone(),
+            ColumnInput::Replicated,
+            ColumnOutput::Gathered,
+            &r.groups,
+        )
+        .unwrap();
         let x = r.t([B, S, D], 1);
-        r.close(column.forward(x.clone()).unwrap(), linear.forward(x), "column from_linear output");
+        r.close(
+            column.forward(x.clone()).unwrap(),
+            linear.forward(x),
+            "column from_linear output",
+        );
         let back = column.to_linear().unwrap();
         r.close(back.weight.val(), w.clone(), "column to_linear weight");
         r.close(back.bias.unwrap().val(), b.clone(), "column to_linear bias");
         let row_linear = fixed_linear(4 * D, D, 13);
-        let row = RowParallelLinear::from_linear(row_linear.clone(), RowInput::Replicated, RowOutput::Reduced, &r.groups).unwrap();
+        let row =
+            RowParallelLinear::from_linear(row_linear.clone(), RowInput::Replicated, RowOutput::Reduced, &r.groups)
+                .unwrap();
         let x = r.t([B, S, 4 * D], 2);
-        r.close(row.forward(x.clone()).unwrap(), row_linear.forward(x), "row from_linear output");
-        r.close(row.to_linear().unwrap().weight.val(), row_linear.weight.val(), "row to_linear weight");
+        r.close(
+            row.forward(x.clone()).unwrap(),
+            row_linear.forward(x),
+            "row from_linear output",
+        );
+        r.close(
+            row.to_linear().unwrap().weight.val(),
+            row_linear.weight.val(),
+            "row to_linear weight",
+        );
     });
 }
 
@@ -321,17 +483,29 @@ pub fn gemm_per_layer(h: &Harness) {
         let dev = ctx.device.clone();
         let x = fixed([B * S, D], 1, &dev, h.float);
         for gemm in [Gemm::Wgmma, Gemm::Burn] {
-            let column = ColumnParallelLinearConfig::new(D, 4 * D).with_gemm(gemm).init(&dev, &r.groups, &r.init, "c").unwrap();
-            let row = RowParallelLinearConfig::new(4 * D, D).with_input(RowInput::Replicated).with_gemm(gemm);
+            let column = ColumnParallelLinearConfig::new(D, 4 * D)
+                .with_gemm(gemm)
+                .init(&dev, &r.groups, &r.init, "c")
+                .unwrap();
+            let row = RowParallelLinearConfig::new(4 * D, D)
+                .with_input(RowInput::Replicated)
+                .with_gemm(gemm);
             let row = row.init(&dev, &r.groups, &r.init, "r").unwrap();
             assert_eq!((column.gemm, row.gemm), (gemm, gemm));
             let hidden = column.forward(x.clone()).unwrap(); // [bs, 4d/tp]
             // The same kernel on the same operands: bit for bit.
-            hidden.clone().into_data().assert_eq(&product(x.clone(), column.weight.val(), gemm).into_data(), true);
+            hidden
+                .clone()
+                .into_data()
+                .assert_eq(&product(x.clone(), column.weight.val(), gemm).into_data(), true);
             let wide = x.clone().repeat_dim(1, 4); // [bs, 4d], whole on every rank
             let out = row.forward(wide.clone()).unwrap();
             let partial = product(r.shard(wide, 1), row.weight.val(), gemm);
-            let summed = ctx.groups.tp.all_reduce(partial, burn_megatron_dist::ReduceOp::Sum).unwrap();
+            let summed = ctx
+                .groups
+                .tp
+                .all_reduce(partial, burn_megatron_dist::ReduceOp::Sum)
+                .unwrap();
             out.into_data().assert_eq(&summed.into_data(), true);
         }
     });

@@ -13,8 +13,8 @@ use burn::train::{Learner, SupervisedTraining, TrainingStrategy};
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::learner::{TokenBatch, TokenBatcher};
 use burn_megatron::models::llama::{Llama, LlamaConfig};
-use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::optim::{BucketConfig, DistributedAdamWConfig};
+use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::train::{MegatronStrategy, Silent, StrategyOptimizer};
 use burn_megatron_dist::{ParallelDims, RankContext};
 
@@ -36,7 +36,13 @@ pub struct Setup {
 }
 
 fn sequences() -> Vec<Vec<u32>> {
-    (0..ITEMS as u32).map(|i| (0..=SEQ as u32).map(|t| (i * 7 + t * t * 3 + t) % VOCAB as u32).collect()).collect()
+    (0..ITEMS as u32)
+        .map(|i| {
+            (0..=SEQ as u32)
+                .map(|t| (i * 7 + t * t * 3 + t) % VOCAB as u32)
+                .collect()
+        })
+        .collect()
 }
 
 /// The epoch's sequences in the order one rank of `dp` reads them, so that step `k` of the
@@ -62,15 +68,23 @@ fn model(ctx: &RankContext, device: &Device) -> Llama {
 fn seeded_model(ctx: &RankContext, device: &Device, seed: u64) -> Llama {
     let dims = ParallelDims::tp_dp(ctx.groups.tp.size(), ctx.groups.dp.size());
     let config = LlamaConfig::llama(VOCAB, 64, 2, 4, 4, 128, SEQ);
-    let config = ParallelPlan::new(dims).with_tensor(TensorParallel::SequenceParallel).apply(config, dims.world_size(), SEQ).unwrap();
-    config.init(device, &ctx.groups, &ParamInit::new(seed, InitMode::Full)).unwrap()
+    let config = ParallelPlan::new(dims)
+        .with_tensor(TensorParallel::SequenceParallel)
+        .apply(config, dims.world_size(), SEQ)
+        .unwrap();
+    config
+        .init(device, &ctx.groups, &ParamInit::new(seed, InitMode::Full))
+        .unwrap()
 }
 
 /// The loss of the epoch's first two sequences.
 fn eval_loss(model: &Llama, device: &Device) -> f64 {
     let ids: Vec<i64> = sequences()[..2].iter().flatten().map(|&t| t as i64).collect();
     let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [2, SEQ + 1]), device);
-    model.forward_loss(all.clone().narrow(1, 0, SEQ), all.narrow(1, 1, SEQ)).unwrap().into_scalar::<f64>()
+    model
+        .forward_loss(all.clone().narrow(1, 0, SEQ), all.narrow(1, 1, SEQ))
+        .unwrap()
+        .into_scalar::<f64>()
 }
 
 fn scratch(name: &str, rank: usize) -> PathBuf {
@@ -84,7 +98,9 @@ fn train(h: &Harness, dims: ParallelDims, setup: &Setup) -> Vec<(f64, f64)> {
         let device = ctx.device.clone();
         let dp = ctx.groups.dp.size();
         let loader = |items: Vec<Vec<u32>>| -> Arc<dyn DataLoader<TokenBatch>> {
-            DataLoaderBuilder::new(TokenBatcher).batch_size(GLOBAL_BATCH / dp).build(InMemDataset::new(items))
+            DataLoaderBuilder::new(TokenBatcher)
+                .batch_size(GLOBAL_BATCH / dp)
+                .build(InMemDataset::new(items))
         };
         let train = loader(in_dp_order(sequences(), dp));
         let valid = loader(sequences()[..GLOBAL_BATCH].to_vec());
@@ -115,9 +131,15 @@ fn train(h: &Harness, dims: ParallelDims, setup: &Setup) -> Vec<(f64, f64)> {
 fn check(h: &Harness, setup: Setup) {
     let single = train(h, ParallelDims::tp_dp(1, 1), &setup)[0];
     let parallel = train(h, ParallelDims::tp_dp(2, 2), &setup);
-    assert!(single.1 < single.0, "one epoch lowers the loss on two training sequences: {single:?}");
+    assert!(
+        single.1 < single.0,
+        "one epoch lowers the loss on two training sequences: {single:?}"
+    );
     for (rank, (before, after)) in parallel.into_iter().enumerate() {
-        assert!((before - single.0).abs() <= h.matmul_tolerance * single.0, "rank {rank}: the same initial model");
+        assert!(
+            (before - single.0).abs() <= h.matmul_tolerance * single.0,
+            "rank {rank}: the same initial model"
+        );
         // Averaging two half-batch gradients instead of one whole-batch gradient, and tp's
         // split products, reorder f32 sums; Adam carries that rounding through 4 steps (see
         // `model_suite::adamw_steps_match`): 10× the split-product tolerance.
@@ -131,18 +153,41 @@ fn check(h: &Harness, setup: Setup) {
 
 /// The Learner's own optimizer (Burn's AdamW), buckets reduced from inside backward.
 pub fn learner_optimizer_overlapped(h: &Harness) {
-    check(h, Setup { optimizer: StrategyOptimizer::Learner, overlap: true, bucket_bytes: 64 * 1024 });
+    check(
+        h,
+        Setup {
+            optimizer: StrategyOptimizer::Learner,
+            overlap: true,
+            bucket_bytes: 64 * 1024,
+        },
+    );
 }
 
 /// The Learner's own optimizer, buckets reduced after backward.
 pub fn learner_optimizer_after_backward(h: &Harness) {
-    check(h, Setup { optimizer: StrategyOptimizer::Learner, overlap: false, bucket_bytes: 64 * 1024 });
+    check(
+        h,
+        Setup {
+            optimizer: StrategyOptimizer::Learner,
+            overlap: false,
+            bucket_bytes: 64 * 1024,
+        },
+    );
 }
 
 /// The distributed optimizer with ZeRO-1, overlapped reduce-scatters.
 pub fn distributed_optimizer_zero1(h: &Harness) {
-    let config = DistributedAdamWConfig::new().with_zero1(true).with_max_grad_norm(Some(1.0));
-    check(h, Setup { optimizer: StrategyOptimizer::Distributed(config), overlap: true, bucket_bytes: 64 * 1024 });
+    let config = DistributedAdamWConfig::new()
+        .with_zero1(true)
+        .with_max_grad_norm(Some(1.0));
+    check(
+        h,
+        Setup {
+            optimizer: StrategyOptimizer::Distributed(config),
+            overlap: true,
+            bucket_bytes: 64 * 1024,
+        },
+    );
 }
 
 /// Burn's own checkpointers under the strategy: two epochs at tp2 × dp2 with the default
@@ -156,15 +201,21 @@ pub fn burn_checkpointers_resume(h: &Harness) {
             let device = ctx.device.clone().autodiff();
             let dp = ctx.groups.dp.size();
             let loader = |items: Vec<Vec<u32>>| -> Arc<dyn DataLoader<TokenBatch>> {
-                DataLoaderBuilder::new(TokenBatcher).batch_size(GLOBAL_BATCH / dp).build(InMemDataset::new(items))
+                DataLoaderBuilder::new(TokenBatcher)
+                    .batch_size(GLOBAL_BATCH / dp)
+                    .build(InMemDataset::new(items))
             };
-            let mut training = SupervisedTraining::new(scratch("checkpointers", ctx.global_rank), loader(sequences()), loader(sequences()[..GLOBAL_BATCH].to_vec()))
-                .metrics((LossMetric::new(),))
-                .num_epochs(2)
-                .with_default_checkpointers()
-                .with_application_logger(None)
-                .renderer(Box::new(Silent))
-                .with_training_strategy(TrainingStrategy::Custom(Arc::new(MegatronStrategy::new(&ctx))));
+            let mut training = SupervisedTraining::new(
+                scratch("checkpointers", ctx.global_rank),
+                loader(sequences()),
+                loader(sequences()[..GLOBAL_BATCH].to_vec()),
+            )
+            .metrics((LossMetric::new(),))
+            .num_epochs(2)
+            .with_default_checkpointers()
+            .with_application_logger(None)
+            .renderer(Box::new(Silent))
+            .with_training_strategy(TrainingStrategy::Custom(Arc::new(MegatronStrategy::new(&ctx))));
             if let Some(epoch) = resume {
                 training = training.checkpoint(epoch);
             }
@@ -182,6 +233,9 @@ pub fn burn_checkpointers_resume(h: &Harness) {
     for (rank, (a, b)) in resumed.iter().zip(&straight).enumerate() {
         // The same layout replays the same epoch from the same state: only the checkpoint's
         // round trip of f32 values stands between them, which is exact.
-        assert!((a - b).abs() <= 1e-6 * b.abs(), "rank {rank}: resumed {a} vs straight {b}");
+        assert!(
+            (a - b).abs() <= 1e-6 * b.abs(),
+            "rank {rank}: resumed {a} vs straight {b}"
+        );
     }
 }

@@ -82,26 +82,34 @@ pub const COMM_TESTS: &[NamedTest] = for_each_comm_test!(list!());
 pub const LAYER_TESTS: &[NamedTest] = for_each_layer_test!(list!());
 /// Every kernel test, by name (CUDA only: the kernels' CPU twins are tested in their crate).
 #[cfg(feature = "cuda")]
-pub const KERNEL_TESTS: &[NamedTest] =
-    &[
-        ("kernel_suite::wgmma_gemm", kernel_suite::wgmma_gemm),
-        ("kernel_suite::flash_attention", kernel_suite::flash_attention),
-        ("kernel_suite::swiglu", kernel_suite::swiglu),
-        ("kernel_suite::rms_norm", kernel_suite::rms_norm),
-        ("kernel_suite::rope", kernel_suite::rope),
-        ("kernel_suite::adamw", kernel_suite::adamw),
-        ("kernel_suite::cross_entropy", kernel_suite::cross_entropy),
-    ];
+pub const KERNEL_TESTS: &[NamedTest] = &[
+    ("kernel_suite::wgmma_gemm", kernel_suite::wgmma_gemm),
+    ("kernel_suite::flash_attention", kernel_suite::flash_attention),
+    ("kernel_suite::swiglu", kernel_suite::swiglu),
+    ("kernel_suite::rms_norm", kernel_suite::rms_norm),
+    ("kernel_suite::rope", kernel_suite::rope),
+    ("kernel_suite::adamw", kernel_suite::adamw),
+    ("kernel_suite::cross_entropy", kernel_suite::cross_entropy),
+];
 /// Every model test, by name.
 pub const MODEL_TESTS: &[NamedTest] = &[
-    ("model_suite::tiny_loss_and_gradients", model_suite::tiny_loss_and_gradients),
+    (
+        "model_suite::tiny_loss_and_gradients",
+        model_suite::tiny_loss_and_gradients,
+    ),
     ("model_suite::adamw_steps_match", model_suite::adamw_steps_match),
 ];
 /// The data-parallel model tests. Each launches a one-rank twin of its own beside the parallel
 /// world, so they run with ranks as threads only (torchrun's world has one size).
 pub const DP_MODEL_TESTS: &[NamedTest] = &[
-    ("model_suite::zero1_matches_unsharded", model_suite::zero1_matches_unsharded),
-    ("model_suite::grad_norm_counts_each_parameter_once", model_suite::grad_norm_counts_each_parameter_once),
+    (
+        "model_suite::zero1_matches_unsharded",
+        model_suite::zero1_matches_unsharded,
+    ),
+    (
+        "model_suite::grad_norm_counts_each_parameter_once",
+        model_suite::grad_norm_counts_each_parameter_once,
+    ),
 ];
 /// Every mapping test, by name.
 pub const MAPPING_TESTS: &[NamedTest] = for_each_mapping_test!(list!());

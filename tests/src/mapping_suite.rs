@@ -8,8 +8,8 @@
 
 use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{
-    all_to_all, all_to_all_uneven, copy_to_tp, gather_from_sp, gather_from_tp, reduce_from_tp,
-    reduce_scatter_to_sp, scatter_to_sp,
+    all_to_all, all_to_all_uneven, copy_to_tp, gather_from_sp, gather_from_tp, reduce_from_tp, reduce_scatter_to_sp,
+    scatter_to_sp,
 };
 use burn_megatron_dist::{CommError, RankContext};
 
@@ -27,7 +27,12 @@ struct Ctx<'a> {
 impl Ctx<'_> {
     fn new<'a>(h: &'a Harness, ctx: &RankContext) -> Ctx<'a> {
         let g = &ctx.groups.tp;
-        Ctx { h, dev: ctx.device.clone().autodiff(), n: g.size(), r: g.group_rank() }
+        Ctx {
+            h,
+            dev: ctx.device.clone().autodiff(),
+            n: g.size(),
+            r: g.group_rank(),
+        }
     }
 
     fn t<const D: usize>(&self, shape: [usize; D], seed: u64) -> Tensor<D> {
@@ -109,7 +114,11 @@ pub fn gather_from_sp_grads(h: &Harness) {
         let xs: Vec<_> = (0..c.n).map(|j| c.leaf([2, 3], 20 + j as u64)).collect();
         let full = Tensor::cat(xs.clone(), dim);
         c.close(&y, &full, "gather_from_sp output");
-        c.close(&dx, &grad(&xs[c.r], total(c.n, |j| (full.clone() * w(j)).sum())), "gather_from_sp input gradient");
+        c.close(
+            &dx,
+            &grad(&xs[c.r], total(c.n, |j| (full.clone() * w(j)).sum())),
+            "gather_from_sp input gradient",
+        );
     });
 }
 
@@ -141,7 +150,11 @@ pub fn reduce_scatter_to_sp_grads(h: &Harness) {
         let xs: Vec<_> = (0..c.n).map(|j| c.leaf([3, s], 40 + j as u64)).collect();
         let sum = total(c.n, |j| xs[j].clone().reshape([3 * s])).reshape([3, s]);
         c.close(&y, &sum.clone().narrow(dim, 2 * c.r, 2), "reduce_scatter_to_sp output");
-        c.close(&dx, &grad(&xs[c.r], (sum * w).sum()), "reduce_scatter_to_sp input gradient");
+        c.close(
+            &dx,
+            &grad(&xs[c.r], (sum * w).sum()),
+            "reduce_scatter_to_sp input gradient",
+        );
     });
 }
 
@@ -156,7 +169,11 @@ pub fn all_to_all_grads(h: &Harness) {
         let xs: Vec<_> = (0..c.n).map(|j| c.leaf([2, 3, 2 * c.n], 50 + j as u64)).collect();
         let out = |to: usize| Tensor::cat(xs.iter().map(|x| x.clone().narrow(2, 2 * to, 2)).collect(), 0);
         c.close(&y, &out(c.r), "all_to_all output");
-        c.close(&dx, &grad(&xs[c.r], total(c.n, |j| (out(j) * w(j)).sum())), "all_to_all input gradient");
+        c.close(
+            &dx,
+            &grad(&xs[c.r], total(c.n, |j| (out(j) * w(j)).sum())),
+            "all_to_all input gradient",
+        );
     });
 }
 
@@ -181,7 +198,11 @@ pub fn all_to_all_uneven_grads(h: &Harness) {
             Tensor::cat(parts.collect(), 0)
         };
         c.close(&y, &out(c.r), "all_to_all_uneven output");
-        c.close(&dx, &grad(&xs[c.r], total(c.n, |j| (out(j) * w(j)).sum())), "all_to_all_uneven input gradient");
+        c.close(
+            &dx,
+            &grad(&xs[c.r], total(c.n, |j| (out(j) * w(j)).sum())),
+            "all_to_all_uneven input gradient",
+        );
     });
 }
 

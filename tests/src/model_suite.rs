@@ -18,16 +18,26 @@ const BATCH: usize = 2;
 /// The tiny preset planned for `tp` (with or without SP), initialized from one seed.
 fn tiny(h: &Harness, groups: &ProcessGroups, device: &Device, sp: bool) -> Llama {
     let tp = groups.tp.size();
-    let tensor = if sp { TensorParallel::SequenceParallel } else { TensorParallel::Plain };
+    let tensor = if sp {
+        TensorParallel::SequenceParallel
+    } else {
+        TensorParallel::Plain
+    };
     let plan = ParallelPlan::new(ParallelDims::tp_dp(tp, 1)).with_tensor(tensor);
-    let config = plan.apply(recipes::tiny().model, tp, SEQ).expect("tiny plans at every tp ≤ 4");
-    config.init(device, groups, &ParamInit::new(3, InitMode::Full).with_dtype(h.float)).expect("init")
+    let config = plan
+        .apply(recipes::tiny().model, tp, SEQ)
+        .expect("tiny plans at every tp ≤ 4");
+    config
+        .init(device, groups, &ParamInit::new(3, InitMode::Full).with_dtype(h.float))
+        .expect("init")
 }
 
 /// Token ids and next-token targets, the same on every rank.
 fn batch(device: &Device, step: u64) -> (Tensor<2, Int>, Tensor<2, Int>) {
     let n = BATCH * (SEQ + 1);
-    let ids: Vec<i64> = (0..n as u64).map(|i| ((i * 2654435761 + step * 97) % 1024) as i64).collect();
+    let ids: Vec<i64> = (0..n as u64)
+        .map(|i| ((i * 2654435761 + step * 97) % 1024) as i64)
+        .collect();
     let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [BATCH, SEQ + 1]), device);
     (all.clone().narrow(1, 0, SEQ), all.narrow(1, 1, SEQ))
 }
@@ -39,7 +49,10 @@ fn gradients(model: &Llama, grads: &Gradients) -> Vec<(Vec<usize>, Vec<f64>)> {
         .zip(param_values(model))
         .map(|(grad, p)| {
             let grad = grad.expect("every parameter takes part in the loss");
-            (p.dims, grad.into_data().convert::<f64>().try_into_vec::<f64>().expect("f64"))
+            (
+                p.dims,
+                grad.into_data().convert::<f64>().try_into_vec::<f64>().expect("f64"),
+            )
         })
         .collect()
 }
@@ -76,13 +89,21 @@ pub fn tiny_loss_and_gradients(h: &Harness) {
             let loss = loss.into_scalar::<f64>();
             // The loss is a mean of log-probabilities over 128 tokens, so rounding averages out:
             // a tenth of the split-product tolerance (f32 on the CPU: 1e-5).
-            assert!((loss - twin_loss).abs() <= 0.1 * h.matmul_tolerance * twin_loss.abs(), "tp={} sp={sp}: loss {loss} vs {twin_loss}", ctx.groups.tp.size());
+            assert!(
+                (loss - twin_loss).abs() <= 0.1 * h.matmul_tolerance * twin_loss.abs(),
+                "tp={} sp={sp}: loss {loss} vs {twin_loss}",
+                ctx.groups.tp.size()
+            );
             assert_eq!(grads.len(), twin_grads.len());
             for (i, ((dims, g), whole)) in grads.iter().zip(&twin_grads).enumerate() {
                 let expected = shard_of(whole, dims, ctx.groups.tp.group_rank());
                 let scale = expected.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
                 let worst = g.iter().zip(&expected).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
-                assert!(worst <= h.matmul_tolerance * scale, "tp={} sp={sp} parameter #{i} {dims:?}: {worst:e} vs scale {scale:e}", ctx.groups.tp.size());
+                assert!(
+                    worst <= h.matmul_tolerance * scale,
+                    "tp={} sp={sp} parameter #{i} {dims:?}: {worst:e} vs scale {scale:e}",
+                    ctx.groups.tp.size()
+                );
             }
         }
     });
@@ -117,7 +138,11 @@ pub fn adamw_steps_match(h: &Harness) {
             // gradient's RMS, which carries that rounding into the weights step after step.
             // Over 20 steps the losses stay within 10× the split-product tolerance (f32 on the
             // CPU: 1e-3 relative).
-            assert!((a - b).abs() <= 10.0 * h.matmul_tolerance * b.abs(), "step {step}: tp={} loss {a} vs tp=1 loss {b}", ctx.groups.tp.size());
+            assert!(
+                (a - b).abs() <= 10.0 * h.matmul_tolerance * b.abs(),
+                "step {step}: tp={} loss {a} vs tp=1 loss {b}",
+                ctx.groups.tp.size()
+            );
         }
         assert!(twin[19] < twin[0], "the model learns: {} → {}", twin[0], twin[19]);
     });
@@ -137,8 +162,14 @@ pub fn zero1_matches_unsharded(h: &Harness) {
                 .map(|step| {
                     let (ids, targets) = batch(&dev, step);
                     let first = ctx.groups.dp.group_rank() * per;
-                    let loss = model.forward_loss(ids.narrow(0, first, per), targets.narrow(0, first, per)).unwrap();
-                    let value = ctx.groups.dp.all_reduce(loss.clone().detach(), burn_megatron_dist::ReduceOp::Avg).unwrap();
+                    let loss = model
+                        .forward_loss(ids.narrow(0, first, per), targets.narrow(0, first, per))
+                        .unwrap();
+                    let value = ctx
+                        .groups
+                        .dp
+                        .all_reduce(loss.clone().detach(), burn_megatron_dist::ReduceOp::Avg)
+                        .unwrap();
                     let grads = GradientsParams::from_grads(loss.backward(), &model);
                     model = optim.step(3e-3, model.clone(), grads).unwrap().0;
                     value.into_scalar::<f64>()
@@ -152,10 +183,16 @@ pub fn zero1_matches_unsharded(h: &Harness) {
         for (step, (a, b)) in losses.iter().zip(&single).enumerate() {
             // Averaging two half-batch gradients instead of one whole-batch gradient reorders
             // f32 sums; Adam carries that rounding through 5 steps (see `adamw_steps_match`).
-            assert!((a - b).abs() <= 10.0 * h.matmul_tolerance * b.abs(), "step {step}: ZeRO-1 loss {a} vs {b}");
+            assert!(
+                (a - b).abs() <= 10.0 * h.matmul_tolerance * b.abs(),
+                "step {step}: ZeRO-1 loss {a} vs {b}"
+            );
         }
         // Each parameter is padded to a multiple of dp: at most one element per parameter more.
-        assert!(2 * bytes <= single_bytes + 2 * 12 * 32 && 2 * bytes >= single_bytes, "state bytes {bytes} vs {single_bytes}");
+        assert!(
+            2 * bytes <= single_bytes + 2 * 12 * 32 && 2 * bytes >= single_bytes,
+            "state bytes {bytes} vs {single_bytes}"
+        );
     }
 }
 
@@ -171,18 +208,26 @@ pub fn grad_norm_counts_each_parameter_once(h: &Harness) {
             let per = BATCH / dims.dp;
             let first = ctx.groups.dp.group_rank() * per;
             let (ids, targets) = batch(&dev, 0);
-            let loss = model.forward_loss(ids.narrow(0, first, per), targets.narrow(0, first, per)).unwrap();
+            let loss = model
+                .forward_loss(ids.narrow(0, first, per), targets.narrow(0, first, per))
+                .unwrap();
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             optim.step(1e-3, model.clone(), grads).unwrap().1.grad_norm
         })
     };
     let single = norm(ParallelDims::tp_dp(1, 1), false)[0];
     let tp = h.world;
-    for (what, dims, sp) in [("tp+sp", ParallelDims::tp_dp(tp, 1), true), ("dp+zero1", ParallelDims::tp_dp(1, tp), false)] {
+    for (what, dims, sp) in [
+        ("tp+sp", ParallelDims::tp_dp(tp, 1), true),
+        ("dp+zero1", ParallelDims::tp_dp(1, tp), false),
+    ] {
         for n in norm(dims, sp) {
             // A sum of squares of every gradient: the split products' rounding (see
             // `tiny_loss_and_gradients`) averages out, as in the loss: a tenth of the tolerance.
-            assert!((n - single).abs() <= 0.1 * h.matmul_tolerance * single, "{what}: norm {n} vs {single}");
+            assert!(
+                (n - single).abs() <= 0.1 * h.matmul_tolerance * single,
+                "{what}: norm {n} vs {single}"
+            );
         }
     }
 }

@@ -55,13 +55,25 @@ fn check(q: &CubeTensor, k: &CubeTensor, v: &CubeTensor) -> Result<[usize; 4], U
 /// A compact (unpitched) tensor of `dims`, which the kernels index as laid out.
 fn compact(like: &CubeTensor, dims: &[usize], dtype: DType) -> CubeTensor {
     let handle = like.client.empty(dims.iter().product::<usize>() * dtype.size());
-    CubeTensor::new_contiguous(like.client.clone(), like.device.clone(), Shape::from(dims.to_vec()), handle, dtype)
+    CubeTensor::new_contiguous(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::from(dims.to_vec()),
+        handle,
+        dtype,
+    )
 }
 
 /// A TMA map of `rows` × 64 boxes over a `[b, h, s, 128]` view.
 fn map(t: &CubeTensor, rows: usize) -> TensorMapArg<Tiled> {
-    TensorMapArg::new(TiledArgs { tile_size: shape![1, 1, rows, 64] }, t.clone().into_tensor_arg(), ElemType::Float(FloatKind::BF16))
-        .with_swizzle(TensorMapSwizzle::B128)
+    TensorMapArg::new(
+        TiledArgs {
+            tile_size: shape![1, 1, rows, 64],
+        },
+        t.clone().into_tensor_arg(),
+        ElemType::Float(FloatKind::BF16),
+    )
+    .with_swizzle(TensorMapSwizzle::B128)
 }
 
 /// `[b, s, h, d]` storage seen as `[b, h, s, d]`.
@@ -82,7 +94,13 @@ fn scale_log2(scale: f32) -> f32 {
     scale * core::f32::consts::LOG2_E
 }
 
-pub(super) fn forward(q: CubeTensor, k: CubeTensor, v: CubeTensor, causal: bool, scale: f32) -> (CubeTensor, CubeTensor) {
+pub(super) fn forward(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    causal: bool,
+    scale: f32,
+) -> (CubeTensor, CubeTensor) {
     let [b, h, s, d] = match check(&q, &k, &v) {
         Ok(dims) => dims,
         Err(_) => {
@@ -129,13 +147,26 @@ pub(super) fn backward(
     let [b, h, s, d] = match check(&q, &k, &v).and_then(|dims| check(&out, &grad, &out).map(|_| dims)) {
         Ok(dims) => dims,
         Err(_) => {
-            let (dq, dk, dv) = reference::backward(tensor(q), tensor(k), tensor(v), tensor(out), tensor(lse), tensor(grad), causal, scale);
+            let (dq, dk, dv) = reference::backward(
+                tensor(q),
+                tensor(k),
+                tensor(v),
+                tensor(out),
+                tensor(lse),
+                tensor(grad),
+                causal,
+                scale,
+            );
             return (primitive(dq), primitive(dk), primitive(dv));
         }
     };
     let (q, k, v, grad) = (tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(grad));
     let delta = compact(&q, &[b, h, s], DType::F32);
-    let (dq, dk, dv) = (compact(&q, &[b, s, h, d], DType::BF16), compact(&q, &[b, s, h, d], DType::BF16), compact(&q, &[b, s, h, d], DType::BF16));
+    let (dq, dk, dv) = (
+        compact(&q, &[b, s, h, d], DType::BF16),
+        compact(&q, &[b, s, h, d], DType::BF16),
+        compact(&q, &[b, s, h, d], DType::BF16),
+    );
     let rows = (b * h * s) as u32;
     let client = q.client.clone();
     // SAFETY: every kernel checks its rows against s (the delta kernel against b·h·s); the maps

@@ -55,10 +55,19 @@ pub trait AttentionOps: Backend {
 }
 
 impl AttentionOps for Flex {
-    fn attention_forward(q: FloatTensor<Self>, k: FloatTensor<Self>, v: FloatTensor<Self>, causal: bool, scale: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    fn attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let t = |x| Tensor::<4>::from_primitive::<Flex>(x);
         let (out, lse) = reference::forward(t(q), t(k), t(v), causal, scale);
-        (out.try_into_primitive::<Flex>().expect("flex"), lse.try_into_primitive::<Flex>().expect("flex"))
+        (
+            out.try_into_primitive::<Flex>().expect("flex"),
+            lse.try_into_primitive::<Flex>().expect("flex"),
+        )
     }
 
     fn attention_backward(
@@ -81,7 +90,13 @@ impl AttentionOps for Flex {
 
 #[cfg(feature = "cuda")]
 impl AttentionOps for burn::backend::Cube {
-    fn attention_forward(q: FloatTensor<Self>, k: FloatTensor<Self>, v: FloatTensor<Self>, causal: bool, scale: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    fn attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         launch::forward(q, k, v, causal, scale)
     }
 
@@ -104,7 +119,15 @@ struct AttentionBackward;
 
 impl<B: Backend + AttentionOps> Backward<B, 3> for AttentionBackward {
     /// q, k, v, the output and `lse₂`, the mask and the scale.
-    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, bool, f32);
+    type State = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        bool,
+        f32,
+    );
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_q, node_k, node_v] = ops.parents;
@@ -120,7 +143,13 @@ impl<B: Backend + AttentionOps> Backward<B, 3> for AttentionBackward {
 }
 
 impl<B: Backend + AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff<B, C> {
-    fn attention_forward(q: FloatTensor<Self>, k: FloatTensor<Self>, v: FloatTensor<Self>, causal: bool, scale: f32) -> (FloatTensor<Self>, FloatTensor<Self>) {
+    fn attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let nodes = [q.node(), k.node(), v.node()];
         let (q, k, v) = (q.into_parts().0, k.into_parts().0, v.into_parts().0);
         let (out, lse) = B::attention_forward(q.clone(), k.clone(), v.clone(), causal, scale);
@@ -145,7 +174,16 @@ impl<B: Backend + AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff
         scale: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         let inner = |t: FloatTensor<Self>| t.into_parts().0;
-        let (dq, dk, dv) = B::attention_backward(inner(q), inner(k), inner(v), inner(out), inner(lse), inner(grad), causal, scale);
+        let (dq, dk, dv) = B::attention_backward(
+            inner(q),
+            inner(k),
+            inner(v),
+            inner(out),
+            inner(lse),
+            inner(grad),
+            causal,
+            scale,
+        );
         let outer = |t| <Self as AutodiffBackend>::from_inner(t);
         (outer(dq), outer(dk), outer(dv))
     }
@@ -158,6 +196,12 @@ impl<B: Backend + AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff
 /// `[b, h, s, d]` × 3 → `[b, h, s, d]`
 pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool) -> Tensor<4> {
     let scale = (q.dims()[3] as f32).sqrt().recip();
-    let (out, _) = <burn::backend::Dispatch as AttentionOps>::attention_forward(q.into_dispatch(), k.into_dispatch(), v.into_dispatch(), causal, scale);
+    let (out, _) = <burn::backend::Dispatch as AttentionOps>::attention_forward(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        causal,
+        scale,
+    );
     Tensor::from_dispatch(out)
 }

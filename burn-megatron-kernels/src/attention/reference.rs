@@ -13,7 +13,9 @@ fn scores(q: Tensor<4>, k: Tensor<4>, causal: bool, scale: f32) -> Tensor<4> {
     let scores = q.cast(DType::F32).matmul(k.cast(DType::F32).swap_dims(2, 3)) * scale;
     match causal {
         true => {
-            let future = Tensor::<2, Bool>::tril_mask([s, s], 0, &scores.device()).unsqueeze::<4>().expand([b, h, s, s]);
+            let future = Tensor::<2, Bool>::tril_mask([s, s], 0, &scores.device())
+                .unsqueeze::<4>()
+                .expand([b, h, s, s]);
             scores.mask_fill(future, f32::NEG_INFINITY)
         }
         false => scores,
@@ -49,7 +51,8 @@ pub fn backward(
     let dtype = q.dtype();
     let f32 = |t: Tensor<4>| t.cast(DType::F32);
     let (q, k, v, out, grad) = (f32(q), f32(k), f32(v), f32(out), f32(grad));
-    let probs = (scores(q.clone(), k.clone(), causal, scale) - lse.unsqueeze_dim::<4>(3) * core::f32::consts::LN_2).exp();
+    let probs =
+        (scores(q.clone(), k.clone(), causal, scale) - lse.unsqueeze_dim::<4>(3) * core::f32::consts::LN_2).exp();
     let dv = probs.clone().swap_dims(2, 3).matmul(grad.clone());
     let delta = (grad.clone() * out).sum_dim(3);
     let ds = probs * (grad.matmul(v.swap_dims(2, 3)) - delta);
@@ -60,8 +63,8 @@ pub fn backward(
 
 #[cfg(test)]
 mod tests {
-    use burn::tensor::{Device, Distribution, Tensor, Tolerance, module};
     use burn::tensor::ops::AttentionModuleOptions;
+    use burn::tensor::{Device, Distribution, Tensor, Tolerance, module};
 
     /// The extension on the CPU (this reference forward, and its own backward) against Burn's
     /// attention differentiated by autodiff: the same outputs and the same gradients, with and
@@ -73,16 +76,26 @@ mod tests {
             let input = || Tensor::<4>::random([2, 3, 7, 16], Distribution::Normal(0.0, 1.0), &device).require_grad();
             let (q, k, v) = (input(), input(), input());
             let ours = crate::attention::attention(q.clone(), k.clone(), v.clone(), causal);
-            let options = AttentionModuleOptions { scale: None, softcap: None, is_causal: causal };
+            let options = AttentionModuleOptions {
+                scale: None,
+                softcap: None,
+                is_causal: causal,
+            };
             let theirs = module::attention(q.clone(), k.clone(), v.clone(), None, None, options);
             // f32 throughout; the softmax is computed in another order (base 2, saved lse): a
             // few ulps of values of order 1.
             let tolerance = Tolerance::absolute(2e-5);
             ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
             let weights = Tensor::<4>::random([2, 3, 7, 16], Distribution::Normal(0.0, 1.0), &device);
-            let (g1, g2) = ((ours * weights.clone()).sum().backward(), (theirs * weights).sum().backward());
+            let (g1, g2) = (
+                (ours * weights.clone()).sum().backward(),
+                (theirs * weights).sum().backward(),
+            );
             for x in [&q, &k, &v] {
-                x.grad(&g1).unwrap().to_data().assert_approx_eq::<f32>(&x.grad(&g2).unwrap().to_data(), tolerance);
+                x.grad(&g1)
+                    .unwrap()
+                    .to_data()
+                    .assert_approx_eq::<f32>(&x.grad(&g2).unwrap().to_data(), tolerance);
             }
         }
     }

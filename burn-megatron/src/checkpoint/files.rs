@@ -53,25 +53,46 @@ pub struct Piece {
 /// Writes `pieces` as one safetensors file, their placements in its metadata.
 pub fn write_shard(path: &Path, pieces: &BTreeMap<String, Piece>) -> Result<(), CheckpointError> {
     let placements: BTreeMap<&String, &Placement> = pieces.iter().map(|(k, p)| (k, &p.placement)).collect();
-    let metadata = [("placements".to_string(), serde_json::to_string(&placements).expect("placements serialize"))].into();
+    let metadata = [(
+        "placements".to_string(),
+        serde_json::to_string(&placements).expect("placements serialize"),
+    )]
+    .into();
     let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = pieces
         .iter()
-        .map(|(name, p)| (name.clone(), p.values.iter().flat_map(|v| v.to_le_bytes()).collect(), p.shape.clone()))
+        .map(|(name, p)| {
+            (
+                name.clone(),
+                p.values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                p.shape.clone(),
+            )
+        })
         .collect();
     let views = bytes
         .iter()
         .map(|(name, data, shape)| Ok((name.as_str(), TensorView::new(Dtype::F32, shape.clone(), data)?)))
         .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()
-        .map_err(|e| CheckpointError::Format { path: path.to_path_buf(), detail: e.to_string() })?;
-    let buffer = safetensors::serialize(views, Some(metadata))
-        .map_err(|e| CheckpointError::Format { path: path.to_path_buf(), detail: e.to_string() })?;
+        .map_err(|e| CheckpointError::Format {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        })?;
+    let buffer = safetensors::serialize(views, Some(metadata)).map_err(|e| CheckpointError::Format {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })?;
     write_synced(path, &buffer)
 }
 
 /// Reads every piece of one file; any damage is an error naming the file.
 pub fn read_shard(path: &Path) -> Result<BTreeMap<String, Piece>, CheckpointError> {
-    let bytes = fs::read(path).map_err(|e| CheckpointError::Io { path: path.to_path_buf(), detail: e.to_string() })?;
-    let format = |detail: String| CheckpointError::Format { path: path.to_path_buf(), detail };
+    let bytes = fs::read(path).map_err(|e| CheckpointError::Io {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })?;
+    let format = |detail: String| CheckpointError::Format {
+        path: path.to_path_buf(),
+        detail,
+    };
     let (_, metadata) = SafeTensors::read_metadata(&bytes).map_err(|e| format(e.to_string()))?;
     let placements: BTreeMap<String, Placement> = metadata
         .metadata()
@@ -85,16 +106,33 @@ pub fn read_shard(path: &Path) -> Result<BTreeMap<String, Piece>, CheckpointErro
         if view.dtype() != Dtype::F32 {
             return Err(format(format!("{name} is {:?}, not F32", view.dtype())));
         }
-        let placement = placements.get(&name).cloned().ok_or_else(|| format(format!("{name} has no placement")))?;
-        let values = view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
-        pieces.insert(name, Piece { shape: view.shape().to_vec(), values, placement });
+        let placement = placements
+            .get(&name)
+            .cloned()
+            .ok_or_else(|| format(format!("{name} has no placement")))?;
+        let values = view
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        pieces.insert(
+            name,
+            Piece {
+                shape: view.shape().to_vec(),
+                values,
+                placement,
+            },
+        );
     }
     Ok(pieces)
 }
 
 /// Writes `bytes` to a temporary name beside `path`, fsyncs it, and renames it into place.
 pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let io = |e: std::io::Error| CheckpointError::Io { path: path.to_path_buf(), detail: e.to_string() };
+    let io = |e: std::io::Error| CheckpointError::Io {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    };
     let temporary = temporary_name(path);
     let mut file = File::create(&temporary).map_err(io)?;
     file.write_all(bytes).map_err(io)?;
@@ -107,7 +145,10 @@ pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
 pub fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| CheckpointError::Io { path: dir.to_path_buf(), detail: e.to_string() })
+        .map_err(|e| CheckpointError::Io {
+            path: dir.to_path_buf(),
+            detail: e.to_string(),
+        })
 }
 
 fn temporary_name(path: &Path) -> PathBuf {

@@ -18,13 +18,13 @@ use burn::module::Module;
 use burn::tensor::{Tensor, TensorData};
 use burn_megatron_dist::{CommError, ProcessGroups};
 
-pub use files::{Index, Placement};
 pub use files::write_synced;
 use files::{FORMAT, Piece, read_shard};
+pub use files::{Index, Placement};
 pub use save::{AsyncSaver, save};
 
-use crate::params::{ParamInfo, map_params, param_infos, param_values};
 use crate::optim::{DistributedAdamW, ParamState};
+use crate::params::{ParamInfo, map_params, param_infos, param_values};
 
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum CheckpointError {
@@ -44,7 +44,16 @@ pub enum CheckpointError {
 fn local_values<M: Module>(model: &M) -> Vec<(Vec<usize>, Vec<f32>)> {
     param_values(model)
         .into_iter()
-        .map(|p| (p.dims, p.value.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 values")))
+        .map(|p| {
+            (
+                p.dims,
+                p.value
+                    .into_data()
+                    .convert::<f32>()
+                    .try_into_vec::<f32>()
+                    .expect("f32 values"),
+            )
+        })
         .collect()
 }
 
@@ -58,7 +67,11 @@ fn placement(info: &ParamInfo, shape: &[usize], groups: &ProcessGroups) -> Place
         }
         None => 0,
     };
-    Placement { global_shape, split_dim: info.split_dim, offset }
+    Placement {
+        global_shape,
+        split_dim: info.split_dim,
+        offset,
+    }
 }
 
 const OPTIMIZER: [&str; 3] = ["master", "m", "v"];
@@ -76,20 +89,37 @@ fn state_parts(state: &ParamState) -> Vec<Vec<f32>> {
 
 /// Loads the latest checkpoint under `dir` into `model` and `optim`, resharded to this layout;
 /// returns the model and the step it was saved at. Every rank calls it.
-pub fn load<M: Module>(dir: &Path, model: M, optim: &mut DistributedAdamW, groups: &ProcessGroups) -> Result<(M, u64), CheckpointError> {
-    let not_found = |detail: String| CheckpointError::NotFound { dir: dir.to_path_buf(), detail };
+pub fn load<M: Module>(
+    dir: &Path,
+    model: M,
+    optim: &mut DistributedAdamW,
+    groups: &ProcessGroups,
+) -> Result<(M, u64), CheckpointError> {
+    let not_found = |detail: String| CheckpointError::NotFound {
+        dir: dir.to_path_buf(),
+        detail,
+    };
     let latest = std::fs::read_to_string(dir.join("latest")).map_err(|e| not_found(e.to_string()))?;
     let root = dir.join(latest.trim());
     let index_path = root.join("index.json");
     let index_bytes = std::fs::read(&index_path).map_err(|e| not_found(e.to_string()))?;
-    let index: Index = serde_json::from_slice(&index_bytes)
-        .map_err(|e| CheckpointError::Format { path: index_path.clone(), detail: e.to_string() })?;
+    let index: Index = serde_json::from_slice(&index_bytes).map_err(|e| CheckpointError::Format {
+        path: index_path.clone(),
+        detail: e.to_string(),
+    })?;
     if index.format != FORMAT {
-        return Err(CheckpointError::Format { path: index_path, detail: format!("format {:?}, expected {FORMAT:?}", index.format) });
+        return Err(CheckpointError::Format {
+            path: index_path,
+            detail: format!("format {:?}, expected {FORMAT:?}", index.format),
+        });
     }
     let mut stored = BTreeMap::new();
     for file in &index.files {
-        stored.extend(read_shard(&root.join(file))?.into_iter().map(|(name, piece)| ((name, piece.placement.offset), piece)));
+        stored.extend(
+            read_shard(&root.join(file))?
+                .into_iter()
+                .map(|(name, piece)| ((name, piece.placement.offset), piece)),
+        );
     }
     let infos = param_infos(&model);
     let locals = local_values(&model);
@@ -114,7 +144,14 @@ pub fn load<M: Module>(dir: &Path, model: M, optim: &mut DistributedAdamW, group
     if index.optimizer_steps > 0 {
         let device = optimizer_device(&model);
         let tensor = |v: &Vec<f32>| Tensor::<1>::from_data(TensorData::new(v.clone(), [v.len()]), &device);
-        let states = states.iter().map(|p| ParamState { master: tensor(&p[0]), m: tensor(&p[1]), v: tensor(&p[2]) }).collect();
+        let states = states
+            .iter()
+            .map(|p| ParamState {
+                master: tensor(&p[0]),
+                m: tensor(&p[1]),
+                v: tensor(&p[2]),
+            })
+            .collect();
         optim.import_state(states, index.optimizer_steps);
     }
     Ok((model, index.step))
@@ -122,7 +159,10 @@ pub fn load<M: Module>(dir: &Path, model: M, optim: &mut DistributedAdamW, group
 
 /// The device of the model's first parameter (where the optimizer keeps its state).
 fn optimizer_device<M: Module>(model: &M) -> burn::tensor::Device {
-    param_values(model).first().map(|p| p.value.device()).unwrap_or_else(burn::tensor::Device::flex)
+    param_values(model)
+        .first()
+        .map(|p| p.value.device())
+        .unwrap_or_else(burn::tensor::Device::flex)
 }
 
 /// This rank's piece of `name` (local `shape` at placement `want`), cut from the stored pieces.
@@ -135,13 +175,27 @@ fn assemble(
     shape: &[usize],
     want: &Placement,
 ) -> Result<Vec<f32>, CheckpointError> {
-    let incompatible = |detail: String| CheckpointError::Incompatible { name: name.to_string(), detail };
-    let global = index.tensors.get(name).ok_or_else(|| incompatible("not in the checkpoint".into()))?;
+    let incompatible = |detail: String| CheckpointError::Incompatible {
+        name: name.to_string(),
+        detail,
+    };
+    let global = index
+        .tensors
+        .get(name)
+        .ok_or_else(|| incompatible("not in the checkpoint".into()))?;
     let dim = want.split_dim.unwrap_or(0);
     let same_rank = global.len() == want.global_shape.len();
-    let fits = same_rank && global.iter().zip(&want.global_shape).enumerate().all(|(d, (a, b))| a == b || (d == dim && want.split_dim.is_some()));
+    let fits = same_rank
+        && global
+            .iter()
+            .zip(&want.global_shape)
+            .enumerate()
+            .all(|(d, (a, b))| a == b || (d == dim && want.split_dim.is_some()));
     if !fits {
-        return Err(incompatible(format!("stored with shape {global:?}, this model has {:?}", want.global_shape)));
+        return Err(incompatible(format!(
+            "stored with shape {global:?}, this model has {:?}",
+            want.global_shape
+        )));
     }
     let outer: usize = shape[..dim].iter().product();
     let inner: usize = shape[dim + 1..].iter().product();

@@ -39,7 +39,12 @@ struct Snapshot {
 impl Snapshot {
     /// Runs the collectives a save needs (the optimizer state gathered over dp, the staging
     /// name agreed) and copies this rank's part to the host. Every rank calls it.
-    fn take<M: Module>(step: u64, model: &M, optim: &DistributedAdamW, groups: &ProcessGroups) -> Result<Self, CheckpointError> {
+    fn take<M: Module>(
+        step: u64,
+        model: &M,
+        optim: &DistributedAdamW,
+        groups: &ProcessGroups,
+    ) -> Result<Self, CheckpointError> {
         let infos = param_infos(model);
         let values = local_values(model);
         let numels: Vec<usize> = values.iter().map(|(s, _)| s.iter().product()).collect();
@@ -65,9 +70,23 @@ impl Snapshot {
             for (part, state) in OPTIMIZER.iter().zip(states.get(i).map(state_parts).unwrap_or_default()) {
                 let name = optimizer_name(part, &info.path);
                 tensors.insert(name.clone(), placement.global_shape.clone());
-                pieces.insert(name, Piece { shape: shape.clone(), values: state, placement: placement.clone() });
+                pieces.insert(
+                    name,
+                    Piece {
+                        shape: shape.clone(),
+                        values: state,
+                        placement: placement.clone(),
+                    },
+                );
             }
-            pieces.insert(info.path.clone(), Piece { shape, values: data, placement });
+            pieces.insert(
+                info.path.clone(),
+                Piece {
+                    shape,
+                    values: data,
+                    placement,
+                },
+            );
         }
         Ok(Self {
             step,
@@ -85,7 +104,10 @@ impl Snapshot {
     /// Writes this rank's shard; on global rank 0, waits for every shard and completes the
     /// checkpoint (index, rename, `latest`).
     fn write(self, dir: &Path) -> Result<(), CheckpointError> {
-        let io = |path: &Path, e: std::io::Error| CheckpointError::Io { path: path.to_path_buf(), detail: e.to_string() };
+        let io = |path: &Path, e: std::io::Error| CheckpointError::Io {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        };
         let staging = dir.join(&self.staging);
         if let Some(pieces) = &self.pieces {
             std::fs::create_dir_all(&staging).map_err(|e| io(&staging, e))?;
@@ -110,7 +132,11 @@ impl Snapshot {
         };
         let json = serde_json::to_vec_pretty(&index).expect("index serializes");
         write_synced(&staging.join("index.json"), &json)?;
-        let name = self.staging.trim_start_matches('.').trim_end_matches(".partial").to_string();
+        let name = self
+            .staging
+            .trim_start_matches('.')
+            .trim_end_matches(".partial")
+            .to_string();
         let target = dir.join(&name);
         std::fs::rename(&staging, &target).map_err(|e| io(&target, e))?;
         sync_dir(dir)?;
@@ -141,7 +167,9 @@ fn wait_for_markers(staging: &Path, tp: usize) -> Result<(), CheckpointError> {
         if start.elapsed() > WRITERS_TIMEOUT {
             return Err(CheckpointError::Io {
                 path: staging.to_path_buf(),
-                detail: format!("the shards of tensor-parallel ranks {missing:?} were not written within {WRITERS_TIMEOUT:?}"),
+                detail: format!(
+                    "the shards of tensor-parallel ranks {missing:?} were not written within {WRITERS_TIMEOUT:?}"
+                ),
             });
         }
         std::thread::sleep(Duration::from_millis(5));
@@ -150,7 +178,13 @@ fn wait_for_markers(staging: &Path, tp: usize) -> Result<(), CheckpointError> {
 
 /// Saves `model` and `optim` as checkpoint `step` under `dir` and returns once it is complete.
 /// Every rank calls it.
-pub fn save<M: Module>(dir: &Path, step: u64, model: &M, optim: &DistributedAdamW, groups: &ProcessGroups) -> Result<(), CheckpointError> {
+pub fn save<M: Module>(
+    dir: &Path,
+    step: u64,
+    model: &M,
+    optim: &DistributedAdamW,
+    groups: &ProcessGroups,
+) -> Result<(), CheckpointError> {
     Snapshot::take(step, model, optim, groups)?.write(dir)?;
     groups.world.barrier()?;
     Ok(())
@@ -170,7 +204,14 @@ impl AsyncSaver {
     }
 
     /// Every rank calls it, at the same step.
-    pub fn save<M: Module>(&mut self, dir: &Path, step: u64, model: &M, optim: &DistributedAdamW, groups: &ProcessGroups) -> Result<(), CheckpointError> {
+    pub fn save<M: Module>(
+        &mut self,
+        dir: &Path,
+        step: u64,
+        model: &M,
+        optim: &DistributedAdamW,
+        groups: &ProcessGroups,
+    ) -> Result<(), CheckpointError> {
         self.wait()?;
         let snapshot = Snapshot::take(step, model, optim, groups)?;
         let target = dir.to_path_buf();
@@ -191,7 +232,10 @@ impl AsyncSaver {
     pub fn wait(&mut self) -> Result<(), CheckpointError> {
         match self.writing.take() {
             Some((dir, handle)) => handle.join().unwrap_or_else(|_| {
-                Err(CheckpointError::Io { path: dir, detail: "the checkpoint writer panicked".into() })
+                Err(CheckpointError::Io {
+                    path: dir,
+                    detail: "the checkpoint writer panicked".into(),
+                })
             }),
             None => Ok(()),
         }

@@ -47,13 +47,21 @@ impl ParallelAttentionConfig {
     /// Checks the head layout against a tensor-parallel group of `tp` ranks.
     pub fn validate(&self, tp: usize) -> Result<(), ConfigError> {
         if !self.d_model.is_multiple_of(self.n_heads) {
-            return Err(ConfigError::ModelNotDivisibleByHeads { d_model: self.d_model, n_heads: self.n_heads });
+            return Err(ConfigError::ModelNotDivisibleByHeads {
+                d_model: self.d_model,
+                n_heads: self.n_heads,
+            });
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            return Err(ConfigError::HeadsNotMultipleOfKvHeads { n_heads: self.n_heads, n_kv_heads: self.n_kv_heads });
+            return Err(ConfigError::HeadsNotMultipleOfKvHeads {
+                n_heads: self.n_heads,
+                n_kv_heads: self.n_kv_heads,
+            });
         }
         if !self.head_dim().is_multiple_of(2) {
-            return Err(ConfigError::OddHeadDim { head_dim: self.head_dim() });
+            return Err(ConfigError::OddHeadDim {
+                head_dim: self.head_dim(),
+            });
         }
         divisible("n_heads", self.n_heads, tp)?;
         divisible("n_kv_heads", self.n_kv_heads, tp)?;
@@ -61,7 +69,13 @@ impl ParallelAttentionConfig {
     }
 
     /// This rank's heads over `groups.tp`; `name` is the layer's path, which seeds it.
-    pub fn init(&self, device: &Device, groups: &ProcessGroups, init: &ParamInit, name: &str) -> Result<ParallelAttention, LayerError> {
+    pub fn init(
+        &self,
+        device: &Device,
+        groups: &ProcessGroups,
+        init: &ParamInit,
+        name: &str,
+    ) -> Result<ParallelAttention, LayerError> {
         let tp = &groups.tp;
         self.validate(tp.size())?;
         let k = self.head_dim();
@@ -147,7 +161,9 @@ impl ParallelAttention {
             return x;
         }
         let [b, g, s, k] = x.dims();
-        x.unsqueeze_dim::<5>(2).repeat_dim(2, repeat).reshape([b, g * repeat, s, k])
+        x.unsqueeze_dim::<5>(2)
+            .repeat_dim(2, repeat)
+            .reshape([b, g * repeat, s, k])
     }
 }
 
@@ -166,24 +182,41 @@ mod tests {
         let dev = Device::flex();
         let (b, s, d, heads, kv) = (2, 5, 16, 4, 2);
         let config = ParallelAttentionConfig::new(d, heads, kv, s);
-        let layer = config.init(&dev, &ProcessGroups::single(), &ParamInit::new(1, InitMode::Full), "a").unwrap();
+        let layer = config
+            .init(&dev, &ProcessGroups::single(), &ParamInit::new(1, InitMode::Full), "a")
+            .unwrap();
         let x = crate::init::normal([b, s, d], 9, 1.0, &dev);
         let out = layer.forward(x.clone()).unwrap();
 
         let k_dim = d / heads;
-        let project = |w: &ColumnParallelLinear, n: usize| x.clone().matmul(w.weight.val().unsqueeze()).reshape([b, s, n, k_dim]).swap_dims(1, 2);
+        let project = |w: &ColumnParallelLinear, n: usize| {
+            x.clone()
+                .matmul(w.weight.val().unsqueeze())
+                .reshape([b, s, n, k_dim])
+                .swap_dims(1, 2)
+        };
         let q = layer.rope.apply(project(&layer.wq, heads));
         let k = layer.rope.apply(project(&layer.wk, kv));
         let v = project(&layer.wv, kv);
         // Query head h reads kv head h / (heads / kv).
-        let expand = |t: Tensor<4>| Tensor::cat((0..heads).map(|h| t.clone().narrow(1, h / (heads / kv), 1)).collect(), 1);
+        let expand = |t: Tensor<4>| {
+            Tensor::cat(
+                (0..heads).map(|h| t.clone().narrow(1, h / (heads / kv), 1)).collect(),
+                1,
+            )
+        };
         let (k, v) = (expand(k), expand(v));
         let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((k_dim as f64).sqrt());
-        let future = Tensor::<2, Bool>::tril_mask([s, s], 0, &dev).unsqueeze::<4>().expand([b, heads, s, s]);
+        let future = Tensor::<2, Bool>::tril_mask([s, s], 0, &dev)
+            .unsqueeze::<4>()
+            .expand([b, heads, s, s]);
         let weights = softmax(scores.mask_fill(future, f32::NEG_INFINITY), 3);
         let context = weights.matmul(v).swap_dims(1, 2).reshape([b, s, d]);
         let expected = context.matmul(layer.wo.weight.val().unsqueeze());
-        let (a, e) = (out.into_data().try_to_vec::<f32>().unwrap(), expected.into_data().try_to_vec::<f32>().unwrap());
+        let (a, e) = (
+            out.into_data().try_to_vec::<f32>().unwrap(),
+            expected.into_data().try_to_vec::<f32>().unwrap(),
+        );
         let worst = a.iter().zip(&e).map(|(a, e)| (a - e).abs()).fold(0.0, f32::max);
         // The same f32 arithmetic in another order (fused attention against matmuls): ~1e-6.
         assert!(worst < 1e-5, "max |difference| {worst}");

@@ -6,9 +6,9 @@ use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
+use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp, gather_from_tp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::{Gemm, linear};
-use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp, gather_from_tp};
 
 use crate::error::{LayerError, divisible};
 use crate::init::{ParamInit, Shard};
@@ -75,11 +75,23 @@ pub struct ColumnParallelLinear {
 impl ColumnParallelLinearConfig {
     /// Initializes this rank's shard over `groups.tp`; `name` is the parameter's path, which
     /// seeds it.
-    pub fn init(&self, device: &Device, groups: &ProcessGroups, init: &ParamInit, name: &str) -> Result<ColumnParallelLinear, LayerError> {
+    pub fn init(
+        &self,
+        device: &Device,
+        groups: &ProcessGroups,
+        init: &ParamInit,
+        name: &str,
+    ) -> Result<ColumnParallelLinear, LayerError> {
         let tp = &groups.tp;
         divisible("d_output", self.d_output, tp.size())?;
         let shard = Shard::new(1, tp.group_rank(), tp.size());
-        let weight = init.normal(&format!("{name}.weight"), [self.d_input, self.d_output], shard, self.init_std, device);
+        let weight = init.normal(
+            &format!("{name}.weight"),
+            [self.d_input, self.d_output],
+            shard,
+            self.init_std,
+            device,
+        );
         let bias = self.bias.then(|| {
             let bias_shard = Shard::new(0, tp.group_rank(), tp.size());
             init.zeros(bias_shard.shape([self.d_output]), device)
@@ -91,7 +103,12 @@ impl ColumnParallelLinearConfig {
 impl ColumnParallelLinear {
     /// This rank's shard over `groups.tp` of a whole Burn `Linear` (the same on every rank),
     /// multiplying with [`Gemm::Wgmma`] until [`with_gemm`](Self::with_gemm).
-    pub fn from_linear(linear: Linear, input: ColumnInput, output: ColumnOutput, groups: &ProcessGroups) -> Result<Self, LayerError> {
+    pub fn from_linear(
+        linear: Linear,
+        input: ColumnInput,
+        output: ColumnOutput,
+        groups: &ProcessGroups,
+    ) -> Result<Self, LayerError> {
         let tp = &groups.tp;
         let [_, d_output] = linear.weight.dims();
         divisible("d_output", d_output, tp.size())?;
@@ -108,7 +125,10 @@ impl ColumnParallelLinear {
             Some(b) => Some(Param::from_tensor(self.tp.all_gather(b.val().detach(), 0)?)),
             None => None,
         };
-        Ok(Linear { weight: Param::from_tensor(weight), bias })
+        Ok(Linear {
+            weight: Param::from_tensor(weight),
+            bias,
+        })
     }
 
     /// The same layer multiplying with `gemm`.
@@ -116,7 +136,13 @@ impl ColumnParallelLinear {
         Self { gemm, ..self }
     }
 
-    fn from_parts(weight: Tensor<2>, bias: Option<Tensor<1>>, input: ColumnInput, output: ColumnOutput, tp: &ProcessGroup) -> Self {
+    fn from_parts(
+        weight: Tensor<2>,
+        bias: Option<Tensor<1>>,
+        input: ColumnInput,
+        output: ColumnOutput,
+        tp: &ProcessGroup,
+    ) -> Self {
         Self {
             // New leaves: a slice of another module's parameter must not stay attached to it.
             weight: Param::from_tensor(weight.detach()),

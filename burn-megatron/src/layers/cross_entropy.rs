@@ -79,8 +79,16 @@ impl VocabParallelCrossEntropy {
 
         // The target's column in this slice, -1 where another rank holds it.
         let targets = targets.reshape([n]);
-        let here = targets.clone().greater_equal_elem(start as i64).bool_and(targets.clone().lower_elem((start + valid) as i64));
-        let column = targets.clone().sub_scalar(start as i64).mask_fill(here.bool_not(), -1).float().cast(DType::F32);
+        let here = targets
+            .clone()
+            .greater_equal_elem(start as i64)
+            .bool_and(targets.clone().lower_elem((start + valid) as i64));
+        let column = targets
+            .clone()
+            .sub_scalar(start as i64)
+            .mask_fill(here.bool_not(), -1)
+            .float()
+            .cast(DType::F32);
 
         // This slice's sums in one pass over the logits, with no f32 copy of them
         // (burn_megatron_kernels::cross_entropy), then summed over the slices.
@@ -100,7 +108,11 @@ impl VocabParallelCrossEntropy {
             None => Tensor::<1, Int>::ones([n], &device).equal_elem(1),
         };
         let token_loss = token_loss.reshape([n]).mask_fill(counted.clone().bool_not(), 0.0);
-        let count = self.batch.all_reduce(counted.int().sum(), ReduceOp::Sum)?.into_scalar::<i64>().max(1);
+        let count = self
+            .batch
+            .all_reduce(counted.int().sum(), ReduceOp::Sum)?
+            .into_scalar::<i64>()
+            .max(1);
         Ok(token_loss.sum().mul_scalar(self.batch.size() as f64 / count as f64))
     }
 }

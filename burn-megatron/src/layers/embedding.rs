@@ -52,11 +52,23 @@ pub struct VocabParallelEmbedding {
 
 impl VocabParallelEmbeddingConfig {
     /// This rank's rows over `groups.tp`; `name` is the layer's path, which seeds it.
-    pub fn init(&self, device: &Device, groups: &ProcessGroups, init: &ParamInit, name: &str) -> VocabParallelEmbedding {
+    pub fn init(
+        &self,
+        device: &Device,
+        groups: &ProcessGroups,
+        init: &ParamInit,
+        name: &str,
+    ) -> VocabParallelEmbedding {
         let tp = &groups.tp;
         let v = padded_vocab(self.vocab_size, self.pad_vocab_to_multiple_of, tp.size());
         let shard = Shard::new(0, tp.group_rank(), tp.size());
-        let weight = init.normal(&format!("{name}.weight"), [v, self.d_model], shard, self.init_std, device);
+        let weight = init.normal(
+            &format!("{name}.weight"),
+            [v, self.d_model],
+            shard,
+            self.init_std,
+            device,
+        );
         VocabParallelEmbedding {
             weight: Param::from_tensor(weight),
             vocab_size: self.vocab_size,
@@ -68,14 +80,25 @@ impl VocabParallelEmbeddingConfig {
 
 impl VocabParallelEmbedding {
     /// This rank's rows over `groups.tp` of a whole Burn `Embedding`, padded with zero rows.
-    pub fn from_embedding(embedding: Embedding, pad_vocab_to_multiple_of: usize, sequence: SequenceLayout, groups: &ProcessGroups) -> Self {
+    pub fn from_embedding(
+        embedding: Embedding,
+        pad_vocab_to_multiple_of: usize,
+        sequence: SequenceLayout,
+        groups: &ProcessGroups,
+    ) -> Self {
         let tp = &groups.tp;
         let weight = embedding.weight.val();
         let [vocab_size, d] = weight.dims();
         let v = padded_vocab(vocab_size, pad_vocab_to_multiple_of, tp.size());
         let weight = match v - vocab_size {
             0 => weight,
-            extra => Tensor::cat(vec![weight.clone(), Tensor::zeros([extra, d], (&weight.device(), weight.dtype()))], 0),
+            extra => Tensor::cat(
+                vec![
+                    weight.clone(),
+                    Tensor::zeros([extra, d], (&weight.device(), weight.dtype())),
+                ],
+                0,
+            ),
         };
         VocabParallelEmbedding {
             weight: Param::from_tensor(Shard::new(0, tp.group_rank(), tp.size()).slice(weight).detach()),
@@ -93,7 +116,10 @@ impl VocabParallelEmbedding {
         let end = start + rows as i64;
         let [b, s] = ids.dims();
         // Tokens held by another rank look up row 0 and are zeroed after the lookup.
-        let elsewhere = ids.clone().lower_elem(start).bool_or(ids.clone().greater_equal_elem(end));
+        let elsewhere = ids
+            .clone()
+            .lower_elem(start)
+            .bool_or(ids.clone().greater_equal_elem(end));
         let local = ids.sub_scalar(start).mask_fill(elsewhere.clone(), 0);
         let partial = embedding(self.weight.val(), local); // [b, s, d]
         let mask = elsewhere.unsqueeze_dim::<3>(2).expand([b, s, d]);
@@ -119,9 +145,13 @@ mod tests {
         let dev = Device::flex();
         let mut theirs = EmbeddingConfig::new(11, 4).init(&dev);
         theirs.weight = Param::from_tensor(crate::init::normal([11, 4], 3, 1.0, &dev));
-        let ours = VocabParallelEmbedding::from_embedding(theirs.clone(), 1, SequenceLayout::Whole, &ProcessGroups::single());
+        let ours =
+            VocabParallelEmbedding::from_embedding(theirs.clone(), 1, SequenceLayout::Whole, &ProcessGroups::single());
         let ids = Tensor::<2, Int>::from_data(TensorData::new(vec![0i64, 5, 10, 3, 3, 7], [2, 3]), &dev);
         // A lookup copies rows: exactly equal.
-        ours.forward(ids.clone()).unwrap().into_data().assert_eq(&theirs.forward(ids).into_data(), true);
+        ours.forward(ids.clone())
+            .unwrap()
+            .into_data()
+            .assert_eq(&theirs.forward(ids).into_data(), true);
     }
 }

@@ -48,7 +48,13 @@ pub struct ParallelMlp {
 
 impl ParallelMlpConfig {
     /// This rank's hidden features over `groups.tp`; `name` is the layer's path, which seeds it.
-    pub fn init(&self, device: &Device, groups: &ProcessGroups, init: &ParamInit, name: &str) -> Result<ParallelMlp, LayerError> {
+    pub fn init(
+        &self,
+        device: &Device,
+        groups: &ProcessGroups,
+        init: &ParamInit,
+        name: &str,
+    ) -> Result<ParallelMlp, LayerError> {
         let tp = &groups.tp;
         divisible("d_ff", self.d_ff, tp.size())?;
         let column = ColumnParallelLinearConfig::new(self.d_model, self.d_ff)

@@ -57,7 +57,11 @@ impl RmsNorm {
             SequenceLayout::Sharded => copy_to_tp(self.weight.val(), &self.tp)?,
             SequenceLayout::Whole => self.weight.val(),
         };
-        Ok(burn_megatron_kernels::rms_norm::rms_norm(x, weight, self.epsilon as f32))
+        Ok(burn_megatron_kernels::rms_norm::rms_norm(
+            x,
+            weight,
+            self.epsilon as f32,
+        ))
     }
 }
 
@@ -72,7 +76,11 @@ mod tests {
     #[test]
     fn matches_burn_rms_norm() {
         let dev = Device::flex();
-        let ours = RmsNormConfig::new(8).init(&dev, &ProcessGroups::single(), &ParamInit::new(0, crate::init::InitMode::Full));
+        let ours = RmsNormConfig::new(8).init(
+            &dev,
+            &ProcessGroups::single(),
+            &ParamInit::new(0, crate::init::InitMode::Full),
+        );
         let theirs = BurnRmsNormConfig::new(8).with_epsilon(1e-5).init(&dev);
         let x = crate::init::normal([3, 4, 8], 2, 1.0, &dev);
         let (a, b) = (ours.forward(x.clone()).unwrap(), theirs.forward(x));

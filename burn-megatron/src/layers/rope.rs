@@ -26,7 +26,10 @@ impl Rope {
             }
         }
         let table = |v: Vec<f32>| Tensor::<1>::from_floats(v.as_slice(), device).reshape([max_seq_len, half]);
-        Self { cos: table(cos), sin: table(sin) }
+        Self {
+            cos: table(cos),
+            sin: table(sin),
+        }
     }
 
     /// Rotates `x` for positions `0..s`.
@@ -51,7 +54,13 @@ mod tests {
         let dev = Device::flex();
         let rope = Rope::new(4, 2, 10000.0, &dev);
         let x = Tensor::<1>::from_floats([0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0], &dev).reshape([1, 1, 2, 4]);
-        let out = rope.apply(x).narrow(2, 1, 1).reshape([4]).into_data().try_to_vec::<f32>().unwrap();
+        let out = rope
+            .apply(x)
+            .narrow(2, 1, 1)
+            .reshape([4])
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
         let (c1, s1, c2, s2) = (1f32.cos(), 1f32.sin(), 0.01f32.cos(), 0.01f32.sin());
         let expected = [c1 - 3.0 * s1, 2.0 * c2 - 4.0 * s2, 3.0 * c1 + s1, 4.0 * c2 + 2.0 * s2];
         for (a, e) in out.iter().zip(expected) {

@@ -7,9 +7,9 @@ use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
+use burn_megatron_dist::mappings::{copy_to_tp, reduce_from_tp, reduce_scatter_to_sp, scatter_to_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::{Gemm, linear};
-use burn_megatron_dist::mappings::{copy_to_tp, reduce_from_tp, reduce_scatter_to_sp, scatter_to_sp};
 
 use crate::error::{LayerError, divisible};
 use crate::init::{ParamInit, Shard};
@@ -73,11 +73,23 @@ pub struct RowParallelLinear {
 impl RowParallelLinearConfig {
     /// Initializes this rank's shard over `groups.tp`; `name` is the parameter's path, which
     /// seeds it.
-    pub fn init(&self, device: &Device, groups: &ProcessGroups, init: &ParamInit, name: &str) -> Result<RowParallelLinear, LayerError> {
+    pub fn init(
+        &self,
+        device: &Device,
+        groups: &ProcessGroups,
+        init: &ParamInit,
+        name: &str,
+    ) -> Result<RowParallelLinear, LayerError> {
         let tp = &groups.tp;
         divisible("d_input", self.d_input, tp.size())?;
         let shard = Shard::new(0, tp.group_rank(), tp.size());
-        let weight = init.normal(&format!("{name}.weight"), [self.d_input, self.d_output], shard, self.init_std, device);
+        let weight = init.normal(
+            &format!("{name}.weight"),
+            [self.d_input, self.d_output],
+            shard,
+            self.init_std,
+            device,
+        );
         let bias = self.bias.then(|| init.zeros([self.d_output], device));
         Ok(RowParallelLinear::from_parts(weight, bias, self.input, self.output, tp).with_gemm(self.gemm))
     }
@@ -86,19 +98,33 @@ impl RowParallelLinearConfig {
 impl RowParallelLinear {
     /// This rank's shard over `groups.tp` of a whole Burn `Linear` (the same on every rank),
     /// multiplying with [`Gemm::Wgmma`] until [`with_gemm`](Self::with_gemm).
-    pub fn from_linear(linear: Linear, input: RowInput, output: RowOutput, groups: &ProcessGroups) -> Result<Self, LayerError> {
+    pub fn from_linear(
+        linear: Linear,
+        input: RowInput,
+        output: RowOutput,
+        groups: &ProcessGroups,
+    ) -> Result<Self, LayerError> {
         let tp = &groups.tp;
         let [d_input, _] = linear.weight.dims();
         divisible("d_input", d_input, tp.size())?;
         let weight = Shard::new(0, tp.group_rank(), tp.size()).slice(linear.weight.val());
-        Ok(Self::from_parts(weight, linear.bias.map(|b| b.val()), input, output, tp))
+        Ok(Self::from_parts(
+            weight,
+            linear.bias.map(|b| b.val()),
+            input,
+            output,
+            tp,
+        ))
     }
 
     /// The whole layer as a Burn `Linear`, gathered from every rank.
     pub fn to_linear(&self) -> Result<Linear, LayerError> {
         let weight = self.tp.all_gather(self.weight.val().detach(), 0)?;
         let bias = self.bias.as_ref().map(|b| Param::from_tensor(b.val().detach()));
-        Ok(Linear { weight: Param::from_tensor(weight), bias })
+        Ok(Linear {
+            weight: Param::from_tensor(weight),
+            bias,
+        })
     }
 
     /// The same layer multiplying with `gemm`.
@@ -106,7 +132,13 @@ impl RowParallelLinear {
         Self { gemm, ..self }
     }
 
-    fn from_parts(weight: Tensor<2>, bias: Option<Tensor<1>>, input: RowInput, output: RowOutput, tp: &ProcessGroup) -> Self {
+    fn from_parts(
+        weight: Tensor<2>,
+        bias: Option<Tensor<1>>,
+        input: RowInput,
+        output: RowOutput,
+        tp: &ProcessGroup,
+    ) -> Self {
         Self {
             // New leaves: a slice of another module's parameter must not stay attached to it.
             weight: Param::from_tensor(weight.detach()),
@@ -135,9 +167,7 @@ impl RowParallelLinear {
             None => y,
             // With a scattered output each rank adds the bias to its own tokens only, so the
             // bias gradient is a partial sum: all-reduce it over the group.
-            Some(b) if self.output == RowOutput::SequenceScattered => {
-                y + copy_to_tp(b.val(), &self.tp)?.unsqueeze()
-            }
+            Some(b) if self.output == RowOutput::SequenceScattered => y + copy_to_tp(b.val(), &self.tp)?.unsqueeze(),
             Some(b) => y + b.val().unsqueeze(),
         })
     }

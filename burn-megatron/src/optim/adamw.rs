@@ -70,7 +70,13 @@ pub struct DistributedAdamW {
 
 impl DistributedAdamWConfig {
     pub fn init(&self, groups: &ProcessGroups) -> DistributedAdamW {
-        DistributedAdamW { config: self.clone(), groups: groups.clone(), infos: Vec::new(), states: Vec::new(), step: 0 }
+        DistributedAdamW {
+            config: self.clone(),
+            groups: groups.clone(),
+            infos: Vec::new(),
+            states: Vec::new(),
+            step: 0,
+        }
     }
 }
 
@@ -118,7 +124,13 @@ impl DistributedAdamW {
         self.states
             .iter()
             .zip(numels)
-            .map(|(s, &n)| Ok(ParamState { master: whole(&s.master, n)?, m: whole(&s.m, n)?, v: whole(&s.v, n)? }))
+            .map(|(s, &n)| {
+                Ok(ParamState {
+                    master: whole(&s.master, n)?,
+                    m: whole(&s.m, n)?,
+                    v: whole(&s.v, n)?,
+                })
+            })
             .collect()
     }
 
@@ -135,7 +147,14 @@ impl DistributedAdamW {
             }
             false => x,
         };
-        self.states = states.into_iter().map(|s| State { master: mine(s.master), m: mine(s.m), v: mine(s.v) }).collect();
+        self.states = states
+            .into_iter()
+            .map(|s| State {
+                master: mine(s.master),
+                m: mine(s.m),
+                v: mine(s.v),
+            })
+            .collect();
         self.step = steps;
     }
 
@@ -153,7 +172,13 @@ impl DistributedAdamW {
             true => Reduction::ReduceScatter,
             false => Reduction::AllReduce,
         };
-        GradReducer::new(self.groups.grad_sync(), numels, dtype.size(), reduction, &self.config.buckets)
+        GradReducer::new(
+            self.groups.grad_sync(),
+            numels,
+            dtype.size(),
+            reduction,
+            &self.config.buckets,
+        )
     }
 
     /// One update of `model` from `grads`; averages gradients over the data-parallel group.
@@ -173,7 +198,12 @@ impl DistributedAdamW {
 
     /// One update of `model` from gradients already reduced by [`reducer`](Self::reducer):
     /// one fp32 tensor a parameter, in traversal order (this rank's shard under ZeRO-1).
-    pub fn step_reduced<M: Module>(&mut self, lr: f64, model: M, shards: Vec<Tensor<1>>) -> Result<(M, StepReport), CommError> {
+    pub fn step_reduced<M: Module>(
+        &mut self,
+        lr: f64,
+        model: M,
+        shards: Vec<Tensor<1>>,
+    ) -> Result<(M, StepReport), CommError> {
         let dp = self.groups.grad_sync();
         let zero1 = self.config.zero1 && dp.size() > 1;
         if self.infos.is_empty() {
@@ -201,7 +231,8 @@ impl DistributedAdamW {
         };
         for (state, grad) in self.states.iter_mut().zip(shards) {
             // One fused kernel a parameter on CUDA (burn_megatron_kernels::adamw).
-            (state.master, state.m, state.v) = adamw_step(state.master.clone(), grad, state.m.clone(), state.v.clone(), step);
+            (state.master, state.m, state.v) =
+                adamw_step(state.master.clone(), grad, state.m.clone(), state.v.clone(), step);
         }
         // The new values, gathered back whole in the parameters' dtype.
         let mut values = Vec::with_capacity(self.states.len());
@@ -252,7 +283,11 @@ impl DistributedAdamW {
                     false => flat,
                 };
                 let zeros = master.zeros_like();
-                State { m: zeros.clone(), v: zeros, master }
+                State {
+                    m: zeros.clone(),
+                    v: zeros,
+                    master,
+                }
             })
             .collect()
     }

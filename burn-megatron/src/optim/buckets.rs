@@ -79,7 +79,13 @@ impl Launched {
 impl GradReducer {
     /// A reducer for parameters of `numels` elements (traversal order), whose gradients are
     /// `dtype_bytes` wide.
-    pub fn new(dp: &ProcessGroup, numels: Vec<usize>, dtype_bytes: usize, reduction: Reduction, config: &BucketConfig) -> Self {
+    pub fn new(
+        dp: &ProcessGroup,
+        numels: Vec<usize>,
+        dtype_bytes: usize,
+        reduction: Reduction,
+        config: &BucketConfig,
+    ) -> Self {
         let width = if config.reduce_in_fp32 { 4 } else { dtype_bytes };
         let mut buckets: Vec<Vec<usize>> = vec![Vec::new()];
         let mut filled = 0;
@@ -133,7 +139,11 @@ impl GradReducer {
             }
         });
         let bucket = self.bucket_of[index];
-        if self.waiting[bucket] == 0 { self.reduce(bucket) } else { Ok(()) }
+        if self.waiting[bucket] == 0 {
+            self.reduce(bucket)
+        } else {
+            Ok(())
+        }
     }
 
     /// Reduces every bucket still open (a parameter without a gradient counts as zeros) and
@@ -157,13 +167,19 @@ impl GradReducer {
                 reduced[p] = Some(result.cast(DType::F32));
             }
         }
-        Ok(reduced.into_iter().map(|r| r.expect("every parameter is in a bucket")).collect())
+        Ok(reduced
+            .into_iter()
+            .map(|r| r.expect("every parameter is in a bucket"))
+            .collect())
     }
 
     /// Launches bucket `bucket`'s reduction, leaving it in flight.
     fn reduce(&mut self, bucket: usize) -> Result<(), CommError> {
         let members = &self.buckets[bucket];
-        let grads: Vec<Tensor<1>> = members.iter().map(|&p| self.grads[p].take().expect("a full bucket")).collect();
+        let grads: Vec<Tensor<1>> = members
+            .iter()
+            .map(|&p| self.grads[p].take().expect("a full bucket"))
+            .collect();
         let wire = match self.reduce_in_fp32 {
             true => DType::F32,
             false => grads[0].dtype(),
@@ -182,7 +198,10 @@ impl GradReducer {
     fn all_reduce(&self, grads: Vec<Tensor<1>>) -> Result<Launched, CommError> {
         let sizes: Vec<usize> = grads.iter().map(|g| g.dims()[0]).collect();
         let packed = Tensor::cat(grads, 0).unsqueeze::<2>();
-        Ok(Launched::Packed(Box::new(self.dp.all_reduce_async(packed, ReduceOp::Avg)?), sizes))
+        Ok(Launched::Packed(
+            Box::new(self.dp.all_reduce_async(packed, ReduceOp::Avg)?),
+            sizes,
+        ))
     }
 
     /// `[dp, Σ k_p]` (row `r` holds rank `r`'s shard of every parameter), reduce-scattered
@@ -191,7 +210,10 @@ impl GradReducer {
         let dp = self.dp.size();
         let parts: Vec<usize> = grads.iter().map(|g| g.dims()[0].div_ceil(dp)).collect();
         let rows: Vec<Tensor<2>> = grads.into_iter().map(|g| pad(g, dp).reshape([dp as i32, -1])).collect();
-        Ok(Launched::Packed(Box::new(self.dp.reduce_scatter_async(Tensor::cat(rows, 1), 0, ReduceOp::Avg)?), parts))
+        Ok(Launched::Packed(
+            Box::new(self.dp.reduce_scatter_async(Tensor::cat(rows, 1), 0, ReduceOp::Avg)?),
+            parts,
+        ))
     }
 }
 

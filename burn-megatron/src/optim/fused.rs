@@ -24,7 +24,12 @@ pub struct FusedAdamWConfig {
 impl FusedAdamWConfig {
     /// The bare optimizer, for [`ModuleOptimizer::with_group`].
     pub fn build(&self) -> FusedAdamW {
-        FusedAdamW { beta_1: self.beta_1, beta_2: self.beta_2, epsilon: self.epsilon, weight_decay: self.weight_decay }
+        FusedAdamW {
+            beta_1: self.beta_1,
+            beta_2: self.beta_2,
+            epsilon: self.epsilon,
+            weight_decay: self.weight_decay,
+        }
     }
 
     /// The optimizer of a whole module.
@@ -46,7 +51,13 @@ impl Optimizer for FusedAdamW {
     /// Burn's Adam state (so Burn's checkpoints record it), with f32 moments.
     type State<const D: usize> = AdaptiveMomentumState<D>;
 
-    fn step<const D: usize>(&self, lr: LearningRate, tensor: Tensor<D>, grad: Tensor<D>, state: Option<Self::State<D>>) -> (Tensor<D>, Option<Self::State<D>>) {
+    fn step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<Self::State<D>>,
+    ) -> (Tensor<D>, Option<Self::State<D>>) {
         let (time, m, v) = match state {
             Some(s) => (s.time + 1, s.moment_1, s.moment_2),
             None => {
@@ -68,7 +79,11 @@ impl Optimizer for FusedAdamW {
     }
 
     fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
-        AdaptiveMomentumState::new(state.time, state.moment_1.to_device(device), state.moment_2.to_device(device))
+        AdaptiveMomentumState::new(
+            state.time,
+            state.moment_1.to_device(device),
+            state.moment_2.to_device(device),
+        )
     }
 }
 
@@ -90,17 +105,28 @@ mod tests {
     fn matches_burns_adamw_on_a_module() {
         let device = Device::flex().autodiff();
         let w = Tensor::<2>::random([4, 6], Distribution::Normal(0.0, 1.0), &device);
-        let (mut ours, mut theirs) = (Net { w: Param::from_tensor(w.clone()) }, Net { w: Param::from_tensor(w) });
+        let (mut ours, mut theirs) = (
+            Net {
+                w: Param::from_tensor(w.clone()),
+            },
+            Net {
+                w: Param::from_tensor(w),
+            },
+        );
         let mut fused = FusedAdamWConfig::new().init();
         let mut burn = AdamWConfig::new().with_epsilon(1e-8).with_weight_decay(0.01).init();
         let x = Tensor::<2>::random([3, 4], Distribution::Normal(0.0, 1.0), &device);
         for _ in 0..3 {
             let grads = GradientsParams::from_grads(x.clone().matmul(ours.w.val()).square().sum().backward(), &ours);
             ours = fused.step(1e-2, ours, grads);
-            let grads = GradientsParams::from_grads(x.clone().matmul(theirs.w.val()).square().sum().backward(), &theirs);
+            let grads =
+                GradientsParams::from_grads(x.clone().matmul(theirs.w.val()).square().sum().backward(), &theirs);
             theirs = burn.step(1e-2, theirs, grads);
         }
         // f32 both ways: a few ulps of values of order 1.
-        ours.w.val().to_data().assert_approx_eq::<f32>(&theirs.w.val().to_data(), Tolerance::absolute(1e-5));
+        ours.w
+            .val()
+            .to_data()
+            .assert_approx_eq::<f32>(&theirs.w.val().to_data(), Tolerance::absolute(1e-5));
     }
 }

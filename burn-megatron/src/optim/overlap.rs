@@ -28,7 +28,10 @@ pub struct Overlap {
 
 impl Overlap {
     pub fn new(reducer: GradReducer) -> Self {
-        Self { reducer: Arc::new(Mutex::new(reducer)), errors: Arc::default() }
+        Self {
+            reducer: Arc::new(Mutex::new(reducer)),
+            errors: Arc::default(),
+        }
     }
 
     /// `model` with every parameter behind a tap into this reduction (the same parameters,
@@ -52,7 +55,11 @@ impl Overlap {
                 param.map(|value| tap_grad(value, self.dp, tap))
             }
         }
-        model.map(&mut Tap { index: 0, dp, overlap: self })
+        model.map(&mut Tap {
+            index: 0,
+            dp,
+            overlap: self,
+        })
     }
 
     /// Hands parameter `index`'s flattened gradient to the reducer directly (gradients taken

@@ -20,7 +20,10 @@ impl ContextParallel {
     pub fn check(self, cp: usize) -> Result<(), ConfigError> {
         match cp {
             1 => Ok(()),
-            size => Err(ConfigError::NotBuilt { dimension: "context parallelism", size }),
+            size => Err(ConfigError::NotBuilt {
+                dimension: "context parallelism",
+                size,
+            }),
         }
     }
 }

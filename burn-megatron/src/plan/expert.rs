@@ -18,7 +18,10 @@ impl ExpertParallel {
     pub fn check(self, ep: usize) -> Result<(), ConfigError> {
         match ep {
             1 => Ok(()),
-            size => Err(ConfigError::NotBuilt { dimension: "expert parallelism", size }),
+            size => Err(ConfigError::NotBuilt {
+                dimension: "expert parallelism",
+                size,
+            }),
         }
     }
 }

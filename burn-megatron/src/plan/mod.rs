@@ -80,7 +80,9 @@ impl ParallelPlan {
         self.validate(world_size)?;
         let max_seq_len = config.max_seq_len();
         if seq_len == 0 {
-            return Err(ConfigError::Zero { what: "sequence length" });
+            return Err(ConfigError::Zero {
+                what: "sequence length",
+            });
         }
         if seq_len > max_seq_len {
             return Err(ConfigError::SequenceTooLong { seq_len, max_seq_len });
@@ -101,7 +103,11 @@ mod tests {
     use burn_megatron_dist::MeshError;
 
     fn plan(tp: usize, sp: bool) -> ParallelPlan {
-        let tensor = if sp { TensorParallel::SequenceParallel } else { TensorParallel::Plain };
+        let tensor = if sp {
+            TensorParallel::SequenceParallel
+        } else {
+            TensorParallel::Plain
+        };
         ParallelPlan::new(ParallelDims::tp_dp(tp, 1)).with_tensor(tensor)
     }
 
@@ -109,25 +115,72 @@ mod tests {
     fn every_bad_layout_is_a_typed_error_before_init() {
         let tiny = || recipes::tiny().model; // 4 heads, ffn 688, head_dim 64, 256 positions
         assert!(plan(4, true).apply(tiny(), 4, 256).is_ok());
-        assert_eq!(plan(3, false).apply(tiny(), 3, 256).unwrap_err(), ConfigError::NotDivisible { what: "n_heads", size: 4, tp: 3 });
+        assert_eq!(
+            plan(3, false).apply(tiny(), 3, 256).unwrap_err(),
+            ConfigError::NotDivisible {
+                what: "n_heads",
+                size: 4,
+                tp: 3
+            }
+        );
         let mut gqa = tiny();
         gqa.attention.n_kv_heads = 2;
-        assert_eq!(plan(4, false).apply(gqa, 4, 256).unwrap_err(), ConfigError::NotDivisible { what: "n_kv_heads", size: 2, tp: 4 });
+        assert_eq!(
+            plan(4, false).apply(gqa, 4, 256).unwrap_err(),
+            ConfigError::NotDivisible {
+                what: "n_kv_heads",
+                size: 2,
+                tp: 4
+            }
+        );
         let mut ffn = tiny();
         ffn.mlp.d_ff = 690;
-        assert_eq!(plan(4, false).apply(ffn, 4, 256).unwrap_err(), ConfigError::NotDivisible { what: "d_ff", size: 690, tp: 4 });
-        assert_eq!(plan(4, true).apply(tiny(), 4, 254).unwrap_err(), ConfigError::SequenceNotDivisible { seq_len: 254, tp: 4 });
+        assert_eq!(
+            plan(4, false).apply(ffn, 4, 256).unwrap_err(),
+            ConfigError::NotDivisible {
+                what: "d_ff",
+                size: 690,
+                tp: 4
+            }
+        );
+        assert_eq!(
+            plan(4, true).apply(tiny(), 4, 254).unwrap_err(),
+            ConfigError::SequenceNotDivisible { seq_len: 254, tp: 4 }
+        );
         // Without SP the sequence need not split.
         assert!(plan(4, false).apply(tiny(), 4, 254).is_ok());
-        assert_eq!(plan(1, false).apply(tiny(), 1, 300).unwrap_err(), ConfigError::SequenceTooLong { seq_len: 300, max_seq_len: 256 });
-        assert_eq!(plan(1, false).apply(tiny(), 1, 0).unwrap_err(), ConfigError::Zero { what: "sequence length" });
-        assert!(matches!(plan(2, false).apply(tiny(), 4, 256).unwrap_err(), ConfigError::Mesh(MeshError::WorldSizeMismatch { .. })));
+        assert_eq!(
+            plan(1, false).apply(tiny(), 1, 300).unwrap_err(),
+            ConfigError::SequenceTooLong {
+                seq_len: 300,
+                max_seq_len: 256
+            }
+        );
+        assert_eq!(
+            plan(1, false).apply(tiny(), 1, 0).unwrap_err(),
+            ConfigError::Zero {
+                what: "sequence length"
+            }
+        );
+        assert!(matches!(
+            plan(2, false).apply(tiny(), 4, 256).unwrap_err(),
+            ConfigError::Mesh(MeshError::WorldSizeMismatch { .. })
+        ));
         let mut odd = tiny();
         odd.attention.d_model = 4 * 63;
-        assert_eq!(plan(1, false).apply(odd, 1, 256).unwrap_err(), ConfigError::OddHeadDim { head_dim: 63 });
+        assert_eq!(
+            plan(1, false).apply(odd, 1, 256).unwrap_err(),
+            ConfigError::OddHeadDim { head_dim: 63 }
+        );
         let mut kv = tiny();
         kv.attention.n_kv_heads = 3;
-        assert_eq!(plan(1, false).apply(kv, 1, 256).unwrap_err(), ConfigError::HeadsNotMultipleOfKvHeads { n_heads: 4, n_kv_heads: 3 });
+        assert_eq!(
+            plan(1, false).apply(kv, 1, 256).unwrap_err(),
+            ConfigError::HeadsNotMultipleOfKvHeads {
+                n_heads: 4,
+                n_kv_heads: 3
+            }
+        );
     }
 
     /// Context, expert and pipeline parallelism are not built yet: asking for any of them is an
@@ -135,14 +188,51 @@ mod tests {
     #[test]
     fn a_dimension_not_built_yet_is_refused_by_name() {
         let dims = |tp, cp, ep, dp, pp| ParallelDims { tp, cp, ep, dp, pp };
-        let refused = |dims: ParallelDims| ParallelPlan::new(dims).apply(recipes::tiny().model, dims.world_size(), 256).unwrap_err();
-        assert_eq!(refused(dims(1, 2, 1, 1, 1)), ConfigError::NotBuilt { dimension: "context parallelism", size: 2 });
-        assert_eq!(refused(dims(2, 2, 1, 2, 1)), ConfigError::NotBuilt { dimension: "context parallelism", size: 2 });
-        assert_eq!(refused(dims(1, 1, 2, 2, 1)), ConfigError::NotBuilt { dimension: "expert parallelism", size: 2 });
-        assert_eq!(refused(dims(1, 1, 1, 1, 4)), ConfigError::NotBuilt { dimension: "pipeline parallelism", size: 4 });
-        assert_eq!(refused(dims(2, 1, 1, 1, 2)), ConfigError::NotBuilt { dimension: "pipeline parallelism", size: 2 });
+        let refused = |dims: ParallelDims| {
+            ParallelPlan::new(dims)
+                .apply(recipes::tiny().model, dims.world_size(), 256)
+                .unwrap_err()
+        };
+        assert_eq!(
+            refused(dims(1, 2, 1, 1, 1)),
+            ConfigError::NotBuilt {
+                dimension: "context parallelism",
+                size: 2
+            }
+        );
+        assert_eq!(
+            refused(dims(2, 2, 1, 2, 1)),
+            ConfigError::NotBuilt {
+                dimension: "context parallelism",
+                size: 2
+            }
+        );
+        assert_eq!(
+            refused(dims(1, 1, 2, 2, 1)),
+            ConfigError::NotBuilt {
+                dimension: "expert parallelism",
+                size: 2
+            }
+        );
+        assert_eq!(
+            refused(dims(1, 1, 1, 1, 4)),
+            ConfigError::NotBuilt {
+                dimension: "pipeline parallelism",
+                size: 4
+            }
+        );
+        assert_eq!(
+            refused(dims(2, 1, 1, 1, 2)),
+            ConfigError::NotBuilt {
+                dimension: "pipeline parallelism",
+                size: 2
+            }
+        );
         let message = refused(dims(1, 2, 1, 1, 1)).to_string();
-        assert!(message.contains("context parallelism") && message.contains("not built yet"), "{message}");
+        assert!(
+            message.contains("context parallelism") && message.contains("not built yet"),
+            "{message}"
+        );
     }
 
     #[test]

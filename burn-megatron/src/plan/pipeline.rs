@@ -20,7 +20,10 @@ impl PipelineSchedule {
     pub fn check(self, pp: usize) -> Result<(), ConfigError> {
         match pp {
             1 => Ok(()),
-            size => Err(ConfigError::NotBuilt { dimension: "pipeline parallelism", size }),
+            size => Err(ConfigError::NotBuilt {
+                dimension: "pipeline parallelism",
+                size,
+            }),
         }
     }
 }

@@ -117,10 +117,16 @@ mod tests {
 
     #[test]
     fn sequence_parallelism_needs_an_even_split_and_more_than_one_rank() {
-        assert_eq!(TensorParallel::SequenceParallel.layout(2, 8), Ok(SequenceLayout::Sharded));
+        assert_eq!(
+            TensorParallel::SequenceParallel.layout(2, 8),
+            Ok(SequenceLayout::Sharded)
+        );
         assert_eq!(TensorParallel::SequenceParallel.layout(1, 7), Ok(SequenceLayout::Whole));
         assert_eq!(TensorParallel::Plain.layout(4, 7), Ok(SequenceLayout::Whole));
-        assert_eq!(TensorParallel::SequenceParallel.layout(4, 7), Err(ConfigError::SequenceNotDivisible { seq_len: 7, tp: 4 }));
+        assert_eq!(
+            TensorParallel::SequenceParallel.layout(4, 7),
+            Err(ConfigError::SequenceNotDivisible { seq_len: 7, tp: 4 })
+        );
     }
 
     #[test]
@@ -128,6 +134,13 @@ mod tests {
         let mut row = RowParallelLinearConfig::new(8, 4);
         row.plan_tensor(2, SequenceLayout::Sharded).unwrap();
         assert_eq!(row.output, RowOutput::SequenceScattered);
-        assert_eq!(row.plan_tensor(3, SequenceLayout::Whole), Err(ConfigError::NotDivisible { what: "d_input", size: 8, tp: 3 }));
+        assert_eq!(
+            row.plan_tensor(3, SequenceLayout::Whole),
+            Err(ConfigError::NotDivisible {
+                what: "d_input",
+                size: 8,
+                tp: 3
+            })
+        );
     }
 }

@@ -36,18 +36,29 @@ pub trait PrecisionTarget {
 impl PrecisionPolicy {
     /// f32 parameters and compute on Burn's matmul (the parity suites' policy).
     pub fn f32() -> Self {
-        Self { compute: DType::F32, gemm: Gemm::Burn, master: MasterWeights::F32 }
+        Self {
+            compute: DType::F32,
+            gemm: Gemm::Burn,
+            master: MasterWeights::F32,
+        }
     }
 
     /// bf16 parameters and compute on our wgmma GEMM, fp32 master weights and moments in the
     /// optimizer: the recipe of Megatron and of PyTorch's mixed precision.
     pub fn bf16() -> Self {
-        Self { compute: DType::BF16, gemm: Gemm::Wgmma, master: MasterWeights::F32 }
+        Self {
+            compute: DType::BF16,
+            gemm: Gemm::Wgmma,
+            master: MasterWeights::F32,
+        }
     }
 
     /// bf16 parameters updated in bf16 (no master weights): cheaper, and not the peers' recipe.
     pub fn pure_bf16() -> Self {
-        Self { master: MasterWeights::None, ..Self::bf16() }
+        Self {
+            master: MasterWeights::None,
+            ..Self::bf16()
+        }
     }
 
     /// The same policy with every linear layer on `gemm`.
@@ -77,9 +88,15 @@ mod tests {
     #[test]
     fn a_policy_sets_every_linear_layers_product() {
         let config = PrecisionPolicy::f32().apply(recipes::tiny().model);
-        assert_eq!((config.attention.gemm, config.mlp.gemm, config.output.gemm), (Gemm::Burn, Gemm::Burn, Gemm::Burn));
+        assert_eq!(
+            (config.attention.gemm, config.mlp.gemm, config.output.gemm),
+            (Gemm::Burn, Gemm::Burn, Gemm::Burn)
+        );
         let config = PrecisionPolicy::bf16().apply(config);
-        assert_eq!((config.attention.gemm, config.mlp.gemm, config.output.gemm), (Gemm::Wgmma, Gemm::Wgmma, Gemm::Wgmma));
+        assert_eq!(
+            (config.attention.gemm, config.mlp.gemm, config.output.gemm),
+            (Gemm::Wgmma, Gemm::Wgmma, Gemm::Wgmma)
+        );
         assert_eq!(PrecisionPolicy::bf16().init(1, InitMode::Full).dtype, DType::BF16);
     }
 }

@@ -24,18 +24,33 @@ impl<'a, M: LearnerModel> RankTrainer<'a, M> {
             StrategyOptimizer::Learner => None,
             StrategyOptimizer::Distributed(config) => Some(config.init(&strategy.groups)),
         };
-        Self { strategy, model, optim, learner_behind: false }
+        Self {
+            strategy,
+            model,
+            optim,
+            learner_behind: false,
+        }
     }
 
     /// Forward, backward, the dp reduction and the optimizer step.
-    pub(super) fn step(&mut self, learner: &mut Learner<M>, item: <M as TrainStep>::Input) -> Result<<M as TrainStep>::Output, String> {
+    pub(super) fn step(
+        &mut self,
+        learner: &mut Learner<M>,
+        item: <M as TrainStep>::Input,
+    ) -> Result<<M as TrainStep>::Output, String> {
         let s = self.strategy;
         let dp = s.groups.grad_sync();
         let reduction = match &self.optim {
             Some(optim) => optim.reducer(&self.model),
             None => {
                 let numels = param_values(&self.model).iter().map(|p| p.value.dims()[0]).collect();
-                GradReducer::new(dp, numels, dtype_of(&self.model).size(), Reduction::AllReduce, &s.buckets)
+                GradReducer::new(
+                    dp,
+                    numels,
+                    dtype_of(&self.model).size(),
+                    Reduction::AllReduce,
+                    &s.buckets,
+                )
             }
         };
         let overlap = Overlap::new(reduction);
@@ -51,11 +66,16 @@ impl<'a, M: LearnerModel> RankTrainer<'a, M> {
             }
             output.item
         };
-        let reduced = overlap.finish(&s.device, dtype_of(&self.model)).map_err(|e| e.to_string())?;
+        let reduced = overlap
+            .finish(&s.device, dtype_of(&self.model))
+            .map_err(|e| e.to_string())?;
         match &mut self.optim {
             Some(optim) => {
                 let lr = learner.lr_current().base();
-                self.model = optim.step_reduced(lr, self.model.clone(), reduced).map_err(|e| e.to_string())?.0;
+                self.model = optim
+                    .step_reduced(lr, self.model.clone(), reduced)
+                    .map_err(|e| e.to_string())?
+                    .0;
                 self.learner_behind = true;
             }
             None => {
@@ -77,5 +97,8 @@ impl<'a, M: LearnerModel> RankTrainer<'a, M> {
 
 /// The dtype of the model's first parameter (f32 for a model without any).
 fn dtype_of<M: Module>(model: &M) -> DType {
-    param_values(model).first().map(|p| p.value.dtype()).unwrap_or(DType::F32)
+    param_values(model)
+        .first()
+        .map(|p| p.value.dtype())
+        .unwrap_or(DType::F32)
 }

@@ -1,12 +1,12 @@
 //! A metrics renderer that shows nothing: for the ranks other than 0, whose metrics are
 //! rank 0's twins.
 
+use burn::train::LearnerSummary;
 use burn::train::logger::{EvaluationProgressLogger, TrainingProgressLogger};
 use burn::train::metric::MetricDefinition;
 use burn::train::renderer::{
     EvaluationName, MetricState, MetricsRenderer, MetricsRendererEvaluation, MetricsRendererTraining,
 };
-use burn::train::LearnerSummary;
 
 /// Renders nothing, prints nothing.
 #[derive(Clone, Copy, Debug, Default)]

@@ -8,9 +8,9 @@ use burn::data::dataloader::{DataLoader, Progress};
 use burn::tensor::Device;
 use burn::train::train::WorkerFailure;
 use burn::train::{
-    EventProcessorTraining, InferenceStep, Interrupter, Learner, LearnerEvent, LearnerModel, SupervisedLearningStrategy,
-    SupervisedTrainingEventProcessor, TrainLoader, TrainingComponents, TrainingError, TrainingItem,
-    ValidLoader,
+    EventProcessorTraining, InferenceStep, Interrupter, Learner, LearnerEvent, LearnerModel,
+    SupervisedLearningStrategy, SupervisedTrainingEventProcessor, TrainLoader, TrainingComponents, TrainingError,
+    TrainingItem, ValidLoader,
 };
 use burn_megatron_dist::{ProcessGroups, RankContext};
 
@@ -78,7 +78,10 @@ impl MegatronStrategy {
     }
 
     fn fail(&self, interrupter: &Interrupter, message: String) {
-        interrupter.fail(TrainingError::Workers(vec![WorkerFailure { device_id: self.global_rank, message }]));
+        interrupter.fail(TrainingError::Workers(vec![WorkerFailure {
+            device_id: self.global_rank,
+            message,
+        }]));
     }
 }
 
@@ -109,7 +112,13 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for MegatronStrategy {
             interrupter.fail_on_error(processor.process_train(event));
         };
         for epoch in starting_epoch..=num_epochs {
-            report(&mut event_processor, LearnerEvent::StartSplit { epoch_number: epoch, total_items: train.num_items() });
+            report(
+                &mut event_processor,
+                LearnerEvent::StartSplit {
+                    epoch_number: epoch,
+                    total_items: train.num_items(),
+                },
+            );
             for_each_item(&train, &interrupter, |iteration, progress, item| {
                 learner.lr_step();
                 match trainer.step(&mut learner, item) {
@@ -129,7 +138,10 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for MegatronStrategy {
                 break;
             }
             let model = trainer.model.valid();
-            let start = LearnerEvent::StartSplit { epoch_number: epoch, total_items: valid.num_items() };
+            let start = LearnerEvent::StartSplit {
+                epoch_number: epoch,
+                total_items: valid.num_items(),
+            };
             interrupter.fail_on_error(event_processor.process_valid(start));
             for_each_item(&valid, &interrupter, |iteration, progress, item| {
                 let output = InferenceStep::step(&model, item);
@@ -162,7 +174,11 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for MegatronStrategy {
 /// Runs `body(iteration, progress, item)` on each item of `loader`, counting from 1, until the
 /// loader is done, an item fails to load (the interrupter gets the error), `body` returns
 /// false, or a stop is asked.
-fn for_each_item<I>(loader: &Arc<dyn DataLoader<I>>, interrupter: &Interrupter, mut body: impl FnMut(usize, Progress, I) -> bool) {
+fn for_each_item<I>(
+    loader: &Arc<dyn DataLoader<I>>,
+    interrupter: &Interrupter,
+    mut body: impl FnMut(usize, Progress, I) -> bool,
+) {
     let mut items = loader.iter();
     let mut iteration = 0;
     while let Some(item) = items.next() {

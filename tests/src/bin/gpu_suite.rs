@@ -10,13 +10,18 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 
 use burn::tensor::DType;
-use burn_megatron_tests::{COMM_TESTS, DP_MODEL_TESTS, Harness, KERNEL_TESTS, LAYER_TESTS, MAPPING_TESTS, MODEL_TESTS, NamedTest};
+use burn_megatron_tests::{
+    COMM_TESTS, DP_MODEL_TESTS, Harness, KERNEL_TESTS, LAYER_TESTS, MAPPING_TESTS, MODEL_TESTS, NamedTest,
+};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let world = match args.iter().position(|a| a == "--world") {
         Some(i) => args[i + 1].parse().expect("--world N"),
-        None => std::env::var("WORLD_SIZE").ok().and_then(|w| w.parse().ok()).unwrap_or(2),
+        None => std::env::var("WORLD_SIZE")
+            .ok()
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(2),
     };
     // `--filter TEXT` runs only the tests whose name contains TEXT, `--skip TEXT` all others.
     let option = |flag: &str| args.iter().position(|a| a == flag).map(|i| args[i + 1].clone());

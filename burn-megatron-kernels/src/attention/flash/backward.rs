@@ -56,15 +56,26 @@ pub(crate) fn dq_kernel(
         let k0 = t * TILE;
         if !causal || k0 <= row0 + 63 {
             let k_tile = s.sweep_a + stage * TILE_BYTES;
-            let scores = chain_64(descriptor(s.first + wg * 8192, comptime!(SCORES.a_tile())), descriptor(k_tile, comptime!(SCORES.b)), SCORES);
-            let d_probs = chain_64(descriptor(s.second + wg * 8192, comptime!(SCORES.a_tile())), descriptor(s.sweep_b + stage * TILE_BYTES, comptime!(SCORES.b)), SCORES);
+            let scores = chain_64(
+                descriptor(s.first + wg * 8192, comptime!(SCORES.a_tile())),
+                descriptor(k_tile, comptime!(SCORES.b)),
+                SCORES,
+            );
+            let d_probs = chain_64(
+                descriptor(s.second + wg * 8192, comptime!(SCORES.a_tile())),
+                descriptor(s.sweep_b + stage * TILE_BYTES, comptime!(SCORES.b)),
+                SCORES,
+            );
             let mut ds = Acc64::empty();
             #[unroll]
             for i in 0..32u32 {
                 let upper = comptime!(i % 4 < 2);
                 let p = exp2(scores.extract(i as usize) * scale_log2 - if upper { lse_a } else { lse_b });
                 let p = select(masked(row(&l, row0, i), column(&l, k0, i), seq, causal), 0.0f32, p);
-                ds.insert(i as usize, p * (d_probs.extract(i as usize) - if upper { delta_a } else { delta_b }));
+                ds.insert(
+                    i as usize,
+                    p * (d_probs.extract(i as usize) - if upper { delta_a } else { delta_b }),
+                );
             }
             let frags = fragments(&ds);
             acc = chain_128(&acc, &frags, descriptor(k_tile, comptime!(UPDATE.b)), UPDATE);
@@ -133,23 +144,37 @@ pub(crate) fn dkdv_kernel(
         if !causal || q0 + 63 >= row0 {
             let q_tile = s.sweep_a + stage * TILE_BYTES;
             let o_tile = s.sweep_b + stage * TILE_BYTES;
-            let scores = chain_64(descriptor(s.first + wg * 8192, comptime!(SCORES.a_tile())), descriptor(q_tile, comptime!(SCORES.b)), SCORES);
+            let scores = chain_64(
+                descriptor(s.first + wg * 8192, comptime!(SCORES.a_tile())),
+                descriptor(q_tile, comptime!(SCORES.b)),
+                SCORES,
+            );
             let mut p = Acc64::empty();
             #[unroll]
             for i in 0..32u32 {
                 let query = column(&l, q0, i);
                 let out = masked(query, row(&l, row0, i), seq, causal);
                 let at = (stats + min(query, seq - 1)) as usize;
-                p.insert(i as usize, select(out, 0.0f32, exp2(scores.extract(i as usize) * scale_log2 - lse[at])));
+                p.insert(
+                    i as usize,
+                    select(out, 0.0f32, exp2(scores.extract(i as usize) * scale_log2 - lse[at])),
+                );
             }
             let frags = fragments(&p);
             dv_acc = chain_128(&dv_acc, &frags, descriptor(o_tile, comptime!(UPDATE.b)), UPDATE);
-            let d_probs = chain_64(descriptor(s.second + wg * 8192, comptime!(SCORES.a_tile())), descriptor(o_tile, comptime!(SCORES.b)), SCORES);
+            let d_probs = chain_64(
+                descriptor(s.second + wg * 8192, comptime!(SCORES.a_tile())),
+                descriptor(o_tile, comptime!(SCORES.b)),
+                SCORES,
+            );
             let mut ds = Acc64::empty();
             #[unroll]
             for i in 0..32u32 {
                 let at = (stats + min(column(&l, q0, i), seq - 1)) as usize;
-                ds.insert(i as usize, p.extract(i as usize) * (d_probs.extract(i as usize) - delta[at]));
+                ds.insert(
+                    i as usize,
+                    p.extract(i as usize) * (d_probs.extract(i as usize) - delta[at]),
+                );
             }
             let frags = fragments(&ds);
             dk_acc = chain_128(&dk_acc, &frags, descriptor(q_tile, comptime!(UPDATE.b)), UPDATE);

@@ -49,15 +49,27 @@ pub(crate) fn forward_kernel(
         let k0 = t * TILE;
         // A tile wholly above this warpgroup's diagonal adds nothing.
         if !causal || k0 <= row0 + 63 {
-            let scores = chain_64(descriptor(s.first + wg * 8192, comptime!(SCORES.a_tile())), descriptor(s.sweep_a + stage * TILE_BYTES, comptime!(SCORES.b)), SCORES);
+            let scores = chain_64(
+                descriptor(s.first + wg * 8192, comptime!(SCORES.a_tile())),
+                descriptor(s.sweep_a + stage * TILE_BYTES, comptime!(SCORES.b)),
+                SCORES,
+            );
             let mut x = Acc64::empty();
             let mut tile_a = neg_inf;
             let mut tile_b = neg_inf;
             #[unroll]
             for i in 0..32u32 {
-                let value = select(masked(row(&l, row0, i), column(&l, k0, i), seq, causal), neg_inf, scores.extract(i as usize) * scale_log2);
+                let value = select(
+                    masked(row(&l, row0, i), column(&l, k0, i), seq, causal),
+                    neg_inf,
+                    scores.extract(i as usize) * scale_log2,
+                );
                 x.insert(i as usize, value);
-                if comptime!(i % 4 < 2) { tile_a = max(tile_a, value) } else { tile_b = max(tile_b, value) }
+                if comptime!(i % 4 < 2) {
+                    tile_a = max(tile_a, value)
+                } else {
+                    tile_b = max(tile_b, value)
+                }
             }
             let new_a = max(m_a, quad_max(tile_a));
             let new_b = max(m_b, quad_max(tile_b));
@@ -80,7 +92,12 @@ pub(crate) fn forward_kernel(
             l_b = l_b * alpha_b + sum_b;
             scale_rows(&mut acc, alpha_a, alpha_b);
             let frags = fragments(&x);
-            acc = chain_128(&acc, &frags, descriptor(s.sweep_b + stage * TILE_BYTES, comptime!(UPDATE.b)), UPDATE);
+            acc = chain_128(
+                &acc,
+                &frags,
+                descriptor(s.sweep_b + stage * TILE_BYTES, comptime!(UPDATE.b)),
+                UPDATE,
+            );
         }
         if UNIT_POS.is_multiple_of(32) {
             mbarrier_arrive(s.empty + stage * 8);

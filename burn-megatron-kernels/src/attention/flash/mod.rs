@@ -78,7 +78,15 @@ fn smem() -> Smem {
     let sweep_a = second + BLOCK_BYTES;
     let sweep_b = sweep_a + 2 * TILE_BYTES;
     let block_full = sweep_b + 2 * TILE_BYTES;
-    let smem = Smem { first, second, sweep_a, sweep_b, block_full, full: block_full + 8, empty: block_full + 24 };
+    let smem = Smem {
+        first,
+        second,
+        sweep_a,
+        sweep_b,
+        block_full,
+        full: block_full + 8,
+        empty: block_full + 24,
+    };
     if UNIT_POS == 0 {
         mbarrier_init(smem.block_full, 1u32);
         #[unroll]
@@ -142,7 +150,11 @@ fn lane() -> Lane {
     let lane = UNIT_POS % 32;
     let warp = (UNIT_POS % 128) / 32;
     let row_a = warp * 16 + lane / 4;
-    Lane { row_a, row_b: row_a + 8, col: 2 * (lane % 4) }
+    Lane {
+        row_a,
+        row_b: row_a + 8,
+        col: 2 * (lane % 4),
+    }
 }
 
 /// The column of accumulator register `i`, from the tile's first column `col0`.
@@ -154,7 +166,11 @@ fn column(l: &Lane, col0: u32, #[comptime] i: u32) -> u32 {
 /// The absolute row of accumulator register `i`.
 #[cube]
 fn row(l: &Lane, row0: u32, #[comptime] i: u32) -> u32 {
-    if comptime!(i % 4 < 2) { row0 + l.row_a } else { row0 + l.row_b }
+    if comptime!(i % 4 < 2) {
+        row0 + l.row_a
+    } else {
+        row0 + l.row_b
+    }
 }
 
 #[cube]
@@ -176,7 +192,10 @@ fn fragments(p: &Acc64) -> Frags64 {
     let mut frags = Frags64::empty();
     #[unroll]
     for t in 0..16u32 {
-        frags.insert(t as usize, pack_bf16(p.extract((2 * t) as usize), p.extract((2 * t + 1) as usize)));
+        frags.insert(
+            t as usize,
+            pack_bf16(p.extract((2 * t) as usize), p.extract((2 * t + 1) as usize)),
+        );
     }
     frags
 }
@@ -190,7 +209,17 @@ fn masked(q: u32, k: u32, seq: u32, #[comptime] causal: bool) -> bool {
 
 /// Writes a warpgroup's 64 × 128 result `acc · factor` into `[b, s, h, 128]` rows from `row0`.
 #[cube]
-fn store_rows(out: &mut Tensor<bf16>, acc: &Acc128, factor_a: f32, factor_b: f32, row0: u32, head: u32, batch: u32, heads: u32, seq: u32) {
+fn store_rows(
+    out: &mut Tensor<bf16>,
+    acc: &Acc128,
+    factor_a: f32,
+    factor_b: f32,
+    row0: u32,
+    head: u32,
+    batch: u32,
+    heads: u32,
+    seq: u32,
+) {
     let l = lane();
     #[unroll]
     for i in 0..64u32 {
@@ -226,5 +255,10 @@ struct QueryBlock {
 fn query_block(seq: u32, #[comptime] causal: bool) -> QueryBlock {
     let q0 = (seq.div_ceil(BLOCK) - 1 - CUBE_POS_X) * BLOCK;
     let end = if comptime!(causal) { min(q0 + BLOCK, seq) } else { seq };
-    QueryBlock { head: CUBE_POS_Y, batch: CUBE_POS_Z, q0, tiles: end.div_ceil(TILE) }
+    QueryBlock {
+        head: CUBE_POS_Y,
+        batch: CUBE_POS_Z,
+        q0,
+        tiles: end.div_ceil(TILE),
+    }
 }

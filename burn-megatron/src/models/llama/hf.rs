@@ -97,11 +97,17 @@ impl HfConfig {
 pub fn read_config(dir: &Path) -> Result<HfConfig, HfError> {
     let path = dir.join("config.json");
     let text = std::fs::read_to_string(&path).map_err(|e| io(&path, e))?;
-    serde_json::from_str(&text).map_err(|e| HfError::Format { path: path.display().to_string(), detail: e.to_string() })
+    serde_json::from_str(&text).map_err(|e| HfError::Format {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    })
 }
 
 fn io(path: &Path, e: std::io::Error) -> HfError {
-    HfError::Io { path: path.display().to_string(), detail: e.to_string() }
+    HfError::Io {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    }
 }
 
 /// Our parameter path → (Hugging Face name, whether the weight is transposed).
@@ -147,16 +153,28 @@ impl Whole {
                 values[j * r + i] = self.values[i * c + j];
             }
         }
-        Self { shape: vec![c, r], values }
+        Self {
+            shape: vec![c, r],
+            values,
+        }
     }
 }
 
 fn decode(view: &TensorView<'_>) -> Option<Vec<f32>> {
     let data = view.data();
     Some(match view.dtype() {
-        Dtype::F32 => data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
-        Dtype::BF16 => data.chunks_exact(2).map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16)).collect(),
-        Dtype::F16 => data.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
+            .collect(),
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
         _ => return None,
     })
 }
@@ -170,8 +188,10 @@ fn read_tensors(dir: &Path) -> Result<BTreeMap<String, Whole>, HfError> {
             weight_map: BTreeMap<String, String>,
         }
         let text = std::fs::read_to_string(&index).map_err(|e| io(&index, e))?;
-        let parsed: Index = serde_json::from_str(&text)
-            .map_err(|e| HfError::Format { path: index.display().to_string(), detail: e.to_string() })?;
+        let parsed: Index = serde_json::from_str(&text).map_err(|e| HfError::Format {
+            path: index.display().to_string(),
+            detail: e.to_string(),
+        })?;
         let mut files: Vec<String> = parsed.weight_map.into_values().collect();
         files.sort();
         files.dedup();
@@ -183,11 +203,21 @@ fn read_tensors(dir: &Path) -> Result<BTreeMap<String, Whole>, HfError> {
     for file in files {
         let path = dir.join(&file);
         let bytes = std::fs::read(&path).map_err(|e| io(&path, e))?;
-        let format = |detail: String| HfError::Format { path: path.display().to_string(), detail };
+        let format = |detail: String| HfError::Format {
+            path: path.display().to_string(),
+            detail,
+        };
         let st = SafeTensors::deserialize(&bytes).map_err(|e| format(e.to_string()))?;
         for (name, view) in st.tensors() {
-            let values = decode(&view).ok_or_else(|| format(format!("{name}: unsupported dtype {:?}", view.dtype())))?;
-            out.insert(name, Whole { shape: view.shape().to_vec(), values });
+            let values =
+                decode(&view).ok_or_else(|| format(format!("{name}: unsupported dtype {:?}", view.dtype())))?;
+            out.insert(
+                name,
+                Whole {
+                    shape: view.shape().to_vec(),
+                    values,
+                },
+            );
         }
     }
     Ok(out)
@@ -201,9 +231,14 @@ pub fn load<M: Module>(dir: &Path, model: M, groups: &ProcessGroups) -> Result<M
     let shapes: Vec<Vec<usize>> = param_values(&model).into_iter().map(|p| p.dims).collect();
     let mut values = Vec::with_capacity(infos.len());
     for (info, shape) in infos.iter().zip(&shapes) {
-        let incompatible = |detail: String| HfError::Incompatible { name: info.path.clone(), detail };
+        let incompatible = |detail: String| HfError::Incompatible {
+            name: info.path.clone(),
+            detail,
+        };
         let (name, transposed) = hf_name(&info.path).ok_or_else(|| incompatible("no Hugging Face name".into()))?;
-        let whole = tensors.remove(&name).ok_or_else(|| incompatible(format!("{name} is not in the checkpoint")))?;
+        let whole = tensors
+            .remove(&name)
+            .ok_or_else(|| incompatible(format!("{name} is not in the checkpoint")))?;
         let whole = if transposed { whole.transposed() } else { whole };
         values.push(slice(&whole, info, shape, groups).map_err(incompatible)?);
     }
@@ -218,11 +253,23 @@ pub fn load<M: Module>(dir: &Path, model: M, groups: &ProcessGroups) -> Result<M
 fn slice(whole: &Whole, info: &ParamInfo, shape: &[usize], groups: &ProcessGroups) -> Result<Vec<f32>, String> {
     let dim = info.split_dim.unwrap_or(0);
     let parts = if info.split_dim.is_some() { groups.tp.size() } else { 1 };
-    let rank = if info.split_dim.is_some() { groups.tp.group_rank() } else { 0 };
+    let rank = if info.split_dim.is_some() {
+        groups.tp.group_rank()
+    } else {
+        0
+    };
     let fits = whole.shape.len() == shape.len()
-        && whole.shape.iter().zip(shape).enumerate().all(|(d, (w, s))| if d == dim { *w <= s * parts } else { w == s });
+        && whole
+            .shape
+            .iter()
+            .zip(shape)
+            .enumerate()
+            .all(|(d, (w, s))| if d == dim { *w <= s * parts } else { w == s });
     if !fits {
-        return Err(format!("stored shape {:?} does not fit a local shape {shape:?} over {parts} ranks", whole.shape));
+        return Err(format!(
+            "stored shape {:?} does not fit a local shape {shape:?} over {parts} ranks",
+            whole.shape
+        ));
     }
     let outer: usize = shape[..dim].iter().product();
     let inner: usize = shape[dim + 1..].iter().product();
@@ -257,22 +304,33 @@ pub fn save(dir: &Path, model: &Llama, config: &LlamaConfig, groups: &ProcessGro
                     let (outer, inner) = (shape[..dim].iter().product(), shape[dim + 1..].iter().product());
                     let value = p.value.reshape([outer, shape[dim], inner]);
                     shape[dim] *= groups.tp.size();
-                    groups.tp.all_gather(value, 1)?.reshape([shape.iter().product::<usize>()])
+                    groups
+                        .tp
+                        .all_gather(value, 1)?
+                        .reshape([shape.iter().product::<usize>()])
                 }
                 None => p.value,
             };
-            Ok(Whole { shape, values: whole.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32") })
+            Ok(Whole {
+                shape,
+                values: whole.into_data().convert::<f32>().try_into_vec::<f32>().expect("f32"),
+            })
         })
         .collect();
     if groups.global_rank != 0 {
-        return gathered.into_iter().try_for_each(|r| r.map(|_| ())).map_err(HfError::from);
+        return gathered
+            .into_iter()
+            .try_for_each(|r| r.map(|_| ()))
+            .map_err(HfError::from);
     }
     let vocab = config.embedding.vocab_size;
     let mut named = BTreeMap::new();
     for (info, whole) in infos.iter().zip(gathered) {
         let mut whole = whole?;
-        let (name, transposed) = hf_name(&info.path)
-            .ok_or_else(|| HfError::Incompatible { name: info.path.clone(), detail: "no Hugging Face name".into() })?;
+        let (name, transposed) = hf_name(&info.path).ok_or_else(|| HfError::Incompatible {
+            name: info.path.clone(),
+            detail: "no Hugging Face name".into(),
+        })?;
         // Drop the vocabulary padding: rows (embedding) or columns (output) past the vocabulary.
         if info.path == "embedding.weight" && whole.shape[0] > vocab {
             whole.values.truncate(vocab * whole.shape[1]);
@@ -280,7 +338,9 @@ pub fn save(dir: &Path, model: &Llama, config: &LlamaConfig, groups: &ProcessGro
         }
         if info.path == "output.weight" && whole.shape[1] > vocab {
             let [d, v] = [whole.shape[0], whole.shape[1]];
-            whole.values = (0..d).flat_map(|i| whole.values[i * v..i * v + vocab].to_vec()).collect();
+            whole.values = (0..d)
+                .flat_map(|i| whole.values[i * v..i * v + vocab].to_vec())
+                .collect();
             whole.shape[1] = vocab;
         }
         named.insert(name, if transposed { whole.transposed() } else { whole });
@@ -288,18 +348,33 @@ pub fn save(dir: &Path, model: &Llama, config: &LlamaConfig, groups: &ProcessGro
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = named
         .iter()
-        .map(|(n, w)| (n.clone(), w.values.iter().flat_map(|v| v.to_le_bytes()).collect(), w.shape.clone()))
+        .map(|(n, w)| {
+            (
+                n.clone(),
+                w.values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                w.shape.clone(),
+            )
+        })
         .collect();
     let path = dir.join("model.safetensors");
-    let format = |e: safetensors::SafeTensorError| HfError::Format { path: path.display().to_string(), detail: e.to_string() };
+    let format = |e: safetensors::SafeTensorError| HfError::Format {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    };
     let views = bytes
         .iter()
         .map(|(n, b, s)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.as_str(), v)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(format)?;
     let buffer = safetensors::serialize(views, None).map_err(format)?;
-    crate::checkpoint::write_synced(&path, &buffer).map_err(|e| HfError::Io { path: path.display().to_string(), detail: e.to_string() })?;
+    crate::checkpoint::write_synced(&path, &buffer).map_err(|e| HfError::Io {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    })?;
     let json = serde_json::to_vec_pretty(&HfConfig::from_llama(config)).expect("config serializes");
     let config_path = dir.join("config.json");
-    crate::checkpoint::write_synced(&config_path, &json).map_err(|e| HfError::Io { path: config_path.display().to_string(), detail: e.to_string() })
+    crate::checkpoint::write_synced(&config_path, &json).map_err(|e| HfError::Io {
+        path: config_path.display().to_string(),
+        detail: e.to_string(),
+    })
 }

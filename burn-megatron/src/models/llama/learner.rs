@@ -48,7 +48,9 @@ pub struct LmOutput {
 impl ItemLazy for LmOutput {
     fn sync(self) -> Result<Self, ExecutionError> {
         self.loss.device().flush()?;
-        Ok(Self { loss: self.loss.without_autodiff() })
+        Ok(Self {
+            loss: self.loss.without_autodiff(),
+        })
     }
 }
 
@@ -65,7 +67,9 @@ impl TrainStep for Llama {
     /// Forward and backward. A failed collective (a lost peer) panics with its error: a
     /// Learner step cannot return one.
     fn step(&self, batch: TokenBatch) -> TrainOutput<LmOutput> {
-        let loss = self.forward_loss(batch.ids, batch.targets).unwrap_or_else(|e| panic!("{e}"));
+        let loss = self
+            .forward_loss(batch.ids, batch.targets)
+            .unwrap_or_else(|e| panic!("{e}"));
         let grads = loss.backward();
         TrainOutput::new(self, grads, LmOutput { loss: loss.detach() })
     }
@@ -76,7 +80,9 @@ impl InferenceStep for Llama {
     type Output = LmOutput;
 
     fn step(&self, batch: TokenBatch) -> LmOutput {
-        let loss = self.forward_loss(batch.ids, batch.targets).unwrap_or_else(|e| panic!("{e}"));
+        let loss = self
+            .forward_loss(batch.ids, batch.targets)
+            .unwrap_or_else(|e| panic!("{e}"));
         LmOutput { loss }
     }
 }

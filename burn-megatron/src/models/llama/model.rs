@@ -53,7 +53,15 @@ impl LlamaConfig {
     /// ../shared/BENCHMARKS.md: RMSNorm ε 1e-5, RoPE θ 10000 on halves, SwiGLU, no biases,
     /// untied embeddings.
     #[allow(clippy::too_many_arguments)]
-    pub fn llama(vocab: usize, d_model: usize, n_layers: usize, n_heads: usize, n_kv_heads: usize, d_ff: usize, max_seq_len: usize) -> Self {
+    pub fn llama(
+        vocab: usize,
+        d_model: usize,
+        n_layers: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        d_ff: usize,
+        max_seq_len: usize,
+    ) -> Self {
         Self::new(
             n_layers,
             VocabParallelEmbeddingConfig::new(vocab, d_model),
@@ -71,7 +79,9 @@ impl LlamaConfig {
                 let name = format!("layers.{i}");
                 Ok(LlamaBlock {
                     attention_norm: self.norm.init(device, groups, init),
-                    attention: self.attention.init(device, groups, init, &format!("{name}.attention"))?,
+                    attention: self
+                        .attention
+                        .init(device, groups, init, &format!("{name}.attention"))?,
                     mlp_norm: self.norm.init(device, groups, init),
                     mlp: self.mlp.init(device, groups, init, &format!("{name}.mlp"))?,
                 })

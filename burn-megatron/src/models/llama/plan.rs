@@ -28,7 +28,10 @@ impl PlannedModel for LlamaConfig {
             ("embedding", Box::new(&mut self.embedding)),
             ("layers.*.attention", Box::new(&mut self.attention)),
             ("layers.*.mlp", Box::new(&mut self.mlp)),
-            ("layers.*.attention_norm, layers.*.mlp_norm, norm", Box::new(&mut self.norm)),
+            (
+                "layers.*.attention_norm, layers.*.mlp_norm, norm",
+                Box::new(&mut self.norm),
+            ),
             ("output", Box::new(output)),
         ]
     }

@@ -3,8 +3,8 @@
 use burn_megatron_dist::ParallelDims;
 
 use super::model::LlamaConfig;
-use crate::plan::{ParallelPlan, TensorParallel};
 use crate::error::ConfigError;
+use crate::plan::{ParallelPlan, TensorParallel};
 
 /// A model with the batch it trains on.
 #[derive(Clone, Debug)]
@@ -31,17 +31,32 @@ impl LlamaRecipe {
 
 /// hidden 256, 2 layers, 4 heads, ffn 688, vocab 1024, seq 256, batch 2.
 pub fn tiny() -> LlamaRecipe {
-    LlamaRecipe { name: "tiny", model: LlamaConfig::llama(1024, 256, 2, 4, 4, 688, 256), seq_len: 256, batch_size: 2 }
+    LlamaRecipe {
+        name: "tiny",
+        model: LlamaConfig::llama(1024, 256, 2, 4, 4, 688, 256),
+        seq_len: 256,
+        batch_size: 2,
+    }
 }
 
 /// hidden 2048, 16 layers, 16 heads, ffn 5632, vocab 32768, seq 2048, batch 4.
 pub fn llama_1b() -> LlamaRecipe {
-    LlamaRecipe { name: "llama-1b", model: LlamaConfig::llama(32768, 2048, 16, 16, 16, 5632, 2048), seq_len: 2048, batch_size: 4 }
+    LlamaRecipe {
+        name: "llama-1b",
+        model: LlamaConfig::llama(32768, 2048, 16, 16, 16, 5632, 2048),
+        seq_len: 2048,
+        batch_size: 4,
+    }
 }
 
 /// hidden 4096, 32 layers, 32 heads, ffn 14336, vocab 32768, seq 4096, batch 1.
 pub fn llama_8b() -> LlamaRecipe {
-    LlamaRecipe { name: "llama-8b", model: LlamaConfig::llama(32768, 4096, 32, 32, 32, 14336, 4096), seq_len: 4096, batch_size: 1 }
+    LlamaRecipe {
+        name: "llama-8b",
+        model: LlamaConfig::llama(32768, 4096, 32, 32, 32, 14336, 4096),
+        seq_len: 4096,
+        batch_size: 1,
+    }
 }
 
 /// A preset by name: `tiny`, `llama-1b` or `llama-8b`.
@@ -56,12 +71,18 @@ pub fn preset(name: &str) -> Result<LlamaRecipe, ConfigError> {
 
 /// llama-1b with tensor and sequence parallelism over 2 GPUs.
 pub fn llama_1b_tp2() -> Result<LlamaRecipe, ConfigError> {
-    with_plan(llama_1b(), ParallelPlan::new(ParallelDims::tp_dp(2, 1)).with_tensor(TensorParallel::SequenceParallel))
+    with_plan(
+        llama_1b(),
+        ParallelPlan::new(ParallelDims::tp_dp(2, 1)).with_tensor(TensorParallel::SequenceParallel),
+    )
 }
 
 /// llama-8b with tensor and sequence parallelism over 2 GPUs.
 pub fn llama_8b_tp2() -> Result<LlamaRecipe, ConfigError> {
-    with_plan(llama_8b(), ParallelPlan::new(ParallelDims::tp_dp(2, 1)).with_tensor(TensorParallel::SequenceParallel))
+    with_plan(
+        llama_8b(),
+        ParallelPlan::new(ParallelDims::tp_dp(2, 1)).with_tensor(TensorParallel::SequenceParallel),
+    )
 }
 
 /// `recipe` with `plan` applied.
@@ -76,10 +97,22 @@ mod tests {
 
     #[test]
     fn a_batch_must_split_over_dp() {
-        let batch = |n| LlamaRecipe { batch_size: n, ..tiny() };
+        let batch = |n| LlamaRecipe {
+            batch_size: n,
+            ..tiny()
+        };
         assert_eq!(batch(8).per_rank_batch(4), Ok(2));
-        assert_eq!(batch(6).per_rank_batch(4), Err(ConfigError::BatchNotDivisible { batch: 6, dp: 4 }));
-        assert_eq!(batch(0).per_rank_batch(1), Err(ConfigError::Zero { what: "batch size" }));
-        assert_eq!(preset("llama-3b").unwrap_err(), ConfigError::UnknownPreset("llama-3b".into()));
+        assert_eq!(
+            batch(6).per_rank_batch(4),
+            Err(ConfigError::BatchNotDivisible { batch: 6, dp: 4 })
+        );
+        assert_eq!(
+            batch(0).per_rank_batch(1),
+            Err(ConfigError::Zero { what: "batch size" })
+        );
+        assert_eq!(
+            preset("llama-3b").unwrap_err(),
+            ConfigError::UnknownPreset("llama-3b".into())
+        );
     }
 }
