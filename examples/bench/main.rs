@@ -1,29 +1,30 @@
 //! Training throughput of a Llama preset on CUDA GPUs, as the RESULT line of
 //! ../shared/BENCHMARKS.md, so it runs beside `../shared/peers/run_peers.sh` in one device call.
 //!
-//!   bench [--preset llama-1b] [--tp N] [--sp] [--steps 10] [--warmup 3] [--profile]
-//!   bench --gemm [--kernels A,B]  matmul routines on the llama GEMM shapes (gemm.rs); all by default
-//!   bench … --linear-gemm wgmma|burn  the linear layers' product (their config's `Gemm`; wgmma by default)
-//!   bench … --burn-adamw          Burn's AdamW instead of the fused one (FusedAdamW)
+//!   bench [--preset llama-1b] [--tp N] [--sp] [--dp N] [--steps 10] [--warmup 3] [--profile]
+//!   bench … --pure-bf16               bf16 parameters updated in bf16 (no master weights), labelled
+//!   bench … --linear-gemm wgmma|burn  the linear layers' product (their config's `Gemm`; wgmma)
+//!   bench --gemm [--kernels A,B]      matmul routines on the llama GEMM shapes (gemm.rs)
 //!
-//! `--profile` adds a `PROFILE {…}` line: forward, backward and optimizer time per step, each
-//! synchronized (so their sum exceeds the unsynchronized step time).
+//! The peers' recipe by default (`PrecisionPolicy::bf16`): bf16 compute, fp32 master weights and
+//! fp32 AdamW moments (`DistributedAdamW`), lr 1e-4, uniformly random token ids from a seeded
+//! generator, one batch a data-parallel rank (each rank its own, as PyTorch DDP's peer), its
+//! gradients averaged in buckets during backward. At least 3 warm-up steps, then the mean over
+//! at least 10 timed steps, the device synchronized before each clock reading.
 //!
-//! bf16 parameters and activations (no fp32 master weights), f32 AdamW moments, lr 1e-4, random token
-//! ids from a fixed seed. Each timed step is synchronized; the time is the mean over `--steps`.
+//! `--profile` adds a `PROFILE {…}` line: forward, backward, the wait for the data-parallel
+//! reduction after backward and the optimizer, each synchronized; and the same reduction run
+//! alone, so `hidden` is the share of it that backward hid.
 
 mod gemm;
 mod routines;
+mod timing;
 
-use std::time::Instant;
-
-use burn::optim::{AdamWConfig, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron::init::InitMode;
 use burn_megatron::models::llama::preset;
-use burn_megatron::optim::FusedAdamWConfig;
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
-use burn_megatron::precision::PrecisionPolicy;
+use burn_megatron::precision::{MasterWeights, PrecisionPolicy};
 use burn_megatron_dist::{ParallelDims, launch};
 use burn_megatron_kernels::Gemm;
 use routines::GemmKernel;
@@ -31,6 +32,7 @@ use routines::GemmKernel;
 struct Args {
     preset: String,
     tp: usize,
+    dp: usize,
     sp: bool,
     steps: usize,
     warmup: usize,
@@ -38,13 +40,14 @@ struct Args {
     gemm: bool,
     kernels: Vec<GemmKernel>,
     linear_gemm: Gemm,
-    burn_adamw: bool,
+    pure_bf16: bool,
 }
 
-fn parse() -> Args {
+fn parse() -> Result<Args, String> {
     let mut args = Args {
         preset: "llama-1b".into(),
         tp: 1,
+        dp: 1,
         sp: false,
         steps: 10,
         warmup: 3,
@@ -52,141 +55,112 @@ fn parse() -> Args {
         gemm: false,
         kernels: GemmKernel::ALL.to_vec(),
         linear_gemm: Gemm::Wgmma,
-        burn_adamw: false,
+        pure_bf16: false,
     };
     let mut it = std::env::args().skip(1);
+    let number = |flag: &str, v: String| v.parse::<usize>().map_err(|_| format!("{flag} {v}: not a number"));
     while let Some(flag) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         match flag.as_str() {
-            "--preset" => args.preset = value(),
-            "--tp" => args.tp = value().parse().expect("--tp N"),
+            "--preset" => args.preset = value()?,
+            "--tp" => args.tp = number(&flag, value()?)?,
+            "--dp" => args.dp = number(&flag, value()?)?,
             "--sp" => args.sp = true,
             "--profile" => args.profile = true,
             "--gemm" => args.gemm = true,
-            "--burn-adamw" => args.burn_adamw = true,
-            "--kernels" => {
-                args.kernels = value()
-                    .split(',')
-                    .map(|k| k.parse().unwrap_or_else(|e| panic!("{e}")))
-                    .collect()
-            }
+            "--pure-bf16" => args.pure_bf16 = true,
+            "--kernels" => args.kernels = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "--linear-gemm" => {
-                args.linear_gemm = match value().as_str() {
+                args.linear_gemm = match value()?.as_str() {
                     "wgmma" => Gemm::Wgmma,
                     "burn" => Gemm::Burn,
-                    other => panic!("--linear-gemm {other}: expected wgmma or burn"),
+                    other => return Err(format!("--linear-gemm {other}: expected wgmma or burn")),
                 }
             }
-            "--steps" => args.steps = value().parse().expect("--steps N"),
-            "--warmup" => args.warmup = value().parse().expect("--warmup N"),
-            other => panic!("unknown flag {other}"),
+            "--steps" => args.steps = number(&flag, value()?)?,
+            "--warmup" => args.warmup = number(&flag, value()?)?,
+            other => return Err(format!("unknown flag {other}")),
         }
     }
-    args
+    if args.tp == 0 || args.dp == 0 || args.steps == 0 {
+        return Err("--tp, --dp and --steps must be at least 1".into());
+    }
+    if args.pure_bf16 && args.dp > 1 {
+        return Err("--pure-bf16 updates the parameters with Burn's optimizer interface, which averages no gradients: use --dp 1".into());
+    }
+    Ok(args)
 }
 
 fn main() {
-    let args = parse();
+    let args = parse().unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(2);
+    });
     if args.gemm {
         gemm::run(&Device::cuda(0), 10, &args.kernels);
         return;
     }
     let recipe = preset(&args.preset).unwrap_or_else(|e| panic!("{e}"));
     let (seq, batch) = (recipe.seq_len, recipe.batch_size);
-    let dims = ParallelDims::tp_dp(args.tp, 1);
-    let shape = recipe.model.clone();
-    let tensor = if args.sp {
-        TensorParallel::SequenceParallel
-    } else {
-        TensorParallel::Plain
-    };
+    let dims = ParallelDims::tp_dp(args.tp, args.dp);
+    let tensor = if args.sp { TensorParallel::SequenceParallel } else { TensorParallel::Plain };
     let plan = ParallelPlan::new(dims).with_tensor(tensor);
-    // bf16 parameters updated in bf16 by the fused AdamW (no fp32 master weights).
-    let policy = PrecisionPolicy::pure_bf16().with_gemm(args.linear_gemm);
-    let config = policy.apply(plan.apply(recipe.model, args.tp, seq).unwrap_or_else(|e| panic!("{e}")));
-    let init = policy.init(0, InitMode::PerShard);
+    let policy = match args.pure_bf16 {
+        true => PrecisionPolicy::pure_bf16(),
+        false => PrecisionPolicy::bf16(),
+    }
+    .with_gemm(args.linear_gemm);
+    let shape = recipe.model.clone();
+    let config = policy.apply(plan.apply(recipe.model, dims.world_size(), seq).unwrap_or_else(|e| panic!("{e}")));
+    let vocab = shape.embedding.vocab_size;
     let results = launch(dims, Device::cuda, |ctx| {
         let device = ctx.device.clone().autodiff();
-        let mut model = config.init(&device, &ctx.groups, &init).expect("init");
-        // PyTorch's AdamW settings either way; `--burn-adamw` measures Burn's own kernels.
-        let mut optim = match args.burn_adamw {
-            true => AdamWConfig::new().with_epsilon(1e-8).with_weight_decay(0.01).init(),
-            false => FusedAdamWConfig::new().init(),
-        };
-        let n = batch * (seq + 1);
-        let ids: Vec<i64> = (0..n as u64).map(|i| (i.wrapping_mul(2654435761) % shape.embedding.vocab_size as u64) as i64).collect();
+        let model = config.init(&device, &ctx.groups, &policy.init(0, InitMode::PerShard)).expect("init");
+        // Each data-parallel rank its own batch; the tensor-parallel ranks of one share it.
+        let ids = random_ids(batch * (seq + 1), vocab, 1 + ctx.groups.dp.group_rank() as u64);
         let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, seq + 1]), &device);
-        let (inputs, targets) = (all.clone().narrow(1, 0, seq), all.narrow(1, 1, seq));
-        let mut step = |model: burn_megatron::models::llama::Llama| {
-            let loss = model.forward_loss(inputs.clone(), targets.clone()).expect("forward");
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
-            (optim.step(1e-4, model, grads), loss)
-        };
-        for i in 0..args.warmup {
-            let start = Instant::now();
-            let (next, loss) = step(model);
-            model = next;
-            let loss = loss.into_scalar::<f32>();
-            if ctx.global_rank == 0 {
-                eprintln!("warmup {i}: {:.1} s, loss {loss}", start.elapsed().as_secs_f64());
-            }
-        }
-        ctx.device.sync().expect("sync");
-        let start = Instant::now();
-        let mut last = 0.0;
-        for _ in 0..args.steps {
-            let (next, loss) = step(model);
-            model = next;
-            last = loss.into_scalar::<f32>();
-        }
-        ctx.device.sync().expect("sync");
-        let step_s = start.elapsed().as_secs_f64() / args.steps as f64;
-        if args.profile {
-            let (mut forward, mut backward, mut optimizer) = (0.0, 0.0, 0.0);
-            let sync = || ctx.device.sync().expect("sync");
-            for _ in 0..args.steps {
-                let t = Instant::now();
-                let loss = model.forward_loss(inputs.clone(), targets.clone()).expect("forward");
-                sync();
-                forward += t.elapsed().as_secs_f64();
-                let t = Instant::now();
-                let grads = GradientsParams::from_grads(loss.backward(), &model);
-                sync();
-                backward += t.elapsed().as_secs_f64();
-                let t = Instant::now();
-                model = optim.step(1e-4, model, grads);
-                sync();
-                optimizer += t.elapsed().as_secs_f64();
-            }
-            let ms = |s: f64| s * 1e3 / args.steps as f64;
-            if ctx.global_rank == 0 {
-                println!(
-                    "PROFILE {{\"preset\": \"{}\", \"tp\": {}, \"forward_ms\": {:.1}, \"backward_ms\": {:.1}, \"optimizer_ms\": {:.1}}}",
-                    args.preset, args.tp, ms(forward), ms(backward), ms(optimizer)
-                );
-            }
-        }
-        (step_s, last)
+        let batch = (all.clone().narrow(1, 0, seq), all.narrow(1, 1, seq));
+        timing::run(&ctx, model, batch, policy, args.warmup, args.steps, args.profile)
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    let (step_s, loss) = results[0];
-    let (h, l, f, v) = (
-        shape.attention.d_model,
-        shape.n_layers,
-        shape.mlp.d_ff,
-        shape.embedding.vocab_size,
-    );
-    let params = (l * (4 * h * h + 3 * h * f) + v * h) as f64;
-    let flops = (batch * seq) as f64 * (6.0 * params + 12.0 * (l * seq * h) as f64);
-    let tflops_per_gpu = flops / step_s / args.tp as f64 / 1e12;
+    let run = &results[0];
+    let gpus = args.tp * args.dp;
+    let (h, l, f) = (shape.attention.d_model, shape.n_layers, shape.mlp.d_ff);
+    let params = (l * (4 * h * h + 3 * h * f) + vocab * h) as f64;
+    let tokens = (batch * args.dp * seq) as f64;
+    let flops = tokens * (6.0 * params + 12.0 * (l * seq * h) as f64);
+    let tflops_per_gpu = flops / run.step_s / gpus as f64 / 1e12;
+    let recipe = match policy.master {
+        MasterWeights::F32 => "bf16-fp32-master",
+        MasterWeights::None => "pure-bf16",
+    };
+    if let Some(profile) = &run.profile {
+        println!("PROFILE {{\"preset\": \"{}\", \"tp\": {}, \"dp\": {}, {profile}}}", args.preset, args.tp, args.dp);
+    }
     println!(
-        "RESULT {{\"peer\": \"burn-megatron\", \"preset\": \"{}\", \"batch\": {batch}, \"seq\": {seq}, \"tp\": {}, \"gpus\": {}, \"step_ms\": {:.1}, \"tokens_per_s\": {:.0}, \"tflops_per_gpu\": {:.1}, \"mfu\": {:.3}, \"peak_mem_gib\": null, \"loss\": {loss:.4}}}",
+        "RESULT {{\"peer\": \"burn-megatron\", \"recipe\": \"{recipe}\", \"preset\": \"{}\", \"batch\": {}, \"seq\": {seq}, \"tp\": {}, \"dp\": {}, \"gpus\": {gpus}, \"step_ms\": {:.1}, \"tokens_per_s\": {:.0}, \"tflops_per_gpu\": {:.1}, \"mfu\": {:.3}, \"peak_mem_gib\": null, \"loss\": {:.4}}}",
         args.preset,
+        batch * args.dp,
         args.tp,
-        args.tp,
-        step_s * 1e3,
-        (batch * seq) as f64 / step_s,
+        args.dp,
+        run.step_s * 1e3,
+        tokens / run.step_s,
         tflops_per_gpu,
         tflops_per_gpu / 989.4,
+        run.loss,
     );
+}
+
+/// `n` token ids drawn uniformly from `0..vocab` by a seeded SplitMix64 stream.
+fn random_ids(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) % vocab as u64) as i64
+        })
+        .collect()
 }

@@ -67,3 +67,34 @@ impl TensorParallelLayer for VocabParallelOutput<'_> {
         self.output.plan_tensor(tp, sequence)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::Device;
+    use burn_megatron_dist::ProcessGroups;
+
+    use super::*;
+    use crate::init::{InitMode, ParamInit};
+    use crate::models::llama::recipes;
+    use crate::params::param_infos;
+
+    /// Whether `pattern` (`layers.*.mlp`: `*` any one path segment) names the layer that owns
+    /// the parameter at `path`.
+    fn owns(pattern: &str, path: &str) -> bool {
+        let (pattern, path): (Vec<_>, Vec<_>) = (pattern.split('.').collect(), path.split('.').collect());
+        pattern.len() < path.len() && pattern.iter().zip(&path).all(|(p, s)| *p == "*" || p == s)
+    }
+
+    /// The layer table covers the model: every parameter of an initialized Llama belongs to a
+    /// layer the table names, so a layer added to the model and not to its plan fails here.
+    #[test]
+    fn the_layer_table_names_every_parameter() {
+        let mut config = recipes::tiny().model;
+        let names: Vec<&str> = config.tensor_layers().into_iter().flat_map(|(name, _)| name.split(", ")).collect();
+        let model = config.init(&Device::flex(), &ProcessGroups::single(), &ParamInit::new(0, InitMode::Full)).unwrap();
+        for info in param_infos(&model) {
+            assert!(names.iter().any(|name| owns(name, &info.path)), "{} is in no layer of the plan: {names:?}", info.path);
+        }
+        assert!(!owns("layers.*.mlp", "layers.0.attention.wq.weight"));
+    }
+}

@@ -1,0 +1,163 @@
+//! `bench`'s timed steps: the recipe's optimizer, warm-up, the timed loop and the profile.
+
+use std::time::Instant;
+
+use burn::optim::{GradientsParams, ModuleOptimizer};
+use burn::tensor::{Int, Tensor};
+use burn_megatron::models::llama::Llama;
+use burn_megatron::optim::{DistributedAdamW, DistributedAdamWConfig, FusedAdamWConfig, Overlap};
+use burn_megatron::precision::{MasterWeights, PrecisionPolicy};
+use burn_megatron_dist::RankContext;
+
+/// The peers' learning rate (../shared/BENCHMARKS.md).
+const LR: f64 = 1e-4;
+
+/// What one rank measured.
+pub struct Run {
+    /// Mean seconds a step over the timed steps.
+    pub step_s: f64,
+    /// The last timed step's loss (averaged over the data-parallel ranks).
+    pub loss: f64,
+    /// `"forward_ms": …` fields of the PROFILE line, when asked for.
+    pub profile: Option<String>,
+}
+
+/// The optimizer a precision policy's master weights call for.
+enum Optimizer {
+    /// fp32 master weights and moments; gradients averaged over `grad_sync` bucket by bucket
+    /// during backward, waited for at the step.
+    Master(DistributedAdamW),
+    /// The parameters updated in their own dtype (fp32 moments): no master weights, one rank.
+    Pure(ModuleOptimizer),
+}
+
+/// One step's pieces, each ended by a device synchronization when `timed`.
+#[derive(Default)]
+struct Pieces {
+    forward: f64,
+    backward: f64,
+    reduce_wait: f64,
+    optimizer: f64,
+}
+
+struct Trainer<'a> {
+    ctx: &'a RankContext,
+    optimizer: Optimizer,
+    ids: Tensor<2, Int>,
+    targets: Tensor<2, Int>,
+}
+
+impl Trainer<'_> {
+    /// One training step; with `timed`, each piece synchronized and added to `pieces`.
+    fn step(&mut self, model: Llama, pieces: Option<&mut Pieces>) -> (Llama, Tensor<1>) {
+        let ctx = self.ctx;
+        let sync = || ctx.device.sync().expect("sync");
+        let mut clock = Instant::now();
+        let mut lap = |pieces: &mut Option<&mut Pieces>, field: fn(&mut Pieces) -> &mut f64| {
+            if let Some(p) = pieces.as_deref_mut() {
+                sync();
+                *field(p) += clock.elapsed().as_secs_f64();
+                clock = Instant::now();
+            }
+        };
+        let mut pieces = pieces;
+        match &mut self.optimizer {
+            Optimizer::Master(optim) => {
+                let group = ctx.groups.grad_sync();
+                let overlap = Overlap::new(optim.reducer(&model));
+                let tapped = overlap.tap(model.clone(), group);
+                let loss = tapped.forward_loss(self.ids.clone(), self.targets.clone()).expect("forward");
+                lap(&mut pieces, |p| &mut p.forward);
+                let reported = group.all_reduce(loss.clone().detach(), burn_megatron_dist::ReduceOp::Avg).expect("loss");
+                drop(loss.backward());
+                lap(&mut pieces, |p| &mut p.backward);
+                let reduced = overlap.finish(&ctx.device, burn::tensor::DType::BF16).expect("reduction");
+                lap(&mut pieces, |p| &mut p.reduce_wait);
+                let model = optim.step_reduced(LR, model, reduced).expect("step").0;
+                lap(&mut pieces, |p| &mut p.optimizer);
+                (model, reported)
+            }
+            Optimizer::Pure(optim) => {
+                let loss = model.forward_loss(self.ids.clone(), self.targets.clone()).expect("forward");
+                lap(&mut pieces, |p| &mut p.forward);
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                lap(&mut pieces, |p| &mut p.backward);
+                let model = optim.step(LR, model, grads);
+                lap(&mut pieces, |p| &mut p.optimizer);
+                (model, loss.detach())
+            }
+        }
+    }
+
+    /// The data-parallel reduction of one step's gradients on its own (no backward to hide
+    /// behind), synchronized: what `reduce_wait` would be with no overlap at all.
+    fn reduction_alone(&mut self, model: &Llama) -> f64 {
+        let Optimizer::Master(optim) = &self.optimizer else { return 0.0 };
+        let loss = model.forward_loss(self.ids.clone(), self.targets.clone()).expect("forward");
+        let grads = burn_megatron::params::take_grads(model, GradientsParams::from_grads(loss.backward(), model));
+        let mut reducer = optim.reducer(model);
+        self.ctx.device.sync().expect("sync");
+        let start = Instant::now();
+        for (index, grad) in grads.into_iter().enumerate().rev() {
+            reducer.add(index, grad.expect("every parameter has a gradient")).expect("reduce");
+        }
+        let reduced = reducer.finish(&self.ctx.device, burn::tensor::DType::BF16).expect("reduce");
+        self.ctx.device.sync().expect("sync");
+        drop(reduced);
+        start.elapsed().as_secs_f64()
+    }
+}
+
+/// Warm-up, timed steps and (with `profile`) the synchronized pieces of as many more steps.
+pub fn run(
+    ctx: &RankContext,
+    mut model: Llama,
+    (ids, targets): (Tensor<2, Int>, Tensor<2, Int>),
+    policy: PrecisionPolicy,
+    warmup: usize,
+    steps: usize,
+    profile: bool,
+) -> Run {
+    let optimizer = match policy.master {
+        MasterWeights::F32 => Optimizer::Master(DistributedAdamWConfig::new().init(&ctx.groups)),
+        MasterWeights::None => Optimizer::Pure(FusedAdamWConfig::new().init()),
+    };
+    let mut trainer = Trainer { ctx, optimizer, ids, targets };
+    for i in 0..warmup {
+        let start = Instant::now();
+        let (next, loss) = trainer.step(model, None);
+        model = next;
+        let loss = loss.into_scalar::<f32>();
+        if ctx.global_rank == 0 {
+            eprintln!("warmup {i}: {:.1} s, loss {loss}", start.elapsed().as_secs_f64());
+        }
+    }
+    ctx.device.sync().expect("sync");
+    let start = Instant::now();
+    let mut loss = 0.0;
+    for _ in 0..steps {
+        let (next, step_loss) = trainer.step(model, None);
+        model = next;
+        loss = step_loss.into_scalar::<f64>();
+    }
+    ctx.device.sync().expect("sync");
+    let step_s = start.elapsed().as_secs_f64() / steps as f64;
+    let profile = profile.then(|| {
+        let mut pieces = Pieces::default();
+        for _ in 0..steps {
+            model = trainer.step(model.clone(), Some(&mut pieces)).0;
+        }
+        let alone = trainer.reduction_alone(&model);
+        let ms = |s: f64| s * 1e3 / steps as f64;
+        let hidden = if alone > 0.0 { 1.0 - (ms(pieces.reduce_wait) / (alone * 1e3)).min(1.0) } else { 0.0 };
+        format!(
+            "\"forward_ms\": {:.1}, \"backward_ms\": {:.1}, \"reduce_wait_ms\": {:.1}, \"optimizer_ms\": {:.1}, \"reduce_alone_ms\": {:.1}, \"hidden\": {hidden:.2}",
+            ms(pieces.forward),
+            ms(pieces.backward),
+            ms(pieces.reduce_wait),
+            ms(pieces.optimizer),
+            alone * 1e3
+        )
+    });
+    Run { step_s, loss, profile }
+}
