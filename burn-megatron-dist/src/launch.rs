@@ -2,11 +2,13 @@
 //! one rank when a launcher such as torchrun or SLURM set `RANK` and `WORLD_SIZE`.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::time::Duration;
 
 use burn::tensor::Device;
 
 use crate::comm::in_process::{DEFAULT_TIMEOUT, InProcessWorld};
+use crate::comm::{Payload, ProcessGroup, Transport};
 use crate::error::LaunchError;
 use crate::groups::ProcessGroups;
 use crate::mesh::ParallelDims;
@@ -60,7 +62,8 @@ pub fn launch_with<T: Send>(
     launch_threads(dims, options, device_of, body)
 }
 
-/// Every rank a thread of this process, joined through the in-process transport.
+/// Every rank a thread of this process. A rank on a CUDA device (in a `cuda` build) joins its
+/// groups through NCCL, the others through the in-process transport (`thread_transport`).
 pub fn launch_threads<T: Send>(
     dims: ParallelDims,
     options: LaunchOptions,
@@ -75,11 +78,12 @@ pub fn launch_threads<T: Send>(
             .map(|global_rank| {
                 let (world, body, device_of) = (&world, &body, &device_of);
                 scope.spawn(move || {
+                    let device = device_of(global_rank);
                     let groups = ProcessGroups::build(dims, global_rank, |axis, members| {
-                        world.group(axis, members, global_rank)
+                        let transport = thread_transport(world, axis, &members, global_rank, &device);
+                        ProcessGroup::new(transport, members)
                     });
-                    let context =
-                        RankContext { global_rank, local_rank: global_rank, groups, device: device_of(global_rank) };
+                    let context = RankContext { global_rank, local_rank: global_rank, groups, device };
                     catch_unwind(AssertUnwindSafe(|| body(context))).map_err(|panic| {
                         let message = panic_message(panic);
                         world.abort(global_rank, message.clone());
@@ -108,6 +112,36 @@ pub fn launch_threads<T: Send>(
             None => Ok(out),
         },
     }
+}
+
+/// The transport of a rank thread on `device` for one of its groups: NCCL for a CUDA device,
+/// made at the group's first collective if its ranks each have a GPU of their own (the
+/// rendezvous carries the data of ranks that share one); the rendezvous alone otherwise.
+#[cfg(feature = "cuda")]
+fn thread_transport(
+    world: &InProcessWorld,
+    axis: &str,
+    members: &[usize],
+    global_rank: usize,
+    device: &Device,
+) -> Arc<dyn Transport> {
+    use crate::comm::nccl::{NcclThreadsTransport, cuda_index};
+    match cuda_index(device) {
+        Some(_) => Arc::new(NcclThreadsTransport::new(world, axis, members, global_rank)),
+        None => Arc::new(world.transport(axis, members, global_rank, Payload::to_device)),
+    }
+}
+
+/// The transport of a rank thread for one of its groups: the rendezvous, without NCCL.
+#[cfg(not(feature = "cuda"))]
+fn thread_transport(
+    world: &InProcessWorld,
+    axis: &str,
+    members: &[usize],
+    global_rank: usize,
+    _device: &Device,
+) -> Arc<dyn Transport> {
+    Arc::new(world.transport(axis, members, global_rank, Payload::to_device))
 }
 
 #[cfg(feature = "cuda")]

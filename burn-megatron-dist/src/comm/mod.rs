@@ -3,7 +3,9 @@
 //! [`ProcessGroup`] is what layers and users hold. It takes tensors of any rank and kind,
 //! checks that every rank of the group makes the same call (shape, dtype, arguments), reshapes
 //! to the transport's rank-3 view and back, and keeps the group's call counter. A [`Transport`]
-//! only moves data: the in-process one between threads, the NCCL one between processes or GPUs.
+//! only moves data: the in-process one between threads, through a rendezvous; with the `cuda`
+//! feature, NCCL between processes (`NcclTransport`) or between threads on GPUs of their own
+//! (`NcclThreadsTransport`).
 
 mod check;
 pub mod in_process;

@@ -5,21 +5,20 @@
 //! runs it on the CPU. Results are reduced in group-rank order, so every rank gets the same
 //! bits.
 //!
-//! When every rank of a group drives a GPU of its own, the data goes through NCCL instead
-//! ([`nccl`]), ordered on the GPU; the rendezvous then only carries the agreement checks and
-//! the shapes of point-to-point messages.
+//! Ranks that drive GPUs use the NCCL-threads transport instead (`comm::nccl::threads`, in
+//! `cuda` builds), which is built on this one: it keeps the rendezvous for the agreement checks,
+//! the meeting that makes its communicator, the shapes of point-to-point messages, and the data
+//! of a group whose ranks share a GPU. [`InProcessWorld::transport`] and the `pub` methods of
+//! [`InProcessTransport`] are what it uses.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Collective, Payload, ProcessGroup, ReduceOp, Ticket, Transport};
-#[cfg(feature = "cuda")]
-use crate::comm::nccl::Wait;
+use burn::tensor::Device;
 
-#[cfg(feature = "cuda")]
-mod nccl;
+use super::{Collective, Payload, ProcessGroup, ReduceOp, Transport};
 use crate::error::CommError;
 
 /// How long a rank waits for its peers before it gives up, unless told otherwise. Comfortably
@@ -28,6 +27,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// How often a waiting rank looks for an aborted world.
 const POLL: Duration = Duration::from_millis(20);
+
+/// Brings a peer's payload to this rank's device; called only when the two devices differ.
+/// The plain transport copies ([`Payload::to_device`]); the NCCL-threads transport queues
+/// copies between GPUs one at a time.
+pub type DeviceCopy = fn(Payload, &Device) -> Payload;
 
 /// The ranks of one process and the groups among them.
 #[derive(Clone, Debug)]
@@ -64,6 +68,13 @@ impl InProcessWorld {
     /// This rank's handle on the group `members` (global ranks in group-rank order). Every
     /// member calls this with the same `axis` and `members` to join the same group.
     pub fn group(&self, axis: &str, members: Vec<usize>, global_rank: usize) -> ProcessGroup {
+        let transport = self.transport(axis, &members, global_rank, Payload::to_device);
+        ProcessGroup::new(Arc::new(transport), members)
+    }
+
+    /// [`group`](Self::group)'s transport alone, its payloads brought to this rank's device by
+    /// `copy`: for a transport built on the rendezvous.
+    pub fn transport(&self, axis: &str, members: &[usize], global_rank: usize, copy: DeviceCopy) -> InProcessTransport {
         let group_rank = members
             .iter()
             .position(|&r| r == global_rank)
@@ -73,7 +84,7 @@ impl InProcessWorld {
             .groups
             .lock()
             .expect("group registry")
-            .entry((axis.to_string(), members.clone()))
+            .entry((axis.to_string(), members.to_vec()))
             .or_insert_with(|| {
                 Arc::new(Shared {
                     label: format!("{axis}{members:?}"),
@@ -84,14 +95,7 @@ impl InProcessWorld {
                 })
             })
             .clone();
-        let transport = InProcessTransport {
-            shared,
-            group_rank,
-            data_seq: AtomicU64::new(0),
-            #[cfg(feature = "cuda")]
-            nccl: Default::default(),
-        };
-        ProcessGroup::new(Arc::new(transport), members)
+        InProcessTransport { shared, group_rank, data_seq: AtomicU64::new(0), copy }
     }
 
     /// Marks the world as broken because `global_rank` died: every rank waiting in a collective
@@ -149,12 +153,57 @@ pub struct InProcessTransport {
     shared: Arc<Shared>,
     group_rank: usize,
     data_seq: AtomicU64,
-    /// NCCL, once the group's first collective on CUDA found every rank on a GPU of its own.
-    #[cfg(feature = "cuda")]
-    nccl: std::sync::OnceLock<Option<crate::comm::nccl::NcclComm>>,
+    /// Brings peers' payloads to this rank's device.
+    copy: DeviceCopy,
 }
 
 impl InProcessTransport {
+    /// How long this rank waits for its peers.
+    pub fn timeout(&self) -> Duration {
+        self.shared.world.timeout
+    }
+
+    /// Exchanges a small host-side record with every rank of the group, in the order of the
+    /// data calls: it takes the turn of one, so every rank makes it at the same point of its
+    /// calls. Returns every rank's record, in group-rank order.
+    pub fn share(&self, collective: Collective, record: Vec<u8>) -> Result<Vec<Vec<u8>>, CommError> {
+        Ok(self.meet_data(collective, Value::Bytes(record))?.into_iter().map(bytes).collect())
+    }
+
+    /// Waits for the message `seq` from group rank `peer` and checks that it is shaped like
+    /// `like`: another shape or dtype is [`CommError::Mismatch`]. The payload stays on the
+    /// sender's device.
+    pub fn take_mail(&self, like: &Payload, peer: usize, seq: u64) -> Result<Payload, CommError> {
+        let collective = Collective::Recv;
+        let key = (peer, self.group_rank, seq);
+        let deadline = Instant::now() + self.shared.world.timeout;
+        let mut rounds = self.shared.lock();
+        loop {
+            if let Some(x) = rounds.mail.remove(&key) {
+                if x.dims() != like.dims() || x.dtype() != like.dtype() || x.is_float() != like.is_float() {
+                    let detail = format!(
+                        "group rank {peer} sent {:?} {:?} but this rank expects {:?} {:?}",
+                        x.dtype(),
+                        x.dims(),
+                        like.dtype(),
+                        like.dims()
+                    );
+                    return Err(CommError::Mismatch { group: self.shared.label.clone(), collective: collective.name(), seq, detail });
+                }
+                return Ok(x);
+            }
+            rounds = self.wait(rounds, collective, seq, deadline, vec![peer])?;
+        }
+    }
+
+    /// Brings a payload to this rank's `device` (as it is, if it is there already).
+    pub fn move_to(&self, x: Payload, device: &Device) -> Payload {
+        match &x.device() == device {
+            true => x,
+            false => (self.copy)(x, device),
+        }
+    }
+
     /// Leaves `value` at the rendezvous and waits for every other rank's.
     fn meet(&self, collective: Collective, kind: RoundKind, seq: u64, value: Value) -> Result<Vec<Value>, CommError> {
         let shared = &self.shared;
@@ -222,7 +271,7 @@ impl InProcessTransport {
     fn gather_here(&self, collective: Collective, x: Payload) -> Result<Vec<Payload>, CommError> {
         let device = x.device();
         let values = self.meet_data(collective, Value::One(Box::new(x)))?;
-        Ok(values.into_iter().map(|v| move_to(one(v), &device)).collect())
+        Ok(values.into_iter().map(|v| self.move_to(one(v), &device)).collect())
     }
 }
 
@@ -232,29 +281,17 @@ impl Shared {
     }
 }
 
-/// Moves a payload to `device`.
-///
-/// Between two CUDA devices this is an NCCL send on one and a receive on the other, each
-/// queued on its device's communication stream. Two transfers in opposite directions queued in
-/// different orders on the two devices would wait for each other forever, so transfers between
-/// CUDA devices are queued one at a time, process-wide: every device sees them in one order.
-fn move_to(x: Payload, device: &burn::tensor::Device) -> Payload {
-    if &x.device() == device {
-        return x;
-    }
-    #[cfg(feature = "cuda")]
-    if crate::comm::nccl::cuda_index(device).is_some() && crate::comm::nccl::cuda_index(&x.device()).is_some() {
-        static QUEUE: Mutex<()> = Mutex::new(());
-        let _queued = QUEUE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        return x.to_device(device);
-    }
-    x.to_device(device)
-}
-
 fn one(value: Value) -> Payload {
     match value {
         Value::One(p) => *p,
         other => panic!("expected one payload, got {other:?}"),
+    }
+}
+
+fn bytes(value: Value) -> Vec<u8> {
+    match value {
+        Value::Bytes(b) => b,
+        other => panic!("expected a record, got {other:?}"),
     }
 }
 
@@ -287,138 +324,54 @@ impl Transport for InProcessTransport {
 
     fn exchange(&self, collective: Collective, seq: u64, record: Vec<u8>) -> Result<Vec<Vec<u8>>, CommError> {
         let values = self.meet(collective, RoundKind::Check, seq, Value::Bytes(record))?;
-        Ok(values
-            .into_iter()
-            .map(|v| match v {
-                Value::Bytes(b) => b,
-                other => panic!("expected a record, got {other:?}"),
-            })
-            .collect())
+        Ok(values.into_iter().map(bytes).collect())
     }
 
     fn all_reduce(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
-        let (out, ticket) = self.all_reduce_deferred(x, op)?;
-        self.wait_for(ticket)?;
-        Ok(out)
-    }
-
-    fn all_reduce_deferred(&self, x: Payload, op: ReduceOp) -> Result<(Payload, Ticket), CommError> {
-        #[cfg(feature = "cuda")]
-        if let Some(nccl) = self.nccl(Collective::AllReduce, &x)? {
-            return nccl.all_reduce(x, op, Wait::Later);
-        }
-        Ok((reduce(self.gather_here(Collective::AllReduce, x)?, op), Ticket::DONE))
-    }
-
-    fn wait_for(&self, ticket: Ticket) -> Result<(), CommError> {
-        #[cfg(feature = "cuda")]
-        if let Some(Some(nccl)) = self.nccl.get() {
-            return nccl.wait_for(ticket);
-        }
-        debug_assert_eq!(ticket, Ticket::DONE, "only NCCL defers");
-        Ok(())
+        Ok(reduce(self.gather_here(Collective::AllReduce, x)?, op))
     }
 
     fn all_gather(&self, x: Payload) -> Result<Payload, CommError> {
-        #[cfg(feature = "cuda")]
-        if let Some(nccl) = self.nccl(Collective::AllGather, &x)? {
-            return nccl.all_gather(x);
-        }
         Ok(Payload::cat(self.gather_here(Collective::AllGather, x)?))
     }
 
     fn reduce_scatter(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
-        let (out, ticket) = self.reduce_scatter_deferred(x, op)?;
-        self.wait_for(ticket)?;
-        Ok(out)
-    }
-
-    fn reduce_scatter_deferred(&self, x: Payload, op: ReduceOp) -> Result<(Payload, Ticket), CommError> {
-        #[cfg(feature = "cuda")]
-        if let Some(nccl) = self.nccl(Collective::ReduceScatter, &x)? {
-            return nccl.reduce_scatter(x, op, Wait::Later);
-        }
         let part = x.dims()[1] / self.shared.size;
         let mine = self.group_rank * part..(self.group_rank + 1) * part;
         let device = x.device();
         // Only this rank's slice of each peer's tensor travels.
         let values = self.meet_data(Collective::ReduceScatter, Value::One(Box::new(x)))?;
-        let parts = values.into_iter().map(|v| move_to(one(v).narrow(mine.clone()), &device)).collect();
-        Ok((reduce(parts, op), Ticket::DONE))
+        let parts = values.into_iter().map(|v| self.move_to(one(v).narrow(mine.clone()), &device)).collect();
+        Ok(reduce(parts, op))
     }
 
-    fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
-        #[cfg(feature = "cuda")]
-        if let Some(nccl) = self.nccl(Collective::AllToAll, &chunks[0])? {
-            return nccl.all_to_all(chunks, recv_dims);
-        }
-        let _ = recv_dims;
+    fn all_to_all(&self, chunks: Vec<Payload>, _recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
         let device = chunks[0].device();
         let values = self.meet_data(Collective::AllToAll, Value::Many(chunks))?;
         Ok(values
             .into_iter()
             .map(|v| match v {
-                Value::Many(mut chunks) => move_to(chunks.swap_remove(self.group_rank), &device),
+                Value::Many(mut chunks) => self.move_to(chunks.swap_remove(self.group_rank), &device),
                 other => panic!("expected chunks, got {other:?}"),
             })
             .collect())
     }
 
     fn broadcast(&self, x: Payload, root: usize) -> Result<Payload, CommError> {
-        #[cfg(feature = "cuda")]
-        if let Some(nccl) = self.nccl(Collective::Broadcast, &x)? {
-            return nccl.broadcast(x, root);
-        }
         let mut parts = self.gather_here(Collective::Broadcast, x)?;
         Ok(parts.swap_remove(root))
     }
 
-    /// The payload goes by mail; under NCCL the mail only carries its shape, for the receiver's
-    /// check, and the data goes with this rank's next call on the group.
+    /// The payload goes by mail.
     fn send(&self, x: Payload, peer: usize, seq: u64) -> Result<(), CommError> {
-        #[cfg(feature = "cuda")]
-        if let Some(nccl) = self.nccl_if_joined(&x) {
-            nccl.send(x.clone(), peer)?;
-        }
         let mut rounds = self.shared.lock();
         rounds.mail.insert((self.group_rank, peer, seq), x);
         self.shared.arrived.notify_all();
         Ok(())
     }
 
-    fn flush(&self) -> Result<(), CommError> {
-        #[cfg(feature = "cuda")]
-        if let Some(Some(nccl)) = self.nccl.get() {
-            return nccl.flush();
-        }
-        Ok(())
-    }
-
     fn recv(&self, like: Payload, peer: usize, seq: u64) -> Result<Payload, CommError> {
-        let collective = Collective::Recv;
-        let key = (peer, self.group_rank, seq);
-        let deadline = Instant::now() + self.shared.world.timeout;
-        let mut rounds = self.shared.lock();
-        loop {
-            if let Some(x) = rounds.mail.remove(&key) {
-                if x.dims() != like.dims() || x.dtype() != like.dtype() || x.is_float() != like.is_float() {
-                    let detail = format!(
-                        "group rank {peer} sent {:?} {:?} but this rank expects {:?} {:?}",
-                        x.dtype(),
-                        x.dims(),
-                        like.dtype(),
-                        like.dims()
-                    );
-                    return Err(CommError::Mismatch { group: self.shared.label.clone(), collective: collective.name(), seq, detail });
-                }
-                #[cfg(feature = "cuda")]
-                if let Some(nccl) = self.nccl_if_joined(&like) {
-                    drop(rounds);
-                    return nccl.recv(like, peer);
-                }
-                return Ok(move_to(x, &like.device()));
-            }
-            rounds = self.wait(rounds, collective, seq, deadline, vec![peer])?;
-        }
+        let x = self.take_mail(&like, peer, seq)?;
+        Ok(self.move_to(x, &like.device()))
     }
 }

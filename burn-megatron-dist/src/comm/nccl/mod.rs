@@ -1,8 +1,8 @@
 //! NCCL on CUDA devices, for both ways of running ranks: one process a GPU
 //! ([`NcclTransport`], started by torchrun, SLURM or any launcher that sets `RANK`,
 //! `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT`; it works across nodes), and
-//! ranks as threads of one process, one GPU each (the [in-process
-//! transport](super::in_process)).
+//! ranks as threads of one process, one GPU each ([`NcclThreadsTransport`], on the in-process
+//! rendezvous).
 //!
 //! [`NcclComm`] is one rank's communicator for one group. Its collectives run on a stream of
 //! its own, ordered against CubeCL's compute stream on the GPU ([`order`]): nothing on the host
@@ -29,9 +29,11 @@ mod collectives;
 mod flights;
 mod order;
 mod process;
+mod threads;
 mod transport;
 
 pub use process::ProcessRank;
+pub use threads::NcclThreadsTransport;
 pub use transport::NcclTransport;
 
 use flights::Flights;
