@@ -9,10 +9,12 @@ use crate::mesh::ParallelDims;
 pub enum MeshError {
     #[error("parallel axis {axis} has size 0; every axis needs at least one rank")]
     ZeroSize { axis: &'static str },
-    #[error(
-        "layout {dims:?} needs tp·cp·dp·pp = {product} ranks, but the world has {world_size}"
-    )]
-    WorldSizeMismatch { dims: ParallelDims, product: usize, world_size: usize },
+    #[error("layout {dims:?} needs tp·cp·dp·pp = {product} ranks, but the world has {world_size}")]
+    WorldSizeMismatch {
+        dims: ParallelDims,
+        product: usize,
+        world_size: usize,
+    },
     #[error("ep = {ep} must divide dp·cp = {dp_cp}: expert layers fold ep over the data and context ranks")]
     ExpertsDoNotDivide { ep: usize, dp_cp: usize },
 }
@@ -22,10 +24,13 @@ pub enum MeshError {
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum CommError {
     #[error("{group}: {collective} #{seq}: ranks disagree: {detail}")]
-    Mismatch { group: String, collective: &'static str, seq: u64, detail: String },
-    #[error(
-        "{group}: {collective} #{seq} timed out after {timeout:?}: group ranks {missing:?} never arrived"
-    )]
+    Mismatch {
+        group: String,
+        collective: &'static str,
+        seq: u64,
+        detail: String,
+    },
+    #[error("{group}: {collective} #{seq} timed out after {timeout:?}: group ranks {missing:?} never arrived")]
     Timeout {
         group: String,
         collective: &'static str,
@@ -34,11 +39,24 @@ pub enum CommError {
         missing: Vec<usize>,
     },
     #[error("{group}: {collective}: group rank {rank} is gone: {reason}")]
-    PeerLost { group: String, collective: &'static str, rank: usize, reason: String },
+    PeerLost {
+        group: String,
+        collective: &'static str,
+        rank: usize,
+        reason: String,
+    },
     #[error("{group}: {collective}: invalid call: {detail}")]
-    InvalidArgument { group: String, collective: &'static str, detail: String },
+    InvalidArgument {
+        group: String,
+        collective: &'static str,
+        detail: String,
+    },
     #[error("{group}: {collective}: transport failure: {detail}")]
-    Transport { group: String, collective: &'static str, detail: String },
+    Transport {
+        group: String,
+        collective: &'static str,
+        detail: String,
+    },
 }
 
 /// A launch that cannot start or whose ranks failed.

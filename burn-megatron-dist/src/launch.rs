@@ -32,7 +32,9 @@ pub struct LaunchOptions {
 
 impl Default for LaunchOptions {
     fn default() -> Self {
-        Self { timeout: DEFAULT_TIMEOUT }
+        Self {
+            timeout: DEFAULT_TIMEOUT,
+        }
     }
 }
 
@@ -83,7 +85,12 @@ pub fn launch_threads<T: Send>(
                         let transport = thread_transport(world, axis, &members, global_rank, &device);
                         ProcessGroup::new(transport, members)
                     });
-                    let context = RankContext { global_rank, local_rank: global_rank, groups, device };
+                    let context = RankContext {
+                        global_rank,
+                        local_rank: global_rank,
+                        groups,
+                        device,
+                    };
                     catch_unwind(AssertUnwindSafe(|| body(context))).map_err(|panic| {
                         let message = panic_message(panic);
                         world.abort(global_rank, message.clone());
@@ -92,7 +99,10 @@ pub fn launch_threads<T: Send>(
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("rank threads catch their panics")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank threads catch their panics"))
+            .collect()
     });
     let mut out = Vec::with_capacity(world_size);
     let mut failures = Vec::new();
@@ -104,9 +114,7 @@ pub fn launch_threads<T: Send>(
     }
     // The rank that failed first is the cause; the others failed because it was gone.
     match world.first_failure() {
-        Some((global_rank, message)) if !failures.is_empty() => {
-            Err(LaunchError::RankPanicked { global_rank, message })
-        }
+        Some((global_rank, message)) if !failures.is_empty() => Err(LaunchError::RankPanicked { global_rank, message }),
         _ => match failures.into_iter().next() {
             Some(error) => Err(error),
             None => Ok(out),

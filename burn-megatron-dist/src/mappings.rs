@@ -42,13 +42,25 @@ pub enum Step {
     Identity,
     /// All-reduce (sum).
     AllReduce,
-    AllGather { dim: usize },
+    AllGather {
+        dim: usize,
+    },
     /// Reduce-scatter (sum).
-    ReduceScatter { dim: usize },
+    ReduceScatter {
+        dim: usize,
+    },
     /// Keep this rank's slice of `dim`.
-    Split { dim: usize },
-    AllToAll { split_dim: usize, concat_dim: usize },
-    AllToAllUneven { dim: usize, send_splits: Vec<usize> },
+    Split {
+        dim: usize,
+    },
+    AllToAll {
+        split_dim: usize,
+        concat_dim: usize,
+    },
+    AllToAllUneven {
+        dim: usize,
+        send_splits: Vec<usize>,
+    },
     /// Hands the tensor, flattened, to a tap; passes it on unchanged.
     Tap(GradTap),
 }
@@ -98,7 +110,12 @@ struct Outcome {
 
 impl Mapping {
     fn new(group: &ProcessGroup, step: Step, reverse: Step) -> Self {
-        Self { group: group.clone(), step, reverse, outcome: Arc::default() }
+        Self {
+            group: group.clone(),
+            step,
+            reverse,
+            outcome: Arc::default(),
+        }
     }
 
     /// The call its gradient makes: the reverse step, with an uneven all-to-all sending back
@@ -171,7 +188,12 @@ fn apply<const D: usize>(
     Ok((Tensor::from_dispatch(out), recv_splits))
 }
 
-fn apply_tensor<const D: usize>(x: Tensor<D>, group: &ProcessGroup, step: Step, reverse: Step) -> Result<Tensor<D>, CommError> {
+fn apply_tensor<const D: usize>(
+    x: Tensor<D>,
+    group: &ProcessGroup,
+    step: Step,
+    reverse: Step,
+) -> Result<Tensor<D>, CommError> {
     if group.size() == 1 {
         return Ok(x);
     }
@@ -221,7 +243,11 @@ pub fn gather_from_tp<const D: usize>(x: Tensor<D>, tp: &ProcessGroup, dim: usiz
 ///
 /// # Shapes
 /// `[.., tp·n, ..]` → `[.., n, ..]`
-pub fn reduce_scatter_to_sp<const D: usize>(x: Tensor<D>, tp: &ProcessGroup, dim: usize) -> Result<Tensor<D>, CommError> {
+pub fn reduce_scatter_to_sp<const D: usize>(
+    x: Tensor<D>,
+    tp: &ProcessGroup,
+    dim: usize,
+) -> Result<Tensor<D>, CommError> {
     apply_tensor(x, tp, Step::ReduceScatter { dim }, Step::AllGather { dim })
 }
 
@@ -237,7 +263,10 @@ pub fn all_to_all<const D: usize>(
     concat_dim: usize,
 ) -> Result<Tensor<D>, CommError> {
     let step = Step::AllToAll { split_dim, concat_dim };
-    let reverse = Step::AllToAll { split_dim: concat_dim, concat_dim: split_dim };
+    let reverse = Step::AllToAll {
+        split_dim: concat_dim,
+        concat_dim: split_dim,
+    };
     apply_tensor(x, group, step, reverse)
 }
 
@@ -252,7 +281,10 @@ pub fn all_to_all_uneven<const D: usize>(
     dim: usize,
     send_splits: &[usize],
 ) -> Result<(Tensor<D>, Vec<usize>), CommError> {
-    let step = Step::AllToAllUneven { dim, send_splits: send_splits.to_vec() };
+    let step = Step::AllToAllUneven {
+        dim,
+        send_splits: send_splits.to_vec(),
+    };
     apply(x, group, step, Step::Identity)
 }
 
@@ -266,7 +298,11 @@ pub fn tap_grad<const D: usize>(x: Tensor<D>, group: &ProcessGroup, tap: GradTap
 }
 
 /// Runs one step on a rank-`D` tensor through the group's collectives.
-fn run_step<const D: usize>(x: Tensor<D>, group: &ProcessGroup, step: &Step) -> Result<(Tensor<D>, Vec<usize>), CommError> {
+fn run_step<const D: usize>(
+    x: Tensor<D>,
+    group: &ProcessGroup,
+    step: &Step,
+) -> Result<(Tensor<D>, Vec<usize>), CommError> {
     let size = group.size();
     let none = Vec::new;
     match step {

@@ -41,8 +41,16 @@ pub enum Axis {
 
 impl Axis {
     /// Every axis, in a fixed order.
-    pub const ALL: [Axis; 8] =
-        [Axis::Tp, Axis::Cp, Axis::Dp, Axis::Pp, Axis::Ep, Axis::EpDp, Axis::TpCp, Axis::DpCp];
+    pub const ALL: [Axis; 8] = [
+        Axis::Tp,
+        Axis::Cp,
+        Axis::Dp,
+        Axis::Pp,
+        Axis::Ep,
+        Axis::EpDp,
+        Axis::TpCp,
+        Axis::DpCp,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -70,7 +78,13 @@ pub struct Coordinates {
 impl ParallelDims {
     /// A layout of `tp` × `dp` ranks with every other axis of size 1.
     pub fn tp_dp(tp: usize, dp: usize) -> Self {
-        Self { tp, cp: 1, ep: 1, dp, pp: 1 }
+        Self {
+            tp,
+            cp: 1,
+            ep: 1,
+            dp,
+            pp: 1,
+        }
     }
 
     /// One rank: every axis of size 1.
@@ -80,16 +94,29 @@ impl ParallelDims {
 
     /// Checks the layout against the world size.
     pub fn validate(&self, world_size: usize) -> Result<(), MeshError> {
-        let sizes = [("tp", self.tp), ("cp", self.cp), ("ep", self.ep), ("dp", self.dp), ("pp", self.pp)];
+        let sizes = [
+            ("tp", self.tp),
+            ("cp", self.cp),
+            ("ep", self.ep),
+            ("dp", self.dp),
+            ("pp", self.pp),
+        ];
         if let Some((axis, _)) = sizes.iter().find(|(_, size)| *size == 0) {
             return Err(MeshError::ZeroSize { axis });
         }
         let product = self.tp * self.cp * self.dp * self.pp;
         if product != world_size {
-            return Err(MeshError::WorldSizeMismatch { dims: *self, product, world_size });
+            return Err(MeshError::WorldSizeMismatch {
+                dims: *self,
+                product,
+                world_size,
+            });
         }
         if !(self.dp * self.cp).is_multiple_of(self.ep) {
-            return Err(MeshError::ExpertsDoNotDivide { ep: self.ep, dp_cp: self.dp * self.cp });
+            return Err(MeshError::ExpertsDoNotDivide {
+                ep: self.ep,
+                dp_cp: self.dp * self.cp,
+            });
         }
         Ok(())
     }
@@ -143,8 +170,9 @@ impl ParallelDims {
 
     /// Every group of `axis`, each in group-rank order, sorted by their first member.
     pub fn all_groups(&self, axis: Axis) -> Vec<Vec<usize>> {
-        let mut groups: Vec<Vec<usize>> =
-            (0..self.world_size()).map(|rank| self.group_members(axis, rank)).collect();
+        let mut groups: Vec<Vec<usize>> = (0..self.world_size())
+            .map(|rank| self.group_members(axis, rank))
+            .collect();
         groups.sort();
         groups.dedup();
         groups
@@ -154,7 +182,14 @@ impl ParallelDims {
     fn dp_cp_members(&self, me: Coordinates) -> Vec<usize> {
         (0..self.dp)
             .flat_map(|dp| (0..self.cp).map(move |cp| (cp, dp)))
-            .map(|(cp, dp)| self.global_rank(Coordinates { tp: me.tp, cp, dp, pp: me.pp }))
+            .map(|(cp, dp)| {
+                self.global_rank(Coordinates {
+                    tp: me.tp,
+                    cp,
+                    dp,
+                    pp: me.pp,
+                })
+            })
             .collect()
     }
 }
@@ -170,9 +205,18 @@ mod tests {
     #[test]
     fn validation_rejects_bad_layouts() {
         assert_eq!(dims(2, 1, 1, 2, 2).validate(8), Ok(()));
-        assert!(matches!(dims(2, 1, 1, 2, 2).validate(6), Err(MeshError::WorldSizeMismatch { .. })));
-        assert!(matches!(dims(0, 1, 1, 2, 2).validate(0), Err(MeshError::ZeroSize { axis: "tp" })));
-        assert!(matches!(dims(1, 1, 3, 2, 1).validate(2), Err(MeshError::ExpertsDoNotDivide { .. })));
+        assert!(matches!(
+            dims(2, 1, 1, 2, 2).validate(6),
+            Err(MeshError::WorldSizeMismatch { .. })
+        ));
+        assert!(matches!(
+            dims(0, 1, 1, 2, 2).validate(0),
+            Err(MeshError::ZeroSize { axis: "tp" })
+        ));
+        assert!(matches!(
+            dims(1, 1, 3, 2, 1).validate(2),
+            Err(MeshError::ExpertsDoNotDivide { .. })
+        ));
         // ep folds over dp×cp: 4 divides 2×2.
         assert_eq!(dims(1, 2, 4, 2, 1).validate(4), Ok(()));
     }
@@ -183,21 +227,68 @@ mod tests {
         for rank in 0..16 {
             assert_eq!(d.global_rank(d.coordinates(rank)), rank);
         }
-        assert_eq!(d.coordinates(1), Coordinates { tp: 1, cp: 0, dp: 0, pp: 0 });
-        assert_eq!(d.coordinates(2), Coordinates { tp: 0, cp: 1, dp: 0, pp: 0 });
-        assert_eq!(d.coordinates(4), Coordinates { tp: 0, cp: 0, dp: 1, pp: 0 });
-        assert_eq!(d.coordinates(8), Coordinates { tp: 0, cp: 0, dp: 0, pp: 1 });
+        assert_eq!(
+            d.coordinates(1),
+            Coordinates {
+                tp: 1,
+                cp: 0,
+                dp: 0,
+                pp: 0
+            }
+        );
+        assert_eq!(
+            d.coordinates(2),
+            Coordinates {
+                tp: 0,
+                cp: 1,
+                dp: 0,
+                pp: 0
+            }
+        );
+        assert_eq!(
+            d.coordinates(4),
+            Coordinates {
+                tp: 0,
+                cp: 0,
+                dp: 1,
+                pp: 0
+            }
+        );
+        assert_eq!(
+            d.coordinates(8),
+            Coordinates {
+                tp: 0,
+                cp: 0,
+                dp: 0,
+                pp: 1
+            }
+        );
     }
 
     #[test]
     fn groups_of_world_8_tp2_dp2_pp2() {
         let d = dims(2, 1, 1, 2, 2);
-        assert_eq!(d.all_groups(Axis::Tp), vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7]]);
-        assert_eq!(d.all_groups(Axis::Dp), vec![vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]);
-        assert_eq!(d.all_groups(Axis::Pp), vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]);
+        assert_eq!(
+            d.all_groups(Axis::Tp),
+            vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7]]
+        );
+        assert_eq!(
+            d.all_groups(Axis::Dp),
+            vec![vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]
+        );
+        assert_eq!(
+            d.all_groups(Axis::Pp),
+            vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]
+        );
         assert_eq!(d.all_groups(Axis::Cp), (0..8).map(|r| vec![r]).collect::<Vec<_>>());
-        assert_eq!(d.all_groups(Axis::TpCp), vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7]]);
-        assert_eq!(d.all_groups(Axis::DpCp), vec![vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]);
+        assert_eq!(
+            d.all_groups(Axis::TpCp),
+            vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7]]
+        );
+        assert_eq!(
+            d.all_groups(Axis::DpCp),
+            vec![vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]
+        );
     }
 
     #[test]
@@ -205,15 +296,24 @@ mod tests {
         let d = dims(2, 2, 2, 2, 2);
         assert_eq!(d.validate(16), Ok(()));
         assert_eq!(d.group_members(Axis::Tp, 5), vec![4, 5]);
-        assert_eq!(d.all_groups(Axis::Cp)[..4], [vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]);
-        assert_eq!(d.all_groups(Axis::Dp)[..4], [vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]);
+        assert_eq!(
+            d.all_groups(Axis::Cp)[..4],
+            [vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]
+        );
+        assert_eq!(
+            d.all_groups(Axis::Dp)[..4],
+            [vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]
+        );
         assert_eq!(
             d.all_groups(Axis::Pp)[..4],
             [vec![0, 8], vec![1, 9], vec![2, 10], vec![3, 11]]
         );
         assert_eq!(d.group_members(Axis::TpCp, 6), vec![4, 5, 6, 7]);
         assert_eq!(d.all_groups(Axis::DpCp)[..2], [vec![0, 2, 4, 6], vec![1, 3, 5, 7]]);
-        assert_eq!(d.all_groups(Axis::DpCp)[2..], [vec![8, 10, 12, 14], vec![9, 11, 13, 15]]);
+        assert_eq!(
+            d.all_groups(Axis::DpCp)[2..],
+            [vec![8, 10, 12, 14], vec![9, 11, 13, 15]]
+        );
         // ep = 2 over dp×cp = [0, 2, 4, 6]: experts in blocks [0, 2] and [4, 6] ...
         assert_eq!(d.group_members(Axis::Ep, 0), vec![0, 2]);
         assert_eq!(d.group_members(Axis::Ep, 6), vec![4, 6]);

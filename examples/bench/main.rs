@@ -103,7 +103,11 @@ fn main() {
     let recipe = preset(&args.preset).unwrap_or_else(|e| panic!("{e}"));
     let (seq, batch) = (recipe.seq_len, recipe.batch_size);
     let dims = ParallelDims::tp_dp(args.tp, args.dp);
-    let tensor = if args.sp { TensorParallel::SequenceParallel } else { TensorParallel::Plain };
+    let tensor = if args.sp {
+        TensorParallel::SequenceParallel
+    } else {
+        TensorParallel::Plain
+    };
     let plan = ParallelPlan::new(dims).with_tensor(tensor);
     let policy = match args.pure_bf16 {
         true => PrecisionPolicy::pure_bf16(),
@@ -111,11 +115,16 @@ fn main() {
     }
     .with_gemm(args.linear_gemm);
     let shape = recipe.model.clone();
-    let config = policy.apply(plan.apply(recipe.model, dims.world_size(), seq).unwrap_or_else(|e| panic!("{e}")));
+    let config = policy.apply(
+        plan.apply(recipe.model, dims.world_size(), seq)
+            .unwrap_or_else(|e| panic!("{e}")),
+    );
     let vocab = shape.embedding.vocab_size;
     let results = launch(dims, Device::cuda, |ctx| {
         let device = ctx.device.clone().autodiff();
-        let model = config.init(&device, &ctx.groups, &policy.init(0, InitMode::PerShard)).expect("init");
+        let model = config
+            .init(&device, &ctx.groups, &policy.init(0, InitMode::PerShard))
+            .expect("init");
         // Each data-parallel rank its own batch; the tensor-parallel ranks of one share it.
         let ids = random_ids(batch * (seq + 1), vocab, 1 + ctx.groups.dp.group_rank() as u64);
         let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, seq + 1]), &device);
@@ -135,7 +144,10 @@ fn main() {
         MasterWeights::None => "pure-bf16",
     };
     if let Some(profile) = &run.profile {
-        println!("PROFILE {{\"preset\": \"{}\", \"tp\": {}, \"dp\": {}, {profile}}}", args.preset, args.tp, args.dp);
+        println!(
+            "PROFILE {{\"preset\": \"{}\", \"tp\": {}, \"dp\": {}, {profile}}}",
+            args.preset, args.tp, args.dp
+        );
     }
     println!(
         "RESULT {{\"peer\": \"burn-megatron\", \"recipe\": \"{recipe}\", \"preset\": \"{}\", \"batch\": {}, \"seq\": {seq}, \"tp\": {}, \"dp\": {}, \"gpus\": {gpus}, \"step_ms\": {:.1}, \"tokens_per_s\": {:.0}, \"tflops_per_gpu\": {:.1}, \"mfu\": {:.3}, \"peak_mem_gib\": null, \"loss\": {:.4}}}",

@@ -66,19 +66,27 @@ impl Trainer<'_> {
                 let group = ctx.groups.grad_sync();
                 let overlap = Overlap::new(optim.reducer(&model));
                 let tapped = overlap.tap(model.clone(), group);
-                let loss = tapped.forward_loss(self.ids.clone(), self.targets.clone()).expect("forward");
+                let loss = tapped
+                    .forward_loss(self.ids.clone(), self.targets.clone())
+                    .expect("forward");
                 lap(&mut pieces, |p| &mut p.forward);
-                let reported = group.all_reduce(loss.clone().detach(), burn_megatron_dist::ReduceOp::Avg).expect("loss");
+                let reported = group
+                    .all_reduce(loss.clone().detach(), burn_megatron_dist::ReduceOp::Avg)
+                    .expect("loss");
                 drop(loss.backward());
                 lap(&mut pieces, |p| &mut p.backward);
-                let reduced = overlap.finish(&ctx.device, burn::tensor::DType::BF16).expect("reduction");
+                let reduced = overlap
+                    .finish(&ctx.device, burn::tensor::DType::BF16)
+                    .expect("reduction");
                 lap(&mut pieces, |p| &mut p.reduce_wait);
                 let model = optim.step_reduced(LR, model, reduced).expect("step").0;
                 lap(&mut pieces, |p| &mut p.optimizer);
                 (model, reported)
             }
             Optimizer::Pure(optim) => {
-                let loss = model.forward_loss(self.ids.clone(), self.targets.clone()).expect("forward");
+                let loss = model
+                    .forward_loss(self.ids.clone(), self.targets.clone())
+                    .expect("forward");
                 lap(&mut pieces, |p| &mut p.forward);
                 let grads = GradientsParams::from_grads(loss.backward(), &model);
                 lap(&mut pieces, |p| &mut p.backward);
@@ -92,16 +100,24 @@ impl Trainer<'_> {
     /// The data-parallel reduction of one step's gradients on its own (no backward to hide
     /// behind), synchronized: what `reduce_wait` would be with no overlap at all.
     fn reduction_alone(&mut self, model: &Llama) -> f64 {
-        let Optimizer::Master(optim) = &self.optimizer else { return 0.0 };
-        let loss = model.forward_loss(self.ids.clone(), self.targets.clone()).expect("forward");
+        let Optimizer::Master(optim) = &self.optimizer else {
+            return 0.0;
+        };
+        let loss = model
+            .forward_loss(self.ids.clone(), self.targets.clone())
+            .expect("forward");
         let grads = burn_megatron::params::take_grads(model, GradientsParams::from_grads(loss.backward(), model));
         let mut reducer = optim.reducer(model);
         self.ctx.device.sync().expect("sync");
         let start = Instant::now();
         for (index, grad) in grads.into_iter().enumerate().rev() {
-            reducer.add(index, grad.expect("every parameter has a gradient")).expect("reduce");
+            reducer
+                .add(index, grad.expect("every parameter has a gradient"))
+                .expect("reduce");
         }
-        let reduced = reducer.finish(&self.ctx.device, burn::tensor::DType::BF16).expect("reduce");
+        let reduced = reducer
+            .finish(&self.ctx.device, burn::tensor::DType::BF16)
+            .expect("reduce");
         self.ctx.device.sync().expect("sync");
         drop(reduced);
         start.elapsed().as_secs_f64()
@@ -122,7 +138,12 @@ pub fn run(
         MasterWeights::F32 => Optimizer::Master(DistributedAdamWConfig::new().init(&ctx.groups)),
         MasterWeights::None => Optimizer::Pure(FusedAdamWConfig::new().init()),
     };
-    let mut trainer = Trainer { ctx, optimizer, ids, targets };
+    let mut trainer = Trainer {
+        ctx,
+        optimizer,
+        ids,
+        targets,
+    };
     for i in 0..warmup {
         let start = Instant::now();
         let (next, loss) = trainer.step(model, None);

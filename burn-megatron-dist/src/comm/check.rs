@@ -39,9 +39,18 @@ impl Collective {
 
     fn from_code(code: u64) -> Option<Self> {
         use Collective::*;
-        [AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, Barrier, Send, Recv]
-            .get(code as usize)
-            .copied()
+        [
+            AllReduce,
+            AllGather,
+            ReduceScatter,
+            AllToAll,
+            Broadcast,
+            Barrier,
+            Send,
+            Recv,
+        ]
+        .get(code as usize)
+        .copied()
     }
 }
 
@@ -84,7 +93,13 @@ impl Record {
         let splits = list(&mut words)?;
         let used = 8 * (5 + shape.len() + args.len() + splits.len());
         let dtype = String::from_utf8(bytes.get(used..used + dtype_len)?.to_vec()).ok()?;
-        Some(Self { collective, dtype, shape, args, splits })
+        Some(Self {
+            collective,
+            dtype,
+            shape,
+            args,
+            splits,
+        })
     }
 }
 
@@ -133,7 +148,12 @@ pub fn verify(records: &[Record], varying_dim: Option<usize>) -> Result<(), Stri
 
 /// Builds the error every rank returns for a failed check.
 pub fn mismatch(group: &str, collective: Collective, seq: u64, detail: String) -> CommError {
-    CommError::Mismatch { group: group.to_string(), collective: collective.name(), seq, detail }
+    CommError::Mismatch {
+        group: group.to_string(),
+        collective: collective.name(),
+        seq,
+        detail,
+    }
 }
 
 #[cfg(test)]
@@ -167,6 +187,10 @@ mod tests {
         assert_eq!(verify(&bad, Some(1)), Ok(()));
         let mut other = record(vec![2, 3]);
         other.collective = Collective::AllReduce;
-        assert!(verify(&[record(vec![2, 3]), other], None).unwrap_err().contains("all_reduce"));
+        assert!(
+            verify(&[record(vec![2, 3]), other], None)
+                .unwrap_err()
+                .contains("all_reduce")
+        );
     }
 }

@@ -9,11 +9,11 @@
 
 mod check;
 pub mod in_process;
-pub mod store;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 mod payload;
 mod process_group;
+pub mod store;
 
 pub use check::{Collective, Record};
 pub use payload::Payload;
@@ -63,8 +63,7 @@ pub trait Transport: Send + Sync + Debug {
 
     /// Exchanges a small host-side record with every rank of the group: returns every rank's
     /// record, in group-rank order. The agreement checks run on this.
-    fn exchange(&self, collective: Collective, seq: u64, record: Vec<u8>)
-    -> Result<Vec<Vec<u8>>, CommError>;
+    fn exchange(&self, collective: Collective, seq: u64, record: Vec<u8>) -> Result<Vec<Vec<u8>>, CommError>;
 
     /// `[o, n, i]` → `[o, n, i]`, reduced over the group.
     fn all_reduce(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError>;
@@ -81,7 +80,11 @@ pub trait Transport: Send + Sync + Debug {
     }
     /// Makes the calling thread's later device work wait for the collective of `ticket`.
     fn wait_for(&self, ticket: Ticket) -> Result<(), CommError> {
-        debug_assert_eq!(ticket, Ticket::DONE, "this transport completes every call before returning");
+        debug_assert_eq!(
+            ticket,
+            Ticket::DONE,
+            "this transport completes every call before returning"
+        );
         Ok(())
     }
     /// `[o, n, i]` → `[o, size·n, i]`, the ranks' tensors in group-rank order.
@@ -90,8 +93,7 @@ pub trait Transport: Send + Sync + Debug {
     fn reduce_scatter(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError>;
     /// Sends `chunks[j]` to group rank `j`; returns the chunk each rank sent here, in group-rank
     /// order. Chunk sizes may differ (MoE token routing).
-    fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>)
-    -> Result<Vec<Payload>, CommError>;
+    fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError>;
     /// The root's tensor, on every rank.
     fn broadcast(&self, x: Payload, root: usize) -> Result<Payload, CommError>;
     /// Sends to one group rank. It may return before the data has left: a transport that

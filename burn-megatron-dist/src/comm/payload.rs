@@ -100,14 +100,10 @@ impl Payload {
     /// Concatenates along dim 1; all parts have the same variant.
     pub fn cat(parts: Vec<Payload>) -> Self {
         match parts.first() {
-            Some(Payload::Float(_)) => Payload::Float(Tensor::cat(
-                parts.into_iter().map(|p| p.into_float()).collect(),
-                1,
-            )),
-            Some(Payload::Int(_)) => Payload::Int(Tensor::cat(
-                parts.into_iter().map(|p| p.into_int()).collect(),
-                1,
-            )),
+            Some(Payload::Float(_)) => {
+                Payload::Float(Tensor::cat(parts.into_iter().map(|p| p.into_float()).collect(), 1))
+            }
+            Some(Payload::Int(_)) => Payload::Int(Tensor::cat(parts.into_iter().map(|p| p.into_int()).collect(), 1)),
             None => panic!("nothing to concatenate"),
         }
     }

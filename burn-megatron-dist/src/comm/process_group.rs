@@ -100,7 +100,14 @@ impl ProcessGroup {
         }
         let (shape, autodiff) = (x.shape(), x.device().is_autodiff());
         let (out, ticket) = self.transport.all_reduce_deferred(view(x, 0), op)?;
-        Ok(InFlight { out: Landing::Payload { payload: out, shape, autodiff }, wait: Some((self.transport.clone(), ticket)) })
+        Ok(InFlight {
+            out: Landing::Payload {
+                payload: out,
+                shape,
+                autodiff,
+            },
+            wait: Some((self.transport.clone(), ticket)),
+        })
     }
 
     /// Concatenates every rank's `x` along `dim`, in group-rank order.
@@ -162,7 +169,14 @@ impl ProcessGroup {
         let (mut shape, autodiff) = (x.shape(), x.device().is_autodiff());
         shape[dim] /= self.size();
         let (out, ticket) = self.transport.reduce_scatter_deferred(view(x, dim), op)?;
-        Ok(InFlight { out: Landing::Payload { payload: out, shape, autodiff }, wait: Some((self.transport.clone(), ticket)) })
+        Ok(InFlight {
+            out: Landing::Payload {
+                payload: out,
+                shape,
+                autodiff,
+            },
+            wait: Some((self.transport.clone(), ticket)),
+        })
     }
 
     /// Splits `split_dim` into `size` equal parts, sends part `j` to group rank `j`, and
@@ -189,13 +203,18 @@ impl ProcessGroup {
             return Ok(x);
         }
         let part = n / self.size();
-        let chunks: Vec<_> = (0..self.size()).map(|j| x.clone().narrow(split_dim, j * part, part)).collect();
+        let chunks: Vec<_> = (0..self.size())
+            .map(|j| x.clone().narrow(split_dim, j * part, part))
+            .collect();
         let mut chunk_shape = x.shape();
         chunk_shape[split_dim] = part;
         let recv_dims = vec![view_dims(&chunk_shape, concat_dim); self.size()];
         let autodiff = x.device().is_autodiff();
         let received = self.exchange_chunks(chunks, concat_dim, recv_dims)?;
-        let parts = received.into_iter().map(|p| unview(p, chunk_shape.clone(), autodiff)).collect();
+        let parts = received
+            .into_iter()
+            .map(|p| unview(p, chunk_shape.clone(), autodiff))
+            .collect();
         Ok(Tensor::cat(parts, concat_dim))
     }
 
@@ -220,7 +239,9 @@ impl ProcessGroup {
             if r.splits.len() != self.size() || r.splits.iter().sum::<usize>() != r.shape[dim] {
                 let detail = format!(
                     "group rank {j} sends splits {:?} of a dim of size {}; they must be {} sizes adding up to it",
-                    r.splits, r.shape[dim], self.size()
+                    r.splits,
+                    r.shape[dim],
+                    self.size()
                 );
                 return Err(self.invalid(collective, detail));
             }
@@ -283,11 +304,7 @@ impl ProcessGroup {
 
     /// Receives from group rank `peer` a tensor shaped like `like` (same shape, dtype, device);
     /// a sender's tensor of another shape or dtype is [`CommError::Mismatch`].
-    pub fn recv<const D: usize, K: Numeric>(
-        &self,
-        like: Tensor<D, K>,
-        peer: usize,
-    ) -> Result<Tensor<D, K>, CommError> {
+    pub fn recv<const D: usize, K: Numeric>(&self, like: Tensor<D, K>, peer: usize) -> Result<Tensor<D, K>, CommError> {
         let seq = self.p2p(Collective::Recv, peer)?;
         let (shape, autodiff) = (like.shape(), like.device().is_autodiff());
         Ok(unview(self.transport.recv(view(like, 0), peer, seq)?, shape, autodiff))
@@ -307,7 +324,13 @@ impl ProcessGroup {
     }
 
     fn record<const D: usize, K: Numeric>(&self, collective: Collective, x: &Tensor<D, K>, args: Vec<usize>) -> Record {
-        Record { collective, dtype: format!("{:?}", x.dtype()), shape: x.dims().to_vec(), args, splits: vec![] }
+        Record {
+            collective,
+            dtype: format!("{:?}", x.dtype()),
+            shape: x.dims().to_vec(),
+            args,
+            splits: vec![],
+        }
     }
 
     /// Exchanges the records and checks they agree; every rank reaches the same verdict.
@@ -362,7 +385,11 @@ impl ProcessGroup {
     }
 
     fn invalid(&self, collective: Collective, detail: String) -> CommError {
-        CommError::InvalidArgument { group: self.label().to_string(), collective: collective.name(), detail }
+        CommError::InvalidArgument {
+            group: self.label().to_string(),
+            collective: collective.name(),
+            detail,
+        }
     }
 }
 
@@ -381,12 +408,19 @@ enum Landing<const D: usize, K: Numeric> {
     /// A one-rank group's input, returned as is.
     Tensor(Tensor<D, K>),
     /// The transport's output, in its rank-3 view.
-    Payload { payload: Payload, shape: Shape, autodiff: bool },
+    Payload {
+        payload: Payload,
+        shape: Shape,
+        autodiff: bool,
+    },
 }
 
 impl<const D: usize, K: Numeric> InFlight<D, K> {
     fn done(x: Tensor<D, K>) -> Self {
-        Self { out: Landing::Tensor(x), wait: None }
+        Self {
+            out: Landing::Tensor(x),
+            wait: None,
+        }
     }
 
     /// The result, once this rank's later device work is ordered after the collective.
@@ -396,7 +430,11 @@ impl<const D: usize, K: Numeric> InFlight<D, K> {
         }
         Ok(match self.out {
             Landing::Tensor(x) => x,
-            Landing::Payload { payload, shape, autodiff } => unview(payload, shape, autodiff),
+            Landing::Payload {
+                payload,
+                shape,
+                autodiff,
+            } => unview(payload, shape, autodiff),
         })
     }
 }

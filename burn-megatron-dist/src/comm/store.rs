@@ -34,14 +34,16 @@ impl StoreServer {
         let listener = TcpListener::bind(address)?;
         let address = listener.local_addr()?.to_string();
         let table = Arc::new(Table::default());
-        std::thread::Builder::new().name("burn-megatron-store".into()).spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let table = table.clone();
-                let _ = std::thread::Builder::new()
-                    .name("burn-megatron-store-conn".into())
-                    .spawn(move || serve(stream, &table));
-            }
-        })?;
+        std::thread::Builder::new()
+            .name("burn-megatron-store".into())
+            .spawn(move || {
+                for stream in listener.incoming().flatten() {
+                    let table = table.clone();
+                    let _ = std::thread::Builder::new()
+                        .name("burn-megatron-store-conn".into())
+                        .spawn(move || serve(stream, &table));
+                }
+            })?;
         Ok(Self { address })
     }
 
@@ -123,7 +125,9 @@ impl StoreClient {
             match attempt {
                 Ok(stream) => {
                     stream.set_nodelay(true)?;
-                    return Ok(Self { stream: Mutex::new(stream) });
+                    return Ok(Self {
+                        stream: Mutex::new(stream),
+                    });
                 }
                 Err(error) if Instant::now() >= deadline => return Err(error),
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),

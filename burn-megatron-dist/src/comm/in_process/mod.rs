@@ -57,7 +57,12 @@ impl InProcessWorld {
     }
 
     pub fn with_timeout(size: usize, timeout: Duration) -> Self {
-        let state = WorldState { size, timeout, groups: Mutex::default(), aborted: Mutex::default() };
+        let state = WorldState {
+            size,
+            timeout,
+            groups: Mutex::default(),
+            aborted: Mutex::default(),
+        };
         Self { state: Arc::new(state) }
     }
 
@@ -95,7 +100,12 @@ impl InProcessWorld {
                 })
             })
             .clone();
-        InProcessTransport { shared, group_rank, data_seq: AtomicU64::new(0), copy }
+        InProcessTransport {
+            shared,
+            group_rank,
+            data_seq: AtomicU64::new(0),
+            copy,
+        }
     }
 
     /// Marks the world as broken because `global_rank` died: every rank waiting in a collective
@@ -167,7 +177,11 @@ impl InProcessTransport {
     /// data calls: it takes the turn of one, so every rank makes it at the same point of its
     /// calls. Returns every rank's record, in group-rank order.
     pub fn share(&self, collective: Collective, record: Vec<u8>) -> Result<Vec<Vec<u8>>, CommError> {
-        Ok(self.meet_data(collective, Value::Bytes(record))?.into_iter().map(bytes).collect())
+        Ok(self
+            .meet_data(collective, Value::Bytes(record))?
+            .into_iter()
+            .map(bytes)
+            .collect())
     }
 
     /// Waits for the message `seq` from group rank `peer` and checks that it is shaped like
@@ -188,7 +202,12 @@ impl InProcessTransport {
                         like.dtype(),
                         like.dims()
                     );
-                    return Err(CommError::Mismatch { group: self.shared.label.clone(), collective: collective.name(), seq, detail });
+                    return Err(CommError::Mismatch {
+                        group: self.shared.label.clone(),
+                        collective: collective.name(),
+                        seq,
+                        detail,
+                    });
                 }
                 return Ok(x);
             }
@@ -209,10 +228,10 @@ impl InProcessTransport {
         let shared = &self.shared;
         let key = (kind, seq);
         let mut rounds = shared.lock();
-        let round = rounds
-            .open
-            .entry(key)
-            .or_insert_with(|| Round { values: vec![None; shared.size], taken: 0 });
+        let round = rounds.open.entry(key).or_insert_with(|| Round {
+            values: vec![None; shared.size],
+            taken: 0,
+        });
         round.values[self.group_rank] = Some(value);
         shared.arrived.notify_all();
         let deadline = Instant::now() + shared.world.timeout;
@@ -226,8 +245,13 @@ impl InProcessTransport {
                 }
                 return Ok(values);
             }
-            let missing: Vec<usize> =
-                round.values.iter().enumerate().filter(|(_, v)| v.is_none()).map(|(r, _)| r).collect();
+            let missing: Vec<usize> = round
+                .values
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| v.is_none())
+                .map(|(r, _)| r)
+                .collect();
             rounds = self.wait(rounds, collective, seq, deadline, missing)?;
         }
     }
@@ -341,7 +365,10 @@ impl Transport for InProcessTransport {
         let device = x.device();
         // Only this rank's slice of each peer's tensor travels.
         let values = self.meet_data(Collective::ReduceScatter, Value::One(Box::new(x)))?;
-        let parts = values.into_iter().map(|v| self.move_to(one(v).narrow(mine.clone()), &device)).collect();
+        let parts = values
+            .into_iter()
+            .map(|v| self.move_to(one(v).narrow(mine.clone()), &device))
+            .collect();
         Ok(reduce(parts, op))
     }
 

@@ -49,12 +49,24 @@ impl NcclComm {
         let count = o * part * i;
         let ticket = self.run(c, &[&blocks], &[&out], wait, |comm, inp, outp, s| unsafe {
             // Safety: the input holds `size · count` elements, the output `count`.
-            check(nccl::reduce_scatter(inp[0] as _, outp[0] as _, count, ty, nccl_op(op), comm, s))
+            check(nccl::reduce_scatter(
+                inp[0] as _,
+                outp[0] as _,
+                count,
+                ty,
+                nccl_op(op),
+                comm,
+                s,
+            ))
         })?;
         Ok((out, ticket))
     }
 
-    pub(crate) fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
+    pub(crate) fn all_to_all(
+        &self,
+        chunks: Vec<Payload>,
+        recv_dims: Vec<[usize; 3]>,
+    ) -> Result<Vec<Payload>, CommError> {
         let c = Collective::AllToAll;
         let ty = self.nccl_type(c, chunks[0].dtype())?;
         let outs: Vec<Payload> = recv_dims.iter().map(|&d| self.output_like(&chunks[0], d)).collect();
@@ -99,7 +111,11 @@ impl NcclComm {
     /// call, or at [`flush`](Self::flush), so a ring of sends then receives cannot deadlock.
     pub(crate) fn send(&self, x: Payload, peer: usize) -> Result<(), CommError> {
         let ty = self.nccl_type(Collective::Send, x.dtype())?;
-        let send = PendingSend { payload: contiguous(&x), peer, ty };
+        let send = PendingSend {
+            payload: contiguous(&x),
+            peer,
+            ty,
+        };
         self.pending.lock().expect("pending sends lock").push(send);
         Ok(())
     }
@@ -108,7 +124,8 @@ impl NcclComm {
         if self.pending.lock().expect("pending sends lock").is_empty() {
             return Ok(());
         }
-        self.run(Collective::Send, &[], &[], Wait::Now, |_, _, _, _| Ok(())).map(|_| ())
+        self.run(Collective::Send, &[], &[], Wait::Now, |_, _, _, _| Ok(()))
+            .map(|_| ())
     }
 
     /// Receives from group rank `peer` into a tensor shaped like `like`.

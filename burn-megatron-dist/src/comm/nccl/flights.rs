@@ -73,7 +73,12 @@ impl Flights {
     }
 
     pub(super) fn push(&self, collective: &'static str, done: CudaEvent, buffers: Vec<Payload>) {
-        let flight = Flight { collective, since: Instant::now(), done, _buffers: buffers };
+        let flight = Flight {
+            collective,
+            since: Instant::now(),
+            done,
+            _buffers: buffers,
+        };
         self.queue.lock().expect("flights lock").push_back(flight);
     }
 
@@ -99,7 +104,10 @@ impl Flights {
         let mut queue = self.queue.lock().expect("flights lock");
         let mut next = 0;
         while let Some(oldest) = queue.get(next) {
-            let finished = oldest.done.try_is_complete().map_err(|e| self.failure(oldest.collective, e))?;
+            let finished = oldest
+                .done
+                .try_is_complete()
+                .map_err(|e| self.failure(oldest.collective, e))?;
             if finished {
                 match drop_finished {
                     true => drop(queue.pop_front()),
@@ -135,11 +143,21 @@ impl Flights {
 
     fn aborted(&self, collective: &'static str) -> CommError {
         let stuck = self.stuck.lock().expect("stuck lock").unwrap_or(collective);
-        CommError::Timeout { group: self.label.clone(), collective: stuck, seq: 0, timeout: self.timeout, missing: vec![] }
+        CommError::Timeout {
+            group: self.label.clone(),
+            collective: stuck,
+            seq: 0,
+            timeout: self.timeout,
+            missing: vec![],
+        }
     }
 
     fn failure(&self, collective: &'static str, error: impl std::fmt::Debug) -> CommError {
-        CommError::Transport { group: self.label.clone(), collective, detail: format!("{error:?}") }
+        CommError::Transport {
+            group: self.label.clone(),
+            collective,
+            detail: format!("{error:?}"),
+        }
     }
 }
 

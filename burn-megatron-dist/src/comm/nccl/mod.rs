@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use burn::backend::Cube;
 use burn::tensor::{DType, Device, Int, Tensor};
-use cubecl_runtime::runtime::Runtime;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl_cuda::CudaRuntime;
+use cubecl_runtime::runtime::Runtime;
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::{result as nccl, sys};
@@ -41,7 +41,11 @@ use order::GpuOrder;
 
 type CudaServer = <CudaRuntime as Runtime>::Server;
 fn transport_error(group: &str, collective: &'static str, error: impl std::fmt::Debug) -> CommError {
-    CommError::Transport { group: group.to_string(), collective, detail: format!("{error:?}") }
+    CommError::Transport {
+        group: group.to_string(),
+        collective,
+        detail: format!("{error:?}"),
+    }
 }
 
 /// An NCCL communicator, destroyed with its transport.
@@ -206,7 +210,10 @@ impl NcclComm {
         let comm = guard.as_ref().expect("checked by Flights::comm");
         // Outputs come from `output_like`, compact already: NCCL must write the very buffer
         // that is returned.
-        debug_assert!(outputs.iter().all(|p| cube(p).is_contiguous()), "outputs come from output_like");
+        debug_assert!(
+            outputs.iter().all(|p| cube(p).is_contiguous()),
+            "outputs come from output_like"
+        );
         // Deferred sends go out first, in one NCCL group with this call.
         let pending = std::mem::take(&mut *self.pending.lock().expect("pending sends lock"));
         let buffers: Vec<Payload> = inputs
@@ -237,7 +244,14 @@ impl NcclComm {
             unsafe {
                 check(nccl::group_start()).and_then(|()| {
                     let sent = pending.iter().zip(send_ptrs).try_for_each(|(send, &ptr)| {
-                        check(nccl::send(ptr as _, numel(&send.payload), send.ty, send.peer as i32, comm.0, stream))
+                        check(nccl::send(
+                            ptr as _,
+                            numel(&send.payload),
+                            send.ty,
+                            send.peer as i32,
+                            comm.0,
+                            stream,
+                        ))
                     });
                     // The group is closed whatever happened inside it.
                     let launched = sent.and_then(|()| launch(comm.0, input_ptrs, output_ptrs, stream));
@@ -252,7 +266,10 @@ impl NcclComm {
             order.spin(call);
         }
         launched.map_err(|e| self.error(collective, e))?;
-        let done = self.stream.record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(|e| self.error(collective, e))?;
+        let done = self
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+            .map_err(|e| self.error(collective, e))?;
         drop(resources);
         self.flights.push(collective.name(), done, buffers);
         Ok(Ticket(Some(call)))

@@ -28,8 +28,8 @@ use burn::backend::Cube;
 use burn::tensor::{DType, Device, Int};
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-use cudarc::driver::sys::{self as cuda, CUresult};
 use cudarc::driver::CudaStream;
+use cudarc::driver::sys::{self as cuda, CUresult};
 
 use super::CudaServer;
 
@@ -80,9 +80,18 @@ impl GpuOrder {
     /// on values that need no wait (call 0; the flags are zeros).
     pub(super) fn new(device: &Device) -> Result<Self, String> {
         let flags = burn::tensor::Tensor::<1, Int>::zeros([2], (device, DType::U32));
-        let flags = flags.try_into_primitive::<Cube>().map_err(|_| "NCCL runs on CUDA devices".to_string())?;
-        let resource = flags.client.get_resource::<CudaServer>(flags.handle.clone()).map_err(|e| format!("{e:?}"))?;
-        let order = Self { flags, address: resource.resource().ptr, call: 0 };
+        let flags = flags
+            .try_into_primitive::<Cube>()
+            .map_err(|_| "NCCL runs on CUDA devices".to_string())?;
+        let resource = flags
+            .client
+            .get_resource::<CudaServer>(flags.handle.clone())
+            .map_err(|e| format!("{e:?}"))?;
+        let order = Self {
+            flags,
+            address: resource.resource().ptr,
+            call: 0,
+        };
         order.launch(Kernel::Signal, 0);
         order.launch(Kernel::Spin, 0);
         let flags = burn::tensor::Tensor::<1, Int>::from_primitive::<Cube>(order.flags.clone());
@@ -92,7 +101,11 @@ impl GpuOrder {
 
     fn launch(&self, kernel: Kernel, call: u32) {
         let flags = &self.flags;
-        let (count, dim, arg) = (CubeCount::Static(1, 1, 1), CubeDim::new_1d(1), flags.clone().into_tensor_arg());
+        let (count, dim, arg) = (
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_1d(1),
+            flags.clone().into_tensor_arg(),
+        );
         // Safety: one thread stores into flag 0 (`signal`) or reads flag 1 (`spin`) of a
         // two-element u32 buffer.
         unsafe {
@@ -113,11 +126,21 @@ impl GpuOrder {
         // signal on the CUDA stream before the NCCL stream waits for it: were a kernel queued
         // ahead of it loaded meanwhile, that load would wait for the whole device, the NCCL
         // stream included, while the signal still sat behind it.
-        self.flags.client.get_resource::<CudaServer>(self.flags.handle.clone()).map_err(|e| format!("{e:?}"))?;
+        self.flags
+            .client
+            .get_resource::<CudaServer>(self.flags.handle.clone())
+            .map_err(|e| format!("{e:?}"))?;
         let ready = self.address + (READY * 4) as u64;
         // Safety: the flags outlive the stream's use of them (they live as long as the
         // communicator, whose drop synchronizes its stream).
-        check(unsafe { cuda::cuStreamWaitValue32_v2(stream.cu_stream(), ready, call, cuda::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32) })?;
+        check(unsafe {
+            cuda::cuStreamWaitValue32_v2(
+                stream.cu_stream(),
+                ready,
+                call,
+                cuda::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            )
+        })?;
         Ok(call)
     }
 
@@ -126,7 +149,14 @@ impl GpuOrder {
         let done = self.address + (DONE * 4) as u64;
         // Safety: as in `before`. The default flags fence memory before the write, so NCCL's
         // output is visible once the flag is.
-        check(unsafe { cuda::cuStreamWriteValue32_v2(stream.cu_stream(), done, call, cuda::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32) })
+        check(unsafe {
+            cuda::cuStreamWriteValue32_v2(
+                stream.cu_stream(),
+                done,
+                call,
+                cuda::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+            )
+        })
     }
 
     /// Makes the calling thread's later work on the device wait until call `call` is done.

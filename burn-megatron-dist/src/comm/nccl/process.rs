@@ -65,24 +65,40 @@ impl ProcessRank {
 
     /// Reads the launcher's variables and meets the other ranks at the store.
     fn from_env() -> Result<Self, LaunchError> {
-        let missing = |name| LaunchError::Env { name, detail: "is not set".into() };
+        let missing = |name| LaunchError::Env {
+            name,
+            detail: "is not set".into(),
+        };
         let global_rank = env_usize("RANK")?.ok_or_else(|| missing("RANK"))?;
         let world_size = env_usize("WORLD_SIZE")?.ok_or_else(|| missing("WORLD_SIZE"))?;
         let local_rank = env_usize("LOCAL_RANK")?.unwrap_or(global_rank);
         if global_rank >= world_size {
-            return Err(LaunchError::Env { name: "RANK", detail: format!("{global_rank} ≥ WORLD_SIZE {world_size}") });
+            return Err(LaunchError::Env {
+                name: "RANK",
+                detail: format!("{global_rank} ≥ WORLD_SIZE {world_size}"),
+            });
         }
         let host = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
         let port = store_port()?;
         let address = format!("{host}:{port}");
-        let rendezvous = |detail: String| LaunchError::Rendezvous { address: address.clone(), detail };
+        let rendezvous = |detail: String| LaunchError::Rendezvous {
+            address: address.clone(),
+            detail,
+        };
         let server = match global_rank {
             0 => Some(StoreServer::start(&format!("0.0.0.0:{port}")).map_err(|e| rendezvous(e.to_string()))?),
             _ => None,
         };
         let store = StoreClient::connect(&address, CONNECT_TIMEOUT).map_err(|e| rendezvous(e.to_string()))?;
         let (store, launches) = (Arc::new(store), AtomicU64::new(0));
-        Ok(Self { global_rank, world_size, local_rank, store, _server: server, launches })
+        Ok(Self {
+            global_rank,
+            world_size,
+            local_rank,
+            store,
+            _server: server,
+            launches,
+        })
     }
 
     pub fn global_rank(&self) -> usize {
@@ -104,7 +120,15 @@ impl ProcessRank {
         ProcessGroups::try_build(dims, self.global_rank, |axis, members| {
             let label = format!("{axis}{members:?}");
             let namespace = format!("{launch}/{label}");
-            let transport = NcclTransport::join(label, namespace, &members, self.global_rank, &self.store, device, timeout)?;
+            let transport = NcclTransport::join(
+                label,
+                namespace,
+                &members,
+                self.global_rank,
+                &self.store,
+                device,
+                timeout,
+            )?;
             Ok::<_, CommError>(ProcessGroup::new(Arc::new(transport), members))
         })
         .map_err(LaunchError::from)

@@ -35,14 +35,19 @@ impl NcclThreadsTransport {
     /// communicator comes later, at the first collective on CUDA.
     pub fn new(world: &InProcessWorld, axis: &str, members: &[usize], global_rank: usize) -> Self {
         let rendezvous = world.transport(axis, members, global_rank, copy_queued);
-        Self { rendezvous, nccl: OnceLock::new() }
+        Self {
+            rendezvous,
+            nccl: OnceLock::new(),
+        }
     }
 
     /// The group's NCCL communicator for `x`, made on the first collective that needs it; `None`
     /// when `x` is not on CUDA or the group's ranks do not each have a GPU of their own.
     fn nccl(&self, collective: Collective, x: &Payload) -> Result<Option<&NcclComm>, CommError> {
         let device = x.device();
-        let Some(index) = cuda_index(&device) else { return Ok(None) };
+        let Some(index) = cuda_index(&device) else {
+            return Ok(None);
+        };
         if let Some(comm) = self.nccl.get() {
             return Ok(comm.as_ref().filter(|c| c.device() == &device));
         }
@@ -54,13 +59,26 @@ impl NcclThreadsTransport {
         let mut record = (index as u64).to_le_bytes().to_vec();
         record.extend(id);
         let records = self.rendezvous.share(collective, record)?;
-        let indices: Vec<[u8; 8]> = records.iter().map(|r| r[..8].try_into().expect("8-byte index")).collect();
-        let distinct = indices.iter().enumerate().all(|(i, a)| indices[..i].iter().all(|b| b != a));
+        let indices: Vec<[u8; 8]> = records
+            .iter()
+            .map(|r| r[..8].try_into().expect("8-byte index"))
+            .collect();
+        let distinct = indices
+            .iter()
+            .enumerate()
+            .all(|(i, a)| indices[..i].iter().all(|b| b != a));
         let comm = match distinct {
             true => {
                 let (label, size) = (self.rendezvous.label().to_string(), self.rendezvous.size());
                 let timeout = self.rendezvous.timeout();
-                Some(NcclComm::join(label, size, group_rank, &records[0][8..], &device, timeout)?)
+                Some(NcclComm::join(
+                    label,
+                    size,
+                    group_rank,
+                    &records[0][8..],
+                    &device,
+                    timeout,
+                )?)
             }
             false => None,
         };

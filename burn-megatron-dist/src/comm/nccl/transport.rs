@@ -44,28 +44,48 @@ impl NcclTransport {
         timeout: Duration,
     ) -> Result<Self, CommError> {
         let size = members.len();
-        let group_rank = members.iter().position(|&r| r == global_rank).expect("member of its group");
+        let group_rank = members
+            .iter()
+            .position(|&r| r == global_rank)
+            .expect("member of its group");
         let key = format!("{namespace}/nccl-id");
-        let fail = |e: std::io::Error| CommError::Transport { group: label.clone(), collective: "init", detail: e.to_string() };
+        let fail = |e: std::io::Error| CommError::Transport {
+            group: label.clone(),
+            collective: "init",
+            detail: e.to_string(),
+        };
         let id = if group_rank == 0 {
             let id = unique_id()?;
             store.set(&key, &id, (size - 1) as u32).map_err(fail)?;
             id
         } else {
-            store.get(&key, timeout).map_err(fail)?.ok_or_else(|| CommError::Timeout {
-                group: label.clone(),
-                collective: "init",
-                seq: 0,
-                timeout,
-                missing: vec![0],
-            })?
+            store
+                .get(&key, timeout)
+                .map_err(fail)?
+                .ok_or_else(|| CommError::Timeout {
+                    group: label.clone(),
+                    collective: "init",
+                    seq: 0,
+                    timeout,
+                    missing: vec![0],
+                })?
         };
         let comm = NcclComm::join(label, size, group_rank, &id, device, timeout)?;
-        Ok(Self { comm, namespace, size, store: store.clone(), timeout })
+        Ok(Self {
+            comm,
+            namespace,
+            size,
+            store: store.clone(),
+            timeout,
+        })
     }
 
     fn store_error(&self, collective: Collective, error: std::io::Error) -> CommError {
-        CommError::Transport { group: self.comm.label().to_string(), collective: collective.name(), detail: error.to_string() }
+        CommError::Transport {
+            group: self.comm.label().to_string(),
+            collective: collective.name(),
+            detail: error.to_string(),
+        }
     }
 
     /// The header a send leaves in the store for its receiver to check.
@@ -91,7 +111,9 @@ impl Transport for NcclTransport {
         let me = self.group_rank();
         let key = |r: usize| format!("{}/check/{seq}/{r}", self.namespace);
         let fail = |e| self.store_error(collective, e);
-        self.store.set(&key(me), &record, (self.size - 1) as u32).map_err(fail)?;
+        self.store
+            .set(&key(me), &record, (self.size - 1) as u32)
+            .map_err(fail)?;
         let deadline = Instant::now() + self.timeout;
         let mut records = Vec::with_capacity(self.size);
         for r in 0..self.size {
@@ -154,7 +176,9 @@ impl Transport for NcclTransport {
 
     fn send(&self, x: Payload, peer: usize, seq: u64) -> Result<(), CommError> {
         let key = format!("{}/p2p/{}-{peer}/{seq}", self.namespace, self.group_rank());
-        self.store.set(&key, Self::header(&x).as_bytes(), 1).map_err(|e| self.store_error(Collective::Send, e))?;
+        self.store
+            .set(&key, Self::header(&x).as_bytes(), 1)
+            .map_err(|e| self.store_error(Collective::Send, e))?;
         self.comm.send(x, peer)
     }
 
@@ -165,13 +189,26 @@ impl Transport for NcclTransport {
     fn recv(&self, like: Payload, peer: usize, seq: u64) -> Result<Payload, CommError> {
         let c = Collective::Recv;
         let key = format!("{}/p2p/{peer}-{}/{seq}", self.namespace, self.group_rank());
-        let header = self.store.get(&key, self.timeout).map_err(|e| self.store_error(c, e))?.ok_or_else(|| {
-            CommError::Timeout { group: self.label().to_string(), collective: c.name(), seq, timeout: self.timeout, missing: vec![peer] }
-        })?;
+        let header = self
+            .store
+            .get(&key, self.timeout)
+            .map_err(|e| self.store_error(c, e))?
+            .ok_or_else(|| CommError::Timeout {
+                group: self.label().to_string(),
+                collective: c.name(),
+                seq,
+                timeout: self.timeout,
+                missing: vec![peer],
+            })?;
         let (header, expected) = (String::from_utf8_lossy(&header).into_owned(), Self::header(&like));
         if header != expected {
             let detail = format!("group rank {peer} sent {header} but this rank expects {expected}");
-            return Err(CommError::Mismatch { group: self.label().to_string(), collective: c.name(), seq, detail });
+            return Err(CommError::Mismatch {
+                group: self.label().to_string(),
+                collective: c.name(),
+                seq,
+                detail,
+            });
         }
         self.comm.recv(like, peer)
     }

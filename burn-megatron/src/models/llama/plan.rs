@@ -90,10 +90,24 @@ mod tests {
     #[test]
     fn the_layer_table_names_every_parameter() {
         let mut config = recipes::tiny().model;
-        let names: Vec<&str> = config.tensor_layers().into_iter().flat_map(|(name, _)| name.split(", ")).collect();
-        let model = config.init(&Device::flex(), &ProcessGroups::single(), &ParamInit::new(0, InitMode::Full)).unwrap();
+        let names: Vec<&str> = config
+            .tensor_layers()
+            .into_iter()
+            .flat_map(|(name, _)| name.split(", "))
+            .collect();
+        let model = config
+            .init(
+                &Device::flex(),
+                &ProcessGroups::single(),
+                &ParamInit::new(0, InitMode::Full),
+            )
+            .unwrap();
         for info in param_infos(&model) {
-            assert!(names.iter().any(|name| owns(name, &info.path)), "{} is in no layer of the plan: {names:?}", info.path);
+            assert!(
+                names.iter().any(|name| owns(name, &info.path)),
+                "{} is in no layer of the plan: {names:?}",
+                info.path
+            );
         }
         assert!(!owns("layers.*.mlp", "layers.0.attention.wq.weight"));
     }
