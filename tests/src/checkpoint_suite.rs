@@ -250,7 +250,7 @@ pub fn hugging_face_round_trip(h: &Harness) {
     let saved = h.run(ParallelDims::tp_dp(2, 1), |ctx| {
         let dev = ctx.device.clone();
         let m = model(&ctx.groups, &dev, 5);
-        hf::save(&dir, &m, &config(), &ctx.groups).unwrap();
+        hf::save(&dir, &m, &config(), &ctx.groups, &hf::ExportOptions::new()).unwrap();
         loss_of(&m, &ctx.groups, &dev)
     })[0];
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();

@@ -10,6 +10,7 @@ pub mod checkpoint_suite;
 pub mod comm_suite;
 pub mod data;
 pub mod harness;
+pub mod hf_suite;
 #[cfg(feature = "cuda")]
 pub mod kernel_suite;
 pub mod layer_suite;
@@ -49,6 +50,15 @@ macro_rules! for_each_layer_test {
         $crate::$callback! { $($args)*; layer_suite:
             column_linear, row_linear, rms_norm, mlp, attention, embedding, cross_entropy,
             linear_round_trip, gemm_per_layer }
+    };
+}
+
+/// Calls `$callback!($args; hf_suite: <every Hugging Face test run at the harness's tp>)`.
+#[macro_export]
+macro_rules! for_each_hf_test {
+    ($callback:ident!($($args:tt)*)) => {
+        $crate::$callback! { $($args)*; hf_suite:
+            llama2_matches_transformers, llama3_matches_transformers }
     };
 }
 

@@ -12,7 +12,7 @@ use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig};
-use super::rope::Rope;
+use super::rope::{Rope, RopeScaling};
 use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
 use super::sequence::SequenceLayout;
 use crate::error::{ConfigError, LayerError, divisible};
@@ -27,8 +27,12 @@ pub struct ParallelAttentionConfig {
     pub n_kv_heads: usize,
     /// Longest sequence the rotary tables cover.
     pub max_seq_len: usize,
+    /// RoPE's base θ.
     #[config(default = 10000.0)]
     pub rope_theta: f64,
+    /// RoPE's frequency scaling (Hugging Face's `rope_type`); none by default.
+    #[config(default = "RopeScaling::None")]
+    pub rope_scaling: RopeScaling,
     /// The input's and output's layout along the sequence (sequence parallelism: shards).
     #[config(default = "SequenceLayout::Whole")]
     pub sequence: SequenceLayout,
@@ -104,7 +108,7 @@ impl ParallelAttentionConfig {
             n_kv_heads: self.n_kv_heads / tp.size(),
             head_dim: k,
             sequence: self.sequence,
-            rope: Rope::new(k, self.max_seq_len, self.rope_theta, device),
+            rope: Rope::new(k, self.max_seq_len, self.rope_theta, self.rope_scaling, device),
             tp: tp.clone(),
         })
     }

@@ -158,15 +158,35 @@ impl ColumnParallelLinear {
     /// - input: `[.., s, i]`, or `[.., s/tp, i]` with [`ColumnInput::SequenceSharded`]
     /// - output: `[.., s, o/tp]`, or `[.., s, o]` with [`ColumnOutput::Gathered`]
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Result<Tensor<D>, LayerError> {
-        let x = match self.input {
-            ColumnInput::Replicated => copy_to_tp(x, &self.tp)?,
-            ColumnInput::SequenceSharded => gather_from_sp(x, &self.tp, D - 2)?,
-            ColumnInput::InRegion => x,
-        };
-        let y = linear(x, self.weight.val(), self.bias.as_ref().map(|b| b.val()), self.gemm);
-        Ok(match self.output {
-            ColumnOutput::Sharded => y,
-            ColumnOutput::Gathered => gather_from_tp(y, &self.tp, D - 1)?,
-        })
+        let bias = self.bias.as_ref().map(|b| b.val());
+        column_parallel(x, self.weight.val(), bias, self.input, self.output, self.gemm, &self.tp)
     }
+}
+
+/// A column-parallel product with a weight shard held elsewhere (tied word embeddings: the
+/// embedding's rows, transposed): the input mapped as `input` says, multiplied, the output
+/// laid out as `output` says, exactly as [`ColumnParallelLinear::forward`] does.
+///
+/// # Shapes
+/// - `weight`: `[i, o/tp]`, `bias`: `[o/tp]`
+/// - input and output: as [`ColumnParallelLinear::forward`]
+pub fn column_parallel<const D: usize>(
+    x: Tensor<D>,
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+    input: ColumnInput,
+    output: ColumnOutput,
+    gemm: Gemm,
+    tp: &ProcessGroup,
+) -> Result<Tensor<D>, LayerError> {
+    let x = match input {
+        ColumnInput::Replicated => copy_to_tp(x, tp)?,
+        ColumnInput::SequenceSharded => gather_from_sp(x, tp, D - 2)?,
+        ColumnInput::InRegion => x,
+    };
+    let y = linear(x, weight, bias, gemm);
+    Ok(match output {
+        ColumnOutput::Sharded => y,
+        ColumnOutput::Gathered => gather_from_tp(y, tp, D - 1)?,
+    })
 }

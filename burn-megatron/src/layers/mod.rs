@@ -11,11 +11,11 @@ pub mod row;
 pub mod sequence;
 
 pub use attention::{ParallelAttention, ParallelAttentionConfig};
-pub use column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig};
+pub use column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, column_parallel};
 pub use cross_entropy::{VocabParallelCrossEntropy, VocabParallelCrossEntropyConfig};
 pub use embedding::{VocabParallelEmbedding, VocabParallelEmbeddingConfig, padded_vocab};
 pub use mlp::{ParallelMlp, ParallelMlpConfig};
 pub use norm::{RmsNorm, RmsNormConfig};
-pub use rope::Rope;
+pub use rope::{Rope, RopeScaling};
 pub use row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
 pub use sequence::SequenceLayout;

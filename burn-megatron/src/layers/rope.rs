@@ -1,7 +1,61 @@
 //! Rotary position embedding, rotating the two halves of each head (the Hugging Face Llama and
-//! Megatron layout; Burn's `RotaryEncoding` rotates interleaved pairs instead).
+//! Megatron layout; Burn's `RotaryEncoding` rotates interleaved pairs instead), with the
+//! frequency scalings of Hugging Face's `rope_type` that Llama checkpoints use. Scaling only
+//! changes the cos/sin tables; the kernel that applies them is the same.
 
+use burn::config::Config;
 use burn::tensor::{Device, Tensor};
+
+/// How the inverse frequencies `θ^(-2i/k)` are scaled for contexts longer than the training
+/// one (Hugging Face's `rope_type`, computed as transformers' `ROPE_INIT_FUNCTIONS` do).
+#[derive(Config, Debug, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE (`default`).
+    None,
+    /// Positions divided by `factor` (`linear`): every inverse frequency divided by it.
+    Linear { factor: f64 },
+    /// Llama 3.1's frequency-dependent scaling (`llama3`): wavelengths longer than
+    /// `original_max_position_embeddings / low_freq_factor` are divided by `factor`, shorter
+    /// than `original_max_position_embeddings / high_freq_factor` are kept, and the band between
+    /// is interpolated smoothly.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
+
+impl RopeScaling {
+    /// The inverse frequency of pair `i` of `half` (head_dim / 2) for base `theta`.
+    pub fn inv_freq(&self, theta: f64, i: usize, half: usize) -> f64 {
+        let inv_freq = theta.powf(-((2 * i) as f64) / (2 * half) as f64);
+        match *self {
+            Self::None => inv_freq,
+            Self::Linear { factor } => inv_freq / factor,
+            Self::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                // transformers' `_compute_llama3_parameters`, one frequency at a time.
+                let old_context = original_max_position_embeddings as f64;
+                let (low_freq_wavelen, high_freq_wavelen) =
+                    (old_context / low_freq_factor, old_context / high_freq_factor);
+                let wavelen = 2.0 * std::f64::consts::PI / inv_freq;
+                if wavelen > low_freq_wavelen {
+                    inv_freq / factor
+                } else if wavelen < high_freq_wavelen {
+                    inv_freq
+                } else {
+                    let smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                    (1.0 - smooth) * inv_freq / factor + smooth * inv_freq
+                }
+            }
+        }
+    }
+}
 
 /// The cos/sin tables for positions `0..max_seq_len`.
 #[derive(Clone, Debug)]
@@ -9,17 +63,19 @@ pub struct Rope {
     /// `[max_seq_len, head_dim/2]`
     cos: Tensor<2>,
     sin: Tensor<2>,
+    theta: f64,
+    scaling: RopeScaling,
 }
 
 impl Rope {
     /// `head_dim` must be even (checked by the attention config).
-    pub fn new(head_dim: usize, max_seq_len: usize, theta: f64, device: &Device) -> Self {
+    pub fn new(head_dim: usize, max_seq_len: usize, theta: f64, scaling: RopeScaling, device: &Device) -> Self {
         let half = head_dim / 2;
+        let inv_freqs: Vec<f64> = (0..half).map(|i| scaling.inv_freq(theta, i, half)).collect();
         let mut cos = Vec::with_capacity(max_seq_len * half);
         let mut sin = Vec::with_capacity(max_seq_len * half);
         for pos in 0..max_seq_len {
-            for i in 0..half {
-                let inv_freq = theta.powf(-((2 * i) as f64) / head_dim as f64);
+            for inv_freq in &inv_freqs {
                 let angle = pos as f64 * inv_freq;
                 cos.push(angle.cos() as f32);
                 sin.push(angle.sin() as f32);
@@ -29,7 +85,18 @@ impl Rope {
         Self {
             cos: table(cos),
             sin: table(sin),
+            theta,
+            scaling,
         }
+    }
+
+    /// The base θ of the inverse frequencies.
+    pub fn theta(&self) -> f64 {
+        self.theta
+    }
+
+    pub fn scaling(&self) -> RopeScaling {
+        self.scaling
     }
 
     /// Rotates `x` for positions `0..s`.
@@ -52,7 +119,7 @@ mod tests {
     #[test]
     fn rotates_halves_as_hugging_face_llama() {
         let dev = Device::flex();
-        let rope = Rope::new(4, 2, 10000.0, &dev);
+        let rope = Rope::new(4, 2, 10000.0, RopeScaling::None, &dev);
         let x = Tensor::<1>::from_floats([0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0], &dev).reshape([1, 1, 2, 4]);
         let out = rope
             .apply(x)
@@ -67,5 +134,28 @@ mod tests {
             // f32 trigonometry of the same angles: a few ulps.
             assert!((a - e).abs() < 1e-5, "{out:?} vs {expected:?}");
         }
+    }
+
+    /// Llama 3 scaling by hand for head_dim 8 (frequencies θ^0, θ^-1/4, θ^-1/2, θ^-3/4 with
+    /// θ = 10000: 1, 0.1, 0.01, 0.001; wavelengths 2π/f ≈ 6.28, 62.8, 628, 6283), factor 8,
+    /// low 1, high 4, original context 100: wavelengths under 25 are kept, over 100 divided by
+    /// 8, and 62.8 in between is interpolated with smooth = (100/62.83 − 1)/3.
+    #[test]
+    fn llama3_scaling_keeps_high_divides_low_and_smooths_between() {
+        let scaling = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 100,
+        };
+        let got: Vec<f64> = (0..4).map(|i| scaling.inv_freq(10000.0, i, 4)).collect();
+        let smooth = (100.0 / (2.0 * std::f64::consts::PI / 0.1) - 1.0) / 3.0;
+        let expected = [1.0, (1.0 - smooth) * 0.1 / 8.0 + smooth * 0.1, 0.01 / 8.0, 0.001 / 8.0];
+        for (g, e) in got.iter().zip(expected) {
+            // f64 powers of 10000: exact to a few ulps.
+            assert!((g - e).abs() <= 1e-12 * e, "{got:?} vs {expected:?}");
+        }
+        let linear = RopeScaling::Linear { factor: 4.0 };
+        assert!((linear.inv_freq(10000.0, 1, 4) - 0.1 / 4.0).abs() < 1e-15);
     }
 }

@@ -11,10 +11,22 @@ use burn_megatron_dist::ProcessGroups;
 use crate::error::LayerError;
 use crate::init::ParamInit;
 use crate::layers::{
-    ColumnParallelLinear, ColumnParallelLinearConfig, ParallelAttention, ParallelAttentionConfig, ParallelMlp,
-    ParallelMlpConfig, RmsNorm, RmsNormConfig, VocabParallelCrossEntropy, VocabParallelCrossEntropyConfig,
-    VocabParallelEmbedding, VocabParallelEmbeddingConfig,
+    ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, ParallelAttention,
+    ParallelAttentionConfig, ParallelMlp, ParallelMlpConfig, RmsNorm, RmsNormConfig, VocabParallelCrossEntropy,
+    VocabParallelCrossEntropyConfig, VocabParallelEmbedding, VocabParallelEmbeddingConfig, column_parallel,
 };
+use burn_megatron_kernels::Gemm;
+
+/// Where the output layer's weight comes from.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum WordEmbeddings {
+    /// The output layer has a weight of its own.
+    Untied,
+    /// The output layer multiplies by the embedding's weight, transposed (Hugging Face's
+    /// `tie_word_embeddings`): one parameter, vocabulary-parallel `[v/tp, d]`, whose gradient is
+    /// the sum of both uses. The output configuration still gives the input mapping and product.
+    Tied,
+}
 
 /// A Llama model: the configuration of each of its parts.
 #[derive(Config, Debug)]
@@ -27,6 +39,9 @@ pub struct LlamaConfig {
     /// The output layer, `d → v`.
     pub output: ColumnParallelLinearConfig,
     pub loss: VocabParallelCrossEntropyConfig,
+    /// Whether the output layer shares the embedding's weight.
+    #[config(default = "WordEmbeddings::Untied")]
+    pub word_embeddings: WordEmbeddings,
 }
 
 /// One decoder block: pre-norm attention and pre-norm MLP, each with a residual.
@@ -43,15 +58,26 @@ pub struct Llama {
     pub embedding: VocabParallelEmbedding,
     pub layers: Vec<LlamaBlock>,
     pub norm: RmsNorm,
-    pub output: ColumnParallelLinear,
+    /// The output layer; `None` with tied word embeddings, which use `tied_output` instead.
+    pub output: Option<ColumnParallelLinear>,
+    #[module(skip)]
+    pub tied_output: Option<TiedOutput>,
     #[module(skip)]
     pub loss: VocabParallelCrossEntropy,
+}
+
+/// The output layer of tied word embeddings, which holds no weight: how it maps its input
+/// (copy-to-tp, or gather-from-sp under sequence parallelism) and multiplies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TiedOutput {
+    pub input: ColumnInput,
+    pub gemm: Gemm,
 }
 
 impl LlamaConfig {
     /// A model with the given sizes, no parallelism applied, and the choices of
     /// ../shared/BENCHMARKS.md: RMSNorm ε 1e-5, RoPE θ 10000 on halves, SwiGLU, no biases,
-    /// untied embeddings.
+    /// untied embeddings (`with_word_embeddings(WordEmbeddings::Tied)` ties them).
     #[allow(clippy::too_many_arguments)]
     pub fn llama(
         vocab: usize,
@@ -87,11 +113,24 @@ impl LlamaConfig {
                 })
             })
             .collect::<Result<_, LayerError>>()?;
+        let (output, tied_output) = match self.word_embeddings {
+            WordEmbeddings::Untied => (Some(self.output.init(device, groups, init, "output")?), None),
+            WordEmbeddings::Tied => {
+                // The embedding's rows are the output's columns: the same padded vocabulary.
+                crate::error::divisible("d_output", self.output.d_output, groups.tp.size())?;
+                let tied = TiedOutput {
+                    input: self.output.input,
+                    gemm: self.output.gemm,
+                };
+                (None, Some(tied))
+            }
+        };
         Ok(Llama {
             embedding: self.embedding.init(device, groups, init, "embedding"),
             layers,
             norm: self.norm.init(device, groups, init),
-            output: self.output.init(device, groups, init, "output")?,
+            output,
+            tied_output,
             loss: self.loss.init(groups),
         })
     }
@@ -112,7 +151,24 @@ impl Llama {
         for layer in &self.layers {
             x = layer.forward(x)?;
         }
-        self.output.forward(self.norm.forward(x)?)
+        let x = self.norm.forward(x)?;
+        match (&self.output, &self.tied_output) {
+            (Some(output), _) => output.forward(x),
+            (None, Some(tied)) => {
+                let weight = self.embedding.weight.val().transpose(); // [d, v/tp]
+                let tp = &self.embedding.tp;
+                column_parallel(x, weight, None, tied.input, ColumnOutput::Sharded, tied.gemm, tp)
+            }
+            (None, None) => unreachable!("a Llama has an output layer or tied word embeddings"),
+        }
+    }
+
+    /// Whether the output layer shares the embedding's weight.
+    pub fn word_embeddings(&self) -> WordEmbeddings {
+        match self.output {
+            Some(_) => WordEmbeddings::Untied,
+            None => WordEmbeddings::Tied,
+        }
     }
 
     /// The next-token loss of `ids` against `targets` (see [`VocabParallelCrossEntropy`]).

@@ -1,0 +1,250 @@
+//! Export: the model whole in Hugging Face's names and layout, in f32 or bf16, one tensor
+//! gathered at a time and written by global rank 0 in shards of at most
+//! [`ExportOptions::max_shard_bytes`] (`model.safetensors`, or `model-0000i-of-0000n.safetensors`
+//! with `model.safetensors.index.json`), and a `config.json` that transformers'
+//! `AutoModelForCausalLM.from_pretrained` opens.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use burn::config::Config;
+use burn_megatron_dist::{CommError, ProcessGroups};
+use safetensors::tensor::{Dtype, TensorView};
+use serde_json::json;
+
+use super::config::HfConfig;
+use super::{HfError, format_error, hf_name, io, is_vocab};
+use crate::models::llama::{Llama, LlamaConfig};
+use crate::params::{param_infos, param_values};
+
+/// The dtype the exported weights are stored in.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum ExportDType {
+    F32,
+    /// bfloat16, rounded to nearest even.
+    BF16,
+}
+
+impl ExportDType {
+    fn bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::BF16 => 2,
+        }
+    }
+
+    /// Its name in `config.json` (`torch_dtype`, `dtype`).
+    fn torch_name(self) -> &'static str {
+        match self {
+            Self::F32 => "float32",
+            Self::BF16 => "bfloat16",
+        }
+    }
+
+    fn safetensors(self) -> Dtype {
+        match self {
+            Self::F32 => Dtype::F32,
+            Self::BF16 => Dtype::BF16,
+        }
+    }
+
+    fn encode(self, values: &[f32]) -> Vec<u8> {
+        match self {
+            Self::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            Self::BF16 => values
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+        }
+    }
+}
+
+/// How [`save`] writes.
+#[derive(Config, Debug)]
+pub struct ExportOptions {
+    #[config(default = "ExportDType::F32")]
+    pub dtype: ExportDType,
+    /// The largest shard file, in bytes (transformers' `save_pretrained` uses 5 GB). A tensor
+    /// larger than this gets a shard of its own.
+    #[config(default = 5_000_000_000)]
+    pub max_shard_bytes: u64,
+}
+
+/// One tensor of the export: where it comes from and what it becomes.
+struct Entry {
+    index: usize,
+    name: String,
+    transposed: bool,
+    split_dim: Option<usize>,
+    /// Its shape in the file, Hugging Face's `[out, in]`, the vocabulary unpadded.
+    shape: Vec<usize>,
+}
+
+/// Saves `model` (built from `config`) in Hugging Face's layout to `dir`. Every rank calls it
+/// (the tensors are gathered over tp one at a time); global rank 0 writes, and returns any
+/// error writing, after taking part in every gather.
+pub fn save(
+    dir: &Path,
+    model: &Llama,
+    config: &LlamaConfig,
+    groups: &ProcessGroups,
+    options: &ExportOptions,
+) -> Result<(), HfError> {
+    let hf = HfConfig::from_llama(config);
+    hf.check_model(model, groups.tp.size())?;
+    let tp = groups.tp.size();
+    let infos = param_infos(model);
+    let values = param_values(model);
+    let mut entries = Vec::with_capacity(infos.len());
+    for (index, (info, p)) in infos.iter().zip(&values).enumerate() {
+        let (name, transposed) = hf_name(&info.path).ok_or_else(|| HfError::Incompatible {
+            name: info.path.clone(),
+            detail: "no Hugging Face name".into(),
+        })?;
+        let mut shape = p.dims.clone();
+        if let Some(d) = info.split_dim {
+            shape[d] *= tp;
+        }
+        if transposed {
+            shape.reverse();
+        }
+        if is_vocab(&info.path) {
+            shape[0] = hf.vocab_size;
+        }
+        entries.push(Entry {
+            index,
+            name,
+            transposed,
+            split_dim: info.split_dim,
+            shape,
+        });
+    }
+    // Shards in traversal order, each as full as the limit allows.
+    let mut shards: Vec<Vec<&Entry>> = vec![Vec::new()];
+    let mut filled = 0u64;
+    for entry in &entries {
+        let bytes = (entry.shape.iter().product::<usize>() * options.dtype.bytes()) as u64;
+        if filled > 0 && filled + bytes > options.max_shard_bytes {
+            shards.push(Vec::new());
+            filled = 0;
+        }
+        filled += bytes;
+        shards.last_mut().expect("a shard").push(entry);
+    }
+    let writer = groups.global_rank == 0;
+    let file_name = |i: usize| match shards.len() {
+        1 => "model.safetensors".to_string(),
+        n => format!("model-{:05}-of-{n:05}.safetensors", i + 1),
+    };
+    if writer {
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    }
+    let mut failed: Option<HfError> = None;
+    let mut weight_map = BTreeMap::new();
+    let mut total_size = 0usize;
+    for (i, shard) in shards.iter().enumerate() {
+        let mut tensors: Vec<(String, Vec<u8>, Vec<usize>)> = Vec::with_capacity(shard.len());
+        for entry in shard {
+            let whole = gather(&values[entry.index], entry.split_dim, groups)?;
+            if !writer || failed.is_some() {
+                continue;
+            }
+            let bytes = options.dtype.encode(&hf_layout(entry, whole));
+            total_size += bytes.len();
+            weight_map.insert(entry.name.clone(), file_name(i));
+            tensors.push((entry.name.clone(), bytes, entry.shape.clone()));
+        }
+        if writer && failed.is_none() {
+            failed = write_file(&dir.join(file_name(i)), &tensors, options.dtype).err();
+        }
+    }
+    if !writer {
+        return Ok(());
+    }
+    if let Some(error) = failed {
+        return Err(error);
+    }
+    let index_path = dir.join("model.safetensors.index.json");
+    if shards.len() > 1 {
+        let index = json!({"metadata": {"total_size": total_size}, "weight_map": weight_map});
+        write(
+            &index_path,
+            &serde_json::to_vec_pretty(&index).expect("index serializes"),
+        )?;
+    } else if index_path.exists() {
+        // A stale index from an earlier sharded export would shadow the single file.
+        std::fs::remove_file(&index_path).map_err(|e| io(&index_path, e))?;
+    }
+    let json = serde_json::to_vec_pretty(&hf.to_json(options.dtype.torch_name())).expect("config serializes");
+    write(&dir.join("config.json"), &json)
+}
+
+/// The whole of one parameter, gathered over tp along its split dim, in f32 (`[n]`, our
+/// layout) on every rank.
+fn gather(
+    p: &crate::params::ParamValue,
+    split_dim: Option<usize>,
+    groups: &ProcessGroups,
+) -> Result<Vec<f32>, CommError> {
+    let whole = match split_dim {
+        // Seen as [outer, split, inner], gathered along the middle.
+        Some(dim) => {
+            let shape = &p.dims;
+            let (outer, inner) = (shape[..dim].iter().product(), shape[dim + 1..].iter().product());
+            let value = p.value.clone().reshape([outer, shape[dim], inner]);
+            let whole = groups.tp.all_gather(value, 1)?;
+            let n = whole.shape().num_elements();
+            whole.reshape([n])
+        }
+        None => p.value.clone(),
+    };
+    Ok(whole
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .expect("f32 values"))
+}
+
+/// `values` (our layout, gathered) in the file's layout: transposed to `[out, in]`, rows past
+/// the vocabulary (padding) dropped.
+fn hf_layout(entry: &Entry, values: Vec<f32>) -> Vec<f32> {
+    if entry.shape.len() != 2 {
+        return values;
+    }
+    let n: usize = entry.shape.iter().product();
+    if !entry.transposed {
+        let mut values = values;
+        values.truncate(n);
+        return values;
+    }
+    // Ours is [in, out'] with out' ≥ out (padding); the file's [out, in].
+    let [rows, cols] = [entry.shape[0], entry.shape[1]];
+    let stride = values.len() / cols;
+    let mut out = vec![0.0f32; n];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[r * cols + c] = values[c * stride + r];
+        }
+    }
+    out
+}
+
+/// One safetensors file of `tensors`, written to a temporary name, synced and renamed.
+fn write_file(path: &Path, tensors: &[(String, Vec<u8>, Vec<usize>)], dtype: ExportDType) -> Result<(), HfError> {
+    let views = tensors
+        .iter()
+        .map(|(n, b, s)| TensorView::new(dtype.safetensors(), s.clone(), b).map(|v| (n.as_str(), v)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format_error(path, e))?;
+    // transformers refuses safetensors files whose metadata names no framework.
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    let buffer = safetensors::serialize(views, Some(metadata)).map_err(|e| format_error(path, e))?;
+    write(path, &buffer)
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<(), HfError> {
+    crate::checkpoint::write_synced(path, bytes).map_err(|e| HfError::Io {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    })
+}

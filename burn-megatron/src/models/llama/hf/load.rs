@@ -1,0 +1,218 @@
+//! Loading: every file memory-mapped, each rank decoding only its own slice of each tensor to
+//! f32 (an 8B model at tp 8 as threads maps the files once a rank but never holds them whole in
+//! f32). Everything is read and checked before the model changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{Tensor, TensorData};
+use burn_megatron_dist::ProcessGroups;
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, SafeTensors};
+use serde::Deserialize;
+
+use super::config::read_config;
+use super::{HfError, format_error, hf_name, io, is_vocab};
+use crate::models::llama::{Llama, WordEmbeddings};
+use crate::params::{map_params, param_infos, param_values};
+
+/// The checkpoint's files, mapped, and where each tensor lies in them.
+struct Checkpoint {
+    maps: Vec<Mmap>,
+    tensors: BTreeMap<String, Stored>,
+}
+
+/// One tensor: its file, dtype, shape and byte range in the mapping.
+struct Stored {
+    file: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: std::ops::Range<usize>,
+}
+
+impl Checkpoint {
+    fn open(dir: &Path) -> Result<Self, HfError> {
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<String> = if index.exists() {
+            #[derive(Deserialize)]
+            struct Index {
+                weight_map: BTreeMap<String, String>,
+            }
+            let text = std::fs::read_to_string(&index).map_err(|e| io(&index, e))?;
+            let parsed: Index = serde_json::from_str(&text).map_err(|e| format_error(&index, e))?;
+            let files: BTreeSet<String> = parsed.weight_map.into_values().collect();
+            files.into_iter().collect()
+        } else {
+            vec!["model.safetensors".to_string()]
+        };
+        let mut maps = Vec::with_capacity(files.len());
+        let mut tensors = BTreeMap::new();
+        for (i, file) in files.iter().enumerate() {
+            let path: PathBuf = dir.join(file);
+            let handle = File::open(&path).map_err(|e| io(&path, e))?;
+            // SAFETY: the mapping is only read, and lives as long as `Checkpoint`. Another
+            // process truncating or rewriting the file while it is loaded would change what we
+            // read (or fault); checkpoints are not written while they are loaded.
+            let map = unsafe { Mmap::map(&handle) }.map_err(|e| io(&path, e))?;
+            let (header, metadata) = SafeTensors::read_metadata(&map).map_err(|e| format_error(&path, e))?;
+            let start = 8 + header;
+            for (name, info) in metadata.tensors() {
+                let (a, b) = info.data_offsets;
+                tensors.insert(
+                    name,
+                    Stored {
+                        file: i,
+                        dtype: info.dtype,
+                        shape: info.shape.clone(),
+                        bytes: start + a..start + b,
+                    },
+                );
+            }
+            maps.push(map);
+        }
+        Ok(Self { maps, tensors })
+    }
+
+    fn bytes(&self, t: &Stored) -> &[u8] {
+        &self.maps[t.file][t.bytes.clone()]
+    }
+
+    /// Decodes elements `from..from + out.len()` of `t` (row-major) into `out`.
+    fn decode(&self, t: &Stored, from: usize, out: &mut [f32]) {
+        let size = t.dtype.bitsize() / 8;
+        let bytes = &self.bytes(t)[from * size..(from + out.len()) * size];
+        let chunks = bytes.chunks_exact(size).zip(out.iter_mut());
+        match t.dtype {
+            Dtype::F32 => chunks.for_each(|(c, o)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            Dtype::BF16 => chunks.for_each(|(c, o)| *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+            Dtype::F16 => chunks.for_each(|(c, o)| *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
+            _ => unreachable!("dtypes are checked before decoding"),
+        }
+    }
+
+    /// This rank's part of `t` for a parameter of local shape `local`, split along our `dim`
+    /// from `start`; `transposed`: `t` is stored `[out, in]` and ours is `[in, out]`. Along the
+    /// split dim, positions past the stored tensor (vocabulary padding) are zeros.
+    fn read_local(&self, t: &Stored, transposed: bool, local: &[usize], dim: usize, start: usize) -> Vec<f32> {
+        let mut out = vec![0.0f32; local.iter().product()];
+        let global: Vec<usize> = match transposed {
+            true => t.shape.iter().rev().copied().collect(),
+            false => t.shape.clone(),
+        };
+        let range = |d: usize| {
+            let from = if d == dim { start } else { 0 };
+            from..(from + local[d]).min(global[d])
+        };
+        match local.len() {
+            1 => {
+                let rows = range(0);
+                let n = rows.len();
+                self.decode(t, rows.start, &mut out[..n]);
+            }
+            2 => {
+                let (rows, cols) = (range(0), range(1));
+                let width = local[1];
+                if !transposed {
+                    for r in rows.clone() {
+                        let dst = (r - rows.start) * width;
+                        self.decode(t, r * global[1] + cols.start, &mut out[dst..dst + cols.len()]);
+                    }
+                } else {
+                    // Stored row `c` holds our column `c`: decode its run of our rows, scatter.
+                    let mut run = vec![0.0f32; rows.len()];
+                    for c in cols.clone() {
+                        self.decode(t, c * global[0] + rows.start, &mut run);
+                        for (k, v) in run.iter().enumerate() {
+                            out[k * width + (c - cols.start)] = *v;
+                        }
+                    }
+                }
+            }
+            _ => unreachable!("Llama's parameters are vectors and matrices"),
+        }
+        out
+    }
+}
+
+/// Loads the Hugging Face checkpoint in `dir` into `model`, each rank reading its slice. The
+/// checkpoint's `config.json` must describe `model` ([`HfError::Mismatch`] names the field
+/// that differs), and every tensor must be used ([`HfError::LeftOver`]).
+pub fn load(dir: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, HfError> {
+    let config = read_config(dir)?;
+    config.check_model(&model, groups.tp.size())?;
+    let checkpoint = Checkpoint::open(dir)?;
+    let infos = param_infos(&model);
+    let shapes: Vec<Vec<usize>> = param_values(&model).into_iter().map(|p| p.dims).collect();
+    let (tp, tp_rank) = (groups.tp.size(), groups.tp.group_rank());
+    let mut used = BTreeSet::new();
+    let mut values = Vec::with_capacity(infos.len());
+    for (info, local) in infos.iter().zip(&shapes) {
+        let incompatible = |detail: String| HfError::Incompatible {
+            name: info.path.clone(),
+            detail,
+        };
+        let (name, transposed) = hf_name(&info.path).ok_or_else(|| incompatible("no Hugging Face name".into()))?;
+        let stored = checkpoint
+            .tensors
+            .get(&name)
+            .ok_or_else(|| incompatible(format!("{name} is not in the checkpoint")))?;
+        if !matches!(stored.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+            return Err(incompatible(format!("{name}: unsupported dtype {:?}", stored.dtype)));
+        }
+        let global: Vec<usize> = match transposed {
+            true => stored.shape.iter().rev().copied().collect(),
+            false => stored.shape.clone(),
+        };
+        let dim = info.split_dim.unwrap_or(0);
+        let parts = if info.split_dim.is_some() { tp } else { 1 };
+        // Along the split dim the whole is `local · parts`, less the padding for the vocabulary.
+        let fits = global.len() == local.len()
+            && global.iter().zip(local).enumerate().all(|(d, (g, l))| match d == dim {
+                true if is_vocab(&info.path) => *g == config.vocab_size && *g <= l * parts,
+                true => *g == l * parts,
+                false => g == l,
+            });
+        if !fits {
+            return Err(incompatible(format!(
+                "{name} is stored {:?}: it does not fit a local shape {local:?} over {parts} ranks",
+                stored.shape
+            )));
+        }
+        let start = if info.split_dim.is_some() {
+            tp_rank * local[dim]
+        } else {
+            0
+        };
+        values.push(checkpoint.read_local(stored, transposed, local, dim, start));
+        used.insert(name);
+    }
+    let left_over: Vec<String> = checkpoint
+        .tensors
+        .iter()
+        .filter(|(name, _)| !used.contains(*name))
+        // Rotary frequencies that older exports kept as buffers: derived, not weights.
+        .filter(|(name, _)| !name.ends_with("rotary_emb.inv_freq"))
+        // A tied checkpoint may store the output weight too; it must then be the embedding.
+        .filter(|(name, stored)| {
+            let tied = model.word_embeddings() == WordEmbeddings::Tied;
+            let same_as_embedding = || {
+                let embed = &checkpoint.tensors["model.embed_tokens.weight"];
+                embed.dtype == stored.dtype
+                    && embed.shape == stored.shape
+                    && checkpoint.bytes(embed) == checkpoint.bytes(stored)
+            };
+            !(tied && name.as_str() == "lm_head.weight" && same_as_embedding())
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
+    if !left_over.is_empty() {
+        return Err(HfError::LeftOver { names: left_over });
+    }
+    // Everything is read and checked: now change the model.
+    Ok(map_params(model, &mut |i, old, _| {
+        let v = std::mem::take(&mut values[i]);
+        let n = v.len();
+        Tensor::<1>::from_data(TensorData::new(v, [n]), &old.device()).cast(old.dtype())
+    }))
+}
