@@ -26,7 +26,7 @@ pub struct Run {
 enum Optimizer {
     /// fp32 master weights and moments; gradients averaged over `grad_sync` bucket by bucket
     /// during backward, waited for at the step.
-    Master(DistributedAdamW),
+    Master(Box<DistributedAdamW>),
     /// The parameters updated in their own dtype (fp32 moments): no master weights, one rank.
     Pure(ModuleOptimizer),
 }
@@ -135,7 +135,7 @@ pub fn run(
     profile: bool,
 ) -> Run {
     let optimizer = match policy.master {
-        MasterWeights::F32 => Optimizer::Master(DistributedAdamWConfig::new().init(&ctx.groups)),
+        MasterWeights::F32 => Optimizer::Master(Box::new(DistributedAdamWConfig::new().init(&ctx.groups))),
         MasterWeights::None => Optimizer::Pure(FusedAdamWConfig::new().init()),
     };
     let mut trainer = Trainer {

@@ -62,6 +62,9 @@ fn spawn_processes(gpus: usize) {
     }
 }
 
+/// One collective to time: a call on the bench's tensors.
+type Collective<'a> = Box<dyn Fn() -> Tensor<1> + 'a>;
+
 fn bench(ctx: &RankContext, transport: &str) {
     let group = &ctx.groups.tp;
     let n = group.size();
@@ -70,7 +73,7 @@ fn bench(ctx: &RankContext, transport: &str) {
         numel -= numel % n;
         let x = Tensor::<1>::random([numel], Distribution::Default, (&ctx.device, DType::BF16));
         let shard = x.clone().narrow(0, 0, numel / n);
-        let ops: [(&str, f64, Box<dyn Fn() -> Tensor<1> + '_>); 4] = [
+        let ops: [(&str, f64, Collective<'_>); 4] = [
             (
                 "all_reduce",
                 2.0,
