@@ -1,7 +1,9 @@
 //! One AdamW update of a parameter as a backend extension, [`AdamWOps`]: on CUDA one kernel
 //! reads the parameter, its gradient and both moments once and writes the three new tensors;
 //! elsewhere the tensor-op twin, [`reference`]. Both compute in f32, keep the moments in f32 and
-//! round the parameter once to its dtype.
+//! round the parameter once to its dtype. With fp32 master weights
+//! ([`adamw_master_step`]) the kernel updates the master copy and writes the model's
+//! lower-precision copy of it in the same pass.
 //!
 //! With `g = grad · grad_scale`: `m ← β₁m + (1−β₁)g`, `v ← β₂v + (1−β₂)g²`,
 //! `p ← p(1 − lr·λ) − lr · (m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + ε)` (decoupled weight decay λ, as
@@ -9,8 +11,8 @@
 
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
-use burn::tensor::Tensor;
+use burn::backend::{Autodiff, AutodiffBackend, Backend, ExtensionType, Flex, backend_extension};
+use burn::tensor::{FloatDType, Tensor};
 
 /// AdamW's hyper-parameters for one step.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -47,6 +49,17 @@ pub trait AdamWOps: Backend {
         moment_2: FloatTensor<Self>,
         step: AdamWStep,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `(master, moment_1, moment_2, parameter)` after one step of f32 master weights: the
+    /// gradient in any float dtype, the new parameter the new master value in `dtype`.
+    fn adamw_master_update(
+        master: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moment_1: FloatTensor<Self>,
+        moment_2: FloatTensor<Self>,
+        step: AdamWStep,
+        dtype: FloatDType,
+    ) -> MasterUpdate<Self>;
 }
 
 /// The plain tensor-op twin, on any backend's primitives: the CPU path and the kernel's oracle.
@@ -86,10 +99,37 @@ pub mod reference {
         let param = B::float_sub(decayed, B::float_mul_scalar(update, scalar(step.lr)));
         (B::float_cast(param, dtype), m, v)
     }
+
+    /// The update of f32 master weights, and their copy in `dtype`.
+    pub fn master_update<B: Backend>(
+        master: FloatTensor<B>,
+        grad: FloatTensor<B>,
+        m: FloatTensor<B>,
+        v: FloatTensor<B>,
+        step: AdamWStep,
+        dtype: FloatDType,
+    ) -> super::MasterUpdate<B> {
+        let (master, moment_1, moment_2) = update::<B>(B::float_cast(master, FloatDType::F32), grad, m, v, step);
+        super::MasterUpdate {
+            param: B::float_cast(master.clone(), dtype),
+            master,
+            moment_1,
+            moment_2,
+        }
+    }
 }
 
 /// The new parameter and moments.
 type Update<B> = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
+/// One step's new f32 master weights and moments, and the parameter's copy of the master
+/// weights in its own dtype.
+#[derive(ExtensionType)]
+pub struct MasterUpdate<B: Backend> {
+    pub master: FloatTensor<B>,
+    pub moment_1: FloatTensor<B>,
+    pub moment_2: FloatTensor<B>,
+    pub param: FloatTensor<B>,
+}
 
 impl AdamWOps for Flex {
     fn adamw_update(
@@ -100,6 +140,17 @@ impl AdamWOps for Flex {
         step: AdamWStep,
     ) -> Update<Self> {
         reference::update::<Flex>(param, grad, m, v, step)
+    }
+
+    fn adamw_master_update(
+        master: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        step: AdamWStep,
+        dtype: FloatDType,
+    ) -> MasterUpdate<Self> {
+        reference::master_update::<Flex>(master, grad, m, v, step, dtype)
     }
 }
 
@@ -112,7 +163,18 @@ impl AdamWOps for burn::backend::Cube {
         v: FloatTensor<Self>,
         step: AdamWStep,
     ) -> Update<Self> {
-        crate::elementwise::adamw(param, grad, m, v, step)
+        crate::optim_kernels::adamw(param, grad, m, v, step)
+    }
+
+    fn adamw_master_update(
+        master: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        step: AdamWStep,
+        dtype: FloatDType,
+    ) -> MasterUpdate<Self> {
+        crate::optim_kernels::adamw_master(master, grad, m, v, step, dtype)
     }
 }
 
@@ -129,6 +191,25 @@ impl<B: Backend + AdamWOps, C: CheckpointStrategy> AdamWOps for Autodiff<B, C> {
         let (p, m, v) = B::adamw_update(inner(param), inner(grad), inner(m), inner(v), step);
         let outer = |t| <Self as AutodiffBackend>::from_inner(t);
         (outer(p), outer(m), outer(v))
+    }
+
+    fn adamw_master_update(
+        master: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        m: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        step: AdamWStep,
+        dtype: FloatDType,
+    ) -> MasterUpdate<Self> {
+        let inner = |t: FloatTensor<Self>| t.into_parts().0;
+        let new = B::adamw_master_update(inner(master), inner(grad), inner(m), inner(v), step, dtype);
+        let outer = |t| <Self as AutodiffBackend>::from_inner(t);
+        MasterUpdate {
+            master: outer(new.master),
+            moment_1: outer(new.moment_1),
+            moment_2: outer(new.moment_2),
+            param: outer(new.param),
+        }
     }
 }
 
@@ -154,6 +235,35 @@ pub fn adamw_step<const D: usize>(
         Tensor::from_dispatch(p),
         Tensor::from_dispatch(m),
         Tensor::from_dispatch(v),
+    )
+}
+
+/// One AdamW step of f32 master weights through [`AdamWOps`]: the new master weights and f32
+/// moments, and the new value in `dtype` for the model.
+///
+/// # Shapes
+/// all four of one shape
+pub fn adamw_master_step<const D: usize>(
+    master: Tensor<D>,
+    grad: Tensor<D>,
+    moment_1: Tensor<D>,
+    moment_2: Tensor<D>,
+    step: AdamWStep,
+    dtype: FloatDType,
+) -> (Tensor<D>, Tensor<D>, Tensor<D>, Tensor<D>) {
+    let new = <burn::backend::Dispatch as AdamWOps>::adamw_master_update(
+        master.into_dispatch(),
+        grad.into_dispatch(),
+        moment_1.into_dispatch(),
+        moment_2.into_dispatch(),
+        step,
+        dtype,
+    );
+    (
+        Tensor::from_dispatch(new.master),
+        Tensor::from_dispatch(new.moment_1),
+        Tensor::from_dispatch(new.moment_2),
+        Tensor::from_dispatch(new.param),
     )
 }
 

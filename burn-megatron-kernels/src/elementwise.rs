@@ -1,4 +1,4 @@
-//! The elementwise CUDA kernels (SwiGLU, RoPE, the AdamW step), on vectors of elements.
+//! The elementwise CUDA kernels (SwiGLU, RoPE), on vectors of elements.
 
 use burn::backend::Cube;
 use burn::tensor::{DType, Shape};
@@ -40,7 +40,7 @@ fn vector_size(len: usize) -> usize {
     if len.is_multiple_of(8) { 8 } else { 1 }
 }
 
-fn launch_dims(len: usize, vector: usize) -> (CubeCount, CubeDim) {
+pub(crate) fn launch_dims(len: usize, vector: usize) -> (CubeCount, CubeDim) {
     let units = (len / vector) as u32;
     (CubeCount::Static(units.div_ceil(256), 1, 1), CubeDim::new_1d(256))
 }
@@ -160,101 +160,6 @@ pub(crate) fn swiglu_backward(a: CubeTensor, b: CubeTensor, grad: CubeTensor) ->
         db.clone().into_tensor_arg(),
     );
     (da, db)
-}
-
-/// One AdamW step: parameter and gradient in `F`, moments in f32; new tensors out.
-#[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
-fn adamw_kernel<F: Float, N: Size>(
-    param: &Tensor<Vector<F, N>>,
-    grad: &Tensor<Vector<F, N>>,
-    m: &Tensor<Vector<f32, N>>,
-    v: &Tensor<Vector<f32, N>>,
-    param_out: &mut Tensor<Vector<F, N>>,
-    m_out: &mut Tensor<Vector<f32, N>>,
-    v_out: &mut Tensor<Vector<f32, N>>,
-    lr: f32,
-    beta_1: f32,
-    beta_2: f32,
-    epsilon: f32,
-    decay: f32,
-    bias_1: f32,
-    bias_2: f32,
-    grad_scale: f32,
-) {
-    let i = ABSOLUTE_POS;
-    if i < param_out.len() {
-        let g = Vector::<f32, N>::cast_from(grad[i]) * Vector::new(grad_scale);
-        let m = m[i] * Vector::new(beta_1) + g * Vector::new(1.0f32 - beta_1);
-        let v = v[i] * Vector::new(beta_2) + g * g * Vector::new(1.0f32 - beta_2);
-        let update = (m / Vector::new(bias_1)) / ((v / Vector::new(bias_2)).sqrt() + Vector::new(epsilon));
-        let p = Vector::<f32, N>::cast_from(param[i]) * Vector::new(decay) - update * Vector::new(lr);
-        param_out[i] = Vector::cast_from(p);
-        m_out[i] = m;
-        v_out[i] = v;
-    }
-}
-
-pub(crate) fn adamw(
-    param: CubeTensor,
-    grad: CubeTensor,
-    m: CubeTensor,
-    v: CubeTensor,
-    step: crate::adamw::AdamWStep,
-) -> (CubeTensor, CubeTensor, CubeTensor) {
-    let (bias_1, bias_2) = step.bias();
-    use burn::backend::ops::FloatTensorOps;
-    let fits = matches!(param.dtype, DType::BF16 | DType::F16 | DType::F32)
-        && m.dtype == DType::F32
-        && v.dtype == DType::F32
-        && [&grad, &m, &v].iter().all(|t| t.meta.shape() == param.meta.shape());
-    let grad = match fits && grad.dtype != param.dtype {
-        true => Cube::float_cast(grad, param.dtype.into()),
-        false => grad,
-    };
-    let inputs = (
-        compact_input(param.clone()),
-        compact_input(grad.clone()),
-        compact_input(m.clone()),
-        compact_input(v.clone()),
-    );
-    let (true, Some(pc), Some(gc), Some(mc), Some(vc)) = (fits, inputs.0, inputs.1, inputs.2, inputs.3) else {
-        return crate::adamw::reference::update::<Cube>(param, grad, m, v, step);
-    };
-    let shape = pc.meta.shape().clone();
-    let (param_out, m_out, v_out) = (
-        compact_output(&pc, shape.clone(), pc.dtype),
-        compact_output(&pc, shape.clone(), DType::F32),
-        compact_output(&pc, shape, DType::F32),
-    );
-    let len = pc.meta.num_elements();
-    // f32 moments: vectors of 4 are 16-byte loads.
-    let vector = if len % 4 == 0 { 4 } else { 1 };
-    let (count, dim) = launch_dims(len, vector);
-    launch_float!(
-        pc.dtype,
-        adamw_kernel,
-        &pc.client,
-        count,
-        dim,
-        vector,
-        pc.clone().into_tensor_arg(),
-        gc.into_tensor_arg(),
-        mc.into_tensor_arg(),
-        vc.into_tensor_arg(),
-        param_out.clone().into_tensor_arg(),
-        m_out.clone().into_tensor_arg(),
-        v_out.clone().into_tensor_arg(),
-        step.lr,
-        step.beta_1,
-        step.beta_2,
-        step.epsilon,
-        1.0 - step.lr * step.weight_decay,
-        bias_1,
-        bias_2,
-        step.grad_scale,
-    );
-    (param_out, m_out, v_out)
 }
 
 /// RoPE: one thread a vector of the first half of a row and its partner in the second. `x` is

@@ -5,10 +5,12 @@
 //!   configuration names: on CUDA our Hopper GEMM, [`wgmma`] (`wgmma` + TMA through inline PTX;
 //!   the shared pieces in `hopper`), with Burn's matmul as the fallback.
 //! - [`attention`]: flash attention forward and backward (no O(s²) memory).
+//! - [`f32_matmul`]: f32 products kept in f32 on CUDA, where Burn's matmul would round to TF32.
 //! - [`rms_norm`], [`swiglu`], [`rope`]: the fused row and elementwise ops of a Llama block.
 //! - [`cross_entropy`]: the full-vocabulary sums of (vocab-parallel) cross-entropy and their
 //!   backward, on the logits in their dtype.
-//! - [`adamw`]: one AdamW update a parameter in one kernel.
+//! - [`adamw`]: one AdamW update a parameter in one kernel (of fp32 master weights too, writing
+//!   the model's copy in the same pass); [`norm`]: the sum of squares of a global gradient norm.
 //!
 //! `docs/perf/kernels.md` describes each and what it measured.
 
@@ -17,9 +19,13 @@ pub mod attention;
 pub mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod elementwise;
+pub mod f32_matmul;
 #[cfg(feature = "cuda")]
 mod hopper;
 pub mod linear;
+pub mod norm;
+#[cfg(feature = "cuda")]
+mod optim_kernels;
 pub mod rms_norm;
 pub mod rope;
 #[cfg(feature = "cuda")]

@@ -1,7 +1,8 @@
 //! The matrix product of the linear layers as a backend extension, [`GemmOps`]. Which product
 //! runs is part of each layer's configuration, a [`Gemm`], passed with every call (forward and
-//! both backward products): on CUDA, our Hopper GEMM ([`crate::wgmma`]) for bf16 operands;
-//! Burn's own matmul for everything else.
+//! both backward products): on CUDA, our Hopper GEMM ([`crate::wgmma`]) for bf16 operands,
+//! f32 operands in f32 ([`crate::f32_matmul`], never TF32); Burn's own matmul for everything
+//! else.
 //!
 //! Legend: `m` rows (tokens), `k` input features, `n` output features.
 
@@ -21,7 +22,7 @@ use burn::tensor::Tensor;
 /// different products.
 #[derive(Config, Debug, Copy, PartialEq, Eq, Hash)]
 pub enum Gemm {
-    /// Burn's matmul, on every backend and dtype.
+    /// Burn's matmul, on every backend and dtype (f32 operands on CUDA in f32, not TF32).
     Burn,
     /// Our Hopper GEMM (`wgmma` through inline PTX, one persistent block an SM) for bf16
     /// operands on CUDA; Burn's matmul for other dtypes, for shapes it refuses (an inner size
@@ -51,6 +52,7 @@ impl GemmOps for burn::backend::Cube {
         match kind {
             Gemm::Wgmma if bf16 => crate::wgmma::gemm(lhs.clone(), rhs.clone(), crate::wgmma::Schedule::Persistent)
                 .unwrap_or_else(|_| Cube::float_matmul(lhs, rhs)),
+            _ if lhs.dtype == DType::F32 && rhs.dtype == DType::F32 => crate::f32_matmul::cuda::matmul(lhs, rhs),
             Gemm::Wgmma | Gemm::Burn => Cube::float_matmul(lhs, rhs),
         }
     }

@@ -20,7 +20,7 @@ const THREADS: u32 = 256;
 const DW_ROWS: u32 = 64;
 
 #[cube]
-fn hsum<N: Size>(v: Vector<f32, N>) -> f32 {
+pub(crate) fn hsum<N: Size>(v: Vector<f32, N>) -> f32 {
     let mut sum = 0.0f32;
     #[unroll]
     for i in 0..v.vector_size() {
@@ -31,7 +31,7 @@ fn hsum<N: Size>(v: Vector<f32, N>) -> f32 {
 
 /// The sum of `x` over the block's 256 threads, on every thread.
 #[cube]
-fn block_sum(x: f32) -> f32 {
+pub(crate) fn block_sum(x: f32) -> f32 {
     let mut partial = Shared::<[f32]>::new_slice(8usize);
     let warp = plane_sum(x);
     if UNIT_POS_PLANE == 0 {

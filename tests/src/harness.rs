@@ -49,6 +49,16 @@ impl Harness {
         }
     }
 
+    /// Every rank on CUDA device 0: ranks sharing a GPU exchange data through host memory (the
+    /// in-process transport), so a one-GPU machine runs the parallel suites' numerics.
+    #[cfg(feature = "cuda")]
+    pub fn on_one_gpu(self) -> Self {
+        Self {
+            device_of: |_| Device::cuda(0),
+            ..self
+        }
+    }
+
     /// The device of a local rank.
     pub fn device(&self, local_rank: usize) -> Device {
         (self.device_of)(local_rank)

@@ -215,10 +215,24 @@ pub fn rope(h: &Harness) {
     }
 }
 
+/// The kernel tests' AdamW step `time`: lr 1e-2, β (0.9, 0.95), weight decay 0.1, the gradient
+/// halved (as clipping would).
+fn adam_step(time: u32) -> burn_megatron_kernels::adamw::AdamWStep {
+    burn_megatron_kernels::adamw::AdamWStep {
+        lr: 1e-2,
+        beta_1: 0.9,
+        beta_2: 0.95,
+        epsilon: 1e-8,
+        weight_decay: 0.1,
+        time,
+        grad_scale: 0.5,
+    }
+}
+
 /// Three fused AdamW steps against the update written in f32 tensor ops, for f32 and bf16
 /// parameters, on lengths that take vectors of 4 and one that takes none.
 pub fn adamw(h: &Harness) {
-    use burn_megatron_kernels::adamw::{AdamWStep, adamw_step};
+    use burn_megatron_kernels::adamw::adamw_step;
     let device = h.device(0);
     for dtype in [DType::F32, DType::BF16] {
         for dims in [[1000, 37], [7, 13]] {
@@ -230,15 +244,7 @@ pub fn adamw(h: &Harness) {
             );
             let (mut p32, mut m32, mut v32) = (start.cast(DType::F32), m.clone(), v.clone());
             for time in 1..=3u32 {
-                let step = AdamWStep {
-                    lr: 1e-2,
-                    beta_1: 0.9,
-                    beta_2: 0.95,
-                    epsilon: 1e-8,
-                    weight_decay: 0.1,
-                    time,
-                    grad_scale: 0.5,
-                };
+                let step = adam_step(time);
                 let grad = Tensor::<2>::random(dims, Distribution::Normal(0.0, 1.0), (&device, dtype));
                 (p, m, v) = adamw_step(p, grad.clone(), m, v, step);
                 let g = grad.cast(DType::F32) * 0.5;
@@ -257,6 +263,131 @@ pub fn adamw(h: &Harness) {
             assert!(error < 1e-4, "{case}: first moment relative error {error}");
         }
     }
+}
+
+/// Three AdamW steps of f32 master weights, the model's copy written in the same pass, against
+/// the f32 twin: gradients in bf16 and f32, copies in bf16 and f32, lengths that take vectors of
+/// 4 and one that takes none.
+pub fn adamw_master(h: &Harness) {
+    use burn::tensor::FloatDType;
+    use burn_megatron_kernels::adamw::{adamw_master_step, reference};
+    let device = h.device(0);
+    for (grad_dtype, param_dtype) in [
+        (DType::BF16, DType::BF16),
+        (DType::F32, DType::BF16),
+        (DType::F32, DType::F32),
+    ] {
+        for n in [37_000, 91] {
+            let master = Tensor::<1>::random([n], Distribution::Normal(0.0, 1.0), (&device, DType::F32));
+            let zeros = master.zeros_like();
+            let mut ours = (master.clone(), zeros.clone(), zeros.clone(), master.clone());
+            let mut twin = (master, zeros.clone(), zeros);
+            for time in 1..=3u32 {
+                let step = adam_step(time);
+                let grad = Tensor::<1>::random([n], Distribution::Normal(0.0, 1.0), (&device, grad_dtype));
+                ours = adamw_master_step(
+                    ours.0,
+                    grad.clone(),
+                    ours.1,
+                    ours.2,
+                    step,
+                    FloatDType::from(param_dtype),
+                );
+                let (p, m, v) = reference::update::<burn::backend::Dispatch>(
+                    twin.0.into_dispatch(),
+                    grad.into_dispatch(),
+                    twin.1.into_dispatch(),
+                    twin.2.into_dispatch(),
+                    step,
+                );
+                twin = (
+                    Tensor::from_dispatch(p),
+                    Tensor::from_dispatch(m),
+                    Tensor::from_dispatch(v),
+                );
+            }
+            let case = format!("grad {grad_dtype:?} param {param_dtype:?} n {n}");
+            // The same f32 formula in both: a few ulps of values of order 1.
+            for (what, a, b) in [
+                ("master", &ours.0, &twin.0),
+                ("m", &ours.1, &twin.1),
+                ("v", &ours.2, &twin.2),
+            ] {
+                let error = relative_error(a.clone(), b.clone());
+                assert!(error < 1e-5, "{case}: {what} relative error {error}");
+            }
+            assert_eq!(ours.3.dtype(), param_dtype, "{case}: the copy's dtype");
+            // The copy is the new master value rounded once to its dtype: exactly the cast.
+            let exact = ours.0.clone().cast(param_dtype).cast(DType::F32);
+            let error = relative_error(ours.3.clone(), exact);
+            assert!(error == 0.0, "{case}: the copy differs from the cast master by {error}");
+        }
+    }
+}
+
+/// The sum of squares of many tensors against the f32 sum on the CPU: lengths split into many
+/// blocks, into one partial block, into no vectors of 8, empty, and a view into a longer
+/// buffer; bf16 and f32.
+pub fn sum_of_squares(h: &Harness) {
+    use burn::tensor::Device;
+    use burn_megatron_kernels::norm::sum_of_squares;
+    let device = h.device(0);
+    let lengths = [3 * 2048 * 8 + 5 * 8, 1000, 7, 0, 2_000_003];
+    for dtype in [DType::BF16, DType::F32] {
+        let mut xs: Vec<Tensor<1>> = lengths
+            .iter()
+            .map(|&n| Tensor::random([n], Distribution::Normal(0.0, 1.0), (&device, dtype)))
+            .collect();
+        // A view into the middle of a longer buffer, as a parameter's shard of a bucket.
+        let long = Tensor::<1>::random([50_000], Distribution::Normal(0.0, 1.0), (&device, dtype));
+        xs.push(long.narrow(0, 16_000, 20_000));
+        let cpu: f64 = xs
+            .iter()
+            .map(|x| {
+                let x = x.clone().cast(DType::F32).to_device(&Device::flex());
+                x.clone().mul(x).sum().into_scalar::<f64>()
+            })
+            .sum();
+        let ours = sum_of_squares(xs, &device).into_scalar::<f64>();
+        // f32 sums of ~2M squares in another order: well under 1e-5 relative.
+        assert!((ours - cpu).abs() <= 1e-5 * cpu, "{dtype:?}: {ours} against {cpu}");
+    }
+    let empty = sum_of_squares(Vec::<Tensor<1>>::new(), &device).into_scalar::<f64>();
+    assert_eq!(empty, 0.0, "no tensors sum to zero");
+}
+
+/// f32 products stay f32 on CUDA ([`burn_megatron_kernels::f32_matmul`]), plain, batched and
+/// through transposed views, against the CPU's f32 product of the same operands. TF32 rounds
+/// operands to a 10-bit mantissa (about 1e-3 relative off on these shapes); f32 sums of up to
+/// 1000 products in another order are within 1e-5.
+pub fn f32_matmul(h: &Harness) {
+    use burn::tensor::Device;
+    use burn_megatron_kernels::f32_matmul::matmul;
+    use burn_megatron_kernels::{Gemm, gemm};
+    let device = h.device(0);
+    let cpu = Device::flex();
+    let normal = Distribution::Normal(0.0, 1.0);
+    for (m, k, n) in [(256, 256, 256), (77, 1000, 130)] {
+        let lhs = Tensor::<2>::random([m, k], normal, (&device, DType::F32));
+        let rhs = Tensor::<2>::random([n, k], normal, (&device, DType::F32)).transpose();
+        let expected = lhs.clone().to_device(&cpu).matmul(rhs.clone().to_device(&cpu));
+        for (what, out) in [
+            ("f32_matmul", matmul(lhs.clone(), rhs.clone())),
+            ("gemm Burn", gemm(lhs.clone(), rhs.clone(), Gemm::Burn)),
+            ("gemm Wgmma", gemm(lhs.clone(), rhs.clone(), Gemm::Wgmma)),
+        ] {
+            let error = relative_error(out.to_device(&cpu), expected.clone());
+            assert!(error < 1e-5, "{what} {m}×{k}×{n}: relative error {error}");
+        }
+    }
+    let q = Tensor::<4>::random([2, 3, 100, 64], normal, (&device, DType::F32));
+    let k = Tensor::<4>::random([2, 3, 100, 64], normal, (&device, DType::F32));
+    let expected = q
+        .clone()
+        .to_device(&cpu)
+        .matmul(k.clone().to_device(&cpu).swap_dims(2, 3));
+    let error = relative_error(matmul(q, k.swap_dims(2, 3)).to_device(&cpu), expected);
+    assert!(error < 1e-5, "batched q·kᵀ: relative error {error}");
 }
 
 /// Cross-entropy's fused row sums and their backward against the twin in f32 with autodiff:

@@ -99,6 +99,9 @@ pub const KERNEL_TESTS: &[NamedTest] = &[
     ("kernel_suite::rms_norm", kernel_suite::rms_norm),
     ("kernel_suite::rope", kernel_suite::rope),
     ("kernel_suite::adamw", kernel_suite::adamw),
+    ("kernel_suite::adamw_master", kernel_suite::adamw_master),
+    ("kernel_suite::sum_of_squares", kernel_suite::sum_of_squares),
+    ("kernel_suite::f32_matmul", kernel_suite::f32_matmul),
     ("kernel_suite::cross_entropy", kernel_suite::cross_entropy),
 ];
 /// Every model test, by name.

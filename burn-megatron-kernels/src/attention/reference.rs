@@ -1,8 +1,10 @@
 //! Attention in plain tensor ops, in f32: the CPU path, the fallback for what the flash kernels
 //! do not take, and the oracle their tests compare against. It materializes the `[b, h, s, s]`
-//! scores.
+//! scores. Its products stay f32 on CUDA too ([`crate::f32_matmul`]: no TF32).
 
 use burn::tensor::{Bool, DType, Tensor};
+
+use crate::f32_matmul::matmul;
 
 /// log₂(e): natural logs to base-2 ones.
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
@@ -10,7 +12,7 @@ const LOG2_E: f32 = core::f32::consts::LOG2_E;
 /// The scaled scores `q·kᵀ·scale`, masked to -inf above the diagonal when `causal`, in f32.
 fn scores(q: Tensor<4>, k: Tensor<4>, causal: bool, scale: f32) -> Tensor<4> {
     let [b, h, s, _] = q.dims();
-    let scores = q.cast(DType::F32).matmul(k.cast(DType::F32).swap_dims(2, 3)) * scale;
+    let scores = matmul(q.cast(DType::F32), k.cast(DType::F32).swap_dims(2, 3)) * scale;
     match causal {
         true => {
             let future = Tensor::<2, Bool>::tril_mask([s, s], 0, &scores.device())
@@ -29,7 +31,7 @@ pub fn forward(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool, scale: f3
     let max = scores.clone().max_dim(3);
     let exp = (scores - max.clone()).exp();
     let sum = exp.clone().sum_dim(3);
-    let out = (exp / sum.clone()).matmul(v.cast(DType::F32)).cast(dtype);
+    let out = matmul(exp / sum.clone(), v.cast(DType::F32)).cast(dtype);
     let lse = (max + sum.log()) * LOG2_E;
     (out, lse.squeeze_dim::<3>(3))
 }
@@ -53,11 +55,11 @@ pub fn backward(
     let (q, k, v, out, grad) = (f32(q), f32(k), f32(v), f32(out), f32(grad));
     let probs =
         (scores(q.clone(), k.clone(), causal, scale) - lse.unsqueeze_dim::<4>(3) * core::f32::consts::LN_2).exp();
-    let dv = probs.clone().swap_dims(2, 3).matmul(grad.clone());
+    let dv = matmul(probs.clone().swap_dims(2, 3), grad.clone());
     let delta = (grad.clone() * out).sum_dim(3);
-    let ds = probs * (grad.matmul(v.swap_dims(2, 3)) - delta);
-    let dq = ds.clone().matmul(k) * scale;
-    let dk = ds.swap_dims(2, 3).matmul(q) * scale;
+    let ds = probs * (matmul(grad, v.swap_dims(2, 3)) - delta);
+    let dq = matmul(ds.clone(), k) * scale;
+    let dk = matmul(ds.swap_dims(2, 3), q) * scale;
     (dq.cast(dtype), dk.cast(dtype), dv.cast(dtype))
 }
 

@@ -7,9 +7,10 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::optim::GradientsParams;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, FloatDType, Tensor};
 use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
-use burn_megatron_kernels::adamw::{AdamWStep, adamw_step};
+use burn_megatron_kernels::adamw::{AdamWStep, adamw_master_step};
+use burn_megatron_kernels::norm::sum_of_squares;
 
 use super::buckets::{BucketConfig, GradReducer, Reduction, pad};
 use crate::params::{ParamInfo, map_params, param_infos, param_values, take_grads};
@@ -94,19 +95,6 @@ fn numels_and_dtype<M: Module>(model: &M) -> (Vec<usize>, DType) {
     let values = param_values(model);
     let dtype = values.first().map(|p| p.value.dtype()).unwrap_or(DType::F32);
     (values.iter().map(|p| p.value.dims()[0]).collect(), dtype)
-}
-
-/// `Σ x²` of a flat tensor, `[1]`. Rows of up to 4096 elements are summed first, then their
-/// sums: Burn's CUDA reduction of one long vector in a single pass is slow (llama-1b's gradients
-/// took 41 ms that way, `docs/perf/llama.md`), while its row reduction runs a row a cube.
-fn sum_of_squares(x: Tensor<1>) -> Tensor<1> {
-    let n = x.dims()[0];
-    // The largest power of two up to 4096 that divides n.
-    let row = 1 << n.trailing_zeros().min(12);
-    match row >= 64 {
-        true => x.reshape([n / row, row]).square().sum_dim(1).sum(),
-        false => x.square().sum(),
-    }
 }
 
 /// One parameter's whole optimizer state on this rank's tensor-parallel shard, flattened:
@@ -210,7 +198,9 @@ impl DistributedAdamW {
     }
 
     /// One update of `model` from gradients already reduced by [`reducer`](Self::reducer):
-    /// one fp32 tensor a parameter, in traversal order (this rank's shard under ZeRO-1).
+    /// one flat tensor a parameter in any float dtype, in traversal order (this rank's shard
+    /// under ZeRO-1). One kernel a parameter updates the fp32 master weights and moments and
+    /// writes the parameter's new value in its dtype.
     pub fn step_reduced<M: Module>(
         &mut self,
         lr: f64,
@@ -242,15 +232,18 @@ impl DistributedAdamW {
             time: self.step as u32,
             grad_scale: scale as f32,
         };
-        for (state, grad) in self.states.iter_mut().zip(shards) {
-            // One fused kernel a parameter on CUDA (burn_megatron_kernels::adamw).
-            (state.master, state.m, state.v) =
-                adamw_step(state.master.clone(), grad, state.m.clone(), state.v.clone(), step);
-        }
-        // The new values, gathered back whole in the parameters' dtype.
+        // The new values in the parameters' dtype, gathered back whole under ZeRO-1.
         let mut values = Vec::with_capacity(self.states.len());
-        for (state, dtype) in self.states.iter().zip(dtypes) {
-            let value = state.master.clone().cast(dtype);
+        for ((state, grad), dtype) in self.states.iter_mut().zip(shards).zip(dtypes) {
+            let value;
+            (state.master, state.m, state.v, value) = adamw_master_step(
+                state.master.clone(),
+                grad,
+                state.m.clone(),
+                state.v.clone(),
+                step,
+                FloatDType::from(dtype),
+            );
             values.push(if zero1 { dp.all_gather(value, 0)? } else { value });
         }
         let model = map_params(model, &mut |index, old, dims| {
@@ -270,12 +263,9 @@ impl DistributedAdamW {
             .iter()
             .zip(&self.infos)
             .filter(|(_, info)| info.tp_split || tp.group_rank() == 0)
-            .map(|(shard, _)| sum_of_squares(shard.clone()))
+            .map(|(shard, _)| shard.clone())
             .collect();
-        let local = match counted.is_empty() {
-            true => Tensor::<1>::zeros([1], (&device, DType::F32)),
-            false => Tensor::cat(counted, 0).sum(),
-        };
+        let local = sum_of_squares(counted, &device);
         let mut total = tp.all_reduce(local, ReduceOp::Sum)?;
         if zero1 {
             total = self.groups.grad_sync().all_reduce(total, ReduceOp::Sum)?;
@@ -307,23 +297,5 @@ impl DistributedAdamW {
                 }
             })
             .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use burn::tensor::Device;
-
-    /// The two-pass sum of squares is the one-pass sum, for lengths that split into rows of
-    /// 4096, of fewer, and of none.
-    #[test]
-    fn sum_of_squares_in_rows_is_the_plain_sum() {
-        for n in [3 * 4096, 64 * 7, 100, 1] {
-            let x = crate::init::normal([n], 5, 1.0, &Device::flex());
-            let (ours, plain) = (super::sum_of_squares(x.clone()), x.square().sum());
-            let (ours, plain) = (ours.into_scalar::<f64>(), plain.into_scalar::<f64>());
-            // The same f32 squares summed in another order: a few ulps of the sum.
-            assert!((ours - plain).abs() <= 1e-5 * plain, "n = {n}: {ours} against {plain}");
-        }
     }
 }

@@ -147,7 +147,8 @@ impl GradReducer {
     }
 
     /// Reduces every bucket still open (a parameter without a gradient counts as zeros) and
-    /// returns each parameter's result in traversal order, in fp32; resets for the next step.
+    /// returns each parameter's result in traversal order, in the dtype it was reduced in (the
+    /// gradients', or f32 with `reduce_in_fp32`); resets for the next step.
     pub fn finish(&mut self, device: &Device, dtype: DType) -> Result<Vec<Tensor<1>>, CommError> {
         for bucket in 0..self.buckets.len() {
             if self.launched[bucket].is_none() {
@@ -164,7 +165,7 @@ impl GradReducer {
         for (members, launched) in self.buckets.iter().zip(&mut self.launched) {
             let results = launched.take().expect("every bucket was launched").unpack()?;
             for (&p, result) in members.iter().zip(results) {
-                reduced[p] = Some(result.cast(DType::F32));
+                reduced[p] = Some(result);
             }
         }
         Ok(reduced

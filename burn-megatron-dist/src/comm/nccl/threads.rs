@@ -86,6 +86,21 @@ impl NcclThreadsTransport {
         Ok(self.nccl_if_joined(x))
     }
 
+    /// `x` once this rank's queued work on its GPU is done, for the rendezvous path: another
+    /// rank thread reads it there on its own stream, and CubeCL orders no work across the two
+    /// streams (a payload still being computed was read stale on a shared H200,
+    /// `comm_suite::deferred_collectives`). Tensors off CUDA pass as they are.
+    fn settled(&self, collective: Collective, x: Payload) -> Result<Payload, CommError> {
+        if cuda_index(&x.device()).is_some() {
+            x.device().sync().map_err(|e| CommError::Transport {
+                group: self.rendezvous.label().to_string(),
+                collective: collective.name(),
+                detail: format!("synchronizing before the rendezvous: {e:?}"),
+            })?;
+        }
+        Ok(x)
+    }
+
     /// The communicator for `x` if the group already has one: point-to-point calls, which not
     /// every rank of the group makes, never create it.
     fn nccl_if_joined(&self, x: &Payload) -> Option<&NcclComm> {
@@ -136,7 +151,8 @@ impl Transport for NcclThreadsTransport {
         if let Some(nccl) = self.nccl(Collective::AllReduce, &x)? {
             return nccl.all_reduce(x, op, Wait::Later);
         }
-        self.rendezvous.all_reduce_deferred(x, op)
+        self.rendezvous
+            .all_reduce_deferred(self.settled(Collective::AllReduce, x)?, op)
     }
 
     fn wait_for(&self, ticket: Ticket) -> Result<(), CommError> {
@@ -150,7 +166,7 @@ impl Transport for NcclThreadsTransport {
         if let Some(nccl) = self.nccl(Collective::AllGather, &x)? {
             return nccl.all_gather(x);
         }
-        self.rendezvous.all_gather(x)
+        self.rendezvous.all_gather(self.settled(Collective::AllGather, x)?)
     }
 
     fn reduce_scatter(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
@@ -163,13 +179,18 @@ impl Transport for NcclThreadsTransport {
         if let Some(nccl) = self.nccl(Collective::ReduceScatter, &x)? {
             return nccl.reduce_scatter(x, op, Wait::Later);
         }
-        self.rendezvous.reduce_scatter_deferred(x, op)
+        self.rendezvous
+            .reduce_scatter_deferred(self.settled(Collective::ReduceScatter, x)?, op)
     }
 
     fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
         if let Some(nccl) = self.nccl(Collective::AllToAll, &chunks[0])? {
             return nccl.all_to_all(chunks, recv_dims);
         }
+        let chunks = chunks
+            .into_iter()
+            .map(|c| self.settled(Collective::AllToAll, c))
+            .collect::<Result<_, _>>()?;
         self.rendezvous.all_to_all(chunks, recv_dims)
     }
 
@@ -177,7 +198,7 @@ impl Transport for NcclThreadsTransport {
         if let Some(nccl) = self.nccl(Collective::Broadcast, &x)? {
             return nccl.broadcast(x, root);
         }
-        self.rendezvous.broadcast(x, root)
+        self.rendezvous.broadcast(self.settled(Collective::Broadcast, x)?, root)
     }
 
     /// The payload goes by mail; under NCCL the mail only serves the receiver's check of its
@@ -185,8 +206,9 @@ impl Transport for NcclThreadsTransport {
     fn send(&self, x: Payload, peer: usize, seq: u64) -> Result<(), CommError> {
         if let Some(nccl) = self.nccl_if_joined(&x) {
             nccl.send(x.clone(), peer)?;
+            return self.rendezvous.send(x, peer, seq);
         }
-        self.rendezvous.send(x, peer, seq)
+        self.rendezvous.send(self.settled(Collective::Send, x)?, peer, seq)
     }
 
     fn flush(&self) -> Result<(), CommError> {

@@ -1,0 +1,320 @@
+//! The optimizer's CUDA kernels: the AdamW update, of a parameter in its own dtype or of fp32
+//! master weights writing the parameter's copy in the same pass, and the sums of squares of a
+//! global gradient norm. The tensor-op twins are in [`crate::adamw::reference`] and
+//! [`crate::norm::reference`].
+
+use burn::backend::Cube;
+use burn::backend::ops::FloatTensorOps;
+use burn::tensor::{DType, FloatDType, Shape};
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use half::{bf16, f16};
+
+use crate::adamw::{AdamWStep, reference};
+use crate::elementwise::{compact_input, compact_output, launch_dims, launch_float};
+use crate::row_kernels::{block_sum, hsum};
+
+/// The new moments at `i`, written to `m_out` and `v_out`; returns the new parameter `p`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn adam<N: Size>(
+    i: usize,
+    p: Vector<f32, N>,
+    g: Vector<f32, N>,
+    m: &Tensor<Vector<f32, N>>,
+    v: &Tensor<Vector<f32, N>>,
+    m_out: &mut Tensor<Vector<f32, N>>,
+    v_out: &mut Tensor<Vector<f32, N>>,
+    s: &AdamScalars,
+) -> Vector<f32, N> {
+    let g = g * Vector::new(s.grad_scale);
+    let m_new = m[i] * Vector::new(s.beta_1) + g * Vector::new(1.0f32 - s.beta_1);
+    let v_new = v[i] * Vector::new(s.beta_2) + g * g * Vector::new(1.0f32 - s.beta_2);
+    m_out[i] = m_new;
+    v_out[i] = v_new;
+    let update = (m_new / Vector::new(s.bias_1)) / ((v_new / Vector::new(s.bias_2)).sqrt() + Vector::new(s.epsilon));
+    p * Vector::new(s.decay) - update * Vector::new(s.lr)
+}
+
+/// A step's scalars as the kernels take them: `decay = 1 − lr·λ`, the bias corrections
+/// precomputed.
+#[derive(CubeType, CubeLaunch, Clone, Copy)]
+struct AdamScalars {
+    lr: f32,
+    beta_1: f32,
+    beta_2: f32,
+    epsilon: f32,
+    decay: f32,
+    bias_1: f32,
+    bias_2: f32,
+    grad_scale: f32,
+}
+
+impl AdamScalars {
+    fn of(step: AdamWStep) -> Self {
+        let (bias_1, bias_2) = step.bias();
+        Self {
+            lr: step.lr,
+            beta_1: step.beta_1,
+            beta_2: step.beta_2,
+            epsilon: step.epsilon,
+            decay: 1.0 - step.lr * step.weight_decay,
+            bias_1,
+            bias_2,
+            grad_scale: step.grad_scale,
+        }
+    }
+}
+
+/// An [`AdamScalars`] as a kernel argument.
+macro_rules! adam_scalars {
+    ($step:expr) => {{
+        let s = AdamScalars::of($step);
+        AdamScalarsLaunch::new(
+            s.lr,
+            s.beta_1,
+            s.beta_2,
+            s.epsilon,
+            s.decay,
+            s.bias_1,
+            s.bias_2,
+            s.grad_scale,
+        )
+    }};
+}
+
+/// One AdamW step: parameter and gradient in `F`, moments in f32; new tensors out.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn adamw_kernel<F: Float, N: Size>(
+    param: &Tensor<Vector<F, N>>,
+    grad: &Tensor<Vector<F, N>>,
+    m: &Tensor<Vector<f32, N>>,
+    v: &Tensor<Vector<f32, N>>,
+    param_out: &mut Tensor<Vector<F, N>>,
+    m_out: &mut Tensor<Vector<f32, N>>,
+    v_out: &mut Tensor<Vector<f32, N>>,
+    s: AdamScalars,
+) {
+    let i = ABSOLUTE_POS;
+    if i < param_out.len() {
+        let p = Vector::<f32, N>::cast_from(param[i]);
+        let g = Vector::<f32, N>::cast_from(grad[i]);
+        param_out[i] = Vector::cast_from(adam(i, p, g, m, v, m_out, v_out, &s));
+    }
+}
+
+/// One AdamW step of fp32 master weights: gradient in `G`, master weights and moments in f32,
+/// the model's copy of the new value written in `P` in the same pass.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn adamw_master_kernel<G: Float, P: Float, N: Size>(
+    master: &Tensor<Vector<f32, N>>,
+    grad: &Tensor<Vector<G, N>>,
+    m: &Tensor<Vector<f32, N>>,
+    v: &Tensor<Vector<f32, N>>,
+    master_out: &mut Tensor<Vector<f32, N>>,
+    m_out: &mut Tensor<Vector<f32, N>>,
+    v_out: &mut Tensor<Vector<f32, N>>,
+    param_out: &mut Tensor<Vector<P, N>>,
+    s: AdamScalars,
+) {
+    let i = ABSOLUTE_POS;
+    if i < master_out.len() {
+        let g = Vector::<f32, N>::cast_from(grad[i]);
+        let p = adam(i, master[i], g, m, v, m_out, v_out, &s);
+        master_out[i] = p;
+        param_out[i] = Vector::cast_from(p);
+    }
+}
+
+/// Vectors one block of [`sum_squares_kernel`] sums: 256 threads, 8 vectors each.
+const SUM_CHUNK: u32 = 2048;
+
+/// Block `b` writes `Σ x²` over vectors `[b·SUM_CHUNK, (b+1)·SUM_CHUNK)` of `x`'s first
+/// `vectors` to `partials[b]`. The length is an argument: `x` may be a view into a longer buffer
+/// (a parameter's shard of a reduce-scattered bucket), whose `len()` runs to the buffer's end.
+#[cube(launch_unchecked)]
+fn sum_squares_kernel<F: Float, N: Size>(x: &Tensor<Vector<F, N>>, partials: &mut Tensor<f32>, vectors: u32) {
+    let start = CUBE_POS as u32 * SUM_CHUNK;
+    let end = min(start + SUM_CHUNK, vectors);
+    let mut squares = 0.0f32;
+    for i in range_stepped(start + UNIT_POS, end, 256u32) {
+        let value = Vector::<f32, N>::cast_from(x[i as usize]);
+        squares += hsum(value * value);
+    }
+    let total = block_sum(squares);
+    if UNIT_POS == 0 {
+        partials[CUBE_POS] = total;
+    }
+}
+
+/// f32 moments: vectors of 4 are 16-byte loads.
+fn moment_vector(len: usize) -> usize {
+    if len.is_multiple_of(4) { 4 } else { 1 }
+}
+
+/// Whether `t` is a float dtype the kernels are built for.
+fn float(dtype: DType) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16 | DType::F32)
+}
+
+pub(crate) fn adamw(
+    param: CubeTensor,
+    grad: CubeTensor,
+    m: CubeTensor,
+    v: CubeTensor,
+    step: AdamWStep,
+) -> (CubeTensor, CubeTensor, CubeTensor) {
+    let fits = float(param.dtype)
+        && m.dtype == DType::F32
+        && v.dtype == DType::F32
+        && [&grad, &m, &v].iter().all(|t| t.meta.shape() == param.meta.shape());
+    let grad = match fits && grad.dtype != param.dtype {
+        true => Cube::float_cast(grad, param.dtype.into()),
+        false => grad,
+    };
+    let inputs = (
+        compact_input(param.clone()),
+        compact_input(grad.clone()),
+        compact_input(m.clone()),
+        compact_input(v.clone()),
+    );
+    let (true, Some(pc), Some(gc), Some(mc), Some(vc)) = (fits, inputs.0, inputs.1, inputs.2, inputs.3) else {
+        return reference::update::<Cube>(param, grad, m, v, step);
+    };
+    let shape = pc.meta.shape().clone();
+    let (param_out, m_out, v_out) = (
+        compact_output(&pc, shape.clone(), pc.dtype),
+        compact_output(&pc, shape.clone(), DType::F32),
+        compact_output(&pc, shape, DType::F32),
+    );
+    let len = pc.meta.num_elements();
+    let vector = moment_vector(len);
+    let (count, dim) = launch_dims(len, vector);
+    launch_float!(
+        pc.dtype,
+        adamw_kernel,
+        &pc.client,
+        count,
+        dim,
+        vector,
+        pc.clone().into_tensor_arg(),
+        gc.into_tensor_arg(),
+        mc.into_tensor_arg(),
+        vc.into_tensor_arg(),
+        param_out.clone().into_tensor_arg(),
+        m_out.clone().into_tensor_arg(),
+        v_out.clone().into_tensor_arg(),
+        adam_scalars!(step),
+    );
+    (param_out, m_out, v_out)
+}
+
+/// Runs `$kernel::launch_unchecked::<G, P>` for the gradient's and the parameter's float dtypes.
+macro_rules! launch_grad_param {
+    ($grad:expr, $param:expr, $kernel:ident, $($arg:expr),* $(,)?) => {
+        // SAFETY: the kernel checks every index against its outputs' length, and every tensor
+        // is compact with the one shape.
+        unsafe {
+            match ($grad, $param) {
+                (DType::BF16, DType::BF16) => $kernel::launch_unchecked::<bf16, bf16>($($arg),*),
+                (DType::BF16, DType::F16) => $kernel::launch_unchecked::<bf16, f16>($($arg),*),
+                (DType::BF16, _) => $kernel::launch_unchecked::<bf16, f32>($($arg),*),
+                (DType::F16, DType::BF16) => $kernel::launch_unchecked::<f16, bf16>($($arg),*),
+                (DType::F16, DType::F16) => $kernel::launch_unchecked::<f16, f16>($($arg),*),
+                (DType::F16, _) => $kernel::launch_unchecked::<f16, f32>($($arg),*),
+                (_, DType::BF16) => $kernel::launch_unchecked::<f32, bf16>($($arg),*),
+                (_, DType::F16) => $kernel::launch_unchecked::<f32, f16>($($arg),*),
+                (_, _) => $kernel::launch_unchecked::<f32, f32>($($arg),*),
+            }
+        }
+    };
+}
+
+/// The new master weights, moments and the parameter's copy in `dtype`.
+pub(crate) fn adamw_master(
+    master: CubeTensor,
+    grad: CubeTensor,
+    m: CubeTensor,
+    v: CubeTensor,
+    step: AdamWStep,
+    dtype: FloatDType,
+) -> crate::adamw::MasterUpdate<Cube> {
+    let param_dtype = DType::from(dtype);
+    let fits = float(grad.dtype)
+        && float(param_dtype)
+        && [&master, &m, &v].iter().all(|t| t.dtype == DType::F32)
+        && [&grad, &m, &v].iter().all(|t| t.meta.shape() == master.meta.shape());
+    let inputs = (
+        compact_input(master.clone()),
+        compact_input(grad.clone()),
+        compact_input(m.clone()),
+        compact_input(v.clone()),
+    );
+    let (true, Some(pc), Some(gc), Some(mc), Some(vc)) = (fits, inputs.0, inputs.1, inputs.2, inputs.3) else {
+        return crate::adamw::reference::master_update::<Cube>(master, grad, m, v, step, dtype);
+    };
+    let shape = pc.meta.shape().clone();
+    let (master_out, m_out, v_out, param_out) = (
+        compact_output(&pc, shape.clone(), DType::F32),
+        compact_output(&pc, shape.clone(), DType::F32),
+        compact_output(&pc, shape.clone(), DType::F32),
+        compact_output(&pc, shape, param_dtype),
+    );
+    let len = pc.meta.num_elements();
+    let vector = moment_vector(len);
+    let (count, dim) = launch_dims(len, vector);
+    launch_grad_param!(
+        gc.dtype,
+        param_dtype,
+        adamw_master_kernel,
+        &pc.client,
+        count,
+        dim,
+        vector,
+        pc.clone().into_tensor_arg(),
+        gc.clone().into_tensor_arg(),
+        mc.clone().into_tensor_arg(),
+        vc.clone().into_tensor_arg(),
+        master_out.clone().into_tensor_arg(),
+        m_out.clone().into_tensor_arg(),
+        v_out.clone().into_tensor_arg(),
+        param_out.clone().into_tensor_arg(),
+        adam_scalars!(step),
+    );
+    crate::adamw::MasterUpdate {
+        master: master_out,
+        moment_1: m_out,
+        moment_2: v_out,
+        param: param_out,
+    }
+}
+
+/// `Σ x²` over `x` as partial sums, one a block of [`sum_squares_kernel`]: `[blocks]` in f32.
+pub(crate) fn partial_sums_of_squares(x: CubeTensor) -> CubeTensor {
+    let n = x.meta.num_elements();
+    let compact = float(x.dtype).then(|| compact_input(x.clone())).flatten();
+    let (Some(x), true) = (compact, n > 0) else {
+        return crate::norm::reference::sum_of_squares::<Cube>(x);
+    };
+    let vector = [8, 4, 2, 1]
+        .into_iter()
+        .find(|v| n.is_multiple_of(*v))
+        .expect("1 divides");
+    let blocks = ((n / vector) as u32).div_ceil(SUM_CHUNK);
+    // Every block writes its partial: nothing to zero.
+    let partials = compact_output(&x, Shape::new([blocks as usize]), DType::F32);
+    launch_float!(
+        x.dtype,
+        sum_squares_kernel,
+        &x.client,
+        CubeCount::Static(blocks, 1, 1),
+        CubeDim::new_1d(256),
+        vector,
+        x.clone().into_tensor_arg(),
+        partials.clone().into_tensor_arg(),
+        (n / vector) as u32,
+    );
+    partials
+}
