@@ -11,7 +11,7 @@
 
 use cubecl::prelude::*;
 
-pub(crate) use crate::wgmma_ptx::{ASource, Chain, Tile};
+pub(crate) use crate::wgmma_ptx::{ASource, Chain, Operands, Tile};
 
 /// The f32 accumulator of an `m64n64` chain.
 pub(crate) type Acc64 = Vector<f32, Const<32>>;

@@ -26,6 +26,9 @@ pub mod linear;
 pub mod norm;
 #[cfg(feature = "cuda")]
 mod optim_kernels;
+pub mod quant;
+#[cfg(feature = "cuda")]
+mod quant_kernels;
 pub mod rms_norm;
 pub mod rope;
 #[cfg(feature = "cuda")]

@@ -2,7 +2,9 @@
 //! pipeline, one producer warpgroup and two consumer warpgroups (CubeCL 0.11 emits no `wgmma`
 //! itself; `docs/perf/gemm.md` says what it allows, and the measurements).
 //!
-//! `C[m, n] = A[m, k] · B[k, n]`, bf16 in, f32 accumulation, bf16 out. A block computes 128 × 256
+//! `C[m, n] = A[m, k] · B[k, n]`, bf16 in, f32 accumulation, bf16 out; or FP8 in ([`fp8_gemm`]:
+//! E4M3 or E5M2 codes, both operands K-major, a per-tensor scale applied as the results leave),
+//! whose 128-deep slices take the bytes of bf16's 64-deep ones. A block computes 128 × 256
 //! tiles of C, one after another ([`Schedule`]), in an L2-friendly order ([`GROUP_M`]). Each of
 //! its `STAGES` shared-memory stages holds a 64-deep slice of A and of B with the 128-byte
 //! swizzle, each K-major or MN-major as the operand lies in memory ([`Major`]), so plain and
@@ -14,7 +16,7 @@
 use burn::backend::Cube;
 use burn::backend::ops::FloatTensorOps;
 use burn::tensor::DType;
-use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
+use burn_cubecl::cubecl::ir::{ElemType, FloatKind, UIntKind};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
@@ -24,13 +26,22 @@ use cubecl_cpp::cuda::ptx::{generic_to_shared, tensor_map_address};
 use half::bf16;
 
 use crate::hopper::*;
+use crate::quant::format::Minifloat;
 
 /// Rows of C a block computes: two consumer warpgroups of 64.
 const BLOCK_M: u32 = 128;
 /// Columns of C a block computes: one `m64n256k16` per consumer and k-step.
 const BLOCK_N: u32 = 256;
-/// The k extent of a stage: 64 bf16 are one 128-byte swizzle row.
+/// The k extent of a bf16 stage: 64 bf16 are one 128-byte swizzle row (128 FP8 codes are).
 const BLOCK_K: u32 = 64;
+
+/// The k extent of a stage for `operands`: one 128-byte row.
+const fn block_k(operands: Operands) -> u32 {
+    match operands {
+        Operands::Bf16 => BLOCK_K,
+        Operands::Fp8(..) => 2 * BLOCK_K,
+    }
+}
 /// Pipeline depth: 4 × 48 KiB of the 227 KiB a block may use.
 const STAGES: u32 = 4;
 const A_STAGE_BYTES: u32 = BLOCK_M * BLOCK_K * 2;
@@ -66,9 +77,10 @@ impl Major {
     }
 }
 
-/// One 64-deep k-slice for one consumer warpgroup: four `m64n256k16` steps.
-const fn k_slice(a: Major, b: Major) -> Chain {
+/// One stage's k-slice for one consumer warpgroup: four `m64n256` steps (k16 bf16, k32 FP8).
+const fn k_slice(operands: Operands, a: Major, b: Major) -> Chain {
     Chain {
+        operands,
         n: 256,
         steps: 4,
         accumulate: true,
@@ -121,17 +133,24 @@ fn load_operand(tile: u32, map: u64, k0: u32, row0: u32, bar: u32, #[comptime] r
     }
 }
 
+/// `E` the operands' element (bf16, or u8 holding FP8 codes); `scale[0]` multiplies the
+/// results when `scaled`.
 #[cube(launch_unchecked)]
-fn gemm_kernel(
-    a: &TensorMap<bf16, Tiled>,
-    b: &TensorMap<bf16, Tiled>,
+#[allow(clippy::too_many_arguments)]
+fn gemm_kernel<E: Scalar>(
+    a: &TensorMap<E, Tiled>,
+    b: &TensorMap<E, Tiled>,
     c: &mut TensorMap<bf16, Tiled>,
+    scale: &Tensor<f32>,
     m: u32,
     n: u32,
     k: u32,
     #[comptime] a_major: Major,
     #[comptime] b_major: Major,
+    #[comptime] operands: Operands,
+    #[comptime] scaled: bool,
 ) {
+    let depth = comptime!(block_k(operands));
     let smem = Shared::<[u32]>::new_aligned_slice(comptime!((SMEM_BYTES / 4) as usize), 1024usize);
     let raw = generic_to_shared::<u32>(smem.as_ptr());
     let tiles = (raw + 1023) & !1023u32;
@@ -149,7 +168,7 @@ fn gemm_kernel(
     }
     sync_cube();
 
-    let k_tiles = k.div_ceil(BLOCK_K);
+    let k_tiles = k.div_ceil(depth);
     let (rows, columns) = (m.div_ceil(BLOCK_M), n.div_ceil(BLOCK_N));
     // This block's tiles: CUBE_POS_X, then every CUBE_COUNT_X-th.
     let mine = (rows * columns - CUBE_POS_X).div_ceil(CUBE_COUNT_X);
@@ -174,11 +193,11 @@ fn gemm_kernel(
                     let bar = full + stage * 8;
                     mbarrier_expect(bar, STAGE_BYTES);
                     let tile = tiles + stage * STAGE_BYTES;
-                    load_operand(tile, map_a, kt * BLOCK_K, row * BLOCK_M, bar, BLOCK_M, a_major);
+                    load_operand(tile, map_a, kt * depth, row * BLOCK_M, bar, BLOCK_M, a_major);
                     load_operand(
                         tile + A_STAGE_BYTES,
                         map_b,
-                        kt * BLOCK_K,
+                        kt * depth,
                         column * BLOCK_N,
                         bar,
                         BLOCK_N,
@@ -193,6 +212,10 @@ fn gemm_kernel(
         // One thread a warpgroup issues its stores.
         let storer = UNIT_POS.is_multiple_of(128);
         let map_c = store_map_address(c);
+        let mut factor = 1.0f32;
+        if comptime!(scaled) {
+            factor = scale[0];
+        }
         for i in 0..mine {
             let (row, column) = tile_position(CUBE_POS_X + i * CUBE_COUNT_X, rows, columns);
             let mut acc = Acc256::zeroed();
@@ -204,13 +227,14 @@ fn gemm_kernel(
                 // This warpgroup's 64 rows of A start 8 KiB into the stage in either layout.
                 let desc_a = descriptor(tile + consumer * 8192, comptime!(a_major.tile(BLOCK_M)));
                 let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
-                acc = chain_256(&acc, desc_a, desc_b, comptime!(k_slice(a_major, b_major)));
+                acc = chain_256(&acc, desc_a, desc_b, comptime!(k_slice(operands, a_major, b_major)));
                 if UNIT_POS.is_multiple_of(32) {
                     mbarrier_arrive(empty + stage * 8);
                 }
             }
             store_tile(
                 &acc,
+                factor,
                 buffer,
                 map_c,
                 row * BLOCK_M + consumer * 64,
@@ -225,12 +249,13 @@ fn gemm_kernel(
     }
 }
 
-/// Stores a consumer warpgroup's 64 × 256 results at `(row0, col0)` of C, in two passes of 128
+/// Stores a consumer warpgroup's 64 × 256 results times `factor` at `(row0, col0)` of C, in two passes of 128
 /// columns through its staging `buffer`: every thread writes its bf16 pairs into two swizzled
 /// 64 × 64 boxes, then `storer` hands them to TMA, which writes C in whole lines and lets the
 /// warpgroup go on to its next tile while it does (`barrier`: the warpgroup's named barrier).
 #[cube]
-fn store_tile(acc: &Acc256, buffer: u32, map: u64, row0: u32, col0: u32, barrier: u32, storer: bool) {
+#[allow(clippy::too_many_arguments)]
+fn store_tile(acc: &Acc256, factor: f32, buffer: u32, map: u64, row0: u32, col0: u32, barrier: u32, storer: bool) {
     // The accumulator layout of `hopper`'s module docs: row `16 · warp + lane / 4` (+ 8), the
     // column pair `8j + 2 · (lane % 4)` of each 8-column block j.
     let lane = UNIT_POS % 32;
@@ -251,7 +276,10 @@ fn store_tile(acc: &Acc256, buffer: u32, map: u64, row0: u32, col0: u32, barrier
                 let chunk = (jj % 8) ^ (r % 8);
                 let addr = buffer + (jj / 8) * 8192 + r * 128 + chunk * 16 + (lane % 4) * 4;
                 let reg = comptime!((4 * (16 * pass + jj) + 2 * half) as usize);
-                st_shared_u32(addr, pack_bf16(acc.extract(reg), acc.extract(reg + 1)));
+                st_shared_u32(
+                    addr,
+                    pack_bf16(acc.extract(reg) * factor, acc.extract(reg + 1) * factor),
+                );
             }
         }
         fence_proxy_async_shared();
@@ -267,9 +295,10 @@ fn store_tile(acc: &Acc256, buffer: u32, map: u64, row0: u32, col0: u32, barrier
 /// Why [`gemm`] cannot run a product.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WgmmaError {
-    /// Only bf16 operands, both the same dtype.
+    /// Only bf16 operands ([`gemm`]), or u8 FP8 codes of E4M3 or E5M2 ([`fp8_gemm`]).
     DType(DType, DType),
-    /// TMA needs 16-byte aligned rows: k must be a multiple of 8.
+    /// TMA needs 16-byte aligned rows: k must be a multiple of 8 (bf16) or 16 (FP8), and
+    /// FP8's two operands must agree on it.
     Unaligned { k: usize },
     /// The operands are not CUDA tensors (or are autodiff tensors).
     NotCuda,
@@ -278,8 +307,14 @@ pub enum WgmmaError {
 impl core::fmt::Display for WgmmaError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
-            Self::DType(l, r) => write!(f, "the wgmma GEMM takes bf16 operands, not {l:?} · {r:?}"),
-            Self::Unaligned { k } => write!(f, "the wgmma GEMM needs k to be a multiple of 8, not {k}"),
+            Self::DType(l, r) => write!(
+                f,
+                "the wgmma GEMM takes bf16 operands, or u8 codes of E4M3 or E5M2, not {l:?} · {r:?}"
+            ),
+            Self::Unaligned { k } => write!(
+                f,
+                "the wgmma GEMM needs k a multiple of 8 (bf16) or 16 (FP8), the same in both operands, not {k}"
+            ),
             Self::NotCuda => write!(f, "the wgmma GEMM runs on CUDA tensors without autodiff"),
         }
     }
@@ -321,10 +356,63 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, schedule: Schedule) -> Result<Cube
     if k % 8 != 0 {
         return Err(WgmmaError::Unaligned { k });
     }
+    let (a, a_major) = operand(lhs, true);
+    let (b, b_major) = operand(rhs, false);
+    Ok(launch(
+        [(a, a_major), (b, b_major)],
+        [m, n, k],
+        Operands::Bf16,
+        None,
+        schedule,
+    ))
+}
+
+/// `scale · A · Bᵀ` of FP8 codes on the wgmma kernel, in bf16: `a` holds `[m, k]` codes of
+/// `formats.0`, `b` `[n, k]` codes of `formats.1` (both K-major, as FP8 `wgmma` reads them), as
+/// u8; `scale` (`[1]`, f32, on the device) multiplies the f32 accumulators as they leave
+/// (per-tensor scaling: the product of both operands' dequantization scales).
+///
+/// # Shapes
+/// `[m, k]`, `[n, k]`, `[1]` → `[m, n]`
+pub fn fp8_gemm(
+    a: CubeTensor,
+    b: CubeTensor,
+    formats: (Minifloat, Minifloat),
+    scale: CubeTensor,
+    schedule: Schedule,
+) -> Result<CubeTensor, WgmmaError> {
+    let fp8 = |f: Minifloat| matches!(f, Minifloat::E4M3 | Minifloat::E5M2);
+    if a.dtype != DType::U8 || b.dtype != DType::U8 || !fp8(formats.0) || !fp8(formats.1) {
+        return Err(WgmmaError::DType(a.dtype, b.dtype));
+    }
+    let (m, k) = (a.meta.shape()[0], a.meta.shape()[1]);
+    let n = b.meta.shape()[0];
+    if k % 16 != 0 || b.meta.shape()[1] != k {
+        return Err(WgmmaError::Unaligned { k });
+    }
+    let (a, b) = (into_contiguous(a), into_contiguous(b));
+    let scale = into_contiguous(scale);
+    Ok(launch(
+        [(a, Major::K), (b, Major::K)],
+        [m, n, k],
+        Operands::Fp8(formats.0, formats.1),
+        Some(scale),
+        schedule,
+    ))
+}
+
+/// Launches the kernel on operands already laid out for it; the bf16 `[m, n]` result.
+fn launch(
+    [(a, a_major), (b, b_major)]: [(CubeTensor, Major); 2],
+    [m, n, k]: [usize; 3],
+    operands: Operands,
+    scale: Option<CubeTensor>,
+    schedule: Schedule,
+) -> CubeTensor {
     // TMA stores need 16-byte rows: an n that is no multiple of 8 gets padded rows, and the
     // result is the `[m, n]` view of them.
     let padded = n.next_multiple_of(8);
-    let (client, device) = (lhs.client.clone(), lhs.device.clone());
+    let (client, device) = (a.client.clone(), a.device.clone());
     let handle = client.empty(m * padded * DType::BF16.size());
     let out = CubeTensor::new(
         client.clone(),
@@ -333,13 +421,15 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, schedule: Schedule) -> Result<Cube
         device,
         DType::BF16,
     );
-    let (a, a_major) = operand(lhs, true);
-    let (b, b_major) = operand(rhs, false);
-    let elem = ElemType::Float(FloatKind::BF16);
+    let depth = block_k(operands) as usize;
+    let elem = match operands {
+        Operands::Bf16 => ElemType::Float(FloatKind::BF16),
+        Operands::Fp8(..) => ElemType::UInt(UIntKind::U8),
+    };
     let map = |t: CubeTensor, major: Major, rows: u32| {
         let tile_size = match major {
-            Major::K => shape![rows as usize, BLOCK_K as usize],
-            Major::Mn => shape![BLOCK_K as usize, 64],
+            Major::K => shape![rows as usize, depth],
+            Major::Mn => shape![depth, 64],
         };
         TensorMapArg::new(TiledArgs { tile_size }, t.into_tensor_arg(), elem).with_swizzle(TensorMapSwizzle::B128)
     };
@@ -355,31 +445,68 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, schedule: Schedule) -> Result<Cube
                 .unwrap_or(tiles),
         ),
     };
+    let scaled = scale.is_some();
+    // Unscaled, the kernel reads no scale: an empty one-element buffer stands in.
+    let scale = scale.unwrap_or_else(|| {
+        CubeTensor::new_contiguous(
+            client.clone(),
+            out.device.clone(),
+            shape![1],
+            client.empty(4),
+            DType::F32,
+        )
+    });
+    let c = TensorMapArg::new(
+        TiledArgs {
+            tile_size: shape![64, 64],
+        },
+        out.clone().into_tensor_arg(),
+        ElemType::Float(FloatKind::BF16),
+    )
+    .with_swizzle(TensorMapSwizzle::B128);
+    let (count, dim) = (CubeCount::Static(blocks, 1, 1), CubeDim::new_1d(384));
+    let (a, b) = (map(a, a_major, BLOCK_M), map(b, b_major, BLOCK_N));
+    let args = (m as u32, n as u32, k as u32);
     // SAFETY: the maps cover exactly the operands and the output (TMA fills out-of-range boxes
-    // with zeros when loading and drops their out-of-range parts when storing).
+    // with zeros when loading and drops their out-of-range parts when storing); `scale` holds
+    // one f32, read only when `scaled`.
     unsafe {
-        gemm_kernel::launch_unchecked(
-            &client,
-            CubeCount::Static(blocks, 1, 1),
-            CubeDim::new_1d(384),
-            map(a, a_major, BLOCK_M),
-            map(b, b_major, BLOCK_N),
-            TensorMapArg::new(
-                TiledArgs {
-                    tile_size: shape![64, 64],
-                },
-                out.clone().into_tensor_arg(),
-                elem,
-            )
-            .with_swizzle(TensorMapSwizzle::B128),
-            m as u32,
-            n as u32,
-            k as u32,
-            a_major,
-            b_major,
-        );
+        match operands {
+            Operands::Bf16 => gemm_kernel::launch_unchecked::<bf16>(
+                &client,
+                count,
+                dim,
+                a,
+                b,
+                c,
+                scale.into_tensor_arg(),
+                args.0,
+                args.1,
+                args.2,
+                a_major,
+                b_major,
+                operands,
+                scaled,
+            ),
+            Operands::Fp8(..) => gemm_kernel::launch_unchecked::<u8>(
+                &client,
+                count,
+                dim,
+                a,
+                b,
+                c,
+                scale.into_tensor_arg(),
+                args.0,
+                args.1,
+                args.2,
+                a_major,
+                b_major,
+                operands,
+                scaled,
+            ),
+        }
     }
-    Ok(out)
+    out
 }
 
 /// [`gemm`] on Burn tensors (CUDA, without autodiff): for the kernel suite and the GEMM study.
@@ -394,4 +521,24 @@ pub fn matmul(
     let lhs: CubeTensor = lhs.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
     let rhs: CubeTensor = rhs.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
     Ok(burn::tensor::Tensor::from_primitive::<Cube>(gemm(lhs, rhs, schedule)?))
+}
+
+/// [`fp8_gemm`] on Burn tensors (CUDA, without autodiff): `a` `[m, k]` and `b` `[n, k]` u8
+/// codes, `scale` `[1]` f32.
+///
+/// # Shapes
+/// `[m, k]`, `[n, k]`, `[1]` → `[m, n]`
+pub fn fp8_matmul(
+    a: burn::tensor::Tensor<2, burn::tensor::Int>,
+    b: burn::tensor::Tensor<2, burn::tensor::Int>,
+    formats: (Minifloat, Minifloat),
+    scale: burn::tensor::Tensor<1>,
+    schedule: Schedule,
+) -> Result<burn::tensor::Tensor<2>, WgmmaError> {
+    let a: CubeTensor = a.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
+    let b: CubeTensor = b.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
+    let scale: CubeTensor = scale.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
+    Ok(burn::tensor::Tensor::from_primitive::<Cube>(fp8_gemm(
+        a, b, formats, scale, schedule,
+    )?))
 }

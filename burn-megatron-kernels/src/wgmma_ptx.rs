@@ -4,6 +4,8 @@
 // Without `cuda` only the tests use this module.
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 
+use crate::quant::format::Minifloat;
+
 /// How a `wgmma` reads one operand tile from shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Tile {
@@ -54,12 +56,37 @@ pub(crate) enum ASource {
     Registers,
 }
 
+/// What a chain multiplies: bf16 operands (k16 a step, either operand K- or MN-major), or FP8
+/// operands of the two given formats (k32 a step, both K-major: FP8 `wgmma` takes no transpose).
+/// A step reads 32 bytes of each K-major row either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Operands {
+    Bf16,
+    Fp8(Minifloat, Minifloat),
+}
+
+impl Operands {
+    /// The instruction's shape and types after `m64n{n}`.
+    fn suffix(self) -> String {
+        let name = |f: Minifloat| match f {
+            Minifloat::E4M3 => "e4m3",
+            Minifloat::E5M2 => "e5m2",
+            Minifloat::E2M1 => panic!("FP4 has no Hopper wgmma"),
+        };
+        match self {
+            Operands::Bf16 => "k16.f32.bf16.bf16".to_string(),
+            Operands::Fp8(a, b) => format!("k32.f32.{}.{}", name(a), name(b)),
+        }
+    }
+}
+
 /// A chain of `steps` `m64n{n}k16` products into one accumulator, as one asm statement that
 /// ends by waiting for them. Its operands, in order: the new accumulator; the old one if
 /// `accumulate` (else the first step starts from zero); the A registers or A descriptor; the B
 /// descriptor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Chain {
+    pub operands: Operands,
     pub n: u32,
     pub steps: u32,
     pub accumulate: bool,
@@ -102,13 +129,26 @@ impl Chain {
             let scale_d = if step == 0 && !self.accumulate { "pf" } else { "pt" };
             ptx += &format!("add.s64 db, ${b}, {};\n", self.b.offset(step) / 16);
             let tb = self.b.transposed();
-            let shape = format!("wgmma.mma_async.sync.aligned.m64n{}k16.f32.bf16.bf16 $0", self.n);
-            match self.a {
-                ASource::Smem(tile) => {
+            let shape = format!(
+                "wgmma.mma_async.sync.aligned.m64n{}{} $0",
+                self.n,
+                self.operands.suffix()
+            );
+            match (self.a, self.operands) {
+                (ASource::Smem(tile), Operands::Fp8(..)) => {
+                    assert!(
+                        tile.transposed() == 0 && tb == 0,
+                        "FP8 wgmma reads K-major operands only"
+                    );
+                    ptx += &format!("add.s64 da, ${a}, {};\n", tile.offset(step) / 16);
+                    ptx += &format!("{shape}, da, db, {scale_d}, 1, 1;\n");
+                }
+                (ASource::Registers, Operands::Fp8(..)) => panic!("FP8 chains read A from shared memory"),
+                (ASource::Smem(tile), Operands::Bf16) => {
                     ptx += &format!("add.s64 da, ${a}, {};\n", tile.offset(step) / 16);
                     ptx += &format!("{shape}, da, db, {scale_d}, 1, 1, {}, {tb};\n", tile.transposed());
                 }
-                ASource::Registers => {
+                (ASource::Registers, Operands::Bf16) => {
                     let r = a_regs + 4 * step;
                     ptx += &format!(
                         "{shape}, {{%{}, %{}, %{}, %{}}}, db, {scale_d}, 1, 1, {tb};\n",
@@ -148,6 +188,7 @@ mod tests {
     #[test]
     fn gemm_slice_copies_then_four_steps() {
         let chain = Chain {
+            operands: Operands::Bf16,
             n: 256,
             steps: 4,
             accumulate: true,
@@ -169,6 +210,7 @@ mod tests {
     #[test]
     fn a_fresh_chain_zeroes_its_first_step() {
         let chain = Chain {
+            operands: Operands::Bf16,
             n: 64,
             steps: 8,
             accumulate: false,
@@ -189,6 +231,7 @@ mod tests {
     #[test]
     fn register_operands_follow_the_accumulators() {
         let chain = Chain {
+            operands: Operands::Bf16,
             n: 128,
             steps: 4,
             accumulate: true,
@@ -200,6 +243,27 @@ mod tests {
         assert!(ptx.contains("{%140, %141, %142, %143}, db, pt, 1, 1, 1;"));
         assert!(ptx.contains(&format!("add.s64 db, $3, {};", 3 * 2048 / 16)));
         assert!(registers(&ptx).iter().all(|&r| r < 64 + 64 + 16));
+    }
+
+    /// An FP8 slice: the k32 instruction of the formats, no transpose immediates, the same
+    /// 32-byte steps along K-major rows as bf16's k16.
+    #[test]
+    fn fp8_slice_is_k32_without_transposes() {
+        let chain = Chain {
+            operands: Operands::Fp8(Minifloat::E4M3, Minifloat::E5M2),
+            n: 256,
+            steps: 4,
+            accumulate: true,
+            a: ASource::Smem(Tile::KMajor { rows: 128 }),
+            b: Tile::KMajor { rows: 256 },
+        };
+        let ptx = chain.ptx();
+        assert_eq!(
+            ptx.matches("wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e5m2 $0, da, db, pt, 1, 1;")
+                .count(),
+            4
+        );
+        assert!(ptx.contains("add.s64 da, $2, 6;") && ptx.contains("add.s64 db, $3, 6;"));
     }
 
     /// The descriptor fields: 128-byte swizzle at bit 62, stride 1 KiB, leading 16 bytes

@@ -1,5 +1,5 @@
 //! `bench --gemm`: the matmul routines and Burn's own matmul on the llama GEMM shapes, in bf16,
-//! one `GEMM {…}` line each; `gemm_peer.py` prints the same lines for cuBLAS through PyTorch.
+//! and our wgmma kernel on E4M3 codes (`Fp8Wgmma`), one `GEMM {…}` line each; `gemm_peer.py` prints the same lines for cuBLAS through PyTorch.
 //! Before timing, each routine is checked on ragged shapes with every operand layout
 //! (`CHECK {…}` lines).
 
@@ -7,6 +7,9 @@ use std::time::Instant;
 
 use crate::routines::{GemmKernel, matmul};
 use burn::tensor::{DType, Device, Tensor};
+use burn_megatron_kernels::quant::format::Minifloat;
+use burn_megatron_kernels::quant::tiles::quantize_tiles;
+use burn_megatron_kernels::wgmma::{Schedule, fp8_matmul};
 
 /// `(name, m, k, n, lhs transposed)`: llama-1b's MLP (8192 tokens) forward `x·W` and weight
 /// gradient `xᵀ·dy` (lhs a transposed view), its output layer, llama-8b's MLP at tp = 2 (4096
@@ -109,6 +112,22 @@ pub fn run(device: &Device, iters: usize, kernels: &[GemmKernel]) {
             }))
             .unwrap_or_else(|_| Err("panicked".into()));
             report(&format!("{kernel:?}"), result);
+        }
+        // FP8: E4M3 codes of both operands K-major (as FP8 wgmma reads them), one scale. Its
+        // values are other numbers than the bf16 operands', so only the time is compared.
+        let codes = |rows: usize| quantize_tiles(operand(rows, k, false, device), Minifloat::E4M3).0;
+        let (a, b) = (codes(m), codes(n));
+        let scale = Tensor::<1>::ones([1], (device, DType::F32));
+        let formats = (Minifloat::E4M3, Minifloat::E4M3);
+        match time(&|| {
+            fp8_matmul(a.clone(), b.clone(), formats, scale.clone(), Schedule::Persistent).map_err(|e| e.to_string())
+        }) {
+            Ok((seconds, _)) => println!(
+                "GEMM {{\"shape\": \"{name}\", \"m\": {m}, \"k\": {k}, \"n\": {n}, \"kernel\": \"Fp8Wgmma\", \"us\": {:.1}, \"tflops\": {:.1}}}",
+                seconds * 1e6,
+                flops / seconds / 1e12
+            ),
+            Err(error) => println!("GEMM {{\"shape\": \"{name}\", \"kernel\": \"Fp8Wgmma\", \"error\": {error:?}}}"),
         }
     }
 }

@@ -390,6 +390,102 @@ pub fn f32_matmul(h: &Harness) {
     assert!(error < 1e-5, "batched q·kᵀ: relative error {error}");
 }
 
+/// FP8 in 1×128 tiles on CUDA against the host reference, bit for bit (codes and scales): E4M3
+/// and E5M2, bf16 and f32 inputs, a ragged last tile, an all-zero tile, a tile with a NaN, one
+/// with an infinity (its scale 1, its values saturated), and values far below the scaled
+/// format's smallest subnormal.
+pub fn fp8_tiles(h: &Harness) {
+    use burn::tensor::{Device, TensorData};
+    use burn_megatron_kernels::quant::format::Minifloat;
+    use burn_megatron_kernels::quant::scaling::{Scaling, quantize};
+    use burn_megatron_kernels::quant::tiles::quantize_tiles;
+    let device = h.device(0);
+    let (r, c) = (37, 300);
+    let mut values: Vec<f32> =
+        Tensor::<2>::random([r, c], Distribution::Normal(0.0, 3.0), (&Device::flex(), DType::F32))
+            .into_data()
+            .try_to_vec()
+            .expect("f32");
+    values[..128].fill(0.0); // row 0, tile 0
+    values[c + 5] = f32::NAN; // row 1, tile 0
+    values[2 * c + 130] = f32::INFINITY; // row 2, tile 1
+    values[3 * c + 7] = 1e-30; // row 3: far below the smallest code
+    values[3 * c + 8] = 1e4;
+    for format in [Minifloat::E4M3, Minifloat::E5M2] {
+        for dtype in [DType::BF16, DType::F32] {
+            let x = Tensor::<2>::from_data(TensorData::new(values.clone(), [r, c]), (&device, DType::F32)).cast(dtype);
+            let exact: Vec<f32> = x.clone().cast(DType::F32).into_data().try_to_vec().expect("f32");
+            let q = quantize(&exact, [r, c], format, Scaling::Blocks { rows: 1, cols: 128 }, None);
+            let (codes, scales) = quantize_tiles(x, format);
+            let case = format!("{format:?} from {dtype:?}");
+            assert_eq!(scales.dims(), [r, 3], "{case}: scales' shape");
+            let codes: Vec<u8> = codes.into_data().try_to_vec().expect("u8 codes");
+            let scales: Vec<f32> = scales.into_data().try_to_vec().expect("f32 scales");
+            let differ = codes.iter().zip(&q.codes).filter(|(a, b)| a != b).count();
+            let first = codes.iter().zip(&q.codes).position(|(a, b)| a != b);
+            assert_eq!(differ, 0, "{case}: {differ} codes differ, the first at {first:?}");
+            assert_eq!(scales, q.scales, "{case}: scales");
+        }
+    }
+}
+
+/// The FP8 wgmma GEMM against the CPU's f32 product of the dequantized operands: E4M3 · E4M3
+/// and E4M3 · E5M2, tensorwise scales from each operand's amax, on shapes that fill no tile
+/// (m and n ragged for 128 × 256 blocks, k a multiple of 16 but not of the 128-deep slice, a k
+/// shorter than one slice) and one with more tiles than SMs.
+pub fn fp8_gemm(h: &Harness) {
+    use burn::tensor::{Device, Int, TensorData};
+    use burn_megatron_kernels::quant::format::Minifloat;
+    use burn_megatron_kernels::quant::scaling::{Scaling, amax, quantize, quantize_scale};
+    use burn_megatron_kernels::wgmma::fp8_matmul;
+    let device = h.device(0);
+    let cpu = Device::flex();
+    let host = |rows: usize, cols: usize| -> Vec<f32> {
+        Tensor::<2>::random([rows, cols], Distribution::Normal(0.0, 1.0), (&cpu, DType::F32))
+            .into_data()
+            .try_to_vec()
+            .expect("f32")
+    };
+    for formats in [(Minifloat::E4M3, Minifloat::E4M3), (Minifloat::E4M3, Minifloat::E5M2)] {
+        for (m, k, n) in [(300, 256, 520), (129, 2064, 257), (64, 32, 40), (4100, 256, 2000)] {
+            let (a, b) = (host(m, k), host(n, k));
+            let quantized = |x: &[f32], rows: usize, format: Minifloat| {
+                let scale = quantize_scale(format, amax(x), 0);
+                let q = quantize(x, [rows, k], format, Scaling::Tensor { quantize_scale: scale }, None);
+                let codes =
+                    Tensor::<2, Int>::from_data(TensorData::new(q.codes.clone(), [rows, k]), (&device, DType::U8));
+                let values = Tensor::<2>::from_data(TensorData::new(q.dequantize(), [rows, k]), &cpu);
+                (codes, values, q.scales[0])
+            };
+            let (a_codes, a_values, a_scale) = quantized(&a, m, formats.0);
+            let (b_codes, b_values, b_scale) = quantized(&b, n, formats.1);
+            let scale = Tensor::<1>::from_data(TensorData::new(vec![a_scale * b_scale], [1]), (&device, DType::F32));
+            let out = fp8_matmul(
+                a_codes,
+                b_codes,
+                formats,
+                scale,
+                burn_megatron_kernels::wgmma::Schedule::Persistent,
+            )
+            .expect("an FP8 product");
+            let expected = a_values.matmul(b_values.transpose());
+            let out = out.to_device(&cpu);
+            // Products of FP8 values are exact in f32 and their sums reorder within ulps; the
+            // output is rounded to bf16 (2⁻⁹ relative each): about 2e-3 in norm. A wrong tile,
+            // scale or layout is of order 1.
+            let error = relative_error(out.clone(), expected.clone());
+            let norms = (
+                out.cast(DType::F32).square().sum().sqrt().into_scalar::<f32>(),
+                expected.square().sum().sqrt().into_scalar::<f32>(),
+            );
+            assert!(
+                error < 1e-2,
+                "{formats:?} {m}×{k}×{n}: relative error {error}, norms {norms:?}"
+            );
+        }
+    }
+}
+
 /// Cross-entropy's fused row sums and their backward against the twin in f32 with autodiff:
 /// logits in f32 and bf16, rows that take vectors of 8 and rows that do not, padded columns and
 /// targets in other slices.

@@ -102,6 +102,8 @@ pub const KERNEL_TESTS: &[NamedTest] = &[
     ("kernel_suite::adamw_master", kernel_suite::adamw_master),
     ("kernel_suite::sum_of_squares", kernel_suite::sum_of_squares),
     ("kernel_suite::f32_matmul", kernel_suite::f32_matmul),
+    ("kernel_suite::fp8_tiles", kernel_suite::fp8_tiles),
+    ("kernel_suite::fp8_gemm", kernel_suite::fp8_gemm),
     ("kernel_suite::cross_entropy", kernel_suite::cross_entropy),
 ];
 /// Every model test, by name.

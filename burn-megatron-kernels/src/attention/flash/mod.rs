@@ -40,6 +40,7 @@ const WARPS: u32 = 8;
 
 /// Scores `A·Bᵀ` of a warpgroup's 64 block rows against a 64-row sweep tile, over the head dim.
 const SCORES: Chain = Chain {
+    operands: Operands::Bf16,
     n: 64,
     steps: 8,
     accumulate: false,
@@ -48,6 +49,7 @@ const SCORES: Chain = Chain {
 };
 /// `acc + P·B`: P (64 × 64, registers) times a sweep tile read MN-major (rows are the k).
 const UPDATE: Chain = Chain {
+    operands: Operands::Bf16,
     n: 128,
     steps: 4,
     accumulate: true,
