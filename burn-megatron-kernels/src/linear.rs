@@ -28,6 +28,12 @@ pub enum Gemm {
     /// operands on CUDA; Burn's matmul for other dtypes, for shapes it refuses (an inner size
     /// that is no multiple of 8) and on other devices.
     Wgmma,
+    /// FP8 with per-tensor current scaling, Transformer Engine's hybrid recipe: activations
+    /// and weights E4M3, gradients E5M2, each quantized with a scale from its amax at every
+    /// product ([`crate::quant::fp8`]): our wgmma GEMM on FP8 codes on CUDA, emulated
+    /// elsewhere. [`gemm`] and [`linear`] route it there before the [`GemmOps`] extension,
+    /// which never sees it.
+    Fp8Tensorwise,
 }
 
 /// The backend extension behind [`gemm`] and [`linear`].
@@ -53,7 +59,7 @@ impl GemmOps for burn::backend::Cube {
             Gemm::Wgmma if bf16 => crate::wgmma::gemm(lhs.clone(), rhs.clone(), crate::wgmma::Schedule::Persistent)
                 .unwrap_or_else(|_| Cube::float_matmul(lhs, rhs)),
             _ if lhs.dtype == DType::F32 && rhs.dtype == DType::F32 => crate::f32_matmul::cuda::matmul(lhs, rhs),
-            Gemm::Wgmma | Gemm::Burn => Cube::float_matmul(lhs, rhs),
+            Gemm::Wgmma | Gemm::Burn | Gemm::Fp8Tensorwise => Cube::float_matmul(lhs, rhs),
         }
     }
 }
@@ -117,6 +123,10 @@ impl<B: Backend + GemmOps, C: CheckpointStrategy> GemmOps for Autodiff<B, C> {
 /// # Shapes
 /// `[m, k]`, `[k, n]` → `[m, n]`
 pub fn gemm(lhs: Tensor<2>, rhs: Tensor<2>, kind: Gemm) -> Tensor<2> {
+    if kind == Gemm::Fp8Tensorwise {
+        use crate::quant::fp8::{Fp8Formats, product};
+        return product(lhs, rhs.transpose(), Fp8Formats::HYBRID);
+    }
     Tensor::from_dispatch(<burn::backend::Dispatch as GemmOps>::gemm(
         lhs.into_dispatch(),
         rhs.into_dispatch(),

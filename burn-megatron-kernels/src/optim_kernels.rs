@@ -1,6 +1,6 @@
 //! The optimizer's CUDA kernels: the AdamW update, of a parameter in its own dtype or of fp32
-//! master weights writing the parameter's copy in the same pass, and the sums of squares of a
-//! global gradient norm. The tensor-op twins are in [`crate::adamw::reference`] and
+//! master weights writing the parameter's copy in the same pass, and partial reductions a block:
+//! the sums of squares of a global gradient norm (and the amax of FP8 scaling, `crate::quant`). The tensor-op twins are in [`crate::adamw::reference`] and
 //! [`crate::norm::reference`].
 
 use burn::backend::Cube;
@@ -128,22 +128,65 @@ fn adamw_master_kernel<G: Float, P: Float, N: Size>(
     }
 }
 
-/// Vectors one block of [`sum_squares_kernel`] sums: 256 threads, 8 vectors each.
-const SUM_CHUNK: u32 = 2048;
+/// Vectors one block of [`partials_kernel`] reduces: 256 threads, 8 vectors each.
+const CHUNK: u32 = 2048;
 
-/// Block `b` writes `Σ x²` over vectors `[b·SUM_CHUNK, (b+1)·SUM_CHUNK)` of `x`'s first
-/// `vectors` to `partials[b]`. The length is an argument: `x` may be a view into a longer buffer
-/// (a parameter's shard of a reduce-scattered bucket), whose `len()` runs to the buffer's end.
+/// What a block of [`partials_kernel`] reduces its values to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Reduction {
+    /// `Σ x²` (a gradient norm).
+    SumOfSquares,
+    /// `max |x|`, NaN ignored (an FP8 amax).
+    MaxAbs,
+}
+
+/// The max of `x` over the block's 256 threads, on every thread.
+#[cube]
+fn block_max(x: f32) -> f32 {
+    let mut partial = Shared::<[f32]>::new_slice(8usize);
+    let warp = plane_max(x);
+    if UNIT_POS_PLANE == 0 {
+        partial[PLANE_POS as usize] = warp;
+    }
+    sync_cube();
+    let mut total = 0.0f32;
+    #[unroll]
+    for i in 0..8usize {
+        total = f32::max(total, partial[i]);
+    }
+    total
+}
+
+/// Block `b` writes the reduction of vectors `[b·CHUNK, (b+1)·CHUNK)` of `x`'s first `vectors`
+/// to `partials[b]`. The length is an argument: `x` may be a view into a longer buffer (a
+/// parameter's shard of a reduce-scattered bucket), whose `len()` runs to the buffer's end.
 #[cube(launch_unchecked)]
-fn sum_squares_kernel<F: Float, N: Size>(x: &Tensor<Vector<F, N>>, partials: &mut Tensor<f32>, vectors: u32) {
-    let start = CUBE_POS as u32 * SUM_CHUNK;
-    let end = min(start + SUM_CHUNK, vectors);
-    let mut squares = 0.0f32;
+fn partials_kernel<F: Float, N: Size>(
+    x: &Tensor<Vector<F, N>>,
+    partials: &mut Tensor<f32>,
+    vectors: u32,
+    #[comptime] reduction: Reduction,
+) {
+    let start = CUBE_POS as u32 * CHUNK;
+    let end = min(start + CHUNK, vectors);
+    let mut acc = 0.0f32;
     for i in range_stepped(start + UNIT_POS, end, 256u32) {
         let value = Vector::<f32, N>::cast_from(x[i as usize]);
-        squares += hsum(value * value);
+        match comptime!(reduction) {
+            Reduction::SumOfSquares => acc += hsum(value * value),
+            Reduction::MaxAbs =>
+            {
+                #[unroll]
+                for j in 0..value.vector_size() {
+                    acc = f32::max(acc, f32::abs(value.extract(j)));
+                }
+            }
+        }
     }
-    let total = block_sum(squares);
+    let total = match comptime!(reduction) {
+        Reduction::SumOfSquares => block_sum(acc),
+        Reduction::MaxAbs => block_max(acc),
+    };
     if UNIT_POS == 0 {
         partials[CUBE_POS] = total;
     }
@@ -291,23 +334,26 @@ pub(crate) fn adamw_master(
     }
 }
 
-/// `Σ x²` over `x` as partial sums, one a block of [`sum_squares_kernel`]: `[blocks]` in f32.
+/// `Σ x²` over `x` as partial sums, one a block of [`partials_kernel`]: `[blocks]` in f32.
 pub(crate) fn partial_sums_of_squares(x: CubeTensor) -> CubeTensor {
+    partials(x.clone(), Reduction::SumOfSquares).unwrap_or_else(|| crate::norm::reference::sum_of_squares::<Cube>(x))
+}
+
+/// `x` reduced as `reduction` says to one partial a block of [`partials_kernel`]: `[blocks]` in
+/// f32; `None` for a dtype the kernel is not built for or an empty tensor.
+pub(crate) fn partials(x: CubeTensor, reduction: Reduction) -> Option<CubeTensor> {
     let n = x.meta.num_elements();
-    let compact = float(x.dtype).then(|| compact_input(x.clone())).flatten();
-    let (Some(x), true) = (compact, n > 0) else {
-        return crate::norm::reference::sum_of_squares::<Cube>(x);
-    };
+    let x = float(x.dtype).then(|| compact_input(x)).flatten().filter(|_| n > 0)?;
     let vector = [8, 4, 2, 1]
         .into_iter()
         .find(|v| n.is_multiple_of(*v))
         .expect("1 divides");
-    let blocks = ((n / vector) as u32).div_ceil(SUM_CHUNK);
+    let blocks = ((n / vector) as u32).div_ceil(CHUNK);
     // Every block writes its partial: nothing to zero.
     let partials = compact_output(&x, Shape::new([blocks as usize]), DType::F32);
     launch_float!(
         x.dtype,
-        sum_squares_kernel,
+        partials_kernel,
         &x.client,
         CubeCount::Static(blocks, 1, 1),
         CubeDim::new_1d(256),
@@ -315,6 +361,7 @@ pub(crate) fn partial_sums_of_squares(x: CubeTensor) -> CubeTensor {
         x.clone().into_tensor_arg(),
         partials.clone().into_tensor_arg(),
         (n / vector) as u32,
+        reduction,
     );
-    partials
+    Some(partials)
 }

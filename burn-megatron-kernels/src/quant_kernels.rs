@@ -1,4 +1,5 @@
-//! The quantization CUDA kernels (`crate::quant`): FP8 in 1×128 tiles, one warp a tile.
+//! The quantization CUDA kernels (`crate::quant`): FP8 in 1×128 tiles, one warp a tile; FP8 with
+//! one scale a tensor from its amax (`partials_kernel`), cast and optionally transposed in one pass.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::tensor::CubeTensor;
@@ -98,4 +99,84 @@ pub(crate) fn quantize_tiles(x: CubeTensor, format: Minifloat) -> (CubeTensor, C
         );
     }
     (codes, scales)
+}
+
+/// One thread a value: `x · factor` encoded, `factor = max / amax[0]` (1 for a zero or
+/// non-finite amax, as [`crate::quant::scaling::quantize_scale`]), written at `[row, col]` of
+/// the codes, or at `[col, row]` when `transposed`; thread 0 writes `1 / factor` to
+/// `dequant[0]`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn quantize_tensor_kernel<F: Float>(
+    x: &Tensor<F>,
+    amax: &Tensor<f32>,
+    codes: &mut Tensor<u8>,
+    dequant: &mut Tensor<f32>,
+    rows: u32,
+    columns: u32,
+    max: f32,
+    #[comptime] transposed: bool,
+    #[comptime] e5m2_codes: bool,
+) {
+    let i = ABSOLUTE_POS as u32;
+    let a = amax[0];
+    let mut factor = 1.0f32;
+    if a > 0.0f32 && a <= 3.4028235e38f32 {
+        factor = max / a;
+    }
+    if i < rows * columns {
+        let value = f32::cast_from(x[i as usize]) * factor;
+        let mut at = i;
+        if comptime!(transposed) {
+            at = (i % columns) * rows + i / columns;
+        }
+        if comptime!(e5m2_codes) {
+            codes[at as usize] = u8::reinterpret(e5m2::cast_from(value));
+        } else {
+            codes[at as usize] = u8::reinterpret(e4m3::cast_from(value));
+        }
+    }
+    if i == 0 {
+        dequant[0] = 1.0f32 / factor;
+    }
+}
+
+/// `x` (`[r, c]`) quantized to `format` with one scale from its amax (current scaling): codes
+/// `[r, c]`, or `[c, r]` when `transposed` (the cast and the transpose in one pass), and the
+/// dequantization scale `[1]`. `x` is read row-major (copied first if it is a view).
+pub(crate) fn quantize_tensor(x: CubeTensor, format: Minifloat, transposed: bool) -> (CubeTensor, CubeTensor) {
+    use burn::backend::Cube;
+    use burn::backend::ops::FloatTensorOps;
+    let x = match matches!(x.dtype, DType::BF16 | DType::F16 | DType::F32) {
+        true => x,
+        false => Cube::float_cast(x, burn::tensor::FloatDType::F32),
+    };
+    let x = compact_input(x).expect("a row-major copy");
+    let dims = x.meta.shape().clone();
+    let (r, c) = (dims[0], dims[1]);
+    let amax = match crate::optim_kernels::partials(x.clone(), crate::optim_kernels::Reduction::MaxAbs) {
+        Some(partials) => Cube::float_max(partials),
+        None => Cube::float_zeros(Shape::new([1]), &x.device, burn::tensor::FloatDType::F32),
+    };
+    let shape = if transposed { [c, r] } else { [r, c] };
+    let codes = compact_output(&x, Shape::new(shape), DType::U8);
+    let dequant = compact_output(&x, Shape::new([1]), DType::F32);
+    let count = ((r * c) as u32).div_ceil(256).max(1);
+    launch_float!(
+        x.dtype,
+        quantize_tensor_kernel,
+        &x.client,
+        CubeCount::Static(count, 1, 1),
+        CubeDim::new_1d(256),
+        x.clone().into_tensor_arg(),
+        amax.into_tensor_arg(),
+        codes.clone().into_tensor_arg(),
+        dequant.clone().into_tensor_arg(),
+        r as u32,
+        c as u32,
+        format.max(),
+        transposed,
+        format == Minifloat::E5M2,
+    );
+    (codes, dequant)
 }

@@ -3,6 +3,7 @@
 //!
 //!   bench [--preset llama-1b] [--tp N] [--sp] [--dp N] [--steps 10] [--warmup 3] [--profile]
 //!   bench … --pure-bf16               bf16 parameters updated in bf16 (no master weights), labelled
+//!   bench … --precision fp8-tensorwise  FP8 with current scaling in the blocks' linear layers
 //!   bench … --linear-gemm wgmma|burn  the linear layers' product (their config's `Gemm`; wgmma)
 //!   bench --gemm [--kernels A,B]      matmul routines on the llama GEMM shapes (gemm.rs)
 //!
@@ -41,6 +42,7 @@ struct Args {
     kernels: Vec<GemmKernel>,
     linear_gemm: Gemm,
     pure_bf16: bool,
+    fp8: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -56,6 +58,7 @@ fn parse() -> Result<Args, String> {
         kernels: GemmKernel::ALL.to_vec(),
         linear_gemm: Gemm::Wgmma,
         pure_bf16: false,
+        fp8: false,
     };
     let mut it = std::env::args().skip(1);
     let number = |flag: &str, v: String| v.parse::<usize>().map_err(|_| format!("{flag} {v}: not a number"));
@@ -69,6 +72,16 @@ fn parse() -> Result<Args, String> {
             "--profile" => args.profile = true,
             "--gemm" => args.gemm = true,
             "--pure-bf16" => args.pure_bf16 = true,
+            "--precision" => match value()?.as_str() {
+                "bf16" => {}
+                "pure-bf16" => args.pure_bf16 = true,
+                "fp8-tensorwise" => args.fp8 = true,
+                other => {
+                    return Err(format!(
+                        "--precision {other}: expected bf16, pure-bf16 or fp8-tensorwise"
+                    ));
+                }
+            },
             "--kernels" => args.kernels = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "--linear-gemm" => {
                 args.linear_gemm = match value()?.as_str() {
@@ -109,11 +122,11 @@ fn main() {
         TensorParallel::Plain
     };
     let plan = ParallelPlan::new(dims).with_tensor(tensor);
-    let policy = match args.pure_bf16 {
-        true => PrecisionPolicy::pure_bf16(),
-        false => PrecisionPolicy::bf16(),
-    }
-    .with_gemm(args.linear_gemm);
+    let policy = match (args.pure_bf16, args.fp8) {
+        (true, _) => PrecisionPolicy::pure_bf16().with_gemm(args.linear_gemm),
+        (false, true) => PrecisionPolicy::fp8_tensorwise(),
+        (false, false) => PrecisionPolicy::bf16().with_gemm(args.linear_gemm),
+    };
     let shape = recipe.model.clone();
     let config = policy.apply(
         plan.apply(recipe.model, dims.world_size(), seq)
@@ -139,9 +152,10 @@ fn main() {
     let tokens = (batch * args.dp * seq) as f64;
     let flops = tokens * (6.0 * params + 12.0 * (l * seq * h) as f64);
     let tflops_per_gpu = flops / run.step_s / gpus as f64 / 1e12;
-    let recipe = match policy.master {
-        MasterWeights::F32 => "bf16-fp32-master",
-        MasterWeights::None => "pure-bf16",
+    let recipe = match (policy.master, policy.gemm) {
+        (MasterWeights::F32, Gemm::Fp8Tensorwise) => "fp8-tensorwise-fp32-master",
+        (MasterWeights::F32, _) => "bf16-fp32-master",
+        (MasterWeights::None, _) => "pure-bf16",
     };
     if let Some(profile) = &run.profile {
         println!(

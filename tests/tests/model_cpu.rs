@@ -26,6 +26,14 @@ mod tp2 {
     }
 }
 
+#[test]
+fn fp8_tensorwise_tracks_the_curve() {
+    let pairs = model_suite::fp8_tensorwise_tracks_the_curve(&Harness::cpu(1));
+    for (step, (plain, fp8)) in pairs.iter().enumerate() {
+        println!("step {step}: f32 {plain:.5} fp8 {fp8:.5}");
+    }
+}
+
 mod tp4 {
     use super::*;
 

@@ -23,8 +23,11 @@ pub enum MasterWeights {
 pub struct PrecisionPolicy {
     /// The dtype of the parameters and activations.
     pub compute: DType,
-    /// Every linear layer's matrix product, forward and backward.
+    /// The linear layers' matrix product, forward and backward.
     pub gemm: Gemm,
+    /// The product of the layers a low-precision `gemm` leaves in the compute dtype: the output
+    /// layer (Transformer Engine and NVIDIA's FP8/FP4 recipes keep it in bf16).
+    pub kept: Gemm,
     pub master: MasterWeights,
 }
 
@@ -39,6 +42,7 @@ impl PrecisionPolicy {
         Self {
             compute: DType::F32,
             gemm: Gemm::Burn,
+            kept: Gemm::Burn,
             master: MasterWeights::F32,
         }
     }
@@ -49,6 +53,7 @@ impl PrecisionPolicy {
         Self {
             compute: DType::BF16,
             gemm: Gemm::Wgmma,
+            kept: Gemm::Wgmma,
             master: MasterWeights::F32,
         }
     }
@@ -61,15 +66,34 @@ impl PrecisionPolicy {
         }
     }
 
-    /// The same policy with every linear layer on `gemm`.
-    pub fn with_gemm(self, gemm: Gemm) -> Self {
-        Self { gemm, ..self }
+    /// FP8 with per-tensor current scaling (E4M3 forward, E5M2 gradients) in every block's
+    /// linear layers, the output layer in bf16 on our wgmma GEMM; bf16 compute, fp32 master
+    /// weights.
+    pub fn fp8_tensorwise() -> Self {
+        Self {
+            gemm: Gemm::Fp8Tensorwise,
+            ..Self::bf16()
+        }
     }
 
-    /// `config` with every linear layer set to this policy's product.
+    /// The same policy with every linear layer on `gemm` (the output layer too, unless `gemm`
+    /// is low precision: it keeps [`kept`](Self::kept)).
+    pub fn with_gemm(self, gemm: Gemm) -> Self {
+        let kept = match gemm {
+            Gemm::Fp8Tensorwise => self.kept,
+            other => other,
+        };
+        Self { gemm, kept, ..self }
+    }
+
+    /// `config` with its linear layers set to this policy's product, the output layer to
+    /// [`kept`](Self::kept).
     pub fn apply<M: PrecisionTarget>(&self, mut config: M) -> M {
-        for (_, gemm) in config.linear_gemms() {
-            *gemm = self.gemm;
+        for (path, gemm) in config.linear_gemms() {
+            *gemm = match path {
+                "output" => self.kept,
+                _ => self.gemm,
+            };
         }
         config
     }
@@ -98,5 +122,25 @@ mod tests {
             (Gemm::Wgmma, Gemm::Wgmma, Gemm::Wgmma)
         );
         assert_eq!(PrecisionPolicy::bf16().init(1, InitMode::Full).dtype, DType::BF16);
+    }
+
+    /// FP8 runs in the blocks' linear layers; the output layer stays on the bf16 GEMM, also when
+    /// FP8 is chosen with `with_gemm`.
+    #[test]
+    fn fp8_keeps_the_output_layer_in_bf16() {
+        for policy in [
+            PrecisionPolicy::fp8_tensorwise(),
+            PrecisionPolicy::bf16().with_gemm(Gemm::Fp8Tensorwise),
+        ] {
+            let config = policy.apply(recipes::tiny().model);
+            assert_eq!(
+                (config.attention.gemm, config.mlp.gemm, config.output.gemm),
+                (Gemm::Fp8Tensorwise, Gemm::Fp8Tensorwise, Gemm::Wgmma)
+            );
+        }
+        let config = PrecisionPolicy::fp8_tensorwise()
+            .with_gemm(Gemm::Burn)
+            .apply(recipes::tiny().model);
+        assert_eq!(config.output.gemm, Gemm::Burn);
     }
 }
