@@ -12,7 +12,7 @@ use half::{bf16, f16};
 
 use crate::adamw::{AdamWStep, reference};
 use crate::elementwise::{compact_input, compact_output, launch_dims, launch_float};
-use crate::row_kernels::{block_sum, hsum};
+use crate::row_kernels::{block_max, block_sum, hsum};
 
 /// The new moments at `i`, written to `m_out` and `v_out`; returns the new parameter `p`.
 #[cube]
@@ -138,23 +138,6 @@ pub(crate) enum Reduction {
     SumOfSquares,
     /// `max |x|`, NaN ignored (an FP8 amax).
     MaxAbs,
-}
-
-/// The max of `x` over the block's 256 threads, on every thread.
-#[cube]
-fn block_max(x: f32) -> f32 {
-    let mut partial = Shared::<[f32]>::new_slice(8usize);
-    let warp = plane_max(x);
-    if UNIT_POS_PLANE == 0 {
-        partial[PLANE_POS as usize] = warp;
-    }
-    sync_cube();
-    let mut total = 0.0f32;
-    #[unroll]
-    for i in 0..8usize {
-        total = f32::max(total, partial[i]);
-    }
-    total
 }
 
 /// Block `b` writes the reduction of vectors `[b·CHUNK, (b+1)·CHUNK)` of `x`'s first `vectors`

@@ -51,12 +51,7 @@ fn quantize_tiles_kernel<F: Float>(
             let col = first + UNIT_POS_X + 32u32 * j;
             if col < columns {
                 let at = (row * columns + col) as usize;
-                let value = f32::cast_from(x[at]) * factor;
-                if comptime!(e5m2_codes) {
-                    codes[at] = u8::reinterpret(e5m2::cast_from(value));
-                } else {
-                    codes[at] = u8::reinterpret(e4m3::cast_from(value));
-                }
+                codes[at] = fp8_code(f32::cast_from(x[at]) * factor, e5m2_codes);
             }
         }
         if UNIT_POS_X == 0 {
@@ -101,10 +96,29 @@ pub(crate) fn quantize_tiles(x: CubeTensor, format: Minifloat) -> (CubeTensor, C
     (codes, scales)
 }
 
-/// One thread a value: `x · factor` encoded, `factor = max / amax[0]` (1 for a zero or
-/// non-finite amax, as [`crate::quant::scaling::quantize_scale`]), written at `[row, col]` of
-/// the codes, or at `[col, row]` when `transposed`; thread 0 writes `1 / factor` to
-/// `dequant[0]`.
+/// The factor values are multiplied by before encoding: `max / amax` (1 for a zero or
+/// non-finite amax, as [`crate::quant::scaling::quantize_scale`]).
+#[cube]
+fn fp8_factor(amax: f32, max: f32) -> f32 {
+    let mut factor = 1.0f32;
+    if amax > 0.0f32 && amax <= 3.4028235e38f32 {
+        factor = max / amax;
+    }
+    factor
+}
+
+/// The FP8 code of `value`, as a byte.
+#[cube]
+fn fp8_code(value: f32, #[comptime] e5m2_codes: bool) -> u8 {
+    if comptime!(e5m2_codes) {
+        u8::reinterpret(e5m2::cast_from(value))
+    } else {
+        u8::reinterpret(e4m3::cast_from(value))
+    }
+}
+
+/// One thread a value: `x · factor` encoded at `[row, col]` of the codes; thread 0 writes
+/// `1 / factor` to `dequant[0]`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn quantize_tensor_kernel<F: Float>(
@@ -112,31 +126,56 @@ fn quantize_tensor_kernel<F: Float>(
     amax: &Tensor<f32>,
     codes: &mut Tensor<u8>,
     dequant: &mut Tensor<f32>,
-    rows: u32,
-    columns: u32,
+    count: u32,
     max: f32,
-    #[comptime] transposed: bool,
     #[comptime] e5m2_codes: bool,
 ) {
     let i = ABSOLUTE_POS as u32;
-    let a = amax[0];
-    let mut factor = 1.0f32;
-    if a > 0.0f32 && a <= 3.4028235e38f32 {
-        factor = max / a;
-    }
-    if i < rows * columns {
-        let value = f32::cast_from(x[i as usize]) * factor;
-        let mut at = i;
-        if comptime!(transposed) {
-            at = (i % columns) * rows + i / columns;
-        }
-        if comptime!(e5m2_codes) {
-            codes[at as usize] = u8::reinterpret(e5m2::cast_from(value));
-        } else {
-            codes[at as usize] = u8::reinterpret(e4m3::cast_from(value));
-        }
+    let factor = fp8_factor(amax[0], max);
+    if i < count {
+        codes[i as usize] = fp8_code(f32::cast_from(x[i as usize]) * factor, e5m2_codes);
     }
     if i == 0 {
+        dequant[0] = 1.0f32 / factor;
+    }
+}
+
+/// The transposing cast: a 32 × 8 block a 32 × 32 tile, read along `x`'s rows and written
+/// along the codes' rows (`[c, r]`) through shared memory, so both sides are coalesced.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn quantize_transposed_kernel<F: Float>(
+    x: &Tensor<F>,
+    amax: &Tensor<f32>,
+    codes: &mut Tensor<u8>,
+    dequant: &mut Tensor<f32>,
+    rows: u32,
+    columns: u32,
+    max: f32,
+    #[comptime] e5m2_codes: bool,
+) {
+    // 33 words a row: the column reads of the second half fall in 32 different banks.
+    let mut tile = Shared::<[u32]>::new_slice(1056usize);
+    let factor = fp8_factor(amax[0], max);
+    let (r0, c0) = (CUBE_POS_Y * 32u32, CUBE_POS_X * 32u32);
+    let (tx, ty) = (UNIT_POS_X, UNIT_POS_Y);
+    #[unroll]
+    for j in 0..4u32 {
+        let (r, c) = (r0 + ty + 8u32 * j, c0 + tx);
+        if r < rows && c < columns {
+            let code = fp8_code(f32::cast_from(x[(r * columns + c) as usize]) * factor, e5m2_codes);
+            tile[((ty + 8u32 * j) * 33u32 + tx) as usize] = u32::cast_from(code);
+        }
+    }
+    sync_cube();
+    #[unroll]
+    for j in 0..4u32 {
+        let (c, r) = (c0 + ty + 8u32 * j, r0 + tx);
+        if r < rows && c < columns {
+            codes[(c * rows + r) as usize] = u8::cast_from(tile[(tx * 33u32 + ty + 8u32 * j) as usize]);
+        }
+    }
+    if CUBE_POS_X == 0 && CUBE_POS_Y == 0 && UNIT_POS == 0 {
         dequant[0] = 1.0f32 / factor;
     }
 }
@@ -161,22 +200,37 @@ pub(crate) fn quantize_tensor(x: CubeTensor, format: Minifloat, transposed: bool
     let shape = if transposed { [c, r] } else { [r, c] };
     let codes = compact_output(&x, Shape::new(shape), DType::U8);
     let dequant = compact_output(&x, Shape::new([1]), DType::F32);
-    let count = ((r * c) as u32).div_ceil(256).max(1);
-    launch_float!(
-        x.dtype,
-        quantize_tensor_kernel,
-        &x.client,
-        CubeCount::Static(count, 1, 1),
-        CubeDim::new_1d(256),
-        x.clone().into_tensor_arg(),
-        amax.into_tensor_arg(),
-        codes.clone().into_tensor_arg(),
-        dequant.clone().into_tensor_arg(),
-        r as u32,
-        c as u32,
-        format.max(),
-        transposed,
-        format == Minifloat::E5M2,
-    );
+    let e5m2_codes = format == Minifloat::E5M2;
+    match transposed {
+        false => launch_float!(
+            x.dtype,
+            quantize_tensor_kernel,
+            &x.client,
+            CubeCount::Static(((r * c) as u32).div_ceil(256).max(1), 1, 1),
+            CubeDim::new_1d(256),
+            x.clone().into_tensor_arg(),
+            amax.into_tensor_arg(),
+            codes.clone().into_tensor_arg(),
+            dequant.clone().into_tensor_arg(),
+            (r * c) as u32,
+            format.max(),
+            e5m2_codes,
+        ),
+        true => launch_float!(
+            x.dtype,
+            quantize_transposed_kernel,
+            &x.client,
+            CubeCount::Static((c as u32).div_ceil(32).max(1), (r as u32).div_ceil(32).max(1), 1),
+            CubeDim::new_2d(32, 8),
+            x.clone().into_tensor_arg(),
+            amax.into_tensor_arg(),
+            codes.clone().into_tensor_arg(),
+            dequant.clone().into_tensor_arg(),
+            r as u32,
+            c as u32,
+            format.max(),
+            e5m2_codes,
+        ),
+    }
     (codes, dequant)
 }

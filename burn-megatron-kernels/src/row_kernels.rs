@@ -32,8 +32,21 @@ pub(crate) fn hsum<N: Size>(v: Vector<f32, N>) -> f32 {
 /// The sum of `x` over the block's 256 threads, on every thread.
 #[cube]
 pub(crate) fn block_sum(x: f32) -> f32 {
+    block_reduce(x, false)
+}
+
+/// The largest `x` over the block's 256 threads (each `x` ≥ 0), on every thread.
+#[cube]
+pub(crate) fn block_max(x: f32) -> f32 {
+    block_reduce(x, true)
+}
+
+/// The sum, or with `max` the largest, of `x` over the block's 256 threads: each warp's by
+/// shuffles, then the 8 warps' through shared memory.
+#[cube]
+fn block_reduce(x: f32, #[comptime] max: bool) -> f32 {
     let mut partial = Shared::<[f32]>::new_slice(8usize);
-    let warp = plane_sum(x);
+    let warp = if comptime!(max) { plane_max(x) } else { plane_sum(x) };
     if UNIT_POS_PLANE == 0 {
         partial[PLANE_POS as usize] = warp;
     }
@@ -41,7 +54,11 @@ pub(crate) fn block_sum(x: f32) -> f32 {
     let mut total = 0.0f32;
     #[unroll]
     for i in 0..8usize {
-        total += partial[i];
+        if comptime!(max) {
+            total = f32::max(total, partial[i]);
+        } else {
+            total += partial[i];
+        }
     }
     total
 }

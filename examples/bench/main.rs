@@ -25,7 +25,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron::init::InitMode;
 use burn_megatron::models::llama::preset;
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
-use burn_megatron::precision::{MasterWeights, PrecisionPolicy};
+use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron_dist::{ParallelDims, launch};
 use burn_megatron_kernels::Gemm;
 use routines::GemmKernel;
@@ -41,8 +41,18 @@ struct Args {
     gemm: bool,
     kernels: Vec<GemmKernel>,
     linear_gemm: Gemm,
-    pure_bf16: bool,
-    fp8: bool,
+    recipe: Recipe,
+}
+
+/// The precision recipe a run trains with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Recipe {
+    /// bf16 compute, fp32 master weights: the peers' recipe.
+    Bf16,
+    /// bf16 parameters updated in bf16, no master weights.
+    PureBf16,
+    /// FP8 current scaling in the blocks' linear layers, fp32 master weights.
+    Fp8Tensorwise,
 }
 
 fn parse() -> Result<Args, String> {
@@ -57,8 +67,7 @@ fn parse() -> Result<Args, String> {
         gemm: false,
         kernels: GemmKernel::ALL.to_vec(),
         linear_gemm: Gemm::Wgmma,
-        pure_bf16: false,
-        fp8: false,
+        recipe: Recipe::Bf16,
     };
     let mut it = std::env::args().skip(1);
     let number = |flag: &str, v: String| v.parse::<usize>().map_err(|_| format!("{flag} {v}: not a number"));
@@ -71,17 +80,19 @@ fn parse() -> Result<Args, String> {
             "--sp" => args.sp = true,
             "--profile" => args.profile = true,
             "--gemm" => args.gemm = true,
-            "--pure-bf16" => args.pure_bf16 = true,
-            "--precision" => match value()?.as_str() {
-                "bf16" => {}
-                "pure-bf16" => args.pure_bf16 = true,
-                "fp8-tensorwise" => args.fp8 = true,
-                other => {
-                    return Err(format!(
-                        "--precision {other}: expected bf16, pure-bf16 or fp8-tensorwise"
-                    ));
+            "--pure-bf16" => args.recipe = Recipe::PureBf16,
+            "--precision" => {
+                args.recipe = match value()?.as_str() {
+                    "bf16" => Recipe::Bf16,
+                    "pure-bf16" => Recipe::PureBf16,
+                    "fp8-tensorwise" => Recipe::Fp8Tensorwise,
+                    other => {
+                        return Err(format!(
+                            "--precision {other}: expected bf16, pure-bf16 or fp8-tensorwise"
+                        ));
+                    }
                 }
-            },
+            }
             "--kernels" => args.kernels = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "--linear-gemm" => {
                 args.linear_gemm = match value()?.as_str() {
@@ -98,7 +109,7 @@ fn parse() -> Result<Args, String> {
     if args.tp == 0 || args.dp == 0 || args.steps == 0 {
         return Err("--tp, --dp and --steps must be at least 1".into());
     }
-    if args.pure_bf16 && args.dp > 1 {
+    if args.recipe == Recipe::PureBf16 && args.dp > 1 {
         return Err("--pure-bf16 updates the parameters with Burn's optimizer interface, which averages no gradients: use --dp 1".into());
     }
     Ok(args)
@@ -122,10 +133,10 @@ fn main() {
         TensorParallel::Plain
     };
     let plan = ParallelPlan::new(dims).with_tensor(tensor);
-    let policy = match (args.pure_bf16, args.fp8) {
-        (true, _) => PrecisionPolicy::pure_bf16().with_gemm(args.linear_gemm),
-        (false, true) => PrecisionPolicy::fp8_tensorwise(),
-        (false, false) => PrecisionPolicy::bf16().with_gemm(args.linear_gemm),
+    let policy = match args.recipe {
+        Recipe::Bf16 => PrecisionPolicy::bf16().with_gemm(args.linear_gemm),
+        Recipe::PureBf16 => PrecisionPolicy::pure_bf16().with_gemm(args.linear_gemm),
+        Recipe::Fp8Tensorwise => PrecisionPolicy::fp8_tensorwise(),
     };
     let shape = recipe.model.clone();
     let config = policy.apply(
@@ -152,10 +163,10 @@ fn main() {
     let tokens = (batch * args.dp * seq) as f64;
     let flops = tokens * (6.0 * params + 12.0 * (l * seq * h) as f64);
     let tflops_per_gpu = flops / run.step_s / gpus as f64 / 1e12;
-    let recipe = match (policy.master, policy.gemm) {
-        (MasterWeights::F32, Gemm::Fp8Tensorwise) => "fp8-tensorwise-fp32-master",
-        (MasterWeights::F32, _) => "bf16-fp32-master",
-        (MasterWeights::None, _) => "pure-bf16",
+    let recipe = match args.recipe {
+        Recipe::Bf16 => "bf16-fp32-master",
+        Recipe::PureBf16 => "pure-bf16",
+        Recipe::Fp8Tensorwise => "fp8-tensorwise-fp32-master",
     };
     if let Some(profile) = &run.profile {
         println!(

@@ -42,6 +42,21 @@ fn batch(device: &Device, step: u64) -> (Tensor<2, Int>, Tensor<2, Int>) {
     (all.clone().narrow(1, 0, SEQ), all.narrow(1, 1, SEQ))
 }
 
+/// The losses of 20 AdamW steps (lr 3e-3, PyTorch's ε and weight decay) on `batch`'s batches.
+fn adamw_losses(mut model: Llama, device: &Device) -> Vec<f64> {
+    let mut optim = AdamWConfig::new().with_epsilon(1e-8).with_weight_decay(0.01).init();
+    (0..20)
+        .map(|step| {
+            let (ids, targets) = batch(device, step);
+            let loss = model.forward_loss(ids, targets).unwrap();
+            let value = loss.clone().into_scalar::<f64>();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(3e-3, model.clone(), grads);
+            value
+        })
+        .collect()
+}
+
 /// Every parameter's gradient, in traversal order, as (shape, values).
 fn gradients(model: &Llama, grads: &Gradients) -> Vec<(Vec<usize>, Vec<f64>)> {
     param_grads(model, grads)
@@ -111,20 +126,7 @@ pub fn tiny_loss_and_gradients(h: &Harness) {
 
 /// 20 AdamW steps at tp with SP against tp = 1: the same losses.
 pub fn adamw_steps_match(h: &Harness) {
-    let losses = |groups: &ProcessGroups, dev: &Device, sp: bool| -> Vec<f64> {
-        let mut model = tiny(h, groups, dev, sp);
-        let mut optim = AdamWConfig::new().with_epsilon(1e-8).with_weight_decay(0.01).init();
-        (0..20)
-            .map(|step| {
-                let (ids, targets) = batch(dev, step);
-                let loss = model.forward_loss(ids, targets).unwrap();
-                let value = loss.clone().into_scalar::<f64>();
-                let grads = GradientsParams::from_grads(loss.backward(), &model);
-                model = optim.step(3e-3, model.clone(), grads);
-                value
-            })
-            .collect()
-    };
+    let losses = |groups: &ProcessGroups, dev: &Device, sp: bool| adamw_losses(tiny(h, groups, dev, sp), dev);
     h.run(h.tp_world(), |ctx| {
         let dev = ctx.device.clone().autodiff();
         let par = losses(&ctx.groups, &dev, true);
@@ -160,24 +162,14 @@ pub fn fp8_tensorwise_tracks_the_curve(h: &Harness) -> Vec<(f64, f64)> {
             let dev = ctx.device.clone().autodiff();
             let policy = PrecisionPolicy::f32().with_gemm(gemm);
             let config = policy.apply(recipes::tiny().model);
-            let mut model = config
+            let model = config
                 .init(
                     &dev,
                     &ctx.groups,
                     &ParamInit::new(3, InitMode::Full).with_dtype(h.float),
                 )
                 .expect("init");
-            let mut optim = AdamWConfig::new().with_epsilon(1e-8).with_weight_decay(0.01).init();
-            (0..20)
-                .map(|step| {
-                    let (ids, targets) = batch(&dev, step);
-                    let loss = model.forward_loss(ids, targets).unwrap();
-                    let value = loss.clone().into_scalar::<f64>();
-                    let grads = GradientsParams::from_grads(loss.backward(), &model);
-                    model = optim.step(3e-3, model.clone(), grads);
-                    value
-                })
-                .collect()
+            adamw_losses(model, &dev)
         })
         .remove(0)
     };
