@@ -138,6 +138,7 @@ fn main() {
         Recipe::PureBf16 => PrecisionPolicy::pure_bf16().with_gemm(args.linear_gemm),
         Recipe::Fp8Tensorwise => PrecisionPolicy::fp8_tensorwise(),
     };
+    policy.check(dims).unwrap_or_else(|e| panic!("{e}"));
     let shape = recipe.model.clone();
     let config = policy.apply(
         plan.apply(recipe.model, dims.world_size(), seq)

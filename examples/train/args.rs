@@ -40,6 +40,8 @@ pub struct Args {
     pub tokenizer: Option<std::path::PathBuf>,
     /// Parameters and activations in bf16 (the optimizer keeps fp32 master weights).
     pub bf16: bool,
+    /// The blocks' linear layers in FP8 with current scaling (`--precision fp8-tensorwise`).
+    pub fp8: bool,
     /// Write checkpoints on a thread of their own while training goes on.
     pub async_save: bool,
     /// Print a greedy sample every this many steps (0: never); a fifth of the run by default.
@@ -51,7 +53,7 @@ pub struct Args {
 
 const USAGE: &str = "usage: train [--preset tiny|llama-1b|llama-8b] [--tp N] [--dp N] [--sp] [--steps N] \
 [--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--async-save] [--resume DIR] [--data PATH] [--tokenizer tokenizer.json] \
-[--dtype f32|bf16] [--sample-every K] [--learner]";
+[--dtype f32|bf16] [--precision default|fp8-tensorwise] [--sample-every K] [--learner]";
 
 impl Args {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
@@ -74,6 +76,7 @@ impl Args {
             data: None,
             tokenizer: None,
             bf16: false,
+            fp8: false,
             async_save: false,
             sample_every: None,
             learner: false,
@@ -100,6 +103,13 @@ impl Args {
                         "f32" => false,
                         "bf16" => true,
                         other => return Err(format!("--dtype {other}: expected f32 or bf16")),
+                    }
+                }
+                "--precision" => {
+                    out.fp8 = match value()?.as_str() {
+                        "default" => false,
+                        "fp8-tensorwise" => true,
+                        other => return Err(format!("--precision {other}: expected default or fp8-tensorwise")),
                     }
                 }
                 "--steps" => out.steps = number(&flag, &value()?)?,

@@ -65,11 +65,15 @@ fn configure(args: &Args) -> Result<Job, ConfigError> {
         TensorParallel::Plain
     };
     let plan = ParallelPlan::new(dims).with_tensor(tensor);
-    let policy = if args.bf16 {
-        PrecisionPolicy::bf16()
-    } else {
-        PrecisionPolicy::f32()
+    let policy = match args.bf16 {
+        true => PrecisionPolicy::bf16(),
+        false => PrecisionPolicy::f32(),
     };
+    let policy = match args.fp8 {
+        true => policy.with_gemm(burn_megatron_kernels::Gemm::Fp8Tensorwise),
+        false => policy,
+    };
+    policy.check(dims)?;
     let config = policy.apply(plan.apply(recipe.model.clone(), dims.world_size(), recipe.seq_len)?);
     let per_rank = recipe.per_rank_batch(args.dp)?;
     check_lr(args.lr)?;
@@ -230,8 +234,6 @@ mod tests {
         Args::parse(flags.split_whitespace().map(String::from)).unwrap()
     }
 
-    /// An absurd learning rate overflows the weights: the run stops on the first loss that is
-    /// not finite and says which step it was.
     /// The same run through Burn's Learner: it trains and ends without an error.
     #[cfg(feature = "learner")]
     #[test]
@@ -266,6 +268,8 @@ mod tests {
             ("--preset llama-70b", "unknown preset"),
             ("--device tpu", "expected cpu or cuda"),
             ("--dtype f16", "expected f32 or bf16"),
+            ("--precision fp4", "expected default or fp8-tensorwise"),
+            ("--precision fp8-tensorwise --tp 2", "FP8 at tp = 2"),
             ("--init sparse", "expected full or per-shard"),
             ("--save-every 0 --save /tmp/x", "at least 1"),
             ("--save-every 5", "needs --save"),
@@ -284,6 +288,18 @@ mod tests {
         }
     }
 
+    /// FP8 current scaling in the blocks' linear layers (emulated on the CPU), data-parallel: it
+    /// trains and ends without an error.
+    #[test]
+    fn trains_with_fp8() {
+        run(&args(
+            "--precision fp8-tensorwise --dp 2 --steps 3 --seq 32 --batch 4 --sample-every 0",
+        ))
+        .unwrap();
+    }
+
+    /// An absurd learning rate overflows the weights: the run stops on the first loss that is
+    /// not finite and says which step it was.
     #[test]
     fn a_loss_that_is_not_finite_stops_training() {
         let error = run(&args("--steps 6 --seq 32 --lr 1e30 --sample-every 0")).unwrap_err();

@@ -98,6 +98,16 @@ impl PrecisionPolicy {
         config
     }
 
+    /// Whether this policy runs at the layout `dims`: FP8 scales each tensor by its amax, which
+    /// under tensor parallelism must be reduced over the group holding the tensor's pieces (not
+    /// built yet), so FP8 runs at tp = 1 only.
+    pub fn check(&self, dims: burn_megatron_dist::ParallelDims) -> Result<(), crate::error::ConfigError> {
+        match (self.gemm, dims.tp) {
+            (Gemm::Fp8Tensorwise, tp) if tp > 1 => Err(crate::error::ConfigError::Fp8AtTensorParallel { tp }),
+            _ => Ok(()),
+        }
+    }
+
     /// Parameters initialized from `seed` in this policy's dtype.
     pub fn init(&self, seed: u64, mode: InitMode) -> ParamInit {
         ParamInit::new(seed, mode).with_dtype(self.compute)
@@ -142,5 +152,19 @@ mod tests {
             .with_gemm(Gemm::Burn)
             .apply(recipes::tiny().model);
         assert_eq!(config.output.gemm, Gemm::Burn);
+    }
+
+    /// FP8 runs at tp = 1 (any dp) and is refused by name at tp > 1, where each amax would need
+    /// a reduction over tp.
+    #[test]
+    fn fp8_is_refused_under_tensor_parallelism() {
+        use burn_megatron_dist::ParallelDims;
+        let fp8 = PrecisionPolicy::fp8_tensorwise();
+        assert_eq!(fp8.check(ParallelDims::tp_dp(1, 4)), Ok(()));
+        assert_eq!(
+            fp8.check(ParallelDims::tp_dp(2, 1)),
+            Err(crate::error::ConfigError::Fp8AtTensorParallel { tp: 2 })
+        );
+        assert_eq!(PrecisionPolicy::bf16().check(ParallelDims::tp_dp(2, 1)), Ok(()));
     }
 }
