@@ -39,4 +39,4 @@ pub mod wgmma;
 #[cfg(any(feature = "cuda", test))]
 mod wgmma_ptx;
 
-pub use linear::{Gemm, gemm, linear};
+pub use linear::{Gemm, gemm, linear, linear_over};

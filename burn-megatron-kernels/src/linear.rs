@@ -17,6 +17,9 @@ use burn::backend::{Autodiff, Backend, Flex, backend_extension};
 use burn::config::Config;
 use burn::tensor::Tensor;
 
+use crate::quant::product::Amax;
+use crate::quant::recipe::Recipe;
+
 /// The matrix product a linear layer runs. It lives in the layer's configuration (a precision
 /// policy sets it before `init`), never in process state, so two layers of one model may run
 /// different products.
@@ -28,12 +31,11 @@ pub enum Gemm {
     /// operands on CUDA; Burn's matmul for other dtypes, for shapes it refuses (an inner size
     /// that is no multiple of 8) and on other devices.
     Wgmma,
-    /// FP8 with per-tensor current scaling, Transformer Engine's hybrid recipe: activations
-    /// and weights E4M3, gradients E5M2, each quantized with a scale from its amax at every
-    /// product ([`crate::quant::fp8`]): our wgmma GEMM on FP8 codes on CUDA, emulated
-    /// elsewhere. [`gemm`] and [`linear`] route it there before the [`GemmOps`] extension,
-    /// which never sees it.
-    Fp8Tensorwise,
+    /// A low-precision recipe ([`crate::quant::recipe`]): FP8 or FP4 operands with their block
+    /// scales, each product (forward, dgrad, wgrad) quantized as the recipe says
+    /// ([`crate::quant::product`]). [`gemm`] and [`linear`] route it there before the
+    /// [`GemmOps`] extension, which never sees it.
+    Quantized(Recipe),
 }
 
 /// The backend extension behind [`gemm`] and [`linear`].
@@ -59,7 +61,7 @@ impl GemmOps for burn::backend::Cube {
             Gemm::Wgmma if bf16 => crate::wgmma::gemm(lhs.clone(), rhs.clone(), crate::wgmma::Schedule::Persistent)
                 .unwrap_or_else(|_| Cube::float_matmul(lhs, rhs)),
             _ if lhs.dtype == DType::F32 && rhs.dtype == DType::F32 => crate::f32_matmul::cuda::matmul(lhs, rhs),
-            Gemm::Wgmma | Gemm::Burn | Gemm::Fp8Tensorwise => Cube::float_matmul(lhs, rhs),
+            Gemm::Wgmma | Gemm::Burn | Gemm::Quantized(_) => Cube::float_matmul(lhs, rhs),
         }
     }
 }
@@ -123,9 +125,13 @@ impl<B: Backend + GemmOps, C: CheckpointStrategy> GemmOps for Autodiff<B, C> {
 /// # Shapes
 /// `[m, k]`, `[k, n]` → `[m, n]`
 pub fn gemm(lhs: Tensor<2>, rhs: Tensor<2>, kind: Gemm) -> Tensor<2> {
-    if kind == Gemm::Fp8Tensorwise {
-        use crate::quant::fp8::{Fp8Formats, product};
-        return product(lhs, rhs.transpose(), Fp8Formats::HYBRID);
+    gemm_over(lhs, rhs, kind, None)
+}
+
+/// [`gemm`], a quantized product's tensor-level amaxes reduced over `amax`.
+fn gemm_over(lhs: Tensor<2>, rhs: Tensor<2>, kind: Gemm, amax: Amax) -> Tensor<2> {
+    if let Gemm::Quantized(recipe) = kind {
+        return crate::quant::product::product(lhs, rhs.transpose(), recipe, amax);
     }
     Tensor::from_dispatch(<burn::backend::Dispatch as GemmOps>::gemm(
         lhs.into_dispatch(),
@@ -139,11 +145,26 @@ pub fn gemm(lhs: Tensor<2>, rhs: Tensor<2>, kind: Gemm) -> Tensor<2> {
 /// # Shapes
 /// `[.., k]`, `[k, n]`, `[n]` → `[.., n]`
 pub fn linear<const D: usize>(x: Tensor<D>, weight: Tensor<2>, bias: Option<Tensor<1>>, kind: Gemm) -> Tensor<D> {
+    linear_over(x, weight, bias, kind, None)
+}
+
+/// [`linear`] whose quantized operands scale by tensor-level amaxes reduced over `amax` (the
+/// tensor-parallel ranks holding pieces of the same tensors); other products ignore it.
+///
+/// # Shapes
+/// `[.., k]`, `[k, n]`, `[n]` → `[.., n]`
+pub fn linear_over<const D: usize>(
+    x: Tensor<D>,
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+    kind: Gemm,
+    amax: Amax,
+) -> Tensor<D> {
     let mut dims = x.dims();
     let k = dims[D - 1];
     let rows = dims[..D - 1].iter().product();
     let [_, n] = weight.dims();
-    let y = gemm(x.reshape([rows, k]), weight, kind);
+    let y = gemm_over(x.reshape([rows, k]), weight, kind, amax);
     let y = match bias {
         Some(b) => y + b.unsqueeze::<2>(),
         None => y,

@@ -180,10 +180,16 @@ fn quantize_transposed_kernel<F: Float>(
     }
 }
 
-/// `x` (`[r, c]`) quantized to `format` with one scale from its amax (current scaling): codes
-/// `[r, c]`, or `[c, r]` when `transposed` (the cast and the transpose in one pass), and the
-/// dequantization scale `[1]`. `x` is read row-major (copied first if it is a view).
-pub(crate) fn quantize_tensor(x: CubeTensor, format: Minifloat, transposed: bool) -> (CubeTensor, CubeTensor) {
+/// `x` (`[r, c]`) quantized to `format` with one scale from its amax (current scaling), the
+/// amax (`[1]`) passed through `reduce` first (over the ranks holding pieces of the tensor):
+/// codes `[r, c]`, or `[c, r]` when `transposed` (the cast and the transpose in one pass), and
+/// the dequantization scale `[1]`. `x` is read row-major (copied first if it is a view).
+pub(crate) fn quantize_tensor(
+    x: CubeTensor,
+    format: Minifloat,
+    transposed: bool,
+    reduce: impl FnOnce(CubeTensor) -> CubeTensor,
+) -> (CubeTensor, CubeTensor) {
     use burn::backend::Cube;
     use burn::backend::ops::FloatTensorOps;
     let x = match matches!(x.dtype, DType::BF16 | DType::F16 | DType::F32) {
@@ -197,6 +203,7 @@ pub(crate) fn quantize_tensor(x: CubeTensor, format: Minifloat, transposed: bool
         Some(partials) => Cube::float_max(partials),
         None => Cube::float_zeros(Shape::new([1]), &x.device, burn::tensor::FloatDType::F32),
     };
+    let amax = reduce(amax);
     let shape = if transposed { [c, r] } else { [r, c] };
     let codes = compact_output(&x, Shape::new(shape), DType::U8);
     let dequant = compact_output(&x, Shape::new([1]), DType::F32);

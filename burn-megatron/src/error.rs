@@ -30,10 +30,6 @@ pub enum ConfigError {
     Mesh(#[from] MeshError),
     #[error("unknown preset {0:?}: expected tiny, llama-1b or llama-8b")]
     UnknownPreset(String),
-    #[error(
-        "FP8 at tp = {tp} needs each amax reduced over the tensor-parallel group, which is not built yet: use tp = 1"
-    )]
-    Fp8AtTensorParallel { tp: usize },
 }
 
 /// A layer or model that could not run or convert.

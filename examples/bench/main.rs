@@ -3,7 +3,8 @@
 //!
 //!   bench [--preset llama-1b] [--tp N] [--sp] [--dp N] [--steps 10] [--warmup 3] [--profile]
 //!   bench … --pure-bf16               bf16 parameters updated in bf16 (no master weights), labelled
-//!   bench … --precision fp8-tensorwise  FP8 with current scaling in the blocks' linear layers
+//!   bench … --precision fp8-tensorwise|fp8-blockwise|mxfp8|nvfp4
+//!                                     a low-precision recipe in the blocks' linear layers
 //!   bench … --linear-gemm wgmma|burn  the linear layers' product (their config's `Gemm`; wgmma)
 //!   bench --gemm [--kernels A,B]      matmul routines on the llama GEMM shapes (gemm.rs)
 //!
@@ -51,8 +52,8 @@ enum Recipe {
     Bf16,
     /// bf16 parameters updated in bf16, no master weights.
     PureBf16,
-    /// FP8 current scaling in the blocks' linear layers, fp32 master weights.
-    Fp8Tensorwise,
+    /// A low-precision recipe in the blocks' linear layers, fp32 master weights.
+    Quantized(burn_megatron_kernels::quant::recipe::Recipe),
 }
 
 fn parse() -> Result<Args, String> {
@@ -85,12 +86,11 @@ fn parse() -> Result<Args, String> {
                 args.recipe = match value()?.as_str() {
                     "bf16" => Recipe::Bf16,
                     "pure-bf16" => Recipe::PureBf16,
-                    "fp8-tensorwise" => Recipe::Fp8Tensorwise,
-                    other => {
-                        return Err(format!(
-                            "--precision {other}: expected bf16, pure-bf16 or fp8-tensorwise"
-                        ));
-                    }
+                    other => Recipe::Quantized(
+                        other
+                            .parse()
+                            .map_err(|e| format!("--precision: {e}, bf16 or pure-bf16"))?,
+                    ),
                 }
             }
             "--kernels" => args.kernels = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
@@ -136,9 +136,8 @@ fn main() {
     let policy = match args.recipe {
         Recipe::Bf16 => PrecisionPolicy::bf16().with_gemm(args.linear_gemm),
         Recipe::PureBf16 => PrecisionPolicy::pure_bf16().with_gemm(args.linear_gemm),
-        Recipe::Fp8Tensorwise => PrecisionPolicy::fp8_tensorwise(),
+        Recipe::Quantized(recipe) => PrecisionPolicy::quantized(recipe),
     };
-    policy.check(dims).unwrap_or_else(|e| panic!("{e}"));
     let shape = recipe.model.clone();
     let config = policy.apply(
         plan.apply(recipe.model, dims.world_size(), seq)
@@ -165,9 +164,9 @@ fn main() {
     let flops = tokens * (6.0 * params + 12.0 * (l * seq * h) as f64);
     let tflops_per_gpu = flops / run.step_s / gpus as f64 / 1e12;
     let recipe = match args.recipe {
-        Recipe::Bf16 => "bf16-fp32-master",
-        Recipe::PureBf16 => "pure-bf16",
-        Recipe::Fp8Tensorwise => "fp8-tensorwise-fp32-master",
+        Recipe::Bf16 => "bf16-fp32-master".to_string(),
+        Recipe::PureBf16 => "pure-bf16".to_string(),
+        Recipe::Quantized(recipe) => format!("{}-fp32-master", recipe.name()),
     };
     if let Some(profile) = &run.profile {
         println!(

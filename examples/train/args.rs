@@ -2,6 +2,8 @@
 
 use std::str::FromStr;
 
+use burn_megatron_kernels::quant::recipe::Recipe;
+
 /// Where the ranks run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceKind {
@@ -40,8 +42,8 @@ pub struct Args {
     pub tokenizer: Option<std::path::PathBuf>,
     /// Parameters and activations in bf16 (the optimizer keeps fp32 master weights).
     pub bf16: bool,
-    /// The blocks' linear layers in FP8 with current scaling (`--precision fp8-tensorwise`).
-    pub fp8: bool,
+    /// The blocks' linear layers in a low-precision recipe (`--precision fp8-tensorwise`, …).
+    pub quantized: Option<Recipe>,
     /// Write checkpoints on a thread of their own while training goes on.
     pub async_save: bool,
     /// Print a greedy sample every this many steps (0: never); a fifth of the run by default.
@@ -53,7 +55,7 @@ pub struct Args {
 
 const USAGE: &str = "usage: train [--preset tiny|llama-1b|llama-8b] [--tp N] [--dp N] [--sp] [--steps N] \
 [--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--async-save] [--resume DIR] [--data PATH] [--tokenizer tokenizer.json] \
-[--dtype f32|bf16] [--precision default|fp8-tensorwise] [--sample-every K] [--learner]";
+[--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-blockwise|mxfp8|nvfp4] [--sample-every K] [--learner]";
 
 impl Args {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
@@ -76,7 +78,7 @@ impl Args {
             data: None,
             tokenizer: None,
             bf16: false,
-            fp8: false,
+            quantized: None,
             async_save: false,
             sample_every: None,
             learner: false,
@@ -106,10 +108,9 @@ impl Args {
                     }
                 }
                 "--precision" => {
-                    out.fp8 = match value()?.as_str() {
-                        "default" => false,
-                        "fp8-tensorwise" => true,
-                        other => return Err(format!("--precision {other}: expected default or fp8-tensorwise")),
+                    out.quantized = match value()?.as_str() {
+                        "default" => None,
+                        recipe => Some(recipe.parse().map_err(|e| format!("--precision: {e} or default"))?),
                     }
                 }
                 "--steps" => out.steps = number(&flag, &value()?)?,

@@ -69,11 +69,10 @@ fn configure(args: &Args) -> Result<Job, ConfigError> {
         true => PrecisionPolicy::bf16(),
         false => PrecisionPolicy::f32(),
     };
-    let policy = match args.fp8 {
-        true => policy.with_gemm(burn_megatron_kernels::Gemm::Fp8Tensorwise),
-        false => policy,
+    let policy = match args.quantized {
+        Some(recipe) => policy.with_gemm(burn_megatron_kernels::Gemm::Quantized(recipe)),
+        None => policy,
     };
-    policy.check(dims)?;
     let config = policy.apply(plan.apply(recipe.model.clone(), dims.world_size(), recipe.seq_len)?);
     let per_rank = recipe.per_rank_batch(args.dp)?;
     check_lr(args.lr)?;
@@ -268,8 +267,10 @@ mod tests {
             ("--preset llama-70b", "unknown preset"),
             ("--device tpu", "expected cpu or cuda"),
             ("--dtype f16", "expected f32 or bf16"),
-            ("--precision fp4", "expected default or fp8-tensorwise"),
-            ("--precision fp8-tensorwise --tp 2", "FP8 at tp = 2"),
+            (
+                "--precision fp4",
+                "one of fp8-tensorwise, fp8-blockwise, mxfp8, nvfp4 or default",
+            ),
             ("--init sparse", "expected full or per-shard"),
             ("--save-every 0 --save /tmp/x", "at least 1"),
             ("--save-every 5", "needs --save"),
@@ -288,14 +289,22 @@ mod tests {
         }
     }
 
-    /// FP8 current scaling in the blocks' linear layers (emulated on the CPU), data-parallel: it
-    /// trains and ends without an error.
+    /// Every low-precision recipe in the blocks' linear layers (emulated on the CPU), FP8
+    /// tensorwise data-parallel and the others tensor-parallel with SP (amaxes reduced over tp):
+    /// each trains and ends without an error.
     #[test]
-    fn trains_with_fp8() {
-        run(&args(
-            "--precision fp8-tensorwise --dp 2 --steps 3 --seq 32 --batch 4 --sample-every 0",
-        ))
-        .unwrap();
+    fn trains_with_every_recipe() {
+        for recipe in burn_megatron_kernels::quant::recipe::Recipe::ALL {
+            let layout = match recipe {
+                burn_megatron_kernels::quant::recipe::Recipe::Fp8Tensorwise => "--dp 2",
+                _ => "--tp 2 --sp",
+            };
+            let flags = format!(
+                "--precision {} {layout} --steps 2 --seq 32 --batch 4 --sample-every 0",
+                recipe.name()
+            );
+            run(&args(&flags)).unwrap_or_else(|e| panic!("{flags}: {e}"));
+        }
     }
 
     /// An absurd learning rate overflows the weights: the run stops on the first loss that is

@@ -486,21 +486,30 @@ pub fn fp8_gemm(h: &Harness) {
     }
 }
 
-/// The FP8 linear product (current scaling, E4M3 forward, E5M2 gradients) on CUDA against its
-/// CPU emulation on the same bf16 values, forward and both gradients: both quantize to the same
-/// codes (the kernels match the host reference bit for bit), so they differ by the bf16
-/// output's rounding (about 2e-3 in norm) and the sums' order. The weight enters as a transposed
+/// Every recipe's linear product on CUDA against its CPU emulation on the same bf16 values,
+/// forward and both gradients. FP8 tensorwise runs the FP8 kernels, which quantize to the host
+/// reference's codes bit for bit; the other recipes quantize in tensor ops on the GPU, to the
+/// same values as on the CPU (stochastic draws included: their seed is exact on both), and
+/// multiply in bf16. So they differ by bf16 roundings (of the output, about 2e-3 in norm, and of
+/// f32-scaled block values, 2⁻⁹ each) and the sums' order. The weight enters as a transposed
 /// view (quantized and transposed in one pass), m and n ragged for the GEMM's tiles.
-pub fn fp8_linear(h: &Harness) {
+pub fn quantized_linear(h: &Harness) {
+    use burn_megatron_kernels::quant::recipe::Recipe;
+    for recipe in Recipe::ALL {
+        quantized_linear_with(h, recipe);
+    }
+}
+
+fn quantized_linear_with(h: &Harness, recipe: burn_megatron_kernels::quant::recipe::Recipe) {
     use burn::tensor::Device;
-    use burn_megatron_kernels::quant::fp8::{Fp8Formats, product};
+    use burn_megatron_kernels::quant::product::product;
     let run = |device: &Device, x: &Tensor<2>, w: &Tensor<2>, dy: &Tensor<2>| {
         let (x, w, dy) = (
             x.clone().to_device(device).autodiff().require_grad(),
             w.clone().to_device(device).autodiff().require_grad(),
             dy.clone().to_device(device).autodiff(),
         );
-        let y = product(x.clone(), w.clone().transpose(), Fp8Formats::HYBRID);
+        let y = product(x.clone(), w.clone().transpose(), recipe);
         let grads = (y.clone().cast(DType::F32) * dy).sum().backward();
         let cpu = Device::flex();
         let back = |t: Tensor<2>| t.cast(DType::F32).to_device(&cpu);
@@ -523,7 +532,10 @@ pub fn fp8_linear(h: &Harness) {
         ("dw", ours.2, theirs.2),
     ] {
         let error = relative_error(a, b);
-        assert!(error < 1e-2, "{what}: relative error {error} against the CPU emulation");
+        assert!(
+            error < 1e-2,
+            "{recipe:?} {what}: relative error {error} against the CPU emulation"
+        );
     }
 }
 

@@ -104,7 +104,7 @@ pub const KERNEL_TESTS: &[NamedTest] = &[
     ("kernel_suite::f32_matmul", kernel_suite::f32_matmul),
     ("kernel_suite::fp8_tiles", kernel_suite::fp8_tiles),
     ("kernel_suite::fp8_gemm", kernel_suite::fp8_gemm),
-    ("kernel_suite::fp8_linear", kernel_suite::fp8_linear),
+    ("kernel_suite::quantized_linear", kernel_suite::quantized_linear),
     ("kernel_suite::cross_entropy", kernel_suite::cross_entropy),
 ];
 /// Every model test, by name.

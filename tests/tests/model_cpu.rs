@@ -16,6 +16,11 @@ mod tp2 {
     }
 
     #[test]
+    fn fp8_steps_match() {
+        model_suite::fp8_steps_match(&Harness::cpu(2));
+    }
+
+    #[test]
     fn grad_norm_counts_each_parameter_once() {
         model_suite::grad_norm_counts_each_parameter_once(&Harness::cpu(2));
     }
@@ -27,10 +32,14 @@ mod tp2 {
 }
 
 #[test]
-fn fp8_tensorwise_tracks_the_curve() {
-    let pairs = model_suite::fp8_tensorwise_tracks_the_curve(&Harness::cpu(1));
-    for (step, (plain, fp8)) in pairs.iter().enumerate() {
-        println!("step {step}: f32 {plain:.5} fp8 {fp8:.5}");
+fn quantized_recipes_track_the_curve() {
+    for (recipe, plain, ours) in model_suite::quantized_recipes_track_the_curve(&Harness::cpu(1)) {
+        for step in (0..plain.len()).step_by(20).chain([plain.len() - 1]) {
+            println!(
+                "{recipe:?} step {step}: f32 {:.5} quantized {:.5}",
+                plain[step], ours[step]
+            );
+        }
     }
 }
 

@@ -8,7 +8,9 @@ use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp, gather_from_tp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
-use burn_megatron_kernels::{Gemm, linear};
+use burn_megatron_kernels::Gemm;
+
+use crate::precision::amax::sharded_linear;
 
 use crate::error::{LayerError, divisible};
 use crate::init::{ParamInit, Shard};
@@ -184,7 +186,7 @@ pub fn column_parallel<const D: usize>(
         ColumnInput::SequenceSharded => gather_from_sp(x, tp, D - 2)?,
         ColumnInput::InRegion => x,
     };
-    let y = linear(x, weight, bias, gemm);
+    let y = sharded_linear(x, weight, bias, gemm, tp)?;
     Ok(match output {
         ColumnOutput::Sharded => y,
         ColumnOutput::Gathered => gather_from_tp(y, tp, D - 1)?,

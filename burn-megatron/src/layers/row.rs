@@ -9,7 +9,9 @@ use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, reduce_from_tp, reduce_scatter_to_sp, scatter_to_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
-use burn_megatron_kernels::{Gemm, linear};
+use burn_megatron_kernels::Gemm;
+
+use crate::precision::amax::sharded_linear;
 
 use crate::error::{LayerError, divisible};
 use crate::init::{ParamInit, Shard};
@@ -158,7 +160,7 @@ impl RowParallelLinear {
             RowInput::Sharded => x,
             RowInput::Replicated => scatter_to_sp(x, &self.tp, D - 1)?,
         };
-        let partial = linear(x, self.weight.val(), None, self.gemm);
+        let partial = sharded_linear(x, self.weight.val(), None, self.gemm, &self.tp)?;
         let y = match self.output {
             RowOutput::Reduced => reduce_from_tp(partial, &self.tp)?,
             RowOutput::SequenceScattered => reduce_scatter_to_sp(partial, &self.tp, D - 2)?,

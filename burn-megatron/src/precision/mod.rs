@@ -1,10 +1,18 @@
 //! Precision policies: the dtype a model computes in, the matrix product each of its linear
 //! layers runs, and what the optimizer keeps beside the parameters. A policy rewrites the
-//! model's configuration before `init` (torchtitan's converters; no process state), so FP8 and
-//! FP4 recipes land here as further policies.
+//! model's configuration before `init` (torchtitan's converters; no process state). The FP8 and
+//! FP4 recipes (`burn_megatron_kernels::quant::recipe`) are policies whose blocks' linear layers
+//! run [`Gemm::Quantized`], with the output layer and the edge blocks the recipe names
+//! ([`KeptBlocks`]) left on the compute dtype's product.
+
+pub mod amax;
+mod blocks;
 
 use burn::tensor::DType;
 use burn_megatron_kernels::Gemm;
+use burn_megatron_kernels::quant::recipe::Recipe;
+
+pub use blocks::{EdgeBlocks, KeptBlocks};
 
 use crate::init::{InitMode, ParamInit};
 
@@ -28,12 +36,17 @@ pub struct PrecisionPolicy {
     /// The product of the layers a low-precision `gemm` leaves in the compute dtype: the output
     /// layer (Transformer Engine and NVIDIA's FP8/FP4 recipes keep it in bf16).
     pub kept: Gemm,
+    /// The blocks whose linear layers also keep [`kept`](Self::kept) under a low-precision
+    /// `gemm`.
+    pub kept_blocks: KeptBlocks,
     pub master: MasterWeights,
 }
 
 /// A model configuration whose linear layers a policy sets, each by its path in the model.
 pub trait PrecisionTarget {
     fn linear_gemms(&mut self) -> Vec<(&'static str, &mut Gemm)>;
+    /// The model's number of blocks, and where it keeps the product of its edge blocks.
+    fn edge_blocks(&mut self) -> (usize, &mut Option<EdgeBlocks>);
 }
 
 impl PrecisionPolicy {
@@ -43,6 +56,7 @@ impl PrecisionPolicy {
             compute: DType::F32,
             gemm: Gemm::Burn,
             kept: Gemm::Burn,
+            kept_blocks: KeptBlocks::NONE,
             master: MasterWeights::F32,
         }
     }
@@ -54,6 +68,7 @@ impl PrecisionPolicy {
             compute: DType::BF16,
             gemm: Gemm::Wgmma,
             kept: Gemm::Wgmma,
+            kept_blocks: KeptBlocks::NONE,
             master: MasterWeights::F32,
         }
     }
@@ -66,28 +81,40 @@ impl PrecisionPolicy {
         }
     }
 
-    /// FP8 with per-tensor current scaling (E4M3 forward, E5M2 gradients) in every block's
-    /// linear layers, the output layer in bf16 on our wgmma GEMM; bf16 compute, fp32 master
-    /// weights.
+    /// `recipe` in every block's linear layers (bar the edge blocks the recipe keeps: NVFP4's
+    /// last 15%, as NVIDIA's recipe), the output layer in bf16 on our wgmma GEMM; bf16 compute,
+    /// fp32 master weights.
+    pub fn quantized(recipe: Recipe) -> Self {
+        Self::bf16().with_gemm(Gemm::Quantized(recipe))
+    }
+
+    /// FP8 with per-tensor current scaling (E4M3 forward, E5M2 gradients).
     pub fn fp8_tensorwise() -> Self {
+        Self::quantized(Recipe::Fp8Tensorwise)
+    }
+
+    /// The same policy with every linear layer on `gemm`. A low-precision `gemm` leaves the
+    /// output layer on [`kept`](Self::kept) and keeps its recipe's edge blocks there too.
+    pub fn with_gemm(self, gemm: Gemm) -> Self {
+        let (kept, kept_blocks) = match gemm {
+            Gemm::Quantized(recipe) => (self.kept, KeptBlocks::of(recipe)),
+            other => (other, KeptBlocks::NONE),
+        };
         Self {
-            gemm: Gemm::Fp8Tensorwise,
-            ..Self::bf16()
+            gemm,
+            kept,
+            kept_blocks,
+            ..self
         }
     }
 
-    /// The same policy with every linear layer on `gemm` (the output layer too, unless `gemm`
-    /// is low precision: it keeps [`kept`](Self::kept)).
-    pub fn with_gemm(self, gemm: Gemm) -> Self {
-        let kept = match gemm {
-            Gemm::Fp8Tensorwise => self.kept,
-            other => other,
-        };
-        Self { gemm, kept, ..self }
+    /// The same policy keeping `blocks` on [`kept`](Self::kept).
+    pub fn with_kept_blocks(self, kept_blocks: KeptBlocks) -> Self {
+        Self { kept_blocks, ..self }
     }
 
-    /// `config` with its linear layers set to this policy's product, the output layer to
-    /// [`kept`](Self::kept).
+    /// `config` with its linear layers set to this policy's product, the output layer and the
+    /// kept blocks to [`kept`](Self::kept).
     pub fn apply<M: PrecisionTarget>(&self, mut config: M) -> M {
         for (path, gemm) in config.linear_gemms() {
             *gemm = match path {
@@ -95,17 +122,9 @@ impl PrecisionPolicy {
                 _ => self.gemm,
             };
         }
+        let (n_blocks, edges) = config.edge_blocks();
+        *edges = self.kept_blocks.edges(n_blocks, self.kept);
         config
-    }
-
-    /// Whether this policy runs at the layout `dims`: FP8 scales each tensor by its amax, which
-    /// under tensor parallelism must be reduced over the group holding the tensor's pieces (not
-    /// built yet), so FP8 runs at tp = 1 only.
-    pub fn check(&self, dims: burn_megatron_dist::ParallelDims) -> Result<(), crate::error::ConfigError> {
-        match (self.gemm, dims.tp) {
-            (Gemm::Fp8Tensorwise, tp) if tp > 1 => Err(crate::error::ConfigError::Fp8AtTensorParallel { tp }),
-            _ => Ok(()),
-        }
     }
 
     /// Parameters initialized from `seed` in this policy's dtype.
@@ -131,40 +150,53 @@ mod tests {
             (config.attention.gemm, config.mlp.gemm, config.output.gemm),
             (Gemm::Wgmma, Gemm::Wgmma, Gemm::Wgmma)
         );
+        assert_eq!(config.edge_blocks, None);
         assert_eq!(PrecisionPolicy::bf16().init(1, InitMode::Full).dtype, DType::BF16);
     }
 
-    /// FP8 runs in the blocks' linear layers; the output layer stays on the bf16 GEMM, also when
-    /// FP8 is chosen with `with_gemm`.
+    /// A recipe runs in the blocks' linear layers; the output layer stays on the bf16 GEMM, also
+    /// when the recipe is chosen with `with_gemm`; NVFP4 keeps its last 15% of blocks there.
     #[test]
-    fn fp8_keeps_the_output_layer_in_bf16() {
+    fn recipes_keep_the_output_layer_in_bf16() {
+        let fp8 = Gemm::Quantized(Recipe::Fp8Tensorwise);
         for policy in [
             PrecisionPolicy::fp8_tensorwise(),
-            PrecisionPolicy::bf16().with_gemm(Gemm::Fp8Tensorwise),
+            PrecisionPolicy::bf16().with_gemm(fp8),
         ] {
             let config = policy.apply(recipes::tiny().model);
             assert_eq!(
                 (config.attention.gemm, config.mlp.gemm, config.output.gemm),
-                (Gemm::Fp8Tensorwise, Gemm::Fp8Tensorwise, Gemm::Wgmma)
+                (fp8, fp8, Gemm::Wgmma)
             );
+            assert_eq!(config.edge_blocks, None);
         }
+        let config = PrecisionPolicy::quantized(Recipe::Nvfp4).apply(recipes::llama_1b().model);
+        let edges = EdgeBlocks {
+            first: 0,
+            last: 3,
+            gemm: Gemm::Wgmma,
+        };
+        assert_eq!(config.edge_blocks, Some(edges), "⌈15% of 16⌉ = 3 blocks");
+        // The tiny model's last block of two runs bf16, its first NVFP4, every layer of each.
+        let model = PrecisionPolicy::quantized(Recipe::Nvfp4)
+            .apply(recipes::tiny().model)
+            .init(
+                &burn::tensor::Device::flex(),
+                &burn_megatron_dist::ProcessGroups::single(),
+                &ParamInit::new(0, InitMode::Full),
+            )
+            .unwrap();
+        let gemms = |b: &crate::models::llama::LlamaBlock| {
+            let (a, m) = (&b.attention, &b.mlp);
+            [
+                a.wq.gemm, a.wk.gemm, a.wv.gemm, a.wo.gemm, m.w1.gemm, m.w2.gemm, m.w3.gemm,
+            ]
+        };
+        assert_eq!(gemms(&model.layers[0]), [Gemm::Quantized(Recipe::Nvfp4); 7]);
+        assert_eq!(gemms(&model.layers[1]), [Gemm::Wgmma; 7]);
         let config = PrecisionPolicy::fp8_tensorwise()
             .with_gemm(Gemm::Burn)
             .apply(recipes::tiny().model);
         assert_eq!(config.output.gemm, Gemm::Burn);
-    }
-
-    /// FP8 runs at tp = 1 (any dp) and is refused by name at tp > 1, where each amax would need
-    /// a reduction over tp.
-    #[test]
-    fn fp8_is_refused_under_tensor_parallelism() {
-        use burn_megatron_dist::ParallelDims;
-        let fp8 = PrecisionPolicy::fp8_tensorwise();
-        assert_eq!(fp8.check(ParallelDims::tp_dp(1, 4)), Ok(()));
-        assert_eq!(
-            fp8.check(ParallelDims::tp_dp(2, 1)),
-            Err(crate::error::ConfigError::Fp8AtTensorParallel { tp: 2 })
-        );
-        assert_eq!(PrecisionPolicy::bf16().check(ParallelDims::tp_dp(2, 1)), Ok(()));
     }
 }

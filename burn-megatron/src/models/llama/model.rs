@@ -15,6 +15,7 @@ use crate::layers::{
     ParallelAttentionConfig, ParallelMlp, ParallelMlpConfig, RmsNorm, RmsNormConfig, VocabParallelCrossEntropy,
     VocabParallelCrossEntropyConfig, VocabParallelEmbedding, VocabParallelEmbeddingConfig, column_parallel,
 };
+use crate::precision::EdgeBlocks;
 use burn_megatron_kernels::Gemm;
 
 /// Where the output layer's weight comes from.
@@ -42,6 +43,10 @@ pub struct LlamaConfig {
     /// Whether the output layer shares the embedding's weight.
     #[config(default = "WordEmbeddings::Untied")]
     pub word_embeddings: WordEmbeddings,
+    /// Blocks whose linear layers run another product than `attention.gemm` and `mlp.gemm` (a
+    /// precision policy's kept blocks).
+    #[config(default = "None")]
+    pub edge_blocks: Option<EdgeBlocks>,
 }
 
 /// One decoder block: pre-norm attention and pre-norm MLP, each with a residual.
@@ -103,13 +108,15 @@ impl LlamaConfig {
         let layers = (0..self.n_layers)
             .map(|i| {
                 let name = format!("layers.{i}");
+                let (mut attention, mut mlp) = (self.attention.clone(), self.mlp.clone());
+                if let Some(edges) = self.edge_blocks.filter(|e| e.holds(i, self.n_layers)) {
+                    (attention.gemm, mlp.gemm) = (edges.gemm, edges.gemm);
+                }
                 Ok(LlamaBlock {
                     attention_norm: self.norm.init(device, groups, init),
-                    attention: self
-                        .attention
-                        .init(device, groups, init, &format!("{name}.attention"))?,
+                    attention: attention.init(device, groups, init, &format!("{name}.attention"))?,
                     mlp_norm: self.norm.init(device, groups, init),
-                    mlp: self.mlp.init(device, groups, init, &format!("{name}.mlp"))?,
+                    mlp: mlp.init(device, groups, init, &format!("{name}.mlp"))?,
                 })
             })
             .collect::<Result<_, LayerError>>()?;

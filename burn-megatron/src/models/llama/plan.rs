@@ -14,7 +14,7 @@ use super::model::LlamaConfig;
 use crate::error::ConfigError;
 use crate::layers::{ColumnOutput, ColumnParallelLinearConfig, SequenceLayout, padded_vocab};
 use crate::plan::{PlannedModel, TensorParallelLayer};
-use crate::precision::PrecisionTarget;
+use crate::precision::{EdgeBlocks, PrecisionTarget};
 use burn_megatron_kernels::Gemm;
 
 impl PlannedModel for LlamaConfig {
@@ -49,6 +49,10 @@ impl PrecisionTarget for LlamaConfig {
             ("layers.*.mlp", &mut self.mlp.gemm),
             ("output", &mut self.output.gemm),
         ]
+    }
+
+    fn edge_blocks(&mut self) -> (usize, &mut Option<EdgeBlocks>) {
+        (self.n_layers, &mut self.edge_blocks)
     }
 }
 

@@ -1,0 +1,379 @@
+//! Quantization emulated in tensor ops, on any backend: a 2-D operand quantized with a
+//! [`Quantizer`] and dequantized again (f32), so a product of two such tensors is the product
+//! of the quantized operands. Rounding to nearest matches the scalar reference
+//! ([`super::scaling::quantize`]) bit for bit, scales and values; stochastic rounding takes its
+//! draws from [`draws`] and adds them in f32 where the reference adds in f64 (a code differs
+//! only where `scaled + draw` lies within f32 rounding of a whole step).
+//!
+//! The steps, all elementwise or per block:
+//! - the block amax over a zero-padded `[R/br, br, C/bc, bc]` view (padding changes no amax);
+//! - the scale and the factor each block's values are multiplied by, as the reference derives
+//!   them (tensor, f32 block, E8M0 and NVFP4's two levels);
+//! - the value rounded onto the format's grid: the binade's exponent from `log2` corrected by
+//!   exact comparisons against powers of two, the step `2^(e − mantissa bits)`, a whole number
+//!   of steps, saturated at the format's largest value.
+//!
+//! NaN inputs are outside this emulation (the reference keeps them as NaN codes).
+
+use burn::tensor::{DType, Tensor, TensorData};
+
+use super::format::Minifloat;
+use super::recipe::{Blocks, Quantizer, Rounding};
+use super::scaling::{MX_BLOCK, NV_BLOCK};
+use crate::quant::tiles::TILE;
+
+/// `x` quantized with `q` and dequantized: `[r, c]` → `[r, c]`, f32. `draws` are one uniform
+/// draw in `[0, 1)` a value, used when `q` rounds stochastically; `reduce` takes the
+/// tensor-level amax (`[1]`) over the ranks holding pieces of the tensor.
+pub fn fake_quantize(
+    x: Tensor<2>,
+    q: Quantizer,
+    draws: Option<Tensor<2>>,
+    reduce: Option<&dyn Fn(Tensor<1>) -> Tensor<1>>,
+) -> Tensor<2> {
+    let x = x.cast(DType::F32);
+    let [r, c] = x.dims();
+    let [br, bc] = block(q.blocks, [r, c]);
+    let [gr, gc] = [r.div_ceil(br), c.div_ceil(bc)];
+    let padded = x.pad(
+        [(0, gr * br - r), (0, gc * bc - c)],
+        burn::tensor::ops::PadMode::Constant(0.0),
+    );
+    let blocked: Tensor<4> = padded.reshape([gr, br, gc, bc]);
+    let amax = blocked.clone().abs().max_dim(3).max_dim(1);
+    let (factor, scale) = scales(amax, q, reduce);
+    let scaled = blocked * factor;
+    let draws = match q.rounding {
+        Rounding::Stochastic => Some(pad_draws(
+            draws.expect("stochastic rounding takes draws"),
+            [gr, br, gc, bc],
+        )),
+        Rounding::Nearest => None,
+    };
+    let values = round_to(q.format, scaled, draws) * scale;
+    values.reshape([gr * br, gc * bc]).slice([0..r, 0..c])
+}
+
+/// The block of `blocks` on a `[r, c]` operand.
+pub fn block(blocks: Blocks, [r, c]: [usize; 2]) -> [usize; 2] {
+    match blocks {
+        Blocks::Tensor => [r.max(1), c.max(1)],
+        Blocks::Tiles => [1, TILE],
+        Blocks::Squares => [TILE, TILE],
+        Blocks::Mx => [1, MX_BLOCK],
+        Blocks::Nv { rows } => [rows, NV_BLOCK],
+    }
+}
+
+/// Per block (`[gr, 1, gc, 1]`): the factor values are multiplied by before rounding, and the
+/// dequantization scale, from each block's `amax`; a tensor-level amax through `reduce`.
+fn scales(amax: Tensor<4>, q: Quantizer, reduce: Option<&dyn Fn(Tensor<1>) -> Tensor<1>>) -> (Tensor<4>, Tensor<4>) {
+    let max = q.format.max();
+    let whole = |t: Tensor<4>| match reduce {
+        Some(reduce) => reduce(t.reshape([1])).reshape([1, 1, 1, 1]),
+        None => t,
+    };
+    let usable = amax.clone().is_finite().bool_and(amax.clone().greater_elem(0.0));
+    match q.blocks {
+        // Transformer Engine's current scaling: `max / amax`, 1 for a zero or non-finite amax.
+        Blocks::Tensor => {
+            let amax = whole(amax);
+            let usable = amax.clone().is_finite().bool_and(amax.clone().greater_elem(0.0));
+            let factor = (amax.full_like(max) / amax).mask_fill(usable.bool_not(), 1.0);
+            (factor.clone(), factor.recip())
+        }
+        // DeepSeek-V3: `amax / max`, 1 for a zero or non-finite amax.
+        Blocks::Tiles | Blocks::Squares => {
+            let scale = amax.div_scalar(max).mask_fill(usable.bool_not(), 1.0);
+            (scale.clone().recip(), scale)
+        }
+        Blocks::Mx => {
+            let scale = mx_scale(amax, max, usable);
+            (scale.clone().recip(), scale)
+        }
+        Blocks::Nv { .. } => {
+            // The whole tensor's amax, `[1, 1, 1, 1]`.
+            let t = whole(amax.clone().max_dim(2).max_dim(0));
+            let t_usable = t.clone().is_finite().bool_and(t.clone().greater_elem(0.0));
+            // The tensor scale: E4M3's current scaling of the amax, times FP4's largest value.
+            let encode = (t.full_like(Minifloat::E4M3.max()) / t)
+                .mask_fill(t_usable.bool_not(), 1.0)
+                .mul_scalar(max);
+            // Each block's scale in those units, stored as E4M3.
+            let stored = round_to(Minifloat::E4M3, amax.div_scalar(max) * encode.clone(), None);
+            let empty = stored.clone().equal_elem(0.0);
+            let factor = (encode.clone() / stored.clone()).mask_fill(empty.clone(), 0.0);
+            let scale = (stored / encode).mask_fill(empty, 0.0);
+            (factor, scale)
+        }
+    }
+}
+
+/// The smallest power of two `2^k` with `amax ≤ max · 2^k`, `k` in E8M0's `[−127, 127]`;
+/// `2^−127` for a zero or non-finite amax.
+fn mx_scale(amax: Tensor<4>, max: f32, usable: Tensor<4, burn::tensor::Bool>) -> Tensor<4> {
+    let safe = amax.clone().mask_fill(usable.clone().bool_not(), max);
+    let guess = (safe.clone().div_scalar(max).log() / std::f32::consts::LN_2).ceil();
+    let two = |k: Tensor<4>| k.full_like(2.0).powf(k);
+    // `log2` rounded onto a neighbouring integer: settle on the smallest `k` that fits.
+    let k = guess.clone() + safe.clone().greater(two(guess.clone()).mul_scalar(max)).float();
+    let k = k.clone() - safe.lower_equal(two(k.clone() - 1.0).mul_scalar(max)).float();
+    let k = k.clamp(-127.0, 127.0).mask_fill(usable.bool_not(), -127.0);
+    two(k)
+}
+
+/// `y` rounded onto `format`'s grid and saturated at its largest value; with `draws`,
+/// stochastically.
+pub fn round_to<const D: usize>(format: Minifloat, y: Tensor<D>, draws: Option<Tensor<D>>) -> Tensor<D> {
+    let sign = y.clone().sign();
+    let a = y.abs().clamp_max(format.max());
+    let mantissa = format.mantissa_bits() as f32;
+    // The smallest normal's exponent: below it the subnormal step holds.
+    let min_exponent = (1 - format.bias()) as f32;
+    let binade = a.clone().clamp_min(2f32.powf(min_exponent));
+    let guess = (binade.clone().log() / std::f32::consts::LN_2).floor();
+    let power = guess.clone().full_like(2.0).powf(guess);
+    // `log2` may land one off either way near a power of two; exact comparisons settle it.
+    let above = power.clone().greater(binade.clone());
+    let power = power.clone().mask_where(above, power.div_scalar(2.0));
+    let below = power.clone().mul_scalar(2.0).lower_equal(binade);
+    let power = power.clone().mask_where(below, power.mul_scalar(2.0));
+    let step = power.mul_scalar(2f32.powf(-mantissa));
+    let steps = a / step.clone();
+    let whole = match draws {
+        None => steps.round(),
+        Some(u) => (steps + u).floor(),
+    };
+    (whole * step).clamp_max(format.max()) * sign
+}
+
+/// `draws` laid out as the blocked view `[gr, br, gc, bc]` (the padding draws 0).
+fn pad_draws(draws: Tensor<2>, [gr, br, gc, bc]: [usize; 4]) -> Tensor<4> {
+    let [r, c] = draws.dims();
+    draws
+        .cast(DType::F32)
+        .pad(
+            [(0, gr * br - r), (0, gc * bc - c)],
+            burn::tensor::ops::PadMode::Constant(0.0),
+        )
+        .reshape([gr, br, gc, bc])
+}
+
+/// One uniform draw in `[0, 1)` a value of a `[r, c]` tensor, from `seed`: a counter-based hash
+/// of each value's index, 24 bits a draw, the same on every device and thread.
+pub fn draws(shape: [usize; 2], seed: u64, device: &burn::tensor::Device) -> Tensor<2> {
+    let key = mix(seed);
+    let values: Vec<f32> = (0..shape[0] * shape[1])
+        .map(|i| (mix(key ^ i as u64) >> 40) as f32 * 2f32.powi(-24))
+        .collect();
+    Tensor::from_data(TensorData::new(values, shape), (device, DType::F32))
+}
+
+/// SplitMix64's finalizer.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The random Hadamard transform along rows, in blocks of 16: `x · (D·H₁₆/4)` with `H₁₆`
+/// Sylvester's Hadamard matrix and `D` a fixed diagonal of random signs; orthogonal, so two
+/// operands transformed alike keep their product (`(A·M)(B·M)ᵀ = A·Bᵀ`). Columns are padded
+/// with zeros to a multiple of 16.
+///
+/// # Shapes
+/// `[r, c]` → `[r, ⌈c/16⌉·16]`
+pub fn hadamard(x: Tensor<2>) -> Tensor<2> {
+    const N: usize = 16;
+    let [r, c] = x.dims();
+    let cols = c.div_ceil(N) * N;
+    let x = x.pad([(0, 0), (0, cols - c)], burn::tensor::ops::PadMode::Constant(0.0));
+    let matrix = Tensor::<2>::from_data(TensorData::new(hadamard_matrix(), [N, N]), (&x.device(), x.dtype()));
+    x.reshape([r * cols / N, N]).matmul(matrix).reshape([r, cols])
+}
+
+/// `D·H₁₆/4`, row-major: row `i` of Sylvester's `H` (entry `(−1)^popcount(i & j)`) times the
+/// sign `i` draws from a fixed seed.
+fn hadamard_matrix() -> Vec<f32> {
+    const N: usize = 16;
+    (0..N * N)
+        .map(|at| {
+            let (i, j) = (at / N, at % N);
+            let sign = if mix(0x4844_4D52 ^ i as u64) & 1 == 0 {
+                1.0
+            } else {
+                -1.0
+            };
+            let entry = if (i & j).count_ones() % 2 == 0 { 1.0 } else { -1.0 };
+            sign * entry / 4.0
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, Distribution, Tensor, TensorData};
+
+    use super::*;
+    use crate::quant::scaling::{Scaling, amax, quantize, quantize_scale};
+
+    /// Seeded values over many binades, with signs, zeros and the formats' edges mixed in; seed
+    /// 0 adds a huge value, which sends the rest of a tensor-scaled operand below its format's
+    /// smallest code.
+    fn adversarial(n: usize, seed: u64) -> Vec<f32> {
+        let all = [
+            0.0,
+            -0.0,
+            448.0,
+            -448.0,
+            57344.0,
+            6.0,
+            1e-9,
+            -1e-12,
+            2f32.powi(-9),
+            3.0e38,
+        ];
+        let edges = &all[..all.len() - (seed > 0) as usize];
+        (0..n)
+            .map(|i| match i % 23 {
+                0 => edges[(i / 23) % edges.len()],
+                _ => {
+                    let u = (mix(seed ^ i as u64) >> 11) as f64 / (1u64 << 53) as f64;
+                    let sign = if mix(seed + i as u64) & 1 == 0 { 1.0 } else { -1.0 };
+                    (sign * 10f64.powf(8.0 * u - 4.0)) as f32
+                }
+            })
+            .collect()
+    }
+
+    /// The reference's scaling for `q` on `x`.
+    fn reference_scaling(q: Quantizer, x: &[f32]) -> Scaling {
+        match q.blocks {
+            Blocks::Tensor => Scaling::Tensor {
+                quantize_scale: quantize_scale(q.format, amax(x), 0),
+            },
+            Blocks::Tiles => Scaling::Blocks { rows: 1, cols: TILE },
+            Blocks::Squares => Scaling::Blocks { rows: TILE, cols: TILE },
+            Blocks::Mx => Scaling::Mx,
+            Blocks::Nv { rows } => Scaling::Nv { rows },
+        }
+    }
+
+    fn tensor(values: &[f32], shape: [usize; 2]) -> Tensor<2> {
+        Tensor::from_data(TensorData::new(values.to_vec(), shape), &Device::flex())
+    }
+
+    /// Every scaling and format against the scalar reference, bit for bit (signed zeros compare
+    /// equal), on ragged shapes with zeros, saturating values, subnormals and a huge value.
+    #[test]
+    fn nearest_rounding_matches_the_reference() {
+        use Minifloat::*;
+        let cases = [
+            (E4M3, Blocks::Tensor),
+            (E5M2, Blocks::Tensor),
+            (E4M3, Blocks::Tiles),
+            (E5M2, Blocks::Tiles),
+            (E4M3, Blocks::Squares),
+            (E4M3, Blocks::Mx),
+            (E5M2, Blocks::Mx),
+            (E2M1, Blocks::Nv { rows: 1 }),
+            (E2M1, Blocks::Nv { rows: 16 }),
+        ];
+        for (seed, shape) in [[3, 70], [130, 300], [17, 33]].into_iter().enumerate() {
+            let x = adversarial(shape[0] * shape[1], seed as u64);
+            for (format, blocks) in cases {
+                let q = Quantizer {
+                    format,
+                    blocks,
+                    rounding: Rounding::Nearest,
+                    hadamard: false,
+                };
+                let reference = quantize(&x, shape, format, reference_scaling(q, &x), None).dequantize();
+                let ours: Vec<f32> = fake_quantize(tensor(&x, shape), q, None, None)
+                    .into_data()
+                    .try_to_vec()
+                    .unwrap();
+                for (i, (a, b)) in ours.iter().zip(&reference).enumerate() {
+                    assert!(
+                        a == b,
+                        "{format:?} {blocks:?} {shape:?} [{i}]: {} → {a}, reference {b}",
+                        x[i]
+                    );
+                }
+            }
+        }
+    }
+
+    /// Stochastic rounding against the reference with the same draws: equal but where the f32
+    /// sum of value and draw rounds onto a whole step (none expected at this size; at most 1 in
+    /// 10⁴ allowed), and each value within one step of the nearest rounding.
+    #[test]
+    fn stochastic_rounding_matches_the_reference() {
+        let shape = [64, 96];
+        let x = adversarial(64 * 96, 9);
+        let q = Quantizer {
+            format: Minifloat::E2M1,
+            blocks: Blocks::Nv { rows: 1 },
+            rounding: Rounding::Stochastic,
+            hadamard: false,
+        };
+        let u = draws(shape, 5, &Device::flex());
+        let u_host: Vec<f32> = u.clone().into_data().try_to_vec().unwrap();
+        let reference = quantize(&x, shape, q.format, Scaling::Nv { rows: 1 }, Some(&u_host)).dequantize();
+        let ours: Vec<f32> = fake_quantize(tensor(&x, shape), q, Some(u), None)
+            .into_data()
+            .try_to_vec()
+            .unwrap();
+        let differ = ours.iter().zip(&reference).filter(|(a, b)| a != b).count();
+        assert!(differ * 10_000 <= x.len(), "{differ} of {} differ", x.len());
+    }
+
+    /// Stochastic rounding is unbiased: the mean of many roundings of one value is the value,
+    /// within the sampling error (a step's standard deviation is at most half a step, so 4 096
+    /// draws put the mean within 4 · 0.5 / 64 steps at 4σ).
+    #[test]
+    fn stochastic_rounding_is_unbiased() {
+        let n = 4096;
+        let value = 2.4f32; // between FP4's 2 and 3
+        let y = Tensor::<2>::full([1, n], value, &Device::flex());
+        let mean = round_to(Minifloat::E2M1, y, Some(draws([1, n], 11, &Device::flex())))
+            .mean()
+            .into_scalar::<f32>();
+        assert!((mean - value).abs() < 4.0 * 0.5 / 64.0, "mean {mean}");
+    }
+
+    /// The draws are uniform in `[0, 1)`, repeatable from the seed and different across seeds.
+    #[test]
+    fn draws_are_repeatable() {
+        let device = Device::flex();
+        let a: Vec<f32> = draws([8, 100], 1, &device).into_data().try_to_vec().unwrap();
+        let b: Vec<f32> = draws([8, 100], 1, &device).into_data().try_to_vec().unwrap();
+        let c: Vec<f32> = draws([8, 100], 2, &device).into_data().try_to_vec().unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert!(a.iter().all(|&u| (0.0..1.0).contains(&u)));
+        let mean = a.iter().sum::<f32>() / a.len() as f32;
+        assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
+    }
+
+    /// The Hadamard transform is orthogonal: two operands transformed alike keep their product
+    /// (to f32 rounding), a ragged inner size included; and it spreads a spike over its block.
+    #[test]
+    fn hadamard_keeps_products() {
+        let device = Device::flex();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let a = Tensor::<2>::random([5, 40], normal, &device);
+        let b = Tensor::<2>::random([7, 40], normal, &device);
+        let plain = a.clone().matmul(b.clone().transpose());
+        let turned = hadamard(a).matmul(hadamard(b).transpose());
+        // f32 sums of 40 products of unit normals: a few ulps of values around 6.
+        plain
+            .to_data()
+            .assert_approx_eq::<f32>(&turned.to_data(), burn::tensor::Tolerance::absolute(1e-4));
+        let mut spike = vec![0.0f32; 16];
+        spike[3] = 8.0;
+        let spread: Vec<f32> = hadamard(tensor(&spike, [1, 16])).into_data().try_to_vec().unwrap();
+        assert!(spread.iter().all(|v| v.abs() == 2.0), "{spread:?}");
+    }
+}

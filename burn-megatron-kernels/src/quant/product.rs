@@ -1,0 +1,369 @@
+//! The product of a low-precision linear layer, as a backend extension, [`QuantOps`], with its
+//! own backward. The primitive is `a · bᵀ` of `a` `[m, k]` and `b` `[n, k]` (both K-major, as FP8
+//! `wgmma` reads them), each operand quantized as the [`Recipe`] says for the [`Pass`]; f32
+//! accumulation; the result in `a`'s dtype. Its gradients are products of the same kind:
+//!
+//! ```text
+//! forward  y  = x · w   = product(x, wᵀ)        Pass::Forward
+//! dgrad    dx = dy · wᵀ = product(dy, w)         Pass::Dgrad
+//! wgrad    dw = xᵀ · dy = product(xᵀ, dyᵀ)ᵀ      Pass::Wgrad
+//! ```
+//!
+//! On CUDA, FP8 tensorwise runs on FP8 codes: the quantization kernels
+//! (`quant_kernels::quantize_tensor`: amax, then the cast, with the transpose of a transposed
+//! view in the same pass) and the wgmma GEMM. Every other recipe, and every recipe elsewhere, is
+//! emulated: each operand quantized and dequantized in tensor ops ([`quantized_operands`],
+//! [`super::fake`]), the values multiplied in f32 ([`emulate`], the CPU path) or, bf16 on CUDA,
+//! in bf16 on our GEMM (the dequantized values of MX and NVFP4 blocks are exact in bf16; those of
+//! f32 block scales round to bf16's 8 bits, far inside the format's own step).
+
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, Backend, Flex, backend_extension};
+use burn::tensor::{DType, Tensor};
+
+use super::fake::{draws, fake_quantize, hadamard};
+use super::recipe::{Pass, Quantizer, Recipe, Rounding};
+
+/// The ranks over which an operand's tensor-level amax is taken: under tensor parallelism, the
+/// group holding pieces of the same tensors, so each rank scales its piece as one device
+/// holding the whole tensor would (Megatron's amax reduction over tp). A rank holding the whole
+/// tensor takes the maximum of equal values.
+pub trait AmaxGroup: Send + Sync + std::fmt::Debug {
+    /// The maximum of every rank's `amax` (`[1]`, f32).
+    fn max(&self, amax: Tensor<1>) -> Tensor<1>;
+}
+
+/// Where a product's tensor-level amaxes are reduced: `None` on one device.
+pub type Amax = Option<std::sync::Arc<dyn AmaxGroup>>;
+
+/// The backend extension behind [`product`].
+#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
+pub trait QuantOps: Backend {
+    /// `q(a) · q(b)ᵀ` with `recipe`'s quantizers for `pass`, tensor-level amaxes reduced over
+    /// `amax`: `[m, k]`, `[n, k]` → `[m, n]` in `a`'s dtype.
+    fn quantized_product(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        recipe: Recipe,
+        pass: Pass,
+        amax: Amax,
+    ) -> FloatTensor<Self>;
+}
+
+/// The emulation's operands on any device: both Hadamard-transformed if the recipe says so,
+/// quantized and dequantized in tensor ops, f32. Stochastic rounding draws from a seed hashed
+/// from the operand's shape and a few of its values, exact on every device, so a run repeats
+/// and the CPU and CUDA emulations draw alike.
+pub fn quantized_operands(
+    a: Tensor<2>,
+    b: Tensor<2>,
+    recipe: Recipe,
+    pass: Pass,
+    amax: &Amax,
+) -> (Tensor<2>, Tensor<2>) {
+    let (qa, qb) = recipe.operands(pass);
+    let (a, b) = match qa.hadamard {
+        true => (hadamard(a.cast(DType::F32)), hadamard(b.cast(DType::F32))),
+        false => (a, b),
+    };
+    (quantize(a, qa, amax), quantize(b, qb, amax))
+}
+
+/// `q(a) · q(b)ᵀ` emulated, multiplied in f32 and cast to `a`'s dtype: the CPU path.
+pub fn emulate(a: Tensor<2>, b: Tensor<2>, recipe: Recipe, pass: Pass, amax: &Amax) -> Tensor<2> {
+    let dtype = a.dtype();
+    let (a, b) = quantized_operands(a, b, recipe, pass, amax);
+    crate::f32_matmul::matmul(a, b.transpose()).cast(dtype)
+}
+
+/// `x` quantized with `q` and dequantized, f32.
+fn quantize(x: Tensor<2>, q: Quantizer, amax: &Amax) -> Tensor<2> {
+    let draws = (q.rounding == Rounding::Stochastic).then(|| draws(x.dims(), seed(&x), &x.device()));
+    let reduce = amax.as_ref().map(|group| |t: Tensor<1>| group.max(t));
+    fake_quantize(
+        x,
+        q,
+        draws,
+        reduce.as_ref().map(|f| f as &dyn Fn(Tensor<1>) -> Tensor<1>),
+    )
+}
+
+/// A seed from `x`'s shape and the bits of four of its values (first, two inner, last).
+fn seed(x: &Tensor<2>) -> u64 {
+    let [r, c] = x.dims();
+    let at = [(0, 0), (r / 2, c / 3), (r / 3, c / 2), (r - 1, c - 1)];
+    let picked = Tensor::cat(
+        at.iter()
+            .map(|&(i, j)| x.clone().cast(DType::F32).slice([i..i + 1, j..j + 1]).reshape([1]))
+            .collect(),
+        0,
+    );
+    let values: Vec<f32> = picked.into_data().try_to_vec().expect("f32 values");
+    values.iter().fold(((r as u64) << 32) ^ c as u64, |h, v| {
+        h.rotate_left(17) ^ v.to_bits() as u64
+    })
+}
+
+impl QuantOps for Flex {
+    fn quantized_product(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        recipe: Recipe,
+        pass: Pass,
+        amax: Amax,
+    ) -> FloatTensor<Self> {
+        let t = |x| Tensor::<2>::from_primitive::<Flex>(x);
+        emulate(t(a), t(b), recipe, pass, &amax)
+            .try_into_primitive::<Flex>()
+            .expect("a CPU tensor")
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl QuantOps for burn::backend::Cube {
+    fn quantized_product(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        recipe: Recipe,
+        pass: Pass,
+        amax: Amax,
+    ) -> FloatTensor<Self> {
+        use burn::backend::Cube;
+        use burn::backend::ops::FloatTensorOps;
+        let k = a.meta.shape()[1];
+        if recipe != Recipe::Fp8Tensorwise || !k.is_multiple_of(16) {
+            // Emulated; bf16 operands multiplied in bf16 on our GEMM (MX and NVFP4 values are
+            // exact in bf16; f32 block scales round to its 8 bits, inside the format's step).
+            let t = |x| Tensor::<2>::from_primitive::<Cube>(x);
+            let dtype = a.dtype;
+            let (a, b) = quantized_operands(t(a), t(b), recipe, pass, &amax);
+            let out = match dtype {
+                DType::BF16 => crate::gemm(a.cast(DType::BF16), b.cast(DType::BF16).transpose(), crate::Gemm::Wgmma),
+                other => crate::f32_matmul::matmul(a, b.transpose()).cast(other),
+            };
+            return out.try_into_primitive::<Cube>().expect("a CUDA tensor");
+        }
+        let (qa, qb) = recipe.operands(pass);
+        let dtype = a.dtype;
+        let (a_codes, a_scale) = quantize_operand(a, qa.format, &amax);
+        let (b_codes, b_scale) = quantize_operand(b, qb.format, &amax);
+        let scale = Cube::float_mul(a_scale, b_scale);
+        let out = crate::wgmma::fp8_gemm(
+            a_codes,
+            b_codes,
+            (qa.format, qb.format),
+            scale,
+            crate::wgmma::Schedule::Persistent,
+        )
+        .expect("FP8 codes of a k that is a multiple of 16");
+        match dtype {
+            DType::BF16 => out,
+            other => Cube::float_cast(out, other.into()),
+        }
+    }
+}
+
+/// Codes of `t` row-major, and its dequantization scale from its amax reduced over `amax`: a
+/// transposed view of a row-major tensor is quantized and transposed back in one pass.
+#[cfg(feature = "cuda")]
+fn quantize_operand(
+    t: burn_cubecl::tensor::CubeTensor,
+    format: super::format::Minifloat,
+    amax: &Amax,
+) -> (burn_cubecl::tensor::CubeTensor, burn_cubecl::tensor::CubeTensor) {
+    use burn::backend::Cube;
+    use burn::backend::ops::FloatTensorOps;
+    let reduce = |local: burn_cubecl::tensor::CubeTensor| match amax {
+        Some(group) => group
+            .max(Tensor::from_primitive::<Cube>(local))
+            .try_into_primitive::<Cube>()
+            .expect("a CUDA tensor"),
+        None => local,
+    };
+    let transpose = Cube::float_transpose(t.clone());
+    match !crate::elementwise::is_compact(&t) && crate::elementwise::is_compact(&transpose) {
+        true => crate::quant_kernels::quantize_tensor(transpose, format, true, reduce),
+        false => crate::quant_kernels::quantize_tensor(t, format, false, reduce),
+    }
+}
+
+#[derive(Debug)]
+struct QuantBackward;
+
+impl<B: Backend + QuantOps> Backward<B, 2> for QuantBackward {
+    type State = (Option<NodeId>, Option<NodeId>, Recipe, Amax);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+        let (a, b, recipe, amax) = ops.state;
+        let dgrad_amax = amax.clone();
+        let a: Option<FloatTensor<B>> = a.map(|id| checkpointer.retrieve_node_output(id));
+        let b: Option<FloatTensor<B>> = b.map(|id| checkpointer.retrieve_node_output(id));
+        binary::<B, _, _>(
+            ops.parents,
+            ops.node,
+            grads,
+            // d a = d out · b: `[m, n] · [n, k]`, as `product(d out, bᵀ)`.
+            |grad| {
+                let b = b.expect("b saved for a's gradient");
+                B::quantized_product(grad, B::float_transpose(b), recipe, Pass::Dgrad, dgrad_amax)
+            },
+            // d b = d outᵀ · a: `[n, m] · [m, k]`, as `product(d outᵀ, aᵀ)`.
+            |grad| {
+                let a = a.expect("a saved for b's gradient");
+                B::quantized_product(
+                    B::float_transpose(grad),
+                    B::float_transpose(a),
+                    recipe,
+                    Pass::Wgrad,
+                    amax,
+                )
+            },
+        );
+    }
+}
+
+impl<B: Backend + QuantOps, C: CheckpointStrategy> QuantOps for Autodiff<B, C> {
+    fn quantized_product(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        recipe: Recipe,
+        pass: Pass,
+        amax: Amax,
+    ) -> FloatTensor<Self> {
+        let (a_tracked, b_tracked) = (a.is_tracked(), b.is_tracked());
+        match QuantBackward
+            .prepare::<C>([a.node(), b.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                // Each operand is kept (in its own dtype) for the other's gradient.
+                let a_state = b_tracked.then(|| prep.checkpoint(&a));
+                let b_state = a_tracked.then(|| prep.checkpoint(&b));
+                let out = B::quantized_product(a.into_parts().0, b.into_parts().0, recipe, pass, amax.clone());
+                prep.finish((a_state, b_state, recipe, amax), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::quantized_product(
+                a.into_parts().0,
+                b.into_parts().0,
+                recipe,
+                pass,
+                amax,
+            )),
+        }
+    }
+}
+
+/// `q(a) · q(b)ᵀ` through [`QuantOps`] with `recipe`'s forward quantizers, differentiable (the
+/// gradients with its dgrad and wgrad quantizers); tensor-level amaxes, forward and backward,
+/// reduced over `amax`.
+///
+/// # Shapes
+/// `[m, k]`, `[n, k]` → `[m, n]`
+pub fn product(a: Tensor<2>, b: Tensor<2>, recipe: Recipe, amax: Amax) -> Tensor<2> {
+    Tensor::from_dispatch(<burn::backend::Dispatch as QuantOps>::quantized_product(
+        a.into_dispatch(),
+        b.into_dispatch(),
+        recipe,
+        Pass::Forward,
+        amax,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, Distribution, Tensor};
+
+    use super::*;
+
+    /// ‖a − b‖ / ‖b‖.
+    fn relative(a: Tensor<2>, b: Tensor<2>) -> f32 {
+        let norm = |t: Tensor<2>| t.square().sum().sqrt().into_scalar::<f32>();
+        norm(a - b.clone()) / norm(b)
+    }
+
+    /// The worst relative error of one operand's rounding, half a step of its format at a
+    /// normal value: 2⁻⁴ (E4M3), 2⁻³ (E5M2), 2⁻² (E2M1, whose step at 1 is ½), plus NVFP4's
+    /// E4M3 block scale (2⁻⁴). A product's relative error in norm is at most the sum of its
+    /// operands' to first order (sums of errors do not grow relative to the result's norm).
+    fn bound(recipe: Recipe, pass: Pass) -> f32 {
+        let one = |q: Quantizer| match (q.format, q.blocks) {
+            (super::super::format::Minifloat::E2M1, _) => 0.25 + 0.0625,
+            (super::super::format::Minifloat::E5M2, _) => 0.125,
+            _ => 0.0625,
+        };
+        let (a, b) = recipe.operands(pass);
+        one(a) + one(b)
+    }
+
+    /// On the CPU, every recipe's product and both gradients against the f32 product, within
+    /// [`bound`], and not exact (above 1e-3: the operands were quantized).
+    #[test]
+    fn product_and_gradients_within_the_formats_bounds() {
+        let device = Device::flex().autodiff();
+        let normal = Distribution::Normal(0.0, 1.0);
+        for recipe in Recipe::ALL {
+            let x = Tensor::<2>::random([48, 160], normal, &device).require_grad();
+            let w = Tensor::<2>::random([160, 40], normal, &device).require_grad();
+            let dy = Tensor::<2>::random([48, 40], normal, &device);
+            let ours = product(x.clone(), w.clone().transpose(), recipe, None);
+            let exact = x.clone().matmul(w.clone());
+            let forward = relative(ours.clone().detach(), exact.clone().detach());
+            let (g1, g2) = ((ours * dy.clone()).sum().backward(), (exact * dy).sum().backward());
+            let dx = relative(x.grad(&g1).unwrap(), x.grad(&g2).unwrap());
+            let dw = relative(w.grad(&g1).unwrap(), w.grad(&g2).unwrap());
+            for (what, error, pass) in [
+                ("forward", forward, Pass::Forward),
+                ("dx", dx, Pass::Dgrad),
+                ("dw", dw, Pass::Wgrad),
+            ] {
+                let bound = bound(recipe, pass);
+                assert!(
+                    error < bound && error > 1e-3,
+                    "{recipe:?} {what}: relative error {error}, bound {bound}"
+                );
+            }
+        }
+    }
+
+    /// The forward product of every recipe is the f32 product of the operands as the scalar
+    /// reference quantizes them (to f32 summation order), on a ragged shape.
+    #[test]
+    fn forward_is_the_product_of_the_reference_quantizations() {
+        use crate::quant::scaling::{Scaling, amax, quantize, quantize_scale};
+        let device = Device::flex();
+        let normal = Distribution::Normal(0.0, 3.0);
+        let (a, b) = (
+            Tensor::<2>::random([20, 200], normal, &device),
+            Tensor::<2>::random([30, 200], normal, &device),
+        );
+        let host = |t: &Tensor<2>| -> Vec<f32> { t.clone().into_data().try_to_vec().unwrap() };
+        let reference = |t: &Tensor<2>, q: Quantizer| {
+            let values = host(t);
+            let scaling = match q.blocks {
+                super::super::recipe::Blocks::Tensor => Scaling::Tensor {
+                    quantize_scale: quantize_scale(q.format, amax(&values), 0),
+                },
+                super::super::recipe::Blocks::Tiles => Scaling::Blocks { rows: 1, cols: 128 },
+                super::super::recipe::Blocks::Squares => Scaling::Blocks { rows: 128, cols: 128 },
+                super::super::recipe::Blocks::Mx => Scaling::Mx,
+                super::super::recipe::Blocks::Nv { rows } => Scaling::Nv { rows },
+            };
+            let q = quantize(&values, t.dims(), q.format, scaling, None);
+            Tensor::<2>::from_data(burn::tensor::TensorData::new(q.dequantize(), t.dims()), &device)
+        };
+        for recipe in Recipe::ALL {
+            let (qa, qb) = recipe.operands(Pass::Forward);
+            let expected = reference(&a, qa).matmul(reference(&b, qb).transpose());
+            let ours = product(a.clone(), b.clone(), recipe, None);
+            // Sums of 200 products of values up to ~10: f32 reordering, a few ulps of ~100.
+            ours.to_data()
+                .assert_approx_eq::<f32>(&expected.to_data(), burn::tensor::Tolerance::absolute(1e-3));
+        }
+    }
+}
