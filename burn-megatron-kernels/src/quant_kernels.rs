@@ -1,5 +1,6 @@
 //! The quantization CUDA kernels (`crate::quant`): FP8 in 1×128 tiles, one warp a tile; FP8 with
-//! one scale a tensor from its amax (`partials_kernel`), cast and optionally transposed in one pass.
+//! one scale a tensor from its amax (`partials_kernel`), cast and optionally transposed in one pass;
+//! the uniform draws of stochastic rounding.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::tensor::CubeTensor;
@@ -40,9 +41,10 @@ fn quantize_tiles_kernel<F: Float>(
             }
         }
         let amax = plane_max(amax);
-        // As the reference: amax / max, 1 for a zero or non-finite amax; values times 1 / scale.
+        // As the reference: amax / max, 1 for a zero or non-finite amax or one whose scale is
+        // below f32's normal range; values times 1 / scale.
         let mut scale = 1.0f32;
-        if amax > 0.0f32 && amax <= 3.4028235e38f32 {
+        if amax <= 3.4028235e38f32 && amax / max >= 1.1754944e-38f32 {
             scale = amax / max;
         }
         let factor = 1.0f32 / scale;
@@ -100,8 +102,9 @@ pub(crate) fn quantize_tiles(x: CubeTensor, format: Minifloat) -> (CubeTensor, C
 /// non-finite amax, as [`crate::quant::scaling::quantize_scale`]).
 #[cube]
 fn fp8_factor(amax: f32, max: f32) -> f32 {
+    // As `quant::scaling::quantize_scale`: 1 unless `max / amax` is finite.
     let mut factor = 1.0f32;
-    if amax > 0.0f32 && amax <= 3.4028235e38f32 {
+    if amax > 0.0f32 && amax <= 3.4028235e38f32 && max / amax <= 3.4028235e38f32 {
         factor = max / amax;
     }
     factor
@@ -240,4 +243,42 @@ pub(crate) fn quantize_tensor(
         ),
     }
     (codes, dequant)
+}
+
+/// `quant::fake::hash32` (lowbias32), on the device.
+#[cube]
+fn hash32(x: u32) -> u32 {
+    let mut x = x;
+    x ^= x >> 16u32;
+    x *= 0x7feb_352du32;
+    x ^= x >> 15u32;
+    x *= 0x846c_a68bu32;
+    x ^= x >> 16u32;
+    x
+}
+
+/// One uniform draw in `[0, 1)` a value: the top 24 bits of `hash32(i ^ key)`.
+#[cube(launch_unchecked)]
+fn draws_kernel(out: &mut Tensor<f32>, count: u32, key: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < count {
+        out[i as usize] = f32::cast_from(hash32(i ^ key) >> 8u32) * (1.0f32 / 16_777_216.0f32);
+    }
+}
+
+/// `out` (f32, compact) filled with `quant::fake::draws`'s values for `key`, bit for bit.
+pub(crate) fn fill_draws(out: CubeTensor, key: u32) -> CubeTensor {
+    let count = out.meta.shape().num_elements() as u32;
+    // SAFETY: one thread a value, bounds-checked against `count`.
+    unsafe {
+        draws_kernel::launch_unchecked(
+            &out.client,
+            CubeCount::Static(count.div_ceil(256).max(1), 1, 1),
+            CubeDim::new_1d(256),
+            out.clone().into_tensor_arg(),
+            count,
+            key,
+        )
+    };
+    out
 }

@@ -494,7 +494,24 @@ pub fn fp8_gemm(h: &Harness) {
 /// f32-scaled block values, 2⁻⁹ each) and the sums' order. The weight enters as a transposed
 /// view (quantized and transposed in one pass), m and n ragged for the GEMM's tiles.
 pub fn quantized_linear(h: &Harness) {
-    use burn_megatron_kernels::quant::recipe::Recipe;
+    use burn_megatron_kernels::quant::{fake::draws, recipe::Recipe};
+    // Stochastic rounding's draws: the CUDA kernel is the host hash, bit for bit.
+    let cpu = burn::tensor::Device::flex();
+    let host: Vec<f32> = draws([300, 520], 7, &cpu).into_data().try_to_vec().unwrap();
+    let device: Vec<f32> = draws([300, 520], 7, &h.device(0))
+        .to_device(&cpu)
+        .into_data()
+        .try_to_vec()
+        .unwrap();
+    let differ: Vec<(usize, f32, f32)> = (0..host.len())
+        .filter(|&i| host[i] != device[i])
+        .take(4)
+        .map(|i| (i, host[i], device[i]))
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "the draws differ between CUDA and the host (index, host, CUDA): {differ:?}"
+    );
     for recipe in Recipe::ALL {
         quantized_linear_with(h, recipe);
     }
@@ -509,7 +526,7 @@ fn quantized_linear_with(h: &Harness, recipe: burn_megatron_kernels::quant::reci
             w.clone().to_device(device).autodiff().require_grad(),
             dy.clone().to_device(device).autodiff(),
         );
-        let y = product(x.clone(), w.clone().transpose(), recipe);
+        let y = product(x.clone(), w.clone().transpose(), recipe, None);
         let grads = (y.clone().cast(DType::F32) * dy).sum().backward();
         let cpu = Device::flex();
         let back = |t: Tensor<2>| t.cast(DType::F32).to_device(&cpu);

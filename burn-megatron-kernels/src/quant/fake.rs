@@ -76,15 +76,22 @@ fn scales(amax: Tensor<4>, q: Quantizer, reduce: Option<&dyn Fn(Tensor<1>) -> Te
     let usable = amax.clone().is_finite().bool_and(amax.clone().greater_elem(0.0));
     match q.blocks {
         // Transformer Engine's current scaling: `max / amax`, 1 for a zero or non-finite amax.
+        // 1 as well where `max / amax` overflows.
         Blocks::Tensor => {
             let amax = whole(amax);
-            let usable = amax.clone().is_finite().bool_and(amax.clone().greater_elem(0.0));
-            let factor = (amax.full_like(max) / amax).mask_fill(usable.bool_not(), 1.0);
+            let factor = amax.full_like(max) / amax.clone();
+            let usable = amax.is_finite().bool_and(factor.clone().is_finite());
+            let factor = factor.mask_fill(usable.bool_not(), 1.0);
             (factor.clone(), factor.recip())
         }
-        // DeepSeek-V3: `amax / max`, 1 for a zero or non-finite amax.
+        // DeepSeek-V3: `amax / max`, 1 for a zero or non-finite amax and where the scale falls
+        // below f32's normal range (its inverse would overflow).
         Blocks::Tiles | Blocks::Squares => {
-            let scale = amax.div_scalar(max).mask_fill(usable.bool_not(), 1.0);
+            let scale = amax.clone().div_scalar(max);
+            let usable = amax
+                .is_finite()
+                .bool_and(scale.clone().greater_equal_elem(f32::MIN_POSITIVE));
+            let scale = scale.mask_fill(usable.bool_not(), 1.0);
             (scale.clone().recip(), scale)
         }
         Blocks::Mx => {
@@ -94,11 +101,11 @@ fn scales(amax: Tensor<4>, q: Quantizer, reduce: Option<&dyn Fn(Tensor<1>) -> Te
         Blocks::Nv { .. } => {
             // The whole tensor's amax, `[1, 1, 1, 1]`.
             let t = whole(amax.clone().max_dim(2).max_dim(0));
-            let t_usable = t.clone().is_finite().bool_and(t.clone().greater_elem(0.0));
-            // The tensor scale: E4M3's current scaling of the amax, times FP4's largest value.
-            let encode = (t.full_like(Minifloat::E4M3.max()) / t)
-                .mask_fill(t_usable.bool_not(), 1.0)
-                .mul_scalar(max);
+            // The tensor scale: E4M3's current scaling of the amax (as `Blocks::Tensor`), times
+            // FP4's largest value.
+            let encode = t.full_like(Minifloat::E4M3.max()) / t.clone();
+            let t_usable = t.is_finite().bool_and(encode.clone().is_finite());
+            let encode = encode.mask_fill(t_usable.bool_not(), 1.0).mul_scalar(max);
             // Each block's scale in those units, stored as E4M3.
             let stored = round_to(Minifloat::E4M3, amax.div_scalar(max) * encode.clone(), None);
             let empty = stored.clone().equal_elem(0.0);
@@ -160,13 +167,31 @@ fn pad_draws(draws: Tensor<2>, [gr, br, gc, bc]: [usize; 4]) -> Tensor<4> {
 }
 
 /// One uniform draw in `[0, 1)` a value of a `[r, c]` tensor, from `seed`: a counter-based hash
-/// of each value's index, 24 bits a draw, the same on every device and thread.
+/// of each value's index (`hash32(i ^ key)`, 24 bits a draw), the same on every device and
+/// thread; on CUDA one kernel (`quant_kernels::fill_draws`), elsewhere on the host.
 pub fn draws(shape: [usize; 2], seed: u64, device: &burn::tensor::Device) -> Tensor<2> {
-    let key = mix(seed);
+    let key = mix(seed) as u32;
+    // One dimension: a 2-D allocation on CUDA may pad its rows, and the kernel writes by index.
+    #[cfg(feature = "cuda")]
+    if let Ok(out) =
+        Tensor::<1>::empty([shape[0] * shape[1]], (device, DType::F32)).try_into_primitive::<burn::backend::Cube>()
+    {
+        return Tensor::<1>::from_primitive::<burn::backend::Cube>(crate::quant_kernels::fill_draws(out, key))
+            .reshape(shape);
+    }
     let values: Vec<f32> = (0..shape[0] * shape[1])
-        .map(|i| (mix(key ^ i as u64) >> 40) as f32 * 2f32.powi(-24))
+        .map(|i| (hash32(i as u32 ^ key) >> 8) as f32 * 2f32.powi(-24))
         .collect();
     Tensor::from_data(TensorData::new(values, shape), (device, DType::F32))
+}
+
+/// Chris Wellons's lowbias32: a 32-bit integer hash with full avalanche.
+fn hash32(mut x: u32) -> u32 {
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^ (x >> 16)
 }
 
 /// SplitMix64's finalizer.
@@ -301,6 +326,47 @@ mod tests {
                         x[i]
                     );
                 }
+            }
+        }
+    }
+
+    /// Blocks and tensors of values so small that a scale's inverse would overflow f32 (values
+    /// near bf16's and f32's subnormals, seen in gradients) scale by 1 and round to zero: finite,
+    /// and as the reference.
+    #[test]
+    fn tiny_blocks_stay_finite() {
+        use Minifloat::*;
+        let shape = [3, 160];
+        let mut x = adversarial(3 * 160, 4);
+        // Zeros among them: a zero times an overflowed factor would be NaN.
+        let tiny = [1e-41, 0.0, -3e-40];
+        x[..160].iter_mut().enumerate().for_each(|(i, v)| *v = tiny[i % 3]);
+        let mut all_tiny = vec![2e-41f32; 3 * 160];
+        all_tiny[7] = 0.0;
+        for values in [&x, &all_tiny] {
+            for (format, blocks) in [
+                (E4M3, Blocks::Tensor),
+                (E4M3, Blocks::Tiles),
+                (E4M3, Blocks::Squares),
+                (E4M3, Blocks::Mx),
+                (E2M1, Blocks::Nv { rows: 1 }),
+            ] {
+                let q = Quantizer {
+                    format,
+                    blocks,
+                    rounding: Rounding::Nearest,
+                    hadamard: false,
+                };
+                let reference = quantize(values, shape, format, reference_scaling(q, values), None).dequantize();
+                let ours: Vec<f32> = fake_quantize(tensor(values, shape), q, None, None)
+                    .into_data()
+                    .try_to_vec()
+                    .unwrap();
+                assert!(ours.iter().all(|v| v.is_finite()), "{format:?} {blocks:?}");
+                assert!(
+                    ours.iter().zip(&reference).all(|(a, b)| a == b),
+                    "{format:?} {blocks:?}"
+                );
             }
         }
     }

@@ -107,10 +107,12 @@ pub fn amax(x: &[f32]) -> f32 {
 }
 
 /// The scale that maps `amax` onto `format`'s largest value, `max / amax / 2^margin`
-/// (Transformer Engine's); 1 for a zero or non-finite amax.
+/// (Transformer Engine's); 1 for a zero or non-finite amax, and for an amax so small the scale
+/// would overflow f32.
 pub fn quantize_scale(format: Minifloat, amax: f32, margin: i32) -> f32 {
-    match amax.is_finite() && amax > 0.0 {
-        true => format.max() / amax / 2f32.powi(margin),
+    let scale = format.max() / amax / 2f32.powi(margin);
+    match amax.is_finite() && amax > 0.0 && scale.is_finite() {
+        true => scale,
         false => 1.0,
     }
 }
@@ -144,8 +146,11 @@ pub fn quantize(
             let (factor, scale) = match scaling {
                 Scaling::Tensor { quantize_scale } => (quantize_scale, 1.0 / quantize_scale),
                 Scaling::Blocks { .. } => {
-                    let scale = match block_amax > 0.0 && block_amax.is_finite() {
-                        true => block_amax / format.max(),
+                    // 1 for a zero or non-finite amax, and for one so small that the scale is
+                    // below f32's normal range (its inverse would overflow).
+                    let scale = block_amax / format.max();
+                    let scale = match block_amax.is_finite() && scale >= f32::MIN_POSITIVE {
+                        true => scale,
                         false => 1.0,
                     };
                     (1.0 / scale, scale)
