@@ -28,6 +28,16 @@ pub enum ConfigError {
     GroupSizeMismatch { configured: usize, group: usize },
     #[error(transparent)]
     Mesh(#[from] MeshError),
+    #[error("top k = {top_k} is more than the {experts} experts a token can reach")]
+    TopKAboveExperts { top_k: usize, experts: usize },
+    #[error("{experts} experts do not form {groups} equal groups of which {top_groups} are kept")]
+    ExpertGroups {
+        experts: usize,
+        groups: usize,
+        top_groups: usize,
+    },
+    #[error("{tokens} tokens do not form {sequences} sequences of equal length")]
+    TokensNotInSequences { tokens: usize, sequences: usize },
     #[error("unknown preset {0:?}: expected tiny, llama-1b or llama-8b")]
     UnknownPreset(String),
 }

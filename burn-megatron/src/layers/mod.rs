@@ -5,6 +5,7 @@ pub mod column;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod mlp;
+pub mod moe;
 pub mod norm;
 pub mod rope;
 pub mod row;
