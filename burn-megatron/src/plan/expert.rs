@@ -1,5 +1,6 @@
 //! Expert parallelism: a mixture of experts' experts split over the ep group (folded over
-//! dp × cp). Not built yet; its room in the plan, so a run asking for it is refused by name.
+//! dp × cp). The MoE layer runs at ep = 1 (`layers/moe`); splitting its experts over ep is not
+//! built yet, so a run asking for ep > 1 is refused by name.
 
 use crate::error::ConfigError;
 

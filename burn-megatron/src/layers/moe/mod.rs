@@ -1,8 +1,15 @@
-//! Mixture of experts (Megatron Core's MoE stack), planned by `plan/expert.rs`. Built so far: the
-//! router ([`router`]) and its load-balancing losses ([`balance`]).
+//! Mixture of experts (Megatron Core's MoE stack), planned by `plan/expert.rs`. Built so far, at
+//! ep = 1: the router ([`router`]) with its load-balancing losses ([`balance`]), the dispatch
+//! of token copies by expert and back ([`dispatch`]), the SwiGLU experts ([`experts`]) and the
+//! layer that joins them ([`layer`]).
 
 pub mod balance;
+pub mod dispatch;
+pub mod experts;
+pub mod layer;
 pub mod router;
 
 pub use balance::RouterLosses;
+pub use experts::{Experts, ExpertsConfig};
+pub use layer::{Moe, MoeConfig};
 pub use router::{GroupLimit, Router, RouterConfig, Routing, Scoring};

@@ -1,0 +1,64 @@
+//! Token dispatch within one rank: the token copies (one a chosen expert) ordered by expert, and
+//! back. Sorting by `expert · t·k + slot` orders the copies by expert and, within an expert, by
+//! token, whatever the sort's stability. Both directions are tensor ops (`select`, and
+//! `select_assign` adding each copy's weighted output into its token's row), so the gradients
+//! flow through them: to the tokens, to the experts and to the router's weights.
+//!
+//! Legend: `t` tokens, `k` top k, `d` d_model, `e` experts.
+
+use burn::tensor::{IndexingUpdateOp, Int, Tensor};
+
+use super::router::counts;
+
+/// Where each copy of a token goes.
+#[derive(Clone, Debug)]
+pub struct Dispatch {
+    /// `[t·k]`: the slot (`token · k + j`) of each copy, in expert order.
+    pub slots: Tensor<1, Int>,
+    /// `[t·k]`: the token of each copy, in expert order.
+    pub tokens: Tensor<1, Int>,
+    /// The copies each expert receives, on the host (the experts' row ranges).
+    pub counts: Vec<usize>,
+}
+
+/// The dispatch of `experts` (`[t, k]`, values below `e`).
+pub fn dispatch(experts: Tensor<2, Int>, e: usize) -> Dispatch {
+    let [t, k] = experts.dims();
+    let device = experts.device();
+    let flat = experts.clone().reshape([t * k]);
+    let key = flat.mul_scalar((t * k) as i64) + Tensor::<1, Int>::arange(0..(t * k) as i64, &device);
+    let (_, slots) = key.sort_with_indices(0);
+    let tokens = slots.clone().div_scalar(k as i64);
+    let counts = counts(experts, e)
+        .into_data()
+        .convert::<i64>()
+        .try_to_vec::<i64>()
+        .expect("counts")
+        .into_iter()
+        .map(|c| c as usize)
+        .collect();
+    Dispatch { slots, tokens, counts }
+}
+
+/// Each token's row once for each of its experts, in expert order: `[t, d]` → `[t·k, d]`.
+pub fn permute(x: Tensor<2>, dispatch: &Dispatch) -> Tensor<2> {
+    x.select(0, dispatch.tokens.clone())
+}
+
+/// The experts' outputs `y` (`[t·k, d]`, expert order) weighted by `weights` (`[t, k]`) and summed
+/// into their tokens' rows: `[t, d]`.
+pub fn unpermute(y: Tensor<2>, weights: Tensor<2>, dispatch: &Dispatch) -> Tensor<2> {
+    let [t, k] = weights.dims();
+    let [_, d] = y.dims();
+    let sorted = weights
+        .reshape([t * k])
+        .select(0, dispatch.slots.clone())
+        .cast(y.dtype());
+    let weighted = y.clone() * sorted.unsqueeze_dim::<2>(1);
+    Tensor::zeros([t, d], (&y.device(), y.dtype())).select_assign(
+        0,
+        dispatch.tokens.clone(),
+        weighted,
+        IndexingUpdateOp::Add,
+    )
+}

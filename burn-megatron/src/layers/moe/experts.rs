@@ -1,0 +1,73 @@
+//! The routed experts: `e` SwiGLU MLPs, each run on the rows dispatched to it (a grouped product:
+//! one product an expert over its range of the expert-ordered rows; the grouped-GEMM kernel is to
+//! come). An expert that receives no token is skipped, and its weights' gradient is zero.
+//!
+//! Legend: `d` d_model, `f` an expert's hidden size, `e` experts.
+
+use burn::config::Config;
+use burn::module::{Module, Param};
+use burn::tensor::activation::silu;
+use burn::tensor::{Device, Tensor};
+
+use crate::init::{ParamInit, Shard};
+
+#[derive(Config, Debug)]
+pub struct ExpertsConfig {
+    pub d_model: usize,
+    pub d_ff: usize,
+    pub n_experts: usize,
+    #[config(default = 0.02)]
+    pub init_std: f64,
+}
+
+/// The experts' weights, stacked.
+#[derive(Module, Debug)]
+pub struct Experts {
+    /// Gate projections, `[e, d, f]`.
+    pub w1: Param<Tensor<3>>,
+    /// Down projections, `[e, f, d]`.
+    pub w2: Param<Tensor<3>>,
+    /// Up projections, `[e, d, f]`.
+    pub w3: Param<Tensor<3>>,
+}
+
+impl ExpertsConfig {
+    pub fn init(&self, device: &Device, init: &ParamInit, name: &str) -> Experts {
+        let (d, f, e) = (self.d_model, self.d_ff, self.n_experts);
+        let param = |w: &str, shape: [usize; 3]| {
+            Param::from_tensor(init.normal(&format!("{name}.{w}"), shape, Shard::WHOLE, self.init_std, device))
+        };
+        Experts {
+            w1: param("w1", [e, d, f]),
+            w2: param("w2", [e, f, d]),
+            w3: param("w3", [e, d, f]),
+        }
+    }
+}
+
+impl Experts {
+    /// Expert `i`'s SwiGLU on the `counts[i]` rows of `x` that follow expert `i − 1`'s.
+    ///
+    /// # Shapes
+    /// `x`: `[Σ counts, d]` → `[Σ counts, d]`
+    pub fn forward(&self, x: Tensor<2>, counts: &[usize]) -> Tensor<2> {
+        let [_, d, f] = self.w1.dims();
+        let weight = |w: &Param<Tensor<3>>, i: usize, shape: [usize; 2]| w.val().narrow(0, i, 1).reshape(shape);
+        let mut start = 0;
+        let mut outputs = Vec::new();
+        for (i, &n) in counts.iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let rows = x.clone().narrow(0, start, n);
+            let gate = rows.clone().matmul(weight(&self.w1, i, [d, f]));
+            let up = rows.matmul(weight(&self.w3, i, [d, f]));
+            outputs.push((silu(gate) * up).matmul(weight(&self.w2, i, [f, d])));
+            start += n;
+        }
+        match outputs.is_empty() {
+            true => x, // no rows at all
+            false => Tensor::cat(outputs, 0),
+        }
+    }
+}
