@@ -36,6 +36,8 @@ pub enum ConfigError {
         groups: usize,
         top_groups: usize,
     },
+    #[error("expert capacity factor {factor} must be a finite number above 0")]
+    CapacityFactor { factor: f64 },
     #[error("{tokens} tokens do not form {sequences} sequences of equal length")]
     TokensNotInSequences { tokens: usize, sequences: usize },
     #[error("unknown preset {0:?}: expected tiny, llama-1b or llama-8b")]

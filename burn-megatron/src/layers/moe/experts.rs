@@ -46,11 +46,13 @@ impl ExpertsConfig {
 }
 
 impl Experts {
-    /// Expert `i`'s SwiGLU on the `counts[i]` rows of `x` that follow expert `i − 1`'s.
+    /// Expert `i`'s SwiGLU on the `counts[i]` rows of `x` that follow expert `i − 1`'s; with
+    /// `pad_to`, each expert's rows padded with zeros to that many first (fixed shapes; a zero
+    /// row's output is zero and is cut off again).
     ///
     /// # Shapes
     /// `x`: `[Σ counts, d]` → `[Σ counts, d]`
-    pub fn forward(&self, x: Tensor<2>, counts: &[usize]) -> Tensor<2> {
+    pub fn forward(&self, x: Tensor<2>, counts: &[usize], pad_to: Option<usize>) -> Tensor<2> {
         let [_, d, f] = self.w1.dims();
         let weight = |w: &Param<Tensor<3>>, i: usize, shape: [usize; 2]| w.val().narrow(0, i, 1).reshape(shape);
         let mut start = 0;
@@ -60,9 +62,13 @@ impl Experts {
                 continue;
             }
             let rows = x.clone().narrow(0, start, n);
+            let rows = match pad_to {
+                Some(p) if p > n => Tensor::cat(vec![rows, Tensor::zeros([p - n, d], (&x.device(), x.dtype()))], 0),
+                _ => rows,
+            };
             let gate = rows.clone().matmul(weight(&self.w1, i, [d, f]));
             let up = rows.matmul(weight(&self.w3, i, [d, f]));
-            outputs.push((silu(gate) * up).matmul(weight(&self.w2, i, [f, d])));
+            outputs.push((silu(gate) * up).matmul(weight(&self.w2, i, [f, d])).narrow(0, 0, n));
             start += n;
         }
         match outputs.is_empty() {
