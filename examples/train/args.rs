@@ -55,7 +55,7 @@ pub struct Args {
 
 const USAGE: &str = "usage: train [--preset tiny|llama-1b|llama-8b] [--tp N] [--dp N] [--sp] [--steps N] \
 [--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--async-save] [--resume DIR] [--data PATH] [--tokenizer tokenizer.json] \
-[--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-blockwise|mxfp8|nvfp4] [--sample-every K] [--learner]";
+[--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-tensorwise-e4m3|fp8-blockwise|mxfp8|nvfp4] [--sample-every K] [--learner]";
 
 impl Args {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, String> {

@@ -269,7 +269,7 @@ mod tests {
             ("--dtype f16", "expected f32 or bf16"),
             (
                 "--precision fp4",
-                "one of fp8-tensorwise, fp8-blockwise, mxfp8, nvfp4 or default",
+                "one of fp8-tensorwise, fp8-tensorwise-e4m3, fp8-blockwise, mxfp8, nvfp4 or default",
             ),
             ("--init sparse", "expected full or per-shard"),
             ("--save-every 0 --save /tmp/x", "at least 1"),

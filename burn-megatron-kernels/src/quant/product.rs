@@ -9,7 +9,7 @@
 //! wgrad    dw = xᵀ · dy = product(xᵀ, dyᵀ)ᵀ      Pass::Wgrad
 //! ```
 //!
-//! On CUDA, FP8 tensorwise runs on FP8 codes: the quantization kernels
+//! On CUDA, FP8 tensorwise (either gradient format) runs on FP8 codes: the quantization kernels
 //! (`quant_kernels::quantize_tensor`: amax, then the cast, with the transpose of a transposed
 //! view in the same pass) and the wgmma GEMM. Every other recipe, and every recipe elsewhere, is
 //! emulated: each operand quantized and dequantized in tensor ops ([`quantized_operands`],
@@ -136,7 +136,8 @@ impl QuantOps for burn::backend::Cube {
         use burn::backend::Cube;
         use burn::backend::ops::FloatTensorOps;
         let k = a.meta.shape()[1];
-        if recipe != Recipe::Fp8Tensorwise || !k.is_multiple_of(16) {
+        let tensorwise = matches!(recipe, Recipe::Fp8Tensorwise | Recipe::Fp8TensorwiseE4m3);
+        if !tensorwise || !k.is_multiple_of(16) {
             // Emulated; bf16 operands multiplied in bf16 on our GEMM (MX and NVFP4 values are
             // exact in bf16; f32 block scales round to its 8 bits, inside the format's step).
             let t = |x| Tensor::<2>::from_primitive::<Cube>(x);

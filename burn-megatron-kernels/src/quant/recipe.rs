@@ -12,11 +12,13 @@
 //! | recipe | forward x, w | dgrad dy, w | wgrad dy, x |
 //! |---|---|---|---|
 //! | [`Recipe::Fp8Tensorwise`] | E4M3 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor |
+//! | [`Recipe::Fp8TensorwiseE4m3`] | E4M3 tensor, E4M3 tensor | E4M3 tensor, E4M3 tensor | E4M3 tensor, E4M3 tensor |
 //! | [`Recipe::Fp8Blockwise`] | E4M3 1×128, E4M3 128×128 | E4M3 1×128, E4M3 128×128 | E4M3 1×128, E4M3 1×128 |
 //! | [`Recipe::Mxfp8`] | E4M3 MX 1×32 both | E4M3 MX both | E4M3 MX both |
 //! | [`Recipe::Nvfp4`] | E2M1 NV 1×16, NV 16×16 | E2M1 NV 1×16 stochastic, NV 16×16 | E2M1 NV 1×16 stochastic + RHT, NV 1×16 + RHT |
 //!
-//! - Tensorwise: Transformer Engine's hybrid current scaling (one scale from this call's amax).
+//! - Tensorwise: Transformer Engine's current scaling (one scale from this call's amax), hybrid
+//!   (E5M2 gradients, the default) or E4M3 throughout.
 //! - Blockwise: DeepSeek-V3's (f32 scales; a weight's 128×128 blocks are the same in `w` and
 //!   `wᵀ`, so forward and dgrad see one quantized weight).
 //! - MXFP8: NVIDIA's MXFP8 recipe (E4M3 everywhere, E8M0 scales rounded up).
@@ -98,6 +100,8 @@ pub enum Pass {
 pub enum Recipe {
     /// FP8, per-tensor current scaling, E4M3 forward and E5M2 gradients.
     Fp8Tensorwise,
+    /// FP8, per-tensor current scaling, E4M3 forward and gradients.
+    Fp8TensorwiseE4m3,
     /// FP8 E4M3 with DeepSeek-V3's 1×128 tiles and 128×128 weight blocks.
     Fp8Blockwise,
     /// MXFP8: E4M3 in 1×32 blocks with E8M0 scales.
@@ -108,8 +112,9 @@ pub enum Recipe {
 
 impl Recipe {
     /// Every recipe, in the order of the table above.
-    pub const ALL: [Recipe; 4] = [
+    pub const ALL: [Recipe; 5] = [
         Recipe::Fp8Tensorwise,
+        Recipe::Fp8TensorwiseE4m3,
         Recipe::Fp8Blockwise,
         Recipe::Mxfp8,
         Recipe::Nvfp4,
@@ -119,6 +124,7 @@ impl Recipe {
     pub fn name(self) -> &'static str {
         match self {
             Recipe::Fp8Tensorwise => "fp8-tensorwise",
+            Recipe::Fp8TensorwiseE4m3 => "fp8-tensorwise-e4m3",
             Recipe::Fp8Blockwise => "fp8-blockwise",
             Recipe::Mxfp8 => "mxfp8",
             Recipe::Nvfp4 => "nvfp4",
@@ -133,6 +139,7 @@ impl Recipe {
         match (self, pass) {
             (Recipe::Fp8Tensorwise, Pass::Forward) => (q(E4M3, Tensor), q(E4M3, Tensor)),
             (Recipe::Fp8Tensorwise, _) => (q(E5M2, Tensor), q(E4M3, Tensor)),
+            (Recipe::Fp8TensorwiseE4m3, _) => (q(E4M3, Tensor), q(E4M3, Tensor)),
             (Recipe::Fp8Blockwise, Pass::Wgrad) => (q(E4M3, Tiles), q(E4M3, Tiles)),
             (Recipe::Fp8Blockwise, _) => (q(E4M3, Tiles), q(E4M3, Squares)),
             (Recipe::Mxfp8, _) => (q(E4M3, Mx), q(E4M3, Mx)),
