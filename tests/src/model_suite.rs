@@ -266,8 +266,8 @@ const CURVE_STEPS: u64 = 200;
 /// How far a recipe's windowed loss may stray from f32's, in nats. The tiny model falls from
 /// ln 1024 ≈ 6.9 to about 0.5 in 200 steps, the last 50 steeply (up to 0.1 nats a step), and a
 /// quantized run keeps pace within a few steps: on this machine the windows' largest gaps were
-/// 0.11 (FP8 tensorwise), 0.06 (blockwise), 0.30 (MXFP8, 3 steps ahead at the end) and 0.17
-/// nats (NVFP4). The bands allow 5 steps of lag for FP8 and 10 for FP4 at the steepest; a recipe
+/// 0.11 (FP8 tensorwise), 0.08 (tensorwise with E4M3 gradients), 0.06 (blockwise), 0.30
+/// (MXFP8, 3 steps ahead at the end) and 0.17 nats (NVFP4). The bands allow 5 steps of lag for FP8 and 10 for FP4 at the steepest; a recipe
 /// that stops learning misses them by nats.
 fn band(recipe: Recipe) -> f64 {
     match recipe {
