@@ -38,9 +38,11 @@ pub enum ConfigError {
     },
     #[error("expert capacity factor {factor} must be a finite number above 0")]
     CapacityFactor { factor: f64 },
+    #[error("{experts} experts do not split evenly over ep = {ep}")]
+    ExpertsNotDivisible { experts: usize, ep: usize },
     #[error("{tokens} tokens do not form {sequences} sequences of equal length")]
     TokensNotInSequences { tokens: usize, sequences: usize },
-    #[error("unknown preset {0:?}: expected tiny, llama-1b or llama-8b")]
+    #[error("unknown preset {0:?}: expected tiny, tiny-moe, llama-1b, moe-4b or llama-8b")]
     UnknownPreset(String),
 }
 

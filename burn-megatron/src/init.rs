@@ -97,15 +97,37 @@ impl ParamInit {
         std: f64,
         device: &Device,
     ) -> Tensor<D> {
+        self.normal_in(name, full, &[shard], std, device)
+    }
+
+    /// [`normal`](Self::normal) for a tensor split along several dims at once (an expert's
+    /// weights: experts over ep, hidden features over tp): the block `shards` name together.
+    pub fn normal_in<const D: usize>(
+        &self,
+        name: &str,
+        full: [usize; D],
+        shards: &[Shard],
+        std: f64,
+        device: &Device,
+    ) -> Tensor<D> {
         let seed = hash(self.seed, name);
+        let split: Vec<&Shard> = shards.iter().filter(|s| s.count > 1).collect();
         let values = match self.mode {
-            InitMode::Full => shard.slice(normal(full, seed, std, device)),
-            InitMode::PerShard => normal(
-                shard.shape(full),
-                hash(seed, &format!("{}/{}", shard.dim, shard.index)),
-                std,
-                device,
-            ),
+            InitMode::Full => split
+                .iter()
+                .fold(normal(full, seed, std, device), |x, shard| shard.slice(x)),
+            InitMode::PerShard => {
+                let shape = split.iter().fold(full, |shape, shard| shard.shape(shape));
+                let block = match split.as_slice() {
+                    [] => format!("{}/{}", Shard::WHOLE.dim, Shard::WHOLE.index),
+                    _ => split
+                        .iter()
+                        .map(|s| format!("{}/{}", s.dim, s.index))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                };
+                normal(shape, hash(seed, &block), std, device)
+            }
         };
         values.cast(self.dtype)
     }

@@ -4,8 +4,9 @@
 //! [`grads_params`]) and new values ([`map_params`]). Every walk over parameters lives here.
 //!
 //! The split is read off the layer that owns the parameter: column-parallel weights and biases,
-//! row-parallel weights and vocabulary-parallel embeddings are split; everything else (norms,
-//! row-parallel biases, a user's plain layers) is replicated.
+//! row-parallel weights, vocabulary-parallel embeddings and experts' hidden features are split
+//! over tp, experts over ep; everything else (norms, row-parallel biases, routers, a user's
+//! plain layers) is replicated.
 
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
@@ -20,6 +21,9 @@ pub struct ParamInfo {
     pub tp_split: bool,
     /// The dim it is split along over the tensor-parallel group, if it is.
     pub split_dim: Option<usize>,
+    /// Whether it holds experts, split along dim 0 over the expert-parallel group (its
+    /// gradient is then averaged over the expert-data-parallel group, not dp × cp).
+    pub expert: bool,
 }
 
 /// Tracks the module path and the type of the innermost layer.
@@ -50,12 +54,15 @@ impl Path {
             ("Struct:ColumnParallelLinear", "bias") => Some(0),
             ("Struct:RowParallelLinear", "weight") => Some(0),
             ("Struct:VocabParallelEmbedding", "weight") => Some(0),
+            ("Struct:Experts", "w1" | "w3") => Some(2),
+            ("Struct:Experts", "w2") => Some(1),
             _ => None,
         };
         ParamInfo {
             path: self.names.join("."),
             tp_split: split_dim.is_some(),
             split_dim,
+            expert: owner == "Struct:Experts",
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod layer_suite;
 pub mod learner_suite;
 pub mod mapping_suite;
 pub mod model_suite;
+pub mod moe_suite;
 
 pub use harness::Harness;
 
@@ -50,6 +51,16 @@ macro_rules! for_each_layer_test {
         $crate::$callback! { $($args)*; layer_suite:
             column_linear, row_linear, rms_norm, mlp, attention, embedding, cross_entropy,
             linear_round_trip, gemm_per_layer }
+    };
+}
+
+/// Calls `$callback!($args; moe_suite: <every MoE test>)`.
+#[macro_export]
+macro_rules! for_each_moe_test {
+    ($callback:ident!($($args:tt)*)) => {
+        $crate::$callback! { $($args)*; moe_suite:
+            ep2_all_to_all, ep2_all_gather, ep4_both_dispatchers, tp2_ep2, starved_rank,
+            moe_steps_match, bad_expert_layouts }
     };
 }
 

@@ -256,7 +256,18 @@ impl ProcessGroup {
             s[dim] = n;
             s
         };
-        let chunks = x.clone().split_with_sizes(send_splits.to_vec(), dim);
+        // One chunk a peer, empty ones included (`split_with_sizes` leaves those out).
+        let chunks = send_splits
+            .iter()
+            .scan(0, |start, &n| {
+                let chunk = match n {
+                    0 => Tensor::zeros(shape_with(0), (&x.device(), x.dtype())),
+                    _ => x.clone().narrow(dim, *start, n),
+                };
+                *start += n;
+                Some(chunk)
+            })
+            .collect();
         let recv_dims = recv_splits.iter().map(|&n| view_dims(&shape_with(n), dim)).collect();
         let autodiff = x.device().is_autodiff();
         let received = self.exchange_chunks(chunks, dim, recv_dims)?;
@@ -451,7 +462,7 @@ fn view_dims(shape: &Shape, dim: usize) -> [usize; 3] {
 /// not differentiable (the mappings are), and no rank's graph may reach into another's.
 fn view<const D: usize, K: Numeric>(x: Tensor<D, K>, dim: usize) -> Payload {
     let dims = view_dims(&x.shape(), dim);
-    let dispatch = x.reshape(dims).into_dispatch();
+    let dispatch = reshape_any(x, dims).into_dispatch();
     if dispatch_is_float(&dispatch) {
         Payload::Float(Tensor::<3>::from_dispatch(dispatch).without_autodiff())
     } else {
@@ -473,5 +484,15 @@ fn unview<const D: usize, K: Numeric>(payload: Payload, shape: Shape, autodiff: 
         (Payload::Int(t), false) => t.into_dispatch(),
         (Payload::Int(t), true) => t.autodiff().into_dispatch(),
     };
-    Tensor::<3, K>::from_dispatch(dispatch).reshape(shape)
+    let dims: [usize; D] = shape.as_slice().try_into().expect("the caller's rank");
+    reshape_any(Tensor::<3, K>::from_dispatch(dispatch), dims)
+}
+
+/// `x` reshaped to `dims`, empty tensors included: Burn's `reshape` reads a 0 in the target
+/// as "keep this dim" (ONNX's rule), so an empty tensor is made afresh in its dtype instead.
+fn reshape_any<const A: usize, const B: usize, K: Numeric>(x: Tensor<A, K>, dims: [usize; B]) -> Tensor<B, K> {
+    match x.shape().num_elements() {
+        0 => Tensor::zeros(dims, (&x.device(), x.dtype())),
+        _ => x.reshape(dims),
+    }
 }

@@ -152,7 +152,7 @@ pub fn load<M: Module>(
                 v: tensor(&p[2]),
             })
             .collect();
-        optim.import_state(states, index.optimizer_steps);
+        optim.import_state(&model, states, index.optimizer_steps);
     }
     Ok((model, index.step))
 }

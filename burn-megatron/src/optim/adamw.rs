@@ -12,7 +12,7 @@ use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
 use burn_megatron_kernels::adamw::{AdamWStep, adamw_master_step};
 use burn_megatron_kernels::norm::sum_of_squares;
 
-use super::buckets::{BucketConfig, GradReducer, Reduction, pad};
+use super::buckets::{BucketConfig, GradGroup, GradReducer, Reduction, pad};
 use crate::params::{ParamInfo, map_params, param_infos, param_values, take_grads};
 
 /// Configuration of a [`DistributedAdamW`]. The defaults are PyTorch's and Megatron's (Burn's
@@ -65,6 +65,9 @@ pub struct DistributedAdamW {
     config: DistributedAdamWConfig,
     groups: ProcessGroups,
     infos: Vec<ParamInfo>,
+    /// The group each parameter's gradient is averaged over (and its state sharded over,
+    /// under ZeRO-1).
+    grad_groups: Vec<GradGroup>,
     states: Vec<State>,
     step: u64,
 }
@@ -75,6 +78,7 @@ impl DistributedAdamWConfig {
             config: self.clone(),
             groups: groups.clone(),
             infos: Vec::new(),
+            grad_groups: Vec::new(),
             states: Vec::new(),
             step: 0,
         }
@@ -116,47 +120,63 @@ impl DistributedAdamW {
     /// in traversal order; `numels` are the parameters' element counts on this rank. Empty
     /// before the first step.
     pub fn export_state(&self, numels: &[usize]) -> Result<Vec<ParamState>, CommError> {
-        let dp = self.groups.grad_sync();
-        let zero1 = self.config.zero1 && dp.size() > 1;
-        let whole = |x: &Tensor<1>, n: usize| -> Result<Tensor<1>, CommError> {
-            let x = if zero1 { dp.all_gather(x.clone(), 0)? } else { x.clone() };
-            Ok(x.narrow(0, 0, n))
-        };
         self.states
             .iter()
             .zip(numels)
-            .map(|(s, &n)| {
+            .enumerate()
+            .map(|(i, (s, &n))| {
+                let whole = |x: &Tensor<1>| -> Result<Tensor<1>, CommError> {
+                    let x = match self.sharded_over(i) {
+                        Some(group) => group.all_gather(x.clone(), 0)?,
+                        None => x.clone(),
+                    };
+                    Ok(x.narrow(0, 0, n))
+                };
                 Ok(ParamState {
-                    master: whole(&s.master, n)?,
-                    m: whole(&s.m, n)?,
-                    v: whole(&s.v, n)?,
+                    master: whole(&s.master)?,
+                    m: whole(&s.m)?,
+                    v: whole(&s.v)?,
                 })
             })
             .collect()
     }
 
-    /// Restores the state exported by [`export_state`](Self::export_state) (possibly at another
-    /// layout, resharded by the caller) after `steps` steps.
-    pub fn import_state(&mut self, states: Vec<ParamState>, steps: u64) {
-        let dp = self.groups.grad_sync();
-        let zero1 = self.config.zero1 && dp.size() > 1;
-        let mine = |x: Tensor<1>| match zero1 {
-            true => {
-                let padded = pad(x, dp.size());
-                let part = padded.dims()[0] / dp.size();
-                padded.narrow(0, dp.group_rank() * part, part)
-            }
-            false => x,
-        };
+    /// Restores the state of `model`'s parameters exported by
+    /// [`export_state`](Self::export_state) (possibly at another layout, resharded by the
+    /// caller) after `steps` steps.
+    pub fn import_state<M: Module>(&mut self, model: &M, states: Vec<ParamState>, steps: u64) {
+        self.know(model);
         self.states = states
             .into_iter()
-            .map(|s| State {
-                master: mine(s.master),
-                m: mine(s.m),
-                v: mine(s.v),
+            .enumerate()
+            .map(|(i, s)| {
+                let group = self.sharded_over(i);
+                State {
+                    master: shard_of(s.master, group),
+                    m: shard_of(s.m, group),
+                    v: shard_of(s.v, group),
+                }
             })
             .collect();
         self.step = steps;
+    }
+
+    /// Reads `model`'s parameters' infos and groups, once.
+    fn know<M: Module>(&mut self, model: &M) {
+        if self.infos.is_empty() {
+            self.infos = param_infos(model);
+            self.grad_groups = self
+                .infos
+                .iter()
+                .map(|info| GradGroup::of(info, &self.groups))
+                .collect();
+        }
+    }
+
+    /// The group parameter `index`'s state is split over under ZeRO-1, if it is split.
+    fn sharded_over(&self, index: usize) -> Option<&burn_megatron_dist::ProcessGroup> {
+        let group = &self.grad_groups[index].group;
+        (self.config.zero1 && group.size() > 1).then_some(group)
     }
 
     /// Optimizer-state bytes held on this rank (fp32 master weights and two moments).
@@ -165,21 +185,20 @@ impl DistributedAdamW {
     }
 
     /// What the gradients of `model` go through before [`step_reduced`](Self::step_reduced):
-    /// whole or sharded over dp, bucketed as configured. Gradients handed to the reducer
-    /// during backward (through taps) overlap their reduction with the rest of backward.
+    /// whole or sharded over each parameter's group, bucketed as configured. Gradients handed
+    /// to the reducer during backward (through taps) overlap their reduction with the rest of
+    /// backward.
     pub fn reducer<M: Module>(&self, model: &M) -> GradReducer {
         let (numels, dtype) = numels_and_dtype(model);
-        let reduction = match self.config.zero1 && self.groups.grad_sync().size() > 1 {
+        let reduction = match self.config.zero1 {
             true => Reduction::ReduceScatter,
             false => Reduction::AllReduce,
         };
-        GradReducer::new(
-            self.groups.grad_sync(),
-            numels,
-            dtype.size(),
-            reduction,
-            &self.config.buckets,
-        )
+        let params = numels
+            .into_iter()
+            .zip(GradGroup::for_model(model, &self.groups))
+            .collect();
+        GradReducer::new(params, dtype.size(), reduction, &self.config.buckets)
     }
 
     /// One update of `model` from `grads`; averages gradients over the data-parallel group.
@@ -207,20 +226,16 @@ impl DistributedAdamW {
         model: M,
         shards: Vec<Tensor<1>>,
     ) -> Result<(M, StepReport), CommError> {
-        let dp = self.groups.grad_sync();
-        let zero1 = self.config.zero1 && dp.size() > 1;
-        if self.infos.is_empty() {
-            self.infos = param_infos(&model);
-        }
+        self.know(&model);
         let dtypes: Vec<DType> = param_values(&model).iter().map(|p| p.value.dtype()).collect();
-        let grad_norm = self.global_norm(&shards, zero1)?;
+        let grad_norm = self.global_norm(&shards)?;
         let scale = match self.config.max_grad_norm {
             Some(max) if grad_norm > max => max / (grad_norm + 1e-6),
             _ => 1.0,
         };
         self.step += 1;
         if self.states.is_empty() {
-            self.states = self.first_states(&model, zero1);
+            self.states = self.first_states(&model);
         }
         let c = &self.config;
         let step = AdamWStep {
@@ -234,7 +249,7 @@ impl DistributedAdamW {
         };
         // The new values in the parameters' dtype, gathered back whole under ZeRO-1.
         let mut values = Vec::with_capacity(self.states.len());
-        for ((state, grad), dtype) in self.states.iter_mut().zip(shards).zip(dtypes) {
+        for (i, ((state, grad), dtype)) in self.states.iter_mut().zip(shards).zip(dtypes).enumerate() {
             let value;
             (state.master, state.m, state.v, value) = adamw_master_step(
                 state.master.clone(),
@@ -244,7 +259,11 @@ impl DistributedAdamW {
                 step,
                 FloatDType::from(dtype),
             );
-            values.push(if zero1 { dp.all_gather(value, 0)? } else { value });
+            let group = &self.grad_groups[i].group;
+            values.push(match self.config.zero1 && group.size() > 1 {
+                true => group.all_gather(value, 0)?,
+                false => value,
+            });
         }
         let model = map_params(model, &mut |index, old, dims| {
             let n: usize = dims.iter().product();
@@ -254,41 +273,48 @@ impl DistributedAdamW {
     }
 
     /// √(Σ g²) over every rank, each parameter counted once: tp-replicated parameters count on
-    /// tp rank 0 only, and dp shards are disjoint only under ZeRO-1.
-    fn global_norm(&self, shards: &[Tensor<1>], zero1: bool) -> Result<f64, CommError> {
+    /// tp rank 0 only; dp shards are disjoint only under ZeRO-1; experts differ over ep.
+    fn global_norm(&self, shards: &[Tensor<1>]) -> Result<f64, CommError> {
         let tp = &self.groups.tp;
         let device = shards.first().map(|s| s.device());
         let Some(device) = device else { return Ok(0.0) };
-        let counted: Vec<Tensor<1>> = shards
-            .iter()
-            .zip(&self.infos)
-            .filter(|(_, info)| info.tp_split || tp.group_rank() == 0)
-            .map(|(shard, _)| shard.clone())
-            .collect();
-        let local = sum_of_squares(counted, &device);
-        let mut total = tp.all_reduce(local, ReduceOp::Sum)?;
-        if zero1 {
-            total = self.groups.grad_sync().all_reduce(total, ReduceOp::Sum)?;
+        let counted = |expert: bool| -> Vec<Tensor<1>> {
+            shards
+                .iter()
+                .zip(&self.infos)
+                .filter(|(_, info)| info.expert == expert && (info.tp_split || tp.group_rank() == 0))
+                .map(|(shard, _)| shard.clone())
+                .collect()
+        };
+        let (dense, experts) = (counted(false), counted(true));
+        let has_experts = !experts.is_empty();
+        let local = Tensor::cat(
+            vec![sum_of_squares(dense, &device), sum_of_squares(experts, &device)],
+            0,
+        );
+        let mut total = tp.all_reduce(local, ReduceOp::Sum)?; // [dense, experts]
+        let dp = self.groups.grad_sync();
+        if self.config.zero1 && dp.size() > 1 {
+            // Disjoint shards of everything over dp × cp (experts: over ep-dp, and ep).
+            total = dp.all_reduce(total, ReduceOp::Sum)?;
+        } else if has_experts && self.groups.ep.size() > 1 {
+            let experts = self
+                .groups
+                .ep
+                .all_reduce(total.clone().narrow(0, 1, 1), ReduceOp::Sum)?;
+            total = Tensor::cat(vec![total.narrow(0, 0, 1), experts], 0);
         }
-        Ok(total.into_scalar::<f64>().sqrt())
+        Ok(total.sum().into_scalar::<f64>().sqrt())
     }
 
-    /// fp32 master copies of the current values (this rank's dp shard under ZeRO-1) and zero
+    /// fp32 master copies of the current values (this rank's shard under ZeRO-1) and zero
     /// moments.
-    fn first_states<M: Module>(&self, model: &M, zero1: bool) -> Vec<State> {
-        let group = self.groups.grad_sync();
+    fn first_states<M: Module>(&self, model: &M) -> Vec<State> {
         param_values(model)
             .into_iter()
-            .map(|p| {
-                let flat = p.value.cast(DType::F32);
-                let master = match zero1 {
-                    true => {
-                        let padded = pad(flat, group.size());
-                        let part = padded.dims()[0] / group.size();
-                        padded.narrow(0, group.group_rank() * part, part)
-                    }
-                    false => flat,
-                };
+            .enumerate()
+            .map(|(i, p)| {
+                let master = shard_of(p.value.cast(DType::F32), self.sharded_over(i));
                 let zeros = master.zeros_like();
                 State {
                     m: zeros.clone(),
@@ -297,5 +323,17 @@ impl DistributedAdamW {
                 }
             })
             .collect()
+    }
+}
+
+/// This rank's part of `x` padded to a multiple of `group`'s size, or `x` whole without a group.
+fn shard_of(x: Tensor<1>, group: Option<&burn_megatron_dist::ProcessGroup>) -> Tensor<1> {
+    match group {
+        Some(group) => {
+            let padded = pad(x, group.size());
+            let part = padded.dims()[0] / group.size();
+            padded.narrow(0, group.group_rank() * part, part)
+        }
+        None => x,
     }
 }

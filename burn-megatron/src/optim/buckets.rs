@@ -11,11 +11,17 @@
 //! (padded) gradient: the layout [`DistributedAdamW`](super::DistributedAdamW) keeps its state
 //! in.
 //!
+//! Each parameter is averaged over its own group ([`GradGroup`]): dp × cp, or for experts the
+//! expert-data-parallel group; a bucket never mixes groups.
+//!
 //! Legend: `dp` the data-parallel group size, `n_p` parameter `p`'s element count, `k_p` its
 //! shard `⌈n_p / dp⌉`.
 
+use burn::module::Module;
 use burn::tensor::{DType, Device, Tensor};
-use burn_megatron_dist::{CommError, InFlight, ProcessGroup, ReduceOp};
+use burn_megatron_dist::{CommError, InFlight, ProcessGroup, ProcessGroups, ReduceOp};
+
+use crate::params::{ParamInfo, param_infos};
 
 /// How gradients are bucketed and reduced.
 #[derive(burn::config::Config, Debug, PartialEq)]
@@ -32,21 +38,64 @@ pub struct BucketConfig {
 /// What a reduction produces for each parameter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reduction {
-    /// The whole gradient, averaged over dp.
+    /// The whole gradient, averaged over its group.
     AllReduce,
-    /// This rank's shard (`k_p` elements) of the padded gradient, averaged over dp (ZeRO-1).
+    /// This rank's shard (`k_p` elements) of the padded gradient, averaged over its group
+    /// (ZeRO-1).
     ReduceScatter,
+}
+
+/// The ranks a parameter's gradient is averaged over, and a factor applied to the average.
+///
+/// Most parameters: dp × cp, which hold different tokens, factor 1. An expert's gradient
+/// already sums what every rank of its ep group routed to it (the all-to-all's backward), so
+/// the mean over dp × cp is its average over the expert-data-parallel group (the ranks holding
+/// the same experts) divided by ep.
+#[derive(Clone, Debug)]
+pub struct GradGroup {
+    pub group: ProcessGroup,
+    pub scale: f64,
+}
+
+impl GradGroup {
+    /// The group of the parameter `info` describes.
+    pub fn of(info: &ParamInfo, groups: &ProcessGroups) -> Self {
+        match info.expert {
+            true => Self {
+                group: groups.ep_dp.clone(),
+                scale: 1.0 / groups.ep.size() as f64,
+            },
+            false => Self {
+                group: groups.grad_sync().clone(),
+                scale: 1.0,
+            },
+        }
+    }
+
+    /// Every parameter's group, in traversal order.
+    pub fn for_model<M: Module>(model: &M, groups: &ProcessGroups) -> Vec<Self> {
+        param_infos(model).iter().map(|info| Self::of(info, groups)).collect()
+    }
+
+    fn same(&self, other: &Self) -> bool {
+        self.group.members() == other.group.members() && self.scale == other.scale
+    }
+}
+
+/// Parameters reduced by one collective over one group.
+struct Bucket {
+    /// Parameter indices, in the order backward fills them.
+    members: Vec<usize>,
+    grad: GradGroup,
 }
 
 /// Collects one step's gradients and reduces them bucket by bucket.
 pub struct GradReducer {
-    dp: ProcessGroup,
     reduction: Reduction,
     reduce_in_fp32: bool,
     /// Element count of each parameter, in traversal order.
     numels: Vec<usize>,
-    /// Parameter indices of each bucket, in the order backward fills them.
-    buckets: Vec<Vec<usize>>,
+    buckets: Vec<Bucket>,
     bucket_of: Vec<usize>,
     waiting: Vec<usize>,
     grads: Vec<Option<Tensor<1>>>,
@@ -77,41 +126,45 @@ impl Launched {
 }
 
 impl GradReducer {
-    /// A reducer for parameters of `numels` elements (traversal order), whose gradients are
-    /// `dtype_bytes` wide.
+    /// A reducer for parameters of `(element count, group)` each, in traversal order, whose
+    /// gradients are `dtype_bytes` wide: a bucket holds parameters of one group.
     pub fn new(
-        dp: &ProcessGroup,
-        numels: Vec<usize>,
+        params: Vec<(usize, GradGroup)>,
         dtype_bytes: usize,
         reduction: Reduction,
         config: &BucketConfig,
     ) -> Self {
         let width = if config.reduce_in_fp32 { 4 } else { dtype_bytes };
-        let mut buckets: Vec<Vec<usize>> = vec![Vec::new()];
+        let mut buckets: Vec<Bucket> = Vec::new();
         let mut filled = 0;
-        for index in (0..numels.len()).rev() {
-            if filled >= config.bytes.max(1) {
-                buckets.push(Vec::new());
+        for index in (0..params.len()).rev() {
+            let (numel, grad) = &params[index];
+            let open = buckets
+                .last()
+                .is_some_and(|b| filled < config.bytes.max(1) && b.grad.same(grad));
+            if !open {
+                buckets.push(Bucket {
+                    members: Vec::new(),
+                    grad: grad.clone(),
+                });
                 filled = 0;
             }
-            buckets.last_mut().expect("one bucket at least").push(index);
-            filled += numels[index] * width;
+            buckets.last_mut().expect("one bucket at least").members.push(index);
+            filled += numel * width;
         }
-        buckets.retain(|b| !b.is_empty());
-        let mut bucket_of = vec![0; numels.len()];
-        for (b, members) in buckets.iter().enumerate() {
-            for &p in members {
+        let mut bucket_of = vec![0; params.len()];
+        for (b, bucket) in buckets.iter().enumerate() {
+            for &p in &bucket.members {
                 bucket_of[p] = b;
             }
         }
-        let waiting = buckets.iter().map(Vec::len).collect();
-        let n = numels.len();
+        let waiting = buckets.iter().map(|b| b.members.len()).collect();
+        let n = params.len();
         let launched = buckets.iter().map(|_| None).collect();
         Self {
-            dp: dp.clone(),
             reduction,
             reduce_in_fp32: config.reduce_in_fp32,
-            numels,
+            numels: params.into_iter().map(|(n, _)| n).collect(),
             buckets,
             bucket_of,
             waiting,
@@ -152,7 +205,7 @@ impl GradReducer {
     pub fn finish(&mut self, device: &Device, dtype: DType) -> Result<Vec<Tensor<1>>, CommError> {
         for bucket in 0..self.buckets.len() {
             if self.launched[bucket].is_none() {
-                for &p in &self.buckets[bucket] {
+                for &p in &self.buckets[bucket].members {
                     if self.grads[p].is_none() {
                         self.grads[p] = Some(Tensor::zeros([self.numels[p]], (device, dtype)));
                     }
@@ -160,11 +213,11 @@ impl GradReducer {
                 self.reduce(bucket)?;
             }
         }
-        self.waiting = self.buckets.iter().map(Vec::len).collect();
+        self.waiting = self.buckets.iter().map(|b| b.members.len()).collect();
         let mut reduced: Vec<Option<Tensor<1>>> = vec![None; self.numels.len()];
-        for (members, launched) in self.buckets.iter().zip(&mut self.launched) {
+        for (bucket, launched) in self.buckets.iter().zip(&mut self.launched) {
             let results = launched.take().expect("every bucket was launched").unpack()?;
-            for (&p, result) in members.iter().zip(results) {
+            for (&p, result) in bucket.members.iter().zip(results) {
                 reduced[p] = Some(result);
             }
         }
@@ -176,7 +229,7 @@ impl GradReducer {
 
     /// Launches bucket `bucket`'s reduction, leaving it in flight.
     fn reduce(&mut self, bucket: usize) -> Result<(), CommError> {
-        let members = &self.buckets[bucket];
+        let Bucket { members, grad } = &self.buckets[bucket];
         let grads: Vec<Tensor<1>> = members
             .iter()
             .map(|&p| self.grads[p].take().expect("a full bucket"))
@@ -185,37 +238,45 @@ impl GradReducer {
             true => DType::F32,
             false => grads[0].dtype(),
         };
-        let grads: Vec<Tensor<1>> = grads.into_iter().map(|g| g.cast(wire)).collect();
-        self.launched[bucket] = Some(match self.reduction {
+        let grads: Vec<Tensor<1>> = grads
+            .into_iter()
+            .map(|g| match grad.scale == 1.0 {
+                true => g.cast(wire),
+                false => g.cast(wire).mul_scalar(grad.scale),
+            })
+            .collect();
+        let group = &grad.group;
+        let launched = match self.reduction {
             // One rank: nothing to pack, every shard is the whole gradient.
-            _ if self.dp.size() == 1 => Launched::Alone(grads),
-            Reduction::AllReduce => self.all_reduce(grads)?,
-            Reduction::ReduceScatter => self.reduce_scatter(grads)?,
-        });
+            _ if group.size() == 1 => Launched::Alone(grads),
+            Reduction::AllReduce => all_reduce(group, grads)?,
+            Reduction::ReduceScatter => reduce_scatter(group, grads)?,
+        };
+        self.launched[bucket] = Some(launched);
         Ok(())
     }
+}
 
-    /// `[1, Σ n_p]` packed, all-reduced.
-    fn all_reduce(&self, grads: Vec<Tensor<1>>) -> Result<Launched, CommError> {
-        let sizes: Vec<usize> = grads.iter().map(|g| g.dims()[0]).collect();
-        let packed = Tensor::cat(grads, 0).unsqueeze::<2>();
-        Ok(Launched::Packed(
-            Box::new(self.dp.all_reduce_async(packed, ReduceOp::Avg)?),
-            sizes,
-        ))
-    }
+/// `[1, Σ n_p]` packed, all-reduced.
+fn all_reduce(group: &ProcessGroup, grads: Vec<Tensor<1>>) -> Result<Launched, CommError> {
+    let sizes: Vec<usize> = grads.iter().map(|g| g.dims()[0]).collect();
+    let packed = Tensor::cat(grads, 0).unsqueeze::<2>();
+    Ok(Launched::Packed(
+        Box::new(group.all_reduce_async(packed, ReduceOp::Avg)?),
+        sizes,
+    ))
+}
 
-    /// `[dp, Σ k_p]` (row `r` holds rank `r`'s shard of every parameter), reduce-scattered
-    /// along the rows into this rank's shards of `k_p`.
-    fn reduce_scatter(&self, grads: Vec<Tensor<1>>) -> Result<Launched, CommError> {
-        let dp = self.dp.size();
-        let parts: Vec<usize> = grads.iter().map(|g| g.dims()[0].div_ceil(dp)).collect();
-        let rows: Vec<Tensor<2>> = grads.into_iter().map(|g| pad(g, dp).reshape([dp as i32, -1])).collect();
-        Ok(Launched::Packed(
-            Box::new(self.dp.reduce_scatter_async(Tensor::cat(rows, 1), 0, ReduceOp::Avg)?),
-            parts,
-        ))
-    }
+/// `[g, Σ k_p]` (row `r` holds rank `r`'s shard of every parameter), reduce-scattered along
+/// the rows into this rank's shards of `k_p`.
+fn reduce_scatter(group: &ProcessGroup, grads: Vec<Tensor<1>>) -> Result<Launched, CommError> {
+    let g = group.size();
+    let parts: Vec<usize> = grads.iter().map(|x| x.dims()[0].div_ceil(g)).collect();
+    let rows: Vec<Tensor<2>> = grads.into_iter().map(|x| pad(x, g).reshape([g as i32, -1])).collect();
+    Ok(Launched::Packed(
+        Box::new(group.reduce_scatter_async(Tensor::cat(rows, 1), 0, ReduceOp::Avg)?),
+        parts,
+    ))
 }
 
 /// `x` padded with zeros to a multiple of `parts`.

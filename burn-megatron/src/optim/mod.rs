@@ -8,6 +8,6 @@ pub mod fused;
 pub mod overlap;
 
 pub use adamw::{DistributedAdamW, DistributedAdamWConfig, ParamState, StepReport, check_lr};
-pub use buckets::{BucketConfig, GradReducer, Reduction};
+pub use buckets::{BucketConfig, GradGroup, GradReducer, Reduction};
 pub use fused::{FusedAdamW, FusedAdamWConfig};
 pub use overlap::Overlap;

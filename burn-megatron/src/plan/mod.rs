@@ -6,7 +6,7 @@
 //! - [`tensor`]: tensor parallelism, with or without sequence parallelism; the layer styles a
 //!   model's layer table names.
 //! - [`context`]: context parallelism (not built yet: `cp > 1` is refused by name).
-//! - [`expert`]: expert parallelism (not built yet: `ep > 1` is refused by name).
+//! - [`expert`]: expert parallelism: the layers of experts split over ep, their dispatcher.
 //! - [`pipeline`]: pipeline parallelism (not built yet: `pp > 1` is refused by name).
 //!
 //! Data parallelism needs no rewrite of the model: the optimizer averages gradients over
@@ -20,7 +20,7 @@ pub mod tensor;
 use burn_megatron_dist::ParallelDims;
 
 pub use context::ContextParallel;
-pub use expert::ExpertParallel;
+pub use expert::{ExpertParallel, ExpertParallelLayer};
 pub use pipeline::PipelineSchedule;
 pub use tensor::{TensorParallel, TensorParallelLayer};
 
@@ -44,6 +44,11 @@ pub trait PlannedModel {
 
     /// The longest sequence the model's positions cover.
     fn max_seq_len(&self) -> usize;
+
+    /// Each layer of experts the expert plan lays out, by its path (none for a dense model).
+    fn expert_layers(&mut self) -> Vec<(&'static str, Box<dyn ExpertParallelLayer + '_>)> {
+        Vec::new()
+    }
 }
 
 impl ParallelPlan {
@@ -54,7 +59,7 @@ impl ParallelPlan {
             dims,
             tensor: TensorParallel::Plain,
             context: ContextParallel::default(),
-            expert: ExpertParallel::default(),
+            expert: ExpertParallel::AllToAll,
             pipeline: PipelineSchedule::default(),
         }
     }
@@ -64,12 +69,16 @@ impl ParallelPlan {
         Self { tensor, ..self }
     }
 
+    /// The same plan with `expert` for the expert dimension.
+    pub fn with_expert(self, expert: ExpertParallel) -> Self {
+        Self { expert, ..self }
+    }
+
     /// Checks the mesh against a run of `world_size` ranks and each dimension's choice: a
     /// dimension that is not built yet is an error naming it, never ignored.
     pub fn validate(&self, world_size: usize) -> Result<(), ConfigError> {
         self.dims.validate(world_size)?;
         self.context.check(self.dims.cp)?;
-        self.expert.check(self.dims.ep)?;
         self.pipeline.check(self.dims.pp)?;
         Ok(())
     }
@@ -90,6 +99,9 @@ impl ParallelPlan {
         let layout = self.tensor.layout(self.dims.tp, seq_len)?;
         for (_, mut layer) in config.tensor_layers() {
             layer.plan_tensor(self.dims.tp, layout)?;
+        }
+        for (_, mut layer) in config.expert_layers() {
+            layer.plan_expert(self.dims.ep, self.expert)?;
         }
         Ok(config)
     }
@@ -183,7 +195,7 @@ mod tests {
         );
     }
 
-    /// Context, expert and pipeline parallelism are not built yet: asking for any of them is an
+    /// Context and pipeline parallelism are not built yet: asking for any of them is an
     /// error naming the dimension, on its own and beside tp and dp.
     #[test]
     fn a_dimension_not_built_yet_is_refused_by_name() {
@@ -204,13 +216,6 @@ mod tests {
             refused(dims(2, 2, 1, 2, 1)),
             ConfigError::NotBuilt {
                 dimension: "context parallelism",
-                size: 2
-            }
-        );
-        assert_eq!(
-            refused(dims(1, 1, 2, 2, 1)),
-            ConfigError::NotBuilt {
-                dimension: "expert parallelism",
                 size: 2
             }
         );

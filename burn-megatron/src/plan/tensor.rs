@@ -77,6 +77,19 @@ impl TensorParallelLayer for ParallelMlpConfig {
     }
 }
 
+/// Each expert's hidden features split as the dense MLP's (etp = tp), the shared expert too; the
+/// router replicated, routing the whole tokens.
+impl TensorParallelLayer for crate::layers::moe::MoeConfig {
+    fn plan_tensor(&mut self, tp: usize, sequence: SequenceLayout) -> Result<(), ConfigError> {
+        divisible("d_ff", self.d_ff, tp)?;
+        if let Some(f) = self.shared_d_ff {
+            divisible("shared_d_ff", f, tp)?;
+        }
+        self.sequence = sequence;
+        Ok(())
+    }
+}
+
 /// The weight replicated; under SP each rank normalizes its own tokens.
 impl TensorParallelLayer for RmsNormConfig {
     fn plan_tensor(&mut self, _tp: usize, sequence: SequenceLayout) -> Result<(), ConfigError> {

@@ -187,7 +187,7 @@ mod tests {
             )
             .unwrap();
         let gemms = |b: &crate::models::llama::LlamaBlock| {
-            let (a, m) = (&b.attention, &b.mlp);
+            let (a, m) = (&b.attention, b.mlp.as_ref().unwrap());
             [
                 a.wq.gemm, a.wk.gemm, a.wv.gemm, a.wo.gemm, m.w1.gemm, m.w2.gemm, m.w3.gemm,
             ]

@@ -6,7 +6,7 @@ use burn::tensor::DType;
 use burn::train::{Learner, LearnerModel, TrainStep};
 
 use super::strategy::{MegatronStrategy, StrategyOptimizer};
-use crate::optim::{DistributedAdamW, GradReducer, Overlap, Reduction};
+use crate::optim::{DistributedAdamW, GradGroup, GradReducer, Overlap, Reduction};
 use crate::params::{grads_params, param_values, take_grads};
 
 /// One rank's model, optimizer and gradient reducer between steps.
@@ -43,14 +43,9 @@ impl<'a, M: LearnerModel> RankTrainer<'a, M> {
         let reduction = match &self.optim {
             Some(optim) => optim.reducer(&self.model),
             None => {
-                let numels = param_values(&self.model).iter().map(|p| p.value.dims()[0]).collect();
-                GradReducer::new(
-                    dp,
-                    numels,
-                    dtype_of(&self.model).size(),
-                    Reduction::AllReduce,
-                    &s.buckets,
-                )
+                let numels = param_values(&self.model).into_iter().map(|p| p.value.dims()[0]);
+                let params = numels.zip(GradGroup::for_model(&self.model, &s.groups)).collect();
+                GradReducer::new(params, dtype_of(&self.model).size(), Reduction::AllReduce, &s.buckets)
             }
         };
         let overlap = Overlap::new(reduction);

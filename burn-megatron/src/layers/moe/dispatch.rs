@@ -6,7 +6,7 @@
 //!
 //! Legend: `t` tokens, `k` top k, `d` d_model, `e` experts.
 
-use burn::tensor::{IndexingUpdateOp, Int, Tensor};
+use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
 
 use super::router::counts;
 
@@ -19,6 +19,32 @@ pub struct Dispatch {
     pub tokens: Tensor<1, Int>,
     /// The copies each expert receives, on the host (the experts' row ranges).
     pub counts: Vec<usize>,
+}
+
+impl Dispatch {
+    /// Each slot's expert (`routing.experts` read at the slot), or `None` for a copy this
+    /// dispatch leaves out (dropped for capacity).
+    pub fn kept(&self, routing: &super::Routing) -> Vec<Option<usize>> {
+        let chosen: Vec<i64> = routing
+            .experts
+            .clone()
+            .into_data()
+            .convert::<i64>()
+            .try_to_vec()
+            .expect("ids");
+        let slots: Vec<i64> = self
+            .slots
+            .clone()
+            .into_data()
+            .convert::<i64>()
+            .try_to_vec()
+            .expect("slots");
+        let mut kept = vec![None; chosen.len()];
+        for slot in slots {
+            kept[slot as usize] = Some(chosen[slot as usize] as usize);
+        }
+        kept
+    }
 }
 
 /// The dispatch of `experts` (`[t, k]`, values below `e`).
@@ -38,6 +64,30 @@ pub fn dispatch(experts: Tensor<2, Int>, e: usize) -> Dispatch {
         .map(|c| c as usize)
         .collect();
     Dispatch { slots, tokens, counts }
+}
+
+/// The dispatch of the copies whose expert (`kept[slot]`, `None` for a dropped copy) lies in
+/// `experts`, built on the host: the copies of each expert of the range in slot order, each
+/// expert's count, indices into the `[slots / k]` tokens.
+pub fn dispatch_host(kept: &[Option<usize>], k: usize, experts: std::ops::Range<usize>, device: &Device) -> Dispatch {
+    let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); experts.len()];
+    for (slot, expert) in kept.iter().enumerate() {
+        if let Some(x) = expert.filter(|x| experts.contains(x)) {
+            by_expert[x - experts.start].push(slot);
+        }
+    }
+    let counts = by_expert.iter().map(Vec::len).collect();
+    let slots: Vec<i64> = by_expert.into_iter().flatten().map(|s| s as i64).collect();
+    let tokens = slots.iter().map(|&s| s / k as i64).collect();
+    let tensor = |values: Vec<i64>| {
+        let n = values.len();
+        Tensor::<1, Int>::from_data(TensorData::new(values, [n]), device)
+    };
+    Dispatch {
+        slots: tensor(slots),
+        tokens: tensor(tokens),
+        counts,
+    }
 }
 
 /// Each token's row once for each of its experts, in expert order: `[t, d]` → `[t·k, d]`.

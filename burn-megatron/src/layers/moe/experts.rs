@@ -2,6 +2,10 @@
 //! one product an expert over its range of the expert-ordered rows; the grouped-GEMM kernel is to
 //! come). An expert that receives no token is skipped, and its weights' gradient is zero.
 //!
+//! A rank holds `e/ep` of them (expert parallelism: ep rank `r` holds experts `r·e/ep ..`), and
+//! of each its `f/tp` hidden features (expert tensor parallelism, as the dense MLP splits them:
+//! `w1`, `w3` by columns, `w2` by rows), so its outputs are partial sums over tp.
+//!
 //! Legend: `d` d_model, `f` an expert's hidden size, `e` experts.
 
 use burn::config::Config;
@@ -32,15 +36,31 @@ pub struct Experts {
 }
 
 impl ExpertsConfig {
+    /// All `e` experts, whole.
     pub fn init(&self, device: &Device, init: &ParamInit, name: &str) -> Experts {
+        self.init_part(device, init, name, (0, 1), (0, 1))
+    }
+
+    /// Part `ep.0` of `ep.1` of the experts and, of each, part `tp.0` of `tp.1` of its hidden
+    /// features, cut from the same whole weights at every layout (`InitMode::Full`). The
+    /// counts must divide (the plan checks them).
+    pub fn init_part(
+        &self,
+        device: &Device,
+        init: &ParamInit,
+        name: &str,
+        ep: (usize, usize),
+        tp: (usize, usize),
+    ) -> Experts {
         let (d, f, e) = (self.d_model, self.d_ff, self.n_experts);
-        let param = |w: &str, shape: [usize; 3]| {
-            Param::from_tensor(init.normal(&format!("{name}.{w}"), shape, Shard::WHOLE, self.init_std, device))
+        let param = |w: &str, shape: [usize; 3], hidden: usize| {
+            let shards = [Shard::new(0, ep.0, ep.1), Shard::new(hidden, tp.0, tp.1)];
+            Param::from_tensor(init.normal_in(&format!("{name}.{w}"), shape, &shards, self.init_std, device))
         };
         Experts {
-            w1: param("w1", [e, d, f]),
-            w2: param("w2", [e, f, d]),
-            w3: param("w3", [e, d, f]),
+            w1: param("w1", [e, d, f], 2),
+            w2: param("w2", [e, f, d], 1),
+            w3: param("w3", [e, d, f], 2),
         }
     }
 }

@@ -1,21 +1,31 @@
 //! The MoE layer: route, dispatch, run the experts, combine with the routing weights, plus an
-//! optional shared expert every token passes through (DeepSeek/Qwen). One rank holds every
-//! expert (ep = 1); expert parallelism adds the all-to-all between dispatch and experts.
+//! optional shared expert every token passes through (DeepSeek/Qwen).
+//!
+//! Over the expert-parallel group each rank holds `e/ep` experts and the copies travel to them
+//! and back ([`exchange`](super::exchange), all-to-all or all-gather). Over the tensor-parallel
+//! group each expert's hidden features are split, as the dense MLP splits its own (Megatron's
+//! default expert tensor parallelism, etp = tp): every tp rank routes the whole tokens (the same
+//! choices, bit for bit), its experts' outputs are partial sums, and the layer's output is
+//! reduced over tp (reduce-scattered along the sequence under SP). The routing weights enter
+//! that region through `copy_to_tp`, since their gradient is a partial sum on each tp rank.
 //!
 //! Legend: `b` batch, `s` sequence, `d` d_model.
 
 use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
-use burn_megatron_dist::ProcessGroups;
+use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp, gather_from_tp, reduce_from_tp, reduce_scatter_to_sp};
+use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 
 use super::capacity::{Capacity, dispatch_with_capacity};
-use super::dispatch::{dispatch, permute, unpermute};
+use super::dispatch::{Dispatch, dispatch, permute, unpermute};
+use super::exchange::{AllGather, AllToAll};
 use super::experts::{Experts, ExpertsConfig};
 use super::router::{Router, RouterConfig, Routing};
-use crate::error::LayerError;
+use crate::error::{ConfigError, LayerError, divisible};
 use crate::init::ParamInit;
-use crate::layers::{ParallelMlp, ParallelMlpConfig};
+use crate::layers::{ParallelMlp, ParallelMlpConfig, SequenceLayout};
+use crate::plan::ExpertParallel;
 
 #[derive(Config, Debug)]
 pub struct MoeConfig {
@@ -28,25 +38,64 @@ pub struct MoeConfig {
     /// Dropless (`None`) or a capacity each expert's copies are cut to.
     #[config(default = "None")]
     pub capacity: Option<Capacity>,
+    /// The input's and output's layout along the sequence (set by the tensor plan).
+    #[config(default = "SequenceLayout::Whole")]
+    pub sequence: SequenceLayout,
+    /// How copies reach the experts of other ep ranks (set by the expert plan).
+    #[config(default = "ExpertParallel::AllToAll")]
+    pub dispatcher: ExpertParallel,
 }
 
 #[derive(Module, Debug)]
 pub struct Moe {
     pub router: Router,
+    /// This rank's `e/ep` experts, each its `f/tp` hidden features.
     pub experts: Experts,
     pub shared: Option<ParallelMlp>,
     #[module(skip)]
     pub capacity: Option<Capacity>,
+    #[module(skip)]
+    pub n_experts: usize,
+    #[module(skip)]
+    pub sequence: SequenceLayout,
+    #[module(skip)]
+    pub dispatcher: ExpertParallel,
+    #[module(skip)]
+    pub tp: ProcessGroup,
+    #[module(skip)]
+    pub ep: ProcessGroup,
 }
 
 /// The copies each expert ran on in one call, and those dropped for capacity.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Load {
+    /// This rank's tokens' copies a (global) expert took.
     pub per_expert: Vec<usize>,
     pub dropped: usize,
 }
 
 impl MoeConfig {
+    /// Checks that the layer splits over `tp` and `ep` ranks.
+    pub fn check(&self, tp: usize, ep: usize) -> Result<(), ConfigError> {
+        self.router.check()?;
+        if let Some(capacity) = &self.capacity {
+            capacity.check()?;
+        }
+        divisible("d_ff", self.d_ff, tp)?;
+        if let Some(f) = self.shared_d_ff {
+            divisible("shared_d_ff", f, tp)?;
+        }
+        match self.router.n_experts.is_multiple_of(ep) {
+            true => Ok(()),
+            false => Err(ConfigError::ExpertsNotDivisible {
+                experts: self.router.n_experts,
+                ep,
+            }),
+        }
+    }
+
+    /// This rank's experts over `groups.ep` and hidden features over `groups.tp`, cut from the
+    /// same whole layer at every layout (`InitMode::Full`).
     pub fn init(
         &self,
         device: &Device,
@@ -54,14 +103,24 @@ impl MoeConfig {
         init: &ParamInit,
         name: &str,
     ) -> Result<Moe, LayerError> {
+        let (tp, ep) = (&groups.tp, &groups.ep);
+        self.check(tp.size(), ep.size())?;
         let (d, e) = (self.router.d_model, self.router.n_experts);
-        if let Some(capacity) = &self.capacity {
-            capacity.check()?;
-        }
         let router = self.router.init(device, init, &format!("{name}.router"))?;
-        let experts = ExpertsConfig::new(d, self.d_ff, e).init(device, init, &format!("{name}.experts"));
+        let experts = ExpertsConfig::new(d, self.d_ff, e).init_part(
+            device,
+            init,
+            &format!("{name}.experts"),
+            (ep.group_rank(), ep.size()),
+            (tp.group_rank(), tp.size()),
+        );
         let shared = match self.shared_d_ff {
-            Some(f) => Some(ParallelMlpConfig::new(d, f).init(device, groups, init, &format!("{name}.shared"))?),
+            Some(f) => Some(ParallelMlpConfig::new(d, f).with_sequence(self.sequence).init(
+                device,
+                groups,
+                init,
+                &format!("{name}.shared"),
+            )?),
             None => None,
         };
         Ok(Moe {
@@ -69,6 +128,11 @@ impl MoeConfig {
             experts,
             shared,
             capacity: self.capacity,
+            n_experts: e,
+            sequence: self.sequence,
+            dispatcher: self.dispatcher,
+            tp: tp.clone(),
+            ep: ep.clone(),
         })
     }
 }
@@ -77,24 +141,29 @@ impl Moe {
     /// The layer's output, its routing (the router's losses among it) and the experts' load.
     ///
     /// # Shapes
-    /// `x`: `[b, s, d]` → `[b, s, d]`
+    /// `x`: `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` under SP.
     pub fn forward(&self, x: Tensor<3>) -> Result<(Tensor<3>, Routing, Load), LayerError> {
-        let [b, s, d] = x.dims();
-        let tokens = x.clone().reshape([b * s, d]);
-        let routing = self.router.forward(tokens.clone(), b)?;
-        let e = self.experts.w1.dims()[0];
-        let (plan, dropped, pad_to) = match &self.capacity {
-            None => (dispatch(routing.experts.clone(), e), 0, None),
-            Some(capacity) => {
-                let (plan, dropped) = dispatch_with_capacity(routing.experts.clone(), &routing.weights, e, capacity);
-                let pad_to = capacity
-                    .pad
-                    .then(|| capacity.per_expert(b * s, routing.experts.dims()[1], e));
-                (plan, dropped, pad_to)
-            }
+        let (tp, sharded) = (&self.tp, self.sequence == SequenceLayout::Sharded);
+        // The router sees whole tokens with their whole gradient; the experts, whole tokens
+        // whose gradient is a partial sum over tp.
+        let (to_router, to_experts) = match (tp.size() > 1, sharded) {
+            (false, _) => (x.clone(), x.clone()),
+            (true, true) => (gather_from_tp(x.clone(), tp, 1)?, gather_from_sp(x.clone(), tp, 1)?),
+            (true, false) => (x.clone(), copy_to_tp(x.clone(), tp)?),
         };
-        let routed = self.experts.forward(permute(tokens, &plan), &plan.counts, pad_to);
-        let y = unpermute(routed, routing.weights.clone(), &plan).reshape([b, s, d]);
+        let [b, s, d] = to_router.dims();
+        let routing = self.router.forward(to_router.reshape([b * s, d]), b)?;
+        let weights = copy_to_tp(routing.weights.clone(), tp)?;
+        let tokens = to_experts.reshape([b * s, d]);
+        let (plan, dropped, pad_to) = self.plan(&routing, b * s);
+        let y = self
+            .routed(tokens, weights, &routing, &plan, pad_to)?
+            .reshape([b, s, d]);
+        let y = match (tp.size() > 1, sharded) {
+            (false, _) => y,
+            (true, true) => reduce_scatter_to_sp(y, tp, 1)?,
+            (true, false) => reduce_from_tp(y, tp)?,
+        };
         let y = match &self.shared {
             Some(mlp) => y + mlp.forward(x)?,
             None => y,
@@ -104,6 +173,52 @@ impl Moe {
             dropped,
         };
         Ok((y, routing, load))
+    }
+
+    /// This rank's copies by expert (cut to the capacity, if any), the copies dropped, and the
+    /// rows each expert is padded to.
+    fn plan(&self, routing: &Routing, tokens: usize) -> (Dispatch, usize, Option<usize>) {
+        let e = self.n_experts;
+        match &self.capacity {
+            None => (dispatch(routing.experts.clone(), e), 0, None),
+            Some(capacity) => {
+                let (plan, dropped) = dispatch_with_capacity(routing.experts.clone(), &routing.weights, e, capacity);
+                // Each ep rank sends an expert at most its capacity.
+                let pad_to = capacity
+                    .pad
+                    .then(|| self.ep.size() * capacity.per_expert(tokens, routing.experts.dims()[1], e));
+                (plan, dropped, pad_to)
+            }
+        }
+    }
+
+    /// The routed experts' weighted outputs for this rank's `tokens` (`[t, d]`), partial sums
+    /// over tp.
+    fn routed(
+        &self,
+        tokens: Tensor<2>,
+        weights: Tensor<2>,
+        routing: &Routing,
+        plan: &Dispatch,
+        pad_to: Option<usize>,
+    ) -> Result<Tensor<2>, LayerError> {
+        let ep = &self.ep;
+        if ep.size() == 1 {
+            let routed = self.experts.forward(permute(tokens, plan), &plan.counts, pad_to);
+            return Ok(unpermute(routed, weights, plan));
+        }
+        Ok(match self.dispatcher {
+            ExpertParallel::AllToAll => {
+                let (rows, counts, route) = AllToAll::dispatch(permute(tokens, plan), &plan.counts, ep)?;
+                let out = self.experts.forward(rows, &counts, pad_to);
+                unpermute(AllToAll::combine(out, &route, ep)?, weights, plan)
+            }
+            ExpertParallel::AllGather => {
+                let gathered = AllGather::dispatch(tokens, weights, &plan.kept(routing), self.n_experts, ep)?;
+                let out = self.experts.forward(gathered.rows.clone(), &gathered.counts, pad_to);
+                AllGather::combine(out, gathered, ep)?
+            }
+        })
     }
 }
 

@@ -1,11 +1,13 @@
-//! Mixture of experts (Megatron Core's MoE stack), planned by `plan/expert.rs`. Built so far, at
-//! ep = 1: the router ([`router`]) with its load-balancing losses ([`balance`]), the dispatch
-//! of token copies by expert and back ([`dispatch`]), expert capacity with token dropping
-//! ([`capacity`]), the SwiGLU experts ([`experts`]) and the layer that joins them ([`layer`]).
+//! Mixture of experts (Megatron Core's MoE stack), planned by `plan/expert.rs`: the router
+//! ([`router`]) with its load-balancing losses ([`balance`]), the dispatch of token copies by
+//! expert and back ([`dispatch`]), expert capacity with token dropping ([`capacity`]), the copies'
+//! exchange over the expert-parallel group ([`exchange`]), the SwiGLU experts ([`experts`]) and
+//! the layer that joins them ([`layer`]).
 
 pub mod balance;
 pub mod capacity;
 pub mod dispatch;
+pub mod exchange;
 pub mod experts;
 pub mod layer;
 pub mod router;

@@ -9,5 +9,5 @@ pub mod model;
 pub mod plan;
 pub mod recipes;
 
-pub use model::{Llama, LlamaBlock, LlamaConfig, TiedOutput, WordEmbeddings};
+pub use model::{Llama, LlamaBlock, LlamaConfig, MoeBlocks, MoeReport, TiedOutput, WordEmbeddings};
 pub use recipes::{LlamaRecipe, preset};

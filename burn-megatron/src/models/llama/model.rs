@@ -10,6 +10,7 @@ use burn_megatron_dist::ProcessGroups;
 
 use crate::error::LayerError;
 use crate::init::ParamInit;
+use crate::layers::moe::{Load, Moe, MoeConfig, RouterLosses};
 use crate::layers::{
     ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, ParallelAttention,
     ParallelAttentionConfig, ParallelMlp, ParallelMlpConfig, RmsNorm, RmsNormConfig, VocabParallelCrossEntropy,
@@ -47,15 +48,60 @@ pub struct LlamaConfig {
     /// precision policy's kept blocks).
     #[config(default = "None")]
     pub edge_blocks: Option<EdgeBlocks>,
+    /// Blocks whose feed-forward is a mixture of experts instead of `mlp`.
+    #[config(default = "None")]
+    pub moe: Option<MoeBlocks>,
 }
 
-/// One decoder block: pre-norm attention and pre-norm MLP, each with a residual.
+/// Which blocks are mixtures of experts, and their layer.
+#[derive(Config, Debug)]
+pub struct MoeBlocks {
+    pub layer: MoeConfig,
+    /// Blocks `0, every, 2·every, …` are MoE blocks (Megatron's `moe_layer_freq`); 1: all.
+    #[config(default = 1)]
+    pub every: usize,
+}
+
+impl MoeBlocks {
+    /// Whether block `i` is a MoE block.
+    pub fn holds(&self, i: usize) -> bool {
+        i.is_multiple_of(self.every.max(1))
+    }
+}
+
+/// One decoder block: pre-norm attention and a pre-norm feed-forward (a dense MLP or a mixture
+/// of experts), each with a residual.
 #[derive(Module, Debug)]
 pub struct LlamaBlock {
     pub attention_norm: RmsNorm,
     pub attention: ParallelAttention,
     pub mlp_norm: RmsNorm,
-    pub mlp: ParallelMlp,
+    /// The dense feed-forward; `None` in a MoE block.
+    pub mlp: Option<ParallelMlp>,
+    /// The mixture of experts of a MoE block.
+    pub moe: Option<Moe>,
+}
+
+/// What the MoE blocks of one forward pass report, one entry a MoE block.
+#[derive(Clone, Debug, Default)]
+pub struct MoeReport {
+    pub losses: Vec<RouterLosses>,
+    pub loads: Vec<Load>,
+}
+
+impl MoeReport {
+    /// The router losses of every MoE block summed (added to the model's loss), if any.
+    pub fn loss(&self) -> Option<Tensor<1>> {
+        self.losses.iter().filter_map(RouterLosses::total).reduce(|a, b| a + b)
+    }
+
+    /// Each expert's copies summed over the MoE blocks, and the copies dropped.
+    pub fn load(&self) -> Option<Load> {
+        self.loads.iter().cloned().reduce(|a, b| Load {
+            per_expert: a.per_expert.iter().zip(&b.per_expert).map(|(x, y)| x + y).collect(),
+            dropped: a.dropped + b.dropped,
+        })
+    }
 }
 
 #[derive(Module, Debug)]
@@ -112,11 +158,19 @@ impl LlamaConfig {
                 if let Some(edges) = self.edge_blocks.filter(|e| e.holds(i, self.n_layers)) {
                     (attention.gemm, mlp.gemm) = (edges.gemm, edges.gemm);
                 }
+                let (mlp, moe) = match self.moe.as_ref().filter(|m| m.holds(i)) {
+                    Some(blocks) => (
+                        None,
+                        Some(blocks.layer.init(device, groups, init, &format!("{name}.moe"))?),
+                    ),
+                    None => (Some(mlp.init(device, groups, init, &format!("{name}.mlp"))?), None),
+                };
                 Ok(LlamaBlock {
                     attention_norm: self.norm.init(device, groups, init),
                     attention: attention.init(device, groups, init, &format!("{name}.attention"))?,
                     mlp_norm: self.norm.init(device, groups, init),
-                    mlp: mlp.init(device, groups, init, &format!("{name}.mlp"))?,
+                    mlp,
+                    moe,
                 })
             })
             .collect::<Result<_, LayerError>>()?;
@@ -145,8 +199,24 @@ impl LlamaConfig {
 
 impl LlamaBlock {
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+        self.forward_report(x, &mut MoeReport::default())
+    }
+
+    /// [`forward`](Self::forward), a MoE block adding its router losses and load to `report`.
+    pub fn forward_report(&self, x: Tensor<3>, report: &mut MoeReport) -> Result<Tensor<3>, LayerError> {
         let x = x.clone() + self.attention.forward(self.attention_norm.forward(x)?)?;
-        Ok(x.clone() + self.mlp.forward(self.mlp_norm.forward(x)?)?)
+        let h = self.mlp_norm.forward(x.clone())?;
+        let y = match (&self.mlp, &self.moe) {
+            (_, Some(moe)) => {
+                let (y, routing, load) = moe.forward(h)?;
+                report.losses.push(routing.losses);
+                report.loads.push(load);
+                y
+            }
+            (Some(mlp), None) => mlp.forward(h)?,
+            (None, None) => unreachable!("a block has an MLP or a mixture of experts"),
+        };
+        Ok(x + y)
     }
 }
 
@@ -154,20 +224,27 @@ impl Llama {
     /// # Shapes
     /// `[b, s]` token ids → logits `[b, s, v']`, `v'` this rank's share of the vocabulary.
     pub fn forward(&self, ids: Tensor<2, Int>) -> Result<Tensor<3>, LayerError> {
+        Ok(self.forward_report(ids)?.0)
+    }
+
+    /// [`forward`](Self::forward) with what its MoE blocks report.
+    pub fn forward_report(&self, ids: Tensor<2, Int>) -> Result<(Tensor<3>, MoeReport), LayerError> {
+        let mut report = MoeReport::default();
         let mut x = self.embedding.forward(ids)?;
         for layer in &self.layers {
-            x = layer.forward(x)?;
+            x = layer.forward_report(x, &mut report)?;
         }
         let x = self.norm.forward(x)?;
-        match (&self.output, &self.tied_output) {
-            (Some(output), _) => output.forward(x),
+        let logits = match (&self.output, &self.tied_output) {
+            (Some(output), _) => output.forward(x)?,
             (None, Some(tied)) => {
                 let weight = self.embedding.weight.val().transpose(); // [d, v/tp]
                 let tp = &self.embedding.tp;
-                column_parallel(x, weight, None, tied.input, ColumnOutput::Sharded, tied.gemm, tp)
+                column_parallel(x, weight, None, tied.input, ColumnOutput::Sharded, tied.gemm, tp)?
             }
             (None, None) => unreachable!("a Llama has an output layer or tied word embeddings"),
-        }
+        };
+        Ok((logits, report))
     }
 
     /// Whether the output layer shares the embedding's weight.
@@ -182,7 +259,26 @@ impl Llama {
     ///
     /// # Shapes
     /// `[b, s]`, `[b, s]` → `[1]`
+    /// The MoE blocks' router losses are added to it.
     pub fn forward_loss(&self, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Result<Tensor<1>, LayerError> {
-        self.loss.forward(self.forward(ids)?, targets)
+        Ok(self.forward_loss_report(ids, targets)?.0)
+    }
+
+    /// [`forward_loss`](Self::forward_loss) with what the MoE blocks report.
+    pub fn forward_loss_report(
+        &self,
+        ids: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+    ) -> Result<(Tensor<1>, MoeReport), LayerError> {
+        let (logits, report) = self.forward_report(ids)?;
+        let loss = self.loss.forward(logits, targets)?;
+        let loss = match report.loss() {
+            Some(router) => {
+                let dtype = loss.dtype();
+                loss + router.cast(dtype)
+            }
+            None => loss,
+        };
+        Ok((loss, report))
     }
 }

@@ -9,11 +9,12 @@
 //! | `layers.*.mlp` | hidden features split: `w1`, `w3` column-wise, `w2` row-wise |
 //! | `layers.*.attention_norm`, `layers.*.mlp_norm`, `norm` | replicated; per token shard under SP |
 //! | `output` | column-wise over the padded vocabulary, logits left split for the loss |
+//! | `layers.*.moe` | experts split over ep; each expert's hidden features split as the MLP's |
 
 use super::model::LlamaConfig;
 use crate::error::ConfigError;
 use crate::layers::{ColumnOutput, ColumnParallelLinearConfig, SequenceLayout, padded_vocab};
-use crate::plan::{PlannedModel, TensorParallelLayer};
+use crate::plan::{ExpertParallelLayer, PlannedModel, TensorParallelLayer};
 use crate::precision::{EdgeBlocks, PrecisionTarget};
 use burn_megatron_kernels::Gemm;
 
@@ -24,7 +25,7 @@ impl PlannedModel for LlamaConfig {
             pad_vocab_to_multiple_of: self.embedding.pad_vocab_to_multiple_of,
             output: &mut self.output,
         };
-        vec![
+        let mut layers: Vec<(&'static str, Box<dyn TensorParallelLayer + '_>)> = vec![
             ("embedding", Box::new(&mut self.embedding)),
             ("layers.*.attention", Box::new(&mut self.attention)),
             ("layers.*.mlp", Box::new(&mut self.mlp)),
@@ -33,11 +34,22 @@ impl PlannedModel for LlamaConfig {
                 Box::new(&mut self.norm),
             ),
             ("output", Box::new(output)),
-        ]
+        ];
+        if let Some(moe) = &mut self.moe {
+            layers.push(("layers.*.moe", Box::new(&mut moe.layer)));
+        }
+        layers
     }
 
     fn max_seq_len(&self) -> usize {
         self.attention.max_seq_len
+    }
+
+    fn expert_layers(&mut self) -> Vec<(&'static str, Box<dyn ExpertParallelLayer + '_>)> {
+        match &mut self.moe {
+            Some(moe) => vec![("layers.*.moe", Box::new(&mut moe.layer))],
+            None => Vec::new(),
+        }
     }
 }
 

@@ -2,8 +2,9 @@
 
 use burn_megatron_dist::ParallelDims;
 
-use super::model::LlamaConfig;
+use super::model::{LlamaConfig, MoeBlocks};
 use crate::error::ConfigError;
+use crate::layers::moe::{MoeConfig, RouterConfig};
 use crate::plan::{ParallelPlan, TensorParallel};
 
 /// A model with the batch it trains on.
@@ -59,11 +60,44 @@ pub fn llama_8b() -> LlamaRecipe {
     }
 }
 
-/// A preset by name: `tiny`, `llama-1b` or `llama-8b`.
+/// `model` with every block's feed-forward a mixture of `experts` SwiGLU experts of hidden
+/// size `d_ff`, top `k`: softmax scores in f32, the k weights renormalized, the Switch
+/// load-balancing loss at 1e-2, dropless (the peers' MoE, ../shared/peers/peer_moe.py).
+fn with_experts(mut model: LlamaConfig, experts: usize, k: usize, d_ff: usize) -> LlamaConfig {
+    let d = model.attention.d_model;
+    let router = RouterConfig::new(d, experts, k)
+        .with_normalize(true)
+        .with_aux_loss(1e-2);
+    model.moe = Some(MoeBlocks::new(MoeConfig::new(router, d_ff)));
+    model
+}
+
+/// tiny with 8 experts of ffn 128 a block, top 2.
+pub fn tiny_moe() -> LlamaRecipe {
+    LlamaRecipe {
+        name: "tiny-moe",
+        model: with_experts(tiny().model, 8, 2, 128),
+        ..tiny()
+    }
+}
+
+/// llama-1b's attention with 32 experts of ffn 1408 a block, top 4 (`moe-4b` of
+/// ../shared/peers/common.py: about 4.6 B parameters, 1 B active).
+pub fn moe_4b() -> LlamaRecipe {
+    LlamaRecipe {
+        name: "moe-4b",
+        model: with_experts(llama_1b().model, 32, 4, 1408),
+        ..llama_1b()
+    }
+}
+
+/// A preset by name: `tiny`, `tiny-moe`, `llama-1b`, `moe-4b` or `llama-8b`.
 pub fn preset(name: &str) -> Result<LlamaRecipe, ConfigError> {
     match name {
         "tiny" => Ok(tiny()),
+        "tiny-moe" => Ok(tiny_moe()),
         "llama-1b" => Ok(llama_1b()),
+        "moe-4b" => Ok(moe_4b()),
         "llama-8b" => Ok(llama_8b()),
         other => Err(ConfigError::UnknownPreset(other.to_string())),
     }

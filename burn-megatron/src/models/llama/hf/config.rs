@@ -231,6 +231,13 @@ impl HfConfig {
                 })
             }
         };
+        if model.layers.iter().any(|layer| layer.moe.is_some()) {
+            return Err(HfError::Unsupported {
+                field: "model_type",
+                value: "llama".into(),
+                detail: "this model has mixture-of-experts blocks; a Hugging Face Llama's blocks are dense".into(),
+            });
+        }
         let s = |v: usize| v.to_string();
         let [_, d] = model.embedding.weight.dims();
         mismatch("hidden_size", s(self.hidden_size), s(d))?;
@@ -260,7 +267,7 @@ impl HfConfig {
                 s(attention.n_kv_heads * tp),
             )?;
             mismatch("head_dim", s(self.head_dim), s(attention.head_dim))?;
-            let [_, f] = layer.mlp.w1.weight.dims();
+            let [_, f] = layer.mlp.as_ref().map_or([0, 0], |mlp| mlp.w1.weight.dims());
             mismatch("intermediate_size", s(self.intermediate_size), s(f * tp))?;
             mismatch(
                 "rope_theta",

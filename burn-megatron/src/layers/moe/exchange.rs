@@ -1,0 +1,179 @@
+//! Token copies exchanged over the expert-parallel group: ep rank `r` holds experts
+//! `r·e/ep .. (r+1)·e/ep`, so a copy goes to the rank of its expert and its output comes back.
+//! Two dispatchers, Megatron's:
+//!
+//! - [`AllToAll`]: every rank sends each copy only where its expert lives. The copies per expert
+//!   are exchanged first (an all-gather of each rank's `[e]` counts, so every rank knows every
+//!   split), the rows go in one uneven all-to-all, and arrive grouped by source; they are
+//!   reordered by expert for the experts, and the way back undoes both.
+//! - [`AllGather`]: every rank gathers every rank's tokens, choices and weights, runs its own
+//!   experts on the copies that chose them and combines them into every rank's tokens; a
+//!   reduce-scatter then sums each rank's outputs from all ep ranks. Cheaper to set up for a
+//!   small ep, and no count exchange before the rows move.
+//!
+//! Both are differentiable: the collectives are the mappings of `burn_megatron_dist`, whose
+//! backward goes back along the same routes, and the reorderings are `select`s.
+//!
+//! Legend: `t` tokens, `k` top k, `d` d_model, `e` experts, `n` copies.
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_megatron_dist::mappings::{all_to_all_uneven, gather_from_sp, reduce_scatter_to_sp};
+use burn_megatron_dist::{CommError, ProcessGroup};
+
+use super::dispatch::{Dispatch, dispatch_host, permute, unpermute};
+
+/// The experts this ep rank holds, as a range of global expert ids.
+pub fn local_experts(e: usize, ep: &ProcessGroup) -> std::ops::Range<usize> {
+    let per = e / ep.size();
+    ep.group_rank() * per..(ep.group_rank() + 1) * per
+}
+
+/// Every ep rank's copies per expert, `[rank][expert]`.
+fn all_counts(counts: &[usize], ep: &ProcessGroup, device: &Device) -> Result<Vec<Vec<usize>>, CommError> {
+    let e = counts.len();
+    let local = int_tensor(counts.iter().map(|&c| c as i64).collect(), device);
+    let all = host_ints(ep.all_gather(local, 0)?);
+    Ok(all
+        .chunks(e)
+        .map(|row| row.iter().map(|&c| c as usize).collect())
+        .collect())
+}
+
+/// The way back of an all-to-all dispatch.
+#[derive(Clone, Debug)]
+pub struct Route {
+    /// Arrived rows (grouped by source) in expert order, and its inverse; `None` with no rows.
+    order: Option<(Tensor<1, Int>, Tensor<1, Int>)>,
+    /// Rows this rank received from each ep rank: what it sends back to each.
+    received: Vec<usize>,
+}
+
+/// All-to-all dispatch.
+pub struct AllToAll;
+
+impl AllToAll {
+    /// Sends this rank's copies (`rows`, in expert order, `counts[x]` of them for expert `x`,
+    /// over all `e` experts) to the ranks holding their experts. Returns the rows this rank's
+    /// experts run on, in expert order, how many each of them got, and the route back.
+    ///
+    /// # Shapes
+    /// `rows`: `[Σ counts, d]` → `[Σ local counts, d]`
+    pub fn dispatch(
+        rows: Tensor<2>,
+        counts: &[usize],
+        ep: &ProcessGroup,
+    ) -> Result<(Tensor<2>, Vec<usize>, Route), CommError> {
+        let device = rows.device();
+        let matrix = all_counts(counts, ep, &device)?;
+        let (size, mine) = (ep.size(), local_experts(counts.len(), ep));
+        let per = mine.len();
+        let send: Vec<usize> = (0..size).map(|j| counts[j * per..(j + 1) * per].iter().sum()).collect();
+        let (arrived, received) = all_to_all_uneven(rows, ep, 0, &send)?;
+        // Arrived: by source, then by expert within each source. Wanted: by expert, then source.
+        let starts: Vec<usize> = (0..size)
+            .scan(0, |at, src| {
+                let start = *at;
+                *at += received[src];
+                Some(start)
+            })
+            .collect();
+        let mut order = Vec::with_capacity(received.iter().sum());
+        let mut local_counts = vec![0; per];
+        for (i, x) in mine.enumerate() {
+            for src in 0..size {
+                let before: usize = matrix[src][x - i..x].iter().sum();
+                let (start, n) = (starts[src] + before, matrix[src][x]);
+                order.extend((start..start + n).map(|r| r as i64));
+                local_counts[i] += n;
+            }
+        }
+        let order = (!order.is_empty()).then(|| {
+            let mut inverse = vec![0i64; order.len()];
+            for (position, &row) in order.iter().enumerate() {
+                inverse[row as usize] = position as i64;
+            }
+            (int_tensor(order, &device), int_tensor(inverse, &device))
+        });
+        let rows = match &order {
+            Some((forward, _)) => arrived.select(0, forward.clone()),
+            None => arrived,
+        };
+        Ok((rows, local_counts, Route { order, received }))
+    }
+
+    /// The experts' outputs (`rows`, as [`dispatch`](Self::dispatch) returned them) sent back
+    /// to the ranks their copies came from, in the order those ranks sent them.
+    pub fn combine(rows: Tensor<2>, route: &Route, ep: &ProcessGroup) -> Result<Tensor<2>, CommError> {
+        let rows = match &route.order {
+            Some((_, inverse)) => rows.select(0, inverse.clone()),
+            None => rows,
+        };
+        Ok(all_to_all_uneven(rows, ep, 0, &route.received)?.0)
+    }
+}
+
+/// All-gather dispatch.
+pub struct AllGather;
+
+/// What an all-gather dispatch hands the experts: every ep rank's copies of this rank's experts.
+pub struct Gathered {
+    /// `[Σ counts, d]`, in expert order.
+    pub rows: Tensor<2>,
+    /// The copies each of this rank's experts got.
+    pub counts: Vec<usize>,
+    /// Where they go back to among every rank's tokens, with every rank's weights `[ep·t, k]`.
+    dispatch: Dispatch,
+    weights: Tensor<2>,
+}
+
+impl AllGather {
+    /// Gathers every ep rank's `tokens`, `weights` and kept copies (`kept[slot]` the copy's
+    /// expert, or `None` when capacity dropped it) and picks those of this rank's experts.
+    ///
+    /// # Shapes
+    /// `tokens`: `[t, d]`, `weights`: `[t, k]`
+    pub fn dispatch(
+        tokens: Tensor<2>,
+        weights: Tensor<2>,
+        kept: &[Option<usize>],
+        e: usize,
+        ep: &ProcessGroup,
+    ) -> Result<Gathered, CommError> {
+        let device = tokens.device();
+        let [_, k] = weights.dims();
+        let ids = kept.iter().map(|x| x.map_or(-1, |x| x as i64)).collect();
+        let all_ids: Vec<Option<usize>> = host_ints(ep.all_gather(int_tensor(ids, &device), 0)?)
+            .into_iter()
+            .map(|x| usize::try_from(x).ok())
+            .collect();
+        let tokens = gather_from_sp(tokens, ep, 0)?; // [ep·t, d]
+        let weights = gather_from_sp(weights, ep, 0)?; // [ep·t, k]
+        let dispatch = dispatch_host(&all_ids, k, local_experts(e, ep), &device);
+        let counts = dispatch.counts.clone();
+        Ok(Gathered {
+            rows: permute(tokens, &dispatch),
+            counts,
+            dispatch,
+            weights,
+        })
+    }
+
+    /// The experts' weighted outputs summed into every rank's tokens, then each rank's tokens
+    /// summed over the ep group and kept by their rank.
+    ///
+    /// # Shapes
+    /// `rows`: `[Σ counts, d]` → `[t, d]`
+    pub fn combine(rows: Tensor<2>, gathered: Gathered, ep: &ProcessGroup) -> Result<Tensor<2>, CommError> {
+        let all = unpermute(rows, gathered.weights, &gathered.dispatch); // [ep·t, d]
+        reduce_scatter_to_sp(all, ep, 0)
+    }
+}
+
+fn int_tensor(values: Vec<i64>, device: &Device) -> Tensor<1, Int> {
+    let n = values.len();
+    Tensor::from_data(TensorData::new(values, [n]), device)
+}
+
+fn host_ints(x: Tensor<1, Int>) -> Vec<i64> {
+    x.into_data().convert::<i64>().try_to_vec().expect("ints")
+}

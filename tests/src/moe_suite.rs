@@ -1,0 +1,323 @@
+//! The MoE suite: the mixture-of-experts layer and a MoE Llama split over ep (both
+//! dispatchers), and over tp × ep, against ep = 1 built from the same seed.
+//!
+//! Each data-parallel rank routes its own tokens. The twin is the whole layer on one rank run
+//! on the same tokens, so routing is identical by construction. Outputs, input gradients and
+//! router gradients match the twin's on every rank; an expert's gradient on its rank is the sum
+//! of the twins' gradients over the ranks of its ep group (each routed copies to it), sliced to
+//! the rank's hidden features under tp.
+
+use burn::module::Param;
+use burn::tensor::{Gradients, Int, Tensor, TensorData};
+use burn_megatron::init::{InitMode, ParamInit, Shard};
+use burn_megatron::layers::SequenceLayout;
+use burn_megatron::layers::moe::{Moe, MoeConfig, RouterConfig};
+use burn_megatron::models::llama::recipes;
+use burn_megatron::optim::DistributedAdamWConfig;
+use burn_megatron::plan::{ExpertParallel, ExpertParallelLayer, ParallelPlan, TensorParallel, TensorParallelLayer};
+use burn_megatron_dist::mappings::reduce_from_tp;
+use burn_megatron_dist::{ParallelDims, ProcessGroups, ReduceOp};
+
+use crate::Harness;
+use crate::data::{assert_close, fixed};
+
+const SEED: u64 = 11;
+const B: usize = 2;
+const S: usize = 8;
+const D: usize = 16;
+const E: usize = 8;
+
+/// A layout of the layer test.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    tp: usize,
+    ep: usize,
+    sp: bool,
+    dispatcher: ExpertParallel,
+    /// Bias the router away from the last ep rank's experts: that rank receives no copy.
+    starve: bool,
+}
+
+impl Layout {
+    fn new(tp: usize, ep: usize, dispatcher: ExpertParallel) -> Self {
+        Self {
+            tp,
+            ep,
+            sp: false,
+            dispatcher,
+            starve: false,
+        }
+    }
+
+    fn dims(&self) -> ParallelDims {
+        ParallelDims {
+            ep: self.ep,
+            ..ParallelDims::tp_dp(self.tp, self.ep)
+        }
+    }
+}
+
+/// Top 2 of 8 experts with every router loss, a shared expert, the weights renormalized; with
+/// `bias`, a selection bias.
+fn config(bias: bool) -> MoeConfig {
+    let router = RouterConfig::new(D, E, 2)
+        .with_normalize(true)
+        .with_aux_loss(1e-2)
+        .with_seq_aux_loss(1e-2)
+        .with_z_loss(1e-3)
+        .with_expert_bias(bias);
+    MoeConfig::new(router, 12).with_shared_d_ff(Some(8))
+}
+
+/// The layer at `layout` against the twin on every rank's tokens.
+fn layer_matches_twin(h: &Harness, layout: Layout) {
+    h.run(layout.dims(), |ctx| {
+        let dev = ctx.device.clone().autodiff();
+        let g = &ctx.groups;
+        let (tp, ep) = (&g.tp, &g.ep);
+        let init = ParamInit::new(SEED, InitMode::Full).with_dtype(h.float);
+        let sequence = match layout.sp {
+            true => SequenceLayout::Sharded,
+            false => SequenceLayout::Whole,
+        };
+        let mut planned = config(layout.starve);
+        planned.plan_tensor(layout.tp, sequence).unwrap();
+        planned.plan_expert(layout.ep, layout.dispatcher).unwrap();
+        let mut par = planned.init(&dev, g, &init, "moe").unwrap();
+        let mut twin = config(layout.starve)
+            .init(&dev, &ProcessGroups::single(), &init, "moe")
+            .unwrap();
+        if layout.starve {
+            let per = E / layout.ep;
+            let bias: Vec<f32> = (0..E).map(|x| if x >= E - per { -100.0 } else { 0.0 }).collect();
+            for moe in [&mut par, &mut twin] {
+                let values = Tensor::<1>::from_floats(bias.as_slice(), &dev);
+                moe.router.bias = Some(Param::from_tensor(values).set_require_grad(false));
+            }
+        }
+        let seq = |x: Tensor<3>| match layout.sp {
+            true => Shard::new(1, tp.group_rank(), tp.size()).slice(x),
+            false => x,
+        };
+        let data = g.dp.group_rank() as u64;
+        let x = fixed([B, S, D], 100 + data, &dev, h.float);
+        let w = fixed([B, S, D], 200 + data, &dev, h.float);
+        // Every tp rank's loss is the whole loss (the model's convention): the output's shards
+        // summed over tp under SP, the router losses once.
+        let run = |moe: &Moe, x: Tensor<3>, w: Tensor<3>, whole: bool| {
+            let x = x.require_grad();
+            let (y, routing, load) = moe.forward(x.clone()).unwrap();
+            let mut loss = (y.clone() * w).sum();
+            if !whole {
+                loss = reduce_from_tp(loss, tp).unwrap();
+            }
+            let loss = loss + routing.losses.total().unwrap();
+            let grads = loss.backward();
+            (y, x.grad(&grads).unwrap(), grads, routing.experts, load)
+        };
+        let (y, dx, grads, chosen, load) = run(&par, seq(x.clone()), seq(w.clone()), !layout.sp);
+        let (ty, tdx, tgrads, tchosen, tload) = run(&twin, x, w, true);
+        let what = |part: &str| format!("{layout:?} rank {}: {part}", ctx.global_rank);
+        assert_eq!(
+            crate::data::int_values(chosen),
+            crate::data::int_values(tchosen),
+            "{}",
+            what("routing")
+        );
+        assert_eq!(load, tload, "{}", what("load"));
+        let tol = h.matmul_tolerance;
+        assert_close(&y, &seq(ty), tol, &what("output"));
+        assert_close(&dx, &seq(tdx), tol, &what("input grad"));
+        let grad = |p: &Param<Tensor<2>>, grads: &Gradients| p.grad(grads).unwrap();
+        assert_close(
+            &grad(&par.router.weight, &grads),
+            &grad(&twin.router.weight, &tgrads),
+            tol,
+            &what("router grad"),
+        );
+        // The experts: the twins' gradients summed over the ep group, this rank's block.
+        let per = E / layout.ep;
+        for (name, ours, theirs, hidden) in [
+            ("w1", &par.experts.w1, &twin.experts.w1, 2),
+            ("w2", &par.experts.w2, &twin.experts.w2, 1),
+            ("w3", &par.experts.w3, &twin.experts.w3, 2),
+        ] {
+            let summed = ep.all_reduce(theirs.grad(&tgrads).unwrap(), ReduceOp::Sum).unwrap();
+            let block =
+                Shard::new(hidden, tp.group_rank(), tp.size()).slice(summed.narrow(0, ep.group_rank() * per, per));
+            // Experts no copy reached are outside the graph: no gradient, which is zero.
+            let mine = ours.grad(&grads).unwrap_or_else(|| ours.val().zeros_like());
+            assert_close(&mine, &block, tol, &what(name));
+            if layout.starve && ep.group_rank() == layout.ep - 1 {
+                let g = mine.abs().max().into_scalar::<f32>();
+                assert_eq!(g, 0.0, "{}", what("a starved rank's experts get no gradient"));
+            }
+        }
+        let (shared, tshared) = (par.shared.as_ref().unwrap(), twin.shared.as_ref().unwrap());
+        let slice = |t: Tensor<2>, dim| Shard::new(dim, tp.group_rank(), tp.size()).slice(t);
+        assert_close(
+            &grad(&shared.w1.weight, &grads),
+            &slice(grad(&tshared.w1.weight, &tgrads), 1),
+            tol,
+            &what("shared w1"),
+        );
+        assert_close(
+            &grad(&shared.w2.weight, &grads),
+            &slice(grad(&tshared.w2.weight, &tgrads), 0),
+            tol,
+            &what("shared w2"),
+        );
+    });
+}
+
+/// ep = 2 over dp = 2, all-to-all.
+pub fn ep2_all_to_all(h: &Harness) {
+    layer_matches_twin(h, Layout::new(1, 2, ExpertParallel::AllToAll));
+}
+
+/// ep = 2 over dp = 2, all-gather.
+pub fn ep2_all_gather(h: &Harness) {
+    layer_matches_twin(h, Layout::new(1, 2, ExpertParallel::AllGather));
+}
+
+/// ep = 4 over dp = 4, both dispatchers.
+pub fn ep4_both_dispatchers(h: &Harness) {
+    for dispatcher in [ExpertParallel::AllToAll, ExpertParallel::AllGather] {
+        layer_matches_twin(h, Layout::new(1, 4, dispatcher));
+    }
+}
+
+/// tp = 2 × ep = 2: each expert's hidden features split over tp, with and without SP.
+pub fn tp2_ep2(h: &Harness) {
+    for (sp, dispatcher) in [(true, ExpertParallel::AllToAll), (false, ExpertParallel::AllGather)] {
+        layer_matches_twin(
+            h,
+            Layout {
+                sp,
+                ..Layout::new(2, 2, dispatcher)
+            },
+        );
+    }
+}
+
+/// The last ep rank's experts receive no copy: forward and backward still run, with both
+/// dispatchers, and their gradient is zero.
+pub fn starved_rank(h: &Harness) {
+    for dispatcher in [ExpertParallel::AllToAll, ExpertParallel::AllGather] {
+        layer_matches_twin(
+            h,
+            Layout {
+                starve: true,
+                ..Layout::new(1, 2, dispatcher)
+            },
+        );
+    }
+}
+
+/// A run of the tiny MoE Llama: 20 AdamW steps on `dims`, each dp rank its own sequences.
+fn moe_losses(h: &Harness, dims: ParallelDims, plan: ParallelPlan, zero1: bool) -> Vec<f64> {
+    const SEQ: usize = 32;
+    let per = 4 / dims.dp;
+    let mut losses = h.run(dims, |ctx| {
+        let dev = ctx.device.clone().autodiff();
+        let mut config = recipes::tiny_moe().model;
+        config.n_layers = 2;
+        let config = plan.apply(config, dims.world_size(), SEQ).unwrap();
+        let init = ParamInit::new(5, InitMode::Full).with_dtype(h.float);
+        let mut model = config.init(&dev, &ctx.groups, &init).unwrap();
+        let mut optim = DistributedAdamWConfig::new().with_zero1(zero1).init(&ctx.groups);
+        (0..20u64)
+            .map(|step| {
+                // Every rank's sequences of the global batch of 4, a fresh batch a step.
+                let first = ctx.groups.dp.group_rank() * per;
+                let n = 4 * (SEQ + 1);
+                let ids: Vec<i64> = (0..n as u64)
+                    .map(|i| ((i * 2654435761 + step * 97) % 1024) as i64)
+                    .collect();
+                let tokens =
+                    Tensor::<2, Int>::from_data(TensorData::new(ids, [4, SEQ + 1]), &dev).narrow(0, first, per);
+                let (ids, targets) = (tokens.clone().narrow(1, 0, SEQ), tokens.narrow(1, 1, SEQ));
+                let loss = model.forward_loss(ids, targets).unwrap();
+                let value = ctx
+                    .groups
+                    .grad_sync()
+                    .all_reduce(loss.clone().detach(), ReduceOp::Avg)
+                    .unwrap();
+                let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
+                model = optim.step(3e-3, model.clone(), grads).unwrap().0;
+                value.into_scalar::<f64>()
+            })
+            .collect::<Vec<f64>>()
+    });
+    losses.remove(0)
+}
+
+/// 20 AdamW steps of a MoE Llama at ep = 2 (both dispatchers, ZeRO-1 with the all-gather one)
+/// and tp = 2 × ep = 2 with SP, against ep = 1 at the same dp: every loss within 10× the
+/// split-product tolerance, as the dense model's steps (`model_suite::adamw_steps_match`).
+pub fn moe_steps_match(h: &Harness) {
+    let plan = |tp, ep, dispatcher, sp: bool| {
+        let dims = ParallelDims {
+            ep,
+            ..ParallelDims::tp_dp(tp, 2)
+        };
+        let tensor = match sp {
+            true => TensorParallel::SequenceParallel,
+            false => TensorParallel::Plain,
+        };
+        (
+            dims,
+            ParallelPlan::new(dims).with_tensor(tensor).with_expert(dispatcher),
+        )
+    };
+    let (dims, reference) = plan(1, 1, ExpertParallel::AllToAll, false);
+    let twin = moe_losses(h, dims, reference, false);
+    assert!(twin[19] < twin[0], "the model learns: {} → {}", twin[0], twin[19]);
+    for (tp, dispatcher, sp, zero1) in [
+        (1, ExpertParallel::AllToAll, false, false),
+        (1, ExpertParallel::AllGather, false, true),
+        (2, ExpertParallel::AllToAll, true, false),
+    ] {
+        let (dims, p) = plan(tp, 2, dispatcher, sp);
+        let ours = moe_losses(h, dims, p, zero1);
+        for (step, (a, b)) in ours.iter().zip(&twin).enumerate() {
+            // Gradients differ from the twin's by rounding only (the same routing); Adam carries
+            // it 20 steps, as in the dense model's test.
+            assert!(
+                (a - b).abs() <= 10.0 * h.matmul_tolerance * b.abs(),
+                "tp {tp} ep 2 {dispatcher:?} zero1 {zero1}: step {step} loss {a} vs ep = 1 {b}"
+            );
+        }
+    }
+}
+
+/// Bad expert layouts are typed errors before any tensor: experts that do not split over ep,
+/// ep that does not divide dp × cp, top k above the experts.
+pub fn bad_expert_layouts(_h: &Harness) {
+    use burn_megatron::ConfigError;
+    use burn_megatron_dist::MeshError;
+    let dims = |ep, dp| ParallelDims {
+        ep,
+        ..ParallelDims::tp_dp(1, dp)
+    };
+    let apply = |dims: ParallelDims, experts: usize, k: usize| {
+        let mut config = recipes::tiny_moe().model;
+        let moe = config.moe.as_mut().unwrap();
+        moe.layer.router.n_experts = experts;
+        moe.layer.router.top_k = k;
+        ParallelPlan::new(dims).apply(config, dims.world_size(), 64).map(|_| ())
+    };
+    assert_eq!(
+        apply(dims(3, 3), 8, 2),
+        Err(ConfigError::ExpertsNotDivisible { experts: 8, ep: 3 })
+    );
+    assert!(matches!(
+        apply(dims(4, 2), 8, 2),
+        Err(ConfigError::Mesh(MeshError::ExpertsDoNotDivide { ep: 4, dp_cp: 2 }))
+    ));
+    assert_eq!(
+        apply(dims(2, 2), 8, 9),
+        Err(ConfigError::TopKAboveExperts { top_k: 9, experts: 8 })
+    );
+    assert!(apply(dims(2, 4), 8, 2).is_ok());
+}
