@@ -2,6 +2,7 @@
 
 use std::str::FromStr;
 
+use burn_megatron::plan::ExpertParallel;
 use burn_megatron_kernels::quant::recipe::Recipe;
 
 /// Where the ranks run.
@@ -16,6 +17,10 @@ pub struct Args {
     pub preset: String,
     pub tp: usize,
     pub dp: usize,
+    /// Expert parallelism, folded over dp (a MoE preset's experts split over `ep` ranks).
+    pub ep: usize,
+    /// How token copies reach other ep ranks' experts.
+    pub dispatcher: ExpertParallel,
     pub sp: bool,
     pub steps: usize,
     pub seed: u64,
@@ -53,7 +58,8 @@ pub struct Args {
     pub learner: bool,
 }
 
-const USAGE: &str = "usage: train [--preset tiny|llama-1b|llama-8b] [--tp N] [--dp N] [--sp] [--steps N] \
+const USAGE: &str = "usage: train [--preset tiny|tiny-moe|llama-1b|moe-4b|llama-8b] [--tp N] [--dp N] [--ep N] \
+[--dispatcher all-to-all|all-gather] [--sp] [--steps N] \
 [--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--async-save] [--resume DIR] [--data PATH] [--tokenizer tokenizer.json] \
 [--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-tensorwise-e4m3|fp8-blockwise|mxfp8|nvfp4] [--sample-every K] [--learner]";
 
@@ -63,6 +69,8 @@ impl Args {
             preset: "tiny".into(),
             tp: 1,
             dp: 1,
+            ep: 1,
+            dispatcher: ExpertParallel::AllToAll,
             sp: false,
             steps: 200,
             seed: 7,
@@ -90,6 +98,14 @@ impl Args {
                 "--preset" => out.preset = value()?,
                 "--tp" => out.tp = number(&flag, &value()?)?,
                 "--dp" => out.dp = number(&flag, &value()?)?,
+                "--ep" => out.ep = number(&flag, &value()?)?,
+                "--dispatcher" => {
+                    out.dispatcher = match value()?.as_str() {
+                        "all-to-all" => ExpertParallel::AllToAll,
+                        "all-gather" => ExpertParallel::AllGather,
+                        other => return Err(format!("--dispatcher {other}: expected all-to-all or all-gather")),
+                    }
+                }
                 "--sp" => out.sp = true,
                 "--zero1" => out.zero1 = true,
                 "--save" => out.save = Some(value()?.into()),
@@ -136,8 +152,8 @@ impl Args {
                 other => return Err(format!("unknown flag {other}\n{USAGE}")),
             }
         }
-        if out.tp == 0 || out.dp == 0 {
-            return Err("--tp and --dp must be at least 1".into());
+        if out.tp == 0 || out.dp == 0 || out.ep == 0 {
+            return Err("--tp, --dp and --ep must be at least 1".into());
         }
         if out.steps == 0 {
             return Err("--steps must be at least 1".into());

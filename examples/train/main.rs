@@ -2,8 +2,9 @@
 //!
 //!   cargo run --release --example train -- --preset tiny --tp 2 --sp --steps 20 --seed 7
 //!
-//! Prints `step N loss X` for every step, a greedy sample now and then, and the throughput at
-//! the end. The same seed and preset print the same losses at every layout (within f32
+//! Prints `step N loss X` for every step (a MoE preset adds its router losses, each expert's
+//! copies and the copies dropped, over the whole batch), a greedy sample now and then, and the
+//! throughput at the end. The same seed and preset print the same losses at every layout (within f32
 //! rounding), since every layout builds the same model (`InitMode::Full`) and reads the same
 //! data in the same order. A loss that is not finite stops the run, naming the step.
 
@@ -11,6 +12,7 @@ mod args;
 mod data;
 #[cfg(feature = "learner")]
 mod learner;
+mod moe;
 mod sample;
 
 use std::time::Instant;
@@ -58,13 +60,16 @@ fn configure(args: &Args) -> Result<Job, ConfigError> {
     let mut recipe = preset(&args.preset)?;
     recipe.seq_len = args.seq.unwrap_or(recipe.seq_len);
     recipe.batch_size = args.batch.unwrap_or(recipe.batch_size);
-    let dims = ParallelDims::tp_dp(args.tp, args.dp);
+    let dims = ParallelDims {
+        ep: args.ep,
+        ..ParallelDims::tp_dp(args.tp, args.dp)
+    };
     let tensor = if args.sp {
         TensorParallel::SequenceParallel
     } else {
         TensorParallel::Plain
     };
-    let plan = ParallelPlan::new(dims).with_tensor(tensor);
+    let plan = ParallelPlan::new(dims).with_tensor(tensor).with_expert(args.dispatcher);
     let policy = match args.bf16 {
         true => PrecisionPolicy::bf16(),
         false => PrecisionPolicy::f32(),
@@ -161,7 +166,7 @@ fn run(args: &Args) -> Result<(), String> {
             // Gradients reach the dp reduction through taps, bucket by bucket during backward.
             let overlap = Overlap::new(optim.reducer(&model));
             let tapped = overlap.tap(model.clone(), ctx.groups.grad_sync());
-            let loss = tapped.forward_loss(ids, targets).map_err(|e| e.to_string())?;
+            let (loss, report) = tapped.forward_loss_report(ids, targets).map_err(|e| e.to_string())?;
             let reported = ctx
                 .groups
                 .grad_sync()
@@ -171,6 +176,7 @@ fn run(args: &Args) -> Result<(), String> {
             if !value.is_finite() {
                 return Err(format!("step {step}: the loss is {value}; training stops"));
             }
+            let experts = moe::summary(&report, &ctx.groups, &device).map_err(|e| e.to_string())?;
             drop(loss.backward());
             let reduced = overlap.finish(&ctx.device, dtype).map_err(|e| e.to_string())?;
             model = optim
@@ -178,7 +184,7 @@ fn run(args: &Args) -> Result<(), String> {
                 .map_err(|e| e.to_string())?
                 .0;
             if ctx.global_rank == 0 {
-                println!("step {step} loss {value:.6}");
+                println!("step {step} loss {value:.6}{experts}");
             }
             if sample_every > 0 && (step % sample_every == 0 || step == args.steps) {
                 let begun = Instant::now();
@@ -259,6 +265,13 @@ mod tests {
             ("--lr inf", "learning rate inf must be"),
             ("--lr fast", "not a number"),
             ("--tp 0", "at least 1"),
+            ("--ep 0", "at least 1"),
+            ("--preset tiny-moe --ep 2", "ep = 2 must divide dp·cp = 1"),
+            (
+                "--preset tiny-moe --ep 3 --dp 3 --batch 3",
+                "8 experts do not split evenly over ep = 3",
+            ),
+            ("--dispatcher ring", "expected all-to-all or all-gather"),
             ("--dp 0", "at least 1"),
             ("--tp 3", "n_heads = 4 is not divisible by tp = 3"),
             ("--tp 2 --sp --seq 255", "not divisible by tp = 2"),
@@ -303,6 +316,19 @@ mod tests {
                 "--precision {} {layout} --steps 2 --seq 32 --batch 4 --sample-every 0",
                 recipe.name()
             );
+            run(&args(&flags)).unwrap_or_else(|e| panic!("{flags}: {e}"));
+        }
+    }
+
+    /// The MoE preset trains with its experts over ep = 2 (both dispatchers, ZeRO-1 with one,
+    /// tp = 2 with SP beside the other): each ends without an error.
+    #[test]
+    fn trains_a_mixture_of_experts_over_ep() {
+        for flags in [
+            "--preset tiny-moe --dp 2 --ep 2 --zero1",
+            "--preset tiny-moe --tp 2 --sp --dp 2 --ep 2 --dispatcher all-gather",
+        ] {
+            let flags = format!("{flags} --steps 2 --seq 32 --batch 4 --sample-every 0");
             run(&args(&flags)).unwrap_or_else(|e| panic!("{flags}: {e}"));
         }
     }

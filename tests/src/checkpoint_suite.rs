@@ -203,11 +203,11 @@ pub fn bad_checkpoints_are_errors(h: &Harness) {
         // A save killed half way leaves its staging directory and partial files.
         let staging = dir.join(".step-00000002.partial");
         std::fs::create_dir_all(&staging).unwrap();
-        std::fs::write(staging.join("tp-000-of-001.safetensors"), b"partial").unwrap();
+        std::fs::write(staging.join("tp-000-of-001-ep-000-of-001.safetensors"), b"partial").unwrap();
         assert_eq!(load(&dir), Ok(1));
 
         let latest = std::fs::read_to_string(dir.join("latest")).unwrap();
-        let file = dir.join(latest.trim()).join("tp-000-of-001.safetensors");
+        let file = dir.join(latest.trim()).join("tp-000-of-001-ep-000-of-001.safetensors");
         let good = std::fs::read(&file).unwrap();
         std::fs::write(&file, &good[..good.len() / 2]).unwrap();
         assert!(matches!(load(&dir), Err(CheckpointError::Format { .. })), "truncated");

@@ -8,12 +8,13 @@
 //! the rank's hidden features under tp.
 
 use burn::module::Param;
-use burn::tensor::{Gradients, Int, Tensor, TensorData};
+use burn::tensor::{Device, Gradients, Int, Tensor, TensorData};
+use burn_megatron::checkpoint;
 use burn_megatron::init::{InitMode, ParamInit, Shard};
 use burn_megatron::layers::SequenceLayout;
 use burn_megatron::layers::moe::{Moe, MoeConfig, RouterConfig};
-use burn_megatron::models::llama::recipes;
-use burn_megatron::optim::DistributedAdamWConfig;
+use burn_megatron::models::llama::{Llama, recipes};
+use burn_megatron::optim::{DistributedAdamW, DistributedAdamWConfig};
 use burn_megatron::plan::{ExpertParallel, ExpertParallelLayer, ParallelPlan, TensorParallel, TensorParallelLayer};
 use burn_megatron_dist::mappings::reduce_from_tp;
 use burn_megatron_dist::{ParallelDims, ProcessGroups, ReduceOp};
@@ -214,72 +215,85 @@ pub fn starved_rank(h: &Harness) {
     }
 }
 
-/// A run of the tiny MoE Llama: 20 AdamW steps on `dims`, each dp rank its own sequences.
-fn moe_losses(h: &Harness, dims: ParallelDims, plan: ParallelPlan, zero1: bool) -> Vec<f64> {
-    const SEQ: usize = 32;
-    let per = 4 / dims.dp;
-    let mut losses = h.run(dims, |ctx| {
+const SEQ: usize = 32;
+const BATCH: usize = 4;
+
+/// The tiny MoE Llama (2 blocks) planned by `plan`, from `seed`.
+fn moe_model(h: &Harness, plan: ParallelPlan, groups: &ProcessGroups, dev: &Device, seed: u64) -> Llama {
+    let mut config = recipes::tiny_moe().model;
+    config.n_layers = 2;
+    let config = plan.apply(config, plan.dims.world_size(), SEQ).unwrap();
+    let init = ParamInit::new(seed, InitMode::Full).with_dtype(h.float);
+    config.init(dev, groups, &init).unwrap()
+}
+
+/// Steps `steps` of AdamW on fresh batches of 4 sequences, each dp rank its own; the losses
+/// averaged over dp.
+fn moe_train(
+    model: &mut Llama,
+    optim: &mut DistributedAdamW,
+    groups: &ProcessGroups,
+    dev: &Device,
+    steps: std::ops::Range<u64>,
+) -> Vec<f64> {
+    let per = BATCH / groups.dp.size();
+    let first = groups.dp.group_rank() * per;
+    steps
+        .map(|step| {
+            let n = BATCH * (SEQ + 1);
+            let ids: Vec<i64> = (0..n as u64)
+                .map(|i| ((i * 2654435761 + step * 97) % 1024) as i64)
+                .collect();
+            let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [BATCH, SEQ + 1]), dev).narrow(0, first, per);
+            let (ids, targets) = (tokens.clone().narrow(1, 0, SEQ), tokens.narrow(1, 1, SEQ));
+            let loss = model.forward_loss(ids, targets).unwrap();
+            let value = groups
+                .grad_sync()
+                .all_reduce(loss.clone().detach(), ReduceOp::Avg)
+                .unwrap();
+            let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &*model);
+            *model = optim.step(3e-3, model.clone(), grads).unwrap().0;
+            value.into_scalar::<f64>()
+        })
+        .collect()
+}
+
+/// 20 steps of the tiny MoE Llama at `plan`.
+fn moe_losses(h: &Harness, plan: ParallelPlan, zero1: bool) -> Vec<f64> {
+    h.run(plan.dims, |ctx| {
         let dev = ctx.device.clone().autodiff();
-        let mut config = recipes::tiny_moe().model;
-        config.n_layers = 2;
-        let config = plan.apply(config, dims.world_size(), SEQ).unwrap();
-        let init = ParamInit::new(5, InitMode::Full).with_dtype(h.float);
-        let mut model = config.init(&dev, &ctx.groups, &init).unwrap();
+        let mut model = moe_model(h, plan, &ctx.groups, &dev, 5);
         let mut optim = DistributedAdamWConfig::new().with_zero1(zero1).init(&ctx.groups);
-        (0..20u64)
-            .map(|step| {
-                // Every rank's sequences of the global batch of 4, a fresh batch a step.
-                let first = ctx.groups.dp.group_rank() * per;
-                let n = 4 * (SEQ + 1);
-                let ids: Vec<i64> = (0..n as u64)
-                    .map(|i| ((i * 2654435761 + step * 97) % 1024) as i64)
-                    .collect();
-                let tokens =
-                    Tensor::<2, Int>::from_data(TensorData::new(ids, [4, SEQ + 1]), &dev).narrow(0, first, per);
-                let (ids, targets) = (tokens.clone().narrow(1, 0, SEQ), tokens.narrow(1, 1, SEQ));
-                let loss = model.forward_loss(ids, targets).unwrap();
-                let value = ctx
-                    .groups
-                    .grad_sync()
-                    .all_reduce(loss.clone().detach(), ReduceOp::Avg)
-                    .unwrap();
-                let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
-                model = optim.step(3e-3, model.clone(), grads).unwrap().0;
-                value.into_scalar::<f64>()
-            })
-            .collect::<Vec<f64>>()
-    });
-    losses.remove(0)
+        moe_train(&mut model, &mut optim, &ctx.groups, &dev, 0..20)
+    })
+    .remove(0)
+}
+
+/// A plan of `tp` × dp 2 with experts over `ep`.
+fn plan(tp: usize, ep: usize, dispatcher: ExpertParallel, sp: bool) -> ParallelPlan {
+    let dims = ParallelDims {
+        ep,
+        ..ParallelDims::tp_dp(tp, 2)
+    };
+    let tensor = match sp {
+        true => TensorParallel::SequenceParallel,
+        false => TensorParallel::Plain,
+    };
+    ParallelPlan::new(dims).with_tensor(tensor).with_expert(dispatcher)
 }
 
 /// 20 AdamW steps of a MoE Llama at ep = 2 (both dispatchers, ZeRO-1 with the all-gather one)
 /// and tp = 2 × ep = 2 with SP, against ep = 1 at the same dp: every loss within 10× the
 /// split-product tolerance, as the dense model's steps (`model_suite::adamw_steps_match`).
 pub fn moe_steps_match(h: &Harness) {
-    let plan = |tp, ep, dispatcher, sp: bool| {
-        let dims = ParallelDims {
-            ep,
-            ..ParallelDims::tp_dp(tp, 2)
-        };
-        let tensor = match sp {
-            true => TensorParallel::SequenceParallel,
-            false => TensorParallel::Plain,
-        };
-        (
-            dims,
-            ParallelPlan::new(dims).with_tensor(tensor).with_expert(dispatcher),
-        )
-    };
-    let (dims, reference) = plan(1, 1, ExpertParallel::AllToAll, false);
-    let twin = moe_losses(h, dims, reference, false);
+    let twin = moe_losses(h, plan(1, 1, ExpertParallel::AllToAll, false), false);
     assert!(twin[19] < twin[0], "the model learns: {} → {}", twin[0], twin[19]);
     for (tp, dispatcher, sp, zero1) in [
         (1, ExpertParallel::AllToAll, false, false),
         (1, ExpertParallel::AllGather, false, true),
         (2, ExpertParallel::AllToAll, true, false),
     ] {
-        let (dims, p) = plan(tp, 2, dispatcher, sp);
-        let ours = moe_losses(h, dims, p, zero1);
+        let ours = moe_losses(h, plan(tp, 2, dispatcher, sp), zero1);
         for (step, (a, b)) in ours.iter().zip(&twin).enumerate() {
             // Gradients differ from the twin's by rounding only (the same routing); Adam carries
             // it 20 steps, as in the dense model's test.
@@ -289,6 +303,54 @@ pub fn moe_steps_match(h: &Harness) {
             );
         }
     }
+}
+
+/// Saved at ep = 2 with ZeRO-1 (experts and their optimizer state split over ep, dense state
+/// over dp) and resumed at ep = 1; saved again there and resumed at tp = 2 × ep = 2 with SP:
+/// each resumed run takes the same next steps as the run that never stopped.
+pub fn experts_reshard_in_checkpoints(h: &Harness) {
+    let dir = std::env::temp_dir().join(format!("burn-megatron-moe-{}", std::process::id()));
+    let again = dir.join("again");
+    let _ = std::fs::remove_dir_all(&dir);
+    let through = h
+        .run(plan(1, 2, ExpertParallel::AllToAll, false).dims, |ctx| {
+            let dev = ctx.device.clone().autodiff();
+            let layout = plan(1, 2, ExpertParallel::AllToAll, false);
+            let mut model = moe_model(h, layout, &ctx.groups, &dev, 5);
+            let mut optim = DistributedAdamWConfig::new().with_zero1(true).init(&ctx.groups);
+            moe_train(&mut model, &mut optim, &ctx.groups, &dev, 0..3);
+            checkpoint::save(&dir, 3, &model, &optim, &ctx.groups).unwrap();
+            moe_train(&mut model, &mut optim, &ctx.groups, &dev, 3..5)
+        })
+        .remove(0);
+    let resume = |layout: ParallelPlan, from: &std::path::Path, save: Option<&std::path::Path>| {
+        h.run(layout.dims, |ctx| {
+            let dev = ctx.device.clone().autodiff();
+            // Another seed: every value must come from the checkpoint.
+            let fresh = moe_model(h, layout, &ctx.groups, &dev, 99);
+            let mut optim = DistributedAdamWConfig::new().init(&ctx.groups);
+            let (mut model, step) = checkpoint::load(from, fresh, &mut optim, &ctx.groups).unwrap();
+            assert_eq!(step, 3);
+            if let Some(to) = save {
+                checkpoint::save(to, 3, &model, &optim, &ctx.groups).unwrap();
+            }
+            moe_train(&mut model, &mut optim, &ctx.groups, &dev, 3..5)
+        })
+        .remove(0)
+    };
+    let at_ep1 = resume(plan(1, 1, ExpertParallel::AllToAll, false), &dir, Some(&again));
+    let at_tp2_ep2 = resume(plan(2, 2, ExpertParallel::AllGather, true), &again, None);
+    for (what, losses) in [("ep 1", at_ep1), ("tp 2 × ep 2", at_tp2_ep2)] {
+        for (a, b) in losses.iter().zip(&through) {
+            // Another layout sums in another order (see `moe_steps_match`); two Adam steps
+            // from the same state stay within this.
+            assert!(
+                (a - b).abs() <= 10.0 * h.matmul_tolerance * b.abs(),
+                "{what}: {losses:?} vs {through:?}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Bad expert layouts are typed errors before any tensor: experts that do not split over ep,

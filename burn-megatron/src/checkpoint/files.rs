@@ -1,5 +1,6 @@
-//! The on-disk pieces of a checkpoint: one safetensors file per tensor-parallel rank, each
-//! tensor described by its global shape and its place in it, an index, and atomic writes.
+//! The on-disk pieces of a checkpoint: one safetensors file per tensor- and expert-parallel
+//! rank, each tensor described by its global shape and its place in it, an index, and atomic
+//! writes.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -15,10 +16,11 @@ use super::CheckpointError;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {
     pub global_shape: Vec<usize>,
-    /// The dim split over the tensor-parallel group, if any.
+    /// The dim split over the tensor-parallel group, if any (a vocabulary padded further at
+    /// another tp may differ along it).
     pub split_dim: Option<usize>,
-    /// The first index along `split_dim` that this piece holds.
-    pub offset: usize,
+    /// The first index this piece holds along each dim (experts split along dim 0 over ep).
+    pub offsets: Vec<usize>,
 }
 
 /// `index.json`: what a checkpoint holds and at which layout it was written.
@@ -30,16 +32,18 @@ pub struct Index {
     pub optimizer_steps: u64,
     pub tp: usize,
     pub dp: usize,
+    pub ep: usize,
     pub files: Vec<String>,
     /// Every tensor's whole shape.
     pub tensors: BTreeMap<String, Vec<usize>>,
 }
 
-pub const FORMAT: &str = "burn-megatron/1";
+pub const FORMAT: &str = "burn-megatron/2";
 
-/// The file of tensor-parallel rank `tp_rank` of `tp`.
-pub fn shard_file(tp_rank: usize, tp: usize) -> String {
-    format!("tp-{tp_rank:03}-of-{tp:03}.safetensors")
+/// The file of tensor-parallel rank `tp_rank` of `tp` and expert-parallel rank `ep_rank` of
+/// `ep`.
+pub fn shard_file((tp_rank, tp): (usize, usize), (ep_rank, ep): (usize, usize)) -> String {
+    format!("tp-{tp_rank:03}-of-{tp:03}-ep-{ep_rank:03}-of-{ep:03}.safetensors")
 }
 
 /// A piece of a tensor held in memory: f32 values, local shape, placement.

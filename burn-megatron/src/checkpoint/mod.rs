@@ -1,6 +1,6 @@
-//! Sharded checkpoints: one safetensors file per tensor-parallel rank, each tensor stored with
-//! its global shape and its offset, plus an index. Loading reshards to any tp × dp layout, the
-//! optimizer state too.
+//! Sharded checkpoints: one safetensors file per tensor- and expert-parallel rank, each tensor
+//! stored with its global shape and its offsets, plus an index. Loading reshards to any
+//! tp × dp × ep layout, the optimizer state too.
 //!
 //! A save writes into a staging directory, fsyncs every file, then renames the directory into
 //! place and moves the `latest` pointer (itself written to a temporary name, fsynced and
@@ -58,19 +58,20 @@ fn local_values<M: Module>(model: &M) -> Vec<(Vec<usize>, Vec<f32>)> {
 }
 
 fn placement(info: &ParamInfo, shape: &[usize], groups: &ProcessGroups) -> Placement {
-    let tp = &groups.tp;
     let mut global_shape = shape.to_vec();
-    let offset = match info.split_dim {
-        Some(d) => {
-            global_shape[d] *= tp.size();
-            tp.group_rank() * shape[d]
-        }
-        None => 0,
-    };
+    let mut offsets = vec![0; shape.len()];
+    if let Some(d) = info.split_dim {
+        global_shape[d] *= groups.tp.size();
+        offsets[d] = groups.tp.group_rank() * shape[d];
+    }
+    if info.expert {
+        global_shape[0] *= groups.ep.size();
+        offsets[0] = groups.ep.group_rank() * shape[0];
+    }
     Placement {
         global_shape,
         split_dim: info.split_dim,
-        offset,
+        offsets,
     }
 }
 
@@ -118,7 +119,7 @@ pub fn load<M: Module>(
         stored.extend(
             read_shard(&root.join(file))?
                 .into_iter()
-                .map(|(name, piece)| ((name, piece.placement.offset), piece)),
+                .map(|(name, piece)| ((name, piece.placement.offsets.clone()), piece)),
         );
     }
     let infos = param_infos(&model);
@@ -165,11 +166,11 @@ fn optimizer_device<M: Module>(model: &M) -> burn::tensor::Device {
         .unwrap_or_else(burn::tensor::Device::flex)
 }
 
-/// This rank's piece of `name` (local `shape` at placement `want`), cut from the stored pieces.
-/// Along the split dim, positions past the stored tensor (a vocabulary padded further at this
-/// layout) are zeros; every other dim must match.
+/// This rank's piece of `name` (local `shape` at placement `want`), cut from the stored pieces
+/// whose boxes overlap it. Along the tp split dim, positions past the stored tensor (a
+/// vocabulary padded further at this layout) are zeros; every other dim must match.
 fn assemble(
-    stored: &BTreeMap<(String, usize), Piece>,
+    stored: &BTreeMap<(String, Vec<usize>), Piece>,
     index: &Index,
     name: &str,
     shape: &[usize],
@@ -183,35 +184,67 @@ fn assemble(
         .tensors
         .get(name)
         .ok_or_else(|| incompatible("not in the checkpoint".into()))?;
-    let dim = want.split_dim.unwrap_or(0);
-    let same_rank = global.len() == want.global_shape.len();
-    let fits = same_rank
+    let fits = global.len() == want.global_shape.len()
         && global
             .iter()
             .zip(&want.global_shape)
             .enumerate()
-            .all(|(d, (a, b))| a == b || (d == dim && want.split_dim.is_some()));
+            .all(|(d, (a, b))| a == b || want.split_dim == Some(d));
     if !fits {
         return Err(incompatible(format!(
             "stored with shape {global:?}, this model has {:?}",
             want.global_shape
         )));
     }
-    let outer: usize = shape[..dim].iter().product();
-    let inner: usize = shape[dim + 1..].iter().product();
     let mut out = vec![0.0f32; shape.iter().product()];
-    let (start, end) = (want.offset, want.offset + shape[dim]);
-    for ((piece_name, _), piece) in stored.range((name.to_string(), 0)..=(name.to_string(), usize::MAX)) {
+    let range = (name.to_string(), Vec::new())..=(name.to_string(), vec![usize::MAX]);
+    for ((piece_name, _), piece) in stored.range(range) {
         debug_assert_eq!(piece_name, name);
-        let (p_start, p_len) = (piece.placement.offset, piece.shape.get(dim).copied().unwrap_or(1));
-        let (lo, hi) = (start.max(p_start), end.min(p_start + p_len));
-        for o in 0..outer {
-            for n in lo..hi {
-                let src = (o * p_len + (n - p_start)) * inner;
-                let dst = (o * shape[dim] + (n - start)) * inner;
-                out[dst..dst + inner].copy_from_slice(&piece.values[src..src + inner]);
-            }
-        }
+        copy_overlap(piece, &mut out, shape, &want.offsets);
     }
     Ok(out)
+}
+
+/// Copies the part of `piece` inside the box at `offsets` of `shape` into `out` (that box's
+/// values, row-major), one run along the last dim at a time.
+fn copy_overlap(piece: &Piece, out: &mut [f32], shape: &[usize], offsets: &[usize]) {
+    let rank = shape.len();
+    if rank == 0 {
+        out.copy_from_slice(&piece.values[..out.len()]);
+        return;
+    }
+    let (p_shape, p_offsets) = (&piece.shape, &piece.placement.offsets);
+    let lo: Vec<usize> = (0..rank).map(|d| offsets[d].max(p_offsets[d])).collect();
+    let hi: Vec<usize> = (0..rank)
+        .map(|d| (offsets[d] + shape[d]).min(p_offsets[d] + p_shape[d]))
+        .collect();
+    if (0..rank).any(|d| lo[d] >= hi[d]) {
+        return;
+    }
+    let flat = |at: &[usize], dims: &[usize], origin: &[usize]| {
+        at.iter()
+            .zip(dims)
+            .zip(origin)
+            .fold(0, |acc, ((&i, &n), &o)| acc * n + (i - o))
+    };
+    let run = hi[rank - 1] - lo[rank - 1];
+    let mut at = lo.clone();
+    loop {
+        let src = flat(&at, p_shape, p_offsets);
+        let dst = flat(&at, shape, offsets);
+        out[dst..dst + run].copy_from_slice(&piece.values[src..src + run]);
+        // The next run: count up over the dims before the last.
+        let mut d = rank - 1;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            at[d] += 1;
+            if at[d] < hi[d] {
+                break;
+            }
+            at[d] = lo[d];
+        }
+    }
 }

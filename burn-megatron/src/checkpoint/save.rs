@@ -1,5 +1,5 @@
 //! Saving: a [`Snapshot`] taken on the training thread (the collectives and the copies to the
-//! host), then written by every dp-rank-0 writer and completed by global rank 0, which waits on
+//! host), then written by the writers and completed by global rank 0, which waits on
 //! the files themselves rather than on a collective — so the writing can run on a thread of its
 //! own ([`AsyncSaver`]) while training goes on over the same groups.
 
@@ -28,9 +28,12 @@ struct Snapshot {
     staging: String,
     tp_rank: usize,
     tp: usize,
+    ep_rank: usize,
+    ep: usize,
     dp: usize,
     global_rank: usize,
-    /// This rank's shard, when it writes one (dp rank 0).
+    /// This rank's shard, when it writes one: the first rank of its expert-data-parallel group
+    /// writes its experts, and the first of dp × cp the other parameters too.
     pieces: Option<BTreeMap<String, Piece>>,
     /// Every tensor's global shape (rank 0 writes them into the index).
     tensors: BTreeMap<String, Vec<usize>>,
@@ -64,12 +67,17 @@ impl Snapshot {
         let nonce: i64 = groups.world.all_reduce(nonce, ReduceOp::Max)?.into_scalar();
         let mut tensors = BTreeMap::new();
         let mut pieces = BTreeMap::new();
+        let writes_dense = groups.grad_sync().group_rank() == 0;
         for (i, (info, (shape, data))) in infos.iter().zip(values).enumerate() {
             let placement = placement(info, &shape, groups);
             tensors.insert(info.path.clone(), placement.global_shape.clone());
+            let writes = info.expert || writes_dense;
             for (part, state) in OPTIMIZER.iter().zip(states.get(i).map(state_parts).unwrap_or_default()) {
                 let name = optimizer_name(part, &info.path);
                 tensors.insert(name.clone(), placement.global_shape.clone());
+                if !writes {
+                    continue;
+                }
                 pieces.insert(
                     name,
                     Piece {
@@ -79,14 +87,16 @@ impl Snapshot {
                     },
                 );
             }
-            pieces.insert(
-                info.path.clone(),
-                Piece {
-                    shape,
-                    values: data,
-                    placement,
-                },
-            );
+            if writes {
+                pieces.insert(
+                    info.path.clone(),
+                    Piece {
+                        shape,
+                        values: data,
+                        placement,
+                    },
+                );
+            }
         }
         Ok(Self {
             step,
@@ -94,9 +104,11 @@ impl Snapshot {
             staging: format!(".step-{step:08}-{nonce:x}.partial"),
             tp_rank: groups.tp.group_rank(),
             tp: groups.tp.size(),
+            ep_rank: groups.ep.group_rank(),
+            ep: groups.ep.size(),
             dp: groups.grad_sync().size(),
             global_rank: groups.global_rank,
-            pieces: (groups.grad_sync().group_rank() == 0).then_some(pieces),
+            pieces: (groups.ep_dp.group_rank() == 0).then_some(pieces),
             tensors,
         })
     }
@@ -111,15 +123,19 @@ impl Snapshot {
         let staging = dir.join(&self.staging);
         if let Some(pieces) = &self.pieces {
             std::fs::create_dir_all(&staging).map_err(|e| io(&staging, e))?;
-            write_shard(&staging.join(shard_file(self.tp_rank, self.tp)), pieces)?;
-            write_synced(&staging.join(done_marker(self.tp_rank)), b"")?;
+            let file = shard_file((self.tp_rank, self.tp), (self.ep_rank, self.ep));
+            write_shard(&staging.join(&file), pieces)?;
+            write_synced(&staging.join(done_marker(&file)), b"")?;
         }
         if self.global_rank != 0 {
             return Ok(());
         }
-        wait_for_markers(&staging, self.tp)?;
-        for r in 0..self.tp {
-            std::fs::remove_file(staging.join(done_marker(r))).map_err(|e| io(&staging, e))?;
+        let files: Vec<String> = (0..self.ep)
+            .flat_map(|e| (0..self.tp).map(move |t| shard_file((t, self.tp), (e, self.ep))))
+            .collect();
+        wait_for_markers(&staging, &files)?;
+        for file in &files {
+            std::fs::remove_file(staging.join(done_marker(file))).map_err(|e| io(&staging, e))?;
         }
         let index = Index {
             format: FORMAT.into(),
@@ -127,7 +143,8 @@ impl Snapshot {
             optimizer_steps: self.optimizer_steps,
             tp: self.tp,
             dp: self.dp,
-            files: (0..self.tp).map(|r| shard_file(r, self.tp)).collect(),
+            ep: self.ep,
+            files,
             tensors: self.tensors,
         };
         let json = serde_json::to_vec_pretty(&index).expect("index serializes");
@@ -153,23 +170,24 @@ impl Snapshot {
     }
 }
 
-fn done_marker(tp_rank: usize) -> String {
-    format!("shard-{tp_rank}.done")
+fn done_marker(file: &str) -> String {
+    format!("{file}.done")
 }
 
-fn wait_for_markers(staging: &Path, tp: usize) -> Result<(), CheckpointError> {
+fn wait_for_markers(staging: &Path, files: &[String]) -> Result<(), CheckpointError> {
     let start = Instant::now();
     loop {
-        let missing: Vec<usize> = (0..tp).filter(|r| !staging.join(done_marker(*r)).exists()).collect();
+        let missing: Vec<&String> = files
+            .iter()
+            .filter(|f| !staging.join(done_marker(f)).exists())
+            .collect();
         if missing.is_empty() {
             return Ok(());
         }
         if start.elapsed() > WRITERS_TIMEOUT {
             return Err(CheckpointError::Io {
                 path: staging.to_path_buf(),
-                detail: format!(
-                    "the shards of tensor-parallel ranks {missing:?} were not written within {WRITERS_TIMEOUT:?}"
-                ),
+                detail: format!("the shards {missing:?} were not written within {WRITERS_TIMEOUT:?}"),
             });
         }
         std::thread::sleep(Duration::from_millis(5));
