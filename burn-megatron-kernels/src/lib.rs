@@ -6,6 +6,8 @@
 //!   the shared pieces in `hopper`), with Burn's matmul as the fallback.
 //! - [`attention`]: flash attention forward and backward (no O(s²) memory).
 //! - [`f32_matmul`]: f32 products kept in f32 on CUDA, where Burn's matmul would round to TF32.
+//! - [`grouped`]: a mixture of experts' grouped product (one weight a group of rows) and its
+//!   backward; on CUDA one launch of the wgmma GEMM's grouped variant.
 //! - [`rms_norm`], [`swiglu`], [`rope`]: the fused row and elementwise ops of a Llama block.
 //! - [`cross_entropy`]: the full-vocabulary sums of (vocab-parallel) cross-entropy and their
 //!   backward, on the logits in their dtype.
@@ -20,6 +22,9 @@ pub mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod elementwise;
 pub mod f32_matmul;
+pub mod grouped;
+#[cfg(feature = "cuda")]
+mod grouped_kernel;
 #[cfg(feature = "cuda")]
 mod hopper;
 pub mod linear;

@@ -29,11 +29,11 @@ use crate::hopper::*;
 use crate::quant::format::Minifloat;
 
 /// Rows of C a block computes: two consumer warpgroups of 64.
-const BLOCK_M: u32 = 128;
+pub(crate) const BLOCK_M: u32 = 128;
 /// Columns of C a block computes: one `m64n256k16` per consumer and k-step.
-const BLOCK_N: u32 = 256;
+pub(crate) const BLOCK_N: u32 = 256;
 /// The k extent of a bf16 stage: 64 bf16 are one 128-byte swizzle row (128 FP8 codes are).
-const BLOCK_K: u32 = 64;
+pub(crate) const BLOCK_K: u32 = 64;
 
 /// The k extent of a stage for `operands`: one 128-byte row.
 const fn block_k(operands: Operands) -> u32 {
@@ -43,19 +43,19 @@ const fn block_k(operands: Operands) -> u32 {
     }
 }
 /// Pipeline depth: 4 × 48 KiB of the 227 KiB a block may use.
-const STAGES: u32 = 4;
-const A_STAGE_BYTES: u32 = BLOCK_M * BLOCK_K * 2;
+pub(crate) const STAGES: u32 = 4;
+pub(crate) const A_STAGE_BYTES: u32 = BLOCK_M * BLOCK_K * 2;
 const B_STAGE_BYTES: u32 = BLOCK_N * BLOCK_K * 2;
-const STAGE_BYTES: u32 = A_STAGE_BYTES + B_STAGE_BYTES;
+pub(crate) const STAGE_BYTES: u32 = A_STAGE_BYTES + B_STAGE_BYTES;
 /// Where a consumer warpgroup stages its results for TMA stores: 128 of its 256 columns at a
 /// time, as two 64 × 64 boxes with the 128-byte swizzle (the 33 KiB the stages leave).
-const STAGING_BYTES: u32 = 16384;
+pub(crate) const STAGING_BYTES: u32 = 16384;
 /// Tiles, the two warpgroups' staging, then `STAGES` "full" and `STAGES` "empty" mbarriers,
 /// plus 1 KiB to align the tiles to the 1 KiB the 128-byte swizzle repeats over: 226 KiB of
 /// the 227 a block may have.
-const SMEM_BYTES: u32 = STAGES * STAGE_BYTES + 2 * STAGING_BYTES + 1024 + 1024;
+pub(crate) const SMEM_BYTES: u32 = STAGES * STAGE_BYTES + 2 * STAGING_BYTES + 1024 + 1024;
 /// One arrival per consumer warp frees a stage.
-const CONSUMER_WARPS: u32 = 8;
+pub(crate) const CONSUMER_WARPS: u32 = 8;
 
 /// How an operand lies in memory, so in its shared-memory tile.
 ///
@@ -69,7 +69,7 @@ pub enum Major {
 }
 
 impl Major {
-    const fn tile(self, rows: u32) -> Tile {
+    pub(crate) const fn tile(self, rows: u32) -> Tile {
         match self {
             Major::K => Tile::KMajor { rows },
             Major::Mn => Tile::MnMajor { box_bytes: 8192 },
@@ -78,7 +78,7 @@ impl Major {
 }
 
 /// One stage's k-slice for one consumer warpgroup: four `m64n256` steps (k16 bf16, k32 FP8).
-const fn k_slice(operands: Operands, a: Major, b: Major) -> Chain {
+pub(crate) const fn k_slice(operands: Operands, a: Major, b: Major) -> Chain {
     Chain {
         operands,
         n: 256,
@@ -120,7 +120,15 @@ fn tile_position(t: u32, rows: u32, columns: u32) -> (u32, u32) {
 /// Loads one operand's 64-deep slice for the block into `tile`: one box of `rows` × 64 k when
 /// K-major, else `rows / 64` boxes of 64 k × 64, 8 KiB apart.
 #[cube]
-fn load_operand(tile: u32, map: u64, k0: u32, row0: u32, bar: u32, #[comptime] rows: u32, #[comptime] major: Major) {
+pub(crate) fn load_operand(
+    tile: u32,
+    map: u64,
+    k0: u32,
+    row0: u32,
+    bar: u32,
+    #[comptime] rows: u32,
+    #[comptime] major: Major,
+) {
     match comptime!(major) {
         Major::K => tma_load_2d(tile, map, k0, row0, bar),
         Major::Mn =>
@@ -255,7 +263,16 @@ fn gemm_kernel<E: Scalar>(
 /// warpgroup go on to its next tile while it does (`barrier`: the warpgroup's named barrier).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn store_tile(acc: &Acc256, factor: f32, buffer: u32, map: u64, row0: u32, col0: u32, barrier: u32, storer: bool) {
+pub(crate) fn store_tile(
+    acc: &Acc256,
+    factor: f32,
+    buffer: u32,
+    map: u64,
+    row0: u32,
+    col0: u32,
+    barrier: u32,
+    storer: bool,
+) {
     // The accumulator layout of `hopper`'s module docs: row `16 · warp + lane / 4` (+ 8), the
     // column pair `8j + 2 · (lane % 4)` of each 8-column block j.
     let lane = UNIT_POS % 32;

@@ -7,6 +7,8 @@
 //!                                     a low-precision recipe in the blocks' linear layers
 //!   bench … --linear-gemm wgmma|burn  the linear layers' product (their config's `Gemm`; wgmma)
 //!   bench --gemm [--kernels A,B]      matmul routines on the llama GEMM shapes (gemm.rs)
+//!   bench --grouped                   the MoE grouped product on moe-4b's shapes (grouped.rs)
+//!   bench --preset moe-4b [--ep N]    a MoE preset, its experts over ep (folded over dp)
 //!
 //! The peers' recipe by default (`PrecisionPolicy::bf16`): bf16 compute, fp32 master weights and
 //! fp32 AdamW moments (`DistributedAdamW`), lr 1e-4, uniformly random token ids from a seeded
@@ -19,6 +21,7 @@
 //! alone, so `hidden` is the share of it that backward hid.
 
 mod gemm;
+mod grouped;
 mod routines;
 mod timing;
 
@@ -35,11 +38,13 @@ struct Args {
     preset: String,
     tp: usize,
     dp: usize,
+    ep: usize,
     sp: bool,
     steps: usize,
     warmup: usize,
     profile: bool,
     gemm: bool,
+    grouped: bool,
     kernels: Vec<GemmKernel>,
     linear_gemm: Gemm,
     recipe: Recipe,
@@ -61,11 +66,13 @@ fn parse() -> Result<Args, String> {
         preset: "llama-1b".into(),
         tp: 1,
         dp: 1,
+        ep: 1,
         sp: false,
         steps: 10,
         warmup: 3,
         profile: false,
         gemm: false,
+        grouped: false,
         kernels: GemmKernel::ALL.to_vec(),
         linear_gemm: Gemm::Wgmma,
         recipe: Recipe::Bf16,
@@ -78,9 +85,11 @@ fn parse() -> Result<Args, String> {
             "--preset" => args.preset = value()?,
             "--tp" => args.tp = number(&flag, value()?)?,
             "--dp" => args.dp = number(&flag, value()?)?,
+            "--ep" => args.ep = number(&flag, value()?)?,
             "--sp" => args.sp = true,
             "--profile" => args.profile = true,
             "--gemm" => args.gemm = true,
+            "--grouped" => args.grouped = true,
             "--pure-bf16" => args.recipe = Recipe::PureBf16,
             "--precision" => {
                 args.recipe = match value()?.as_str() {
@@ -106,8 +115,8 @@ fn parse() -> Result<Args, String> {
             other => return Err(format!("unknown flag {other}")),
         }
     }
-    if args.tp == 0 || args.dp == 0 || args.steps == 0 {
-        return Err("--tp, --dp and --steps must be at least 1".into());
+    if args.tp == 0 || args.dp == 0 || args.ep == 0 || args.steps == 0 {
+        return Err("--tp, --dp, --ep and --steps must be at least 1".into());
     }
     if args.recipe == Recipe::PureBf16 && args.dp > 1 {
         return Err("--pure-bf16 updates the parameters with Burn's optimizer interface, which averages no gradients: use --dp 1".into());
@@ -124,9 +133,16 @@ fn main() {
         gemm::run(&Device::cuda(0), 10, &args.kernels);
         return;
     }
+    if args.grouped {
+        grouped::run(&Device::cuda(0), 20);
+        return;
+    }
     let recipe = preset(&args.preset).unwrap_or_else(|e| panic!("{e}"));
     let (seq, batch) = (recipe.seq_len, recipe.batch_size);
-    let dims = ParallelDims::tp_dp(args.tp, args.dp);
+    let dims = ParallelDims {
+        ep: args.ep,
+        ..ParallelDims::tp_dp(args.tp, args.dp)
+    };
     let tensor = if args.sp {
         TensorParallel::SequenceParallel
     } else {
@@ -158,8 +174,9 @@ fn main() {
     .unwrap_or_else(|e| panic!("{e}"));
     let run = &results[0];
     let gpus = args.tp * args.dp;
-    let (h, l, f) = (shape.attention.d_model, shape.n_layers, shape.mlp.d_ff);
-    let params = (l * (4 * h * h + 3 * h * f) + vocab * h) as f64;
+    let params = matmul_params(&shape) as f64;
+    let h = shape.attention.d_model;
+    let l = shape.n_layers;
     let tokens = (batch * args.dp * seq) as f64;
     let flops = tokens * (6.0 * params + 12.0 * (l * seq * h) as f64);
     let tflops_per_gpu = flops / run.step_s / gpus as f64 / 1e12;
@@ -175,17 +192,33 @@ fn main() {
         );
     }
     println!(
-        "RESULT {{\"peer\": \"burn-megatron\", \"recipe\": \"{recipe}\", \"preset\": \"{}\", \"batch\": {}, \"seq\": {seq}, \"tp\": {}, \"dp\": {}, \"gpus\": {gpus}, \"step_ms\": {:.1}, \"tokens_per_s\": {:.0}, \"tflops_per_gpu\": {:.1}, \"mfu\": {:.3}, \"peak_mem_gib\": null, \"loss\": {:.4}}}",
+        "RESULT {{\"peer\": \"burn-megatron\", \"recipe\": \"{recipe}\", \"preset\": \"{}\", \"batch\": {}, \"seq\": {seq}, \"tp\": {}, \"dp\": {}, \"ep\": {}, \"gpus\": {gpus}, \"step_ms\": {:.1}, \"tokens_per_s\": {:.0}, \"tflops_per_gpu\": {:.1}, \"mfu\": {:.3}, \"peak_mem_gib\": null, \"loss\": {:.4}}}",
         args.preset,
         batch * args.dp,
         args.tp,
         args.dp,
+        args.ep,
         run.step_s * 1e3,
         tokens / run.step_s,
         tflops_per_gpu,
         tflops_per_gpu / 989.4,
         run.loss,
     );
+}
+
+/// The parameters a token's matrix products touch, as ../shared/peers/common.py counts them: a
+/// MoE block counts the experts a token visits (top k of them), its shared expert and its
+/// router.
+fn matmul_params(shape: &burn_megatron::models::llama::LlamaConfig) -> usize {
+    let (h, f, v) = (shape.attention.d_model, shape.mlp.d_ff, shape.embedding.vocab_size);
+    let ffn = |i: usize| match shape.moe.as_ref().filter(|m| m.holds(i)) {
+        Some(moe) => {
+            let router = &moe.layer.router;
+            3 * h * moe.layer.d_ff * router.top_k + 3 * h * moe.layer.shared_d_ff.unwrap_or(0) + h * router.n_experts
+        }
+        None => 3 * h * f,
+    };
+    (0..shape.n_layers).map(|i| 4 * h * h + ffn(i)).sum::<usize>() + v * h
 }
 
 /// `n` token ids drawn uniformly from `0..vocab` by a seeded SplitMix64 stream.

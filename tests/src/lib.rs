@@ -59,7 +59,7 @@ macro_rules! for_each_layer_test {
 macro_rules! for_each_moe_test {
     ($callback:ident!($($args:tt)*)) => {
         $crate::$callback! { $($args)*; moe_suite:
-            ep2_all_to_all, ep2_all_gather, ep4_both_dispatchers, tp2_ep2, starved_rank,
+            ep2_all_to_all, ep2_all_gather, ep4_both_dispatchers, tp2_ep2, starved_rank, padded_expert_rows,
             moe_steps_match, experts_reshard_in_checkpoints, bad_expert_layouts }
     };
 }
@@ -113,6 +113,7 @@ pub const KERNEL_TESTS: &[NamedTest] = &[
     ("kernel_suite::adamw_master", kernel_suite::adamw_master),
     ("kernel_suite::sum_of_squares", kernel_suite::sum_of_squares),
     ("kernel_suite::f32_matmul", kernel_suite::f32_matmul),
+    ("kernel_suite::grouped_gemm", kernel_suite::grouped_gemm),
     ("kernel_suite::fp8_tiles", kernel_suite::fp8_tiles),
     ("kernel_suite::fp8_gemm", kernel_suite::fp8_gemm),
     ("kernel_suite::quantized_linear", kernel_suite::quantized_linear),

@@ -37,6 +37,8 @@ struct Layout {
     dispatcher: ExpertParallel,
     /// Bias the router away from the last ep rank's experts: that rank receives no copy.
     starve: bool,
+    /// Each expert's rows padded to a multiple of this (fillers that must add nothing).
+    rows_multiple: Option<usize>,
 }
 
 impl Layout {
@@ -47,6 +49,7 @@ impl Layout {
             sp: false,
             dispatcher,
             starve: false,
+            rows_multiple: None,
         }
     }
 
@@ -84,6 +87,7 @@ fn layer_matches_twin(h: &Harness, layout: Layout) {
         let mut planned = config(layout.starve);
         planned.plan_tensor(layout.tp, sequence).unwrap();
         planned.plan_expert(layout.ep, layout.dispatcher).unwrap();
+        planned.rows_multiple = layout.rows_multiple;
         let mut par = planned.init(&dev, g, &init, "moe").unwrap();
         let mut twin = config(layout.starve)
             .init(&dev, &ProcessGroups::single(), &init, "moe")
@@ -179,6 +183,26 @@ pub fn ep2_all_to_all(h: &Harness) {
 /// ep = 2 over dp = 2, all-gather.
 pub fn ep2_all_gather(h: &Harness) {
     layer_matches_twin(h, Layout::new(1, 2, ExpertParallel::AllGather));
+}
+
+/// Each expert's rows padded with fillers (as the grouped product's tile asks on CUDA), at
+/// ep = 1, 2 (both dispatchers) and tp = 2 × ep = 2: the same outputs and gradients.
+pub fn padded_expert_rows(h: &Harness) {
+    for (tp, ep, dispatcher, multiple) in [
+        (1, 1, ExpertParallel::AllToAll, 4),
+        (1, 2, ExpertParallel::AllToAll, 4),
+        (1, 2, ExpertParallel::AllGather, 3),
+        (2, 2, ExpertParallel::AllToAll, 8),
+    ] {
+        layer_matches_twin(
+            h,
+            Layout {
+                sp: tp > 1,
+                rows_multiple: Some(multiple),
+                ..Layout::new(tp, ep, dispatcher)
+            },
+        );
+    }
 }
 
 /// ep = 4 over dp = 4, both dispatchers.

@@ -22,6 +22,42 @@ pub struct Dispatch {
 }
 
 impl Dispatch {
+    /// The same dispatch with each expert's copies followed by filler copies up to a multiple
+    /// of `align` (the grouped product's tile, [`row_alignment`]), `counts` counting them. A
+    /// filler repeats its expert's first token and reads weight slot `slots_total` (one past
+    /// the last), which [`unpermute`] reads as zero: it adds nothing to any token, and the
+    /// gradient reaching its row is zero.
+    ///
+    /// [`row_alignment`]: burn_megatron_kernels::grouped::row_alignment
+    pub fn aligned(self, align: usize, slots_total: usize) -> Dispatch {
+        if align <= 1 || self.counts.iter().all(|n| n.is_multiple_of(align)) {
+            return self;
+        }
+        let device = self.slots.device();
+        let host = |t: Tensor<1, Int>| -> Vec<i64> { t.into_data().convert::<i64>().try_to_vec().expect("indices") };
+        let (slots, tokens) = (host(self.slots), host(self.tokens));
+        let (mut padded_slots, mut padded_tokens, mut counts) = (Vec::new(), Vec::new(), Vec::new());
+        let mut start = 0;
+        for &n in &self.counts {
+            let fill = n.next_multiple_of(align) - n;
+            padded_slots.extend(&slots[start..start + n]);
+            padded_tokens.extend(&tokens[start..start + n]);
+            padded_slots.extend(std::iter::repeat_n(slots_total as i64, fill));
+            padded_tokens.extend(std::iter::repeat_n(tokens.get(start).copied().unwrap_or(0), fill));
+            counts.push(n + fill);
+            start += n;
+        }
+        let tensor = |values: Vec<i64>| {
+            let n = values.len();
+            Tensor::<1, Int>::from_data(TensorData::new(values, [n]), &device)
+        };
+        Dispatch {
+            slots: tensor(padded_slots),
+            tokens: tensor(padded_tokens),
+            counts,
+        }
+    }
+
     /// Each slot's expert (`routing.experts` read at the slot), or `None` for a copy this
     /// dispatch leaves out (dropped for capacity).
     pub fn kept(&self, routing: &super::Routing) -> Vec<Option<usize>> {
@@ -95,13 +131,14 @@ pub fn permute(x: Tensor<2>, dispatch: &Dispatch) -> Tensor<2> {
     x.select(0, dispatch.tokens.clone())
 }
 
-/// The experts' outputs `y` (`[t·k, d]`, expert order) weighted by `weights` (`[t, k]`) and summed
-/// into their tokens' rows: `[t, d]`.
+/// The experts' outputs `y` (a row a copy, expert order) weighted by `weights` (`[t, k]`) and
+/// summed into their tokens' rows: `[t, d]`.
 pub fn unpermute(y: Tensor<2>, weights: Tensor<2>, dispatch: &Dispatch) -> Tensor<2> {
     let [t, k] = weights.dims();
     let [_, d] = y.dims();
-    let sorted = weights
-        .reshape([t * k])
+    // Slot t·k, one past the last, is a zero weight: the fillers of an aligned dispatch read it.
+    let zero = Tensor::zeros([1], (&weights.device(), weights.dtype()));
+    let sorted = Tensor::cat(vec![weights.reshape([t * k]), zero], 0)
         .select(0, dispatch.slots.clone())
         .cast(y.dtype());
     let weighted = y.clone() * sorted.unsqueeze_dim::<2>(1);

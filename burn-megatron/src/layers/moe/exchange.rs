@@ -54,7 +54,8 @@ pub struct AllToAll;
 impl AllToAll {
     /// Sends this rank's copies (`rows`, in expert order, `counts[x]` of them for expert `x`,
     /// over all `e` experts) to the ranks holding their experts. Returns the rows this rank's
-    /// experts run on, in expert order, how many each of them got, and the route back.
+    /// experts run on, in expert order, each expert's padded with fillers to a multiple of
+    /// `align`, how many each of them got, and the route back (which drops the fillers).
     ///
     /// # Shapes
     /// `rows`: `[Σ counts, d]` → `[Σ local counts, d]`
@@ -62,6 +63,7 @@ impl AllToAll {
         rows: Tensor<2>,
         counts: &[usize],
         ep: &ProcessGroup,
+        align: usize,
     ) -> Result<(Tensor<2>, Vec<usize>, Route), CommError> {
         let device = rows.device();
         let matrix = all_counts(counts, ep, &device)?;
@@ -78,22 +80,27 @@ impl AllToAll {
             })
             .collect();
         let mut order = Vec::with_capacity(received.iter().sum());
+        let mut inverse = vec![0i64; received.iter().sum()];
         let mut local_counts = vec![0; per];
         for (i, x) in mine.enumerate() {
+            let first = order.len();
             for src in 0..size {
                 let before: usize = matrix[src][x - i..x].iter().sum();
                 let (start, n) = (starts[src] + before, matrix[src][x]);
-                order.extend((start..start + n).map(|r| r as i64));
+                for (row, back) in inverse.iter_mut().enumerate().skip(start).take(n) {
+                    *back = order.len() as i64;
+                    order.push(row as i64);
+                }
                 local_counts[i] += n;
             }
+            // Fillers up to the grouped product's tile: the expert's first row again (its
+            // output is dropped on the way back, so its gradient is zero).
+            let fill = local_counts[i].next_multiple_of(align.max(1)) - local_counts[i];
+            let filler = order.get(first).copied().unwrap_or(0);
+            order.extend(std::iter::repeat_n(filler, fill));
+            local_counts[i] += fill;
         }
-        let order = (!order.is_empty()).then(|| {
-            let mut inverse = vec![0i64; order.len()];
-            for (position, &row) in order.iter().enumerate() {
-                inverse[row as usize] = position as i64;
-            }
-            (int_tensor(order, &device), int_tensor(inverse, &device))
-        });
+        let order = (!order.is_empty()).then(|| (int_tensor(order, &device), int_tensor(inverse, &device)));
         let rows = match &order {
             Some((forward, _)) => arrived.select(0, forward.clone()),
             None => arrived,
@@ -128,7 +135,8 @@ pub struct Gathered {
 
 impl AllGather {
     /// Gathers every ep rank's `tokens`, `weights` and kept copies (`kept[slot]` the copy's
-    /// expert, or `None` when capacity dropped it) and picks those of this rank's experts.
+    /// expert, or `None` when capacity dropped it) and picks those of this rank's experts, each
+    /// expert's padded with fillers to a multiple of `align` ([`Dispatch::aligned`]).
     ///
     /// # Shapes
     /// `tokens`: `[t, d]`, `weights`: `[t, k]`
@@ -138,6 +146,7 @@ impl AllGather {
         kept: &[Option<usize>],
         e: usize,
         ep: &ProcessGroup,
+        align: usize,
     ) -> Result<Gathered, CommError> {
         let device = tokens.device();
         let [_, k] = weights.dims();
@@ -148,7 +157,7 @@ impl AllGather {
             .collect();
         let tokens = gather_from_sp(tokens, ep, 0)?; // [ep·t, d]
         let weights = gather_from_sp(weights, ep, 0)?; // [ep·t, k]
-        let dispatch = dispatch_host(&all_ids, k, local_experts(e, ep), &device);
+        let dispatch = dispatch_host(&all_ids, k, local_experts(e, ep), &device).aligned(align, all_ids.len());
         let counts = dispatch.counts.clone();
         Ok(Gathered {
             rows: permute(tokens, &dispatch),

@@ -1,6 +1,6 @@
-//! The routed experts: `e` SwiGLU MLPs, each run on the rows dispatched to it (a grouped product:
-//! one product an expert over its range of the expert-ordered rows; the grouped-GEMM kernel is to
-//! come). An expert that receives no token is skipped, and its weights' gradient is zero.
+//! The routed experts: `e` SwiGLU MLPs, each run on the rows dispatched to it, all of them in one
+//! grouped product a projection (`burn_megatron_kernels::grouped`: one launch on CUDA). An
+//! expert that receives no token is skipped, and its weights' gradient is zero.
 //!
 //! A rank holds `e/ep` of them (expert parallelism: ep rank `r` holds experts `r·e/ep ..`), and
 //! of each its `f/tp` hidden features (expert tensor parallelism, as the dense MLP splits them:
@@ -10,8 +10,9 @@
 
 use burn::config::Config;
 use burn::module::{Module, Param};
-use burn::tensor::activation::silu;
 use burn::tensor::{Device, Tensor};
+use burn_megatron_kernels::grouped::grouped_matmul;
+use burn_megatron_kernels::swiglu::swiglu;
 
 use crate::init::{ParamInit, Shard};
 
@@ -66,34 +67,57 @@ impl ExpertsConfig {
 }
 
 impl Experts {
-    /// Expert `i`'s SwiGLU on the `counts[i]` rows of `x` that follow expert `i − 1`'s; with
-    /// `pad_to`, each expert's rows padded with zeros to that many first (fixed shapes; a zero
-    /// row's output is zero and is cut off again).
+    /// Expert `i`'s SwiGLU on the `counts[i]` rows of `x` that follow expert `i − 1`'s, every
+    /// expert in one grouped product a projection ([`grouped_matmul`]); with `pad_to`, each
+    /// expert's rows padded with zeros to that many first (fixed shapes; a zero row's output is
+    /// zero and is cut off again).
     ///
     /// # Shapes
     /// `x`: `[Σ counts, d]` → `[Σ counts, d]`
     pub fn forward(&self, x: Tensor<2>, counts: &[usize], pad_to: Option<usize>) -> Tensor<2> {
-        let [_, d, f] = self.w1.dims();
-        let weight = |w: &Param<Tensor<3>>, i: usize, shape: [usize; 2]| w.val().narrow(0, i, 1).reshape(shape);
-        let mut start = 0;
-        let mut outputs = Vec::new();
-        for (i, &n) in counts.iter().enumerate() {
-            if n == 0 {
-                continue;
-            }
-            let rows = x.clone().narrow(0, start, n);
-            let rows = match pad_to {
-                Some(p) if p > n => Tensor::cat(vec![rows, Tensor::zeros([p - n, d], (&x.device(), x.dtype()))], 0),
-                _ => rows,
-            };
-            let gate = rows.clone().matmul(weight(&self.w1, i, [d, f]));
-            let up = rows.matmul(weight(&self.w3, i, [d, f]));
-            outputs.push((silu(gate) * up).matmul(weight(&self.w2, i, [f, d])).narrow(0, 0, n));
-            start += n;
+        if counts.iter().all(|&n| n == 0) {
+            return x; // no rows at all
         }
-        match outputs.is_empty() {
-            true => x, // no rows at all
-            false => Tensor::cat(outputs, 0),
+        let (rows, run) = match pad_to {
+            Some(p) => (pad(x, counts, p), counts.iter().map(|&n| n.max(p)).collect()),
+            None => (x, counts.to_vec()),
+        };
+        let gate = grouped_matmul(rows.clone(), self.w1.val(), &run);
+        let up = grouped_matmul(rows, self.w3.val(), &run);
+        let y = grouped_matmul(swiglu(gate, up), self.w2.val(), &run);
+        match pad_to {
+            Some(_) => unpad(y, counts, &run),
+            None => y,
         }
     }
+}
+
+/// Each group's rows of `x` followed by zero rows up to `p`.
+fn pad(x: Tensor<2>, counts: &[usize], p: usize) -> Tensor<2> {
+    let [_, d] = x.dims();
+    let mut start = 0;
+    let mut parts = Vec::new();
+    for &n in counts {
+        if n > 0 {
+            parts.push(x.clone().narrow(0, start, n));
+        }
+        if p > n {
+            parts.push(Tensor::zeros([p - n, d], (&x.device(), x.dtype())));
+        }
+        start += n;
+    }
+    Tensor::cat(parts, 0)
+}
+
+/// The rows of `y` (groups of `padded` rows) that [`pad`] took from `counts`.
+fn unpad(y: Tensor<2>, counts: &[usize], padded: &[usize]) -> Tensor<2> {
+    let mut start = 0;
+    let mut parts = Vec::new();
+    for (&n, &p) in counts.iter().zip(padded) {
+        if n > 0 {
+            parts.push(y.clone().narrow(0, start, n));
+        }
+        start += p;
+    }
+    Tensor::cat(parts, 0)
 }

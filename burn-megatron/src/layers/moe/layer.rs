@@ -26,6 +26,7 @@ use crate::error::{ConfigError, LayerError, divisible};
 use crate::init::ParamInit;
 use crate::layers::{ParallelMlp, ParallelMlpConfig, SequenceLayout};
 use crate::plan::ExpertParallel;
+use burn_megatron_kernels::grouped::row_alignment;
 
 #[derive(Config, Debug)]
 pub struct MoeConfig {
@@ -44,6 +45,10 @@ pub struct MoeConfig {
     /// How copies reach the experts of other ep ranks (set by the expert plan).
     #[config(default = "ExpertParallel::AllToAll")]
     pub dispatcher: ExpertParallel,
+    /// Each expert's rows padded to a multiple of this with fillers that add nothing; `None`:
+    /// the grouped product's tile on the device at hand (128 rows for bf16 on CUDA, 1 elsewhere).
+    #[config(default = "None")]
+    pub rows_multiple: Option<usize>,
 }
 
 #[derive(Module, Debug)]
@@ -60,6 +65,8 @@ pub struct Moe {
     pub sequence: SequenceLayout,
     #[module(skip)]
     pub dispatcher: ExpertParallel,
+    #[module(skip)]
+    pub rows_multiple: Option<usize>,
     #[module(skip)]
     pub tp: ProcessGroup,
     #[module(skip)]
@@ -131,6 +138,7 @@ impl MoeConfig {
             n_experts: e,
             sequence: self.sequence,
             dispatcher: self.dispatcher,
+            rows_multiple: self.rows_multiple,
             tp: tp.clone(),
             ep: ep.clone(),
         })
@@ -203,18 +211,27 @@ impl Moe {
         pad_to: Option<usize>,
     ) -> Result<Tensor<2>, LayerError> {
         let ep = &self.ep;
+        // Each expert's rows in whole tiles of the grouped product, unless capacity pads them.
+        let align = match (pad_to, self.rows_multiple) {
+            (Some(_), _) => 1,
+            (None, Some(multiple)) => multiple,
+            (None, None) => row_alignment(&tokens),
+        };
         if ep.size() == 1 {
-            let routed = self.experts.forward(permute(tokens, plan), &plan.counts, pad_to);
-            return Ok(unpermute(routed, weights, plan));
+            let [t, k] = routing.experts.dims();
+            let plan = plan.clone().aligned(align, t * k);
+            let routed = self.experts.forward(permute(tokens, &plan), &plan.counts, pad_to);
+            return Ok(unpermute(routed, weights, &plan));
         }
         Ok(match self.dispatcher {
             ExpertParallel::AllToAll => {
-                let (rows, counts, route) = AllToAll::dispatch(permute(tokens, plan), &plan.counts, ep)?;
+                let (rows, counts, route) = AllToAll::dispatch(permute(tokens, plan), &plan.counts, ep, align)?;
                 let out = self.experts.forward(rows, &counts, pad_to);
                 unpermute(AllToAll::combine(out, &route, ep)?, weights, plan)
             }
             ExpertParallel::AllGather => {
-                let gathered = AllGather::dispatch(tokens, weights, &plan.kept(routing), self.n_experts, ep)?;
+                let kept = plan.kept(routing);
+                let gathered = AllGather::dispatch(tokens, weights, &kept, self.n_experts, ep, align)?;
                 let out = self.experts.forward(gathered.rows.clone(), &gathered.counts, pad_to);
                 AllGather::combine(out, gathered, ep)?
             }
