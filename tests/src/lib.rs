@@ -141,3 +141,8 @@ pub const DP_MODEL_TESTS: &[NamedTest] = &[
 ];
 /// Every mapping test, by name.
 pub const MAPPING_TESTS: &[NamedTest] = for_each_mapping_test!(list!());
+/// Every MoE test, by name: the layer's first, then the model's. Each launches its own layouts
+/// (worlds of 1 to 4), so they run with ranks as threads only.
+pub const MOE_TESTS: &[NamedTest] = for_each_moe_test!(list!());
+/// How many of [`MOE_TESTS`] test the layer alone.
+pub const MOE_LAYER_TESTS: usize = 6;

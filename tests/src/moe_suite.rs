@@ -116,7 +116,8 @@ fn layer_matches_twin(h: &Harness, layout: Layout) {
             if !whole {
                 loss = reduce_from_tp(loss, tp).unwrap();
             }
-            let loss = loss + routing.losses.total().unwrap();
+            let dtype = loss.dtype();
+            let loss = loss + routing.losses.total().unwrap().cast(dtype);
             let grads = loss.backward();
             (y, x.grad(&grads).unwrap(), grads, routing.experts, load)
         };
@@ -260,6 +261,17 @@ fn moe_train(
     dev: &Device,
     steps: std::ops::Range<u64>,
 ) -> Vec<f64> {
+    moe_train_norms(model, optim, groups, dev, steps).0
+}
+
+/// [`moe_train`] with each step's global gradient norm.
+fn moe_train_norms(
+    model: &mut Llama,
+    optim: &mut DistributedAdamW,
+    groups: &ProcessGroups,
+    dev: &Device,
+    steps: std::ops::Range<u64>,
+) -> (Vec<f64>, Vec<f64>) {
     let per = BATCH / groups.dp.size();
     let first = groups.dp.group_rank() * per;
     steps
@@ -276,19 +288,20 @@ fn moe_train(
                 .all_reduce(loss.clone().detach(), ReduceOp::Avg)
                 .unwrap();
             let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &*model);
-            *model = optim.step(3e-3, model.clone(), grads).unwrap().0;
-            value.into_scalar::<f64>()
+            let report;
+            (*model, report) = optim.step(3e-3, model.clone(), grads).unwrap();
+            (value.into_scalar::<f64>(), report.grad_norm)
         })
-        .collect()
+        .unzip()
 }
 
-/// 20 steps of the tiny MoE Llama at `plan`.
-fn moe_losses(h: &Harness, plan: ParallelPlan, zero1: bool) -> Vec<f64> {
+/// 20 steps of the tiny MoE Llama at `plan`: the losses and the gradient norms.
+fn moe_losses(h: &Harness, plan: ParallelPlan, zero1: bool) -> (Vec<f64>, Vec<f64>) {
     h.run(plan.dims, |ctx| {
         let dev = ctx.device.clone().autodiff();
         let mut model = moe_model(h, plan, &ctx.groups, &dev, 5);
         let mut optim = DistributedAdamWConfig::new().with_zero1(zero1).init(&ctx.groups);
-        moe_train(&mut model, &mut optim, &ctx.groups, &dev, 0..20)
+        moe_train_norms(&mut model, &mut optim, &ctx.groups, &dev, 0..20)
     })
     .remove(0)
 }
@@ -307,23 +320,36 @@ fn plan(tp: usize, ep: usize, dispatcher: ExpertParallel, sp: bool) -> ParallelP
 }
 
 /// 20 AdamW steps of a MoE Llama at ep = 2 (both dispatchers, ZeRO-1 with the all-gather one)
-/// and tp = 2 × ep = 2 with SP, against ep = 1 at the same dp: every loss within 10× the
-/// split-product tolerance, as the dense model's steps (`model_suite::adamw_steps_match`).
+/// and tp = 2 × ep = 2 with SP, against ep = 1 at the same dp.
+///
+/// - The first step's global gradient norm within 1e-4 relative (the split-product tolerance):
+///   the same weights route the same, so every gradient, the experts' reduced over the
+///   expert-data-parallel group and divided by ep, must be the twin's.
+/// - Every loss within 1e-2 relative. Later steps start from weights that differ by rounding,
+///   and a token whose two best experts score within that rounding can change experts: one such
+///   token of the 128 a step routes moves the mean loss by about 1e-3 (seen on an H200 at
+///   tp 2 × ep 2, step 19: 2.4e-3). A model that stops learning, or an expert updated at twice
+///   its gradient, misses the norm check or the curve by more.
 pub fn moe_steps_match(h: &Harness) {
-    let twin = moe_losses(h, plan(1, 1, ExpertParallel::AllToAll, false), false);
+    let (twin, twin_norms) = moe_losses(h, plan(1, 1, ExpertParallel::AllToAll, false), false);
     assert!(twin[19] < twin[0], "the model learns: {} → {}", twin[0], twin[19]);
     for (tp, dispatcher, sp, zero1) in [
         (1, ExpertParallel::AllToAll, false, false),
         (1, ExpertParallel::AllGather, false, true),
         (2, ExpertParallel::AllToAll, true, false),
     ] {
-        let ours = moe_losses(h, plan(tp, 2, dispatcher, sp), zero1);
+        let (ours, norms) = moe_losses(h, plan(tp, 2, dispatcher, sp), zero1);
+        let what = format!("tp {tp} ep 2 {dispatcher:?} zero1 {zero1}");
+        assert!(
+            (norms[0] - twin_norms[0]).abs() <= h.matmul_tolerance * twin_norms[0],
+            "{what}: first gradient norm {} vs ep = 1 {}",
+            norms[0],
+            twin_norms[0]
+        );
         for (step, (a, b)) in ours.iter().zip(&twin).enumerate() {
-            // Gradients differ from the twin's by rounding only (the same routing); Adam carries
-            // it 20 steps, as in the dense model's test.
             assert!(
-                (a - b).abs() <= 10.0 * h.matmul_tolerance * b.abs(),
-                "tp {tp} ep 2 {dispatcher:?} zero1 {zero1}: step {step} loss {a} vs ep = 1 {b}"
+                (a - b).abs() <= 1e-2 * b.abs(),
+                "{what}: step {step} loss {a} vs ep = 1 {b}"
             );
         }
     }

@@ -13,7 +13,8 @@ use std::time::Instant;
 
 use burn::tensor::DType;
 use burn_megatron_tests::{
-    COMM_TESTS, DP_MODEL_TESTS, Harness, KERNEL_TESTS, LAYER_TESTS, MAPPING_TESTS, MODEL_TESTS, NamedTest,
+    COMM_TESTS, DP_MODEL_TESTS, Harness, KERNEL_TESTS, LAYER_TESTS, MAPPING_TESTS, MODEL_TESTS, MOE_LAYER_TESTS,
+    MOE_TESTS, NamedTest,
 };
 
 fn main() {
@@ -49,6 +50,12 @@ fn main() {
     let model_f32: &[NamedTest] = MODEL_TESTS;
     let model_bf16: &[NamedTest] = &MODEL_TESTS[..1];
     let dp_model: &[NamedTest] = if rank.is_none() { DP_MODEL_TESTS } else { &[] };
+    let moe_f32: &[NamedTest] = if rank.is_none() { MOE_TESTS } else { &[] };
+    let moe_bf16: &[NamedTest] = if rank.is_none() {
+        &MOE_TESTS[..MOE_LAYER_TESTS]
+    } else {
+        &[]
+    };
     let runs: Vec<(&str, &Harness, &NamedTest)> = COMM_TESTS
         .iter()
         .map(|t| ("", &comm, t))
@@ -61,6 +68,9 @@ fn main() {
         // 20 AdamW steps in bf16 drift apart by more than a meaningful tolerance: f32 only.
         .chain(model_bf16.iter().map(|t| ("bf16 ", &bf16, t)))
         .chain(dp_model.iter().map(|t| ("f32 ", &f32, t)))
+        .chain(moe_f32.iter().map(|t| ("f32 ", &f32, t)))
+        // The layer in bf16; 20 steps drift as the dense model's do: f32 only.
+        .chain(moe_bf16.iter().map(|t| ("bf16 ", &bf16, t)))
         .filter(|(_, _, (name, _))| filter.as_ref().is_none_or(|f| name.contains(f.as_str())))
         .filter(|(_, _, (name, _))| skip.as_ref().is_none_or(|s| !name.contains(s.as_str())))
         .collect();

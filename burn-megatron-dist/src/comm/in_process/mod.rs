@@ -215,11 +215,12 @@ impl InProcessTransport {
         }
     }
 
-    /// Brings a payload to this rank's `device` (as it is, if it is there already).
-    pub fn move_to(&self, x: Payload, device: &Device) -> Payload {
-        match &x.device() == device {
-            true => x,
-            false => (self.copy)(x, device),
+    /// Brings a payload to this rank's `device`: this rank's own as it is, a peer's through the
+    /// transport's copy (which may hand a payload already on `device` over as it is).
+    pub fn move_to(&self, x: Payload, device: &Device, theirs: bool) -> Payload {
+        match theirs || &x.device() != device {
+            true => (self.copy)(x, device),
+            false => x,
         }
     }
 
@@ -295,7 +296,12 @@ impl InProcessTransport {
     fn gather_here(&self, collective: Collective, x: Payload) -> Result<Vec<Payload>, CommError> {
         let device = x.device();
         let values = self.meet_data(collective, Value::One(Box::new(x)))?;
-        Ok(values.into_iter().map(|v| self.move_to(one(v), &device)).collect())
+        let me = self.group_rank;
+        Ok(values
+            .into_iter()
+            .enumerate()
+            .map(|(j, v)| self.move_to(one(v), &device, j != me))
+            .collect())
     }
 }
 
@@ -367,7 +373,8 @@ impl Transport for InProcessTransport {
         let values = self.meet_data(Collective::ReduceScatter, Value::One(Box::new(x)))?;
         let parts = values
             .into_iter()
-            .map(|v| self.move_to(one(v).narrow(mine.clone()), &device))
+            .enumerate()
+            .map(|(j, v)| self.move_to(one(v).narrow(mine.clone()), &device, j != self.group_rank))
             .collect();
         Ok(reduce(parts, op))
     }
@@ -377,8 +384,11 @@ impl Transport for InProcessTransport {
         let values = self.meet_data(Collective::AllToAll, Value::Many(chunks))?;
         Ok(values
             .into_iter()
-            .map(|v| match v {
-                Value::Many(mut chunks) => self.move_to(chunks.swap_remove(self.group_rank), &device),
+            .enumerate()
+            .map(|(j, v)| match v {
+                Value::Many(mut chunks) => {
+                    self.move_to(chunks.swap_remove(self.group_rank), &device, j != self.group_rank)
+                }
                 other => panic!("expected chunks, got {other:?}"),
             })
             .collect())
@@ -399,6 +409,6 @@ impl Transport for InProcessTransport {
 
     fn recv(&self, like: Payload, peer: usize, seq: u64) -> Result<Payload, CommError> {
         let x = self.take_mail(&like, peer, seq)?;
-        Ok(self.move_to(x, &like.device()))
+        Ok(self.move_to(x, &like.device(), true))
     }
 }

@@ -115,7 +115,19 @@ impl NcclThreadsTransport {
 /// queued on its device's communication stream. Two transfers in opposite directions queued in
 /// different orders on the two devices would wait for each other forever, so transfers between
 /// CUDA devices are queued one at a time, process-wide: every device sees them in one order.
+///
+/// A peer's payload on this rank's own GPU (ranks sharing one) is copied through host memory:
+/// handed over as it is, the buffer of another rank's stream would be read on this rank's and
+/// then freed to the pool while that read may still be queued; another stream then reused it
+/// (MoE's all-to-all on a shared H200 read another tensor's values). The synchronous read
+/// leaves this rank a buffer of its own.
 fn copy_queued(x: Payload, device: &Device) -> Payload {
+    if &x.device() == device {
+        return match cuda_index(device) {
+            Some(_) => x.to_device(&Device::flex()).to_device(device),
+            None => x,
+        };
+    }
     if cuda_index(device).is_some() && cuda_index(&x.device()).is_some() {
         static QUEUE: Mutex<()> = Mutex::new(());
         let _queued = QUEUE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -222,7 +234,7 @@ impl Transport for NcclThreadsTransport {
         let x = self.rendezvous.take_mail(&like, peer, seq)?;
         match self.nccl_if_joined(&like) {
             Some(nccl) => nccl.recv(like, peer),
-            None => Ok(self.rendezvous.move_to(x, &like.device())),
+            None => Ok(self.rendezvous.move_to(x, &like.device(), true)),
         }
     }
 }

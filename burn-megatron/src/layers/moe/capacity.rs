@@ -7,9 +7,9 @@
 //! Legend: `t` tokens, `k` top k, `e` experts.
 
 use burn::config::Config;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor};
 
-use super::dispatch::Dispatch;
+use super::dispatch::{Dispatch, dispatch_host};
 use crate::error::ConfigError;
 
 /// Which copies an over-full expert keeps.
@@ -46,13 +46,15 @@ impl Capacity {
 }
 
 /// The dispatch of `experts` (`[t, k]`) with each expert cut to `capacity` copies by the
-/// policy, reading `weights` (`[t, k]`), and the number of copies dropped. Decided on the host,
-/// where the counts are read anyway.
+/// policy, reading `weights` (`[t, k]`), each expert's rows padded with fillers to a multiple of
+/// `align`; and the number of copies dropped. Decided on the host, where the counts are read
+/// anyway.
 pub fn dispatch_with_capacity(
     experts: Tensor<2, Int>,
     weights: &Tensor<2>,
     e: usize,
     capacity: &Capacity,
+    align: usize,
 ) -> (Dispatch, usize) {
     let [t, k] = experts.dims();
     let device = experts.device();
@@ -65,29 +67,15 @@ pub fn dispatch_with_capacity(
         .try_to_vec()
         .expect("weights");
     let limit = capacity.per_expert(t, k, e);
-    let mut slots = Vec::with_capacity(t * k);
-    let mut counts = vec![0; e];
-    for (expert, count) in counts.iter_mut().enumerate() {
-        // This expert's copies in token order, then the ones it keeps, back in token order.
+    let mut kept = vec![None; t * k];
+    for expert in 0..e {
+        // This expert's copies in token order, then the ones it keeps.
         let mut mine: Vec<usize> = (0..t * k).filter(|&s| chosen[s] == expert as i64).collect();
-        if mine.len() > limit {
-            if capacity.policy == DropPolicy::Probs {
-                mine.sort_by(|&a, &b| weight[b].total_cmp(&weight[a]).then(a.cmp(&b)));
-            }
-            mine.truncate(limit);
-            mine.sort_unstable();
+        if mine.len() > limit && capacity.policy == DropPolicy::Probs {
+            mine.sort_by(|&a, &b| weight[b].total_cmp(&weight[a]).then(a.cmp(&b)));
         }
-        *count = mine.len();
-        slots.extend(mine);
+        mine.iter().take(limit).for_each(|&s| kept[s] = Some(expert));
     }
-    let dropped = t * k - slots.len();
-    let tensor =
-        |values: Vec<i64>| Tensor::<1, Int>::from_data(TensorData::new(values.clone(), [values.len()]), &device);
-    let tokens = slots.iter().map(|&s| (s / k) as i64).collect();
-    let dispatch = Dispatch {
-        slots: tensor(slots.into_iter().map(|s| s as i64).collect()),
-        tokens: tensor(tokens),
-        counts,
-    };
-    (dispatch, dropped)
+    let dropped = kept.iter().filter(|x| x.is_none()).count();
+    (dispatch_host(kept, k, 0..e, align, &device), dropped)
 }

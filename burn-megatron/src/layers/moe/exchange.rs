@@ -157,7 +157,7 @@ impl AllGather {
             .collect();
         let tokens = gather_from_sp(tokens, ep, 0)?; // [ep·t, d]
         let weights = gather_from_sp(weights, ep, 0)?; // [ep·t, k]
-        let dispatch = dispatch_host(&all_ids, k, local_experts(e, ep), &device).aligned(align, all_ids.len());
+        let dispatch = dispatch_host(all_ids, k, local_experts(e, ep), align, &device);
         let counts = dispatch.counts.clone();
         Ok(Gathered {
             rows: permute(tokens, &dispatch),

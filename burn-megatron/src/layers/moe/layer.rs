@@ -163,10 +163,12 @@ impl Moe {
         let routing = self.router.forward(to_router.reshape([b * s, d]), b)?;
         let weights = copy_to_tp(routing.weights.clone(), tp)?;
         let tokens = to_experts.reshape([b * s, d]);
-        let (plan, dropped, pad_to) = self.plan(&routing, b * s);
-        let y = self
-            .routed(tokens, weights, &routing, &plan, pad_to)?
-            .reshape([b, s, d]);
+        let (plan, dropped, pad_to) = self.plan(&routing, &tokens);
+        let load = Load {
+            per_expert: plan.copies(self.n_experts),
+            dropped,
+        };
+        let y = self.routed(tokens, weights, &plan, pad_to)?.reshape([b, s, d]);
         let y = match (tp.size() > 1, sharded) {
             (false, _) => y,
             (true, true) => reduce_scatter_to_sp(y, tp, 1)?,
@@ -176,27 +178,38 @@ impl Moe {
             Some(mlp) => y + mlp.forward(x)?,
             None => y,
         };
-        let load = Load {
-            per_expert: plan.counts,
-            dropped,
-        };
         Ok((y, routing, load))
     }
 
     /// This rank's copies by expert (cut to the capacity, if any), the copies dropped, and the
-    /// rows each expert is padded to.
-    fn plan(&self, routing: &Routing, tokens: usize) -> (Dispatch, usize, Option<usize>) {
+    /// rows each expert is padded to. At ep = 1 each expert's rows are laid out in whole tiles
+    /// of the grouped product here; over ep, where they arrive ([`exchange`](super::exchange)).
+    fn plan(&self, routing: &Routing, tokens: &Tensor<2>) -> (Dispatch, usize, Option<usize>) {
         let e = self.n_experts;
+        let [t, k] = routing.experts.dims();
+        let align = match self.ep.size() {
+            1 => self.alignment(tokens, None),
+            _ => 1,
+        };
         match &self.capacity {
-            None => (dispatch(routing.experts.clone(), e), 0, None),
+            None => (dispatch(routing.experts.clone(), e, align), 0, None),
             Some(capacity) => {
-                let (plan, dropped) = dispatch_with_capacity(routing.experts.clone(), &routing.weights, e, capacity);
-                // Each ep rank sends an expert at most its capacity.
-                let pad_to = capacity
-                    .pad
-                    .then(|| self.ep.size() * capacity.per_expert(tokens, routing.experts.dims()[1], e));
+                let pad_to = capacity.pad.then(|| self.ep.size() * capacity.per_expert(t, k, e));
+                let align = if pad_to.is_some() { 1 } else { align };
+                let (plan, dropped) =
+                    dispatch_with_capacity(routing.experts.clone(), &routing.weights, e, capacity, align);
                 (plan, dropped, pad_to)
             }
+        }
+    }
+
+    /// The multiple each expert's rows are padded to: none when capacity pads them, else the
+    /// configured one or the grouped product's tile on this device.
+    fn alignment(&self, tokens: &Tensor<2>, pad_to: Option<usize>) -> usize {
+        match (pad_to, self.rows_multiple) {
+            (Some(_), _) => 1,
+            (None, Some(multiple)) => multiple,
+            (None, None) => row_alignment(tokens),
         }
     }
 
@@ -206,23 +219,15 @@ impl Moe {
         &self,
         tokens: Tensor<2>,
         weights: Tensor<2>,
-        routing: &Routing,
         plan: &Dispatch,
         pad_to: Option<usize>,
     ) -> Result<Tensor<2>, LayerError> {
         let ep = &self.ep;
-        // Each expert's rows in whole tiles of the grouped product, unless capacity pads them.
-        let align = match (pad_to, self.rows_multiple) {
-            (Some(_), _) => 1,
-            (None, Some(multiple)) => multiple,
-            (None, None) => row_alignment(&tokens),
-        };
         if ep.size() == 1 {
-            let [t, k] = routing.experts.dims();
-            let plan = plan.clone().aligned(align, t * k);
-            let routed = self.experts.forward(permute(tokens, &plan), &plan.counts, pad_to);
-            return Ok(unpermute(routed, weights, &plan));
+            let routed = self.experts.forward(permute(tokens, plan), &plan.counts, pad_to);
+            return Ok(unpermute(routed, weights, plan));
         }
+        let align = self.alignment(&tokens, pad_to);
         Ok(match self.dispatcher {
             ExpertParallel::AllToAll => {
                 let (rows, counts, route) = AllToAll::dispatch(permute(tokens, plan), &plan.counts, ep, align)?;
@@ -230,8 +235,7 @@ impl Moe {
                 unpermute(AllToAll::combine(out, &route, ep)?, weights, plan)
             }
             ExpertParallel::AllGather => {
-                let kept = plan.kept(routing);
-                let gathered = AllGather::dispatch(tokens, weights, &kept, self.n_experts, ep, align)?;
+                let gathered = AllGather::dispatch(tokens, weights, &plan.kept, self.n_experts, ep, align)?;
                 let out = self.experts.forward(gathered.rows.clone(), &gathered.counts, pad_to);
                 AllGather::combine(out, gathered, ep)?
             }
