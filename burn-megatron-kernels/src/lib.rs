@@ -9,6 +9,7 @@
 //! - [`grouped`]: a mixture of experts' grouped product (one weight a group of rows) and its
 //!   backward; on CUDA one launch of the wgmma GEMM's grouped variant.
 //! - [`rms_norm`], [`swiglu`], [`rope`]: the fused row and elementwise ops of a Llama block.
+//! - [`rows`]: row gathers whose gradient is a gather (a mixture of experts' permutations).
 //! - [`cross_entropy`]: the full-vocabulary sums of (vocab-parallel) cross-entropy and their
 //!   backward, on the logits in their dtype.
 //! - [`adamw`]: one AdamW update a parameter in one kernel (of fp32 master weights too, writing
@@ -38,6 +39,7 @@ pub mod rms_norm;
 pub mod rope;
 #[cfg(feature = "cuda")]
 mod row_kernels;
+pub mod rows;
 pub mod swiglu;
 #[cfg(feature = "cuda")]
 pub mod wgmma;

@@ -8,6 +8,7 @@
 //!   bench … --linear-gemm wgmma|burn  the linear layers' product (their config's `Gemm`; wgmma)
 //!   bench --gemm [--kernels A,B]      matmul routines on the llama GEMM shapes (gemm.rs)
 //!   bench --grouped                   the MoE grouped product on moe-4b's shapes (grouped.rs)
+//!   bench --moe-breakdown             one moe-4b MoE layer phase by phase (moe.rs)
 //!   bench --preset moe-4b [--ep N]    a MoE preset, its experts over ep (folded over dp)
 //!
 //! The peers' recipe by default (`PrecisionPolicy::bf16`): bf16 compute, fp32 master weights and
@@ -22,6 +23,7 @@
 
 mod gemm;
 mod grouped;
+mod moe;
 mod routines;
 mod timing;
 
@@ -45,6 +47,7 @@ struct Args {
     profile: bool,
     gemm: bool,
     grouped: bool,
+    moe_breakdown: bool,
     kernels: Vec<GemmKernel>,
     linear_gemm: Gemm,
     recipe: Recipe,
@@ -73,6 +76,7 @@ fn parse() -> Result<Args, String> {
         profile: false,
         gemm: false,
         grouped: false,
+        moe_breakdown: false,
         kernels: GemmKernel::ALL.to_vec(),
         linear_gemm: Gemm::Wgmma,
         recipe: Recipe::Bf16,
@@ -90,6 +94,7 @@ fn parse() -> Result<Args, String> {
             "--profile" => args.profile = true,
             "--gemm" => args.gemm = true,
             "--grouped" => args.grouped = true,
+            "--moe-breakdown" => args.moe_breakdown = true,
             "--pure-bf16" => args.recipe = Recipe::PureBf16,
             "--precision" => {
                 args.recipe = match value()?.as_str() {
@@ -135,6 +140,10 @@ fn main() {
     }
     if args.grouped {
         grouped::run(&Device::cuda(0), 20);
+        return;
+    }
+    if args.moe_breakdown {
+        moe::run(&Device::cuda(0), 10);
         return;
     }
     let recipe = preset(&args.preset).unwrap_or_else(|e| panic!("{e}"));

@@ -78,6 +78,9 @@ fn switch_loss(probabilities: Tensor<2>, experts: Tensor<2, Int>) -> Tensor<1> {
     let [t, e] = probabilities.dims();
     let [_, k] = experts.dims();
     let share = counts(experts, e).float().div_scalar((t * k) as f64); // f_e, no gradient
-    let mean = probabilities.mean_dim(0).reshape([e]); // P_e
+    // P_e as a product with a row of 1/t: Burn's reduction over dim 0 ran in one block
+    // (0.8 ms for moe-4b's [8192, 32] on an H200).
+    let uniform = Tensor::<2>::full([1, t], 1.0 / t as f64, (&probabilities.device(), probabilities.dtype()));
+    let mean = uniform.matmul(probabilities).reshape([e]); // P_e
     (share * mean).sum().mul_scalar(e as f64)
 }

@@ -1,9 +1,8 @@
 //! Token dispatch within one rank: the token copies (one a chosen expert) ordered by expert, and
 //! back. The order is decided on the host from the experts' ids (read once: the experts' row
 //! ranges are host numbers anyway), by expert and, within an expert, by slot (`token · k + j`).
-//! Both directions are tensor ops (`select`, and `select_assign` adding each copy's weighted
-//! output into its token's row), so the gradients flow through them: to the tokens, to the
-//! experts and to the router's weights.
+//! Both directions are row gathers that know their inverse (`burn_megatron_kernels::rows`), so
+//! the gradients are gathers too: to the tokens, to the experts and to the router's weights.
 //!
 //! Each expert's copies may be followed by fillers up to a multiple of the grouped product's tile
 //! ([`row_alignment`]): a filler repeats its expert's first token and reads weight slot `t·k`,
@@ -16,15 +15,18 @@
 
 use std::ops::Range;
 
-use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_megatron_kernels::rows::gather_rows;
 
 /// Where each copy of a token goes.
 #[derive(Clone, Debug)]
 pub struct Dispatch {
-    /// The slot (`token · k + j`) of each row, in expert order (fillers read slot `t·k`).
-    pub slots: Tensor<1, Int>,
-    /// The token of each row, in expert order.
+    /// `[r, 1]`: the slot (`token · k + j`) of each row, in expert order (fillers: `t·k`).
+    pub slots: Tensor<2, Int>,
+    /// `[r]`: the token of each row, in expert order.
     pub tokens: Tensor<1, Int>,
+    /// `[t, k]`: the row of each slot, `r` (one past the last) for a copy left out.
+    pub rows: Tensor<2, Int>,
     /// The rows each expert runs on, fillers included, on the host (its row range).
     pub counts: Vec<usize>,
     /// Each slot's expert, or `None` for a copy left out (dropped for capacity).
@@ -79,38 +81,44 @@ pub fn dispatch_host(
         slots.extend(mine);
         slots.extend(std::iter::repeat_n(filler, fill));
     }
-    let tensor = |values: Vec<i64>| {
-        let n = values.len();
-        Tensor::<1, Int>::from_data(TensorData::new(values, [n]), device)
-    };
+    let r = slots.len();
+    let mut rows = vec![r as i64; kept.len()];
+    for (row, &slot) in slots.iter().enumerate() {
+        if slot != filler {
+            rows[slot as usize] = row as i64;
+        }
+    }
+    let int = |values: Vec<i64>, shape: [usize; 2]| Tensor::<2, Int>::from_data(TensorData::new(values, shape), device);
     Dispatch {
-        slots: tensor(slots),
-        tokens: tensor(tokens),
+        slots: int(slots, [r, 1]),
+        tokens: Tensor::<1, Int>::from_data(TensorData::new(tokens, [r]), device),
+        rows: int(rows, [kept.len() / k, k]),
         counts,
         kept,
     }
 }
 
-/// Each token's row once for each of its experts, in expert order: `[t, d]` → `[t·k, d]`.
+/// Each token's row once for each of its experts, in expert order (a filler repeats its
+/// expert's first token): `[t, d]` → `[r, d]`.
 pub fn permute(x: Tensor<2>, dispatch: &Dispatch) -> Tensor<2> {
-    x.select(0, dispatch.tokens.clone())
+    gather_rows(x, dispatch.tokens.clone(), dispatch.rows.clone())
 }
 
-/// The experts' outputs `y` (a row a copy, expert order) weighted by `weights` (`[t, k]`) and
-/// summed into their tokens' rows: `[t, d]`.
+/// The experts' outputs `y` (`[r, d]`, a row a copy in expert order, fillers included) weighted
+/// by `weights` (`[t, k]`) and summed into their tokens' rows: `[t, d]`. A copy left out adds
+/// nothing; a filler's row is read by no token.
 pub fn unpermute(y: Tensor<2>, weights: Tensor<2>, dispatch: &Dispatch) -> Tensor<2> {
     let [t, k] = weights.dims();
     let [_, d] = y.dims();
-    // Slot t·k, one past the last, is a zero weight: the fillers of an aligned dispatch read it.
-    let zero = Tensor::zeros([1], (&weights.device(), weights.dtype()));
-    let sorted = Tensor::cat(vec![weights.reshape([t * k]), zero], 0)
-        .select(0, dispatch.slots.clone())
-        .cast(y.dtype());
-    let weighted = y.clone() * sorted.unsqueeze_dim::<2>(1);
-    Tensor::zeros([t, d], (&y.device(), y.dtype())).select_assign(
-        0,
-        dispatch.tokens.clone(),
-        weighted,
-        IndexingUpdateOp::Add,
-    )
+    let copies = gather_rows(
+        y.clone(),
+        dispatch.rows.clone().reshape([t * k]),
+        dispatch.slots.clone(),
+    );
+    let copies = copies.reshape([t, k, d]);
+    let weights = weights.cast(y.dtype()).unsqueeze_dim::<3>(2); // [t, k, 1]
+    // The k weighted copies added one at a time (a reduction over the middle dim can run in one
+    // block).
+    let weighted = |j: usize| copies.clone().narrow(1, j, 1) * weights.clone().narrow(1, j, 1);
+    (1..k).fold(weighted(0), |sum, j| sum + weighted(j)).reshape([t, d])
 }

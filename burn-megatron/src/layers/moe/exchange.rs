@@ -12,13 +12,15 @@
 //!   small ep, and no count exchange before the rows move.
 //!
 //! Both are differentiable: the collectives are the mappings of `burn_megatron_dist`, whose
-//! backward goes back along the same routes, and the reorderings are `select`s.
+//! backward goes back along the same routes, and the reorderings are row gathers that know
+//! their inverse (`burn_megatron_kernels::rows`).
 //!
 //! Legend: `t` tokens, `k` top k, `d` d_model, `e` experts, `n` copies.
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron_dist::mappings::{all_to_all_uneven, gather_from_sp, reduce_scatter_to_sp};
 use burn_megatron_dist::{CommError, ProcessGroup};
+use burn_megatron_kernels::rows::gather_rows;
 
 use super::dispatch::{Dispatch, dispatch_host, permute, unpermute};
 
@@ -42,10 +44,24 @@ fn all_counts(counts: &[usize], ep: &ProcessGroup, device: &Device) -> Result<Ve
 /// The way back of an all-to-all dispatch.
 #[derive(Clone, Debug)]
 pub struct Route {
-    /// Arrived rows (grouped by source) in expert order, and its inverse; `None` with no rows.
-    order: Option<(Tensor<1, Int>, Tensor<1, Int>)>,
+    /// The reordering of the arrived rows (grouped by source) into expert order, fillers
+    /// included, and back; `None` with no rows.
+    order: Option<Reorder>,
     /// Rows this rank received from each ep rank: what it sends back to each.
     received: Vec<usize>,
+}
+
+/// Arrived rows `a` and the expert-ordered rows `r` (fillers included) that read them, as row
+/// gathers in both directions with their inverses.
+#[derive(Clone, Debug)]
+struct Reorder {
+    /// `[r]`: the arrived row each expert-ordered row reads.
+    forward: Tensor<1, Int>,
+    /// `[a, 1]` as the forward's readers, `[a]` as the way back's index: each arrived row's
+    /// position in expert order.
+    position: Tensor<1, Int>,
+    /// `[r, 1]`: the arrived row each expert-ordered row goes back to (`a` for a filler).
+    back: Tensor<2, Int>,
 }
 
 /// All-to-all dispatch.
@@ -100,9 +116,24 @@ impl AllToAll {
             order.extend(std::iter::repeat_n(filler, fill));
             local_counts[i] += fill;
         }
-        let order = (!order.is_empty()).then(|| (int_tensor(order, &device), int_tensor(inverse, &device)));
+        let order = (!order.is_empty()).then(|| {
+            let a = inverse.len();
+            let mut back = vec![a as i64; order.len()];
+            for (arrived_row, &position) in inverse.iter().enumerate() {
+                back[position as usize] = arrived_row as i64;
+            }
+            let r = back.len();
+            Reorder {
+                forward: int_tensor(order, &device),
+                position: int_tensor(inverse, &device),
+                back: int_tensor(back, &device).reshape([r, 1]),
+            }
+        });
         let rows = match &order {
-            Some((forward, _)) => arrived.select(0, forward.clone()),
+            Some(o) => {
+                let a = arrived.dims()[0];
+                gather_rows(arrived, o.forward.clone(), o.position.clone().reshape([a, 1]))
+            }
             None => arrived,
         };
         Ok((rows, local_counts, Route { order, received }))
@@ -112,7 +143,7 @@ impl AllToAll {
     /// to the ranks their copies came from, in the order those ranks sent them.
     pub fn combine(rows: Tensor<2>, route: &Route, ep: &ProcessGroup) -> Result<Tensor<2>, CommError> {
         let rows = match &route.order {
-            Some((_, inverse)) => rows.select(0, inverse.clone()),
+            Some(o) => gather_rows(rows, o.position.clone(), o.back.clone()),
             None => rows,
         };
         Ok(all_to_all_uneven(rows, ep, 0, &route.received)?.0)

@@ -258,10 +258,18 @@ fn limit_groups(scores: Tensor<2>, limit: GroupLimit) -> Tensor<2> {
     scores.mask_fill(mask.equal_elem(0.0), f32::NEG_INFINITY)
 }
 
-/// How many of `experts`' entries name each of `e` experts.
+/// How many of `experts`' entries name each of `e` experts: ones added at each id. (Burn's
+/// `one_hot` checks its ids with a one-block reduction, 0.45 ms on an H200 for moe-4b's 32k
+/// copies, three times a layer.)
 pub fn counts(experts: Tensor<2, Int>, e: usize) -> Tensor<1, Int> {
     let [t, k] = experts.dims();
-    experts.reshape([t * k]).one_hot::<2>(e).sum_dim(0).reshape([e])
+    let device = experts.device();
+    Tensor::<1, Int>::zeros([e], &device).scatter(
+        0,
+        experts.reshape([t * k]),
+        Tensor::ones([t * k], &device),
+        burn::tensor::IndexingUpdateOp::Add,
+    )
 }
 
 #[cfg(test)]
