@@ -308,9 +308,14 @@ fn moe_losses(h: &Harness, plan: ParallelPlan, zero1: bool) -> (Vec<f64>, Vec<f6
 
 /// A plan of `tp` × dp 2 with experts over `ep`.
 fn plan(tp: usize, ep: usize, dispatcher: ExpertParallel, sp: bool) -> ParallelPlan {
+    plan_dp(tp, 2, ep, dispatcher, sp)
+}
+
+/// A plan of `tp` × `dp` with experts over `ep`.
+fn plan_dp(tp: usize, dp: usize, ep: usize, dispatcher: ExpertParallel, sp: bool) -> ParallelPlan {
     let dims = ParallelDims {
         ep,
-        ..ParallelDims::tp_dp(tp, 2)
+        ..ParallelDims::tp_dp(tp, dp)
     };
     let tensor = match sp {
         true => TensorParallel::SequenceParallel,
@@ -319,8 +324,8 @@ fn plan(tp: usize, ep: usize, dispatcher: ExpertParallel, sp: bool) -> ParallelP
     ParallelPlan::new(dims).with_tensor(tensor).with_expert(dispatcher)
 }
 
-/// 20 AdamW steps of a MoE Llama at ep = 2 (both dispatchers, ZeRO-1 with the all-gather one)
-/// and tp = 2 × ep = 2 with SP, against ep = 1 at the same dp.
+/// 20 AdamW steps of a MoE Llama at ep = 2 and ep = 4 (both dispatchers, ZeRO-1 with one of
+/// each) and tp = 2 × ep = 2 with SP, against ep = 1 at the same dp.
 ///
 /// - The first step's global gradient norm within 1e-4 relative (the split-product tolerance):
 ///   the same weights route the same, so every gradient, the experts' reduced over the
@@ -331,22 +336,28 @@ fn plan(tp: usize, ep: usize, dispatcher: ExpertParallel, sp: bool) -> ParallelP
 ///   tp 2 × ep 2, step 19: 2.4e-3). A model that stops learning, or an expert updated at twice
 ///   its gradient, misses the norm check or the curve by more.
 pub fn moe_steps_match(h: &Harness) {
-    let (twin, twin_norms) = moe_losses(h, plan(1, 1, ExpertParallel::AllToAll, false), false);
-    assert!(twin[19] < twin[0], "the model learns: {} → {}", twin[0], twin[19]);
-    for (tp, dispatcher, sp, zero1) in [
-        (1, ExpertParallel::AllToAll, false, false),
-        (1, ExpertParallel::AllGather, false, true),
-        (2, ExpertParallel::AllToAll, true, false),
+    let twins = [2, 4].map(|dp| moe_losses(h, plan_dp(1, dp, 1, ExpertParallel::AllToAll, false), false));
+    for (twin, _) in &twins {
+        assert!(twin[19] < twin[0], "the model learns: {} → {}", twin[0], twin[19]);
+    }
+    for (tp, dp, dispatcher, sp, zero1) in [
+        (1, 2, ExpertParallel::AllToAll, false, false),
+        (1, 2, ExpertParallel::AllGather, false, true),
+        (2, 2, ExpertParallel::AllToAll, true, false),
+        (1, 4, ExpertParallel::AllToAll, false, true),
+        (1, 4, ExpertParallel::AllGather, false, false),
     ] {
-        let (ours, norms) = moe_losses(h, plan(tp, 2, dispatcher, sp), zero1);
-        let what = format!("tp {tp} ep 2 {dispatcher:?} zero1 {zero1}");
+        // Against ep = 1 at the same dp: each rank routes the same tokens.
+        let (twin, twin_norms) = &twins[dp / 2 - 1];
+        let (ours, norms) = moe_losses(h, plan_dp(tp, dp, dp, dispatcher, sp), zero1);
+        let what = format!("tp {tp} ep {dp} {dispatcher:?} zero1 {zero1}");
         assert!(
             (norms[0] - twin_norms[0]).abs() <= h.matmul_tolerance * twin_norms[0],
             "{what}: first gradient norm {} vs ep = 1 {}",
             norms[0],
             twin_norms[0]
         );
-        for (step, (a, b)) in ours.iter().zip(&twin).enumerate() {
+        for (step, (a, b)) in ours.iter().zip(twin).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-2 * b.abs(),
                 "{what}: step {step} loss {a} vs ep = 1 {b}"
