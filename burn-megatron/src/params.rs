@@ -24,6 +24,9 @@ pub struct ParamInfo {
     /// Whether it holds experts, split along dim 0 over the expert-parallel group (its
     /// gradient is then averaged over the expert-data-parallel group, not dp × cp).
     pub expert: bool,
+    /// Whether gradients train it: false for a parameter set apart with
+    /// `set_require_grad(false)` (a router's selection bias), which optimizers leave as it is.
+    pub trainable: bool,
 }
 
 /// Tracks the module path and the type of the innermost layer.
@@ -46,7 +49,7 @@ impl Path {
 
     /// The info of the parameter just entered: Burn enters each field with its name and the
     /// type of the struct that owns it, so the last entry names both.
-    fn info(&self) -> ParamInfo {
+    fn info(&self, trainable: bool) -> ParamInfo {
         let owner = self.containers.last().map(String::as_str).unwrap_or("");
         let field = self.names.last().map(String::as_str).unwrap_or("");
         let split_dim = match (owner, field) {
@@ -63,6 +66,7 @@ impl Path {
             tp_split: split_dim.is_some(),
             split_dim,
             expert: owner == "Struct:Experts",
+            trainable,
         }
     }
 }
@@ -80,8 +84,8 @@ pub fn param_infos<M: Module>(model: &M) -> Vec<ParamInfo> {
         fn exit_module(&mut self, _name: &str, _container: &str) {
             self.path.exit();
         }
-        fn visit_float<const D: usize>(&mut self, _param: &Param<Tensor<D>>) {
-            self.out.push(self.path.info());
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            self.out.push(self.path.info(trainable(&param.val())));
         }
     }
     let mut collect = Collect {
@@ -105,10 +109,11 @@ pub fn map_params<M: Module>(model: M, next: &mut dyn FnMut(usize, Tensor<1>, Ve
             let next = &mut self.next;
             param.map(|value| {
                 let dims = value.dims();
+                let was_trainable = trainable(&value);
                 let flat = value.detach().reshape([dims.iter().product::<usize>()]);
                 let value = next(index, flat, dims.to_vec()).reshape(dims).detach();
-                // A new leaf, trainable again on an autodiff device.
-                if value.is_autodiff() {
+                // A new leaf, trainable again on an autodiff device if it was.
+                if value.is_autodiff() && was_trainable {
                     value.require_grad()
                 } else {
                     value
@@ -189,6 +194,12 @@ pub fn grads_params<M: Module>(model: &M, flat: Vec<Tensor<1>>) -> GradientsPara
     let mut put = Put(flat.into_iter(), GradientsParams::new());
     model.visit(&mut put);
     put.1
+}
+
+/// Whether gradients train a parameter of value `value`: on an autodiff device, whether it
+/// requires them; elsewhere every parameter counts (nothing tells them apart there).
+fn trainable<const D: usize>(value: &Tensor<D>) -> bool {
+    !value.is_autodiff() || value.is_require_grad()
 }
 
 fn flatten<const D: usize>(t: Tensor<D>) -> Tensor<1> {

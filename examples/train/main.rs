@@ -182,7 +182,9 @@ fn run(args: &Args) -> Result<(), String> {
             model = optim
                 .step_reduced(args.lr, model, reduced)
                 .map_err(|e| e.to_string())?
-                .0;
+                .0
+                .update_expert_bias(&report, &ctx.groups)
+                .map_err(|e| e.to_string())?;
             if ctx.global_rank == 0 {
                 println!("step {step} loss {value:.6}{experts}");
             }

@@ -60,7 +60,7 @@ macro_rules! for_each_moe_test {
     ($callback:ident!($($args:tt)*)) => {
         $crate::$callback! { $($args)*; moe_suite:
             ep2_all_to_all, ep2_all_gather, ep4_both_dispatchers, tp2_ep2, starved_rank, padded_expert_rows,
-            moe_steps_match, experts_reshard_in_checkpoints, bad_expert_layouts }
+            moe_steps_match, experts_reshard_in_checkpoints, expert_bias_balances, bad_expert_layouts }
     };
 }
 

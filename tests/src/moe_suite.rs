@@ -414,6 +414,96 @@ pub fn experts_reshard_in_checkpoints(h: &Harness) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// DeepSeek-V3's auxiliary-loss-free balancing through a training step at ep = 2 over dp = 2:
+/// the optimizer leaves the router's selection bias as it is (no gradient trains it, and weight
+/// decay must not shrink it), then `update_expert_bias` moves it by the rate toward balance,
+/// `bias += rate · sign(mean − load)`, the load summed over both ranks' tokens (computed here
+/// from every rank's report); it stays out of the gradient.
+pub fn expert_bias_balances(h: &Harness) {
+    let layout = plan(1, 2, ExpertParallel::AllToAll, false);
+    h.run(layout.dims, |ctx| {
+        let dev = ctx.device.clone().autodiff();
+        let mut config = recipes::tiny_moe().model;
+        config.n_layers = 2;
+        let moe = config.moe.as_mut().unwrap();
+        moe.layer.router = moe
+            .layer
+            .router
+            .clone()
+            .with_expert_bias(true)
+            .with_bias_update_rate(0.01);
+        let config = layout.apply(config, 2, SEQ).unwrap();
+        let init = ParamInit::new(5, InitMode::Full).with_dtype(h.float);
+        let mut model = config.init(&dev, &ctx.groups, &init).unwrap();
+        let start: Vec<f32> = (0..8).map(|x| 0.1 * x as f32 - 0.3).collect();
+        for layer in &mut model.layers {
+            let router = &mut layer.moe.as_mut().unwrap().router;
+            let bias = Tensor::<1>::from_floats(start.as_slice(), &dev);
+            router.bias = Some(Param::from_tensor(bias).set_require_grad(false));
+        }
+        let bias = |model: &Llama, i: usize| -> Vec<f32> {
+            let router = &model.layers[i].moe.as_ref().unwrap().router;
+            router
+                .bias
+                .as_ref()
+                .unwrap()
+                .val()
+                .into_data()
+                .convert::<f32>()
+                .try_to_vec::<f32>()
+                .unwrap()
+        };
+        let mut optim = DistributedAdamWConfig::new().init(&ctx.groups);
+        let tokens: Vec<i64> = (0..2 * (SEQ + 1) as i64).map(|i| (i * 37 + 11) % 1024).collect();
+        let tokens = Tensor::<2, Int>::from_data(TensorData::new(tokens, [2, SEQ + 1]), &dev);
+        let first = ctx.groups.dp.group_rank();
+        let tokens = tokens.narrow(0, first, 1);
+        let (ids, targets) = (tokens.clone().narrow(1, 0, SEQ), tokens.narrow(1, 1, SEQ));
+        let (loss, report) = model.forward_loss_report(ids, targets).unwrap();
+        let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(3e-3, model.clone(), grads).unwrap().0;
+        for i in 0..2 {
+            assert_eq!(bias(&model, i), start, "block {i}: the optimizer left the bias alone");
+        }
+        // The expected move, from both ranks' loads.
+        let mine: Vec<i64> = report
+            .loads
+            .iter()
+            .flat_map(|l| l.per_expert.iter().map(|&n| n as i64))
+            .collect();
+        let n = mine.len();
+        let all = ctx
+            .groups
+            .grad_sync()
+            .all_reduce(
+                Tensor::<1, Int>::from_data(TensorData::new(mine, [n]), &dev),
+                ReduceOp::Sum,
+            )
+            .unwrap();
+        let all = crate::data::int_values(all);
+        model = model.update_expert_bias(&report, &ctx.groups).unwrap();
+        for i in 0..2 {
+            let load = &all[i * 8..(i + 1) * 8];
+            let mean = load.iter().sum::<i64>() as f32 / 8.0;
+            let expected: Vec<f32> = start
+                .iter()
+                .zip(load)
+                .map(|(b, &l)| b + 0.01 * (mean - l as f32).signum() * ((mean - l as f32) != 0.0) as i32 as f32)
+                .collect();
+            let ours = bias(&model, i);
+            for (a, b) in ours.iter().zip(&expected) {
+                // One f32 addition of 0.01: a rounding of the sum.
+                assert!((a - b).abs() < 1e-6, "block {i}: bias {ours:?} vs {expected:?}");
+            }
+            let router = &model.layers[i].moe.as_ref().unwrap().router;
+            assert!(
+                !router.bias.as_ref().unwrap().val().is_require_grad(),
+                "still out of the gradient"
+            );
+        }
+    });
+}
+
 /// Bad expert layouts are typed errors before any tensor: experts that do not split over ep,
 /// ep that does not divide dp × cp, top k above the experts.
 pub fn bad_expert_layouts(_h: &Harness) {

@@ -219,7 +219,8 @@ impl DistributedAdamW {
     /// One update of `model` from gradients already reduced by [`reducer`](Self::reducer):
     /// one flat tensor a parameter in any float dtype, in traversal order (this rank's shard
     /// under ZeRO-1). One kernel a parameter updates the fp32 master weights and moments and
-    /// writes the parameter's new value in its dtype.
+    /// writes the parameter's new value in its dtype. A parameter gradients do not train
+    /// ([`ParamInfo::trainable`]) keeps its value.
     pub fn step_reduced<M: Module>(
         &mut self,
         lr: f64,
@@ -265,9 +266,14 @@ impl DistributedAdamW {
                 false => value,
             });
         }
-        let model = map_params(model, &mut |index, old, dims| {
-            let n: usize = dims.iter().product();
-            values[index].clone().narrow(0, 0, n).to_device(&old.device())
+        let infos = &self.infos;
+        let model = map_params(model, &mut |index, old, dims| match infos[index].trainable {
+            true => {
+                let n: usize = dims.iter().product();
+                values[index].clone().narrow(0, 0, n).to_device(&old.device())
+            }
+            // Not trained by gradients (a router's selection bias): as it was.
+            false => old,
         });
         Ok((model, StepReport { grad_norm }))
     }

@@ -52,6 +52,9 @@ pub struct RouterConfig {
     /// Keep a per-expert bias that steers selection (auxiliary-loss-free balancing).
     #[config(default = false)]
     pub expert_bias: bool,
+    /// How far the bias moves a step (DeepSeek-V3's γ; Megatron's `moe_router_bias_update_rate`).
+    #[config(default = 1e-3)]
+    pub bias_update_rate: f64,
     /// Coefficient of the Switch/GShard load-balancing loss over the whole batch.
     #[config(default = 0.0)]
     pub aux_loss: f64,
@@ -81,6 +84,7 @@ pub struct Router {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RouterSettings {
     pub top_k: usize,
+    pub bias_update_rate: f64,
     pub scoring: Scoring,
     pub normalize: bool,
     pub scaling: f64,
@@ -152,6 +156,7 @@ impl RouterConfig {
             bias,
             settings: RouterSettings {
                 top_k: self.top_k,
+                bias_update_rate: self.bias_update_rate,
                 scoring: self.scoring,
                 normalize: self.normalize,
                 scaling: self.scaling,

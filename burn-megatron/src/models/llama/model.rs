@@ -6,7 +6,7 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
-use burn_megatron_dist::ProcessGroups;
+use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
 
 use crate::error::LayerError;
 use crate::init::ParamInit;
@@ -245,6 +245,29 @@ impl Llama {
             (None, None) => unreachable!("a Llama has an output layer or tied word embeddings"),
         };
         Ok((logits, report))
+    }
+
+    /// DeepSeek-V3's auxiliary-loss-free balancing, after a step: each MoE block's router bias
+    /// (where it has one) moves by its rate toward balance, from the copies its experts took
+    /// over the whole batch (`report`'s loads summed over `groups.grad_sync()`). Every rank
+    /// calls it, with the report of its own forward pass.
+    pub fn update_expert_bias(mut self, report: &MoeReport, groups: &ProcessGroups) -> Result<Self, CommError> {
+        let mut loads = report.loads.iter();
+        for layer in &mut self.layers {
+            let Some(moe) = layer.moe.as_mut() else { continue };
+            let load = loads.next().expect("a load a MoE block");
+            if moe.router.bias.is_none() {
+                continue;
+            }
+            let device = moe.router.weight.val().device();
+            let counts: Vec<i64> = load.per_expert.iter().map(|&n| n as i64).collect();
+            let n = counts.len();
+            let local = Tensor::<1, Int>::from_data(burn::tensor::TensorData::new(counts, [n]), &device);
+            let total = groups.grad_sync().all_reduce(local, ReduceOp::Sum)?;
+            let rate = moe.router.settings.bias_update_rate;
+            moe.router = moe.router.clone().update_bias(total, rate);
+        }
+        Ok(self)
     }
 
     /// Whether the output layer shares the embedding's weight.
