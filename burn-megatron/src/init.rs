@@ -118,14 +118,13 @@ impl ParamInit {
                 .fold(normal(full, seed, std, device), |x, shard| shard.slice(x)),
             InitMode::PerShard => {
                 let shape = split.iter().fold(full, |shape, shard| shard.shape(shape));
-                let block = match split.as_slice() {
-                    [] => format!("{}/{}", Shard::WHOLE.dim, Shard::WHOLE.index),
-                    _ => split
-                        .iter()
-                        .map(|s| format!("{}/{}", s.dim, s.index))
-                        .collect::<Vec<_>>()
-                        .join(","),
-                };
+                // The block's name, from every shard given (one of one included): a single
+                // shard is named `dim/index`, as before several could be given.
+                let block = shards
+                    .iter()
+                    .map(|s| format!("{}/{}", s.dim, s.index))
+                    .collect::<Vec<_>>()
+                    .join(",");
                 normal(shape, hash(seed, &block), std, device)
             }
         };
@@ -213,6 +212,20 @@ mod tests {
         let whole = init.normal("w", [4, 6], Shard::WHOLE, 0.02, &dev);
         let part = init.normal("w", [4, 6], Shard::new(1, 1, 2), 0.02, &dev);
         whole.narrow(1, 3, 3).into_data().assert_eq(&part.into_data(), true);
+    }
+
+    /// A single shard's seed is named `dim/index`, whole or not: runs initialized per shard
+    /// before several shards could be given draw the same values.
+    #[test]
+    fn per_shard_seeds_keep_their_names() {
+        let dev = Device::flex();
+        let init = ParamInit::new(7, InitMode::PerShard);
+        for shard in [Shard::new(1, 0, 1), Shard::new(1, 1, 2), Shard::WHOLE] {
+            let ours = init.normal("w", [4, 6], shard, 0.02, &dev);
+            let name = format!("{}/{}", shard.dim, shard.index);
+            let theirs = normal(shard.shape([4, 6]), hash(hash(7, "w"), &name), 0.02, &dev);
+            ours.into_data().assert_eq(&theirs.into_data(), true);
+        }
     }
 
     #[test]
