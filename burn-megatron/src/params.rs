@@ -180,15 +180,18 @@ pub fn take_grads<M: Module>(model: &M, grads: GradientsParams) -> Vec<Option<Te
 }
 
 /// Flat gradients, one a parameter in traversal order, back in the parameters' shapes and
-/// dtypes, as Burn's optimizers take them.
+/// dtypes, as Burn's optimizers take them. A parameter gradients do not train gets none, so
+/// Burn's optimizers leave it as it is (weight decay included).
 pub fn grads_params<M: Module>(model: &M, flat: Vec<Tensor<1>>) -> GradientsParams {
     struct Put(std::vec::IntoIter<Tensor<1>>, GradientsParams);
     impl ModuleVisitor for Put {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             let value = param.val();
             let grad = self.0.next().expect("a gradient a parameter");
-            self.1
-                .register::<D>(param.id, grad.reshape(value.shape()).cast(value.dtype()));
+            if trainable(&value) {
+                self.1
+                    .register::<D>(param.id, grad.reshape(value.shape()).cast(value.dtype()));
+            }
         }
     }
     let mut put = Put(flat.into_iter(), GradientsParams::new());
@@ -205,4 +208,45 @@ fn trainable<const D: usize>(value: &Tensor<D>) -> bool {
 fn flatten<const D: usize>(t: Tensor<D>) -> Tensor<1> {
     let n = t.shape().num_elements();
     t.reshape([n])
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::Device;
+    use burn_megatron_dist::ProcessGroups;
+
+    use super::*;
+    use crate::init::{InitMode, ParamInit};
+    use crate::models::llama::recipes;
+
+    /// A router's selection bias is not trained by gradients: the walk says so, Burn's
+    /// optimizers get no gradient for it, and new values keep it out of autodiff; the experts
+    /// are marked, with their tp split dims.
+    #[test]
+    fn the_walk_tells_what_trains_and_what_holds_experts() {
+        let mut config = recipes::tiny_moe().model;
+        let moe = config.moe.as_mut().unwrap();
+        moe.layer.router = moe.layer.router.clone().with_expert_bias(true);
+        let device = Device::flex().autodiff();
+        let model = config
+            .init(&device, &ProcessGroups::single(), &ParamInit::new(0, InitMode::Full))
+            .unwrap();
+        let infos = param_infos(&model);
+        let info = |path: &str| infos.iter().find(|i| i.path == path).unwrap().clone();
+        assert!(!info("layers.0.moe.router.bias").trainable);
+        assert!(info("layers.0.moe.router.weight").trainable);
+        let w1 = info("layers.0.moe.experts.w1");
+        assert!(w1.expert && w1.trainable && w1.split_dim == Some(2));
+        assert_eq!(info("layers.0.moe.experts.w2").split_dim, Some(1));
+        assert!(!info("layers.0.moe.router.weight").expert);
+
+        let flat: Vec<Tensor<1>> = param_values(&model).into_iter().map(|p| p.value.zeros_like()).collect();
+        let grads = grads_params(&model, flat);
+        let bias = model.layers[0].moe.as_ref().unwrap().router.bias.as_ref().unwrap();
+        assert!(grads.get::<1>(bias.id).is_none(), "no gradient for the bias");
+
+        let model = map_params(model, &mut |_, value, _| value);
+        let infos_after = param_infos(&model);
+        assert_eq!(infos, infos_after, "new values keep each parameter's kind");
+    }
 }
