@@ -41,6 +41,9 @@ use crate::wgmma::{
 /// column, and the 64-deep slices it sums.
 const FIELDS: u32 = 7;
 
+/// One row of the table (host side).
+type TileRow = [usize; FIELDS as usize];
+
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn grouped_kernel(
@@ -206,6 +209,25 @@ impl Padding {
         Cube::float_select(y, 0, index)
     }
 
+    /// The padded rows, all groups.
+    fn rows(&self) -> usize {
+        self.counts.iter().sum()
+    }
+
+    /// The table of a product whose tiles are 128 padded rows of a group by 256 of `columns`
+    /// output columns, in group order: `entry(group, first row, first column)` gives a tile's.
+    fn row_tiles(&self, columns: usize, entry: impl Fn(usize, usize, usize) -> TileRow) -> Vec<TileRow> {
+        let mut table = Vec::new();
+        for (g, (&p, start)) in self.counts.iter().zip(self.starts()).enumerate() {
+            for i in (0..p).step_by(BLOCK_M as usize) {
+                for j in (0..columns).step_by(BLOCK_N as usize) {
+                    table.push(entry(g, start + i, j));
+                }
+            }
+        }
+        table
+    }
+
     /// Each group's first padded row.
     fn starts(&self) -> Vec<usize> {
         self.counts
@@ -276,18 +298,8 @@ pub(crate) fn forward(x: CubeTensor, w: CubeTensor, counts: &[usize]) -> CubeTen
     }
     let padding = Padding::of(counts);
     let x = padding.pad(x);
-    let rows: usize = padding.counts.iter().sum();
-    let w = rows_of(w);
-    let mut table = Vec::new();
-    for (g, (&p, start)) in padding.counts.iter().zip(padding.starts()).enumerate() {
-        for i in (0..p).step_by(BLOCK_M as usize) {
-            for j in (0..n).step_by(BLOCK_N as usize) {
-                let row = start + i;
-                table.push([row, 0, j, g * k, row, j, k / BLOCK_K as usize]);
-            }
-        }
-    }
-    let y = launch((x, Major::K), (w, Major::Mn), [rows, n], table);
+    let table = padding.row_tiles(n, |g, row, j| [row, 0, j, g * k, row, j, k / BLOCK_K as usize]);
+    let y = launch((x, Major::K), (rows_of(w), Major::Mn), [padding.rows(), n], table);
     padding.unpad(y)
 }
 
@@ -298,18 +310,9 @@ pub(crate) fn dgrad(dy: CubeTensor, w: CubeTensor, counts: &[usize]) -> CubeTens
     }
     let padding = Padding::of(counts);
     let dy = padding.pad(dy);
-    let rows: usize = padding.counts.iter().sum();
-    let w = rows_of(w);
-    let mut table = Vec::new();
-    for (g, (&p, start)) in padding.counts.iter().zip(padding.starts()).enumerate() {
-        for i in (0..p).step_by(BLOCK_M as usize) {
-            for j in (0..k).step_by(BLOCK_N as usize) {
-                let row = start + i;
-                table.push([row, 0, g * k + j, 0, row, j, n.div_ceil(BLOCK_K as usize)]);
-            }
-        }
-    }
-    let dx = launch((dy, Major::K), (w, Major::K), [rows, k], table);
+    let slices = n.div_ceil(BLOCK_K as usize);
+    let table = padding.row_tiles(k, |g, row, j| [row, 0, g * k + j, 0, row, j, slices]);
+    let dx = launch((dy, Major::K), (rows_of(w), Major::K), [padding.rows(), k], table);
     padding.unpad(dx)
 }
 
@@ -344,7 +347,7 @@ fn launch(
     (a, a_major): (CubeTensor, Major),
     (b, b_major): (CubeTensor, Major),
     [m, n]: [usize; 2],
-    table: Vec<[usize; FIELDS as usize]>,
+    table: Vec<TileRow>,
 ) -> CubeTensor {
     let (client, device) = (a.client.clone(), a.device.clone());
     let out = CubeTensor::new_contiguous(
