@@ -60,6 +60,7 @@ macro_rules! for_each_moe_test {
     ($callback:ident!($($args:tt)*)) => {
         $crate::$callback! { $($args)*; moe_suite:
             ep2_all_to_all, ep2_all_gather, ep4_both_dispatchers, tp2_ep2, starved_rank, padded_expert_rows,
+            capacity_over_ep,
             moe_steps_match, experts_reshard_in_checkpoints, expert_bias_balances, bad_expert_layouts }
     };
 }
@@ -145,4 +146,4 @@ pub const MAPPING_TESTS: &[NamedTest] = for_each_mapping_test!(list!());
 /// (worlds of 1 to 4), so they run with ranks as threads only.
 pub const MOE_TESTS: &[NamedTest] = for_each_moe_test!(list!());
 /// How many of [`MOE_TESTS`] test the layer alone.
-pub const MOE_LAYER_TESTS: usize = 6;
+pub const MOE_LAYER_TESTS: usize = 7;

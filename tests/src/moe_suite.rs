@@ -12,7 +12,7 @@ use burn::tensor::{Device, Gradients, Int, Tensor, TensorData};
 use burn_megatron::checkpoint;
 use burn_megatron::init::{InitMode, ParamInit, Shard};
 use burn_megatron::layers::SequenceLayout;
-use burn_megatron::layers::moe::{Moe, MoeConfig, RouterConfig};
+use burn_megatron::layers::moe::{Capacity, Moe, MoeConfig, RouterConfig};
 use burn_megatron::models::llama::{Llama, recipes};
 use burn_megatron::optim::{DistributedAdamW, DistributedAdamWConfig};
 use burn_megatron::plan::{ExpertParallel, ExpertParallelLayer, ParallelPlan, TensorParallel, TensorParallelLayer};
@@ -39,6 +39,8 @@ struct Layout {
     starve: bool,
     /// Each expert's rows padded to a multiple of this (fillers that must add nothing).
     rows_multiple: Option<usize>,
+    /// An expert capacity (each rank cuts its own tokens' copies, as the twin does).
+    capacity: Option<Capacity>,
 }
 
 impl Layout {
@@ -50,6 +52,7 @@ impl Layout {
             dispatcher,
             starve: false,
             rows_multiple: None,
+            capacity: None,
         }
     }
 
@@ -84,12 +87,13 @@ fn layer_matches_twin(h: &Harness, layout: Layout) {
             true => SequenceLayout::Sharded,
             false => SequenceLayout::Whole,
         };
-        let mut planned = config(layout.starve);
+        let mut planned = config(layout.starve).with_capacity(layout.capacity);
         planned.plan_tensor(layout.tp, sequence).unwrap();
         planned.plan_expert(layout.ep, layout.dispatcher).unwrap();
         planned.rows_multiple = layout.rows_multiple;
         let mut par = planned.init(&dev, g, &init, "moe").unwrap();
         let mut twin = config(layout.starve)
+            .with_capacity(layout.capacity)
             .init(&dev, &ProcessGroups::single(), &init, "moe")
             .unwrap();
         if layout.starve {
@@ -201,6 +205,28 @@ pub fn padded_expert_rows(h: &Harness) {
                 sp: tp > 1,
                 rows_multiple: Some(multiple),
                 ..Layout::new(tp, ep, dispatcher)
+            },
+        );
+    }
+}
+
+/// A capacity factor of 0.5 at ep = 2 (both dispatchers, with and without padding to the
+/// capacity) and tp = 2 × ep = 2: each rank drops the copies the twin drops from its tokens,
+/// and the survivors give the twin's outputs and gradients (the drops counted alike).
+pub fn capacity_over_ep(h: &Harness) {
+    for (tp, dispatcher, pad) in [
+        (1, ExpertParallel::AllToAll, false),
+        (1, ExpertParallel::AllGather, false),
+        (1, ExpertParallel::AllToAll, true),
+        (2, ExpertParallel::AllGather, true),
+    ] {
+        let capacity = Capacity::new(0.5).with_pad(pad);
+        layer_matches_twin(
+            h,
+            Layout {
+                sp: tp > 1,
+                capacity: Some(capacity),
+                ..Layout::new(tp, 2, dispatcher)
             },
         );
     }
