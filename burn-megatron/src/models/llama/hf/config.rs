@@ -395,4 +395,30 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("low_freq_factor"), "{err}");
     }
+
+    /// A model with mixture-of-experts blocks is no Hugging Face Llama: checking it against a
+    /// Llama config (as load and export do) is a typed error naming why.
+    #[test]
+    fn a_mixture_of_experts_is_refused() {
+        use burn_megatron_dist::ProcessGroups;
+
+        use crate::init::{InitMode, ParamInit};
+        use crate::models::llama::recipes;
+        let config = recipes::tiny_moe().model;
+        let hf = HfConfig::from_llama(&config);
+        let model = config
+            .init(
+                &burn::tensor::Device::flex(),
+                &ProcessGroups::single(),
+                &ParamInit::new(0, InitMode::Full),
+            )
+            .unwrap();
+        match hf.check_model(&model, 1) {
+            Err(HfError::Unsupported { field, detail, .. }) => {
+                assert_eq!(field, "model_type");
+                assert!(detail.contains("mixture-of-experts"), "{detail}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
 }
