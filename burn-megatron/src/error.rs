@@ -38,6 +38,10 @@ pub enum ConfigError {
     },
     #[error("expert capacity factor {factor} must be a finite number above 0")]
     CapacityFactor { factor: f64 },
+    #[error("{microbatches} microbatches do not form whole rounds of pp = {pp}, which the interleaved schedule walks")]
+    Microbatches { microbatches: usize, pp: usize },
+    #[error("an interleaved schedule needs at least 2 model chunks a rank, not {virtual_stages}")]
+    VirtualStages { virtual_stages: usize },
     #[error("{experts} experts do not split evenly over ep = {ep}")]
     ExpertsNotDivisible { experts: usize, ep: usize },
     #[error("{tokens} tokens do not form {sequences} sequences of equal length")]

@@ -1,5 +1,8 @@
-//! Pipeline parallelism: the model's blocks split into stages over the pp group. Not built yet;
-//! its room in the plan, so a run asking for it is refused by name.
+//! Pipeline parallelism: the model's blocks split into stages over the pp group. Its schedules
+//! are built and checked ([`schedule`]); the runtime that executes them is not, so a run asking
+//! for pp > 1 is refused by name.
+
+pub mod schedule;
 
 use crate::error::ConfigError;
 
