@@ -3,6 +3,7 @@
 //! for pp > 1 is refused by name.
 
 pub mod schedule;
+pub mod simulate;
 
 use crate::error::ConfigError;
 
