@@ -40,6 +40,14 @@ pub enum ConfigError {
     CapacityFactor { factor: f64 },
     #[error("{microbatches} microbatches do not form whole rounds of pp = {pp}, which the interleaved schedule walks")]
     Microbatches { microbatches: usize, pp: usize },
+    #[error(
+        "{layers} blocks do not split into {stages} pipeline stages as asked (counts {counts:?}: each at least 1, adding up to the blocks; none given: an even split)"
+    )]
+    StageLayers {
+        layers: usize,
+        stages: usize,
+        counts: Vec<usize>,
+    },
     #[error("an interleaved schedule needs at least 2 model chunks a rank, not {virtual_stages}")]
     VirtualStages { virtual_stages: usize },
     #[error("{experts} experts do not split evenly over ep = {ep}")]

@@ -1,9 +1,10 @@
-//! Pipeline parallelism: the model's blocks split into stages over the pp group. Its schedules
-//! are built and checked ([`schedule`]); the runtime that executes them is not, so a run asking
-//! for pp > 1 is refused by name.
+//! Pipeline parallelism: the model's blocks split into stages over the pp group ([`stages`]).
+//! Its schedules are built ([`schedule`]) and checked ([`simulate`]); the runtime that executes
+//! them is not, so a run asking for pp > 1 is refused by name.
 
 pub mod schedule;
 pub mod simulate;
+pub mod stages;
 
 use crate::error::ConfigError;
 
