@@ -187,15 +187,17 @@ impl Moe {
     fn plan(&self, routing: &Routing, tokens: &Tensor<2>) -> (Dispatch, usize, Option<usize>) {
         let e = self.n_experts;
         let [t, k] = routing.experts.dims();
+        let pad_to = self
+            .capacity
+            .filter(|c| c.pad)
+            .map(|c| self.ep.size() * c.per_expert(t, k, e));
         let align = match self.ep.size() {
-            1 => self.alignment(tokens, None),
+            1 => self.alignment(tokens, pad_to),
             _ => 1,
         };
         match &self.capacity {
-            None => (dispatch(routing.experts.clone(), e, align), 0, None),
+            None => (dispatch(routing.experts.clone(), e, align), 0, pad_to),
             Some(capacity) => {
-                let pad_to = capacity.pad.then(|| self.ep.size() * capacity.per_expert(t, k, e));
-                let align = if pad_to.is_some() { 1 } else { align };
                 let (plan, dropped) =
                     dispatch_with_capacity(routing.experts.clone(), &routing.weights, e, capacity, align);
                 (plan, dropped, pad_to)
