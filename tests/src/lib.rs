@@ -19,6 +19,7 @@ pub mod learner_suite;
 pub mod mapping_suite;
 pub mod model_suite;
 pub mod moe_suite;
+pub mod pipeline_suite;
 
 pub use harness::Harness;
 

@@ -279,7 +279,8 @@ impl DistributedAdamW {
     }
 
     /// √(Σ g²) over every rank, each parameter counted once: tp-replicated parameters count on
-    /// tp rank 0 only; dp shards are disjoint only under ZeRO-1; experts differ over ep.
+    /// tp rank 0 only; dp shards are disjoint only under ZeRO-1; experts differ over ep, and a
+    /// pipeline's stages over pp.
     fn global_norm(&self, shards: &[Tensor<1>]) -> Result<f64, CommError> {
         let tp = &self.groups.tp;
         let device = shards.first().map(|s| s.device());
@@ -309,6 +310,10 @@ impl DistributedAdamW {
                 .ep
                 .all_reduce(total.clone().narrow(0, 1, 1), ReduceOp::Sum)?;
             total = Tensor::cat(vec![total.narrow(0, 0, 1), experts], 0);
+        }
+        // Pipeline stages hold different parameters: the norm is over all of them.
+        if self.groups.pp.size() > 1 {
+            total = self.groups.pp.all_reduce(total, ReduceOp::Sum)?;
         }
         Ok(total.sum().into_scalar::<f64>().sqrt())
     }

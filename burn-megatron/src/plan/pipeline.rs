@@ -1,6 +1,7 @@
 //! Pipeline parallelism: the model's blocks split into stages over the pp group ([`stages`]).
-//! Its schedules are built ([`schedule`]) and checked ([`simulate`]); the runtime that executes
-//! them is not, so a run asking for pp > 1 is refused by name.
+//! Its schedules are built ([`schedule`]) and checked ([`simulate`]); a Llama's stage runs them
+//! (`models/llama/pipeline.rs`). The plan does not lay a model out over pp yet (nor do `train`
+//! and `bench` drive stages), so a plan asking for pp > 1 is refused by name.
 
 pub mod schedule;
 pub mod simulate;

@@ -6,8 +6,11 @@ pub mod hf;
 #[cfg(feature = "learner")]
 pub mod learner;
 pub mod model;
+pub mod pipeline;
 pub mod plan;
 pub mod recipes;
+pub mod stage;
 
 pub use model::{Llama, LlamaBlock, LlamaConfig, MoeBlocks, MoeReport, TiedOutput, WordEmbeddings};
 pub use recipes::{LlamaRecipe, preset};
+pub use stage::LlamaStage;

@@ -152,27 +152,7 @@ impl LlamaConfig {
 
     pub fn init(&self, device: &Device, groups: &ProcessGroups, init: &ParamInit) -> Result<Llama, LayerError> {
         let layers = (0..self.n_layers)
-            .map(|i| {
-                let name = format!("layers.{i}");
-                let (mut attention, mut mlp) = (self.attention.clone(), self.mlp.clone());
-                if let Some(edges) = self.edge_blocks.filter(|e| e.holds(i, self.n_layers)) {
-                    (attention.gemm, mlp.gemm) = (edges.gemm, edges.gemm);
-                }
-                let (mlp, moe) = match self.moe.as_ref().filter(|m| m.holds(i)) {
-                    Some(blocks) => (
-                        None,
-                        Some(blocks.layer.init(device, groups, init, &format!("{name}.moe"))?),
-                    ),
-                    None => (Some(mlp.init(device, groups, init, &format!("{name}.mlp"))?), None),
-                };
-                Ok(LlamaBlock {
-                    attention_norm: self.norm.init(device, groups, init),
-                    attention: attention.init(device, groups, init, &format!("{name}.attention"))?,
-                    mlp_norm: self.norm.init(device, groups, init),
-                    mlp,
-                    moe,
-                })
-            })
+            .map(|i| self.init_block(i, device, groups, init))
             .collect::<Result<_, LayerError>>()?;
         let (output, tied_output) = match self.word_embeddings {
             WordEmbeddings::Untied => (Some(self.output.init(device, groups, init, "output")?), None),
@@ -193,6 +173,37 @@ impl LlamaConfig {
             output,
             tied_output,
             loss: self.loss.init(groups),
+        })
+    }
+}
+
+impl LlamaConfig {
+    /// Block `i`, named `layers.{i}` (so its values are the whole model's at every layout).
+    pub fn init_block(
+        &self,
+        i: usize,
+        device: &Device,
+        groups: &ProcessGroups,
+        init: &ParamInit,
+    ) -> Result<LlamaBlock, LayerError> {
+        let name = format!("layers.{i}");
+        let (mut attention, mut mlp) = (self.attention.clone(), self.mlp.clone());
+        if let Some(edges) = self.edge_blocks.filter(|e| e.holds(i, self.n_layers)) {
+            (attention.gemm, mlp.gemm) = (edges.gemm, edges.gemm);
+        }
+        let (mlp, moe) = match self.moe.as_ref().filter(|m| m.holds(i)) {
+            Some(blocks) => (
+                None,
+                Some(blocks.layer.init(device, groups, init, &format!("{name}.moe"))?),
+            ),
+            None => (Some(mlp.init(device, groups, init, &format!("{name}.mlp"))?), None),
+        };
+        Ok(LlamaBlock {
+            attention_norm: self.norm.init(device, groups, init),
+            attention: attention.init(device, groups, init, &format!("{name}.attention"))?,
+            mlp_norm: self.norm.init(device, groups, init),
+            mlp,
+            moe,
         })
     }
 }

@@ -1,0 +1,185 @@
+//! A pipeline step of a Llama: one rank runs its [`Action`] list (`plan::pipeline::schedule`)
+//! on its [`LlamaStage`], over the pipeline group's point-to-point calls, and returns its loss
+//! and its parameters' gradients summed over the microbatches.
+//!
+//! A forward keeps its input (a new leaf, when it came from another stage) and its output; its
+//! backward seeds the output with the received gradient through `Σ output ⊙ gradient` (whose
+//! gradient with respect to the output is exactly the received one), and sends its input's
+//! gradient on. The last stage's loss is divided by the microbatches, so the summed gradients
+//! are the mean loss's.
+//!
+//! Legend: `m` microbatches, `b` a microbatch's sequences, `s` sequence, `d` d_model.
+
+use std::collections::HashMap;
+
+use burn::tensor::{Int, Tensor};
+use burn_megatron_dist::ProcessGroup;
+
+use super::stage::LlamaStage;
+use crate::error::LayerError;
+use crate::optim::{DistributedAdamW, StepReport};
+use crate::params::{param_grads, param_values};
+use crate::plan::pipeline::schedule::{Action, Payload};
+
+/// What one rank's step produced.
+pub struct StageStep {
+    /// The mean loss over the microbatches, `[1]`, on the rank holding the last stage.
+    pub loss: Option<Tensor<1>>,
+    /// Each of this rank's parameters' gradient, flattened, summed over the microbatches, in
+    /// traversal order (`None` for one no microbatch reached).
+    pub grads: Vec<Option<Tensor<1>>>,
+}
+
+/// What a forward left for its backward.
+enum Kept {
+    /// The input leaf (not on the first stage) and the output, sent on.
+    Activation(Option<Tensor<3>>, Tensor<3>),
+    /// The input leaf and the microbatch's loss share (last stage).
+    Loss(Option<Tensor<3>>, Tensor<1>),
+}
+
+/// Runs `actions` (this pipeline rank's list) on `stage`: `batches[i]` is microbatch `i`'s
+/// `(ids, targets)`, each `[b, s]`; activations are `[b, s, d]`.
+pub fn run_actions(
+    stage: &LlamaStage,
+    actions: &[Action],
+    batches: &[(Tensor<2, Int>, Tensor<2, Int>)],
+    pp: &ProcessGroup,
+    d_model: usize,
+) -> Result<StageStep, LayerError> {
+    let m = batches.len();
+    let (rank, size) = (pp.group_rank(), pp.size());
+    let stages = size * stage.chunks.len();
+    let virtual_stage = |chunk: usize| chunk * size + rank;
+    let mut inbox: HashMap<(Payload, usize, usize), Tensor<3>> = HashMap::new();
+    let mut outbox: HashMap<(Payload, usize, usize), Tensor<3>> = HashMap::new();
+    let mut kept: HashMap<(usize, usize), Kept> = HashMap::new();
+    let mut grads: Vec<Option<Tensor<1>>> = Vec::new();
+    let mut loss: Option<Tensor<1>> = None;
+    for &action in actions {
+        match action {
+            Action::Recv {
+                peer,
+                payload,
+                microbatch,
+                stage: s,
+            } => {
+                let [b, len] = batches[microbatch].0.dims();
+                let device = batches[microbatch].0.device();
+                let like = Tensor::<3>::zeros([b, len, d_model], (&device, stage_dtype(stage)));
+                let x = pp.recv(like.without_autodiff(), peer)?;
+                inbox.insert((payload, microbatch, s), x);
+            }
+            Action::Send {
+                peer,
+                payload,
+                microbatch,
+                stage: s,
+            } => {
+                let x = outbox.remove(&(payload, microbatch, s)).expect("sent after it is made");
+                pp.send(x, peer)?;
+            }
+            Action::Forward { microbatch, chunk } => {
+                let s = virtual_stage(chunk);
+                let (ids, targets) = &batches[microbatch];
+                let (input, x) = match s {
+                    0 => (None, stage.embed(ids.clone())?),
+                    _ => {
+                        let received = inbox
+                            .remove(&(Payload::Activation, microbatch, s - 1))
+                            .expect("received before its forward");
+                        let leaf = received.autodiff().require_grad();
+                        (Some(leaf.clone()), leaf)
+                    }
+                };
+                let y = stage.forward_chunk(chunk, x)?;
+                let entry = match s + 1 == stages {
+                    true => {
+                        let share = stage.loss(y, targets.clone())?.div_scalar(m as f64);
+                        let value = share.clone().detach();
+                        loss = Some(match loss.take() {
+                            Some(sum) => sum + value,
+                            None => value,
+                        });
+                        Kept::Loss(input, share)
+                    }
+                    false => {
+                        let value = y.clone().detach().without_autodiff();
+                        outbox.insert((Payload::Activation, microbatch, s), value);
+                        Kept::Activation(input, y)
+                    }
+                };
+                kept.insert((microbatch, chunk), entry);
+            }
+            Action::Backward { microbatch, chunk } => {
+                let s = virtual_stage(chunk);
+                let (input, backward) = match kept.remove(&(microbatch, chunk)).expect("a forward before") {
+                    Kept::Loss(input, share) => (input, share.backward()),
+                    Kept::Activation(input, y) => {
+                        let gradient = inbox
+                            .remove(&(Payload::Gradient, microbatch, s + 1))
+                            .expect("received before its backward");
+                        let seeded = (y * gradient.autodiff()).sum();
+                        (input, seeded.backward())
+                    }
+                };
+                let step = param_grads(stage, &backward);
+                grads = match grads.is_empty() {
+                    true => step,
+                    false => grads
+                        .into_iter()
+                        .zip(step)
+                        .map(|(sum, g)| match (sum, g) {
+                            (Some(a), Some(b)) => Some(a + b),
+                            (a, b) => a.or(b),
+                        })
+                        .collect(),
+                };
+                if let Some(input) = input {
+                    let gradient = input.grad(&backward).expect("the input reached the output");
+                    outbox.insert((Payload::Gradient, microbatch, s), gradient.without_autodiff());
+                }
+            }
+        }
+    }
+    pp.flush()?;
+    Ok(StageStep { loss, grads })
+}
+
+/// One training step of a pipeline rank: its actions ([`run_actions`]), then its gradients
+/// averaged over dp by `optim`'s reducer and the update (clipping, if configured, by the norm
+/// over every stage). Returns the updated stage, the mean loss (on the last stage's rank) and
+/// the step's report.
+pub fn train_step(
+    stage: LlamaStage,
+    optim: &mut DistributedAdamW,
+    lr: f64,
+    actions: &[Action],
+    batches: &[(Tensor<2, Int>, Tensor<2, Int>)],
+    pp: &ProcessGroup,
+    d_model: usize,
+) -> Result<(LlamaStage, Option<Tensor<1>>, StepReport), LayerError> {
+    let step = run_actions(&stage, actions, batches, pp, d_model)?;
+    let mut reducer = optim.reducer(&stage);
+    let values = param_values(&stage);
+    let (device, dtype) = match values.first() {
+        Some(p) => (p.value.device(), p.value.dtype()),
+        None => return Ok((stage, step.loss, StepReport { grad_norm: 0.0 })),
+    };
+    for (index, grad) in step.grads.into_iter().enumerate().rev() {
+        if let Some(grad) = grad {
+            reducer.add(index, grad)?;
+        }
+    }
+    let reduced = reducer.finish(&device, dtype)?;
+    let (stage, report) = optim.step_reduced(lr, stage, reduced)?;
+    Ok((stage, step.loss, report))
+}
+
+/// The dtype activations travel in: the stage's parameters'.
+fn stage_dtype(stage: &LlamaStage) -> burn::tensor::DType {
+    param_values(stage)
+        .first()
+        .map(|p| p.value.dtype())
+        .unwrap_or(burn::tensor::DType::F32)
+}

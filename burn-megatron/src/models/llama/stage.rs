@@ -1,0 +1,116 @@
+//! One pipeline rank's part of a Llama: the blocks of its model chunks, the embedding if it holds
+//! the first virtual stage, the final norm, output layer and loss if it holds the last. Blocks
+//! keep their place in `layers` (the others are `None`), so every parameter's path is the whole
+//! model's: checkpoints and initialization (`InitMode::Full`) see the same model at any pp.
+//!
+//! Legend: `b` batch, `s` sequence, `d` d_model, `v'` this rank's share of the vocabulary.
+
+use std::ops::Range;
+
+use burn::module::Module;
+use burn::tensor::{Device, Int, Tensor};
+use burn_megatron_dist::ProcessGroups;
+
+use super::model::{LlamaBlock, LlamaConfig, WordEmbeddings};
+use crate::error::{ConfigError, LayerError};
+use crate::init::ParamInit;
+use crate::layers::{ColumnParallelLinear, RmsNorm, VocabParallelCrossEntropy, VocabParallelEmbedding};
+
+#[derive(Module, Debug)]
+pub struct LlamaStage {
+    /// On the rank holding the first virtual stage.
+    pub embedding: Option<VocabParallelEmbedding>,
+    /// Block `i` at index `i` where this rank holds it.
+    pub layers: Vec<Option<LlamaBlock>>,
+    /// On the rank holding the last virtual stage, with `output` and `loss`.
+    pub norm: Option<RmsNorm>,
+    pub output: Option<ColumnParallelLinear>,
+    #[module(skip)]
+    pub loss: Option<VocabParallelCrossEntropy>,
+    /// The blocks of each of this rank's model chunks, chunk by chunk.
+    #[module(skip)]
+    pub chunks: Vec<Range<usize>>,
+}
+
+impl LlamaConfig {
+    /// Pipeline rank `rank`'s stage, holding the block ranges `chunks` (its model chunks, from
+    /// `plan::pipeline::stages`); the embedding when `first`, the head when `last`. Tied word
+    /// embeddings would need the embedding on both ends: refused.
+    pub fn init_stage(
+        &self,
+        chunks: Vec<Range<usize>>,
+        (first, last): (bool, bool),
+        device: &Device,
+        groups: &ProcessGroups,
+        init: &ParamInit,
+    ) -> Result<LlamaStage, LayerError> {
+        if self.word_embeddings == WordEmbeddings::Tied {
+            return Err(ConfigError::AcrossStages {
+                what: "tied word embeddings",
+            }
+            .into());
+        }
+        if self.moe.is_some() {
+            return Err(ConfigError::AcrossStages {
+                what: "mixture-of-experts blocks (their router losses)",
+            }
+            .into());
+        }
+        let mut layers: Vec<Option<LlamaBlock>> = (0..self.n_layers).map(|_| None).collect();
+        for i in chunks.iter().flat_map(|c| c.clone()) {
+            layers[i] = Some(self.init_block(i, device, groups, init)?);
+        }
+        Ok(LlamaStage {
+            embedding: first.then(|| self.embedding.init(device, groups, init, "embedding")),
+            layers,
+            norm: last.then(|| self.norm.init(device, groups, init)),
+            output: match last {
+                true => Some(self.output.init(device, groups, init, "output")?),
+                false => None,
+            },
+            loss: last.then(|| self.loss.init(groups)),
+            chunks,
+        })
+    }
+}
+
+impl LlamaStage {
+    /// The embedding of `ids` (the first virtual stage's input).
+    ///
+    /// # Shapes
+    /// `[b, s]` → `[b, s, d]`
+    pub fn embed(&self, ids: Tensor<2, Int>) -> Result<Tensor<3>, LayerError> {
+        self.embedding
+            .as_ref()
+            .expect("the first stage holds the embedding")
+            .forward(ids)
+    }
+
+    /// Model chunk `chunk`'s blocks on `x`.
+    ///
+    /// # Shapes
+    /// `[b, s, d]` → `[b, s, d]`
+    pub fn forward_chunk(&self, chunk: usize, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+        self.chunks[chunk].clone().try_fold(x, |x, i| {
+            self.layers[i].as_ref().expect("the chunk's blocks are here").forward(x)
+        })
+    }
+
+    /// The head on the last block's output: the next-token loss of `targets`, as
+    /// [`Llama::forward_loss`](super::Llama::forward_loss) computes it.
+    ///
+    /// # Shapes
+    /// `[b, s, d]`, `[b, s]` → `[1]`
+    pub fn loss(&self, x: Tensor<3>, targets: Tensor<2, Int>) -> Result<Tensor<1>, LayerError> {
+        let norm = self.norm.as_ref().expect("the last stage holds the head");
+        let logits = self
+            .output
+            .as_ref()
+            .expect("the last stage holds the head")
+            .forward(norm.forward(x)?)?;
+        self.loss
+            .as_ref()
+            .expect("the last stage holds the loss")
+            .forward(logits, targets)
+    }
+}
