@@ -48,6 +48,8 @@ pub enum ConfigError {
         stages: usize,
         counts: Vec<usize>,
     },
+    #[error("{sequences} sequences a rank do not split into {microbatches} equal microbatches")]
+    MicrobatchSplit { sequences: usize, microbatches: usize },
     #[error("{what} cannot be split over pipeline stages yet")]
     AcrossStages { what: &'static str },
     #[error("an interleaved schedule needs at least 2 model chunks a rank, not {virtual_stages}")]

@@ -21,6 +21,12 @@ pub struct Args {
     pub ep: usize,
     /// How token copies reach other ep ranks' experts.
     pub dispatcher: ExpertParallel,
+    /// Pipeline stages, model chunks a stage (interleaved 1F1B above 1), microbatches a step.
+    pub pp: usize,
+    pub vpp: usize,
+    pub microbatches: Option<usize>,
+    /// Blocks, instead of the preset's.
+    pub layers: Option<usize>,
     pub sp: bool,
     pub steps: usize,
     pub seed: u64,
@@ -59,7 +65,7 @@ pub struct Args {
 }
 
 const USAGE: &str = "usage: train [--preset tiny|tiny-moe|llama-1b|moe-4b|llama-8b] [--tp N] [--dp N] [--ep N] \
-[--dispatcher all-to-all|all-gather] [--sp] [--steps N] \
+[--dispatcher all-to-all|all-gather] [--pp N] [--vpp V] [--microbatches M] [--layers N] [--sp] [--steps N] \
 [--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--async-save] [--resume DIR] [--data PATH] [--tokenizer tokenizer.json] \
 [--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-tensorwise-e4m3|fp8-blockwise|mxfp8|nvfp4] [--sample-every K] [--learner]";
 
@@ -71,6 +77,10 @@ impl Args {
             dp: 1,
             ep: 1,
             dispatcher: ExpertParallel::AllToAll,
+            pp: 1,
+            vpp: 1,
+            microbatches: None,
+            layers: None,
             sp: false,
             steps: 200,
             seed: 7,
@@ -99,6 +109,10 @@ impl Args {
                 "--tp" => out.tp = number(&flag, &value()?)?,
                 "--dp" => out.dp = number(&flag, &value()?)?,
                 "--ep" => out.ep = number(&flag, &value()?)?,
+                "--pp" => out.pp = number(&flag, &value()?)?,
+                "--vpp" => out.vpp = number(&flag, &value()?)?,
+                "--microbatches" => out.microbatches = Some(number(&flag, &value()?)?),
+                "--layers" => out.layers = Some(number(&flag, &value()?)?),
                 "--dispatcher" => {
                     out.dispatcher = match value()?.as_str() {
                         "all-to-all" => ExpertParallel::AllToAll,
@@ -152,8 +166,16 @@ impl Args {
                 other => return Err(format!("unknown flag {other}\n{USAGE}")),
             }
         }
-        if out.tp == 0 || out.dp == 0 || out.ep == 0 {
-            return Err("--tp, --dp and --ep must be at least 1".into());
+        if out.tp == 0 || out.dp == 0 || out.ep == 0 || out.pp == 0 || out.vpp == 0 {
+            return Err("--tp, --dp, --ep, --pp and --vpp must be at least 1".into());
+        }
+        if out.layers == Some(0) {
+            return Err("--layers must be at least 1".into());
+        }
+        if out.pp > 1 && (out.learner || out.save.is_some() || out.resume.is_some()) {
+            return Err(
+                "--pp runs the plain loop without checkpoints yet: leave out --learner, --save and --resume".into(),
+            );
         }
         if out.steps == 0 {
             return Err("--steps must be at least 1".into());

@@ -1,0 +1,136 @@
+//! `train --pp N [--vpp V] [--microbatches M]`: the Llama over `pp` pipeline stages, each rank
+//! running its schedule's actions (1F1B; interleaved 1F1B over `V` model chunks a stage), the
+//! per-rank batch split into `M` microbatches (`pp` by default). The last stage prints the
+//! losses, which are pp = 1's (the mean over the microbatches is the batch's mean).
+
+use std::time::Instant;
+
+use burn::tensor::Device;
+use burn_megatron::ConfigError;
+use burn_megatron::init::ParamInit;
+use burn_megatron::models::llama::LlamaConfig;
+use burn_megatron::models::llama::pipeline::train_step;
+use burn_megatron::optim::DistributedAdamWConfig;
+use burn_megatron::plan::PipelineSchedule;
+use burn_megatron::plan::pipeline::stages::{rank_chunks, virtual_stages};
+use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
+
+use crate::args::Args;
+use crate::data::Corpus;
+
+fn schedule(args: &Args) -> PipelineSchedule {
+    match args.vpp {
+        1 => PipelineSchedule::OneForwardOneBackward,
+        v => PipelineSchedule::Interleaved { virtual_stages: v },
+    }
+}
+
+fn microbatches(args: &Args) -> usize {
+    args.microbatches.unwrap_or(args.pp)
+}
+
+/// Everything a pipeline run needs that can be wrong, before any tensor: tensor-parallel
+/// layers and mixtures of experts are not split over stages yet; the blocks must split into
+/// `pp · vpp` chunks, the rank's batch into the microbatches, the microbatches suit the schedule.
+pub fn check(args: &Args, config: &LlamaConfig, per_rank: usize) -> Result<(), ConfigError> {
+    if args.tp > 1 || args.sp {
+        return Err(ConfigError::AcrossStages {
+            what: "tensor-parallel layers",
+        });
+    }
+    if config.moe.is_some() {
+        return Err(ConfigError::AcrossStages {
+            what: "mixture-of-experts blocks (their router losses)",
+        });
+    }
+    let m = microbatches(args);
+    schedule(args).check_microbatches(args.pp, m)?;
+    if !per_rank.is_multiple_of(m) || per_rank < m {
+        return Err(ConfigError::MicrobatchSplit {
+            sequences: per_rank,
+            microbatches: m,
+        });
+    }
+    virtual_stages(config.n_layers, args.pp, args.vpp, None)?;
+    Ok(())
+}
+
+/// Trains `config` over the pipeline; returns the losses the last stage printed.
+pub fn run(
+    args: &Args,
+    dims: ParallelDims,
+    config: &LlamaConfig,
+    corpus: &Corpus,
+    init: &ParamInit,
+    device_of: impl Fn(usize) -> Device + Sync,
+    (per_rank, seq, batch): (usize, usize, usize),
+) -> Result<Vec<f64>, String> {
+    let (pp, m) = (args.pp, microbatches(args));
+    let stages = virtual_stages(config.n_layers, pp, args.vpp, None).map_err(|e| e.to_string())?;
+    let actions = schedule(args).actions(pp, m).map_err(|e| e.to_string())?;
+    let d_model = config.attention.d_model;
+    let results = launch(dims, device_of, |ctx| -> Result<Vec<f64>, String> {
+        let device = ctx.device.clone().autodiff();
+        let rank = ctx.groups.pp.group_rank();
+        let last = rank == pp - 1;
+        let chunks = rank_chunks(&stages, pp, rank);
+        let mut stage = config
+            .init_stage(chunks, (rank == 0, last), &device, &ctx.groups, init)
+            .map_err(|e| e.to_string())?;
+        let mut optim = DistributedAdamWConfig::new().with_zero1(args.zero1).init(&ctx.groups);
+        let dp_rank = ctx.groups.dp.group_rank();
+        let per_micro = per_rank / m;
+        let prints = last && dp_rank == 0;
+        let start = Instant::now();
+        let mut losses = Vec::new();
+        for step in 1..=args.steps {
+            let batches: Vec<_> = (0..m)
+                .map(|i| corpus.batch(step, dp_rank * per_rank + i * per_micro, per_micro, seq, &device))
+                .collect();
+            let (next, loss, _) = train_step(
+                stage,
+                &mut optim,
+                args.lr,
+                &actions.ranks[rank],
+                &batches,
+                &ctx.groups.pp,
+                d_model,
+            )
+            .map_err(|e| e.to_string())?;
+            stage = next;
+            if let Some(loss) = loss {
+                let reported = ctx
+                    .groups
+                    .grad_sync()
+                    .all_reduce(loss, ReduceOp::Avg)
+                    .map_err(|e| e.to_string())?;
+                let value = reported.into_scalar::<f64>();
+                if !value.is_finite() {
+                    return Err(format!("step {step}: the loss is {value}; training stops"));
+                }
+                if prints {
+                    println!("step {step} loss {value:.6}");
+                    losses.push(value);
+                }
+            }
+        }
+        if prints {
+            let seconds = start.elapsed().as_secs_f64();
+            println!(
+                "{} steps in {seconds:.1} s: {:.0} tokens/s ({pp} stages, {m} microbatches)",
+                args.steps,
+                (args.steps * batch * seq) as f64 / seconds
+            );
+        }
+        Ok(losses)
+    })
+    .map_err(|e| e.to_string())?;
+    let mut printed = Vec::new();
+    for result in results {
+        let losses = result?;
+        if !losses.is_empty() {
+            printed = losses;
+        }
+    }
+    Ok(printed)
+}
