@@ -298,10 +298,6 @@ mod tests {
             ("--dispatcher ring", "expected all-to-all or all-gather"),
             ("--pp 0", "at least 1"),
             (
-                "--pp 2 --tp 2",
-                "tensor-parallel layers cannot be split over pipeline stages",
-            ),
-            (
                 "--pp 3 --microbatches 2",
                 "2 blocks do not split into 3 pipeline stages",
             ),
@@ -377,10 +373,11 @@ mod tests {
         }
     }
 
-    /// A pipeline of 2 stages (1F1B), and of 2 stages × 2 chunks (interleaved), over 4 blocks
-    /// prints pp = 1's losses: the same data, the same model (`InitMode::Full` names every
-    /// parameter by its path), the mean over microbatches the batch's mean. f32 sums in another
-    /// order, carried 5 AdamW steps: 1e-4 relative.
+    /// A pipeline of 2 stages (1F1B; beside dp 2, over tp 2 with SP, and tp 2 × pp 2 × dp 2:
+    /// world 8), and of 2 stages × 2 chunks (interleaved), over 4 blocks prints pp = 1's losses:
+    /// the same data, the same model (`InitMode::Full` names every parameter by its path), the
+    /// mean over microbatches the batch's mean. f32 sums in another order, carried 5 AdamW
+    /// steps: 1e-4 relative.
     #[test]
     fn a_pipeline_prints_the_losses_of_one_stage() {
         let common = "--layers 4 --steps 5 --seq 32 --batch 4 --sample-every 0";
@@ -391,15 +388,17 @@ mod tests {
         };
         let reference = run(&tiny4("--microbatches 2")).unwrap();
         assert_eq!(reference.len(), 5);
-        for flags in [
-            "--pp 2",
-            "--pp 2 --vpp 2 --microbatches 2",
-            "--pp 2 --dp 2 --microbatches 2",
+        for (flags, one_stage) in [
+            ("--pp 2", None),
+            ("--pp 2 --vpp 2 --microbatches 2", None),
+            ("--pp 2 --dp 2 --microbatches 2", Some("--dp 2")),
+            ("--pp 2 --tp 2 --sp --microbatches 2", Some("--tp 2 --sp")),
+            ("--pp 2 --tp 2 --sp --dp 2 --microbatches 2", Some("--tp 2 --sp --dp 2")),
         ] {
             let losses = run(&tiny4(flags)).unwrap_or_else(|e| panic!("{flags}: {e}"));
-            let reference = match flags.contains("--dp 2") {
-                true => run(&tiny4("--dp 2")).unwrap(),
-                false => reference.clone(),
+            let reference = match one_stage {
+                Some(layout) => run(&tiny4(layout)).unwrap(),
+                None => reference.clone(),
             };
             assert_eq!(losses.len(), 5, "{flags}");
             for (a, b) in losses.iter().zip(&reference) {

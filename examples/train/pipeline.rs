@@ -29,15 +29,10 @@ fn microbatches(args: &Args) -> usize {
     args.microbatches.unwrap_or(args.pp)
 }
 
-/// Everything a pipeline run needs that can be wrong, before any tensor: tensor-parallel
-/// layers and mixtures of experts are not split over stages yet; the blocks must split into
-/// `pp · vpp` chunks, the rank's batch into the microbatches, the microbatches suit the schedule.
+/// Everything a pipeline run needs that can be wrong, before any tensor: mixtures of experts are
+/// not split over stages yet; the blocks must split into `pp · vpp` chunks, the rank's batch
+/// into the microbatches, the microbatches suit the schedule.
 pub fn check(args: &Args, config: &LlamaConfig, per_rank: usize) -> Result<(), ConfigError> {
-    if args.tp > 1 || args.sp {
-        return Err(ConfigError::AcrossStages {
-            what: "tensor-parallel layers",
-        });
-    }
     if config.moe.is_some() {
         return Err(ConfigError::AcrossStages {
             what: "mixture-of-experts blocks (their router losses)",
@@ -68,7 +63,6 @@ pub fn run(
     let (pp, m) = (args.pp, microbatches(args));
     let stages = virtual_stages(config.n_layers, pp, args.vpp, None).map_err(|e| e.to_string())?;
     let actions = schedule(args).actions(pp, m).map_err(|e| e.to_string())?;
-    let d_model = config.attention.d_model;
     let results = launch(dims, device_of, |ctx| -> Result<Vec<f64>, String> {
         let device = ctx.device.clone().autodiff();
         let rank = ctx.groups.pp.group_rank();
@@ -94,7 +88,6 @@ pub fn run(
                 &actions.ranks[rank],
                 &batches,
                 &ctx.groups.pp,
-                d_model,
             )
             .map_err(|e| e.to_string())?;
             stage = next;

@@ -81,7 +81,7 @@ pub fn stages_match_one_rank(h: &Harness) {
             let ends = (rank == 0, rank == pp - 1);
             let stage = config().init_stage(chunks, ends, &dev, &ctx.groups, &init).unwrap();
             let actions = schedule.actions(pp, MICROBATCHES).unwrap();
-            let step = run_actions(&stage, &actions.ranks[rank], &batches(&dev), &ctx.groups.pp, 32).unwrap();
+            let step = run_actions(&stage, &actions.ranks[rank], &batches(&dev), &ctx.groups.pp).unwrap();
             let by_path: Grads = param_infos(&stage)
                 .into_iter()
                 .zip(step.grads)
@@ -182,7 +182,6 @@ pub fn steps_match_one_rank(h: &Harness) {
                         &actions.ranks[rank],
                         &batches(&dev),
                         &ctx.groups.pp,
-                        32,
                     )
                     .unwrap();
                     stage = next;

@@ -39,13 +39,12 @@ enum Kept {
 }
 
 /// Runs `actions` (this pipeline rank's list) on `stage`: `batches[i]` is microbatch `i`'s
-/// `(ids, targets)`, each `[b, s]`; activations are `[b, s, d]`.
+/// `(ids, targets)`, each `[b, s]`; activations are [`LlamaStage::activation_shape`].
 pub fn run_actions(
     stage: &LlamaStage,
     actions: &[Action],
     batches: &[(Tensor<2, Int>, Tensor<2, Int>)],
     pp: &ProcessGroup,
-    d_model: usize,
 ) -> Result<StageStep, LayerError> {
     let m = batches.len();
     let (rank, size) = (pp.group_rank(), pp.size());
@@ -66,7 +65,7 @@ pub fn run_actions(
             } => {
                 let [b, len] = batches[microbatch].0.dims();
                 let device = batches[microbatch].0.device();
-                let like = Tensor::<3>::zeros([b, len, d_model], (&device, stage_dtype(stage)));
+                let like = Tensor::<3>::zeros(stage.activation_shape(b, len), (&device, stage_dtype(stage)));
                 let x = pp.recv(like.without_autodiff(), peer)?;
                 inbox.insert((payload, microbatch, s), x);
             }
@@ -157,9 +156,8 @@ pub fn train_step(
     actions: &[Action],
     batches: &[(Tensor<2, Int>, Tensor<2, Int>)],
     pp: &ProcessGroup,
-    d_model: usize,
 ) -> Result<(LlamaStage, Option<Tensor<1>>, StepReport), LayerError> {
-    let step = run_actions(&stage, actions, batches, pp, d_model)?;
+    let step = run_actions(&stage, actions, batches, pp)?;
     let mut reducer = optim.reducer(&stage);
     let values = param_values(&stage);
     let (device, dtype) = match values.first() {

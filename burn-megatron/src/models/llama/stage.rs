@@ -30,6 +30,12 @@ pub struct LlamaStage {
     /// The blocks of each of this rank's model chunks, chunk by chunk.
     #[module(skip)]
     pub chunks: Vec<Range<usize>>,
+    /// Activations between stages: `[b, s / sequence_shards, width]` (sequence parallelism
+    /// shards the sequence over tp).
+    #[module(skip)]
+    pub width: usize,
+    #[module(skip)]
+    pub sequence_shards: usize,
 }
 
 impl LlamaConfig {
@@ -70,11 +76,22 @@ impl LlamaConfig {
             },
             loss: last.then(|| self.loss.init(groups)),
             chunks,
+            width: self.attention.d_model,
+            sequence_shards: match self.attention.sequence {
+                crate::layers::SequenceLayout::Sharded => groups.tp.size(),
+                crate::layers::SequenceLayout::Whole => 1,
+            },
         })
     }
 }
 
 impl LlamaStage {
+    /// The shape of the activations a microbatch of `b` sequences of `s` tokens sends between
+    /// stages.
+    pub fn activation_shape(&self, b: usize, s: usize) -> [usize; 3] {
+        [b, s / self.sequence_shards, self.width]
+    }
+
     /// The embedding of `ids` (the first virtual stage's input).
     ///
     /// # Shapes
