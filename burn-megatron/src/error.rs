@@ -38,6 +38,14 @@ pub enum ConfigError {
     },
     #[error("expert capacity factor {factor} must be a finite number above 0")]
     CapacityFactor { factor: f64 },
+    #[error(
+        "full recomputation of {layers} blocks does not fit a model of {n_layers} blocks (at least 1, at most all)"
+    )]
+    RecomputeLayers { layers: usize, n_layers: usize },
+    #[error(
+        "full recomputation of mixture-of-experts blocks is not built: their router losses leave the block beside its output (selective recomputation, or full recomputation of dense blocks only)"
+    )]
+    RecomputeMoe,
     #[error("{microbatches} microbatches do not form whole rounds of pp = {pp}, which the interleaved schedule walks")]
     Microbatches { microbatches: usize, pp: usize },
     #[error(

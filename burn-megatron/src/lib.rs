@@ -8,6 +8,7 @@
 //! - [`models::llama`]: a Llama model built from them, and its layer table.
 //! - [`optim`]: AdamW with fp32 master weights, bucketed gradient averaging and ZeRO-1.
 //! - [`checkpoint`]: sharded checkpoints that reshard on load.
+//! - [`recompute`]: activation recomputation (full blocks or selective regions).
 //! - [`init`]: deterministic, shard-aware initialization.
 //!
 //! The process mesh, communicators and collectives live in [`burn_megatron_dist`], re-exported
@@ -29,6 +30,7 @@ pub mod optim;
 pub mod params;
 pub mod plan;
 pub mod precision;
+pub mod recompute;
 #[cfg(feature = "learner")]
 pub mod train;
 

@@ -10,6 +10,8 @@
 //!   bench --grouped                   the MoE grouped product on moe-4b's shapes (grouped.rs)
 //!   bench --moe-breakdown             one moe-4b MoE layer phase by phase (moe.rs)
 //!   bench --preset moe-4b [--ep N]    a MoE preset, its experts over ep (folded over dp)
+//!   bench … --recompute none|selective|full:N|full-block:N [--batch B]
+//!                                     activation recomputation, at the preset's batch or B a rank
 //!
 //! The peers' recipe by default (`PrecisionPolicy::bf16`): bf16 compute, fp32 master weights and
 //! fp32 AdamW moments (`DistributedAdamW`), lr 1e-4, uniformly random token ids from a seeded
@@ -32,6 +34,7 @@ use burn_megatron::init::InitMode;
 use burn_megatron::models::llama::preset;
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::precision::PrecisionPolicy;
+use burn_megatron::recompute::Recompute;
 use burn_megatron_dist::{ParallelDims, launch};
 use burn_megatron_kernels::Gemm;
 use routines::GemmKernel;
@@ -51,6 +54,9 @@ struct Args {
     kernels: Vec<GemmKernel>,
     linear_gemm: Gemm,
     recipe: Recipe,
+    recompute: Recompute,
+    /// Sequences a data-parallel rank, instead of the preset's.
+    batch: Option<usize>,
 }
 
 /// The precision recipe a run trains with.
@@ -80,6 +86,8 @@ fn parse() -> Result<Args, String> {
         kernels: GemmKernel::ALL.to_vec(),
         linear_gemm: Gemm::Wgmma,
         recipe: Recipe::Bf16,
+        recompute: Recompute::None,
+        batch: None,
     };
     let mut it = std::env::args().skip(1);
     let number = |flag: &str, v: String| v.parse::<usize>().map_err(|_| format!("{flag} {v}: not a number"));
@@ -115,6 +123,8 @@ fn parse() -> Result<Args, String> {
                     other => return Err(format!("--linear-gemm {other}: expected wgmma or burn")),
                 }
             }
+            "--recompute" => args.recompute = value()?.parse().map_err(|e| format!("--recompute {e}"))?,
+            "--batch" => args.batch = Some(number(&flag, value()?)?),
             "--steps" => args.steps = number(&flag, value()?)?,
             "--warmup" => args.warmup = number(&flag, value()?)?,
             other => return Err(format!("unknown flag {other}")),
@@ -147,7 +157,7 @@ fn main() {
         return;
     }
     let recipe = preset(&args.preset).unwrap_or_else(|e| panic!("{e}"));
-    let (seq, batch) = (recipe.seq_len, recipe.batch_size);
+    let (seq, batch) = (recipe.seq_len, args.batch.unwrap_or(recipe.batch_size));
     let dims = ParallelDims {
         ep: args.ep,
         ..ParallelDims::tp_dp(args.tp, args.dp)
@@ -165,7 +175,7 @@ fn main() {
     };
     let shape = recipe.model.clone();
     let config = policy.apply(
-        plan.apply(recipe.model, dims.world_size(), seq)
+        plan.apply(recipe.model.with_recompute(args.recompute), dims.world_size(), seq)
             .unwrap_or_else(|e| panic!("{e}")),
     );
     let vocab = shape.embedding.vocab_size;
@@ -193,6 +203,11 @@ fn main() {
         Recipe::Bf16 => "bf16-fp32-master".to_string(),
         Recipe::PureBf16 => "pure-bf16".to_string(),
         Recipe::Quantized(recipe) => format!("{}-fp32-master", recipe.name()),
+    };
+    let recipe = match args.recompute {
+        Recompute::None => recipe,
+        Recompute::Selective => format!("{recipe}-recompute-selective"),
+        Recompute::Full { method, layers } => format!("{recipe}-recompute-full-{method:?}-{layers}").to_lowercase(),
     };
     if let Some(profile) = &run.profile {
         println!(

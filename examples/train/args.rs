@@ -3,6 +3,7 @@
 use std::str::FromStr;
 
 use burn_megatron::plan::ExpertParallel;
+use burn_megatron::recompute::Recompute;
 use burn_megatron_kernels::quant::recipe::Recipe;
 
 /// Where the ranks run.
@@ -62,12 +63,15 @@ pub struct Args {
     /// Run through Burn's `SupervisedTraining` with `MegatronStrategy` (Burn's progress and
     /// metrics) instead of the plain loop.
     pub learner: bool,
+    /// What the blocks run again in backward instead of keeping.
+    pub recompute: Recompute,
 }
 
 const USAGE: &str = "usage: train [--preset tiny|tiny-moe|llama-1b|moe-4b|llama-8b] [--tp N] [--dp N] [--ep N] \
 [--dispatcher all-to-all|all-gather] [--pp N] [--vpp V] [--microbatches M] [--layers N] [--sp] [--steps N] \
 [--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--async-save] [--resume DIR] [--data PATH] [--tokenizer tokenizer.json] \
-[--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-tensorwise-e4m3|fp8-blockwise|mxfp8|nvfp4] [--sample-every K] [--learner]";
+[--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-tensorwise-e4m3|fp8-blockwise|mxfp8|nvfp4] [--sample-every K] [--learner] \
+[--recompute none|selective|full:N|full-block:N]";
 
 impl Args {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
@@ -98,6 +102,7 @@ impl Args {
             bf16: false,
             quantized: None,
             async_save: false,
+            recompute: Recompute::None,
             sample_every: None,
             learner: false,
         };
@@ -143,6 +148,7 @@ impl Args {
                         recipe => Some(recipe.parse().map_err(|e| format!("--precision: {e} or default"))?),
                     }
                 }
+                "--recompute" => out.recompute = value()?.parse().map_err(|e| format!("--recompute {e}"))?,
                 "--steps" => out.steps = number(&flag, &value()?)?,
                 "--seed" => out.seed = number(&flag, &value()?)?,
                 "--lr" => out.lr = number(&flag, &value()?)?,
@@ -172,10 +178,8 @@ impl Args {
         if out.layers == Some(0) {
             return Err("--layers must be at least 1".into());
         }
-        if out.pp > 1 && (out.learner || out.save.is_some() || out.resume.is_some()) {
-            return Err(
-                "--pp runs the plain loop without checkpoints yet: leave out --learner, --save and --resume".into(),
-            );
+        if out.pp > 1 && (out.learner || out.async_save) {
+            return Err("--pp runs its own loop, with synchronous saves: leave out --learner and --async-save".into());
         }
         if out.steps == 0 {
             return Err("--steps must be at least 1".into());

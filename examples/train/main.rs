@@ -62,6 +62,7 @@ fn configure(args: &Args) -> Result<Job, ConfigError> {
     recipe.seq_len = args.seq.unwrap_or(recipe.seq_len);
     recipe.batch_size = args.batch.unwrap_or(recipe.batch_size);
     recipe.model.n_layers = args.layers.unwrap_or(recipe.model.n_layers);
+    recipe.model.recompute = args.recompute;
     // The plan lays out one pipeline stage's tp × dp × ep mesh; the pipeline's stages are
     // `pipeline.rs`'s.
     let dims = ParallelDims {
@@ -311,7 +312,7 @@ mod tests {
                 "2 sequences a rank do not split into 3 equal microbatches",
             ),
             ("--pp 2 --preset tiny-moe", "mixture-of-experts blocks"),
-            ("--pp 2 --save /tmp/x", "--pp runs the plain loop without checkpoints"),
+            ("--pp 2 --learner", "--pp runs its own loop"),
             ("--dp 0", "at least 1"),
             ("--tp 3", "n_heads = 4 is not divisible by tp = 3"),
             ("--tp 2 --sp --seq 255", "not divisible by tp = 2"),
@@ -391,6 +392,8 @@ mod tests {
         for (flags, one_stage) in [
             ("--pp 2", None),
             ("--pp 2 --vpp 2 --microbatches 2", None),
+            ("--pp 2 --vpp 2 --microbatches 2 --recompute selective", None),
+            ("--pp 2 --recompute full:1", None),
             ("--pp 2 --dp 2 --microbatches 2", Some("--dp 2")),
             ("--pp 2 --tp 2 --sp --microbatches 2", Some("--tp 2 --sp")),
             ("--pp 2 --tp 2 --sp --dp 2 --microbatches 2", Some("--tp 2 --sp --dp 2")),
@@ -405,6 +408,28 @@ mod tests {
                 assert!((a - b).abs() <= 1e-4 * b.abs(), "{flags}: {losses:?} vs {reference:?}");
             }
         }
+    }
+
+    /// A checkpoint saved by 2 pipeline stages after 3 steps resumes at pp 1 and at pp 4: the
+    /// next 2 losses are those of the pp 2 run that went on without stopping (f32 sums in
+    /// another order over 2 AdamW steps: 1e-4 relative).
+    #[test]
+    fn pipeline_checkpoints_resume_at_other_stage_counts() {
+        let dir = std::env::temp_dir().join(format!("burn-megatron-pp-ckpt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let common = "--layers 4 --seq 32 --batch 4 --microbatches 2 --sample-every 0";
+        let reference = run(&args(&format!("{common} --pp 2 --steps 5"))).unwrap();
+        let saved = format!("{common} --pp 2 --steps 3 --save {}", dir.display());
+        run(&args(&saved)).unwrap();
+        for pp in [1, 4] {
+            let flags = format!("{common} --pp {pp} --steps 5 --resume {}", dir.display());
+            let losses = run(&args(&flags)).unwrap_or_else(|e| panic!("{flags}: {e}"));
+            assert_eq!(losses.len(), 2, "{flags}");
+            for (a, b) in losses.iter().zip(&reference[3..]) {
+                assert!((a - b).abs() <= 1e-4 * b.abs(), "{flags}: {losses:?} vs {reference:?}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// An absurd learning rate overflows the weights: the run stops on the first loss that is

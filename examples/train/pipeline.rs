@@ -1,12 +1,15 @@
 //! `train --pp N [--vpp V] [--microbatches M]`: the Llama over `pp` pipeline stages, each rank
 //! running its schedule's actions (1F1B; interleaved 1F1B over `V` model chunks a stage), the
 //! per-rank batch split into `M` microbatches (`pp` by default). The last stage prints the
-//! losses, which are pp = 1's (the mean over the microbatches is the batch's mean).
+//! losses, which are pp = 1's (the mean over the microbatches is the batch's mean). `--save`
+//! writes every stage's blocks under the whole model's paths, so `--resume` continues at any
+//! pp (and tp, dp).
 
 use std::time::Instant;
 
 use burn::tensor::Device;
 use burn_megatron::ConfigError;
+use burn_megatron::checkpoint;
 use burn_megatron::init::ParamInit;
 use burn_megatron::models::llama::LlamaConfig;
 use burn_megatron::models::llama::pipeline::train_step;
@@ -72,12 +75,22 @@ pub fn run(
             .init_stage(chunks, (rank == 0, last), &device, &ctx.groups, init)
             .map_err(|e| e.to_string())?;
         let mut optim = DistributedAdamWConfig::new().with_zero1(args.zero1).init(&ctx.groups);
+        let mut done = 0;
+        if let Some(dir) = &args.resume {
+            // Any layout's checkpoint: each stage reads its own blocks by their paths.
+            let (loaded, step) = checkpoint::load(dir, stage, &mut optim, &ctx.groups).map_err(|e| e.to_string())?;
+            (stage, done) = (loaded, step as usize);
+        }
+        let save = |stage: &_, optim: &_, step: usize| match &args.save {
+            Some(dir) => checkpoint::save(dir, step as u64, stage, optim, &ctx.groups).map_err(|e| e.to_string()),
+            None => Ok(()),
+        };
         let dp_rank = ctx.groups.dp.group_rank();
         let per_micro = per_rank / m;
         let prints = last && dp_rank == 0;
         let start = Instant::now();
         let mut losses = Vec::new();
-        for step in 1..=args.steps {
+        for step in done + 1..=args.steps {
             let batches: Vec<_> = (0..m)
                 .map(|i| corpus.batch(step, dp_rank * per_rank + i * per_micro, per_micro, seq, &device))
                 .collect();
@@ -106,15 +119,19 @@ pub fn run(
                     losses.push(value);
                 }
             }
+            if args.save_every.is_some_and(|k| step % k == 0 && step < args.steps) {
+                save(&stage, &optim, step)?;
+            }
         }
-        if prints {
+        let ran = args.steps.saturating_sub(done);
+        if prints && ran > 0 {
             let seconds = start.elapsed().as_secs_f64();
             println!(
-                "{} steps in {seconds:.1} s: {:.0} tokens/s ({pp} stages, {m} microbatches)",
-                args.steps,
-                (args.steps * batch * seq) as f64 / seconds
+                "{ran} steps in {seconds:.1} s: {:.0} tokens/s ({pp} stages, {m} microbatches)",
+                (ran * batch * seq) as f64 / seconds
             );
         }
+        save(&stage, &optim, args.steps.max(done))?;
         Ok(losses)
     })
     .map_err(|e| e.to_string())?;

@@ -20,6 +20,7 @@ pub mod mapping_suite;
 pub mod model_suite;
 pub mod moe_suite;
 pub mod pipeline_suite;
+pub mod recompute_suite;
 
 pub use harness::Harness;
 
@@ -148,3 +149,15 @@ pub const MAPPING_TESTS: &[NamedTest] = for_each_mapping_test!(list!());
 pub const MOE_TESTS: &[NamedTest] = for_each_moe_test!(list!());
 /// How many of [`MOE_TESTS`] test the layer alone.
 pub const MOE_LAYER_TESTS: usize = 7;
+/// The pipeline and recomputation tests, by name: recomputation last. Each launches its own
+/// layouts (worlds of 1 to 4), so they run with ranks as threads only.
+pub const PIPELINE_TESTS: &[NamedTest] = &[
+    (
+        "pipeline_suite::stages_match_one_rank",
+        pipeline_suite::stages_match_one_rank,
+    ),
+    (
+        "recompute_suite::recomputation_matches_keeping",
+        recompute_suite::recomputation_matches_keeping,
+    ),
+];

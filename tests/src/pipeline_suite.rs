@@ -11,6 +11,7 @@ use burn_megatron::models::llama::pipeline::run_actions;
 use burn_megatron::params::{param_grads, param_infos};
 use burn_megatron::plan::PipelineSchedule;
 use burn_megatron::plan::pipeline::stages::{rank_chunks, virtual_stages};
+use burn_megatron::recompute::{Recompute, RecomputeMethod};
 use burn_megatron_dist::ParallelDims;
 
 use crate::Harness;
@@ -63,11 +64,22 @@ pub fn stages_match_one_rank(h: &Harness) {
             (loss.into_scalar::<f64>(), by_path)
         })
         .remove(0);
-    for (schedule, pp) in [
-        (PipelineSchedule::GPipe, 2),
-        (PipelineSchedule::OneForwardOneBackward, 2),
-        (PipelineSchedule::OneForwardOneBackward, 4),
-        (PipelineSchedule::Interleaved { virtual_stages: 2 }, 2),
+    let full = Recompute::Full {
+        method: RecomputeMethod::Uniform,
+        layers: 2,
+    };
+    // Recomputation inside the stages: the regions' backward runs between the stage's sends.
+    for (schedule, pp, recompute) in [
+        (PipelineSchedule::GPipe, 2, Recompute::None),
+        (PipelineSchedule::OneForwardOneBackward, 2, Recompute::None),
+        (PipelineSchedule::OneForwardOneBackward, 4, Recompute::None),
+        (PipelineSchedule::Interleaved { virtual_stages: 2 }, 2, Recompute::None),
+        (PipelineSchedule::OneForwardOneBackward, 2, full),
+        (
+            PipelineSchedule::Interleaved { virtual_stages: 2 },
+            2,
+            Recompute::Selective,
+        ),
     ] {
         let dims = ParallelDims {
             pp,
@@ -79,7 +91,10 @@ pub fn stages_match_one_rank(h: &Harness) {
             let stages = virtual_stages(4, pp, schedule.chunks(), None).unwrap();
             let chunks = rank_chunks(&stages, pp, rank);
             let ends = (rank == 0, rank == pp - 1);
-            let stage = config().init_stage(chunks, ends, &dev, &ctx.groups, &init).unwrap();
+            let stage = config()
+                .with_recompute(recompute)
+                .init_stage(chunks, ends, &dev, &ctx.groups, &init)
+                .unwrap();
             let actions = schedule.actions(pp, MICROBATCHES).unwrap();
             let step = run_actions(&stage, &actions.ranks[rank], &batches(&dev), &ctx.groups.pp).unwrap();
             let by_path: Grads = param_infos(&stage)
@@ -95,12 +110,12 @@ pub fn stages_match_one_rank(h: &Harness) {
                 // The same sums in another order: f32 rounding.
                 assert!(
                     (loss - reference_loss).abs() <= 1e-5 * reference_loss.abs(),
-                    "{schedule:?} pp {pp}: loss {loss} vs {reference_loss}"
+                    "{schedule:?} pp {pp} {recompute:?}: loss {loss} vs {reference_loss}"
                 );
             }
             for (path, grad) in grads {
                 // Each microbatch's gradient summed after backward instead of inside it.
-                let what = format!("{schedule:?} pp {pp} rank {rank}: {path}");
+                let what = format!("{schedule:?} pp {pp} {recompute:?} rank {rank}: {path}");
                 assert_close(&grad, &reference[&path], h.tolerance, &what);
                 seen += 1;
             }

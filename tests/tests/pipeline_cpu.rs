@@ -1,6 +1,6 @@
-//! The pipeline suite on the CPU, ranks as threads, in f32.
+//! The pipeline and recomputation suites on the CPU, ranks as threads, in f32.
 
-use burn_megatron_tests::{Harness, pipeline_suite};
+use burn_megatron_tests::{Harness, pipeline_suite, recompute_suite};
 
 #[test]
 fn stages_match_one_rank() {
@@ -10,4 +10,14 @@ fn stages_match_one_rank() {
 #[test]
 fn steps_match_one_rank() {
     pipeline_suite::steps_match_one_rank(&Harness::cpu(4));
+}
+
+#[test]
+fn recomputation_matches_keeping() {
+    recompute_suite::recomputation_matches_keeping(&Harness::cpu(2));
+}
+
+#[test]
+fn bad_recomputation() {
+    recompute_suite::bad_recomputation(&Harness::cpu(1));
 }

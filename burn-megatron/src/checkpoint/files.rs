@@ -33,17 +33,34 @@ pub struct Index {
     pub tp: usize,
     pub dp: usize,
     pub ep: usize,
+    /// Pipeline stages (1 in checkpoints written before pipelines saved).
+    #[serde(default = "one")]
+    pub pp: usize,
     pub files: Vec<String>,
     /// Every tensor's whole shape.
     pub tensors: BTreeMap<String, Vec<usize>>,
 }
 
+fn one() -> usize {
+    1
+}
+
 pub const FORMAT: &str = "burn-megatron/2";
 
-/// The file of tensor-parallel rank `tp_rank` of `tp` and expert-parallel rank `ep_rank` of
-/// `ep`.
-pub fn shard_file((tp_rank, tp): (usize, usize), (ep_rank, ep): (usize, usize)) -> String {
-    format!("tp-{tp_rank:03}-of-{tp:03}-ep-{ep_rank:03}-of-{ep:03}.safetensors")
+/// The file of pipeline rank `pp_rank` of `pp` (named only above 1), tensor-parallel rank
+/// `tp_rank` of `tp` and expert-parallel rank `ep_rank` of `ep`. A stage's file holds its own
+/// blocks under the whole model's paths, so the names say where a file came from, and loading
+/// reads every file whatever the layout.
+pub fn shard_file(
+    (pp_rank, pp): (usize, usize),
+    (tp_rank, tp): (usize, usize),
+    (ep_rank, ep): (usize, usize),
+) -> String {
+    let stage = match pp {
+        1 => String::new(),
+        _ => format!("pp-{pp_rank:03}-of-{pp:03}-"),
+    };
+    format!("{stage}tp-{tp_rank:03}-of-{tp:03}-ep-{ep_rank:03}-of-{ep:03}.safetensors")
 }
 
 /// A piece of a tensor held in memory: f32 values, local shape, placement.

@@ -30,12 +30,15 @@ struct Snapshot {
     tp: usize,
     ep_rank: usize,
     ep: usize,
+    pp_rank: usize,
+    pp: usize,
     dp: usize,
     global_rank: usize,
     /// This rank's shard, when it writes one: the first rank of its expert-data-parallel group
     /// writes its experts, and the first of dp × cp the other parameters too.
     pieces: Option<BTreeMap<String, Piece>>,
-    /// Every tensor's global shape (rank 0 writes them into the index).
+    /// Every tensor's global shape on this rank's stage (rank 0 gathers every stage's from the
+    /// writers' markers and writes them into the index).
     tensors: BTreeMap<String, Vec<usize>>,
 }
 
@@ -106,6 +109,8 @@ impl Snapshot {
             tp: groups.tp.size(),
             ep_rank: groups.ep.group_rank(),
             ep: groups.ep.size(),
+            pp_rank: groups.pp.group_rank(),
+            pp: groups.pp.size(),
             dp: groups.grad_sync().size(),
             global_rank: groups.global_rank,
             pieces: (groups.ep_dp.group_rank() == 0).then_some(pieces),
@@ -123,19 +128,35 @@ impl Snapshot {
         let staging = dir.join(&self.staging);
         if let Some(pieces) = &self.pieces {
             std::fs::create_dir_all(&staging).map_err(|e| io(&staging, e))?;
-            let file = shard_file((self.tp_rank, self.tp), (self.ep_rank, self.ep));
+            let file = shard_file(
+                (self.pp_rank, self.pp),
+                (self.tp_rank, self.tp),
+                (self.ep_rank, self.ep),
+            );
             write_shard(&staging.join(&file), pieces)?;
-            write_synced(&staging.join(done_marker(&file)), b"")?;
+            // The marker carries the stage's tensors' global shapes to rank 0.
+            let shapes = serde_json::to_vec(&self.tensors).expect("shapes serialize");
+            write_synced(&staging.join(done_marker(&file)), &shapes)?;
         }
         if self.global_rank != 0 {
             return Ok(());
         }
-        let files: Vec<String> = (0..self.ep)
-            .flat_map(|e| (0..self.tp).map(move |t| shard_file((t, self.tp), (e, self.ep))))
+        let (pp, tp, ep) = (self.pp, self.tp, self.ep);
+        let files: Vec<String> = (0..pp)
+            .flat_map(|p| (0..ep).flat_map(move |e| (0..tp).map(move |t| shard_file((p, pp), (t, tp), (e, ep)))))
             .collect();
         wait_for_markers(&staging, &files)?;
+        let mut tensors = BTreeMap::new();
         for file in &files {
-            std::fs::remove_file(staging.join(done_marker(file))).map_err(|e| io(&staging, e))?;
+            let marker = staging.join(done_marker(file));
+            let shapes = std::fs::read(&marker).map_err(|e| io(&marker, e))?;
+            let shapes: BTreeMap<String, Vec<usize>> =
+                serde_json::from_slice(&shapes).map_err(|e| CheckpointError::Format {
+                    path: marker.clone(),
+                    detail: e.to_string(),
+                })?;
+            tensors.extend(shapes);
+            std::fs::remove_file(&marker).map_err(|e| io(&marker, e))?;
         }
         let index = Index {
             format: FORMAT.into(),
@@ -144,8 +165,9 @@ impl Snapshot {
             tp: self.tp,
             dp: self.dp,
             ep: self.ep,
+            pp: self.pp,
             files,
-            tensors: self.tensors,
+            tensors,
         };
         let json = serde_json::to_vec_pretty(&index).expect("index serializes");
         write_synced(&staging.join("index.json"), &json)?;

@@ -17,6 +17,7 @@ use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig
 use super::sequence::SequenceLayout;
 use crate::error::{ConfigError, LayerError, divisible};
 use crate::init::ParamInit;
+use crate::recompute::recompute;
 
 /// Configuration of a [`ParallelAttention`].
 #[derive(Config, Debug)]
@@ -138,6 +139,24 @@ impl ParallelAttention {
     /// # Shapes
     /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+        let (q, k, v) = self.project(x)?;
+        attend(&self.wo, self.heads(), q, k, v)
+    }
+
+    /// [`forward`](Self::forward), the core attention and the output projection run again in
+    /// backward (selective recomputation, `crate::recompute`): q, k and v are kept, the
+    /// attention's own state and its output are not.
+    pub fn forward_recomputed(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+        let (q, k, v) = self.project(x)?;
+        let heads = self.heads();
+        recompute(&self.wo, vec![q, k, v], move |wo, mut qkv| {
+            let (v, k) = (qkv.pop().expect("q, k, v"), qkv.pop().expect("q, k, v"));
+            attend(wo, heads, qkv.pop().expect("q, k, v"), k, v)
+        })
+    }
+
+    /// q `[b, h, s, k]`, k and v `[b, g, s, k]`, with RoPE on q and k.
+    fn project(&self, x: Tensor<3>) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), LayerError> {
         // One mapping for q, k and v, which share the input.
         let x = match self.sequence {
             SequenceLayout::Sharded => gather_from_sp(x, &self.tp, 1)?,
@@ -145,30 +164,62 @@ impl ParallelAttention {
         };
         let [b, s, _] = x.dims();
         let heads = |y: Tensor<3>, n: usize| y.reshape([b, s, n, self.head_dim]).swap_dims(1, 2);
-        let q = self.rope.apply(heads(self.wq.forward(x.clone())?, self.n_heads)); // [b, h, s, k]
-        let k = self.rope.apply(heads(self.wk.forward(x.clone())?, self.n_kv_heads)); // [b, g, s, k]
-        let v = heads(self.wv.forward(x)?, self.n_kv_heads); // [b, g, s, k]
-        let (k, v) = (self.repeat_kv(k), self.repeat_kv(v)); // [b, h, s, k]
-        // Flash attention on CUDA (bf16, head dim 128); the f32 reference elsewhere.
-        let out = burn_megatron_kernels::attention::attention(q, k, v, true); // [b, h, s, k]
-        let out = out.swap_dims(1, 2).reshape([b, s, self.n_heads * self.head_dim]);
-        self.wo.forward(out)
+        let q = self.rope.apply(heads(self.wq.forward(x.clone())?, self.n_heads));
+        let k = self.rope.apply(heads(self.wk.forward(x.clone())?, self.n_kv_heads));
+        let v = heads(self.wv.forward(x)?, self.n_kv_heads);
+        Ok((q, k, v))
     }
 
-    /// Each kv head serves `h/g` query heads, in Hugging Face's order.
-    ///
-    /// # Shapes
-    /// `[b, g, s, k]` → `[b, h, s, k]`
-    fn repeat_kv(&self, x: Tensor<4>) -> Tensor<4> {
-        let repeat = self.n_heads / self.n_kv_heads;
-        if repeat == 1 {
-            return x;
+    fn heads(&self) -> Heads {
+        Heads {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
         }
-        let [b, g, s, k] = x.dims();
-        x.unsqueeze_dim::<5>(2)
-            .repeat_dim(2, repeat)
-            .reshape([b, g * repeat, s, k])
     }
+}
+
+/// This rank's head counts.
+#[derive(Clone, Copy, Debug)]
+struct Heads {
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+}
+
+/// The core attention and the output projection.
+///
+/// # Shapes
+/// q `[b, h, s, k]`, k and v `[b, g, s, k]` → `[b, s, d]` (`[b, s/tp, d]` with sequence
+/// parallelism)
+fn attend(
+    wo: &RowParallelLinear,
+    heads: Heads,
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+) -> Result<Tensor<3>, LayerError> {
+    let [b, _, s, _] = q.dims();
+    let (k, v) = (repeat_kv(k, heads), repeat_kv(v, heads)); // [b, h, s, k]
+    // Flash attention on CUDA (bf16, head dim 128); the f32 reference elsewhere.
+    let out = burn_megatron_kernels::attention::attention(q, k, v, true); // [b, h, s, k]
+    let out = out.swap_dims(1, 2).reshape([b, s, heads.n_heads * heads.head_dim]);
+    wo.forward(out)
+}
+
+/// Each kv head serves `h/g` query heads, in Hugging Face's order.
+///
+/// # Shapes
+/// `[b, g, s, k]` → `[b, h, s, k]`
+fn repeat_kv(x: Tensor<4>, heads: Heads) -> Tensor<4> {
+    let repeat = heads.n_heads / heads.n_kv_heads;
+    if repeat == 1 {
+        return x;
+    }
+    let [b, g, s, k] = x.dims();
+    x.unsqueeze_dim::<5>(2)
+        .repeat_dim(2, repeat)
+        .reshape([b, g * repeat, s, k])
 }
 
 #[cfg(test)]

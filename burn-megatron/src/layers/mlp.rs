@@ -15,6 +15,7 @@ use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig
 use super::sequence::SequenceLayout;
 use crate::error::{LayerError, divisible};
 use crate::init::ParamInit;
+use crate::recompute::recompute;
 
 /// Configuration of a [`ParallelMlp`].
 #[derive(Config, Debug)]
@@ -85,11 +86,31 @@ impl ParallelMlp {
     /// # Shapes
     /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+        let (gate, up) = self.project(x)?;
+        down(&self.w2, gate, up)
+    }
+
+    /// [`forward`](Self::forward), the SwiGLU and the down projection run again in backward
+    /// (selective recomputation, `crate::recompute`): the SwiGLU's output is kept by nobody.
+    pub fn forward_recomputed(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+        let (gate, up) = self.project(x)?;
+        recompute(&self.w2, vec![gate, up], |w2, mut gate_up| {
+            let up = gate_up.pop().expect("gate and up");
+            down(w2, gate_up.pop().expect("gate and up"), up)
+        })
+    }
+
+    /// The gate and up projections, each `[b, s, f/tp]`.
+    fn project(&self, x: Tensor<3>) -> Result<(Tensor<3>, Tensor<3>), LayerError> {
         let x = match self.sequence {
             SequenceLayout::Sharded => gather_from_sp(x, &self.tp, 1)?,
             SequenceLayout::Whole => copy_to_tp(x, &self.tp)?,
         };
-        let hidden = burn_megatron_kernels::swiglu::swiglu(self.w1.forward(x.clone())?, self.w3.forward(x)?); // [b, s, f/tp]
-        self.w2.forward(hidden)
+        Ok((self.w1.forward(x.clone())?, self.w3.forward(x)?))
     }
+}
+
+/// `w2(silu(gate) ⊙ up)`.
+fn down(w2: &RowParallelLinear, gate: Tensor<3>, up: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+    w2.forward(burn_megatron_kernels::swiglu::swiglu(gate, up)) // [b, s, f/tp] → [b, s, d]
 }

@@ -14,7 +14,7 @@ use std::time::Instant;
 use burn::tensor::DType;
 use burn_megatron_tests::{
     COMM_TESTS, DP_MODEL_TESTS, Harness, KERNEL_TESTS, LAYER_TESTS, MAPPING_TESTS, MODEL_TESTS, MOE_LAYER_TESTS,
-    MOE_TESTS, NamedTest,
+    MOE_TESTS, NamedTest, PIPELINE_TESTS,
 };
 
 fn main() {
@@ -56,6 +56,9 @@ fn main() {
     } else {
         &[]
     };
+    let pipeline: &[NamedTest] = if rank.is_none() { PIPELINE_TESTS } else { &[] };
+    // Recomputation in bf16 too: flash attention and the fused kernels run inside its regions.
+    let recompute_bf16: &[NamedTest] = &pipeline[pipeline.len().saturating_sub(1)..];
     let runs: Vec<(&str, &Harness, &NamedTest)> = COMM_TESTS
         .iter()
         .map(|t| ("", &comm, t))
@@ -71,6 +74,8 @@ fn main() {
         .chain(moe_f32.iter().map(|t| ("f32 ", &f32, t)))
         // The layer in bf16; 20 steps drift as the dense model's do: f32 only.
         .chain(moe_bf16.iter().map(|t| ("bf16 ", &bf16, t)))
+        .chain(pipeline.iter().map(|t| ("f32 ", &f32, t)))
+        .chain(recompute_bf16.iter().map(|t| ("bf16 ", &bf16, t)))
         .filter(|(_, _, (name, _))| filter.as_ref().is_none_or(|f| name.contains(f.as_str())))
         .filter(|(_, _, (name, _))| skip.as_ref().is_none_or(|s| !name.contains(s.as_str())))
         .collect();

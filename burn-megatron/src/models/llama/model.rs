@@ -8,7 +8,7 @@ use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
 use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
 
-use crate::error::LayerError;
+use crate::error::{ConfigError, LayerError};
 use crate::init::ParamInit;
 use crate::layers::moe::{Load, Moe, MoeConfig, RouterLosses};
 use crate::layers::{
@@ -17,6 +17,7 @@ use crate::layers::{
     VocabParallelCrossEntropyConfig, VocabParallelEmbedding, VocabParallelEmbeddingConfig, column_parallel,
 };
 use crate::precision::EdgeBlocks;
+use crate::recompute::Recompute;
 use burn_megatron_kernels::Gemm;
 
 /// Where the output layer's weight comes from.
@@ -51,6 +52,9 @@ pub struct LlamaConfig {
     /// Blocks whose feed-forward is a mixture of experts instead of `mlp`.
     #[config(default = "None")]
     pub moe: Option<MoeBlocks>,
+    /// What the blocks run again during backward instead of keeping (`crate::recompute`).
+    #[config(default = "Recompute::None")]
+    pub recompute: Recompute,
 }
 
 /// Which blocks are mixtures of experts, and their layer.
@@ -80,6 +84,9 @@ pub struct LlamaBlock {
     pub mlp: Option<ParallelMlp>,
     /// The mixture of experts of a MoE block.
     pub moe: Option<Moe>,
+    /// Whether attention and the dense feed-forward run their selective recomputation regions.
+    #[module(skip)]
+    pub selective: bool,
 }
 
 /// What the MoE blocks of one forward pass report, one entry a MoE block.
@@ -108,6 +115,9 @@ impl MoeReport {
 pub struct Llama {
     pub embedding: VocabParallelEmbedding,
     pub layers: Vec<LlamaBlock>,
+    /// Which blocks run as recomputed regions (full recomputation).
+    #[module(skip)]
+    pub recompute: Recompute,
     pub norm: RmsNorm,
     /// The output layer; `None` with tied word embeddings, which use `tied_output` instead.
     pub output: Option<ColumnParallelLinear>,
@@ -151,6 +161,7 @@ impl LlamaConfig {
     }
 
     pub fn init(&self, device: &Device, groups: &ProcessGroups, init: &ParamInit) -> Result<Llama, LayerError> {
+        self.check_recompute()?;
         let layers = (0..self.n_layers)
             .map(|i| self.init_block(i, device, groups, init))
             .collect::<Result<_, LayerError>>()?;
@@ -169,6 +180,7 @@ impl LlamaConfig {
         Ok(Llama {
             embedding: self.embedding.init(device, groups, init, "embedding"),
             layers,
+            recompute: self.recompute,
             norm: self.norm.init(device, groups, init),
             output,
             tied_output,
@@ -178,6 +190,16 @@ impl LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// The recomputation asked for fits the model: full recomputation's block count, and no
+    /// MoE block inside a fully recomputed region.
+    pub fn check_recompute(&self) -> Result<(), ConfigError> {
+        self.recompute.check(self.n_layers)?;
+        if matches!(self.recompute, Recompute::Full { .. }) && self.moe.is_some() {
+            return Err(ConfigError::RecomputeMoe);
+        }
+        Ok(())
+    }
+
     /// Block `i`, named `layers.{i}` (so its values are the whole model's at every layout).
     pub fn init_block(
         &self,
@@ -204,6 +226,7 @@ impl LlamaConfig {
             mlp_norm: self.norm.init(device, groups, init),
             mlp,
             moe,
+            selective: self.recompute.selective(),
         })
     }
 }
@@ -215,7 +238,17 @@ impl LlamaBlock {
 
     /// [`forward`](Self::forward), a MoE block adding its router losses and load to `report`.
     pub fn forward_report(&self, x: Tensor<3>, report: &mut MoeReport) -> Result<Tensor<3>, LayerError> {
-        let x = x.clone() + self.attention.forward(self.attention_norm.forward(x)?)?;
+        let attention = self.attention_norm.forward(x.clone())?;
+        let attention = match self.selective {
+            true => self.attention.forward_recomputed(attention)?,
+            false => self.attention.forward(attention)?,
+        };
+        self.feed_forward(x + attention, report)
+    }
+
+    /// The second half of the block: `x` plus the feed-forward (dense or MoE, reporting to
+    /// `report`) of its norm.
+    pub(crate) fn feed_forward(&self, x: Tensor<3>, report: &mut MoeReport) -> Result<Tensor<3>, LayerError> {
         let h = self.mlp_norm.forward(x.clone())?;
         let y = match (&self.mlp, &self.moe) {
             (_, Some(moe)) => {
@@ -224,11 +257,39 @@ impl LlamaBlock {
                 report.loads.push(load);
                 y
             }
+            (Some(mlp), None) if self.selective => mlp.forward_recomputed(h)?,
             (Some(mlp), None) => mlp.forward(h)?,
             (None, None) => unreachable!("a block has an MLP or a mixture of experts"),
         };
         Ok(x + y)
     }
+}
+
+/// `blocks` in order on `x`, each group full recomputation names (`recompute.groups`) run as
+/// one recomputed region; a MoE block adds its router losses and load to `report`.
+///
+/// # Shapes
+/// `[b, s, d]` → `[b, s, d]`
+pub fn forward_blocks(
+    blocks: &[LlamaBlock],
+    x: Tensor<3>,
+    recompute: Recompute,
+    report: &mut MoeReport,
+) -> Result<Tensor<3>, LayerError> {
+    recompute
+        .groups(blocks.len())
+        .into_iter()
+        .try_fold(x, |x, (range, recomputed)| {
+            let group = &blocks[range];
+            match recomputed {
+                // No MoE block in a recomputed region (`LlamaConfig::check_recompute`).
+                true => crate::recompute::recompute(&group.to_vec(), vec![x], |group, mut x| {
+                    let x = x.pop().expect("the group's input");
+                    group.iter().try_fold(x, |x, block| block.forward(x))
+                }),
+                false => group.iter().try_fold(x, |x, block| block.forward_report(x, report)),
+            }
+        })
 }
 
 impl Llama {
@@ -241,12 +302,18 @@ impl Llama {
     /// [`forward`](Self::forward) with what its MoE blocks report.
     pub fn forward_report(&self, ids: Tensor<2, Int>) -> Result<(Tensor<3>, MoeReport), LayerError> {
         let mut report = MoeReport::default();
-        let mut x = self.embedding.forward(ids)?;
-        for layer in &self.layers {
-            x = layer.forward_report(x, &mut report)?;
-        }
+        let x = self.embedding.forward(ids)?;
+        let x = forward_blocks(&self.layers, x, self.recompute, &mut report)?;
+        Ok((self.head(x)?, report))
+    }
+
+    /// The final norm and the output layer (or the tied embedding) on the last block's output.
+    ///
+    /// # Shapes
+    /// `[b, s, d]` → logits `[b, s, v']`
+    pub(crate) fn head(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
         let x = self.norm.forward(x)?;
-        let logits = match (&self.output, &self.tied_output) {
+        Ok(match (&self.output, &self.tied_output) {
             (Some(output), _) => output.forward(x)?,
             (None, Some(tied)) => {
                 let weight = self.embedding.weight.val().transpose(); // [d, v/tp]
@@ -254,8 +321,7 @@ impl Llama {
                 column_parallel(x, weight, None, tied.input, ColumnOutput::Sharded, tied.gemm, tp)?
             }
             (None, None) => unreachable!("a Llama has an output layer or tied word embeddings"),
-        };
-        Ok((logits, report))
+        })
     }
 
     /// DeepSeek-V3's auxiliary-loss-free balancing, after a step: each MoE block's router bias

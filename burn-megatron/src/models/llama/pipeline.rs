@@ -3,9 +3,8 @@
 //! and its parameters' gradients summed over the microbatches.
 //!
 //! A forward keeps its input (a new leaf, when it came from another stage) and its output; its
-//! backward seeds the output with the received gradient through `Σ output ⊙ gradient` (whose
-//! gradient with respect to the output is exactly the received one), and sends its input's
-//! gradient on. The last stage's loss is divided by the microbatches, so the summed gradients
+//! backward seeds the output with the received gradient (`recompute::seeded_backward`), and
+//! sends its input's gradient on. The last stage's loss is divided by the microbatches, so the summed gradients
 //! are the mean loss's.
 //!
 //! Legend: `m` microbatches, `b` a microbatch's sequences, `s` sequence, `d` d_model.
@@ -20,6 +19,7 @@ use crate::error::LayerError;
 use crate::optim::{DistributedAdamW, StepReport};
 use crate::params::{param_grads, param_values};
 use crate::plan::pipeline::schedule::{Action, Payload};
+use crate::recompute::seeded_backward;
 
 /// What one rank's step produced.
 pub struct StageStep {
@@ -118,8 +118,9 @@ pub fn run_actions(
                         let gradient = inbox
                             .remove(&(Payload::Gradient, microbatch, s + 1))
                             .expect("received before its backward");
-                        let seeded = (y * gradient.autodiff()).sum();
-                        (input, seeded.backward())
+                        let [b, len, d] = y.dims();
+                        let rows = |x: Tensor<3>| x.reshape([b * len, d]);
+                        (input, seeded_backward(rows(y), rows(gradient.autodiff())))
                     }
                 };
                 let step = param_grads(stage, &backward);

@@ -11,10 +11,11 @@ use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
 use burn_megatron_dist::ProcessGroups;
 
-use super::model::{LlamaBlock, LlamaConfig, WordEmbeddings};
+use super::model::{LlamaBlock, LlamaConfig, MoeReport, WordEmbeddings, forward_blocks};
 use crate::error::{ConfigError, LayerError};
 use crate::init::ParamInit;
 use crate::layers::{ColumnParallelLinear, RmsNorm, VocabParallelCrossEntropy, VocabParallelEmbedding};
+use crate::recompute::Recompute;
 
 #[derive(Module, Debug)]
 pub struct LlamaStage {
@@ -36,6 +37,9 @@ pub struct LlamaStage {
     pub width: usize,
     #[module(skip)]
     pub sequence_shards: usize,
+    /// Which blocks of each chunk run as recomputed regions (full recomputation).
+    #[module(skip)]
+    pub recompute: Recompute,
 }
 
 impl LlamaConfig {
@@ -62,6 +66,7 @@ impl LlamaConfig {
             }
             .into());
         }
+        self.check_recompute()?;
         let mut layers: Vec<Option<LlamaBlock>> = (0..self.n_layers).map(|_| None).collect();
         for i in chunks.iter().flat_map(|c| c.clone()) {
             layers[i] = Some(self.init_block(i, device, groups, init)?);
@@ -81,6 +86,7 @@ impl LlamaConfig {
                 crate::layers::SequenceLayout::Sharded => groups.tp.size(),
                 crate::layers::SequenceLayout::Whole => 1,
             },
+            recompute: self.recompute,
         })
     }
 }
@@ -108,9 +114,12 @@ impl LlamaStage {
     /// # Shapes
     /// `[b, s, d]` → `[b, s, d]`
     pub fn forward_chunk(&self, chunk: usize, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        self.chunks[chunk].clone().try_fold(x, |x, i| {
-            self.layers[i].as_ref().expect("the chunk's blocks are here").forward(x)
-        })
+        let blocks: Vec<LlamaBlock> = self.chunks[chunk]
+            .clone()
+            .map(|i| self.layers[i].clone().expect("the chunk's blocks are here"))
+            .collect();
+        // No MoE block in a pipeline (`init_stage`): nothing to report.
+        forward_blocks(&blocks, x, self.recompute, &mut MoeReport::default())
     }
 
     /// The head on the last block's output: the next-token loss of `targets`, as
