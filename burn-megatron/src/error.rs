@@ -39,6 +39,12 @@ pub enum ConfigError {
     #[error("expert capacity factor {factor} must be a finite number above 0")]
     CapacityFactor { factor: f64 },
     #[error(
+        "decoding with a KV cache runs on whole sequences: plan the model without sequence parallelism (TensorParallel::Plain)"
+    )]
+    DecodingSequenceParallel,
+    #[error("{tokens} tokens do not fit a KV cache of {capacity} positions (at most the model's max_seq_len)")]
+    CacheFull { tokens: usize, capacity: usize },
+    #[error(
         "full recomputation of {layers} blocks does not fit a model of {n_layers} blocks (at least 1, at most all)"
     )]
     RecomputeLayers { layers: usize, n_layers: usize },

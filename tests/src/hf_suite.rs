@@ -46,12 +46,12 @@ fn staged(name: &str, config_file: &str, tag: &str) -> PathBuf {
     dir
 }
 
-fn expected(name: &str) -> Value {
+pub(crate) fn expected(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixture(name).join("expected.json")).unwrap()).unwrap()
 }
 
 /// The fixture's batch: inputs and targets `[b, s]`.
-fn batch(expected: &Value, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>) {
+pub(crate) fn batch(expected: &Value, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>) {
     let ids = |key: &str| {
         let rows = expected[key].as_array().unwrap();
         let flat: Vec<i64> = rows

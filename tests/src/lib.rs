@@ -9,6 +9,7 @@
 pub mod checkpoint_suite;
 pub mod comm_suite;
 pub mod data;
+pub mod gguf_writer;
 pub mod harness;
 pub mod hf_suite;
 #[cfg(feature = "cuda")]
@@ -20,6 +21,7 @@ pub mod mapping_suite;
 pub mod model_suite;
 pub mod moe_suite;
 pub mod pipeline_suite;
+pub mod posttrain_suite;
 pub mod recompute_suite;
 
 pub use harness::Harness;

@@ -107,6 +107,22 @@ impl Rope {
         // One kernel each way on CUDA (burn_megatron_kernels::rope), f32 rotation.
         burn_megatron_kernels::rope::rope(x, self.cos.clone(), self.sin.clone())
     }
+
+    /// Rotates `x` for positions `start..start + s` (decoding after a cache of `start`).
+    ///
+    /// # Shapes
+    /// `[b, heads, s, head_dim]` → the same
+    pub fn apply_from(&self, x: Tensor<4>, start: usize) -> Tensor<4> {
+        let [max, _] = self.cos.dims();
+        let rows = max - start.min(max);
+        let table = |t: &Tensor<2>| t.clone().narrow(0, start.min(max), rows);
+        burn_megatron_kernels::rope::rope(x, table(&self.cos), table(&self.sin))
+    }
+
+    /// Positions the tables cover.
+    pub fn max_seq_len(&self) -> usize {
+        self.cos.dims()[0]
+    }
 }
 
 #[cfg(test)]

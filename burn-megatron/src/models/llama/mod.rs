@@ -1,7 +1,10 @@
 //! Llama: the model (`model.rs`), its layer table for the parallel plan and precision policies
 //! (`plan.rs`), the recipes that name whole runs (`recipes.rs`), Hugging Face checkpoints
-//! (`hf.rs`) and the Learner's step (`learner.rs`).
+//! (`hf/`), llama.cpp's GGUF files (`gguf/`), generation with a KV cache (`generate/`) and the
+//! Learner's step (`learner.rs`).
 
+pub mod generate;
+pub mod gguf;
 pub mod hf;
 #[cfg(feature = "learner")]
 pub mod learner;

@@ -40,6 +40,21 @@ pub fn tiny() -> LlamaRecipe {
     }
 }
 
+/// SmolLM2-135M's shape (its GGUF file's `llama.*` metadata): hidden 576, 30 layers, 9 heads
+/// over 3 kv heads, ffn 1536, vocab 49152, RoPE θ 1e5, tied embeddings, 8192 positions;
+/// trained at seq 2048, batch 8.
+pub fn smollm2_135m() -> LlamaRecipe {
+    let mut model =
+        LlamaConfig::llama(49152, 576, 30, 9, 3, 1536, 8192).with_word_embeddings(super::model::WordEmbeddings::Tied);
+    model.attention.rope_theta = 1e5;
+    LlamaRecipe {
+        name: "smollm2-135m",
+        model,
+        seq_len: 2048,
+        batch_size: 8,
+    }
+}
+
 /// hidden 2048, 16 layers, 16 heads, ffn 5632, vocab 32768, seq 2048, batch 4.
 pub fn llama_1b() -> LlamaRecipe {
     LlamaRecipe {
@@ -99,6 +114,7 @@ pub fn preset(name: &str) -> Result<LlamaRecipe, ConfigError> {
         "llama-1b" => Ok(llama_1b()),
         "moe-4b" => Ok(moe_4b()),
         "llama-8b" => Ok(llama_8b()),
+        "smollm2-135m" => Ok(smollm2_135m()),
         other => Err(ConfigError::UnknownPreset(other.to_string())),
     }
 }

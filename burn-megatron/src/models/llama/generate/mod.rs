@@ -1,0 +1,121 @@
+//! Generation with a KV cache: a batch of prompts of different lengths prefilled in one
+//! forward pass, then decoded a token a step (`cache.rs`), each token chosen greedily or
+//! sampled (`sample.rs`), until a stop token or the token budget. At any tp: every rank runs
+//! the same steps on its heads and vocabulary share and draws the same tokens.
+
+mod cache;
+mod sample;
+
+pub use cache::KvCache;
+pub use sample::{Draws, Sampling};
+
+use std::time::Instant;
+
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn_megatron_dist::ProcessGroup;
+use burn_megatron_dist::mappings::gather_from_tp;
+
+use crate::error::{ConfigError, LayerError};
+use crate::models::llama::Llama;
+
+/// What [`generate`] does after the prompts.
+#[derive(Clone, Debug)]
+pub struct GenerateConfig {
+    pub max_new_tokens: usize,
+    pub sampling: Sampling,
+    /// Tokens that end a row (kept out of its output).
+    pub stop: Vec<u32>,
+    /// Fills the left of shorter prompts (masked: its value does not matter).
+    pub pad: u32,
+    pub seed: u64,
+}
+
+/// The tokens each prompt got, and how long the two phases took.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    /// Each prompt's new tokens, without the stop token.
+    pub tokens: Vec<Vec<u32>>,
+    /// Prompt positions prefilled (the batch times the longest prompt) and the seconds it took.
+    pub prefill_tokens: usize,
+    pub prefill_s: f64,
+    /// Decoding steps run (each a token for every row) and their seconds.
+    pub decode_steps: usize,
+    pub decode_s: f64,
+}
+
+/// Each row's logits over the whole vocabulary, on the host: gathered over tp, the padded
+/// vocabulary's extra columns dropped.
+fn host_rows(logits: Tensor<2>, vocab: usize, tp: &ProcessGroup) -> Result<Vec<Vec<f32>>, LayerError> {
+    let whole = gather_from_tp(logits, tp, 1)?;
+    let [b, v] = whole.dims();
+    let values = whole
+        .cast(DType::F32)
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .expect("f32 logits");
+    Ok((0..b).map(|i| values[i * v..i * v + vocab].to_vec()).collect())
+}
+
+/// Generates after each of `prompts` (token ids; each at least one) with `model` (planned
+/// without sequence parallelism) on `device`. Every rank of `tp` calls it with the same
+/// arguments.
+pub fn generate(
+    model: &Llama,
+    tp: &ProcessGroup,
+    prompts: &[Vec<u32>],
+    config: &GenerateConfig,
+    device: &Device,
+) -> Result<Generated, LayerError> {
+    if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
+        return Err(ConfigError::Zero { what: "prompt tokens" }.into());
+    }
+    let (b, longest) = (prompts.len(), prompts.iter().map(Vec::len).max().unwrap_or(0));
+    let vocab = model.embedding.vocab_size;
+    let mut cache = KvCache::new(model, b, longest + config.max_new_tokens, device)?;
+    let mut ids = Vec::with_capacity(b * longest);
+    let mut padding = Vec::with_capacity(b);
+    for prompt in prompts {
+        let pad = longest - prompt.len();
+        ids.extend(std::iter::repeat_n(config.pad as i64, pad).chain(prompt.iter().map(|&t| t as i64)));
+        padding.push((0..longest).map(|j| j < pad).collect::<Vec<_>>());
+    }
+    let begun = Instant::now();
+    let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, longest]), device);
+    let logits = model.forward_cached(ids, &padding, &mut cache)?;
+    let [_, _, v] = logits.dims();
+    let mut rows = host_rows(logits.narrow(1, longest - 1, 1).reshape([b, v]), vocab, tp)?;
+    let prefill_s = begun.elapsed().as_secs_f64();
+
+    let mut draws = sample::Draws::new(config.seed);
+    let mut tokens = vec![Vec::new(); b];
+    let mut done = vec![false; b];
+    let (mut decode_steps, begun) = (0, Instant::now());
+    for step in 0..config.max_new_tokens {
+        let next: Vec<u32> = rows.iter().map(|row| config.sampling.choose(row, &mut draws)).collect();
+        for ((out, finished), &token) in tokens.iter_mut().zip(&mut done).zip(&next) {
+            if *finished {
+                continue;
+            }
+            match config.stop.contains(&token) {
+                true => *finished = true,
+                false => out.push(token),
+            }
+        }
+        if done.iter().all(|d| *d) || step + 1 == config.max_new_tokens {
+            break;
+        }
+        let ids: Vec<i64> = next.iter().map(|&t| t as i64).collect();
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, 1]), device);
+        let logits = model.forward_cached(ids, &vec![vec![false]; b], &mut cache)?;
+        rows = host_rows(logits.reshape([b, v]), vocab, tp)?;
+        decode_steps += 1;
+    }
+    Ok(Generated {
+        tokens,
+        prefill_tokens: b * longest,
+        prefill_s,
+        decode_steps,
+        decode_s: begun.elapsed().as_secs_f64(),
+    })
+}

