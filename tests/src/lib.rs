@@ -22,6 +22,7 @@ pub mod model_suite;
 pub mod moe_suite;
 pub mod pipeline_suite;
 pub mod posttrain_suite;
+pub mod ptq_suite;
 pub mod recompute_suite;
 
 pub use harness::Harness;

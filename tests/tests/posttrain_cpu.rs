@@ -1,7 +1,7 @@
 //! The post-training suite on the CPU, ranks as threads, in f32: GGUF files, their tokenizer,
-//! and decoding with the KV cache.
+//! decoding with the KV cache, and post-training quantization's export.
 
-use burn_megatron_tests::{Harness, posttrain_suite};
+use burn_megatron_tests::{Harness, posttrain_suite, ptq_suite};
 
 #[test]
 fn gguf_matches_transformers() {
@@ -26,4 +26,14 @@ fn gguf_tokenizer() {
 #[test]
 fn cached_decoding_matches_full_forward() {
     posttrain_suite::cached_decoding_matches_full_forward(&Harness::cpu(2));
+}
+
+#[test]
+fn compressed_export_loads_at_any_tp() {
+    ptq_suite::compressed_export_loads_at_any_tp(&Harness::cpu(2));
+}
+
+#[test]
+fn ptq_errors() {
+    ptq_suite::ptq_errors(&Harness::cpu(2));
 }

@@ -11,6 +11,7 @@ use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
 
 use crate::precision::amax::sharded_linear;
+use crate::precision::ptq::InputQuantizer;
 
 use crate::error::{LayerError, divisible};
 use crate::init::{ParamInit, Shard};
@@ -70,6 +71,10 @@ pub struct ColumnParallelLinear {
     pub output: ColumnOutput,
     #[module(skip)]
     pub gemm: Gemm,
+    /// What the input goes through before the product (post-training quantization); nothing
+    /// by default.
+    #[module(skip)]
+    pub input_quantizer: InputQuantizer,
     #[module(skip)]
     pub tp: ProcessGroup,
 }
@@ -152,6 +157,7 @@ impl ColumnParallelLinear {
             input,
             output,
             gemm: Gemm::Wgmma,
+            input_quantizer: InputQuantizer::None,
             tp: tp.clone(),
         }
     }
@@ -161,8 +167,20 @@ impl ColumnParallelLinear {
     /// - output: `[.., s, o/tp]`, or `[.., s, o]` with [`ColumnOutput::Gathered`]
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Result<Tensor<D>, LayerError> {
         let bias = self.bias.as_ref().map(|b| b.val());
-        column_parallel(x, self.weight.val(), bias, self.input, self.output, self.gemm, &self.tp)
+        let product = Product {
+            gemm: self.gemm,
+            quantizer: &self.input_quantizer,
+        };
+        column_parallel(x, self.weight.val(), bias, self.input, self.output, product, &self.tp)
     }
+}
+
+/// How a column-parallel layer multiplies its (mapped) input.
+#[derive(Clone, Copy, Debug)]
+pub struct Product<'a> {
+    pub gemm: Gemm,
+    /// What the input goes through first.
+    pub quantizer: &'a InputQuantizer,
 }
 
 /// A column-parallel product with a weight shard held elsewhere (tied word embeddings: the
@@ -178,7 +196,7 @@ pub fn column_parallel<const D: usize>(
     bias: Option<Tensor<1>>,
     input: ColumnInput,
     output: ColumnOutput,
-    gemm: Gemm,
+    product: Product,
     tp: &ProcessGroup,
 ) -> Result<Tensor<D>, LayerError> {
     let x = match input {
@@ -186,7 +204,9 @@ pub fn column_parallel<const D: usize>(
         ColumnInput::SequenceSharded => gather_from_sp(x, tp, D - 2)?,
         ColumnInput::InRegion => x,
     };
-    let y = sharded_linear(x, weight, bias, gemm, tp)?;
+    // The whole input on every rank: nothing of it is sharded.
+    let x = product.quantizer.apply(x, tp, false)?;
+    let y = sharded_linear(x, weight, bias, product.gemm, tp)?;
     Ok(match output {
         ColumnOutput::Sharded => y,
         ColumnOutput::Gathered => gather_from_tp(y, tp, D - 1)?,

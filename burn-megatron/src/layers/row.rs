@@ -12,6 +12,7 @@ use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
 
 use crate::precision::amax::sharded_linear;
+use crate::precision::ptq::InputQuantizer;
 
 use crate::error::{LayerError, divisible};
 use crate::init::{ParamInit, Shard};
@@ -68,6 +69,10 @@ pub struct RowParallelLinear {
     pub output: RowOutput,
     #[module(skip)]
     pub gemm: Gemm,
+    /// What the input goes through before the product (post-training quantization); nothing
+    /// by default.
+    #[module(skip)]
+    pub input_quantizer: InputQuantizer,
     #[module(skip)]
     pub tp: ProcessGroup,
 }
@@ -148,6 +153,7 @@ impl RowParallelLinear {
             input,
             output,
             gemm: Gemm::Wgmma,
+            input_quantizer: InputQuantizer::None,
             tp: tp.clone(),
         }
     }
@@ -160,6 +166,8 @@ impl RowParallelLinear {
             RowInput::Sharded => x,
             RowInput::Replicated => scatter_to_sp(x, &self.tp, D - 1)?,
         };
+        // This rank's input features only.
+        let x = self.input_quantizer.apply(x, &self.tp, true)?;
         let partial = sharded_linear(x, self.weight.val(), None, self.gemm, &self.tp)?;
         let y = match self.output {
             RowOutput::Reduced => reduce_from_tp(partial, &self.tp)?,

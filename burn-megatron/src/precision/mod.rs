@@ -7,6 +7,7 @@
 
 pub mod amax;
 mod blocks;
+pub mod ptq;
 
 use burn::tensor::DType;
 use burn_megatron_kernels::Gemm;

@@ -10,6 +10,7 @@ use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
 
 use crate::error::{ConfigError, LayerError};
 use crate::init::ParamInit;
+use crate::layers::Product;
 use crate::layers::moe::{Load, Moe, MoeConfig, RouterLosses};
 use crate::layers::{
     ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, ParallelAttention,
@@ -17,6 +18,7 @@ use crate::layers::{
     VocabParallelCrossEntropyConfig, VocabParallelEmbedding, VocabParallelEmbeddingConfig, column_parallel,
 };
 use crate::precision::EdgeBlocks;
+use crate::precision::ptq::InputQuantizer;
 use crate::recompute::Recompute;
 use burn_megatron_kernels::Gemm;
 
@@ -318,7 +320,11 @@ impl Llama {
             (None, Some(tied)) => {
                 let weight = self.embedding.weight.val().transpose(); // [d, v/tp]
                 let tp = &self.embedding.tp;
-                column_parallel(x, weight, None, tied.input, ColumnOutput::Sharded, tied.gemm, tp)?
+                let product = Product {
+                    gemm: tied.gemm,
+                    quantizer: &InputQuantizer::None,
+                };
+                column_parallel(x, weight, None, tied.input, ColumnOutput::Sharded, product, tp)?
             }
             (None, None) => unreachable!("a Llama has an output layer or tied word embeddings"),
         })

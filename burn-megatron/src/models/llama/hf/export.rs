@@ -2,7 +2,8 @@
 //! gathered at a time and written by global rank 0 in shards of at most
 //! [`ExportOptions::max_shard_bytes`] (`model.safetensors`, or `model-0000i-of-0000n.safetensors`
 //! with `model.safetensors.index.json`), and a `config.json` that transformers'
-//! `AutoModelForCausalLM.from_pretrained` opens.
+//! `AutoModelForCausalLM.from_pretrained` opens. [`save_quantized`] writes a post-training
+//! quantization's block linears in compressed-tensors' layout instead (`compressed.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -12,10 +13,12 @@ use burn_megatron_dist::{CommError, ProcessGroups};
 use safetensors::tensor::{Dtype, TensorView};
 use serde_json::json;
 
+use super::compressed::{Compression, is_block_linear, scale_names};
 use super::config::HfConfig;
 use super::{HfError, format_error, hf_name, io, is_vocab};
 use crate::models::llama::{Llama, LlamaConfig};
 use crate::params::{param_infos, param_values};
+use crate::precision::ptq::{InputQuantizer, Quantized};
 
 /// The dtype the exported weights are stored in.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -73,6 +76,8 @@ pub struct ExportOptions {
 /// One tensor of the export: where it comes from and what it becomes.
 struct Entry {
     index: usize,
+    /// Our parameter path.
+    path: String,
     name: String,
     transposed: bool,
     split_dim: Option<usize>,
@@ -89,6 +94,42 @@ pub fn save(
     config: &LlamaConfig,
     groups: &ProcessGroups,
     options: &ExportOptions,
+) -> Result<(), HfError> {
+    write_checkpoint(dir, model, config, groups, options, None)
+}
+
+/// Saves a post-training quantization (`precision::ptq::quantize`) as [`save`] does, its block
+/// linears in compressed-tensors' layout: 8-bit codes, `weight_scale` and, for static inputs,
+/// `input_scale` (`compressed.rs`). Int4, group scales and NVFP4 have no layout here
+/// ([`HfError::Unsupported`]).
+pub fn save_quantized(
+    dir: &Path,
+    quantized: &Quantized,
+    config: &LlamaConfig,
+    groups: &ProcessGroups,
+    options: &ExportOptions,
+) -> Result<(), HfError> {
+    let compression = Compression::of(&quantized.config)?;
+    write_checkpoint(
+        dir,
+        &quantized.model,
+        config,
+        groups,
+        options,
+        Some((compression, quantized)),
+    )
+}
+
+/// A compressed export's scheme and the quantization it writes.
+type Compressed<'a> = Option<(Compression, &'a Quantized)>;
+
+fn write_checkpoint(
+    dir: &Path,
+    model: &Llama,
+    config: &LlamaConfig,
+    groups: &ProcessGroups,
+    options: &ExportOptions,
+    compressed: Compressed,
 ) -> Result<(), HfError> {
     let hf = HfConfig::from_llama(config);
     hf.check_model(model, groups.tp.size())?;
@@ -113,17 +154,20 @@ pub fn save(
         }
         entries.push(Entry {
             index,
+            path: info.path.clone(),
             name,
             transposed,
             split_dim: info.split_dim,
             shape,
         });
     }
+    let codes = |entry: &Entry| compressed.is_some() && is_block_linear(&entry.path);
     // Shards in traversal order, each as full as the limit allows.
     let mut shards: Vec<Vec<&Entry>> = vec![Vec::new()];
     let mut filled = 0u64;
     for entry in &entries {
-        let bytes = (entry.shape.iter().product::<usize>() * options.dtype.bytes()) as u64;
+        let width = if codes(entry) { 1 } else { options.dtype.bytes() };
+        let bytes = (entry.shape.iter().product::<usize>() * width) as u64;
         if filled > 0 && filled + bytes > options.max_shard_bytes {
             shards.push(Vec::new());
             filled = 0;
@@ -143,19 +187,38 @@ pub fn save(
     let mut weight_map = BTreeMap::new();
     let mut total_size = 0usize;
     for (i, shard) in shards.iter().enumerate() {
-        let mut tensors: Vec<(String, Vec<u8>, Vec<usize>)> = Vec::with_capacity(shard.len());
+        let mut tensors: Vec<Stored> = Vec::with_capacity(shard.len());
         for entry in shard {
             let whole = gather(&values[entry.index], entry.split_dim, groups)?;
             if !writer || failed.is_some() {
                 continue;
             }
-            let bytes = options.dtype.encode(&hf_layout(entry, whole));
-            total_size += bytes.len();
-            weight_map.insert(entry.name.clone(), file_name(i));
-            tensors.push((entry.name.clone(), bytes, entry.shape.clone()));
+            let stored = match compressed {
+                Some((scheme, quantized)) if codes(entry) => match compress(entry, whole, scheme, quantized) {
+                    Ok(stored) => stored,
+                    Err(e) => {
+                        failed = Some(e);
+                        continue;
+                    }
+                },
+                _ => {
+                    let bytes = options.dtype.encode(&hf_layout(entry, whole));
+                    vec![(
+                        entry.name.clone(),
+                        options.dtype.safetensors(),
+                        entry.shape.clone(),
+                        bytes,
+                    )]
+                }
+            };
+            for tensor in stored {
+                total_size += tensor.3.len();
+                weight_map.insert(tensor.0.clone(), file_name(i));
+                tensors.push(tensor);
+            }
         }
         if writer && failed.is_none() {
-            failed = write_file(&dir.join(file_name(i)), &tensors, options.dtype).err();
+            failed = write_file(&dir.join(file_name(i)), &tensors).err();
         }
     }
     if !writer {
@@ -175,8 +238,64 @@ pub fn save(
         // A stale index from an earlier sharded export would shadow the single file.
         std::fs::remove_file(&index_path).map_err(|e| io(&index_path, e))?;
     }
-    let json = serde_json::to_vec_pretty(&hf.to_json(options.dtype.torch_name())).expect("config serializes");
+    let mut json = hf.to_json(options.dtype.torch_name());
+    if let Some((scheme, _)) = compressed {
+        json["quantization_config"] = scheme.to_json();
+    }
+    let json = serde_json::to_vec_pretty(&json).expect("config serializes");
     write(&dir.join("config.json"), &json)
+}
+
+/// One tensor of a file: its name, dtype, shape and bytes.
+type Stored = (String, Dtype, Vec<usize>, Vec<u8>);
+
+/// A block linear's codes in the file's `[out, in]`, its `weight_scale` and, where its input
+/// has a static range, `input_scale`.
+fn compress(
+    entry: &Entry,
+    whole: Vec<f32>,
+    scheme: Compression,
+    quantized: &Quantized,
+) -> Result<Vec<Stored>, HfError> {
+    let incompatible = |detail: String| HfError::Incompatible {
+        name: entry.name.clone(),
+        detail,
+    };
+    let linear = entry.path.strip_suffix(".weight").expect("a weight");
+    let quantization = quantized
+        .linears
+        .get(linear)
+        .ok_or_else(|| incompatible("the quantization does not hold it".into()))?;
+    let scales = quantization
+        .weight_scales
+        .clone()
+        .ok_or_else(|| incompatible("its quantization has no scales".into()))?;
+    let scales: Vec<f32> = scales.into_data().convert::<f32>().try_into_vec().expect("f32 scales");
+    let [out, inputs] = [entry.shape[0], entry.shape[1]];
+    let per_channel = scales.len() == out && out > 1;
+    if scales.len() != 1 && !per_channel {
+        return Err(incompatible(format!(
+            "{} scales for {out} output channels",
+            scales.len()
+        )));
+    }
+    let values = hf_layout(entry, whole); // [out, in]
+    let codes: Vec<u8> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| scheme.encode(v / scales[if per_channel { i / inputs } else { 0 }]))
+        .collect();
+    let (scale_name, input_name) = scale_names(&entry.name);
+    let scale_shape = if per_channel { vec![out, 1] } else { vec![1] };
+    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let mut stored = vec![
+        (entry.name.clone(), scheme.dtype(), entry.shape.clone(), codes),
+        (scale_name, Dtype::F32, scale_shape, f32_bytes(&scales)),
+    ];
+    if let InputQuantizer::Static { codes, amax } = quantization.input {
+        stored.push((input_name, Dtype::F32, vec![1], f32_bytes(&[amax / codes.max()])));
+    }
+    Ok(stored)
 }
 
 /// The whole of one parameter, gathered over tp along its split dim, in f32 (`[n]`, our
@@ -230,10 +349,10 @@ fn hf_layout(entry: &Entry, values: Vec<f32>) -> Vec<f32> {
 }
 
 /// One safetensors file of `tensors`, written to a temporary name, synced and renamed.
-fn write_file(path: &Path, tensors: &[(String, Vec<u8>, Vec<usize>)], dtype: ExportDType) -> Result<(), HfError> {
+fn write_file(path: &Path, tensors: &[Stored]) -> Result<(), HfError> {
     let views = tensors
         .iter()
-        .map(|(n, b, s)| TensorView::new(dtype.safetensors(), s.clone(), b).map(|v| (n.as_str(), v)))
+        .map(|(n, dtype, s, b)| TensorView::new(*dtype, s.clone(), b).map(|v| (n.as_str(), v)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format_error(path, e))?;
     // transformers refuses safetensors files whose metadata names no framework.

@@ -12,10 +12,12 @@ use memmap2::Mmap;
 use safetensors::tensor::{Dtype, SafeTensors};
 use serde::Deserialize;
 
+use super::compressed::{Compression, Input, is_block_linear, scale_names};
 use super::config::read_config;
 use super::{HfError, format_error, hf_name, io, is_vocab};
 use crate::models::llama::{Llama, WordEmbeddings};
 use crate::params::{map_params, param_infos, param_values};
+use crate::precision::ptq::{Codes, linear_mut};
 
 /// The checkpoint's files, mapped, and where each tensor lies in them.
 struct Checkpoint {
@@ -87,8 +89,34 @@ impl Checkpoint {
             Dtype::F32 => chunks.for_each(|(c, o)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             Dtype::BF16 => chunks.for_each(|(c, o)| *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
             Dtype::F16 => chunks.for_each(|(c, o)| *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32()),
+            // A compressed checkpoint's codes, before their scales.
+            Dtype::F8_E4M3 => chunks.for_each(|(c, o)| *o = Compression::decode(Codes::Fp8, c[0])),
+            Dtype::I8 => chunks.for_each(|(c, o)| *o = Compression::decode(Codes::Int8, c[0])),
             _ => unreachable!("dtypes are checked before decoding"),
         }
+    }
+
+    /// The `len` values of the scale tensor `name` (f32, bf16 or f16; `[len]`, `[len, 1]` or a
+    /// scalar).
+    fn scale(&self, name: &str, len: usize) -> Result<Vec<f32>, HfError> {
+        let incompatible = |detail: String| HfError::Incompatible {
+            name: name.to_string(),
+            detail,
+        };
+        let t = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| incompatible("a compressed weight's scale is missing".into()))?;
+        let elements: usize = t.shape.iter().product();
+        if !matches!(t.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) || elements != len {
+            return Err(incompatible(format!(
+                "stored {:?} {:?}: {len} f32, bf16 or f16 scales expected",
+                t.dtype, t.shape
+            )));
+        }
+        let mut out = vec![0.0; len];
+        self.decode(t, 0, &mut out);
+        Ok(out)
     }
 
     /// This rank's part of `t` for a parameter of local shape `local`, split along our `dim`
@@ -137,16 +165,24 @@ impl Checkpoint {
 
 /// Loads the Hugging Face checkpoint in `dir` into `model`, each rank reading its slice. The
 /// checkpoint's `config.json` must describe `model` ([`HfError::Mismatch`] names the field
-/// that differs), and every tensor must be used ([`HfError::LeftOver`]).
+/// that differs), and every tensor must be used ([`HfError::LeftOver`]). A compressed-tensors
+/// checkpoint (`compressed.rs`) loads its block linears' codes times their scales, and sets
+/// each one's input quantizer as its `quantization_config` says.
 pub fn load(dir: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, HfError> {
     let config = read_config(dir)?;
     config.check_model(&model, groups.tp.size())?;
+    let config_path = dir.join("config.json");
+    let raw = std::fs::read_to_string(&config_path).map_err(|e| io(&config_path, e))?;
+    let raw: serde_json::Value = serde_json::from_str(&raw).map_err(|e| format_error(&config_path, e))?;
+    let compression = Compression::from_json(&raw)?;
     let checkpoint = Checkpoint::open(dir)?;
     let infos = param_infos(&model);
     let shapes: Vec<Vec<usize>> = param_values(&model).into_iter().map(|p| p.dims).collect();
     let (tp, tp_rank) = (groups.tp.size(), groups.tp.group_rank());
     let mut used = BTreeSet::new();
     let mut values = Vec::with_capacity(infos.len());
+    // Each compressed linear's input scale, by our layer path (`layers.0.attention.wq`).
+    let mut input_scales = BTreeMap::new();
     for (info, local) in infos.iter().zip(&shapes) {
         let incompatible = |detail: String| HfError::Incompatible {
             name: info.path.clone(),
@@ -157,7 +193,12 @@ pub fn load(dir: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, H
             .tensors
             .get(&name)
             .ok_or_else(|| incompatible(format!("{name} is not in the checkpoint")))?;
-        if !matches!(stored.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+        let compressed = compression.filter(|_| is_block_linear(&info.path));
+        let dtype_fits = match compressed {
+            Some(scheme) => stored.dtype == scheme.dtype(),
+            None => matches!(stored.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16),
+        };
+        if !dtype_fits {
             return Err(incompatible(format!("{name}: unsupported dtype {:?}", stored.dtype)));
         }
         let global: Vec<usize> = match transposed {
@@ -184,7 +225,24 @@ pub fn load(dir: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, H
         } else {
             0
         };
-        values.push(checkpoint.read_local(stored, transposed, local, dim, start));
+        let mut local_values = checkpoint.read_local(stored, transposed, local, dim, start);
+        if let Some(scheme) = compressed {
+            // Our [in, out'] slice: output channel `c` is global `c + offset`.
+            let offset = if info.split_dim == Some(1) { start } else { 0 };
+            let (scale_name, input_name) = scale_names(&name);
+            let out = global[1];
+            let scales = checkpoint.scale(&scale_name, if scheme.per_channel { out } else { 1 })?;
+            for (i, v) in local_values.iter_mut().enumerate() {
+                *v *= scales[if scheme.per_channel { offset + i % local[1] } else { 0 }];
+            }
+            used.insert(scale_name);
+            if scheme.input == Input::Static {
+                let layer = info.path.strip_suffix(".weight").expect("a weight").to_string();
+                input_scales.insert(layer, checkpoint.scale(&input_name, 1)?[0]);
+                used.insert(input_name);
+            }
+        }
+        values.push(local_values);
         used.insert(name);
     }
     let left_over: Vec<String> = checkpoint
@@ -210,9 +268,22 @@ pub fn load(dir: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, H
         return Err(HfError::LeftOver { names: left_over });
     }
     // Everything is read and checked: now change the model.
-    Ok(map_params(model, &mut |i, old, _| {
+    let mut model = map_params(model, &mut |i, old, _| {
         let v = std::mem::take(&mut values[i]);
         let n = v.len();
         Tensor::<1>::from_data(TensorData::new(v, [n]), &old.device()).cast(old.dtype())
-    }))
+    });
+    if let Some(scheme) = compression {
+        for (i, block) in model.layers.iter_mut().enumerate() {
+            for path in crate::precision::ptq::Site::ALL.iter().flat_map(|s| s.linears()) {
+                let input_scale = input_scales.get(&format!("layers.{i}.{path}")).copied();
+                let linear = linear_mut(block, path).map_err(|e| HfError::Incompatible {
+                    name: format!("layers.{i}.{path}"),
+                    detail: e.to_string(),
+                })?;
+                *linear.quantizer = scheme.input_quantizer(input_scale);
+            }
+        }
+    }
+    Ok(model)
 }

@@ -8,18 +8,22 @@
 //!   the checkpoint's configuration against the model, and refuses tensors it does not use
 //!   (`load.rs`);
 //! - [`save`] writes the model whole, in f32 or bf16, in shards of at most 5 GB, with a
-//!   `config.json` that transformers' `AutoModelForCausalLM` opens (`export.rs`).
+//!   `config.json` that transformers' `AutoModelForCausalLM` opens (`export.rs`);
+//!   [`save_quantized`] writes a post-training quantization in compressed-tensors' 8-bit layout,
+//!   which [`load`] reads back (`compressed.rs`).
 //!
 //! Names and layouts: Hugging Face stores linear weights as `[out, in]`, Burn as `[in, out]`, so
 //! every projection is transposed on the way; both rotate the two halves of each head, so q and k
 //! need no permutation. Tied word embeddings are one tensor, `model.embed_tokens.weight`.
 
+mod compressed;
 mod config;
 mod export;
 mod load;
 
+pub use compressed::{Compression, Input};
 pub use config::{HfConfig, config, read_config};
-pub use export::{ExportDType, ExportOptions, save};
+pub use export::{ExportDType, ExportOptions, save, save_quantized};
 pub use load::load;
 
 use std::path::Path;

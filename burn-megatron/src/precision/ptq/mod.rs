@@ -1,0 +1,228 @@
+//! Post-training quantization of a trained Llama's blocks (the embedding, the output layer and
+//! the norms stay in the compute dtype), as NVIDIA ModelOpt and llm-compressor do it:
+//!
+//! 1. [`calibrate`]: the model runs over calibration text with an [`Observer`] at each input
+//!    [`Site`] of every block's linear layers (`calibrate.rs`);
+//! 2. optional [`Smoothing`] (SmoothQuant, AWQ) moves per-channel scales from each input into the
+//!    weights that read it, folded into the layer that made it (`smooth.rs`);
+//! 3. [`quantize`]: every linear weight replaced by the values of its codes ([`WeightScheme`]:
+//!    int8 or FP8 per tensor or channel, int4 in groups, NVFP4; `weights.rs`) and every linear's
+//!    input quantized as the [`ActivationScheme`] says (static ranges from the calibration,
+//!    dynamic per token, NVFP4; `activations.rs`), through the layers' [`InputQuantizer`].
+//!
+//! Values are emulated (quantized and dequantized in f32, the product in the compute dtype), so
+//! a quantized model runs everywhere the model does. Quantization runs at tp = 1; the export
+//! (`models::llama::hf::save_quantized`, compressed-tensors' layout) loads at any tp.
+
+mod activations;
+mod calibrate;
+mod codes;
+mod sites;
+mod smooth;
+mod weights;
+
+pub use activations::{ActivationScheme, InputQuantizer};
+pub use calibrate::{Histogram, Observer, Statistics};
+pub use codes::{Clipping, Codes};
+pub use sites::{LinearMut, Site, linear_mut};
+pub use smooth::Smoothing;
+pub use weights::{Granularity, QuantizedWeight, WeightScheme};
+
+use std::collections::BTreeMap;
+
+use burn::tensor::{Int, Tensor};
+
+use crate::error::LayerError;
+use crate::models::llama::Llama;
+
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum PtqError {
+    #[error(
+        "post-training quantization runs at tp = 1 (this model is split over tp = {tp}); its export loads at any tp"
+    )]
+    TensorParallel { tp: usize },
+    #[error("mixture-of-experts blocks are not quantized: their experts are no block linear layers")]
+    MixtureOfExperts,
+    #[error("calibration needs at least one batch of token ids")]
+    NoCalibration,
+    #[error("this scheme needs the calibration's token sample: calibrate with sample_tokens > 0")]
+    NoSample,
+    #[error(transparent)]
+    Layer(#[from] LayerError),
+}
+
+/// A post-training quantization of a model's blocks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PtqConfig {
+    pub weights: WeightScheme,
+    /// The linears' inputs; `None`: weight-only.
+    pub activations: Option<ActivationScheme>,
+    pub smoothing: Smoothing,
+}
+
+impl PtqConfig {
+    /// Weight-only quantization with no smoothing.
+    pub fn weight_only(weights: WeightScheme) -> Self {
+        Self {
+            weights,
+            activations: None,
+            smoothing: Smoothing::None,
+        }
+    }
+
+    /// The same with the inputs quantized as `activations` says.
+    pub fn with_activations(self, activations: ActivationScheme) -> Self {
+        Self {
+            activations: Some(activations),
+            ..self
+        }
+    }
+
+    pub fn with_smoothing(self, smoothing: Smoothing) -> Self {
+        Self { smoothing, ..self }
+    }
+
+    /// Its name in a table: `w:int8-channel-max`, `w:fp8-tensor-max a:fp8-static-max`,
+    /// `w:int4-g128-max awq`.
+    pub fn name(&self) -> String {
+        let mut name = format!("w:{}", self.weights.name());
+        if let Some(a) = self.activations {
+            name += &format!(" a:{}", a.name());
+        }
+        if self.smoothing != Smoothing::None {
+            name += &format!(" {}", self.smoothing.name());
+        }
+        name
+    }
+}
+
+/// What each block's input sites saw, `[block][site]` in [`Site::ALL`]'s order.
+#[derive(Clone, Debug)]
+pub struct Calibration {
+    pub blocks: Vec<[Statistics; 4]>,
+}
+
+impl Calibration {
+    pub fn site(&self, block: usize, site: Site) -> &Statistics {
+        let index = Site::ALL.iter().position(|s| *s == site).expect("a site");
+        &self.blocks[block][index]
+    }
+}
+
+/// Runs `model` over `batches` (`[b, s]` token ids each) with an observer at every input site,
+/// keeping a sample of up to `sample_tokens` tokens a site (AWQ searches on it).
+pub fn calibrate(model: &Llama, batches: &[Tensor<2, Int>], sample_tokens: usize) -> Result<Calibration, PtqError> {
+    check(model)?;
+    if batches.is_empty() {
+        return Err(PtqError::NoCalibration);
+    }
+    let mut observed = model.clone();
+    let mut observers = Vec::with_capacity(observed.layers.len());
+    for block in &mut observed.layers {
+        let mut four = Vec::with_capacity(4);
+        for site in Site::ALL {
+            // The site's first layer stands for all of them: they read the same tensor.
+            let observer = Observer::new(sample_tokens);
+            *linear_mut(block, site.linears()[0])?.quantizer = InputQuantizer::Observe(observer.clone());
+            four.push(observer);
+        }
+        observers.push(four);
+    }
+    for ids in batches {
+        observed.forward(ids.clone())?;
+    }
+    let blocks = observers
+        .iter()
+        .map(|four| std::array::from_fn(|s| four[s].statistics()))
+        .collect();
+    Ok(Calibration { blocks })
+}
+
+/// A quantized model and how each of its block linears (by path, `layers.3.attention.wq`) was
+/// quantized: what an export stores beside the codes.
+#[derive(Clone, Debug)]
+pub struct Quantized {
+    pub model: Llama,
+    pub config: PtqConfig,
+    pub linears: BTreeMap<String, LinearQuantization>,
+}
+
+/// One block linear's quantization.
+#[derive(Clone, Debug)]
+pub struct LinearQuantization {
+    /// Its weight's scales ([`QuantizedWeight::scales`]).
+    pub weight_scales: Option<Tensor<2>>,
+    /// What its input goes through.
+    pub input: InputQuantizer,
+}
+
+/// `model` quantized as `config` says, from `calibration` (of `model` itself). With smoothing
+/// and static activation ranges the smoothed model is calibrated again over `batches`, since
+/// smoothing moves the ranges.
+pub fn quantize(
+    model: Llama,
+    config: &PtqConfig,
+    calibration: &Calibration,
+    batches: &[Tensor<2, Int>],
+) -> Result<Quantized, PtqError> {
+    check(&model)?;
+    if matches!(config.smoothing, Smoothing::Awq { .. })
+        && calibration
+            .blocks
+            .iter()
+            .any(|b| b.iter().any(|s| s.samples.is_empty()))
+    {
+        return Err(PtqError::NoSample);
+    }
+    let mut model = smooth::smooth(model, calibration, config.smoothing, config.weights)?;
+    let static_ranges = matches!(config.activations, Some(ActivationScheme::Static { .. }));
+    let recalibrated = match config.smoothing != Smoothing::None && static_ranges {
+        true => Some(calibrate(&model, batches, 0)?),
+        false => None,
+    };
+    let ranges = recalibrated.as_ref().unwrap_or(calibration);
+    let mut linears = BTreeMap::new();
+    for (i, block) in model.layers.iter_mut().enumerate() {
+        for site in Site::ALL {
+            let input = match config.activations {
+                None => InputQuantizer::None,
+                Some(ActivationScheme::Static { codes, clipping }) => InputQuantizer::Static {
+                    codes,
+                    amax: ranges.site(i, site).range(codes, clipping),
+                },
+                Some(ActivationScheme::PerToken { codes }) => InputQuantizer::PerToken { codes },
+                Some(ActivationScheme::Nvfp4) => InputQuantizer::Nvfp4,
+            };
+            for path in site.linears() {
+                let linear = linear_mut(block, path)?;
+                let weight = linear.weight.val();
+                let dtype = weight.dtype();
+                let quantized = config.weights.quantize(weight);
+                *linear.weight = linear.weight.clone().map(|_| quantized.values.cast(dtype));
+                *linear.quantizer = input.clone();
+                let quantization = LinearQuantization {
+                    weight_scales: quantized.scales,
+                    input: input.clone(),
+                };
+                linears.insert(format!("layers.{i}.{path}"), quantization);
+            }
+        }
+    }
+    Ok(Quantized {
+        model,
+        config: *config,
+        linears,
+    })
+}
+
+/// Quantization runs on whole, dense blocks.
+fn check(model: &Llama) -> Result<(), PtqError> {
+    let tp = model.embedding.tp.size();
+    if tp > 1 {
+        return Err(PtqError::TensorParallel { tp });
+    }
+    if model.layers.iter().any(|b| b.moe.is_some()) {
+        return Err(PtqError::MixtureOfExperts);
+    }
+    Ok(())
+}

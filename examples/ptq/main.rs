@@ -1,0 +1,282 @@
+//! Post-training quantization of a real model, evaluated on real text: SmolLM2-135M-Instruct
+//! (its GGUF file, `scripts/fetch-smollm2.sh`, or a Hugging Face directory) calibrated on windows
+//! of Shakespeare's plays (`scripts/fetch-shakespeare.sh`; all but the last tenth), quantized
+//! in each format, and measured on the held-out last tenth: perplexity and a greedy answer
+//! beside the unquantized model's, in one table (`docs/ptq.md`).
+//!
+//!   ptq [--model data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | --hf DIR]
+//!       [--data data/shakespeare.txt] [--calibration 64] [--calibration-seq 256]
+//!       [--eval-windows 16] [--eval-seq 256] [--only TEXT] [--export DIR] [--device cpu|cuda]
+//!
+//! Rows (`precision::ptq`): int8 weights per channel and int4 weights in groups of 128, each
+//! range by the largest magnitude, a percentile or the least squared error, int4 with AWQ's
+//! scales; W8A8 in int8 (static ranges by max, percentile and MSE, SmoothQuant, per token) and
+//! in FP8 (per tensor with static ranges, per channel with per-token inputs); NVFP4 weights,
+//! and weights and activations. `--only` keeps the rows whose name contains TEXT. `--export`
+//! writes the FP8 W8A8 model (per tensor, static max ranges) in compressed-tensors' layout and
+//! loads it back: its perplexity must be the in-memory one.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn_megatron::init::InitMode;
+use burn_megatron::models::llama::generate::{GenerateConfig, Sampling, generate};
+use burn_megatron::models::llama::{Llama, LlamaConfig, hf};
+use burn_megatron::plan::{ParallelPlan, TensorParallel};
+use burn_megatron::precision::PrecisionPolicy;
+use burn_megatron::precision::ptq::{
+    self, ActivationScheme, Clipping, Codes, Granularity, PtqConfig, Smoothing, WeightScheme,
+};
+use burn_megatron_dist::{ParallelDims, ProcessGroups};
+
+use common::{DEFAULT_DATA, DEFAULT_MODEL, Source, Text, mean_loss, windows};
+
+struct Args {
+    source: Source,
+    data: PathBuf,
+    calibration: usize,
+    calibration_seq: usize,
+    eval_windows: usize,
+    eval_seq: usize,
+    only: Option<String>,
+    export: Option<PathBuf>,
+    cuda: bool,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        source: Source::Gguf(DEFAULT_MODEL.into()),
+        data: DEFAULT_DATA.into(),
+        calibration: 64,
+        calibration_seq: 256,
+        eval_windows: 16,
+        eval_seq: 256,
+        only: None,
+        export: None,
+        cuda: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        let number = |v: String| {
+            v.parse::<usize>()
+                .map_err(|_| format!("{flag} {v}: not a whole number"))
+        };
+        match flag.as_str() {
+            "--model" => args.source = Source::Gguf(value()?.into()),
+            "--hf" => args.source = Source::Hf(value()?.into()),
+            "--data" => args.data = value()?.into(),
+            "--calibration" => args.calibration = number(value()?)?,
+            "--calibration-seq" => args.calibration_seq = number(value()?)?,
+            "--eval-windows" => args.eval_windows = number(value()?)?,
+            "--eval-seq" => args.eval_seq = number(value()?)?,
+            "--only" => args.only = Some(value()?),
+            "--export" => args.export = Some(value()?.into()),
+            "--device" => {
+                args.cuda = match value()?.as_str() {
+                    "cpu" => false,
+                    "cuda" => true,
+                    other => return Err(format!("--device {other}: expected cpu or cuda")),
+                }
+            }
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if args.calibration == 0 || args.calibration_seq == 0 || args.eval_windows == 0 || args.eval_seq < 2 {
+        return Err(
+            "--calibration, --calibration-seq and --eval-windows must be at least 1, --eval-seq at least 2".into(),
+        );
+    }
+    Ok(args)
+}
+
+/// The table's rows after the unquantized model.
+fn rows() -> Vec<PtqConfig> {
+    let uniform = |codes, granularity, clipping| WeightScheme::Uniform {
+        codes,
+        granularity,
+        clipping,
+    };
+    let clippings = [Clipping::Max, Clipping::Percentile(99.9), Clipping::Mse];
+    let mut rows = Vec::new();
+    for clipping in clippings {
+        rows.push(PtqConfig::weight_only(uniform(
+            Codes::Int8,
+            Granularity::Channel,
+            clipping,
+        )));
+    }
+    for clipping in clippings {
+        rows.push(PtqConfig::weight_only(uniform(
+            Codes::Int4,
+            Granularity::Group(128),
+            clipping,
+        )));
+    }
+    let awq = Smoothing::Awq { grid: 20 };
+    for clipping in [Clipping::Max, Clipping::Mse] {
+        rows.push(PtqConfig::weight_only(uniform(Codes::Int4, Granularity::Group(128), clipping)).with_smoothing(awq));
+    }
+    let smoothquant = Smoothing::SmoothQuant { alpha: 0.5 };
+    let w8 = |codes, granularity| PtqConfig::weight_only(uniform(codes, granularity, Clipping::Max));
+    for codes in [Codes::Int8, Codes::Fp8] {
+        let granularity = match codes {
+            Codes::Fp8 => Granularity::Tensor,
+            _ => Granularity::Channel,
+        };
+        for clipping in [Clipping::Max, Clipping::Percentile(99.99), Clipping::Mse] {
+            rows.push(w8(codes, granularity).with_activations(ActivationScheme::Static { codes, clipping }));
+        }
+        let mse = ActivationScheme::Static {
+            codes,
+            clipping: Clipping::Mse,
+        };
+        rows.push(w8(codes, granularity).with_activations(mse).with_smoothing(smoothquant));
+        let token = ActivationScheme::PerToken { codes };
+        rows.push(w8(codes, Granularity::Channel).with_activations(token));
+        rows.push(
+            w8(codes, Granularity::Channel)
+                .with_activations(token)
+                .with_smoothing(smoothquant),
+        );
+    }
+    rows.push(PtqConfig::weight_only(WeightScheme::Nvfp4));
+    rows.push(PtqConfig::weight_only(WeightScheme::Nvfp4).with_activations(ActivationScheme::Nvfp4));
+    rows
+}
+
+/// The FP8 W8A8 row `--export` writes: per-tensor weights and static inputs at their largest
+/// magnitudes (vLLM's default FP8 checkpoint).
+fn export_row() -> PtqConfig {
+    let weights = WeightScheme::Uniform {
+        codes: Codes::Fp8,
+        granularity: Granularity::Tensor,
+        clipping: Clipping::Max,
+    };
+    PtqConfig::weight_only(weights).with_activations(ActivationScheme::Static {
+        codes: Codes::Fp8,
+        clipping: Clipping::Max,
+    })
+}
+
+fn main() {
+    let args = parse().unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(2);
+    });
+    if let Err(message) = run(&args) {
+        eprintln!("{message}");
+        std::process::exit(1);
+    }
+}
+
+/// The planned, policy-applied configuration of a model at tp = 1.
+fn plan(config: LlamaConfig, policy: PrecisionPolicy) -> Result<LlamaConfig, String> {
+    let seq = config.attention.max_seq_len;
+    let planned = ParallelPlan::new(ParallelDims::single())
+        .with_tensor(TensorParallel::Plain)
+        .apply(config, 1, seq)
+        .map_err(|e| e.to_string())?;
+    Ok(policy.apply(planned))
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let device = common::device_of(args.cuda)(0);
+    let groups = ProcessGroups::single();
+    let (config, tokenizer) = common::open(&args.source)?;
+    let text = Text::read(&args.data, &tokenizer)?;
+    let policy = match args.cuda {
+        true => PrecisionPolicy::bf16(),
+        false => PrecisionPolicy::f32(),
+    };
+    let planned = plan(config, policy)?;
+    let init = |config: &LlamaConfig| {
+        config
+            .init(&device, &groups, &policy.init(1, InitMode::PerShard))
+            .map_err(|e| e.to_string())
+    };
+    let model = common::load(&args.source, init(&planned)?, &groups)?;
+
+    let prompt = "<|im_start|>user\nWho wrote Romeo and Juliet?<|im_end|>\n<|im_start|>assistant\n";
+    let prompt = tokenizer
+        .encode(prompt, false)
+        .map_err(|e| e.to_string())?
+        .get_ids()
+        .to_vec();
+    let vocab = tokenizer.get_vocab(true);
+    let stop: Vec<u32> = ["<|im_end|>", "<|endoftext|>"]
+        .iter()
+        .filter_map(|t| vocab.get(*t).copied())
+        .collect();
+    let answer_config = GenerateConfig {
+        max_new_tokens: 24,
+        sampling: Sampling::Greedy,
+        stop,
+        pad: 0,
+        seed: 1,
+    };
+    let evaluate = |model: &Llama| -> Result<(f64, String), String> {
+        let loss = mean_loss(model, &text.held_out, args.eval_windows, args.eval_seq, &device)?;
+        let out = generate(
+            model,
+            &groups.tp,
+            std::slice::from_ref(&prompt),
+            &answer_config,
+            &device,
+        )
+        .map_err(|e| e.to_string())?;
+        let answer = tokenizer.decode(&out.tokens[0], true).map_err(|e| e.to_string())?;
+        Ok((loss.exp(), answer.replace('\n', " ").replace('|', "/")))
+    };
+
+    let begun = Instant::now();
+    let batches = windows(&text.train, args.calibration, args.calibration_seq, 8, &device);
+    let calibration = ptq::calibrate(&model, &batches, 512).map_err(|e| e.to_string())?;
+    println!(
+        "calibrated on {} windows of {} tokens in {:.1} s",
+        args.calibration,
+        args.calibration_seq,
+        begun.elapsed().as_secs_f64()
+    );
+    println!(
+        "\nperplexity on the held-out tenth of the plays ({} windows of {} tokens):\n",
+        args.eval_windows, args.eval_seq
+    );
+    println!("| format | perplexity | vs unquantized | greedy answer to \"Who wrote Romeo and Juliet?\" |");
+    println!("|---|---|---|---|");
+    let (base, answer) = evaluate(&model)?;
+    println!("| unquantized ({:?}) | {base:.3} | | {answer} |", policy.compute);
+    for row in rows() {
+        let name = row.name();
+        if args.only.as_ref().is_some_and(|only| !name.contains(only.as_str())) {
+            continue;
+        }
+        let quantized = ptq::quantize(model.clone(), &row, &calibration, &batches).map_err(|e| e.to_string())?;
+        let (perplexity, answer) = evaluate(&quantized.model)?;
+        println!(
+            "| {name} | {perplexity:.3} | {:+.2}% | {answer} |",
+            100.0 * (perplexity / base - 1.0)
+        );
+    }
+    println!("\n{:.1} s in all", begun.elapsed().as_secs_f64());
+
+    if let Some(dir) = &args.export {
+        let row = export_row();
+        let quantized = ptq::quantize(model.clone(), &row, &calibration, &batches).map_err(|e| e.to_string())?;
+        let (in_memory, _) = evaluate(&quantized.model)?;
+        let options = hf::ExportOptions::new();
+        hf::save_quantized(dir, &quantized, &planned, &groups, &options).map_err(|e| e.to_string())?;
+        let reread = plan(hf::config(dir).map_err(|e| e.to_string())?, policy)?;
+        let reloaded = hf::load(dir, init(&reread)?, &groups).map_err(|e| e.to_string())?;
+        let (loaded, _) = evaluate(&reloaded)?;
+        println!(
+            "\n{} written to {} (compressed-tensors) and loaded back: perplexity {loaded:.3}, in memory {in_memory:.3}",
+            row.name(),
+            dir.display()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,218 @@
+//! The post-training quantization suite, on the `llama3` Hugging Face fixture (transformers'
+//! tiny Llama 3: grouped-query attention, tied embeddings): a quantized model exported in
+//! compressed-tensors' layout holds what the layout says (8-bit codes `[out, in]`, their scales,
+//! the static inputs' scales, the `quantization_config`) and loads back at tp 1 and 2 computing
+//! what the quantized model computed; bad configurations are typed errors.
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_megatron::init::{InitMode, ParamInit};
+use burn_megatron::models::llama::hf::{self, ExportOptions, HfError};
+use burn_megatron::models::llama::{Llama, LlamaConfig};
+use burn_megatron::plan::{ParallelPlan, TensorParallel};
+use burn_megatron::precision::ptq::{
+    self, ActivationScheme, Clipping, Codes, Granularity, PtqConfig, PtqError, Smoothing, WeightScheme,
+};
+use burn_megatron_dist::{ParallelDims, ProcessGroups};
+use safetensors::tensor::Dtype;
+use serde_json::Value;
+
+use crate::Harness;
+use crate::hf_suite::fixture;
+
+const SEQ: usize = 16;
+
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-megatron-ptq-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The checkpoint in `dir` planned over `groups` (plain tp), initialized from another seed
+/// first: every value comes from the file.
+fn loaded(dir: &Path, groups: &ProcessGroups, device: &Device) -> (Llama, LlamaConfig) {
+    let dims = ParallelDims::tp_dp(groups.tp.size(), 1);
+    let config = ParallelPlan::new(dims)
+        .with_tensor(TensorParallel::Plain)
+        .apply(hf::config(dir).unwrap(), dims.world_size(), SEQ)
+        .unwrap();
+    let model = config
+        .init(device, groups, &ParamInit::new(11, InitMode::Full))
+        .unwrap();
+    (hf::load(dir, model, groups).unwrap(), config)
+}
+
+/// Four calibration batches of `[2, 16]` ids of the fixture's vocabulary (99).
+fn batches(device: &Device) -> Vec<Tensor<2, Int>> {
+    (0..4)
+        .map(|b| {
+            let ids: Vec<i64> = (0..2 * SEQ as i64).map(|i| (i * 37 + b * 11 + 5) % 99).collect();
+            Tensor::from_data(TensorData::new(ids, [2, SEQ]), device)
+        })
+        .collect()
+}
+
+/// The two exportable families: FP8 per tensor with static inputs (MSE ranges, after
+/// SmoothQuant), and int8 per channel with per-token inputs.
+fn exported() -> [PtqConfig; 2] {
+    let weights = |codes, granularity| WeightScheme::Uniform {
+        codes,
+        granularity,
+        clipping: Clipping::Max,
+    };
+    [
+        PtqConfig::weight_only(weights(Codes::Fp8, Granularity::Tensor))
+            .with_activations(ActivationScheme::Static {
+                codes: Codes::Fp8,
+                clipping: Clipping::Mse,
+            })
+            .with_smoothing(Smoothing::SmoothQuant { alpha: 0.5 }),
+        PtqConfig::weight_only(weights(Codes::Int8, Granularity::Channel))
+            .with_activations(ActivationScheme::PerToken { codes: Codes::Int8 }),
+    ]
+}
+
+/// The logits of `model` on the first batch, gathered over the vocabulary, `[b, s, v]`.
+fn logits(model: &Llama, groups: &ProcessGroups, device: &Device) -> Vec<f32> {
+    let ids = batches(device).remove(0);
+    let shard = model.forward(ids).unwrap();
+    let whole = groups.tp.all_gather(shard, 2).unwrap().narrow(2, 0, 99);
+    whole.into_data().try_to_vec().unwrap()
+}
+
+/// Each exportable scheme: the files hold the layout, and the export loaded at tp 1 and 2
+/// computes the quantized model's logits.
+pub fn compressed_export_loads_at_any_tp(h: &Harness) {
+    for (k, config) in exported().into_iter().enumerate() {
+        let dir = scratch(&format!("export-{k}"));
+        let source = fixture("llama3");
+        let in_memory = h
+            .run(ParallelDims::single(), |ctx| {
+                let device = ctx.device.clone();
+                let (model, planned) = loaded(&source, &ctx.groups, &device);
+                let calibration = ptq::calibrate(&model, &batches(&device), 0).unwrap();
+                let quantized = ptq::quantize(model, &config, &calibration, &batches(&device)).unwrap();
+                hf::save_quantized(&dir, &quantized, &planned, &ctx.groups, &ExportOptions::new()).unwrap();
+                logits(&quantized.model, &ctx.groups, &device)
+            })
+            .remove(0);
+        check_layout(&dir, &config);
+        for tp in [1, 2] {
+            let reloaded = h.run(ParallelDims::tp_dp(tp, 1), |ctx| {
+                let device = ctx.device.clone();
+                let (model, _) = loaded(&dir, &ctx.groups, &device);
+                logits(&model, &ctx.groups, &device)
+            });
+            for got in reloaded {
+                let worst = got
+                    .iter()
+                    .zip(&in_memory)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f32::max);
+                let largest = in_memory.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                // The codes and scales are exact; at tp 2 the products are split over ranks and
+                // sum in another order (the harness's split tolerance), and a value that lands
+                // within that rounding of a rounding boundary may take the neighbouring code:
+                // 10× the split tolerance of the largest logit.
+                let tolerance = match tp {
+                    1 => 1e-6,
+                    _ => 10.0 * h.matmul_tolerance,
+                } * largest as f64;
+                assert!(
+                    (worst as f64) <= tolerance,
+                    "{} at tp {tp}: logits moved by {worst} (largest {largest})",
+                    config.name()
+                );
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// compressed-tensors' layout, read back from the files: codes `[out, in]` in `F8_E4M3` or
+/// `I8`, `weight_scale` `[1]` a tensor or `[out, 1]` a channel, `input_scale` `[1]` for
+/// static inputs only, the norms and the embedding as they were, and the scheme in
+/// `config.json`.
+fn check_layout(dir: &Path, config: &PtqConfig) {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let q = file.tensor("model.layers.0.self_attn.q_proj.weight").unwrap();
+    let (codes, per_channel) = match config.weights {
+        WeightScheme::Uniform { codes: Codes::Fp8, .. } => (Dtype::F8_E4M3, false),
+        _ => (Dtype::I8, true),
+    };
+    assert_eq!(q.dtype(), codes);
+    assert_eq!(q.shape(), [64, 64], "[out, in]");
+    let scale = file.tensor("model.layers.0.self_attn.q_proj.weight_scale").unwrap();
+    assert_eq!(scale.dtype(), Dtype::F32);
+    assert_eq!(scale.shape(), if per_channel { vec![64, 1] } else { vec![1] });
+    let down = file.tensor("model.layers.1.mlp.down_proj.weight").unwrap();
+    assert_eq!((down.dtype(), down.shape()), (codes, &[64usize, 128][..]));
+    let static_inputs = matches!(config.activations, Some(ActivationScheme::Static { .. }));
+    assert_eq!(
+        file.tensor("model.layers.1.mlp.down_proj.input_scale").is_ok(),
+        static_inputs
+    );
+    let norm = file.tensor("model.layers.0.input_layernorm.weight").unwrap();
+    assert_eq!(norm.dtype(), Dtype::F32);
+    assert!(
+        file.tensor("lm_head.weight").is_err(),
+        "tied: the embedding is the output"
+    );
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let q = &json["quantization_config"];
+    assert_eq!(q["quant_method"], "compressed-tensors");
+    let group = &q["config_groups"]["group_0"];
+    assert_eq!(group["targets"], serde_json::json!(["Linear"]));
+    assert_eq!(
+        group["weights"]["strategy"],
+        if per_channel { "channel" } else { "tensor" }
+    );
+    let input = &group["input_activations"];
+    assert_eq!(input["strategy"], if static_inputs { "tensor" } else { "token" });
+    assert_eq!(input["dynamic"], !static_inputs);
+}
+
+/// Typed errors: a model split over tp, no calibration batches, AWQ without a token sample,
+/// a scheme compressed-tensors' 8-bit layouts do not hold, and a checkpoint of another method.
+pub fn ptq_errors(h: &Harness) {
+    let source = fixture("llama3");
+    h.run(ParallelDims::tp_dp(2, 1), |ctx| {
+        let device = ctx.device.clone();
+        let (model, _) = loaded(&source, &ctx.groups, &device);
+        assert_eq!(
+            ptq::calibrate(&model, &batches(&device), 0).unwrap_err(),
+            PtqError::TensorParallel { tp: 2 }
+        );
+    });
+    h.run(ParallelDims::single(), |ctx| {
+        let device = ctx.device.clone();
+        let (model, planned) = loaded(&source, &ctx.groups, &device);
+        assert_eq!(ptq::calibrate(&model, &[], 0).unwrap_err(), PtqError::NoCalibration);
+        let calibration = ptq::calibrate(&model, &batches(&device), 0).unwrap();
+        let int4 = WeightScheme::Uniform {
+            codes: Codes::Int4,
+            granularity: Granularity::Group(32),
+            clipping: Clipping::Max,
+        };
+        let awq = PtqConfig::weight_only(int4).with_smoothing(Smoothing::Awq { grid: 4 });
+        let error = ptq::quantize(model.clone(), &awq, &calibration, &batches(&device)).unwrap_err();
+        assert_eq!(error, PtqError::NoSample);
+        let plain = ptq::quantize(model, &PtqConfig::weight_only(int4), &calibration, &[]).unwrap();
+        let dir = scratch("refused");
+        let error = hf::save_quantized(&dir, &plain, &planned, &ctx.groups, &ExportOptions::new()).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                HfError::Unsupported {
+                    field: "quantization_config",
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
