@@ -13,8 +13,9 @@
 //! scales; W8A8 in int8 (static ranges by max, percentile and MSE, SmoothQuant, per token) and
 //! in FP8 (per tensor with static ranges, per channel with per-token inputs); NVFP4 weights,
 //! and weights and activations. `--only` keeps the rows whose name contains TEXT. `--export`
-//! writes the FP8 W8A8 model (per tensor, static max ranges) in compressed-tensors' layout and
-//! loads it back: its perplexity must be the in-memory one.
+//! writes the FP8 W8A8 model (per tensor, static max ranges) in compressed-tensors' layout (with
+//! the tokenizer, so `examples/distill --teacher-hf DIR` takes it) and loads it back: its
+//! perplexity must be the in-memory one.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -269,6 +270,9 @@ fn run(args: &Args) -> Result<(), String> {
         let (in_memory, _) = evaluate(&quantized.model)?;
         let options = hf::ExportOptions::new();
         hf::save_quantized(dir, &quantized, &planned, &groups, &options).map_err(|e| e.to_string())?;
+        tokenizer
+            .save(dir.join("tokenizer.json"), false)
+            .map_err(|e| e.to_string())?;
         let reread = plan(hf::config(dir).map_err(|e| e.to_string())?, policy)?;
         let reloaded = hf::load(dir, init(&reread)?, &groups).map_err(|e| e.to_string())?;
         let (loaded, _) = evaluate(&reloaded)?;

@@ -351,7 +351,10 @@ pub fn refused_config_fields(_h: &Harness) {
         ("attention_bias", base.clone(), |c| c["attention_bias"] = true.into()),
         ("mlp_bias", base.clone(), |c| c["mlp_bias"] = true.into()),
         ("hidden_act", base.clone(), |c| c["hidden_act"] = "gelu".into()),
-        ("head_dim", base.clone(), |c| c["head_dim"] = 16.into()),
+        ("num_attention_heads", base.clone(), |c| {
+            c["num_attention_heads"] = 7.into();
+            c.as_object_mut().unwrap().remove("head_dim");
+        }),
         ("partial_rotary_factor", base.clone(), |c| {
             c["rope_parameters"]["partial_rotary_factor"] = 0.5.into()
         }),
@@ -366,6 +369,14 @@ pub fn refused_config_fields(_h: &Harness) {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+    // Heads wider than hidden_size / num_attention_heads are built, with their own width.
+    let mut wide = base.clone();
+    wide["head_dim"] = 16.into();
+    let dir = scratch("wide-heads");
+    std::fs::write(dir.join("config.json"), wide.to_string()).unwrap();
+    let config = hf::config(&dir).unwrap();
+    assert_eq!((config.attention.head_dim, config.attention.head_dim()), (Some(16), 16));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A tensor the model has no parameter for is refused by name; the loaded model is unchanged.

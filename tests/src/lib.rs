@@ -9,6 +9,7 @@
 pub mod checkpoint_suite;
 pub mod comm_suite;
 pub mod data;
+pub mod distill_suite;
 pub mod gguf_writer;
 pub mod harness;
 pub mod hf_suite;
@@ -22,6 +23,7 @@ pub mod model_suite;
 pub mod moe_suite;
 pub mod pipeline_suite;
 pub mod posttrain_suite;
+pub mod prune_suite;
 pub mod ptq_suite;
 pub mod recompute_suite;
 

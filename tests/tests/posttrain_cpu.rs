@@ -1,7 +1,7 @@
 //! The post-training suite on the CPU, ranks as threads, in f32: GGUF files, their tokenizer,
-//! decoding with the KV cache, and post-training quantization's export.
+//! decoding with the KV cache, post-training quantization's export, pruning and distillation.
 
-use burn_megatron_tests::{Harness, posttrain_suite, ptq_suite};
+use burn_megatron_tests::{Harness, distill_suite, posttrain_suite, prune_suite, ptq_suite};
 
 #[test]
 fn gguf_matches_transformers() {
@@ -36,4 +36,34 @@ fn compressed_export_loads_at_any_tp() {
 #[test]
 fn ptq_errors() {
     ptq_suite::ptq_errors(&Harness::cpu(2));
+}
+
+#[test]
+fn pruning_to_its_own_size_keeps_the_function() {
+    prune_suite::pruning_to_its_own_size_keeps_the_function(&Harness::cpu(1));
+}
+
+#[test]
+fn pruned_rows_and_columns_save_and_load() {
+    prune_suite::pruned_rows_and_columns_save_and_load(&Harness::cpu(2));
+}
+
+#[test]
+fn a_pass_through_block_ranks_last() {
+    prune_suite::a_pass_through_block_ranks_last(&Harness::cpu(1));
+}
+
+#[test]
+fn bad_prune_targets() {
+    prune_suite::bad_prune_targets(&Harness::cpu(2));
+}
+
+#[test]
+fn kl_is_the_same_at_tp_2() {
+    distill_suite::kl_is_the_same_at_tp_2(&Harness::cpu(2));
+}
+
+#[test]
+fn distillation_smoke() {
+    distill_suite::distillation_smoke(&Harness::cpu(2));
 }

@@ -26,6 +26,10 @@ pub struct ParallelAttentionConfig {
     pub n_heads: usize,
     /// Key/value heads (grouped-query attention); `n_heads` for plain multi-head attention.
     pub n_kv_heads: usize,
+    /// Each head's width; `None`: `d_model / n_heads`. Set where the heads together are not
+    /// `d_model` wide (a model pruned along its embedding channels, Gemma, Mistral-Nemo).
+    #[config(default = "None")]
+    pub head_dim: Option<usize>,
     /// Longest sequence the rotary tables cover.
     pub max_seq_len: usize,
     /// RoPE's base θ.
@@ -46,12 +50,12 @@ pub struct ParallelAttentionConfig {
 
 impl ParallelAttentionConfig {
     pub fn head_dim(&self) -> usize {
-        self.d_model / self.n_heads
+        self.head_dim.unwrap_or(self.d_model / self.n_heads.max(1))
     }
 
     /// Checks the head layout against a tensor-parallel group of `tp` ranks.
     pub fn validate(&self, tp: usize) -> Result<(), ConfigError> {
-        if !self.d_model.is_multiple_of(self.n_heads) {
+        if self.head_dim.is_none() && !self.d_model.is_multiple_of(self.n_heads) {
             return Err(ConfigError::ModelNotDivisibleByHeads {
                 d_model: self.d_model,
                 n_heads: self.n_heads,

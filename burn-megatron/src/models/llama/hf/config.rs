@@ -96,15 +96,16 @@ impl HfConfig {
             return Err(unsupported("mlp_bias", true, "MLP projections have no bias"));
         }
         let heads = raw.num_attention_heads.max(1);
-        let head_dim = raw.hidden_size / heads;
-        if let Some(h) = raw
-            .head_dim
-            .filter(|h| *h != head_dim || !raw.hidden_size.is_multiple_of(heads))
-        {
+        // transformers' default: the heads together as wide as the model.
+        let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / heads);
+        if raw.head_dim.is_none() && !raw.hidden_size.is_multiple_of(heads) {
             return Err(unsupported(
-                "head_dim",
-                h,
-                &format!("heads are hidden_size / num_attention_heads = {head_dim} wide here"),
+                "num_attention_heads",
+                heads,
+                &format!(
+                    "hidden_size {} is no multiple of it and no head_dim is given",
+                    raw.hidden_size
+                ),
             ));
         }
         let (rope_theta, rope_scaling) = rope(&raw, path)?;
@@ -135,6 +136,9 @@ impl HfConfig {
             self.intermediate_size,
             self.max_position_embeddings,
         );
+        if self.head_dim * self.num_attention_heads != self.hidden_size {
+            config.attention.head_dim = Some(self.head_dim);
+        }
         config.attention.rope_theta = self.rope_theta;
         config.attention.rope_scaling = self.rope_scaling;
         config.norm.epsilon = self.rms_norm_eps;

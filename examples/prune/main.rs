@@ -1,0 +1,203 @@
+//! Minitron-style pruning of a real model: SmolLM2-135M-Instruct (its GGUF file or a Hugging
+//! Face directory) ranked on windows of Shakespeare's plays (all but the held-out last tenth),
+//! pruned in depth (whole blocks, by the loss without each) and width (embedding channels, FFN
+//! channels, query heads within each kv group, by their activations) to a target size, and
+//! saved as a Hugging Face directory for `examples/distill`.
+//!
+//!   prune [--model GGUF | --hf DIR] [--data data/shakespeare.txt] [--calibration 32]
+//!         [--calibration-seq 256] [--layers 26] [--d-model 512] [--d-ff 1024]
+//!         [--heads-per-kv 3] [--out data/pruned] [--eval-windows 16] [--eval-seq 256]
+//!         [--device cpu|cuda]
+//!
+//! The defaults take SmolLM2-135M (30 blocks of 576, FFN 1536, 9 heads over 3 kv heads) to
+//! about 87M parameters. Prints the blocks' and channels' rankings, the parameter counts, and the
+//! held-out perplexity before and after (the pruned model before any distillation).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn_megatron::init::InitMode;
+use burn_megatron::models::llama::{Llama, LlamaConfig, hf};
+use burn_megatron::params::param_values;
+use burn_megatron::plan::{ParallelPlan, TensorParallel};
+use burn_megatron::precision::PrecisionPolicy;
+use burn_megatron::prune::{self, PruneTarget};
+use burn_megatron_dist::{ParallelDims, ProcessGroups};
+
+use common::{DEFAULT_DATA, DEFAULT_MODEL, Source, Text, mean_loss, windows};
+
+struct Args {
+    source: Source,
+    data: PathBuf,
+    calibration: usize,
+    calibration_seq: usize,
+    layers: Option<usize>,
+    d_model: Option<usize>,
+    d_ff: Option<usize>,
+    heads_per_kv: Option<usize>,
+    out: PathBuf,
+    eval_windows: usize,
+    eval_seq: usize,
+    cuda: bool,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        source: Source::Gguf(DEFAULT_MODEL.into()),
+        data: DEFAULT_DATA.into(),
+        calibration: 32,
+        calibration_seq: 256,
+        layers: None,
+        d_model: None,
+        d_ff: None,
+        heads_per_kv: None,
+        out: "data/pruned".into(),
+        eval_windows: 16,
+        eval_seq: 256,
+        cuda: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        let number = |v: String| {
+            v.parse::<usize>()
+                .map_err(|_| format!("{flag} {v}: not a whole number"))
+        };
+        match flag.as_str() {
+            "--model" => args.source = Source::Gguf(value()?.into()),
+            "--hf" => args.source = Source::Hf(value()?.into()),
+            "--data" => args.data = value()?.into(),
+            "--calibration" => args.calibration = number(value()?)?,
+            "--calibration-seq" => args.calibration_seq = number(value()?)?,
+            "--layers" => args.layers = Some(number(value()?)?),
+            "--d-model" => args.d_model = Some(number(value()?)?),
+            "--d-ff" => args.d_ff = Some(number(value()?)?),
+            "--heads-per-kv" => args.heads_per_kv = Some(number(value()?)?),
+            "--out" => args.out = value()?.into(),
+            "--eval-windows" => args.eval_windows = number(value()?)?,
+            "--eval-seq" => args.eval_seq = number(value()?)?,
+            "--device" => {
+                args.cuda = match value()?.as_str() {
+                    "cpu" => false,
+                    "cuda" => true,
+                    other => return Err(format!("--device {other}: expected cpu or cuda")),
+                }
+            }
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if args.calibration == 0 || args.calibration_seq < 2 || args.eval_windows == 0 || args.eval_seq < 2 {
+        return Err("--calibration and --eval-windows must be at least 1, the sequences at least 2".into());
+    }
+    Ok(args)
+}
+
+/// The target: the flags over SmolLM2's defaults, scaled to the model where it is another.
+fn target(args: &Args, config: &LlamaConfig) -> PruneTarget {
+    let has = PruneTarget::of(config);
+    let smollm2 = has.n_layers == 30 && has.d_model == 576 && has.d_ff == 1536;
+    let default = match smollm2 {
+        true => PruneTarget {
+            n_layers: 26,
+            d_model: 512,
+            d_ff: 1024,
+            heads_per_kv: has.heads_per_kv,
+        },
+        false => has,
+    };
+    PruneTarget {
+        n_layers: args.layers.unwrap_or(default.n_layers),
+        d_model: args.d_model.unwrap_or(default.d_model),
+        d_ff: args.d_ff.unwrap_or(default.d_ff),
+        heads_per_kv: args.heads_per_kv.unwrap_or(default.heads_per_kv),
+    }
+}
+
+fn parameters(model: &Llama) -> usize {
+    param_values(model)
+        .iter()
+        .map(|p| p.dims.iter().product::<usize>())
+        .sum()
+}
+
+fn main() {
+    let args = parse().unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(2);
+    });
+    if let Err(message) = run(&args) {
+        eprintln!("{message}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let device = common::device_of(args.cuda)(0);
+    let groups = ProcessGroups::single();
+    let (config, tokenizer) = common::open(&args.source)?;
+    let text = Text::read(&args.data, &tokenizer)?;
+    let policy = match args.cuda {
+        true => PrecisionPolicy::bf16(),
+        false => PrecisionPolicy::f32(),
+    };
+    let seq = config.attention.max_seq_len;
+    let planned = ParallelPlan::new(ParallelDims::single())
+        .with_tensor(TensorParallel::Plain)
+        .apply(config.clone(), 1, seq)
+        .map_err(|e| e.to_string())?;
+    let planned = policy.apply(planned);
+    let model = planned
+        .init(&device, &groups, &policy.init(1, InitMode::PerShard))
+        .map_err(|e| e.to_string())?;
+    let model = common::load(&args.source, model, &groups)?;
+    let target = target(args, &config);
+
+    let begun = Instant::now();
+    let batches = windows(&text.train, args.calibration, args.calibration_seq + 1, 4, &device);
+    let importance = prune::importance(&model, &batches).map_err(|e| e.to_string())?;
+    println!(
+        "importance from {} windows of {} tokens in {:.1} s",
+        args.calibration,
+        args.calibration_seq,
+        begun.elapsed().as_secs_f64()
+    );
+    let blocks: Vec<f32> = importance.blocks.iter().map(|b| *b as f32).collect();
+    let kept = prune::top(&blocks, target.n_layers);
+    let dropped: Vec<String> = (0..blocks.len())
+        .filter(|b| !kept.contains(b))
+        .map(|b| format!("{b} (+{:.4} nats without it)", importance.blocks[b]))
+        .collect();
+    println!("blocks dropped: {}", dropped.join(", "));
+    let (pruned_config, pruned) = prune::prune(&model, &planned, &importance, target).map_err(|e| e.to_string())?;
+    let (before, after) = (parameters(&model), parameters(&pruned));
+    println!(
+        "{:?} → {target:?}: {:.1}M → {:.1}M parameters",
+        PruneTarget::of(&planned),
+        before as f64 / 1e6,
+        after as f64 / 1e6
+    );
+    let ppl = |m: &Llama| mean_loss(m, &text.held_out, args.eval_windows, args.eval_seq, &device).map(f64::exp);
+    println!(
+        "held-out perplexity ({} windows of {} tokens): {:.2} before, {:.2} pruned (before distillation)",
+        args.eval_windows,
+        args.eval_seq,
+        ppl(&model)?,
+        ppl(&pruned)?
+    );
+    let options = hf::ExportOptions::new().with_dtype(match args.cuda {
+        true => hf::ExportDType::BF16,
+        false => hf::ExportDType::F32,
+    });
+    hf::save(&args.out, &pruned, &pruned_config, &groups, &options).map_err(|e| e.to_string())?;
+    tokenizer
+        .save(args.out.join("tokenizer.json"), false)
+        .map_err(|e| e.to_string())?;
+    println!(
+        "saved to {} (config.json, model.safetensors, tokenizer.json)",
+        args.out.display()
+    );
+    Ok(())
+}
