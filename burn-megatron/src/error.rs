@@ -72,6 +72,18 @@ pub enum ConfigError {
     ExpertsNotDivisible { experts: usize, ep: usize },
     #[error("{tokens} tokens do not form {sequences} sequences of equal length")]
     TokensNotInSequences { tokens: usize, sequences: usize },
+    #[error("a sequence of {seq_len} tokens does not split into 2·cp = {} equal chunks (cp = {cp})", 2 * cp)]
+    ContextChunks { seq_len: usize, cp: usize },
+    #[error(
+        "{heads} {what} on each tp rank do not scatter over cp = {cp} (all-to-all context parallelism; ring or all-gather take any heads)"
+    )]
+    ContextHeads {
+        what: &'static str,
+        heads: usize,
+        cp: usize,
+    },
+    #[error("decoding with a KV cache runs on whole sequences: plan the model without context parallelism (cp = 1)")]
+    DecodingContextParallel,
     #[error("unknown preset {0:?}: expected tiny, tiny-moe, llama-1b, moe-4b or llama-8b")]
     UnknownPreset(String),
 }

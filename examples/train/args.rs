@@ -2,7 +2,7 @@
 
 use std::str::FromStr;
 
-use burn_megatron::plan::ExpertParallel;
+use burn_megatron::plan::{ContextParallel, ExpertParallel};
 use burn_megatron::recompute::Recompute;
 use burn_megatron_kernels::quant::recipe::Recipe;
 
@@ -18,6 +18,10 @@ pub struct Args {
     pub preset: String,
     pub tp: usize,
     pub dp: usize,
+    /// Context parallelism: each sequence split over `cp` ranks in load-balanced chunks.
+    pub cp: usize,
+    /// How attention sees the whole sequence under context parallelism.
+    pub context: ContextParallel,
     /// Expert parallelism, folded over dp (a MoE preset's experts split over `ep` ranks).
     pub ep: usize,
     /// How token copies reach other ep ranks' experts.
@@ -67,7 +71,8 @@ pub struct Args {
     pub recompute: Recompute,
 }
 
-const USAGE: &str = "usage: train [--preset tiny|tiny-moe|llama-1b|moe-4b|llama-8b] [--tp N] [--dp N] [--ep N] \
+const USAGE: &str = "usage: train [--preset tiny|tiny-moe|llama-1b|moe-4b|llama-8b] [--tp N] [--dp N] [--cp N] \
+[--context ring|all-to-all|all-gather] [--ep N] \
 [--dispatcher all-to-all|all-gather] [--pp N] [--vpp V] [--microbatches M] [--layers N] [--sp] [--steps N] \
 [--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--async-save] [--resume DIR] [--data PATH] [--tokenizer tokenizer.json] \
 [--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-tensorwise-e4m3|fp8-blockwise|mxfp8|nvfp4] [--sample-every K] [--learner] \
@@ -79,6 +84,8 @@ impl Args {
             preset: "tiny".into(),
             tp: 1,
             dp: 1,
+            cp: 1,
+            context: ContextParallel::Ring,
             ep: 1,
             dispatcher: ExpertParallel::AllToAll,
             pp: 1,
@@ -113,6 +120,8 @@ impl Args {
                 "--preset" => out.preset = value()?,
                 "--tp" => out.tp = number(&flag, &value()?)?,
                 "--dp" => out.dp = number(&flag, &value()?)?,
+                "--cp" => out.cp = number(&flag, &value()?)?,
+                "--context" => out.context = value()?.parse().map_err(|e| format!("--context: {e}"))?,
                 "--ep" => out.ep = number(&flag, &value()?)?,
                 "--pp" => out.pp = number(&flag, &value()?)?,
                 "--vpp" => out.vpp = number(&flag, &value()?)?,
@@ -172,8 +181,16 @@ impl Args {
                 other => return Err(format!("unknown flag {other}\n{USAGE}")),
             }
         }
-        if out.tp == 0 || out.dp == 0 || out.ep == 0 || out.pp == 0 || out.vpp == 0 {
-            return Err("--tp, --dp, --ep, --pp and --vpp must be at least 1".into());
+        if out.tp == 0 || out.dp == 0 || out.cp == 0 || out.ep == 0 || out.pp == 0 || out.vpp == 0 {
+            return Err("--tp, --dp, --cp, --ep, --pp and --vpp must be at least 1".into());
+        }
+        if out.cp > 1 && out.pp > 1 {
+            return Err("--cp runs inside one pipeline stage's mesh only: leave out --pp".into());
+        }
+        if out.cp > 1 && out.sample_every.is_some_and(|k| k > 0) {
+            return Err(
+                "--cp splits every sequence over ranks: greedy samples of a whole prompt need --sample-every 0".into(),
+            );
         }
         if out.layers == Some(0) {
             return Err("--layers must be at least 1".into());

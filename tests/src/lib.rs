@@ -8,6 +8,7 @@
 
 pub mod checkpoint_suite;
 pub mod comm_suite;
+pub mod context_suite;
 pub mod data;
 pub mod distill_suite;
 pub mod gguf_writer;

@@ -73,7 +73,7 @@ fn adamw_curve(mut model: Llama, device: &Device, steps: u64, lr: f64) -> Vec<f6
 }
 
 /// Every parameter's gradient, in traversal order, as (shape, values).
-fn gradients(model: &Llama, grads: &Gradients) -> Vec<(Vec<usize>, Vec<f64>)> {
+pub(crate) fn gradients(model: &Llama, grads: &Gradients) -> Vec<(Vec<usize>, Vec<f64>)> {
     param_grads(model, grads)
         .into_iter()
         .zip(param_values(model))
@@ -88,7 +88,7 @@ fn gradients(model: &Llama, grads: &Gradients) -> Vec<(Vec<usize>, Vec<f64>)> {
 }
 
 /// This rank's shard of a whole tensor: the dim where the shapes differ, split in `parts`.
-fn shard_of(whole: &(Vec<usize>, Vec<f64>), shard_dims: &[usize], index: usize) -> Vec<f64> {
+pub(crate) fn shard_of(whole: &(Vec<usize>, Vec<f64>), shard_dims: &[usize], index: usize) -> Vec<f64> {
     let (dims, values) = whole;
     let Some(dim) = (0..dims.len()).find(|&d| dims[d] != shard_dims[d]) else {
         return values.clone();

@@ -205,3 +205,55 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool) -> Tens
     );
     Tensor::from_dispatch(out)
 }
+
+/// [`attention`]'s output and each row's `lse₂` (f32), with `scale` given: the pieces a caller
+/// merging several blocks' attention by log-sum-exp needs (context parallelism). Not
+/// differentiable: the caller's own backward takes [`attention_grads`].
+///
+/// # Shapes
+/// `[b, h, s, d]` × 3 → `[b, h, s, d]`, `[b, h, s]`
+pub fn attention_parts(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool, scale: f32) -> (Tensor<4>, Tensor<3>) {
+    let (out, lse) = <burn::backend::Dispatch as AttentionOps>::attention_forward(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        causal,
+        scale,
+    );
+    (Tensor::from_dispatch(out), Tensor::from_dispatch(lse))
+}
+
+/// The gradients of q, k and v of one block of attention, from the output and `lse₂` of the
+/// whole attention the block is part of (flash attention's backward: `P = 2^(s·scale·log₂e −
+/// lse₂)`, `δ = rowsum(dO ∘ O)`), so each block's share adds up to the whole's gradient.
+///
+/// # Shapes
+/// q `[b, h, s, d]`, k and v `[b, h, t, d]`, out and grad `[b, h, s, d]`, lse `[b, h, s]` →
+/// the shapes of q, k, v
+#[allow(clippy::too_many_arguments)]
+pub fn attention_grads(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    out: Tensor<4>,
+    lse: Tensor<3>,
+    grad: Tensor<4>,
+    causal: bool,
+    scale: f32,
+) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+    let (dq, dk, dv) = <burn::backend::Dispatch as AttentionOps>::attention_backward(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        out.into_dispatch(),
+        lse.into_dispatch(),
+        grad.into_dispatch(),
+        causal,
+        scale,
+    );
+    (
+        Tensor::from_dispatch(dq),
+        Tensor::from_dispatch(dk),
+        Tensor::from_dispatch(dv),
+    )
+}

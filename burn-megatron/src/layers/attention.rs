@@ -12,11 +12,13 @@ use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig};
+use super::context::{ContextLayout, context_attention};
 use super::rope::{Rope, RopeScaling};
 use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
 use super::sequence::SequenceLayout;
 use crate::error::{ConfigError, LayerError, divisible};
 use crate::init::ParamInit;
+use crate::plan::ContextParallel;
 use crate::recompute::recompute;
 
 /// Configuration of a [`ParallelAttention`].
@@ -44,6 +46,10 @@ pub struct ParallelAttentionConfig {
     /// The product of the q, k, v and output projections (set by a precision policy).
     #[config(default = "Gemm::Wgmma")]
     pub gemm: Gemm,
+    /// How attention sees the whole sequence under context parallelism (set by the plan; no
+    /// effect at cp = 1).
+    #[config(default = "ContextParallel::Ring")]
+    pub context: ContextParallel,
     #[config(default = 0.02)]
     pub init_std: f64,
 }
@@ -77,7 +83,22 @@ impl ParallelAttentionConfig {
         Ok(())
     }
 
-    /// This rank's heads over `groups.tp`; `name` is the layer's path, which seeds it.
+    /// Checks the heads against a context-parallel group of `cp` ranks after `tp`: all-to-all
+    /// scatters each tp rank's query and kv heads over cp (ring and all-gather take any).
+    pub fn validate_context(&self, cp: usize, tp: usize) -> Result<(), ConfigError> {
+        if cp > 1 && self.context == ContextParallel::AllToAll {
+            for (what, heads) in [("n_heads", self.n_heads), ("n_kv_heads", self.n_kv_heads)] {
+                let local = heads / tp.max(1);
+                if !local.is_multiple_of(cp) {
+                    return Err(ConfigError::ContextHeads { what, heads: local, cp });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// This rank's heads over `groups.tp`, its sequence chunks over `groups.cp`; `name` is the
+    /// layer's path, which seeds it.
     pub fn init(
         &self,
         device: &Device,
@@ -87,6 +108,7 @@ impl ParallelAttentionConfig {
     ) -> Result<ParallelAttention, LayerError> {
         let tp = &groups.tp;
         self.validate(tp.size())?;
+        self.validate_context(groups.cp.size(), tp.size())?;
         let k = self.head_dim();
         let column = |d_output| {
             ColumnParallelLinearConfig::new(self.d_model, d_output)
@@ -114,6 +136,8 @@ impl ParallelAttentionConfig {
             head_dim: k,
             sequence: self.sequence,
             rope: Rope::new(k, self.max_seq_len, self.rope_theta, self.rope_scaling, device),
+            context: self.context,
+            cp: groups.cp.clone(),
             tp: tp.clone(),
         })
     }
@@ -135,6 +159,11 @@ pub struct ParallelAttention {
     pub sequence: SequenceLayout,
     #[module(skip)]
     pub rope: Rope,
+    /// How the queries see the whole sequence when it is split over `cp`.
+    #[module(skip)]
+    pub context: ContextParallel,
+    #[module(skip)]
+    pub cp: ProcessGroup,
     #[module(skip)]
     pub tp: ProcessGroup,
 }
@@ -147,6 +176,21 @@ impl ParallelAttention {
         attend(&self.wo, self.heads(), q, k, v)
     }
 
+    /// This rank's tokens' positions: `0..s`, or its chunks' under context parallelism.
+    fn rope(&self, x: Tensor<4>) -> Tensor<4> {
+        match self.cp.size() {
+            1 => self.rope.apply(x),
+            _ => {
+                let layout = ContextLayout::new(&self.cp);
+                let l = x.dims()[2] / 2;
+                let [a, b] = layout.chunks_of(layout.rank);
+                let early = self.rope.apply_from(x.clone().narrow(2, 0, l), a * l);
+                let late = self.rope.apply_from(x.narrow(2, l, l), b * l);
+                Tensor::cat(vec![early, late], 2)
+            }
+        }
+    }
+
     /// [`forward`](Self::forward), the core attention and the output projection run again in
     /// backward (selective recomputation, `crate::recompute`): q, k and v are kept, the
     /// attention's own state and its output are not.
@@ -155,7 +199,7 @@ impl ParallelAttention {
         let heads = self.heads();
         recompute(&self.wo, vec![q, k, v], move |wo, mut qkv| {
             let (v, k) = (qkv.pop().expect("q, k, v"), qkv.pop().expect("q, k, v"));
-            attend(wo, heads, qkv.pop().expect("q, k, v"), k, v)
+            attend(wo, heads.clone(), qkv.pop().expect("q, k, v"), k, v)
         })
     }
 
@@ -168,8 +212,8 @@ impl ParallelAttention {
         };
         let [b, s, _] = x.dims();
         let heads = |y: Tensor<3>, n: usize| y.reshape([b, s, n, self.head_dim]).swap_dims(1, 2);
-        let q = self.rope.apply(heads(self.wq.forward(x.clone())?, self.n_heads));
-        let k = self.rope.apply(heads(self.wk.forward(x.clone())?, self.n_kv_heads));
+        let q = self.rope(heads(self.wq.forward(x.clone())?, self.n_heads));
+        let k = self.rope(heads(self.wk.forward(x.clone())?, self.n_kv_heads));
         let v = heads(self.wv.forward(x)?, self.n_kv_heads);
         Ok((q, k, v))
     }
@@ -179,16 +223,18 @@ impl ParallelAttention {
             n_heads: self.n_heads,
             n_kv_heads: self.n_kv_heads,
             head_dim: self.head_dim,
+            context: (self.cp.size() > 1).then(|| (self.context, self.cp.clone())),
         }
     }
 }
 
-/// This rank's head counts.
-#[derive(Clone, Copy, Debug)]
+/// This rank's head counts, and the context-parallel group its sequence is split over.
+#[derive(Clone, Debug)]
 struct Heads {
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
+    context: Option<(ContextParallel, ProcessGroup)>,
 }
 
 /// The core attention and the output projection.
@@ -204,9 +250,15 @@ fn attend(
     v: Tensor<4>,
 ) -> Result<Tensor<3>, LayerError> {
     let [b, _, s, _] = q.dims();
-    let (k, v) = (repeat_kv(k, heads), repeat_kv(v, heads)); // [b, h, s, k]
-    // Flash attention on CUDA (bf16, head dim 128); the f32 reference elsewhere.
-    let out = burn_megatron_kernels::attention::attention(q, k, v, true); // [b, h, s, k]
+    let out = match &heads.context {
+        // Each rank's chunks over the whole sequence; kv heads travel unrepeated.
+        Some((context, cp)) => context_attention(q, k, v, *context, cp)?,
+        None => {
+            let (k, v) = (repeat_kv(k, &heads), repeat_kv(v, &heads)); // [b, h, s, k]
+            // Flash attention on CUDA (bf16, head dim 128); the f32 reference elsewhere.
+            burn_megatron_kernels::attention::attention(q, k, v, true) // [b, h, s, k]
+        }
+    };
     let out = out.swap_dims(1, 2).reshape([b, s, heads.n_heads * heads.head_dim]);
     wo.forward(out)
 }
@@ -215,7 +267,7 @@ fn attend(
 ///
 /// # Shapes
 /// `[b, g, s, k]` → `[b, h, s, k]`
-fn repeat_kv(x: Tensor<4>, heads: Heads) -> Tensor<4> {
+fn repeat_kv(x: Tensor<4>, heads: &Heads) -> Tensor<4> {
     let repeat = heads.n_heads / heads.n_kv_heads;
     if repeat == 1 {
         return x;

@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod column;
+pub mod context;
 pub mod cross_entropy;
 pub mod embedding;
 pub mod mlp;

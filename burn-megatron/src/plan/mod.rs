@@ -5,7 +5,8 @@
 //! One room a dimension:
 //! - [`tensor`]: tensor parallelism, with or without sequence parallelism; the layer styles a
 //!   model's layer table names.
-//! - [`context`]: context parallelism (not built yet: `cp > 1` is refused by name).
+//! - [`context`]: context parallelism: load-balanced chunks of each sequence, attention over
+//!   the whole sequence by ring, all-to-all or all-gather.
 //! - [`expert`]: expert parallelism: the layers of experts split over ep, their dispatcher.
 //! - [`pipeline`]: pipeline parallelism (not built yet: `pp > 1` is refused by name).
 //!
@@ -19,7 +20,7 @@ pub mod tensor;
 
 use burn_megatron_dist::ParallelDims;
 
-pub use context::ContextParallel;
+pub use context::{ContextParallel, ContextParallelLayer};
 pub use expert::{ExpertParallel, ExpertParallelLayer};
 pub use pipeline::PipelineSchedule;
 pub use tensor::{TensorParallel, TensorParallelLayer};
@@ -49,6 +50,11 @@ pub trait PlannedModel {
     fn expert_layers(&mut self) -> Vec<(&'static str, Box<dyn ExpertParallelLayer + '_>)> {
         Vec::new()
     }
+
+    /// Each layer that sees the whole sequence under context parallelism (its attention).
+    fn context_layers(&mut self) -> Vec<(&'static str, Box<dyn ContextParallelLayer + '_>)> {
+        Vec::new()
+    }
 }
 
 impl ParallelPlan {
@@ -74,11 +80,15 @@ impl ParallelPlan {
         Self { expert, ..self }
     }
 
+    /// The same plan with `context` for the context dimension.
+    pub fn with_context(self, context: ContextParallel) -> Self {
+        Self { context, ..self }
+    }
+
     /// Checks the mesh against a run of `world_size` ranks and each dimension's choice: a
     /// dimension that is not built yet is an error naming it, never ignored.
     pub fn validate(&self, world_size: usize) -> Result<(), ConfigError> {
         self.dims.validate(world_size)?;
-        self.context.check(self.dims.cp)?;
         self.pipeline.check(self.dims.pp)?;
         Ok(())
     }
@@ -96,9 +106,15 @@ impl ParallelPlan {
         if seq_len > max_seq_len {
             return Err(ConfigError::SequenceTooLong { seq_len, max_seq_len });
         }
-        let layout = self.tensor.layout(self.dims.tp, seq_len)?;
+        // Each cp rank holds 2 of the sequence's 2·cp chunks; sequence parallelism splits those.
+        let cp = self.dims.cp;
+        crate::layers::context::ContextLayout::check(cp, seq_len)?;
+        let layout = self.tensor.layout(self.dims.tp, seq_len / cp)?;
         for (_, mut layer) in config.tensor_layers() {
             layer.plan_tensor(self.dims.tp, layout)?;
+        }
+        for (_, mut layer) in config.context_layers() {
+            layer.plan_context(cp, self.dims.tp, self.context)?;
         }
         for (_, mut layer) in config.expert_layers() {
             layer.plan_expert(self.dims.ep, self.expert)?;
@@ -195,49 +211,28 @@ mod tests {
         );
     }
 
-    /// Context and pipeline parallelism are not built yet: asking for any of them is an
-    /// error naming the dimension, on its own and beside tp and dp.
+    /// The plan lays out one pipeline stage's mesh: asking it for pp > 1 is an error naming
+    /// the dimension, on its own and beside tp (the stages are `models::llama::pipeline`'s).
+    /// Context parallelism plans, beside tp and dp.
     #[test]
-    fn a_dimension_not_built_yet_is_refused_by_name() {
+    fn the_plan_refuses_pipeline_stages_by_name() {
         let dims = |tp, cp, ep, dp, pp| ParallelDims { tp, cp, ep, dp, pp };
-        let refused = |dims: ParallelDims| {
-            ParallelPlan::new(dims)
-                .apply(recipes::tiny().model, dims.world_size(), 256)
-                .unwrap_err()
-        };
-        assert_eq!(
-            refused(dims(1, 2, 1, 1, 1)),
-            ConfigError::NotBuilt {
-                dimension: "context parallelism",
-                size: 2
-            }
-        );
-        assert_eq!(
-            refused(dims(2, 2, 1, 2, 1)),
-            ConfigError::NotBuilt {
-                dimension: "context parallelism",
-                size: 2
-            }
-        );
-        assert_eq!(
-            refused(dims(1, 1, 1, 1, 4)),
-            ConfigError::NotBuilt {
-                dimension: "pipeline parallelism",
-                size: 4
-            }
-        );
-        assert_eq!(
-            refused(dims(2, 1, 1, 1, 2)),
-            ConfigError::NotBuilt {
-                dimension: "pipeline parallelism",
-                size: 2
-            }
-        );
-        let message = refused(dims(1, 2, 1, 1, 1)).to_string();
+        let apply = |dims: ParallelDims| ParallelPlan::new(dims).apply(recipes::tiny().model, dims.world_size(), 256);
+        for pp in [(dims(1, 1, 1, 1, 4), 4), (dims(2, 1, 1, 1, 2), 2)] {
+            assert_eq!(
+                apply(pp.0).unwrap_err(),
+                ConfigError::NotBuilt {
+                    dimension: "pipeline parallelism",
+                    size: pp.1
+                }
+            );
+        }
+        let message = apply(dims(1, 1, 1, 1, 2)).unwrap_err().to_string();
         assert!(
-            message.contains("context parallelism") && message.contains("not built yet"),
+            message.contains("pipeline parallelism") && message.contains("not built yet"),
             "{message}"
         );
+        assert!(apply(dims(1, 2, 1, 1, 1)).is_ok() && apply(dims(2, 2, 1, 2, 1)).is_ok());
     }
 
     #[test]

@@ -6,6 +6,7 @@ use burn::train::metric::{Adaptor, ItemLazy, LossInput};
 use burn::train::{InferenceStep, TrainOutput, TrainStep};
 
 use super::Llama;
+use crate::layers::context::ContextLayout;
 
 /// Token ids and the ids that follow them.
 ///
@@ -67,6 +68,7 @@ impl TrainStep for Llama {
     /// Forward and backward. A failed collective (a lost peer) panics with its error: a
     /// Learner step cannot return one.
     fn step(&self, batch: TokenBatch) -> TrainOutput<LmOutput> {
+        let batch = context_shard(self, batch);
         let loss = self
             .forward_loss(batch.ids, batch.targets)
             .unwrap_or_else(|e| panic!("{e}"));
@@ -80,9 +82,25 @@ impl InferenceStep for Llama {
     type Output = LmOutput;
 
     fn step(&self, batch: TokenBatch) -> LmOutput {
+        let batch = context_shard(self, batch);
         let loss = self
             .forward_loss(batch.ids, batch.targets)
             .unwrap_or_else(|e| panic!("{e}"));
         LmOutput { loss }
+    }
+}
+
+/// This rank's chunks of the batch's sequences under context parallelism (the batch as it is
+/// at cp = 1). A sequence that does not split into 2·cp chunks panics with the typed error's
+/// text: a Learner step cannot return one (plan the model for the loader's sequence length).
+fn context_shard(model: &Llama, batch: TokenBatch) -> TokenBatch {
+    let Some(block) = model.layers.first() else {
+        return batch;
+    };
+    let layout = ContextLayout::new(&block.attention.cp);
+    let shard = |x| layout.shard(x, 1).unwrap_or_else(|e| panic!("{e}"));
+    TokenBatch {
+        ids: shard(batch.ids),
+        targets: shard(batch.targets),
     }
 }

@@ -10,11 +10,14 @@
 //! | `layers.*.attention_norm`, `layers.*.mlp_norm`, `norm` | replicated; per token shard under SP |
 //! | `output` | column-wise over the padded vocabulary, logits left split for the loss |
 //! | `layers.*.moe` | experts split over ep; each expert's hidden features split as the MLP's |
+//!
+//! Under context parallelism `layers.*.attention` sees the whole sequence through its exchange
+//! (`plan/context.rs`); every other layer works on each rank's chunks as they are.
 
 use super::model::LlamaConfig;
 use crate::error::ConfigError;
 use crate::layers::{ColumnOutput, ColumnParallelLinearConfig, SequenceLayout, padded_vocab};
-use crate::plan::{ExpertParallelLayer, PlannedModel, TensorParallelLayer};
+use crate::plan::{ContextParallelLayer, ExpertParallelLayer, PlannedModel, TensorParallelLayer};
 use crate::precision::{EdgeBlocks, PrecisionTarget};
 use burn_megatron_kernels::Gemm;
 
@@ -50,6 +53,10 @@ impl PlannedModel for LlamaConfig {
             Some(moe) => vec![("layers.*.moe", Box::new(&mut moe.layer))],
             None => Vec::new(),
         }
+    }
+
+    fn context_layers(&mut self) -> Vec<(&'static str, Box<dyn ContextParallelLayer + '_>)> {
+        vec![("layers.*.attention", Box::new(&mut self.attention))]
     }
 }
 

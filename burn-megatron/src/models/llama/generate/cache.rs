@@ -37,11 +37,14 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache for `batch` rows of up to `capacity` positions (at most the model's
     /// `max_seq_len`), in the model's dtype on `device`. The model must be planned without
-    /// sequence parallelism.
+    /// sequence or context parallelism.
     pub fn new(model: &Llama, batch: usize, capacity: usize, device: &Device) -> Result<Self, LayerError> {
         let attention = &model.layers.first().expect("a Llama has blocks").attention;
         if attention.sequence == SequenceLayout::Sharded {
             return Err(ConfigError::DecodingSequenceParallel.into());
+        }
+        if attention.cp.size() > 1 {
+            return Err(ConfigError::DecodingContextParallel.into());
         }
         let max = attention.rope.max_seq_len();
         if capacity > max {

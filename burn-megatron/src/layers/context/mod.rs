@@ -1,0 +1,73 @@
+//! Context parallelism's attention: this rank's load-balanced chunks of queries (`layout.rs`)
+//! over the whole sequence's keys and values, causal, with no `s × s` matrix anywhere. Three
+//! exchanges ([`ContextParallel`]):
+//! - ring and all-gather: block attention merged by log-sum-exp, one autodiff op of its own
+//!   (`blocks.rs`, `op.rs`);
+//! - all-to-all (Ulysses): the heads scattered and the sequence gathered over cp (the
+//!   differentiable `all_to_all` mapping), the whole sequence put in order, causal flash
+//!   attention over it, and back.
+//!
+//! Legend: `b` batch, `h` query heads, `g` kv heads, `L` a chunk (`2L` tokens a rank), `d`
+//! head_dim, `s = 2L·cp`.
+
+mod blocks;
+pub mod layout;
+mod op;
+
+pub use blocks::{BlockAttention, Exchange};
+pub use layout::ContextLayout;
+pub use op::block_attention;
+
+use burn::tensor::Tensor;
+use burn_megatron_dist::ProcessGroup;
+use burn_megatron_dist::mappings::all_to_all;
+
+use crate::error::LayerError;
+use crate::plan::ContextParallel;
+
+/// Causal attention of this rank's chunks over the whole sequence split over `cp`.
+///
+/// # Shapes
+/// q `[b, h, 2L, d]`, k and v `[b, g, 2L, d]` → `[b, h, 2L, d]`
+pub fn context_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    context: ContextParallel,
+    cp: &ProcessGroup,
+) -> Result<Tensor<4>, LayerError> {
+    let scale = (q.dims()[3] as f32).sqrt().recip();
+    let blocks = |exchange| BlockAttention {
+        cp: cp.clone(),
+        exchange,
+        scale,
+    };
+    Ok(match context {
+        ContextParallel::Ring => block_attention(q, k, v, blocks(Exchange::Ring))?,
+        ContextParallel::AllGather => block_attention(q, k, v, blocks(Exchange::AllGather))?,
+        ContextParallel::AllToAll => ulysses(q, k, v, cp)?,
+    })
+}
+
+/// Ulysses: `[b, h, 2L, d]` → `[b, h/cp, s, d]` (heads scattered, the sequence gathered in
+/// rank order, then put in global order), causal attention, and back.
+fn ulysses(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, cp: &ProcessGroup) -> Result<Tensor<4>, LayerError> {
+    let layout = ContextLayout::new(cp);
+    let s = q.dims()[2] * cp.size();
+    let device = q.device();
+    let to_global = layout::index(&layout.global_order(s), &device);
+    let to_gathered = layout::index(&layout.gathered_positions(s), &device);
+    let whole =
+        |x: Tensor<4>| -> Result<Tensor<4>, LayerError> { Ok(all_to_all(x, cp, 1, 2)?.select(2, to_global.clone())) };
+    let (q, k, v) = (whole(q)?, whole(k)?, whole(v)?);
+    let per_kv = q.dims()[1] / k.dims()[1];
+    let expand = |x: Tensor<4>| match per_kv {
+        1 => x,
+        r => {
+            let [b, g, s, d] = x.dims();
+            x.unsqueeze_dim::<5>(2).repeat_dim(2, r).reshape([b, g * r, s, d])
+        }
+    };
+    let out = burn_megatron_kernels::attention::attention(q, expand(k), expand(v), true); // [b, h/cp, s, d]
+    Ok(all_to_all(out.select(2, to_gathered), cp, 2, 1)?)
+}
