@@ -8,9 +8,9 @@
 //!       [--data data/shakespeare.txt] [--calibration 64] [--calibration-seq 256]
 //!       [--eval-windows 16] [--eval-seq 256] [--only TEXT] [--export DIR] [--device cpu|cuda]
 //!
-//! Rows (`precision::ptq`): int8 weights per channel and int4 weights in groups of 128, each
-//! range by the largest magnitude, a percentile or the least squared error, int4 with AWQ's
-//! scales; W8A8 in int8 (static ranges by max, percentile and MSE, SmoothQuant, per token) and
+//! Rows (`precision::ptq`): int8 weights per channel by the largest magnitude, a percentile or
+//! the least squared error; int4 weights in groups of 128, symmetric and with a zero point (each
+//! clipping, and AWQ's scales), and with a zero point in groups of 32; W8A8 in int8 (static ranges by max, percentile and MSE, SmoothQuant, per token) and
 //! in FP8 (per tensor with static ranges, per channel with per-token inputs); NVFP4 weights,
 //! and weights and activations. `--only` keeps the rows whose name contains TEXT. `--export`
 //! writes the FP8 W8A8 model (per tensor, static max ranges) in compressed-tensors' layout (with
@@ -110,17 +110,26 @@ fn rows() -> Vec<PtqConfig> {
             clipping,
         )));
     }
+    // int4: symmetric for reference; with a zero point (AWQ's and GPTQ's), every clipping and
+    // AWQ's scales; in the GGUF file's own groups of 32.
+    rows.push(PtqConfig::weight_only(uniform(
+        Codes::Int4,
+        Granularity::Group(128),
+        Clipping::Max,
+    )));
+    let asym = |group, clipping| WeightScheme::Asymmetric {
+        bits: 4,
+        group,
+        clipping,
+    };
     for clipping in clippings {
-        rows.push(PtqConfig::weight_only(uniform(
-            Codes::Int4,
-            Granularity::Group(128),
-            clipping,
-        )));
+        rows.push(PtqConfig::weight_only(asym(128, clipping)));
     }
     let awq = Smoothing::Awq { grid: 20 };
     for clipping in [Clipping::Max, Clipping::Mse] {
-        rows.push(PtqConfig::weight_only(uniform(Codes::Int4, Granularity::Group(128), clipping)).with_smoothing(awq));
+        rows.push(PtqConfig::weight_only(asym(128, clipping)).with_smoothing(awq));
     }
+    rows.push(PtqConfig::weight_only(asym(32, Clipping::Max)));
     let smoothquant = Smoothing::SmoothQuant { alpha: 0.5 };
     let w8 = |codes, granularity| PtqConfig::weight_only(uniform(codes, granularity, Clipping::Max));
     for codes in [Codes::Int8, Codes::Fp8] {

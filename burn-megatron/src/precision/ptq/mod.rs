@@ -174,7 +174,7 @@ pub fn quantize(
     {
         return Err(PtqError::NoSample);
     }
-    let mut model = smooth::smooth(model, calibration, config.smoothing, config.weights)?;
+    let (mut model, scales) = smooth::smooth(model, calibration, config.smoothing, config.weights)?;
     let static_ranges = matches!(config.activations, Some(ActivationScheme::Static { .. }));
     let recalibrated = match config.smoothing != Smoothing::None && static_ranges {
         true => Some(calibrate(&model, batches, 0)?),
@@ -183,7 +183,18 @@ pub fn quantize(
     let ranges = recalibrated.as_ref().unwrap_or(calibration);
     let mut linears = BTreeMap::new();
     for (i, block) in model.layers.iter_mut().enumerate() {
-        for site in Site::ALL {
+        for (s, site) in Site::ALL.into_iter().enumerate() {
+            // AWQ's clip search: the layer's outputs on the sample as the smoothed model sees it.
+            let awq = matches!(config.smoothing, Smoothing::Awq { .. });
+            let sample = (awq && config.weights.clipping() == Some(Clipping::Mse)).then(|| {
+                let x = calibration
+                    .site(i, site)
+                    .sample_tensor(&block.attention_norm.weight.val().device());
+                match &scales {
+                    Some(scales) => x / scales[i][s].clone().unsqueeze_dim::<2>(0),
+                    None => x,
+                }
+            });
             let input = match config.activations {
                 None => InputQuantizer::None,
                 Some(ActivationScheme::Static { codes, clipping }) => InputQuantizer::Static {
@@ -197,7 +208,7 @@ pub fn quantize(
                 let linear = linear_mut(block, path)?;
                 let weight = linear.weight.val();
                 let dtype = weight.dtype();
-                let quantized = config.weights.quantize(weight);
+                let quantized = config.weights.quantize_on(weight, sample.as_ref());
                 *linear.weight = linear.weight.clone().map(|_| quantized.values.cast(dtype));
                 *linear.quantizer = input.clone();
                 let quantization = LinearQuantization {

@@ -17,7 +17,9 @@
 //!   every layer of the site, α = 0.5 by default.
 //! - AWQ (Lin et al. 2024): `s = mean|x|^α`, normalized to a geometric mean of 1 over its
 //!   extremes, α searched on a grid for the least squared error of the site's outputs on the
-//!   calibration sample, the weights quantized by the scheme (at its largest-magnitude range).
+//!   calibration sample, the weights quantized by the scheme (at its largest-magnitude range);
+//!   with [`Clipping::Mse`](super::Clipping::Mse) each group's range is then searched for the
+//!   least squared error of the outputs too (AWQ's clip search), on the sample divided by `s`.
 //!
 //! Legend: `c` the site's channels, `n` sampled tokens, `g` kv heads, `r` query heads a kv
 //! head, `k` head_dim.
@@ -25,7 +27,6 @@
 use burn::tensor::{DType, Tensor, TensorData};
 
 use super::calibrate::Statistics;
-use super::codes::Clipping;
 use super::sites::{Site, linear_mut};
 use super::weights::WeightScheme;
 use super::{Calibration, PtqError};
@@ -85,17 +86,23 @@ impl Heads {
     }
 }
 
-/// `model` with `smoothing`'s scales folded in at every site of every block.
+/// Each site's scales (`[c]`; its inputs are divided by them), `[block][site]` in
+/// [`Site::ALL`]'s order.
+pub(super) type SiteScales = Vec<Vec<Tensor<1>>>;
+
+/// `model` with `smoothing`'s scales folded in at every site of every block, and the scales.
 pub(super) fn smooth(
     mut model: Llama,
     calibration: &Calibration,
     smoothing: Smoothing,
     weights: WeightScheme,
-) -> Result<Llama, PtqError> {
+) -> Result<(Llama, Option<SiteScales>), PtqError> {
     if smoothing == Smoothing::None {
-        return Ok(model);
+        return Ok((model, None));
     }
+    let mut scales = Vec::with_capacity(model.layers.len());
     for (i, block) in model.layers.iter_mut().enumerate() {
+        let mut sites = Vec::with_capacity(Site::ALL.len());
         let a = &block.attention;
         let heads = Heads {
             kv: a.n_kv_heads,
@@ -115,10 +122,12 @@ pub(super) fn smooth(
                 Smoothing::Awq { grid } => awq(stats, &ws, grid, weights, shared),
                 Smoothing::None => unreachable!("returned above"),
             };
-            fold(block, site, s, heads)?;
+            fold(block, site, s.clone(), heads)?;
+            sites.push(s);
         }
+        scales.push(sites);
     }
-    Ok(model)
+    Ok((model, Some(scales)))
 }
 
 /// A channel vector of the host on `like`'s device, f32.
@@ -156,14 +165,7 @@ fn awq(stats: &Statistics, ws: &[Tensor<2>], grid: usize, weights: WeightScheme,
     let x = stats.sample_tensor(&device); // [n, c]
     let reference: Vec<Tensor<2>> = ws.iter().map(|w| x.clone().matmul(w.clone())).collect();
     // The search quantizes at the largest magnitude; the scheme's own clipping comes after.
-    let search = match weights {
-        WeightScheme::Uniform { codes, granularity, .. } => WeightScheme::Uniform {
-            codes,
-            granularity,
-            clipping: Clipping::Max,
-        },
-        nvfp4 => nvfp4,
-    };
+    let search = weights.at_max();
     let mut best: Option<(f64, Tensor<1>)> = None;
     for step in 0..grid.max(1) {
         let alpha = step as f64 / grid.max(1) as f64;
@@ -247,7 +249,7 @@ mod tests {
     use super::*;
     use crate::init::{InitMode, ParamInit};
     use crate::models::llama::LlamaConfig;
-    use crate::precision::ptq::{Codes, Granularity, calibrate};
+    use crate::precision::ptq::{Clipping, Codes, Granularity, calibrate};
 
     /// Folding either smoothing's scales leaves the model's function as it was (before any
     /// quantization), grouped-query attention included: the logits agree to f32 rounding.
@@ -269,7 +271,7 @@ mod tests {
             clipping: Clipping::Max,
         };
         for smoothing in [Smoothing::SmoothQuant { alpha: 0.5 }, Smoothing::Awq { grid: 5 }] {
-            let smoothed = smooth(model.clone(), &calibration, smoothing, weights).unwrap();
+            let (smoothed, _) = smooth(model.clone(), &calibration, smoothing, weights).unwrap();
             let norm: Vec<f32> = smoothed.layers[0]
                 .attention_norm
                 .weight

@@ -1,6 +1,7 @@
 //! Weight quantization: a linear weight replaced by the values its codes dequantize to, with
 //! one scale a tensor, an output channel or a group of a channel's input rows, the range chosen
-//! by [`Clipping`]; or NVFP4's two-level blocks.
+//! by [`Clipping`]: symmetric codes around 0, or unsigned codes with a zero point a group (AWQ's
+//! and GPTQ's int4); or NVFP4's two-level blocks.
 //!
 //! Legend: weights are Burn's `[in, out]`; a channel is an output column, a group `g`
 //! consecutive input rows of one column (the last group shorter where `in` is no multiple).
@@ -28,6 +29,15 @@ pub enum WeightScheme {
     Uniform {
         codes: Codes,
         granularity: Granularity,
+        clipping: Clipping,
+    },
+    /// Unsigned `bits`-bit codes `0..=2^bits − 1` with a zero point and a scale for every
+    /// `group` input rows of each output channel, spanning the group's range `[min, max]`
+    /// (clipped as `clipping` says: a fraction of both ends, or the percentiles `100 − p` and
+    /// `p`), widened to hold 0: `value = (code − zero) · scale`.
+    Asymmetric {
+        bits: u32,
+        group: usize,
         clipping: Clipping,
     },
     /// NVFP4: E2M1 in 1×16 blocks along the input features with E4M3 block scales and an f32
@@ -62,12 +72,22 @@ impl WeightScheme {
                 };
                 format!("{}-{granularity}-{}", codes.name(), clipping.name())
             }
+            WeightScheme::Asymmetric { bits, group, clipping } => {
+                format!("int{bits}-asym-g{group}-{}", clipping.name())
+            }
             WeightScheme::Nvfp4 => "nvfp4".into(),
         }
     }
 
     /// `w` (`[in, out]`, any dtype) quantized.
     pub fn quantize(&self, w: Tensor<2>) -> QuantizedWeight {
+        self.quantize_on(w, None)
+    }
+
+    /// [`quantize`](Self::quantize); with `inputs` (`[n, in]`, a sample of what the layer
+    /// reads), [`Clipping::Mse`] picks each group's range for the least squared error of the
+    /// layer's outputs on them rather than of the weights (AWQ's clip search).
+    pub fn quantize_on(&self, w: Tensor<2>, inputs: Option<&Tensor<2>>) -> QuantizedWeight {
         let w = w.cast(DType::F32);
         match *self {
             WeightScheme::Nvfp4 => {
@@ -85,13 +105,136 @@ impl WeightScheme {
                 codes,
                 granularity,
                 clipping,
-            } => uniform(w, codes, granularity, clipping),
+            } => uniform(w, codes, granularity, clipping, inputs),
+            WeightScheme::Asymmetric { bits, group, clipping } => asymmetric(w, bits, group, clipping, inputs),
+        }
+    }
+
+    /// How its ranges are chosen (none for NVFP4, whose blocks take their largest magnitudes).
+    pub fn clipping(&self) -> Option<Clipping> {
+        match self {
+            WeightScheme::Uniform { clipping, .. } | WeightScheme::Asymmetric { clipping, .. } => Some(*clipping),
+            WeightScheme::Nvfp4 => None,
+        }
+    }
+
+    /// The same scheme with its range at the largest magnitudes (what AWQ's scale search
+    /// quantizes with).
+    pub fn at_max(self) -> Self {
+        match self {
+            WeightScheme::Uniform { codes, granularity, .. } => WeightScheme::Uniform {
+                codes,
+                granularity,
+                clipping: Clipping::Max,
+            },
+            WeightScheme::Asymmetric { bits, group, .. } => WeightScheme::Asymmetric {
+                bits,
+                group,
+                clipping: Clipping::Max,
+            },
+            nvfp4 => nvfp4,
         }
     }
 }
 
+/// `inputs` (`[n, in]`) cut into the weight's groups of input rows, `[groups, n, g]` (zeros for
+/// the padding rows, which then add nothing).
+fn grouped_inputs(inputs: &Tensor<2>, groups: usize, group: usize) -> Tensor<3> {
+    let [n, k] = inputs.dims();
+    let padded = inputs.clone().cast(DType::F32).pad(
+        [(0, 0), (0, groups * group - k)],
+        burn::tensor::ops::PadMode::Constant(0.0),
+    );
+    padded.reshape([n, groups, group]).swap_dims(0, 1)
+}
+
+/// Each group's squared error (`[groups, 1, out]`) of quantized values `q` against `w` (both
+/// `[groups, g, out]`): of the weights, or with `inputs` (`[groups, n, g]`) of the outputs.
+fn group_error(q: Tensor<3>, w: Tensor<3>, inputs: Option<&Tensor<3>>) -> Tensor<3> {
+    let d = q - w;
+    match inputs {
+        None => d.powi_scalar(2).sum_dim(1),
+        Some(x) => x.clone().matmul(d).powi_scalar(2).sum_dim(1),
+    }
+}
+
+/// [`WeightScheme::Asymmetric`].
+fn asymmetric(
+    w: Tensor<2>,
+    bits: u32,
+    group: usize,
+    clipping: Clipping,
+    inputs: Option<&Tensor<2>>,
+) -> QuantizedWeight {
+    let [rows, cols] = w.dims();
+    let group = group.clamp(1, rows);
+    let levels = ((1u32 << bits) - 1) as f32;
+    // The last group is padded with copies of the weight's last row, which lie inside that
+    // group's range (no min or max moves); they are cut off again.
+    let last = w.clone().narrow(0, rows - 1, 1);
+    let extra = rows.div_ceil(group) * group - rows;
+    let padded = match extra {
+        0 => w,
+        n => Tensor::cat(vec![w, last.repeat_dim(0, n)], 0),
+    };
+    let g: Tensor<3> = padded.reshape([rows.div_ceil(group), group, cols]); // [groups, g, out]
+    let quantize = |lo: Tensor<3>, hi: Tensor<3>| {
+        // The range holds 0 (GPTQ's choice), so the zero point is a code and nothing past the
+        // range's ends is clipped for want of one.
+        let (lo, hi) = (lo.clamp_max(0.0), hi.clamp_min(0.0));
+        let scale = ((hi - lo.clone()) / levels).clamp_min(f32::MIN_POSITIVE);
+        let zero = (lo.neg() / scale.clone()).round().clamp(0.0, levels);
+        let codes = ((g.clone() / scale.clone()).round() + zero.clone()).clamp(0.0, levels);
+        ((codes - zero) * scale.clone(), scale)
+    };
+    let (min, max) = (g.clone().min_dim(1), g.clone().max_dim(1)); // [groups, 1, out]
+    let (values, scale) = match clipping {
+        Clipping::Max => quantize(min, max),
+        Clipping::Percentile(p) => {
+            let sorted = g.clone().sort(1);
+            let at = |q: f64| ((q / 100.0 * group as f64).ceil().clamp(1.0, group as f64) as usize) - 1;
+            quantize(sorted.clone().narrow(1, at(100.0 - p), 1), sorted.narrow(1, at(p), 1))
+        }
+        Clipping::Mse => {
+            // Both ends shrunk by 1, 0.975, … 0.5; the first best kept, a group at a time.
+            let x = inputs.map(|x| grouped_inputs(x, rows.div_ceil(group), group));
+            let mut best: Option<(Tensor<3>, Tensor<3>, Tensor<3>)> = None; // (error, values, scale)
+            for k in 0..=20 {
+                let r = 1.0 - 0.025 * k as f64;
+                let (v, s) = quantize(min.clone().mul_scalar(r), max.clone().mul_scalar(r));
+                let e = group_error(v.clone(), g.clone(), x.as_ref());
+                best = Some(match best {
+                    None => (e, v, s),
+                    Some((be, bv, bs)) => {
+                        let better = e.clone().lower(be.clone());
+                        let wide = better.clone().expand(bv.dims());
+                        (
+                            be.mask_where(better.clone(), e),
+                            bv.mask_where(wide, v),
+                            bs.mask_where(better, s),
+                        )
+                    }
+                });
+            }
+            let (_, v, s) = best.expect("candidates");
+            (v, s)
+        }
+    };
+    let groups = rows.div_ceil(group);
+    QuantizedWeight {
+        values: values.reshape([groups * group, cols]).narrow(0, 0, rows),
+        scales: Some(scale.reshape([groups, cols])),
+    }
+}
+
 /// [`WeightScheme::Uniform`].
-fn uniform(w: Tensor<2>, codes: Codes, granularity: Granularity, clipping: Clipping) -> QuantizedWeight {
+fn uniform(
+    w: Tensor<2>,
+    codes: Codes,
+    granularity: Granularity,
+    clipping: Clipping,
+    inputs: Option<&Tensor<2>>,
+) -> QuantizedWeight {
     let [rows, cols] = w.dims();
     let group = match granularity {
         Granularity::Group(g) => g.clamp(1, rows),
@@ -114,11 +257,12 @@ fn uniform(w: Tensor<2>, codes: Codes, granularity: Granularity, clipping: Clipp
         Clipping::Max => amax,
         Clipping::Percentile(p) => percentile(grouped.clone(), rows, whole, p),
         Clipping::Mse => {
+            let x = inputs.map(|x| grouped_inputs(x, groups, group));
             let error = |q: Tensor<3>| {
-                let e = (q - grouped.clone()).powi_scalar(2);
+                let e = group_error(q, grouped.clone(), x.as_ref());
                 match whole {
                     true => e.sum().reshape([1, 1, 1]),
-                    false => e.sum_dim(1),
+                    false => e,
                 }
             };
             // The fractions 1, 0.975, … 0.5 of the largest magnitude; the first best kept.
@@ -256,6 +400,92 @@ mod tests {
         }
         let clipped = values(p.values).iter().fold(0.0f32, |m, v| m.max(v.abs()));
         assert!(clipped <= values(max.values).iter().fold(0.0f32, |m, v| m.max(v.abs())) + 1e-6);
+    }
+
+    /// Asymmetric int4 in groups of 4 over 10 rows (a last group of 2): every value within half
+    /// a step (`(max − min) / 15` of the range widened to hold 0) plus the zero point's rounding; a group of values on its own
+    /// 16-level grid comes back exactly; MSE clipping does no worse than none.
+    #[test]
+    fn asymmetric_int4_groups() {
+        let device = Device::flex();
+        let w = Tensor::<2>::random([10, 3], Distribution::Uniform(-1.0, 3.0), &device);
+        let q = WeightScheme::Asymmetric {
+            bits: 4,
+            group: 4,
+            clipping: Clipping::Max,
+        }
+        .quantize(w.clone());
+        let (wv, qv) = (values(w.clone()), values(q.values.clone()));
+        for g in 0..3 {
+            let rows = (4 * g)..(4 * g + 4).min(10);
+            for c in 0..3 {
+                let group: Vec<f32> = rows.clone().map(|r| wv[r * 3 + c]).collect();
+                // The range widened to hold 0.
+                let (lo, hi) = group.iter().fold((0.0f32, 0.0f32), |(a, b), v| (a.min(*v), b.max(*v)));
+                let step = (hi - lo) / 15.0;
+                for r in rows.clone() {
+                    // Half a step from rounding the value, half from rounding the zero point.
+                    assert!(
+                        (qv[r * 3 + c] - wv[r * 3 + c]).abs() <= step + 1e-5,
+                        "row {r} column {c}"
+                    );
+                }
+            }
+        }
+        // 0.1 · (0..16) − 0.3: a 16-level grid from −0.3 that holds 0, zero point 3.
+        let grid: Vec<f32> = (0..16).map(|i| 0.1 * i as f32 - 0.3).collect();
+        let on_grid = Tensor::<2>::from_data(TensorData::new(grid.clone(), [16, 1]), &device);
+        let exact = |clipping| {
+            WeightScheme::Asymmetric {
+                bits: 4,
+                group: 16,
+                clipping,
+            }
+            .quantize(on_grid.clone())
+            .values
+        };
+        for (a, b) in values(exact(Clipping::Max)).iter().zip(&grid) {
+            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        }
+        let error = |q: Tensor<2>| (q - w.clone()).powi_scalar(2).sum().into_scalar::<f64>();
+        let mse = WeightScheme::Asymmetric {
+            bits: 4,
+            group: 4,
+            clipping: Clipping::Mse,
+        }
+        .quantize(w.clone());
+        assert!(error(mse.values) <= error(q.values) + 1e-9);
+    }
+
+    /// Given the layer's inputs, MSE clipping picks each group's range for the outputs' error:
+    /// it does no worse there than the largest magnitude, for symmetric and zero-point codes,
+    /// with one input channel 30 times the others.
+    #[test]
+    fn mse_on_inputs_weighs_the_outputs() {
+        let device = Device::flex();
+        let w = Tensor::<2>::random([32, 4], Distribution::Normal(0.0, 1.0), &device);
+        // Input channel 0 is 30 times the others: its weight row matters most.
+        let scale: Vec<f32> = (0..32).map(|i| if i == 0 { 30.0 } else { 1.0 }).collect();
+        let scale = Tensor::<1>::from_data(TensorData::new(scale, [32]), &device).unsqueeze_dim::<2>(0);
+        let x = Tensor::<2>::random([64, 32], Distribution::Normal(0.0, 1.0), &device) * scale;
+        let out_error = |q: Tensor<2>| {
+            (x.clone().matmul(q - w.clone()))
+                .powi_scalar(2)
+                .sum()
+                .into_scalar::<f64>()
+        };
+        for scheme in [
+            int(Codes::Int4, Granularity::Group(16), Clipping::Mse),
+            WeightScheme::Asymmetric {
+                bits: 4,
+                group: 16,
+                clipping: Clipping::Mse,
+            },
+        ] {
+            let on_inputs = scheme.quantize_on(w.clone(), Some(&x)).values;
+            let at_max = scheme.at_max().quantize(w.clone()).values;
+            assert!(out_error(on_inputs) <= out_error(at_max) + 1e-6, "{scheme:?}");
+        }
     }
 
     /// FP8 with one scale a tensor: `amax / 448`, and every value on E4M3's grid of that scale.
