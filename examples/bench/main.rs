@@ -12,6 +12,8 @@
 //!   bench --preset moe-4b [--ep N]    a MoE preset, its experts over ep (folded over dp)
 //!   bench … --recompute none|selective|full:N|full-block:N [--batch B]
 //!                                     activation recomputation, at the preset's batch or B a rank
+//!   bench --preset llama-1b-32k [--cp N] [--context ring|all-to-all|all-gather]
+//!                                     context parallelism: each sequence's chunks over cp ranks
 //!
 //! The peers' recipe by default (`PrecisionPolicy::bf16`): bf16 compute, fp32 master weights and
 //! fp32 AdamW moments (`DistributedAdamW`), lr 1e-4, uniformly random token ids from a seeded
@@ -31,8 +33,9 @@ mod timing;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron::init::InitMode;
+use burn_megatron::layers::context::ContextLayout;
 use burn_megatron::models::llama::preset;
-use burn_megatron::plan::{ParallelPlan, TensorParallel};
+use burn_megatron::plan::{ContextParallel, ParallelPlan, TensorParallel};
 use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron::recompute::Recompute;
 use burn_megatron_dist::{ParallelDims, launch};
@@ -44,6 +47,8 @@ struct Args {
     tp: usize,
     dp: usize,
     ep: usize,
+    cp: usize,
+    context: ContextParallel,
     sp: bool,
     steps: usize,
     warmup: usize,
@@ -76,6 +81,8 @@ fn parse() -> Result<Args, String> {
         tp: 1,
         dp: 1,
         ep: 1,
+        cp: 1,
+        context: ContextParallel::Ring,
         sp: false,
         steps: 10,
         warmup: 3,
@@ -98,6 +105,8 @@ fn parse() -> Result<Args, String> {
             "--tp" => args.tp = number(&flag, value()?)?,
             "--dp" => args.dp = number(&flag, value()?)?,
             "--ep" => args.ep = number(&flag, value()?)?,
+            "--cp" => args.cp = number(&flag, value()?)?,
+            "--context" => args.context = value()?.parse()?,
             "--sp" => args.sp = true,
             "--profile" => args.profile = true,
             "--gemm" => args.gemm = true,
@@ -130,8 +139,8 @@ fn parse() -> Result<Args, String> {
             other => return Err(format!("unknown flag {other}")),
         }
     }
-    if args.tp == 0 || args.dp == 0 || args.ep == 0 || args.steps == 0 {
-        return Err("--tp, --dp, --ep and --steps must be at least 1".into());
+    if args.tp == 0 || args.dp == 0 || args.ep == 0 || args.cp == 0 || args.steps == 0 {
+        return Err("--tp, --dp, --ep, --cp and --steps must be at least 1".into());
     }
     if args.recipe == Recipe::PureBf16 && args.dp > 1 {
         return Err("--pure-bf16 updates the parameters with Burn's optimizer interface, which averages no gradients: use --dp 1".into());
@@ -160,6 +169,7 @@ fn main() {
     let (seq, batch) = (recipe.seq_len, args.batch.unwrap_or(recipe.batch_size));
     let dims = ParallelDims {
         ep: args.ep,
+        cp: args.cp,
         ..ParallelDims::tp_dp(args.tp, args.dp)
     };
     let tensor = if args.sp {
@@ -167,7 +177,7 @@ fn main() {
     } else {
         TensorParallel::Plain
     };
-    let plan = ParallelPlan::new(dims).with_tensor(tensor);
+    let plan = ParallelPlan::new(dims).with_tensor(tensor).with_context(args.context);
     let policy = match args.recipe {
         Recipe::Bf16 => PrecisionPolicy::bf16().with_gemm(args.linear_gemm),
         Recipe::PureBf16 => PrecisionPolicy::pure_bf16().with_gemm(args.linear_gemm),
@@ -187,12 +197,15 @@ fn main() {
         // Each data-parallel rank its own batch; the tensor-parallel ranks of one share it.
         let ids = random_ids(batch * (seq + 1), vocab, 1 + ctx.groups.dp.group_rank() as u64);
         let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, seq + 1]), &device);
-        let batch = (all.clone().narrow(1, 0, seq), all.narrow(1, 1, seq));
+        // Each cp rank its two chunks of every sequence.
+        let layout = ContextLayout::new(&ctx.groups.cp);
+        let shard = |x| layout.shard(x, 1).unwrap_or_else(|e| panic!("{e}"));
+        let batch = (shard(all.clone().narrow(1, 0, seq)), shard(all.narrow(1, 1, seq)));
         timing::run(&ctx, model, batch, policy, args.warmup, args.steps, args.profile)
     })
     .unwrap_or_else(|e| panic!("{e}"));
     let run = &results[0];
-    let gpus = args.tp * args.dp;
+    let gpus = args.tp * args.dp * args.cp;
     let params = matmul_params(&shape) as f64;
     let h = shape.attention.d_model;
     let l = shape.n_layers;
@@ -216,10 +229,11 @@ fn main() {
         );
     }
     println!(
-        "RESULT {{\"peer\": \"burn-megatron\", \"recipe\": \"{recipe}\", \"preset\": \"{}\", \"batch\": {}, \"seq\": {seq}, \"tp\": {}, \"dp\": {}, \"ep\": {}, \"gpus\": {gpus}, \"step_ms\": {:.1}, \"tokens_per_s\": {:.0}, \"tflops_per_gpu\": {:.1}, \"mfu\": {:.3}, \"peak_mem_gib\": null, \"loss\": {:.4}}}",
+        "RESULT {{\"peer\": \"burn-megatron\", \"recipe\": \"{recipe}\", \"preset\": \"{}\", \"batch\": {}, \"seq\": {seq}, \"tp\": {}, \"cp\": {}, \"dp\": {}, \"ep\": {}, \"gpus\": {gpus}, \"step_ms\": {:.1}, \"tokens_per_s\": {:.0}, \"tflops_per_gpu\": {:.1}, \"mfu\": {:.3}, \"peak_mem_gib\": null, \"loss\": {:.4}}}",
         args.preset,
         batch * args.dp,
         args.tp,
+        args.cp,
         args.dp,
         args.ep,
         run.step_s * 1e3,

@@ -148,6 +148,18 @@ pub const DP_MODEL_TESTS: &[NamedTest] = &[
         model_suite::grad_norm_counts_each_parameter_once,
     ),
 ];
+/// The context-parallel tests, by name: attention first, then the model. Each launches its
+/// own layouts (worlds of 1 to 4), so they run with ranks as threads only.
+pub const CONTEXT_TESTS: &[NamedTest] = &[
+    (
+        "context_suite::attention_matches_one_rank",
+        context_suite::attention_matches_one_rank,
+    ),
+    (
+        "context_suite::model_matches_one_rank",
+        context_suite::model_matches_one_rank,
+    ),
+];
 /// Every mapping test, by name.
 pub const MAPPING_TESTS: &[NamedTest] = for_each_mapping_test!(list!());
 /// Every MoE test, by name: the layer's first, then the model's. Each launches its own layouts

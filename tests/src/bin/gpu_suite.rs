@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use burn::tensor::DType;
 use burn_megatron_tests::{
-    COMM_TESTS, DP_MODEL_TESTS, Harness, KERNEL_TESTS, LAYER_TESTS, MAPPING_TESTS, MODEL_TESTS, MOE_LAYER_TESTS,
-    MOE_TESTS, NamedTest, PIPELINE_TESTS,
+    COMM_TESTS, CONTEXT_TESTS, DP_MODEL_TESTS, Harness, KERNEL_TESTS, LAYER_TESTS, MAPPING_TESTS, MODEL_TESTS,
+    MOE_LAYER_TESTS, MOE_TESTS, NamedTest, PIPELINE_TESTS,
 };
 
 fn main() {
@@ -57,6 +57,9 @@ fn main() {
         &[]
     };
     let pipeline: &[NamedTest] = if rank.is_none() { PIPELINE_TESTS } else { &[] };
+    let context: &[NamedTest] = if rank.is_none() { CONTEXT_TESTS } else { &[] };
+    // The attention test in bf16 with heads of 128: the flash kernels, block by block.
+    let context_bf16: &[NamedTest] = &context[..context.len().min(1)];
     // Recomputation in bf16 too: flash attention and the fused kernels run inside its regions.
     let recompute_bf16: &[NamedTest] = &pipeline[pipeline.len().saturating_sub(1)..];
     let runs: Vec<(&str, &Harness, &NamedTest)> = COMM_TESTS
@@ -76,6 +79,8 @@ fn main() {
         .chain(moe_bf16.iter().map(|t| ("bf16 ", &bf16, t)))
         .chain(pipeline.iter().map(|t| ("f32 ", &f32, t)))
         .chain(recompute_bf16.iter().map(|t| ("bf16 ", &bf16, t)))
+        .chain(context.iter().map(|t| ("f32 ", &f32, t)))
+        .chain(context_bf16.iter().map(|t| ("bf16 ", &bf16, t)))
         .filter(|(_, _, (name, _))| filter.as_ref().is_none_or(|f| name.contains(f.as_str())))
         .filter(|(_, _, (name, _))| skip.as_ref().is_none_or(|s| !name.contains(s.as_str())))
         .collect();

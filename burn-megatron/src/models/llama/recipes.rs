@@ -65,6 +65,17 @@ pub fn llama_1b() -> LlamaRecipe {
     }
 }
 
+/// llama-1b at sequences of 32768 tokens, batch 1 (../shared/peers/common.py's
+/// `llama-1b-32k`): context parallelism's workload.
+pub fn llama_1b_32k() -> LlamaRecipe {
+    LlamaRecipe {
+        name: "llama-1b-32k",
+        model: LlamaConfig::llama(32768, 2048, 16, 16, 16, 5632, 32768),
+        seq_len: 32768,
+        batch_size: 1,
+    }
+}
+
 /// hidden 4096, 32 layers, 32 heads, ffn 14336, vocab 32768, seq 4096, batch 1.
 pub fn llama_8b() -> LlamaRecipe {
     LlamaRecipe {
@@ -106,12 +117,14 @@ pub fn moe_4b() -> LlamaRecipe {
     }
 }
 
-/// A preset by name: `tiny`, `tiny-moe`, `llama-1b`, `moe-4b` or `llama-8b`.
+/// A preset by name: `tiny`, `tiny-moe`, `llama-1b`, `llama-1b-32k`, `moe-4b`, `llama-8b` or
+/// `smollm2-135m`.
 pub fn preset(name: &str) -> Result<LlamaRecipe, ConfigError> {
     match name {
         "tiny" => Ok(tiny()),
         "tiny-moe" => Ok(tiny_moe()),
         "llama-1b" => Ok(llama_1b()),
+        "llama-1b-32k" => Ok(llama_1b_32k()),
         "moe-4b" => Ok(moe_4b()),
         "llama-8b" => Ok(llama_8b()),
         "smollm2-135m" => Ok(smollm2_135m()),
