@@ -213,15 +213,15 @@ fn run(args: &Args) -> Result<(), String> {
             teacher_config.embedding.vocab_size
         ));
     }
-    let mut log = match &args.log {
+    // Each step's line is written as it comes, so a run cut short keeps its steps.
+    let log = match &args.log {
         Some(path) => {
             let mut file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
             writeln!(file, "step,total,kl,data").map_err(|e| e.to_string())?;
-            Some(file)
+            Some(std::sync::Mutex::new(file))
         }
         None => None,
     };
-    let log_lines = std::sync::Mutex::new(Vec::new());
     let results = launch(dims, common::device_of(args.cuda), |ctx| -> Result<(), String> {
         let device = ctx.device.clone().autodiff();
         let first = ctx.global_rank == 0;
@@ -277,7 +277,10 @@ fn run(args: &Args) -> Result<(), String> {
             }
             if first {
                 println!("step {step} loss {total:.6} kl {kl:.6} data {data:.6}");
-                log_lines.lock().expect("not poisoned").push(format!("{step},{total},{kl},{data}"));
+                if let Some(file) = &log {
+                    let mut file = file.lock().expect("not poisoned");
+                    writeln!(file, "{step},{total},{kl},{data}").map_err(|e| e.to_string())?;
+                }
             }
         }
         let elapsed = begun.elapsed().as_secs_f64();
@@ -294,11 +297,5 @@ fn run(args: &Args) -> Result<(), String> {
         Ok(())
     })
     .map_err(|e| e.to_string())?;
-    results.into_iter().collect::<Result<(), String>>()?;
-    if let Some(file) = log.as_mut() {
-        for line in log_lines.into_inner().expect("not poisoned") {
-            writeln!(file, "{line}").map_err(|e| e.to_string())?;
-        }
-    }
-    Ok(())
+    results.into_iter().collect()
 }

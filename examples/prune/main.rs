@@ -168,7 +168,7 @@ fn run(args: &Args) -> Result<(), String> {
     let kept = prune::top(&blocks, target.n_layers);
     let dropped: Vec<String> = (0..blocks.len())
         .filter(|b| !kept.contains(b))
-        .map(|b| format!("{b} (+{:.4} nats without it)", importance.blocks[b]))
+        .map(|b| format!("{b} ({:+.4} nats without it)", importance.blocks[b]))
         .collect();
     println!("blocks dropped: {}", dropped.join(", "));
     let (pruned_config, pruned) = prune::prune(&model, &planned, &importance, target).map_err(|e| e.to_string())?;

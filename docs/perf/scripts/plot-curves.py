@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
-"""Loss curves of `train` logs as one SVG (no plotting library needed), and the mean loss of
-each run over windows of 20 steps against the first run's.
+"""Loss curves of `train` (or `distill`) logs as one SVG (no plotting library needed), and the
+mean loss of each run over windows of 20 steps against the first run's.
 
-    python3 docs/perf/scripts/plot-curves.py OUT.svg NAME=LOG [NAME=LOG ...]
+    python3 docs/perf/scripts/plot-curves.py OUT.svg NAME=LOG[@FIELD] [NAME=LOG[@FIELD] ...]
+
+FIELD is the word before the value plotted in each `step N ...` line (`loss` by default;
+`data` for distill's cross-entropy on the batch).
 """
 import sys
 
@@ -10,8 +13,15 @@ W, H, PAD = 720, 400, 50
 COLORS = ["#000000", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e"]
 
 
-def losses(path):
-    return [float(l.split()[3]) for l in open(path) if l.startswith("step ")]
+def losses(spec):
+    path, _, field = spec.partition("@")
+    field = field or "loss"
+    values = []
+    for line in open(path):
+        if line.startswith("step "):
+            words = line.split()
+            values.append(float(words[words.index(field) + 1]))
+    return values
 
 
 def smooth(values, k=10):
