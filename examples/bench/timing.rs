@@ -79,7 +79,9 @@ impl Trainer<'_> {
                     .finish(&ctx.device, burn::tensor::DType::BF16)
                     .expect("reduction");
                 lap(&mut pieces, |p| &mut p.reduce_wait);
-                let model = optim.step_reduced(LR, model, reduced).expect("step").0;
+                let mut model = optim.step_reduced(LR, model, reduced).expect("step").0;
+                // Delayed FP8 scaling's histories move with the step, as in training.
+                burn_megatron::precision::delayed::advance(model.layers.iter_mut(), &ctx.groups).expect("amax history");
                 lap(&mut pieces, |p| &mut p.optimizer);
                 (model, reported)
             }

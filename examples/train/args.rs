@@ -75,7 +75,7 @@ const USAGE: &str = "usage: train [--preset tiny|tiny-moe|llama-1b|moe-4b|llama-
 [--context ring|all-to-all|all-gather] [--ep N] \
 [--dispatcher all-to-all|all-gather] [--pp N] [--vpp V] [--microbatches M] [--layers N] [--sp] [--steps N] \
 [--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--async-save] [--resume DIR] [--data PATH] [--tokenizer tokenizer.json] \
-[--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-tensorwise-e4m3|fp8-blockwise|mxfp8|nvfp4] [--sample-every K] [--learner] \
+[--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-tensorwise-e4m3|fp8-delayed[:LEN[:max|most-recent]]|fp8-blockwise|mxfp8|nvfp4] [--sample-every K] [--learner] \
 [--recompute none|selective|full:N|full-block:N]";
 
 impl Args {
@@ -183,6 +183,12 @@ impl Args {
         }
         if out.tp == 0 || out.dp == 0 || out.cp == 0 || out.ep == 0 || out.pp == 0 || out.vpp == 0 {
             return Err("--tp, --dp, --cp, --ep, --pp and --vpp must be at least 1".into());
+        }
+        if out.learner && matches!(out.quantized, Some(Recipe::Fp8Delayed { .. })) {
+            return Err(
+                "--precision fp8-delayed moves each layer's amax history after the optimizer step, which Burn's Learner loop does not call: leave out --learner"
+                    .into(),
+            );
         }
         if out.cp > 1 && out.pp > 1 {
             return Err("--cp runs inside one pipeline stage's mesh only: leave out --pp".into());

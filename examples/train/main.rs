@@ -27,7 +27,7 @@ use burn_megatron::layers::context::ContextLayout;
 use burn_megatron::models::llama::{LlamaConfig, preset};
 use burn_megatron::optim::{DistributedAdamWConfig, Overlap, check_lr};
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
-use burn_megatron::precision::PrecisionPolicy;
+use burn_megatron::precision::{PrecisionPolicy, delayed};
 use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 
 use args::{Args, DeviceKind};
@@ -213,6 +213,8 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
                 .0
                 .update_expert_bias(&report, &ctx.groups)
                 .map_err(|e| e.to_string())?;
+            // Delayed FP8 scaling: the step's amaxes onto each layer's history.
+            delayed::advance(model.layers.iter_mut(), &ctx.groups).map_err(|e| e.to_string())?;
             if ctx.global_rank == 0 {
                 println!("step {step} loss {value:.6}{experts}");
                 losses.push(value);
@@ -345,8 +347,10 @@ mod tests {
             ("--dtype f16", "expected f32 or bf16"),
             (
                 "--precision fp4",
-                "one of fp8-tensorwise, fp8-tensorwise-e4m3, fp8-blockwise, mxfp8, nvfp4 or default",
+                "one of fp8-tensorwise, fp8-tensorwise-e4m3, fp8-delayed, fp8-blockwise, mxfp8, nvfp4 or default",
             ),
+            ("--precision fp8-delayed:0", "a length of at least 1"),
+            ("--precision fp8-delayed --learner", "Burn's Learner loop does not"),
             ("--init sparse", "expected full or per-shard"),
             ("--save-every 0 --save /tmp/x", "at least 1"),
             ("--save-every 5", "needs --save"),

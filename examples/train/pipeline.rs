@@ -104,6 +104,9 @@ pub fn run(
             )
             .map_err(|e| e.to_string())?;
             stage = next;
+            // Delayed FP8 scaling: the step's amaxes onto each of this stage's histories.
+            burn_megatron::precision::delayed::advance(stage.layers.iter_mut().flatten(), &ctx.groups)
+                .map_err(|e| e.to_string())?;
             if let Some(loss) = loss {
                 let reported = ctx
                     .groups

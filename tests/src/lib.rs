@@ -147,6 +147,10 @@ pub const DP_MODEL_TESTS: &[NamedTest] = &[
         "model_suite::grad_norm_counts_each_parameter_once",
         model_suite::grad_norm_counts_each_parameter_once,
     ),
+    (
+        "model_suite::delayed_scaling_histories",
+        model_suite::delayed_scaling_histories,
+    ),
 ];
 /// The context-parallel tests, by name: attention first, then the model. Each launches its
 /// own layouts (worlds of 1 to 4), so they run with ranks as threads only.

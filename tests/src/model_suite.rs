@@ -8,7 +8,7 @@ use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::{Llama, recipes};
 use burn_megatron::params::{param_grads, param_values};
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
-use burn_megatron::precision::PrecisionPolicy;
+use burn_megatron::precision::{PrecisionPolicy, delayed};
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 use burn_megatron_kernels::Gemm;
 use burn_megatron_kernels::quant::recipe::Recipe;
@@ -67,6 +67,8 @@ fn adamw_curve(mut model: Llama, device: &Device, steps: u64, lr: f64) -> Vec<f6
             let value = loss.clone().into_scalar::<f64>();
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             model = optim.step(lr, model.clone(), grads);
+            // Delayed FP8 scaling's histories move with the step (dp = 1 here: no reduction).
+            delayed::advance(model.layers.iter_mut(), &ProcessGroups::single()).unwrap();
             value
         })
         .collect()
@@ -152,6 +154,12 @@ pub fn adamw_steps_match(h: &Harness) {
 /// of such flips, where scaling each shard by its own amax moves the losses by several percent.
 pub fn fp8_steps_match(h: &Harness) {
     steps_match_with(h, Gemm::Quantized(Recipe::Fp8Tensorwise), 1e-2);
+}
+
+/// [`fp8_steps_match`] under delayed scaling: the amaxes recorded into each layer's history are
+/// reduced over tp too, so every rank's histories, and scales, are tp = 1's.
+pub fn fp8_delayed_steps_match(h: &Harness) {
+    steps_match_with(h, Gemm::Quantized(Recipe::FP8_DELAYED), 1e-2);
 }
 
 /// 20 AdamW steps at the harness's tp with SP against tp = 1, every linear layer on `gemm`,
@@ -274,6 +282,82 @@ fn band(recipe: Recipe) -> f64 {
         Recipe::Nvfp4 => 1.0,
         _ => 0.5,
     }
+}
+
+/// Delayed FP8 scaling (a history of 4) at dp = 2, each rank its own half batch, 3 steps with
+/// the distributed optimizer: every layer's history holds the steps' amaxes newest first,
+/// the same on both ranks (the maximum over dp), and the optimizer leaves it alone (its entries
+/// are amaxes, not weights moved by Adam); a checkpoint holds it, and a fresh model loads it.
+pub fn delayed_scaling_histories(h: &Harness) {
+    use burn_megatron::checkpoint;
+    use burn_megatron::optim::DistributedAdamWConfig;
+    use burn_megatron_kernels::quant::recipe::AmaxAlgo;
+    let dir = std::env::temp_dir().join(format!("burn-megatron-delayed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let recipe = Recipe::Fp8Delayed {
+        history: 4,
+        algo: AmaxAlgo::Max,
+    };
+    h.run(ParallelDims::tp_dp(1, 2), |ctx| {
+        let dev = ctx.device.clone().autodiff();
+        let mut model = tiny_with(h, &ctx.groups, &dev, false, Gemm::Quantized(recipe));
+        let mut optim = DistributedAdamWConfig::new().init(&ctx.groups);
+        let history = |model: &Llama| -> Vec<f32> {
+            let wq = &model.layers[0].attention.wq;
+            wq.amax_history
+                .as_ref()
+                .expect("a history")
+                .val()
+                .into_data()
+                .convert::<f32>()
+                .try_to_vec()
+                .unwrap()
+        };
+        assert_eq!(history(&model), vec![0.0; 12], "an empty history first");
+        let mut seen = Vec::new();
+        for step in 0..3 {
+            let (ids, targets) = batch(&dev, step);
+            let r = ctx.groups.dp.group_rank();
+            let loss = model
+                .forward_loss(ids.narrow(0, r, 1), targets.narrow(0, r, 1))
+                .unwrap();
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = optim.step(1e-3, model.clone(), grads).unwrap().0;
+            delayed::advance(model.layers.iter_mut(), &ctx.groups).unwrap();
+            seen.push(history(&model));
+        }
+        // [3, 4] rows input, weight, output gradient; newest first: step 2's column 1 is step
+        // 1's column 0, and so on; the oldest column still empty after 3 steps.
+        for row in 0..3 {
+            let at = |step: usize, column: usize| seen[step][row * 4 + column];
+            assert!(
+                at(2, 0) > 0.0 && at(2, 1) > 0.0 && at(2, 2) > 0.0 && at(2, 3) == 0.0,
+                "{:?}",
+                seen[2]
+            );
+            assert_eq!(at(2, 1), at(1, 0));
+            assert_eq!(at(2, 2), at(0, 0));
+        }
+        let values = Tensor::<1>::from_floats(seen[2].as_slice(), &ctx.device);
+        let (hi, lo) = (
+            ctx.groups
+                .dp
+                .all_reduce(values.clone(), burn_megatron_dist::ReduceOp::Max)
+                .unwrap(),
+            ctx.groups
+                .dp
+                .all_reduce(values.neg(), burn_megatron_dist::ReduceOp::Max)
+                .unwrap()
+                .neg(),
+        );
+        assert_eq!(hi.into_data(), lo.into_data(), "the ranks' histories agree");
+        checkpoint::save(&dir, 3, &model, &optim, &ctx.groups).unwrap();
+        let fresh = tiny_with(h, &ctx.groups, &dev, false, Gemm::Quantized(recipe));
+        let mut fresh_optim = DistributedAdamWConfig::new().init(&ctx.groups);
+        let (loaded, _) = checkpoint::load(&dir, fresh, &mut fresh_optim, &ctx.groups).unwrap();
+        assert_eq!(history(&loaded), seen[2], "the checkpoint holds the history");
+    });
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// ZeRO-1 over dp = 2 against the unsharded optimizer on one rank: the same losses for 5 steps,

@@ -21,6 +21,16 @@ mod tp2 {
     }
 
     #[test]
+    fn fp8_delayed_steps_match() {
+        model_suite::fp8_delayed_steps_match(&Harness::cpu(2));
+    }
+
+    #[test]
+    fn delayed_scaling_histories() {
+        model_suite::delayed_scaling_histories(&Harness::cpu(2));
+    }
+
+    #[test]
     fn grad_norm_counts_each_parameter_once() {
         model_suite::grad_norm_counts_each_parameter_once(&Harness::cpu(2));
     }

@@ -9,7 +9,7 @@
 //! wgrad    dw = xᵀ · dy = product(xᵀ, dyᵀ)ᵀ      Pass::Wgrad
 //! ```
 //!
-//! On CUDA, FP8 tensorwise (either gradient format) runs on FP8 codes: the quantization kernels
+//! On CUDA, FP8 tensorwise (either gradient format, current or delayed scaling) runs on FP8 codes: the quantization kernels
 //! (`quant_kernels::quantize_tensor`: amax, then the cast, with the transpose of a transposed
 //! view in the same pass) and the wgmma GEMM. Every other recipe, and every recipe elsewhere, is
 //! emulated: each operand quantized and dequantized in tensor ops ([`quantized_operands`],
@@ -29,13 +29,43 @@ use burn::tensor::{DType, Tensor};
 use super::fake::{draws, fake_quantize, hadamard};
 use super::recipe::{Pass, Quantizer, Recipe, Rounding};
 
-/// The ranks over which an operand's tensor-level amax is taken: under tensor parallelism, the
-/// group holding pieces of the same tensors, so each rank scales its piece as one device
-/// holding the whole tensor would (Megatron's amax reduction over tp). A rank holding the whole
-/// tensor takes the maximum of equal values.
+/// Which operand of which product a tensor-level amax belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Operand {
+    pub pass: Pass,
+    /// `a` (true) or `b` of `a · bᵀ`.
+    pub a: bool,
+}
+
+/// The tensors of a linear layer whose amaxes its products take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LayerTensor {
+    Input,
+    Weight,
+    /// The gradient of the layer's output.
+    OutputGrad,
+}
+
+impl Operand {
+    /// The layer's tensor this operand is (the module docs' table: forward `x`, `wᵀ`; dgrad
+    /// `dy`, `w`; wgrad `dyᵀ`, `xᵀ`).
+    pub fn tensor(self) -> LayerTensor {
+        match (self.pass, self.a) {
+            (Pass::Forward, true) | (Pass::Wgrad, false) => LayerTensor::Input,
+            (Pass::Forward, false) | (Pass::Dgrad, false) => LayerTensor::Weight,
+            (Pass::Dgrad, true) | (Pass::Wgrad, true) => LayerTensor::OutputGrad,
+        }
+    }
+}
+
+/// What an operand's tensor-level amax becomes before its scale is taken: under tensor
+/// parallelism the maximum over the group holding pieces of the same tensors, so each rank
+/// scales its piece as one device holding the whole tensor would (Megatron's amax reduction over
+/// tp; a rank holding the whole tensor takes the maximum of equal values); under delayed scaling
+/// the amax of the history the layer keeps, this one recorded for later steps.
 pub trait AmaxGroup: Send + Sync + std::fmt::Debug {
-    /// The maximum of every rank's `amax` (`[1]`, f32).
-    fn max(&self, amax: Tensor<1>) -> Tensor<1>;
+    /// The amax (`[1]`, f32) `operand` scales by, from this call's own.
+    fn max(&self, amax: Tensor<1>, operand: Operand) -> Tensor<1>;
 }
 
 /// Where a product's tensor-level amaxes are reduced: `None` on one device.
@@ -71,7 +101,11 @@ pub fn quantized_operands(
         true => (hadamard(a.cast(DType::F32)), hadamard(b.cast(DType::F32))),
         false => (a, b),
     };
-    (quantize(a, qa, amax), quantize(b, qb, amax))
+    let operand = |a| Operand { pass, a };
+    (
+        quantize(a, qa, amax, operand(true)),
+        quantize(b, qb, amax, operand(false)),
+    )
 }
 
 /// `q(a) · q(b)ᵀ` emulated, multiplied in f32 and cast to `a`'s dtype: the CPU path.
@@ -81,10 +115,10 @@ pub fn emulate(a: Tensor<2>, b: Tensor<2>, recipe: Recipe, pass: Pass, amax: &Am
     crate::f32_matmul::matmul(a, b.transpose()).cast(dtype)
 }
 
-/// `x` quantized with `q` and dequantized, f32.
-fn quantize(x: Tensor<2>, q: Quantizer, amax: &Amax) -> Tensor<2> {
+/// `x` (`operand`) quantized with `q` and dequantized, f32.
+fn quantize(x: Tensor<2>, q: Quantizer, amax: &Amax, operand: Operand) -> Tensor<2> {
     let draws = (q.rounding == Rounding::Stochastic).then(|| draws(x.dims(), seed(&x), &x.device()));
-    let reduce = amax.as_ref().map(|group| |t: Tensor<1>| group.max(t));
+    let reduce = amax.as_ref().map(|group| move |t: Tensor<1>| group.max(t, operand));
     fake_quantize(
         x,
         q,
@@ -136,7 +170,10 @@ impl QuantOps for burn::backend::Cube {
         use burn::backend::Cube;
         use burn::backend::ops::FloatTensorOps;
         let k = a.meta.shape()[1];
-        let tensorwise = matches!(recipe, Recipe::Fp8Tensorwise | Recipe::Fp8TensorwiseE4m3);
+        let tensorwise = matches!(
+            recipe,
+            Recipe::Fp8Tensorwise | Recipe::Fp8TensorwiseE4m3 | Recipe::Fp8Delayed { .. }
+        );
         if !tensorwise || !k.is_multiple_of(16) {
             // Emulated; bf16 operands multiplied in bf16 on our GEMM (MX and NVFP4 values are
             // exact in bf16; f32 block scales round to its 8 bits, inside the format's step).
@@ -151,8 +188,8 @@ impl QuantOps for burn::backend::Cube {
         }
         let (qa, qb) = recipe.operands(pass);
         let dtype = a.dtype;
-        let (a_codes, a_scale) = quantize_operand(a, qa.format, &amax);
-        let (b_codes, b_scale) = quantize_operand(b, qb.format, &amax);
+        let (a_codes, a_scale) = quantize_operand(a, qa.format, &amax, Operand { pass, a: true });
+        let (b_codes, b_scale) = quantize_operand(b, qb.format, &amax, Operand { pass, a: false });
         let scale = Cube::float_mul(a_scale, b_scale);
         let out = crate::wgmma::fp8_gemm(
             a_codes,
@@ -176,12 +213,13 @@ fn quantize_operand(
     t: burn_cubecl::tensor::CubeTensor,
     format: super::format::Minifloat,
     amax: &Amax,
+    operand: Operand,
 ) -> (burn_cubecl::tensor::CubeTensor, burn_cubecl::tensor::CubeTensor) {
     use burn::backend::Cube;
     use burn::backend::ops::FloatTensorOps;
     let reduce = |local: burn_cubecl::tensor::CubeTensor| match amax {
         Some(group) => group
-            .max(Tensor::from_primitive::<Cube>(local))
+            .max(Tensor::from_primitive::<Cube>(local), operand)
             .try_into_primitive::<Cube>()
             .expect("a CUDA tensor"),
         None => local,

@@ -13,12 +13,19 @@
 //! |---|---|---|---|
 //! | [`Recipe::Fp8Tensorwise`] | E4M3 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor |
 //! | [`Recipe::Fp8TensorwiseE4m3`] | E4M3 tensor, E4M3 tensor | E4M3 tensor, E4M3 tensor | E4M3 tensor, E4M3 tensor |
+//! | [`Recipe::Fp8Delayed`] | E4M3 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor |
 //! | [`Recipe::Fp8Blockwise`] | E4M3 1×128, E4M3 128×128 | E4M3 1×128, E4M3 128×128 | E4M3 1×128, E4M3 1×128 |
 //! | [`Recipe::Mxfp8`] | E4M3 MX 1×32 both | E4M3 MX both | E4M3 MX both |
 //! | [`Recipe::Nvfp4`] | E2M1 NV 1×16, NV 16×16 | E2M1 NV 1×16 stochastic, NV 16×16 | E2M1 NV 1×16 stochastic + RHT, NV 1×16 + RHT |
 //!
 //! - Tensorwise: Transformer Engine's current scaling (one scale from this call's amax), hybrid
 //!   (E5M2 gradients, the default) or E4M3 throughout.
+//! - Delayed: Transformer Engine's delayed scaling, hybrid: each tensor's scale from the amax
+//!   history its layer keeps (the largest, or the most recent), this call's amax recorded for
+//!   later steps. The products quantize as tensorwise does; the history is the layer's
+//!   (`burn_megatron::precision::delayed`), reached through the product's [`AmaxGroup`].
+//!
+//! [`AmaxGroup`]: super::product::AmaxGroup
 //! - Blockwise: DeepSeek-V3's (f32 scales; a weight's 128×128 blocks are the same in `w` and
 //!   `wᵀ`, so forward and dgrad see one quantized weight).
 //! - MXFP8: NVIDIA's MXFP8 recipe (E4M3 everywhere, E8M0 scales rounded up).
@@ -95,6 +102,16 @@ pub enum Pass {
     Wgrad,
 }
 
+/// How delayed scaling turns a tensor's amax history into the amax it scales by (Transformer
+/// Engine's `amax_compute_algo`).
+#[derive(Config, Debug, Copy, PartialEq, Eq, Hash)]
+pub enum AmaxAlgo {
+    /// The largest amax of the history.
+    Max,
+    /// The newest amax of the history.
+    MostRecent,
+}
+
 /// A low-precision training recipe for linear layers.
 #[derive(Config, Debug, Copy, PartialEq, Eq, Hash)]
 pub enum Recipe {
@@ -102,6 +119,9 @@ pub enum Recipe {
     Fp8Tensorwise,
     /// FP8, per-tensor current scaling, E4M3 forward and gradients.
     Fp8TensorwiseE4m3,
+    /// FP8, per-tensor delayed scaling over the last `history` steps' amaxes, E4M3 forward and
+    /// E5M2 gradients (Transformer Engine's `DelayedScaling`; its defaults are 1024 and `Max`).
+    Fp8Delayed { history: usize, algo: AmaxAlgo },
     /// FP8 E4M3 with DeepSeek-V3's 1×128 tiles and 128×128 weight blocks.
     Fp8Blockwise,
     /// MXFP8: E4M3 in 1×32 blocks with E8M0 scales.
@@ -111,10 +131,17 @@ pub enum Recipe {
 }
 
 impl Recipe {
+    /// Delayed scaling with Transformer Engine's defaults: a history of 1024, its largest amax.
+    pub const FP8_DELAYED: Recipe = Recipe::Fp8Delayed {
+        history: 1024,
+        algo: AmaxAlgo::Max,
+    };
+
     /// Every recipe, in the order of the table above.
-    pub const ALL: [Recipe; 5] = [
+    pub const ALL: [Recipe; 6] = [
         Recipe::Fp8Tensorwise,
         Recipe::Fp8TensorwiseE4m3,
+        Recipe::FP8_DELAYED,
         Recipe::Fp8Blockwise,
         Recipe::Mxfp8,
         Recipe::Nvfp4,
@@ -125,6 +152,7 @@ impl Recipe {
         match self {
             Recipe::Fp8Tensorwise => "fp8-tensorwise",
             Recipe::Fp8TensorwiseE4m3 => "fp8-tensorwise-e4m3",
+            Recipe::Fp8Delayed { .. } => "fp8-delayed",
             Recipe::Fp8Blockwise => "fp8-blockwise",
             Recipe::Mxfp8 => "mxfp8",
             Recipe::Nvfp4 => "nvfp4",
@@ -140,6 +168,8 @@ impl Recipe {
             (Recipe::Fp8Tensorwise, Pass::Forward) => (q(E4M3, Tensor), q(E4M3, Tensor)),
             (Recipe::Fp8Tensorwise, _) => (q(E5M2, Tensor), q(E4M3, Tensor)),
             (Recipe::Fp8TensorwiseE4m3, _) => (q(E4M3, Tensor), q(E4M3, Tensor)),
+            (Recipe::Fp8Delayed { .. }, Pass::Forward) => (q(E4M3, Tensor), q(E4M3, Tensor)),
+            (Recipe::Fp8Delayed { .. }, _) => (q(E5M2, Tensor), q(E4M3, Tensor)),
             (Recipe::Fp8Blockwise, Pass::Wgrad) => (q(E4M3, Tiles), q(E4M3, Tiles)),
             (Recipe::Fp8Blockwise, _) => (q(E4M3, Tiles), q(E4M3, Squares)),
             (Recipe::Mxfp8, _) => (q(E4M3, Mx), q(E4M3, Mx)),
@@ -156,7 +186,21 @@ impl Recipe {
 impl std::str::FromStr for Recipe {
     type Err = String;
 
+    /// A recipe by name; delayed scaling as `fp8-delayed[:HISTORY[:max|most-recent]]`.
     fn from_str(name: &str) -> Result<Self, String> {
+        if let Some(rest) = name.strip_prefix("fp8-delayed:") {
+            let (history, algo) = rest.split_once(':').unwrap_or((rest, "max"));
+            let history = match history.parse::<usize>() {
+                Ok(n) if n > 0 => n,
+                _ => return Err(format!("{name:?}: the amax history must be a length of at least 1")),
+            };
+            let algo = match algo {
+                "max" => AmaxAlgo::Max,
+                "most-recent" => AmaxAlgo::MostRecent,
+                other => return Err(format!("{name:?}: {other:?} is no amax algorithm (max or most-recent)")),
+            };
+            return Ok(Recipe::Fp8Delayed { history, algo });
+        }
         Recipe::ALL.into_iter().find(|r| r.name() == name).ok_or_else(|| {
             let names: Vec<_> = Recipe::ALL.iter().map(|r| r.name()).collect();
             format!("unknown recipe {name:?}: one of {}", names.join(", "))
@@ -188,5 +232,13 @@ mod tests {
             assert_eq!(recipe.name().parse::<Recipe>(), Ok(recipe));
         }
         assert!("fp9".parse::<Recipe>().unwrap_err().contains("nvfp4"));
+        assert_eq!(
+            "fp8-delayed:16:most-recent".parse::<Recipe>(),
+            Ok(Recipe::Fp8Delayed {
+                history: 16,
+                algo: AmaxAlgo::MostRecent
+            })
+        );
+        assert!("fp8-delayed:0".parse::<Recipe>().is_err() && "fp8-delayed:4:mean".parse::<Recipe>().is_err());
     }
 }

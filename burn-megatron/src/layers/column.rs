@@ -11,6 +11,7 @@ use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
 
 use crate::precision::amax::sharded_linear;
+use crate::precision::delayed::{self, AmaxRecorder, DelayedState};
 use crate::precision::ptq::InputQuantizer;
 
 use crate::error::{LayerError, divisible};
@@ -75,6 +76,12 @@ pub struct ColumnParallelLinear {
     /// by default.
     #[module(skip)]
     pub input_quantizer: InputQuantizer,
+    /// Delayed FP8 scaling's amax history (`[3, history]`, not trained), with
+    /// `Gemm::Quantized(Recipe::Fp8Delayed)` (`precision::delayed`).
+    pub amax_history: Option<Param<Tensor<2>>>,
+    /// This step's amaxes, for the history.
+    #[module(skip)]
+    pub amax_recorder: AmaxRecorder,
     #[module(skip)]
     pub tp: ProcessGroup,
 }
@@ -138,9 +145,14 @@ impl ColumnParallelLinear {
         })
     }
 
-    /// The same layer multiplying with `gemm`.
+    /// The same layer multiplying with `gemm` (with delayed scaling, a history of its own).
     pub fn with_gemm(self, gemm: Gemm) -> Self {
-        Self { gemm, ..self }
+        let amax_history = delayed::history_of(gemm, &self.weight.val().device(), self.amax_history);
+        Self {
+            gemm,
+            amax_history,
+            ..self
+        }
     }
 
     fn from_parts(
@@ -158,8 +170,15 @@ impl ColumnParallelLinear {
             output,
             gemm: Gemm::Wgmma,
             input_quantizer: InputQuantizer::None,
+            amax_history: None,
+            amax_recorder: AmaxRecorder::default(),
             tp: tp.clone(),
         }
+    }
+
+    /// Its delayed-scaling state, if its product has one.
+    fn delayed(&self) -> Option<DelayedState> {
+        delayed::state_of(self.gemm, &self.amax_history, &self.amax_recorder)
     }
 
     /// # Shapes
@@ -170,17 +189,20 @@ impl ColumnParallelLinear {
         let product = Product {
             gemm: self.gemm,
             quantizer: &self.input_quantizer,
+            delayed: self.delayed(),
         };
         column_parallel(x, self.weight.val(), bias, self.input, self.output, product, &self.tp)
     }
 }
 
 /// How a column-parallel layer multiplies its (mapped) input.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Product<'a> {
     pub gemm: Gemm,
     /// What the input goes through first.
     pub quantizer: &'a InputQuantizer,
+    /// Delayed scaling's state, for a product under it.
+    pub delayed: Option<DelayedState>,
 }
 
 /// A column-parallel product with a weight shard held elsewhere (tied word embeddings: the
@@ -206,7 +228,7 @@ pub fn column_parallel<const D: usize>(
     };
     // The whole input on every rank: nothing of it is sharded.
     let x = product.quantizer.apply(x, tp, false)?;
-    let y = sharded_linear(x, weight, bias, product.gemm, tp)?;
+    let y = sharded_linear(x, weight, bias, product.gemm, product.delayed, tp)?;
     Ok(match output {
         ColumnOutput::Sharded => y,
         ColumnOutput::Gathered => gather_from_tp(y, tp, D - 1)?,

@@ -12,6 +12,7 @@ use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
 
 use crate::precision::amax::sharded_linear;
+use crate::precision::delayed::{self, AmaxRecorder};
 use crate::precision::ptq::InputQuantizer;
 
 use crate::error::{LayerError, divisible};
@@ -73,6 +74,12 @@ pub struct RowParallelLinear {
     /// by default.
     #[module(skip)]
     pub input_quantizer: InputQuantizer,
+    /// Delayed FP8 scaling's amax history (`[3, history]`, not trained), with
+    /// `Gemm::Quantized(Recipe::Fp8Delayed)` (`precision::delayed`).
+    pub amax_history: Option<Param<Tensor<2>>>,
+    /// This step's amaxes, for the history.
+    #[module(skip)]
+    pub amax_recorder: AmaxRecorder,
     #[module(skip)]
     pub tp: ProcessGroup,
 }
@@ -134,9 +141,14 @@ impl RowParallelLinear {
         })
     }
 
-    /// The same layer multiplying with `gemm`.
+    /// The same layer multiplying with `gemm` (with delayed scaling, a history of its own).
     pub fn with_gemm(self, gemm: Gemm) -> Self {
-        Self { gemm, ..self }
+        let amax_history = delayed::history_of(gemm, &self.weight.val().device(), self.amax_history);
+        Self {
+            gemm,
+            amax_history,
+            ..self
+        }
     }
 
     fn from_parts(
@@ -154,6 +166,8 @@ impl RowParallelLinear {
             output,
             gemm: Gemm::Wgmma,
             input_quantizer: InputQuantizer::None,
+            amax_history: None,
+            amax_recorder: AmaxRecorder::default(),
             tp: tp.clone(),
         }
     }
@@ -168,7 +182,8 @@ impl RowParallelLinear {
         };
         // This rank's input features only.
         let x = self.input_quantizer.apply(x, &self.tp, true)?;
-        let partial = sharded_linear(x, self.weight.val(), None, self.gemm, &self.tp)?;
+        let delayed = delayed::state_of(self.gemm, &self.amax_history, &self.amax_recorder);
+        let partial = sharded_linear(x, self.weight.val(), None, self.gemm, delayed, &self.tp)?;
         let y = match self.output {
             RowOutput::Reduced => reduce_from_tp(partial, &self.tp)?,
             RowOutput::SequenceScattered => reduce_scatter_to_sp(partial, &self.tp, D - 2)?,

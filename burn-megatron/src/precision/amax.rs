@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 
 use burn::tensor::Tensor;
 use burn_megatron_dist::{CommError, ProcessGroup, ReduceOp};
-use burn_megatron_kernels::quant::product::{Amax, AmaxGroup};
+use burn_megatron_kernels::quant::product::{Amax, AmaxGroup, Operand};
+
+use super::delayed::{DelayedAmax, DelayedState};
 use burn_megatron_kernels::{Gemm, linear_over};
 
 /// One layer call's amax reductions over tp: a failure in the forward pass is kept for
@@ -45,7 +47,7 @@ impl TensorParallelAmax {
 }
 
 impl AmaxGroup for TensorParallelAmax {
-    fn max(&self, amax: Tensor<1>) -> Tensor<1> {
+    fn max(&self, amax: Tensor<1>, _operand: Operand) -> Tensor<1> {
         match self.tp.all_reduce(amax.clone(), ReduceOp::Max) {
             Ok(reduced) => reduced,
             Err(error) if self.forward_done.load(Ordering::SeqCst) => {
@@ -60,7 +62,8 @@ impl AmaxGroup for TensorParallelAmax {
 }
 
 /// `x · weight + bias` of a layer whose weight is sharded over `tp`, a quantized product's
-/// tensor-level amaxes reduced over tp (forward here, backward when the gradients run).
+/// tensor-level amaxes reduced over tp (forward here, backward when the gradients run); under
+/// delayed scaling each scaled by the layer's history instead (`delayed`).
 ///
 /// # Shapes
 /// `[.., k]`, `[k, n]`, `[n]` → `[.., n]`
@@ -69,13 +72,20 @@ pub fn sharded_linear<const D: usize>(
     weight: Tensor<2>,
     bias: Option<Tensor<1>>,
     gemm: Gemm,
+    delayed: Option<DelayedState>,
     tp: &ProcessGroup,
 ) -> Result<Tensor<D>, CommError> {
     let amax = match gemm {
         Gemm::Quantized(_) => TensorParallelAmax::over(tp),
         _ => None,
     };
-    let group: Amax = amax.clone().map(|group| group as Arc<dyn AmaxGroup>);
+    let group: Amax = match delayed {
+        Some(state) => Some(Arc::new(DelayedAmax {
+            state,
+            tp: amax.clone(),
+        })),
+        None => amax.clone().map(|group| group as Arc<dyn AmaxGroup>),
+    };
     let y = linear_over(x, weight, bias, gemm, group);
     match amax {
         Some(amax) => amax.finish_forward().map(|()| y),

@@ -7,6 +7,7 @@
 
 pub mod amax;
 mod blocks;
+pub mod delayed;
 pub mod ptq;
 
 use burn::tensor::DType;

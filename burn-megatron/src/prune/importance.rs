@@ -12,7 +12,8 @@ use burn::tensor::{DType, Int, Tensor};
 
 use super::PruneError;
 use crate::models::llama::Llama;
-use crate::precision::ptq::{Site, calibrate};
+use crate::models::llama::Site;
+use crate::precision::ptq::calibrate;
 
 /// The importance of every prunable piece of a model.
 #[derive(Clone, Debug, PartialEq)]

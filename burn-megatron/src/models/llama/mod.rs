@@ -1,7 +1,7 @@
 //! Llama: the model (`model.rs`), its layer table for the parallel plan and precision policies
 //! (`plan.rs`), the recipes that name whole runs (`recipes.rs`), Hugging Face checkpoints
 //! (`hf/`), llama.cpp's GGUF files (`gguf/`), generation with a KV cache (`generate/`) and the
-//! Learner's step (`learner.rs`).
+//! Learner's step (`learner.rs`); a block's linear layers by path (`sites.rs`).
 
 pub mod generate;
 pub mod gguf;
@@ -12,8 +12,10 @@ pub mod model;
 pub mod pipeline;
 pub mod plan;
 pub mod recipes;
+pub mod sites;
 pub mod stage;
 
 pub use model::{Llama, LlamaBlock, LlamaConfig, MoeBlocks, MoeReport, TiedOutput, WordEmbeddings};
 pub use recipes::{LlamaRecipe, preset};
+pub use sites::{LinearMut, Site, linear_mut};
 pub use stage::LlamaStage;

@@ -323,6 +323,7 @@ impl Llama {
                 let product = Product {
                     gemm: tied.gemm,
                     quantizer: &InputQuantizer::None,
+                    delayed: None,
                 };
                 column_parallel(x, weight, None, tied.input, ColumnOutput::Sharded, product, tp)?
             }

@@ -17,14 +17,12 @@
 mod activations;
 mod calibrate;
 mod codes;
-mod sites;
 mod smooth;
 mod weights;
 
 pub use activations::{ActivationScheme, InputQuantizer};
 pub use calibrate::{Histogram, Observer, Statistics};
 pub use codes::{Clipping, Codes};
-pub use sites::{LinearMut, Site, linear_mut};
 pub use smooth::Smoothing;
 pub use weights::{Granularity, QuantizedWeight, WeightScheme};
 
@@ -33,7 +31,7 @@ use std::collections::BTreeMap;
 use burn::tensor::{Int, Tensor};
 
 use crate::error::LayerError;
-use crate::models::llama::Llama;
+use crate::models::llama::{Llama, Site, linear_mut};
 
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum PtqError {
@@ -123,7 +121,9 @@ pub fn calibrate(model: &Llama, batches: &[Tensor<2, Int>], sample_tokens: usize
         for site in Site::ALL {
             // The site's first layer stands for all of them: they read the same tensor.
             let observer = Observer::new(sample_tokens);
-            *linear_mut(block, site.linears()[0])?.quantizer = InputQuantizer::Observe(observer.clone());
+            *linear_mut(block, site.linears()[0])
+                .ok_or(PtqError::MixtureOfExperts)?
+                .quantizer = InputQuantizer::Observe(observer.clone());
             four.push(observer);
         }
         observers.push(four);
@@ -205,7 +205,7 @@ pub fn quantize(
                 Some(ActivationScheme::Nvfp4) => InputQuantizer::Nvfp4,
             };
             for path in site.linears() {
-                let linear = linear_mut(block, path)?;
+                let linear = linear_mut(block, path).ok_or(PtqError::MixtureOfExperts)?;
                 let weight = linear.weight.val();
                 let dtype = weight.dtype();
                 let quantized = config.weights.quantize_on(weight, sample.as_ref());

@@ -27,10 +27,9 @@
 use burn::tensor::{DType, Tensor, TensorData};
 
 use super::calibrate::Statistics;
-use super::sites::{Site, linear_mut};
 use super::weights::WeightScheme;
 use super::{Calibration, PtqError};
-use crate::models::llama::{Llama, LlamaBlock};
+use crate::models::llama::{LinearMut, Llama, LlamaBlock, Site};
 
 /// How scales move between activations and weights before quantization.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -114,7 +113,7 @@ pub(super) fn smooth(
             let ws = site
                 .linears()
                 .iter()
-                .map(|path| Ok(linear_mut(block, path)?.weight.val().cast(DType::F32)))
+                .map(|path| Ok(linear(block, path)?.weight.val().cast(DType::F32)))
                 .collect::<Result<Vec<_>, PtqError>>()?;
             let shared = (site == Site::AttentionOutput).then_some(heads);
             let s = match smoothing {
@@ -198,6 +197,11 @@ fn awq(stats: &Statistics, ws: &[Tensor<2>], grid: usize, weights: WeightScheme,
     best.expect("a grid point").1
 }
 
+/// The linear layer of `block` at `path`; a MoE block's MLP is none.
+fn linear<'a>(block: &'a mut LlamaBlock, path: &str) -> Result<LinearMut<'a>, PtqError> {
+    crate::models::llama::linear_mut(block, path).ok_or(PtqError::MixtureOfExperts)
+}
+
 /// Folds `s` (`[c]`) into `block` at `site`: the weights' rows times `s`, the input's maker
 /// divided by it.
 fn fold(block: &mut LlamaBlock, site: Site, s: Tensor<1>, heads: Heads) -> Result<(), PtqError> {
@@ -214,7 +218,7 @@ fn fold(block: &mut LlamaBlock, site: Site, s: Tensor<1>, heads: Heads) -> Resul
         (g.cast(DType::F32) / s.clone()).cast(dtype)
     };
     for path in site.linears() {
-        let linear = linear_mut(block, path)?;
+        let linear = linear(block, path)?;
         *linear.weight = linear.weight.clone().map(|w| rows(w, &s));
     }
     match site {
@@ -230,11 +234,11 @@ fn fold(block: &mut LlamaBlock, site: Site, s: Tensor<1>, heads: Heads) -> Resul
             // Every query head of a group holds its kv head's scales: take the first's.
             let s_kv: Tensor<3> = s.reshape([heads.kv, heads.per_kv, heads.dim]);
             let s_kv = s_kv.narrow(1, 0, 1).reshape([heads.kv * heads.dim]);
-            let wv = linear_mut(block, "attention.wv")?.weight;
+            let wv = linear(block, "attention.wv")?.weight;
             *wv = wv.clone().map(|w| columns(w, &s_kv));
         }
         Site::MlpHidden => {
-            let w3 = linear_mut(block, "mlp.w3")?.weight;
+            let w3 = linear(block, "mlp.w3")?.weight;
             *w3 = w3.clone().map(|w| columns(w, &s));
         }
     }

@@ -31,6 +31,7 @@ use super::hf::{HfConfig, HfError};
 use crate::layers::RopeScaling;
 use crate::models::llama::{Llama, LlamaConfig};
 use crate::params::{map_params, param_infos, param_values};
+use crate::precision::delayed::is_history;
 
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum GgufError {
@@ -170,6 +171,11 @@ pub fn load(path: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, 
     let mut used = std::collections::BTreeSet::new();
     let mut values = Vec::with_capacity(infos.len());
     for (info, local) in infos.iter().zip(&shapes) {
+        // Delayed FP8 scaling's amax histories are training state, no weight of the file: kept.
+        if is_history(&info.path) {
+            values.push(None);
+            continue;
+        }
         let incompatible = |detail: String| GgufError::Incompatible {
             name: info.path.clone(),
             detail,
@@ -208,7 +214,7 @@ pub fn load(path: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, 
         } else {
             0
         };
-        values.push(slice(&data, &shape, local, dim, start));
+        values.push(Some(slice(&data, &shape, local, dim, start)));
         used.insert(name);
     }
     let left_over: Vec<&String> = file.tensors.keys().filter(|n| !used.contains(*n)).collect();
@@ -217,10 +223,12 @@ pub fn load(path: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, 
             what: format!("tensors the model has no parameter for: {left_over:?}"),
         });
     }
-    Ok(map_params(model, &mut |i, old, _| {
-        let v = std::mem::take(&mut values[i]);
-        let n = v.len();
-        Tensor::<1>::from_data(TensorData::new(v, [n]), &old.device()).cast(old.dtype())
+    Ok(map_params(model, &mut |i, old, _| match values[i].take() {
+        Some(v) => {
+            let n = v.len();
+            Tensor::<1>::from_data(TensorData::new(v, [n]), &old.device()).cast(old.dtype())
+        }
+        None => old,
     }))
 }
 

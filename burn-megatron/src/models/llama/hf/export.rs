@@ -18,6 +18,7 @@ use super::config::HfConfig;
 use super::{HfError, format_error, hf_name, io, is_vocab};
 use crate::models::llama::{Llama, LlamaConfig};
 use crate::params::{param_infos, param_values};
+use crate::precision::delayed::is_history;
 use crate::precision::ptq::{InputQuantizer, Quantized};
 
 /// The dtype the exported weights are stored in.
@@ -138,6 +139,10 @@ fn write_checkpoint(
     let values = param_values(model);
     let mut entries = Vec::with_capacity(infos.len());
     for (index, (info, p)) in infos.iter().zip(&values).enumerate() {
+        // Delayed FP8 scaling's amax histories are training state, not weights.
+        if is_history(&info.path) {
+            continue;
+        }
         let (name, transposed) = hf_name(&info.path).ok_or_else(|| HfError::Incompatible {
             name: info.path.clone(),
             detail: "no Hugging Face name".into(),

@@ -16,8 +16,10 @@ use super::compressed::{Compression, Input, is_block_linear, scale_names};
 use super::config::read_config;
 use super::{HfError, format_error, hf_name, io, is_vocab};
 use crate::models::llama::{Llama, WordEmbeddings};
+use crate::models::llama::{Site, linear_mut};
 use crate::params::{map_params, param_infos, param_values};
-use crate::precision::ptq::{Codes, linear_mut};
+use crate::precision::delayed::is_history;
+use crate::precision::ptq::Codes;
 
 /// The checkpoint's files, mapped, and where each tensor lies in them.
 struct Checkpoint {
@@ -184,6 +186,11 @@ pub fn load(dir: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, H
     // Each compressed linear's input scale, by our layer path (`layers.0.attention.wq`).
     let mut input_scales = BTreeMap::new();
     for (info, local) in infos.iter().zip(&shapes) {
+        // Delayed FP8 scaling's amax histories are training state, no checkpoint weight: kept.
+        if is_history(&info.path) {
+            values.push(None);
+            continue;
+        }
         let incompatible = |detail: String| HfError::Incompatible {
             name: info.path.clone(),
             detail,
@@ -242,7 +249,7 @@ pub fn load(dir: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, H
                 used.insert(input_name);
             }
         }
-        values.push(local_values);
+        values.push(Some(local_values));
         used.insert(name);
     }
     let left_over: Vec<String> = checkpoint
@@ -268,18 +275,20 @@ pub fn load(dir: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, H
         return Err(HfError::LeftOver { names: left_over });
     }
     // Everything is read and checked: now change the model.
-    let mut model = map_params(model, &mut |i, old, _| {
-        let v = std::mem::take(&mut values[i]);
-        let n = v.len();
-        Tensor::<1>::from_data(TensorData::new(v, [n]), &old.device()).cast(old.dtype())
+    let mut model = map_params(model, &mut |i, old, _| match values[i].take() {
+        Some(v) => {
+            let n = v.len();
+            Tensor::<1>::from_data(TensorData::new(v, [n]), &old.device()).cast(old.dtype())
+        }
+        None => old,
     });
     if let Some(scheme) = compression {
         for (i, block) in model.layers.iter_mut().enumerate() {
-            for path in crate::precision::ptq::Site::ALL.iter().flat_map(|s| s.linears()) {
+            for path in Site::ALL.iter().flat_map(|s| s.linears()) {
                 let input_scale = input_scales.get(&format!("layers.{i}.{path}")).copied();
-                let linear = linear_mut(block, path).map_err(|e| HfError::Incompatible {
+                let linear = linear_mut(block, path).ok_or_else(|| HfError::Incompatible {
                     name: format!("layers.{i}.{path}"),
-                    detail: e.to_string(),
+                    detail: "a mixture-of-experts block has no such layer".into(),
                 })?;
                 *linear.quantizer = scheme.input_quantizer(input_scale);
             }

@@ -1,0 +1,240 @@
+//! FP8 delayed scaling ([`Recipe::Fp8Delayed`], Transformer Engine's `DelayedScaling`): each
+//! linear layer keeps the amax history of its input, its weight and its output's gradient, a
+//! non-trainable parameter `[3, history]` (newest first) saved in checkpoints; its products scale
+//! each tensor by the history's amax (the largest, or the newest) and record this step's own
+//! amax; after the optimizer step [`advance`] pushes the step's amaxes onto every history, each
+//! the maximum over the ranks of dp × cp (and already over tp), so every rank scales alike.
+//!
+//! A history with nothing in it yet (the first step) scales by the tensor's own amax, as current
+//! scaling does; Transformer Engine starts from a scale of 1 instead.
+//!
+//! Legend: rows of a history are [`LayerTensor`]s in the order input, weight, output gradient.
+
+use std::sync::{Arc, Mutex};
+
+use burn::module::Param;
+use burn::tensor::{DType, Device, Tensor};
+use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
+use burn_megatron_kernels::Gemm;
+use burn_megatron_kernels::quant::product::{AmaxGroup, LayerTensor, Operand};
+use burn_megatron_kernels::quant::recipe::{AmaxAlgo, Recipe};
+
+use super::amax::TensorParallelAmax;
+use crate::models::llama::{LlamaBlock, Site, linear_mut};
+
+/// The history rows, by the tensor each holds.
+fn row(tensor: LayerTensor) -> usize {
+    match tensor {
+        LayerTensor::Input => 0,
+        LayerTensor::Weight => 1,
+        LayerTensor::OutputGrad => 2,
+    }
+}
+
+/// This step's amaxes of one layer, recorded by its products (the largest of several calls: the
+/// weight's in forward and dgrad, the input's in forward and wgrad, microbatches).
+#[derive(Clone, Debug, Default)]
+pub struct AmaxRecorder(Arc<Mutex<[Option<Tensor<1>>; 3]>>);
+
+impl AmaxRecorder {
+    fn record(&self, tensor: LayerTensor, amax: Tensor<1>) {
+        let mut slots = self.0.lock().expect("not poisoned");
+        let slot = &mut slots[row(tensor)];
+        *slot = Some(match slot.take() {
+            Some(seen) => seen.max_pair(amax.detach()),
+            None => amax.detach(),
+        });
+    }
+
+    /// This step's amaxes, `[3]` (0 where a tensor was not seen), emptying the record: plain
+    /// tensors of the backend the products ran on (beneath autodiff) on `device`.
+    fn take(&self, device: &Device) -> Tensor<1> {
+        let slots = std::mem::take(&mut *self.0.lock().expect("not poisoned"));
+        let rows = slots
+            .into_iter()
+            .map(|s| {
+                let zero = || Tensor::zeros([1], (device, DType::F32)).without_autodiff();
+                s.map(Tensor::without_autodiff).unwrap_or_else(zero).cast(DType::F32)
+            })
+            .collect();
+        Tensor::cat(rows, 0)
+    }
+}
+
+/// A layer's delayed-scaling state.
+#[derive(Clone, Debug)]
+pub struct DelayedState {
+    /// `[3, history]`, newest first.
+    pub history: Tensor<2>,
+    pub algo: AmaxAlgo,
+    pub recorder: AmaxRecorder,
+}
+
+/// The amax source of one delayed-scaling layer call: the history's amax for the scale, the
+/// call's own (the maximum over tp) recorded.
+#[derive(Debug)]
+pub struct DelayedAmax {
+    pub state: DelayedState,
+    /// The reduction over the ranks holding pieces of the layer's tensors (none at tp = 1),
+    /// which keeps a forward failure for the layer to return.
+    pub tp: Option<Arc<TensorParallelAmax>>,
+}
+
+impl AmaxGroup for DelayedAmax {
+    fn max(&self, amax: Tensor<1>, operand: Operand) -> Tensor<1> {
+        let current = match &self.tp {
+            Some(tp) => tp.max(amax, operand),
+            None => amax,
+        };
+        let tensor = operand.tensor();
+        self.state.recorder.record(tensor, current.clone());
+        // The products run on the backend beneath autodiff: the history as a plain tensor there.
+        let history = self.state.history.clone().without_autodiff();
+        let history = history.narrow(0, row(tensor), 1).reshape([-1]);
+        let kept = match self.state.algo {
+            AmaxAlgo::Max => history.max(),
+            AmaxAlgo::MostRecent => history.narrow(0, 0, 1),
+        }
+        .cast(current.dtype());
+        // An empty history (the first step) scales by the call's own amax.
+        let empty = kept.clone().equal_elem(0.0);
+        kept.mask_where(empty, current)
+    }
+}
+
+/// Whether the parameter at `path` is a layer's amax history: training state, which checkpoints
+/// of weights (Hugging Face's, GGUF files) neither hold nor overwrite.
+pub fn is_history(path: &str) -> bool {
+    path.ends_with(".amax_history")
+}
+
+/// The history of a layer whose product is `gemm`: `kept` if it is already one of the right
+/// length, else a zeroed one (a parameter gradients do not train); none for a product that
+/// scales by no history.
+pub fn history_of(gemm: Gemm, device: &Device, kept: Option<Param<Tensor<2>>>) -> Option<Param<Tensor<2>>> {
+    match gemm {
+        Gemm::Quantized(Recipe::Fp8Delayed { history, .. }) => {
+            let len = history.max(1);
+            Some(kept.filter(|h| h.dims() == [3, len]).unwrap_or_else(|| {
+                Param::from_tensor(Tensor::zeros([3, len], (device, DType::F32))).set_require_grad(false)
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// The delayed-scaling state of a layer multiplying with `gemm`, holding `history`.
+pub fn state_of(gemm: Gemm, history: &Option<Param<Tensor<2>>>, recorder: &AmaxRecorder) -> Option<DelayedState> {
+    match (gemm, history) {
+        (Gemm::Quantized(Recipe::Fp8Delayed { algo, .. }), Some(history)) => Some(DelayedState {
+            history: history.val(),
+            algo,
+            recorder: recorder.clone(),
+        }),
+        _ => None,
+    }
+}
+
+/// Pushes each delayed-scaling layer's recorded amaxes onto its history (the maximum over
+/// `groups.grad_sync()`, so every rank's history is the same), for `blocks` (a Llama's, or a
+/// pipeline stage's). Every rank calls it after each optimizer step, in the same order.
+pub fn advance<'a>(
+    blocks: impl IntoIterator<Item = &'a mut LlamaBlock>,
+    groups: &ProcessGroups,
+) -> Result<(), CommError> {
+    for block in blocks {
+        for path in Site::ALL.iter().flat_map(|s| s.linears()) {
+            let Some(linear) = linear_mut(block, path) else {
+                continue;
+            };
+            let (Some(history), recorder) = (linear.amax_history, linear.amax_recorder) else {
+                continue;
+            };
+            let old = history.val();
+            let autodiff = old.is_autodiff();
+            let recorded = recorder.take(&old.device());
+            let recorded = groups.grad_sync().all_reduce(recorded, ReduceOp::Max)?;
+            let len = old.dims()[1];
+            let rest = old.without_autodiff().narrow(1, 0, len - 1);
+            let new = Tensor::cat(vec![recorded.unsqueeze_dim::<2>(1), rest], 1);
+            let new = if autodiff { new.autodiff() } else { new };
+            *history = history.clone().map(|_| new);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::TensorData;
+
+    use super::*;
+
+    fn state(history: Vec<f32>, len: usize, algo: AmaxAlgo) -> DelayedState {
+        DelayedState {
+            history: Tensor::from_data(TensorData::new(history, [3, len]), &Device::flex()),
+            algo,
+            recorder: AmaxRecorder::default(),
+        }
+    }
+
+    fn call(amax: &DelayedAmax, value: f32, operand: Operand) -> f32 {
+        amax.max(Tensor::from_floats([value], &Device::flex()), operand)
+            .into_scalar::<f32>()
+    }
+
+    /// A product scales by the history's amax, not its own (the largest, or the newest), and
+    /// records its own; an empty history scales by the call's own; the record keeps each
+    /// tensor's largest over calls, the weight's from forward and dgrad alike.
+    #[test]
+    fn the_history_scales_and_the_call_is_recorded() {
+        use burn_megatron_kernels::quant::recipe::Pass;
+        let x = Operand {
+            pass: Pass::Forward,
+            a: true,
+        };
+        let w = Operand {
+            pass: Pass::Forward,
+            a: false,
+        };
+        let w_dgrad = Operand {
+            pass: Pass::Dgrad,
+            a: false,
+        };
+        let dy = Operand {
+            pass: Pass::Wgrad,
+            a: true,
+        };
+        // Input history 2, 5, 3 (newest first); weight 1, 1, 1; output gradient empty.
+        let rows = vec![2.0, 5.0, 3.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0];
+        let max = DelayedAmax {
+            state: state(rows.clone(), 3, AmaxAlgo::Max),
+            tp: None,
+        };
+        assert_eq!(call(&max, 9.0, x), 5.0, "the history's largest, not this call's 9");
+        assert_eq!(call(&max, 0.5, w), 1.0);
+        assert_eq!(call(&max, 4.0, w_dgrad), 1.0);
+        assert_eq!(call(&max, 0.25, dy), 0.25, "an empty history: the call's own");
+        let recent = DelayedAmax {
+            state: state(rows, 3, AmaxAlgo::MostRecent),
+            tp: None,
+        };
+        assert_eq!(call(&recent, 9.0, x), 2.0, "the newest");
+        let recorded: Vec<f32> = max
+            .state
+            .recorder
+            .take(&Device::flex())
+            .into_data()
+            .try_to_vec()
+            .unwrap();
+        assert_eq!(recorded, vec![9.0, 4.0, 0.25]);
+        let emptied: Vec<f32> = max
+            .state
+            .recorder
+            .take(&Device::flex())
+            .into_data()
+            .try_to_vec()
+            .unwrap();
+        assert_eq!(emptied, vec![0.0, 0.0, 0.0]);
+    }
+}
