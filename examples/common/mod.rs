@@ -131,3 +131,67 @@ pub fn device_of(cuda: bool) -> impl Fn(usize) -> Device + Sync + Copy {
         false => Device::flex(),
     }
 }
+
+/// The flags the post-training examples share: the model (`--model GGUF`, `--hf DIR`), the
+/// text (`--data`), the held-out evaluation (`--eval-windows`, `--eval-seq`) and the device.
+#[derive(Clone, Debug)]
+pub struct Shared {
+    pub source: Source,
+    pub data: PathBuf,
+    pub eval_windows: usize,
+    pub eval_seq: usize,
+    pub cuda: bool,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self {
+            source: Source::Gguf(DEFAULT_MODEL.into()),
+            data: DEFAULT_DATA.into(),
+            eval_windows: 16,
+            eval_seq: 256,
+            cuda: false,
+        }
+    }
+}
+
+impl Shared {
+    /// Reads `flag` (its value from `value`) if it is one of these: whether it was.
+    /// `model_flags` names the model's flags (`--model`, `--hf`; distill's `--teacher`,
+    /// `--teacher-hf`).
+    pub fn take(
+        &mut self,
+        flag: &str,
+        model_flags: [&str; 2],
+        value: &mut dyn FnMut() -> Result<String, String>,
+    ) -> Result<bool, String> {
+        let whole = |v: String| {
+            v.parse::<usize>()
+                .map_err(|_| format!("{flag} {v}: not a whole number"))
+        };
+        match flag {
+            f if f == model_flags[0] => self.source = Source::Gguf(value()?.into()),
+            f if f == model_flags[1] => self.source = Source::Hf(value()?.into()),
+            "--data" => self.data = value()?.into(),
+            "--eval-windows" => self.eval_windows = whole(value()?)?,
+            "--eval-seq" => self.eval_seq = whole(value()?)?,
+            "--device" => {
+                self.cuda = match value()?.as_str() {
+                    "cpu" => false,
+                    "cuda" => true,
+                    other => return Err(format!("--device {other}: expected cpu or cuda")),
+                }
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The evaluation's sizes hold: at least one window of at least 2 tokens.
+    pub fn check(&self) -> Result<(), String> {
+        match self.eval_windows == 0 || self.eval_seq < 2 {
+            true => Err("--eval-windows must be at least 1, --eval-seq at least 2".into()),
+            false => Ok(()),
+        }
+    }
+}

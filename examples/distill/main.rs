@@ -34,14 +34,14 @@ use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 use burn_megatron_kernels::quant::recipe::Recipe;
 
-use common::{DEFAULT_DATA, DEFAULT_MODEL, Source, Text, mean_loss};
+use common::{Shared, Text, mean_loss};
 
 struct Args {
     student: PathBuf,
     scratch: bool,
-    teacher: Source,
+    /// The teacher (`--teacher`, `--teacher-hf`), the text, the evaluation and the device.
+    shared: Shared,
     teacher_fp8: bool,
-    data: PathBuf,
     steps: usize,
     batch: usize,
     seq: usize,
@@ -52,19 +52,15 @@ struct Args {
     dp: usize,
     zero1: bool,
     seed: u64,
-    eval_windows: usize,
-    eval_seq: usize,
     log: Option<PathBuf>,
-    cuda: bool,
 }
 
 fn parse() -> Result<Args, String> {
     let mut args = Args {
         student: "data/pruned".into(),
         scratch: false,
-        teacher: Source::Gguf(DEFAULT_MODEL.into()),
+        shared: Shared::default(),
         teacher_fp8: false,
-        data: DEFAULT_DATA.into(),
         steps: 60,
         batch: 8,
         seq: 128,
@@ -75,10 +71,7 @@ fn parse() -> Result<Args, String> {
         dp: 1,
         zero1: false,
         seed: 1,
-        eval_windows: 16,
-        eval_seq: 256,
         log: None,
-        cuda: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -91,11 +84,12 @@ fn parse() -> Result<Args, String> {
             Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
             _ => Err(format!("{flag} {v}: not a finite number ≥ 0")),
         };
+        if args.shared.take(&flag, ["--teacher", "--teacher-hf"], &mut value)? {
+            continue;
+        }
         match flag.as_str() {
             "--student" => args.student = value()?.into(),
             "--scratch" => args.scratch = true,
-            "--teacher" => args.teacher = Source::Gguf(value()?.into()),
-            "--teacher-hf" => args.teacher = Source::Hf(value()?.into()),
             "--teacher-precision" => {
                 args.teacher_fp8 = match value()?.as_str() {
                     "default" => false,
@@ -103,7 +97,6 @@ fn parse() -> Result<Args, String> {
                     other => return Err(format!("--teacher-precision {other}: default or fp8")),
                 }
             }
-            "--data" => args.data = value()?.into(),
             "--steps" => args.steps = whole(value()?)?,
             "--batch" => args.batch = whole(value()?)?,
             "--seq" => args.seq = whole(value()?)?,
@@ -116,22 +109,14 @@ fn parse() -> Result<Args, String> {
             "--dp" => args.dp = whole(value()?)?,
             "--zero1" => args.zero1 = true,
             "--seed" => args.seed = whole(value()?)? as u64,
-            "--eval-windows" => args.eval_windows = whole(value()?)?,
-            "--eval-seq" => args.eval_seq = whole(value()?)?,
             "--log" => args.log = Some(value()?.into()),
-            "--device" => {
-                args.cuda = match value()?.as_str() {
-                    "cpu" => false,
-                    "cuda" => true,
-                    other => return Err(format!("--device {other}: expected cpu or cuda")),
-                }
-            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
     burn_megatron::optim::check_lr(args.lr).map_err(|e| e.to_string())?;
-    if args.tp == 0 || args.dp == 0 || args.steps == 0 || args.seq < 2 || args.eval_windows == 0 {
-        return Err("--tp, --dp, --steps and --eval-windows must be at least 1, --seq at least 2".into());
+    args.shared.check()?;
+    if args.tp == 0 || args.dp == 0 || args.steps == 0 || args.seq < 2 {
+        return Err("--tp, --dp and --steps must be at least 1, --seq at least 2".into());
     }
     if args.batch == 0 || !args.batch.is_multiple_of(args.dp) {
         return Err(format!(
@@ -179,18 +164,18 @@ fn batch_ids(tokens: &[u32], batch: usize, seq: usize, step: usize, seed: u64) -
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let (teacher_config, tokenizer) = common::open(&args.teacher)?;
+    let (teacher_config, tokenizer) = common::open(&args.shared.source)?;
     let student_config = hf::config(&args.student).map_err(|e| e.to_string())?;
-    let text = Text::read(&args.data, &tokenizer)?;
+    let text = Text::read(&args.shared.data, &tokenizer)?;
     if text.train.len() <= args.seq + 1 {
         return Err(format!(
             "{}: fewer than {} training tokens",
-            args.data.display(),
+            args.shared.data.display(),
             args.seq + 2
         ));
     }
     let dims = ParallelDims::tp_dp(args.tp, args.dp);
-    let policy = match args.cuda {
+    let policy = match args.shared.cuda {
         true => PrecisionPolicy::bf16(),
         false => PrecisionPolicy::f32(),
     };
@@ -201,7 +186,7 @@ fn run(args: &Args) -> Result<(), String> {
     let plan = |config: LlamaConfig, policy: PrecisionPolicy| -> Result<LlamaConfig, String> {
         let planned = ParallelPlan::new(dims)
             .with_tensor(TensorParallel::Plain)
-            .apply(config, dims.world_size(), args.seq.max(args.eval_seq))
+            .apply(config, dims.world_size(), args.seq.max(args.shared.eval_seq))
             .map_err(|e| e.to_string())?;
         Ok(policy.apply(planned))
     };
@@ -222,14 +207,14 @@ fn run(args: &Args) -> Result<(), String> {
         }
         None => None,
     };
-    let results = launch(dims, common::device_of(args.cuda), |ctx| -> Result<(), String> {
+    let results = launch(dims, common::device_of(args.shared.cuda), |ctx| -> Result<(), String> {
         let device = ctx.device.clone().autodiff();
         let first = ctx.global_rank == 0;
         let seed_init = policy.init(args.seed, InitMode::PerShard);
         let teacher = teacher_config
             .init(&device, &ctx.groups, &teacher_policy.init(2, InitMode::PerShard))
             .map_err(|e| e.to_string())?;
-        let teacher = distill::teacher(common::load(&args.teacher, teacher, &ctx.groups)?);
+        let teacher = distill::teacher(common::load(&args.shared.source, teacher, &ctx.groups)?);
         let student = student_config
             .init(&device, &ctx.groups, &seed_init)
             .map_err(|e| e.to_string())?;
@@ -238,7 +223,7 @@ fn run(args: &Args) -> Result<(), String> {
             false => hf::load(&args.student, student, &ctx.groups).map_err(|e| e.to_string())?,
         };
         let perplexity = |model: &burn_megatron::models::llama::Llama| {
-            mean_loss(model, &text.held_out, args.eval_windows, args.eval_seq, &device).map(f64::exp)
+            mean_loss(model, &text.held_out, args.shared.eval_windows, args.shared.eval_seq, &device).map(f64::exp)
         };
         let (teacher_ppl, before) = (perplexity(&teacher)?, perplexity(&student)?);
         let distiller = args.distill.init(vocab, &ctx.groups);

@@ -27,11 +27,10 @@ use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron::prune::{self, PruneTarget};
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 
-use common::{DEFAULT_DATA, DEFAULT_MODEL, Source, Text, mean_loss, windows};
+use common::{Shared, Text, mean_loss, windows};
 
 struct Args {
-    source: Source,
-    data: PathBuf,
+    shared: Shared,
     calibration: usize,
     calibration_seq: usize,
     layers: Option<usize>,
@@ -39,15 +38,11 @@ struct Args {
     d_ff: Option<usize>,
     heads_per_kv: Option<usize>,
     out: PathBuf,
-    eval_windows: usize,
-    eval_seq: usize,
-    cuda: bool,
 }
 
 fn parse() -> Result<Args, String> {
     let mut args = Args {
-        source: Source::Gguf(DEFAULT_MODEL.into()),
-        data: DEFAULT_DATA.into(),
+        shared: Shared::default(),
         calibration: 32,
         calibration_seq: 256,
         layers: None,
@@ -55,9 +50,6 @@ fn parse() -> Result<Args, String> {
         d_ff: None,
         heads_per_kv: None,
         out: "data/pruned".into(),
-        eval_windows: 16,
-        eval_seq: 256,
-        cuda: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -66,10 +58,10 @@ fn parse() -> Result<Args, String> {
             v.parse::<usize>()
                 .map_err(|_| format!("{flag} {v}: not a whole number"))
         };
+        if args.shared.take(&flag, ["--model", "--hf"], &mut value)? {
+            continue;
+        }
         match flag.as_str() {
-            "--model" => args.source = Source::Gguf(value()?.into()),
-            "--hf" => args.source = Source::Hf(value()?.into()),
-            "--data" => args.data = value()?.into(),
             "--calibration" => args.calibration = number(value()?)?,
             "--calibration-seq" => args.calibration_seq = number(value()?)?,
             "--layers" => args.layers = Some(number(value()?)?),
@@ -77,20 +69,12 @@ fn parse() -> Result<Args, String> {
             "--d-ff" => args.d_ff = Some(number(value()?)?),
             "--heads-per-kv" => args.heads_per_kv = Some(number(value()?)?),
             "--out" => args.out = value()?.into(),
-            "--eval-windows" => args.eval_windows = number(value()?)?,
-            "--eval-seq" => args.eval_seq = number(value()?)?,
-            "--device" => {
-                args.cuda = match value()?.as_str() {
-                    "cpu" => false,
-                    "cuda" => true,
-                    other => return Err(format!("--device {other}: expected cpu or cuda")),
-                }
-            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
-    if args.calibration == 0 || args.calibration_seq < 2 || args.eval_windows == 0 || args.eval_seq < 2 {
-        return Err("--calibration and --eval-windows must be at least 1, the sequences at least 2".into());
+    args.shared.check()?;
+    if args.calibration == 0 || args.calibration_seq < 2 {
+        return Err("--calibration must be at least 1, --calibration-seq at least 2".into());
     }
     Ok(args)
 }
@@ -135,11 +119,11 @@ fn main() {
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let device = common::device_of(args.cuda)(0);
+    let device = common::device_of(args.shared.cuda)(0);
     let groups = ProcessGroups::single();
-    let (config, tokenizer) = common::open(&args.source)?;
-    let text = Text::read(&args.data, &tokenizer)?;
-    let policy = match args.cuda {
+    let (config, tokenizer) = common::open(&args.shared.source)?;
+    let text = Text::read(&args.shared.data, &tokenizer)?;
+    let policy = match args.shared.cuda {
         true => PrecisionPolicy::bf16(),
         false => PrecisionPolicy::f32(),
     };
@@ -152,7 +136,7 @@ fn run(args: &Args) -> Result<(), String> {
     let model = planned
         .init(&device, &groups, &policy.init(1, InitMode::PerShard))
         .map_err(|e| e.to_string())?;
-    let model = common::load(&args.source, model, &groups)?;
+    let model = common::load(&args.shared.source, model, &groups)?;
     let target = target(args, &config);
 
     let begun = Instant::now();
@@ -179,15 +163,24 @@ fn run(args: &Args) -> Result<(), String> {
         before as f64 / 1e6,
         after as f64 / 1e6
     );
-    let ppl = |m: &Llama| mean_loss(m, &text.held_out, args.eval_windows, args.eval_seq, &device).map(f64::exp);
+    let ppl = |m: &Llama| {
+        mean_loss(
+            m,
+            &text.held_out,
+            args.shared.eval_windows,
+            args.shared.eval_seq,
+            &device,
+        )
+        .map(f64::exp)
+    };
     println!(
         "held-out perplexity ({} windows of {} tokens): {:.2} before, {:.2} pruned (before distillation)",
-        args.eval_windows,
-        args.eval_seq,
+        args.shared.eval_windows,
+        args.shared.eval_seq,
         ppl(&model)?,
         ppl(&pruned)?
     );
-    let options = hf::ExportOptions::new().with_dtype(match args.cuda {
+    let options = hf::ExportOptions::new().with_dtype(match args.shared.cuda {
         true => hf::ExportDType::BF16,
         false => hf::ExportDType::F32,
     });

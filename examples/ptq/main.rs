@@ -33,31 +33,23 @@ use burn_megatron::precision::ptq::{
 };
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 
-use common::{DEFAULT_DATA, DEFAULT_MODEL, Source, Text, mean_loss, windows};
+use common::{Shared, Text, mean_loss, windows};
 
 struct Args {
-    source: Source,
-    data: PathBuf,
+    shared: Shared,
     calibration: usize,
     calibration_seq: usize,
-    eval_windows: usize,
-    eval_seq: usize,
     only: Option<String>,
     export: Option<PathBuf>,
-    cuda: bool,
 }
 
 fn parse() -> Result<Args, String> {
     let mut args = Args {
-        source: Source::Gguf(DEFAULT_MODEL.into()),
-        data: DEFAULT_DATA.into(),
+        shared: Shared::default(),
         calibration: 64,
         calibration_seq: 256,
-        eval_windows: 16,
-        eval_seq: 256,
         only: None,
         export: None,
-        cuda: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -66,30 +58,20 @@ fn parse() -> Result<Args, String> {
             v.parse::<usize>()
                 .map_err(|_| format!("{flag} {v}: not a whole number"))
         };
+        if args.shared.take(&flag, ["--model", "--hf"], &mut value)? {
+            continue;
+        }
         match flag.as_str() {
-            "--model" => args.source = Source::Gguf(value()?.into()),
-            "--hf" => args.source = Source::Hf(value()?.into()),
-            "--data" => args.data = value()?.into(),
             "--calibration" => args.calibration = number(value()?)?,
             "--calibration-seq" => args.calibration_seq = number(value()?)?,
-            "--eval-windows" => args.eval_windows = number(value()?)?,
-            "--eval-seq" => args.eval_seq = number(value()?)?,
             "--only" => args.only = Some(value()?),
             "--export" => args.export = Some(value()?.into()),
-            "--device" => {
-                args.cuda = match value()?.as_str() {
-                    "cpu" => false,
-                    "cuda" => true,
-                    other => return Err(format!("--device {other}: expected cpu or cuda")),
-                }
-            }
             other => return Err(format!("unknown flag {other}")),
         }
     }
-    if args.calibration == 0 || args.calibration_seq == 0 || args.eval_windows == 0 || args.eval_seq < 2 {
-        return Err(
-            "--calibration, --calibration-seq and --eval-windows must be at least 1, --eval-seq at least 2".into(),
-        );
+    args.shared.check()?;
+    if args.calibration == 0 || args.calibration_seq == 0 {
+        return Err("--calibration and --calibration-seq must be at least 1".into());
     }
     Ok(args)
 }
@@ -194,11 +176,11 @@ fn plan(config: LlamaConfig, policy: PrecisionPolicy) -> Result<LlamaConfig, Str
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let device = common::device_of(args.cuda)(0);
+    let device = common::device_of(args.shared.cuda)(0);
     let groups = ProcessGroups::single();
-    let (config, tokenizer) = common::open(&args.source)?;
-    let text = Text::read(&args.data, &tokenizer)?;
-    let policy = match args.cuda {
+    let (config, tokenizer) = common::open(&args.shared.source)?;
+    let text = Text::read(&args.shared.data, &tokenizer)?;
+    let policy = match args.shared.cuda {
         true => PrecisionPolicy::bf16(),
         false => PrecisionPolicy::f32(),
     };
@@ -208,7 +190,7 @@ fn run(args: &Args) -> Result<(), String> {
             .init(&device, &groups, &policy.init(1, InitMode::PerShard))
             .map_err(|e| e.to_string())
     };
-    let model = common::load(&args.source, init(&planned)?, &groups)?;
+    let model = common::load(&args.shared.source, init(&planned)?, &groups)?;
 
     let prompt = "<|im_start|>user\nWho wrote Romeo and Juliet?<|im_end|>\n<|im_start|>assistant\n";
     let prompt = tokenizer
@@ -229,7 +211,13 @@ fn run(args: &Args) -> Result<(), String> {
         seed: 1,
     };
     let evaluate = |model: &Llama| -> Result<(f64, String), String> {
-        let loss = mean_loss(model, &text.held_out, args.eval_windows, args.eval_seq, &device)?;
+        let loss = mean_loss(
+            model,
+            &text.held_out,
+            args.shared.eval_windows,
+            args.shared.eval_seq,
+            &device,
+        )?;
         let out = generate(
             model,
             &groups.tp,
@@ -253,7 +241,7 @@ fn run(args: &Args) -> Result<(), String> {
     );
     println!(
         "\nperplexity on the held-out tenth of the plays ({} windows of {} tokens):\n",
-        args.eval_windows, args.eval_seq
+        args.shared.eval_windows, args.shared.eval_seq
     );
     println!("| format | perplexity | vs unquantized | greedy answer to \"Who wrote Romeo and Juliet?\" |");
     println!("|---|---|---|---|");

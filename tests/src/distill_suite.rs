@@ -14,8 +14,8 @@ use burn_megatron_dist::{ParallelDims, ProcessGroups};
 
 use crate::Harness;
 use crate::data::fixed;
-use crate::hf_suite::fixture;
-use crate::prune_suite::{loaded, windows};
+use crate::hf_suite::{fixture, loaded};
+use crate::prune_suite::windows;
 
 const VOCAB: usize = 99;
 
@@ -103,7 +103,7 @@ pub fn distillation_smoke(h: &Harness) {
     let _ = std::fs::remove_dir_all(&dir);
     h.run(ParallelDims::single(), |ctx| {
         let device = ctx.device.clone();
-        let (model, config) = loaded(&fixture("llama3"), &ctx.groups, &device);
+        let (model, config) = loaded(&fixture("llama3"), &ctx.groups, &device, false);
         let importance = prune::importance(&model, &windows(&device)).unwrap();
         let target = PruneTarget {
             n_layers: 1,
@@ -117,8 +117,8 @@ pub fn distillation_smoke(h: &Harness) {
     let run = |dims: ParallelDims| {
         h.run(dims, |ctx| {
             let device = ctx.device.clone().autodiff();
-            let teacher = distill::teacher(loaded(&fixture("llama3"), &ctx.groups, &device).0);
-            let mut student = loaded(&dir, &ctx.groups, &device).0;
+            let teacher = distill::teacher(loaded(&fixture("llama3"), &ctx.groups, &device, false).0);
+            let mut student = loaded(&dir, &ctx.groups, &device, false).0;
             let distiller = DistillConfig::new().with_temperature(2.0).init(VOCAB, &ctx.groups);
             let mut optim = DistributedAdamWConfig::new()
                 .with_max_grad_norm(Some(1.0))

@@ -64,7 +64,7 @@ pub(crate) fn batch(expected: &Value, device: &Device) -> (Tensor<2, Int>, Tenso
 }
 
 /// Our configuration for the checkpoint in `dir`, planned over `groups` (tp × dp).
-fn planned(dir: &Path, groups: &ProcessGroups, sp: bool) -> LlamaConfig {
+pub(crate) fn planned(dir: &Path, groups: &ProcessGroups, sp: bool) -> LlamaConfig {
     let dims = ParallelDims::tp_dp(groups.tp.size(), groups.dp.size());
     let tensor = match sp {
         true => TensorParallel::SequenceParallel,
@@ -79,7 +79,7 @@ fn planned(dir: &Path, groups: &ProcessGroups, sp: bool) -> LlamaConfig {
 
 /// The checkpoint in `dir` loaded into a model planned over `groups`, initialized from another
 /// seed first (every value must come from the checkpoint).
-fn loaded(dir: &Path, groups: &ProcessGroups, device: &Device, sp: bool) -> (Llama, LlamaConfig) {
+pub(crate) fn loaded(dir: &Path, groups: &ProcessGroups, device: &Device, sp: bool) -> (Llama, LlamaConfig) {
     let config = planned(dir, groups, sp);
     let model = config
         .init(device, groups, &ParamInit::new(11, InitMode::Full))

@@ -4,18 +4,16 @@
 //! with the same logits (heads no longer `d_model / n_heads` wide); a block that passes its
 //! input through ranks last; bad targets are typed errors.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_megatron::init::{InitMode, ParamInit};
+use burn_megatron::models::llama::Llama;
 use burn_megatron::models::llama::hf::{self, ExportOptions};
-use burn_megatron::models::llama::{Llama, LlamaConfig};
-use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::prune::{self, PruneError, PruneTarget};
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 
 use crate::Harness;
-use crate::hf_suite::fixture;
+use crate::hf_suite::{fixture, loaded};
 
 const SEQ: usize = 16;
 
@@ -24,19 +22,6 @@ fn scratch(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// The checkpoint in `dir` at `groups`' tp (plain), from another seed first.
-pub(crate) fn loaded(dir: &Path, groups: &ProcessGroups, device: &Device) -> (Llama, LlamaConfig) {
-    let dims = ParallelDims::tp_dp(groups.tp.size(), groups.dp.size());
-    let config = ParallelPlan::new(dims)
-        .with_tensor(TensorParallel::Plain)
-        .apply(hf::config(dir).unwrap(), dims.world_size(), SEQ)
-        .unwrap();
-    let model = config
-        .init(device, groups, &ParamInit::new(11, InitMode::Full))
-        .unwrap();
-    (hf::load(dir, model, groups).unwrap(), config)
 }
 
 /// Four windows of `[2, 17]` ids of the fixture's vocabulary: inputs and next tokens.
@@ -71,7 +56,7 @@ fn worst(a: &[f32], b: &[f32]) -> f32 {
 pub fn pruning_to_its_own_size_keeps_the_function(h: &Harness) {
     h.run(ParallelDims::single(), |ctx| {
         let device = ctx.device.clone();
-        let (model, config) = loaded(&fixture("llama3"), &ctx.groups, &device);
+        let (model, config) = loaded(&fixture("llama3"), &ctx.groups, &device, false);
         let importance = prune::importance(&model, &windows(&device)).unwrap();
         let (_, same) = prune::prune(&model, &config, &importance, PruneTarget::of(&config)).unwrap();
         let (a, b) = (
@@ -97,7 +82,7 @@ pub fn pruned_rows_and_columns_save_and_load(h: &Harness) {
     let in_memory = h
         .run(ParallelDims::single(), |ctx| {
             let device = ctx.device.clone();
-            let (model, config) = loaded(&fixture("llama3"), &ctx.groups, &device);
+            let (model, config) = loaded(&fixture("llama3"), &ctx.groups, &device, false);
             let importance = prune::importance(&model, &windows(&device)).unwrap();
             let (pruned_config, pruned) = prune::prune(&model, &config, &importance, target).unwrap();
             assert_eq!(pruned.layers.len(), 1);
@@ -142,7 +127,7 @@ pub fn pruned_rows_and_columns_save_and_load(h: &Harness) {
         .remove(0);
     for got in h.run(ParallelDims::tp_dp(2, 1), |ctx| {
         let device = ctx.device.clone();
-        let (model, _) = loaded(&dir, &ctx.groups, &device);
+        let (model, _) = loaded(&dir, &ctx.groups, &device, false);
         logits(&model, &ctx.groups, &device)
     }) {
         let largest = in_memory.iter().fold(0.0f32, |m, v| m.max(v.abs())) as f64;
@@ -157,7 +142,7 @@ pub fn pruned_rows_and_columns_save_and_load(h: &Harness) {
 pub fn a_pass_through_block_ranks_last(h: &Harness) {
     h.run(ParallelDims::single(), |ctx| {
         let device = ctx.device.clone();
-        let (mut model, config) = loaded(&fixture("llama3"), &ctx.groups, &device);
+        let (mut model, config) = loaded(&fixture("llama3"), &ctx.groups, &device, false);
         let block = &mut model.layers[0];
         block.attention.wo.weight = block.attention.wo.weight.clone().map(|w| w.zeros_like());
         let mlp = block.mlp.as_mut().unwrap();
@@ -180,7 +165,7 @@ pub fn a_pass_through_block_ranks_last(h: &Harness) {
 pub fn bad_prune_targets(h: &Harness) {
     h.run(ParallelDims::single(), |ctx| {
         let device = ctx.device.clone();
-        let (model, config) = loaded(&fixture("llama3"), &ctx.groups, &device);
+        let (model, config) = loaded(&fixture("llama3"), &ctx.groups, &device, false);
         let importance = prune::importance(&model, &windows(&device)).unwrap();
         let own = PruneTarget::of(&config);
         for (target, what) in [
@@ -202,7 +187,7 @@ pub fn bad_prune_targets(h: &Harness) {
     });
     h.run(ParallelDims::tp_dp(2, 1), |ctx| {
         let device = ctx.device.clone();
-        let (model, _) = loaded(&fixture("llama3"), &ctx.groups, &device);
+        let (model, _) = loaded(&fixture("llama3"), &ctx.groups, &device, false);
         assert_eq!(
             prune::importance(&model, &windows(&device)).unwrap_err(),
             PruneError::TensorParallel { tp: 2 }

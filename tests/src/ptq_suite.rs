@@ -7,10 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_megatron::init::{InitMode, ParamInit};
+use burn_megatron::models::llama::Llama;
 use burn_megatron::models::llama::hf::{self, ExportOptions, HfError};
-use burn_megatron::models::llama::{Llama, LlamaConfig};
-use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::precision::ptq::{
     self, ActivationScheme, Clipping, Codes, Granularity, PtqConfig, PtqError, Smoothing, WeightScheme,
 };
@@ -19,7 +17,7 @@ use safetensors::tensor::Dtype;
 use serde_json::Value;
 
 use crate::Harness;
-use crate::hf_suite::fixture;
+use crate::hf_suite::{fixture, loaded};
 
 const SEQ: usize = 16;
 
@@ -28,20 +26,6 @@ fn scratch(tag: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
-}
-
-/// The checkpoint in `dir` planned over `groups` (plain tp), initialized from another seed
-/// first: every value comes from the file.
-fn loaded(dir: &Path, groups: &ProcessGroups, device: &Device) -> (Llama, LlamaConfig) {
-    let dims = ParallelDims::tp_dp(groups.tp.size(), 1);
-    let config = ParallelPlan::new(dims)
-        .with_tensor(TensorParallel::Plain)
-        .apply(hf::config(dir).unwrap(), dims.world_size(), SEQ)
-        .unwrap();
-    let model = config
-        .init(device, groups, &ParamInit::new(11, InitMode::Full))
-        .unwrap();
-    (hf::load(dir, model, groups).unwrap(), config)
 }
 
 /// Four calibration batches of `[2, 16]` ids of the fixture's vocabulary (99).
@@ -91,7 +75,7 @@ pub fn compressed_export_loads_at_any_tp(h: &Harness) {
         let in_memory = h
             .run(ParallelDims::single(), |ctx| {
                 let device = ctx.device.clone();
-                let (model, planned) = loaded(&source, &ctx.groups, &device);
+                let (model, planned) = loaded(&source, &ctx.groups, &device, false);
                 let calibration = ptq::calibrate(&model, &batches(&device), 0).unwrap();
                 let quantized = ptq::quantize(model, &config, &calibration, &batches(&device)).unwrap();
                 hf::save_quantized(&dir, &quantized, &planned, &ctx.groups, &ExportOptions::new()).unwrap();
@@ -102,7 +86,7 @@ pub fn compressed_export_loads_at_any_tp(h: &Harness) {
         for tp in [1, 2] {
             let reloaded = h.run(ParallelDims::tp_dp(tp, 1), |ctx| {
                 let device = ctx.device.clone();
-                let (model, _) = loaded(&dir, &ctx.groups, &device);
+                let (model, _) = loaded(&dir, &ctx.groups, &device, false);
                 logits(&model, &ctx.groups, &device)
             });
             for got in reloaded {
@@ -181,7 +165,7 @@ pub fn ptq_errors(h: &Harness) {
     let source = fixture("llama3");
     h.run(ParallelDims::tp_dp(2, 1), |ctx| {
         let device = ctx.device.clone();
-        let (model, _) = loaded(&source, &ctx.groups, &device);
+        let (model, _) = loaded(&source, &ctx.groups, &device, false);
         assert_eq!(
             ptq::calibrate(&model, &batches(&device), 0).unwrap_err(),
             PtqError::TensorParallel { tp: 2 }
@@ -189,7 +173,7 @@ pub fn ptq_errors(h: &Harness) {
     });
     h.run(ParallelDims::single(), |ctx| {
         let device = ctx.device.clone();
-        let (model, planned) = loaded(&source, &ctx.groups, &device);
+        let (model, planned) = loaded(&source, &ctx.groups, &device, false);
         assert_eq!(ptq::calibrate(&model, &[], 0).unwrap_err(), PtqError::NoCalibration);
         let calibration = ptq::calibrate(&model, &batches(&device), 0).unwrap();
         let int4 = WeightScheme::Uniform {

@@ -268,7 +268,14 @@ fn attend(
 /// # Shapes
 /// `[b, g, s, k]` → `[b, h, s, k]`
 fn repeat_kv(x: Tensor<4>, heads: &Heads) -> Tensor<4> {
-    let repeat = heads.n_heads / heads.n_kv_heads;
+    repeat_heads(x, heads.n_heads / heads.n_kv_heads)
+}
+
+/// Each of `x`'s kv heads `repeat` times in a row: query head `h` reads kv head `h / repeat`.
+///
+/// # Shapes
+/// `[b, g, s, k]` → `[b, g·repeat, s, k]`
+pub(crate) fn repeat_heads(x: Tensor<4>, repeat: usize) -> Tensor<4> {
     if repeat == 1 {
         return x;
     }

@@ -28,6 +28,8 @@ use burn::tensor::{DType, Tensor};
 use burn_megatron_dist::{CommError, ProcessGroup, ReduceOp};
 use burn_megatron_kernels::attention::{attention_grads, attention_parts};
 
+use crate::layers::attention::repeat_heads;
+
 /// How the other ranks' keys and values reach a rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exchange {
@@ -81,17 +83,6 @@ impl Running {
 }
 
 impl BlockAttention {
-    /// Each kv head's keys for the `r` query heads that read it: `[b, g, L, d]` → `[b, h, L, d]`.
-    fn expand(x: Tensor<4>, per_kv: usize) -> Tensor<4> {
-        if per_kv == 1 {
-            return x;
-        }
-        let [b, g, l, d] = x.dims();
-        x.unsqueeze_dim::<5>(2)
-            .repeat_dim(2, per_kv)
-            .reshape([b, g * per_kv, l, d])
-    }
-
     /// A gradient of the expanded keys summed back onto their kv heads: `[b, h, L, d]` →
     /// `[b, g, L, d]`, f32.
     fn fold(x: Tensor<4>, per_kv: usize) -> Tensor<4> {
@@ -113,7 +104,7 @@ impl BlockAttention {
         let [b, h, s2, _] = q.dims();
         let (l, per_kv) = (s2 / 2, h / k.dims()[1]);
         let (rank, cp) = (self.cp.group_rank(), self.cp.size());
-        let x = |t: Tensor<4>| Self::expand(t, per_kv);
+        let x = |t: Tensor<4>| repeat_heads(t, per_kv);
         let (out, lse) = attention_parts(q.clone(), x(k.clone()), x(v.clone()), true, self.scale);
         let out = out.cast(DType::F32);
         let mut running: Vec<Option<Running>> = (0..2)
@@ -179,7 +170,7 @@ impl BlockAttention {
         let (l, per_kv) = (s2 / 2, h / k.dims()[1]);
         let (rank, cp) = (self.cp.group_rank(), self.cp.size());
         let (kv_dtype, q_dtype) = (k.dtype(), q.dtype());
-        let x = |t: Tensor<4>| Self::expand(t, per_kv);
+        let x = |t: Tensor<4>| repeat_heads(t, per_kv);
         let (dq, dk, dv) = attention_grads(
             q.clone(),
             x(k.clone()),

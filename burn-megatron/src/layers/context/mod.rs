@@ -23,6 +23,7 @@ use burn_megatron_dist::ProcessGroup;
 use burn_megatron_dist::mappings::all_to_all;
 
 use crate::error::LayerError;
+use crate::layers::attention::repeat_heads;
 use crate::plan::ContextParallel;
 
 /// Causal attention of this rank's chunks over the whole sequence split over `cp`.
@@ -61,13 +62,7 @@ fn ulysses(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, cp: &ProcessGroup) -> Resul
         |x: Tensor<4>| -> Result<Tensor<4>, LayerError> { Ok(all_to_all(x, cp, 1, 2)?.select(2, to_global.clone())) };
     let (q, k, v) = (whole(q)?, whole(k)?, whole(v)?);
     let per_kv = q.dims()[1] / k.dims()[1];
-    let expand = |x: Tensor<4>| match per_kv {
-        1 => x,
-        r => {
-            let [b, g, s, d] = x.dims();
-            x.unsqueeze_dim::<5>(2).repeat_dim(2, r).reshape([b, g * r, s, d])
-        }
-    };
-    let out = burn_megatron_kernels::attention::attention(q, expand(k), expand(v), true); // [b, h/cp, s, d]
+    let (k, v) = (repeat_heads(k, per_kv), repeat_heads(v, per_kv));
+    let out = burn_megatron_kernels::attention::attention(q, k, v, true); // [b, h/cp, s, d]
     Ok(all_to_all(out.select(2, to_gathered), cp, 2, 1)?)
 }

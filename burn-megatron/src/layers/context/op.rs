@@ -100,52 +100,37 @@ where
     (p(dq), p(dk), p(dv))
 }
 
-impl ContextOps for Flex {
-    fn context_forward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        op: ContextOp,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        forward_concrete::<Self>(q, k, v, &op)
-    }
+/// The concrete backends' implementation: the block attention on their own tensors.
+macro_rules! concrete_context_ops {
+    ($backend:ty) => {
+        impl ContextOps for $backend {
+            fn context_forward(
+                q: FloatTensor<Self>,
+                k: FloatTensor<Self>,
+                v: FloatTensor<Self>,
+                op: ContextOp,
+            ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+                forward_concrete::<Self>(q, k, v, &op)
+            }
 
-    fn context_backward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        out: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        op: ContextOp,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        backward_concrete::<Self>(q, k, v, out, lse, grad, &op)
-    }
+            fn context_backward(
+                q: FloatTensor<Self>,
+                k: FloatTensor<Self>,
+                v: FloatTensor<Self>,
+                out: FloatTensor<Self>,
+                lse: FloatTensor<Self>,
+                grad: FloatTensor<Self>,
+                op: ContextOp,
+            ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+                backward_concrete::<Self>(q, k, v, out, lse, grad, &op)
+            }
+        }
+    };
 }
 
+concrete_context_ops!(Flex);
 #[cfg(feature = "cuda")]
-impl ContextOps for burn::backend::Cube {
-    fn context_forward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        op: ContextOp,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        forward_concrete::<Self>(q, k, v, &op)
-    }
-
-    fn context_backward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        out: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        op: ContextOp,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        backward_concrete::<Self>(q, k, v, out, lse, grad, &op)
-    }
-}
+concrete_context_ops!(burn::backend::Cube);
 
 #[derive(Debug)]
 struct ContextBackward;
