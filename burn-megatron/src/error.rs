@@ -95,6 +95,9 @@ pub enum LayerError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Comm(#[from] CommError),
+    /// The device failed to run what was queued on it.
+    #[error("the device failed: {detail}")]
+    Device { detail: String },
 }
 
 /// Checks that `size` splits over `tp` ranks.

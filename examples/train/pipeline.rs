@@ -15,6 +15,7 @@ use burn_megatron::models::llama::LlamaConfig;
 use burn_megatron::models::llama::pipeline::train_step;
 use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron::plan::PipelineSchedule;
+use burn_megatron::plan::pipeline::simulate::simulate;
 use burn_megatron::plan::pipeline::stages::{rank_chunks, virtual_stages};
 use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 
@@ -66,6 +67,7 @@ pub fn run(
     let (pp, m) = (args.pp, microbatches(args));
     let stages = virtual_stages(config.n_layers, pp, args.vpp, None).map_err(|e| e.to_string())?;
     let actions = schedule(args).actions(pp, m).map_err(|e| e.to_string())?;
+    let predicted = simulate(&actions).map_err(|e| e.to_string())?.bubble;
     let results = launch(dims, device_of, |ctx| -> Result<Vec<f64>, String> {
         let device = ctx.device.clone().autodiff();
         let rank = ctx.groups.pp.group_rank();
@@ -90,11 +92,13 @@ pub fn run(
         let prints = last && dp_rank == 0;
         let start = Instant::now();
         let mut losses = Vec::new();
+        // Each step's share outside the forwards and backwards (the first, warming up, left out).
+        let mut idle = Vec::new();
         for step in done + 1..=args.steps {
             let batches: Vec<_> = (0..m)
                 .map(|i| corpus.batch(step, dp_rank * per_rank + i * per_micro, per_micro, seq, &device))
                 .collect();
-            let (next, loss, _) = train_step(
+            let (next, report) = train_step(
                 stage,
                 &mut optim,
                 args.lr,
@@ -104,10 +108,13 @@ pub fn run(
             )
             .map_err(|e| e.to_string())?;
             stage = next;
+            if step > done + 1 || args.steps == done + 1 {
+                idle.push(report.timing.idle());
+            }
             // Delayed FP8 scaling: the step's amaxes onto each of this stage's histories.
             burn_megatron::precision::delayed::advance(stage.layers.iter_mut().flatten(), &ctx.groups)
                 .map_err(|e| e.to_string())?;
-            if let Some(loss) = loss {
+            if let Some(loss) = report.loss {
                 let reported = ctx
                     .groups
                     .grad_sync()
@@ -127,11 +134,23 @@ pub fn run(
             }
         }
         let ran = args.steps.saturating_sub(done);
+        // The measured bubble: the pp ranks' mean idle share of a step.
+        let mean = idle.iter().sum::<f64>() / idle.len().max(1) as f64;
+        let measured = ctx
+            .groups
+            .pp
+            .all_reduce(burn::tensor::Tensor::<1>::from_floats([mean as f32], &ctx.device), ReduceOp::Avg)
+            .map_err(|e| e.to_string())?
+            .into_scalar::<f64>();
         if prints && ran > 0 {
             let seconds = start.elapsed().as_secs_f64();
             println!(
                 "{ran} steps in {seconds:.1} s: {:.0} tokens/s ({pp} stages, {m} microbatches)",
                 (ran * batch * seq) as f64 / seconds
+            );
+            println!(
+                "bubble: {:.3} predicted (the schedule run on paper: forward 1/v, backward 2/v, messages free), {measured:.3} measured (the stages' mean share of a step outside their forwards and backwards)",
+                predicted
             );
         }
         save(&stage, &optim, args.steps.max(done))?;

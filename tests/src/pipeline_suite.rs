@@ -190,7 +190,7 @@ pub fn steps_match_one_rank(h: &Harness) {
             let mut norms = Vec::new();
             let losses: Vec<Option<f64>> = (0..20)
                 .map(|_| {
-                    let (next, loss, report) = train_step(
+                    let (next, report) = train_step(
                         stage.clone(),
                         &mut adamw,
                         3e-3,
@@ -200,8 +200,10 @@ pub fn steps_match_one_rank(h: &Harness) {
                     )
                     .unwrap();
                     stage = next;
-                    norms.push(report.grad_norm);
-                    loss.map(|l| l.into_scalar::<f64>())
+                    norms.push(report.optim.grad_norm);
+                    // Each forward and backward timed inside the step.
+                    assert!(report.timing.busy_s > 0.0 && report.timing.busy_s <= report.timing.total_s);
+                    report.loss.map(|l| l.into_scalar::<f64>())
                 })
                 .collect();
             (losses, norms[0])

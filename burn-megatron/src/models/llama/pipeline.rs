@@ -10,6 +10,7 @@
 //! Legend: `m` microbatches, `b` a microbatch's sequences, `s` sequence, `d` d_model.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use burn::tensor::{Int, Tensor};
 use burn_megatron_dist::ProcessGroup;
@@ -28,6 +29,26 @@ pub struct StageStep {
     /// Each of this rank's parameters' gradient, flattened, summed over the microbatches, in
     /// traversal order (`None` for one no microbatch reached).
     pub grads: Vec<Option<Tensor<1>>>,
+    pub timing: StageTiming,
+}
+
+/// Where one rank's step went: its forwards and backwards (the device synchronized after each,
+/// so each is timed whole), and the step from its first action to its last.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StageTiming {
+    pub busy_s: f64,
+    pub total_s: f64,
+}
+
+impl StageTiming {
+    /// The share of the step this rank spent outside its forwards and backwards: waiting on
+    /// another stage, or sending and receiving (its measured bubble).
+    pub fn idle(&self) -> f64 {
+        match self.total_s > 0.0 {
+            true => (1.0 - self.busy_s / self.total_s).max(0.0),
+            false => 0.0,
+        }
+    }
 }
 
 /// What a forward left for its backward.
@@ -55,6 +76,19 @@ pub fn run_actions(
     let mut kept: HashMap<(usize, usize), Kept> = HashMap::new();
     let mut grads: Vec<Option<Tensor<1>>> = Vec::new();
     let mut loss: Option<Tensor<1>> = None;
+    let device = batches.first().map(|b| b.0.device());
+    let begun = Instant::now();
+    let mut busy = 0.0;
+    // A compute action's time, the device synchronized at its end (kernels run asynchronously).
+    let mut timed = |started: Instant| -> Result<(), LayerError> {
+        if let Some(device) = &device {
+            device.sync().map_err(|e| LayerError::Device {
+                detail: format!("{e:?}"),
+            })?;
+        }
+        busy += started.elapsed().as_secs_f64();
+        Ok(())
+    };
     for &action in actions {
         match action {
             Action::Recv {
@@ -79,6 +113,7 @@ pub fn run_actions(
                 pp.send(x, peer)?;
             }
             Action::Forward { microbatch, chunk } => {
+                let started = Instant::now();
                 let s = virtual_stage(chunk);
                 let (ids, targets) = &batches[microbatch];
                 let (input, x) = match s {
@@ -109,8 +144,10 @@ pub fn run_actions(
                     }
                 };
                 kept.insert((microbatch, chunk), entry);
+                timed(started)?;
             }
             Action::Backward { microbatch, chunk } => {
+                let started = Instant::now();
                 let s = virtual_stage(chunk);
                 let (input, backward) = match kept.remove(&(microbatch, chunk)).expect("a forward before") {
                     Kept::Loss(input, share) => (input, share.backward()),
@@ -139,17 +176,30 @@ pub fn run_actions(
                     let gradient = input.grad(&backward).expect("the input reached the output");
                     outbox.insert((Payload::Gradient, microbatch, s), gradient.without_autodiff());
                 }
+                timed(started)?;
             }
         }
     }
     pp.flush()?;
-    Ok(StageStep { loss, grads })
+    let timing = StageTiming {
+        busy_s: busy,
+        total_s: begun.elapsed().as_secs_f64(),
+    };
+    Ok(StageStep { loss, grads, timing })
+}
+
+/// What one rank's training step reports.
+pub struct PipelineReport {
+    /// The mean loss over the microbatches, on the rank holding the last stage.
+    pub loss: Option<Tensor<1>>,
+    pub optim: StepReport,
+    /// The actions' time (not the reduction's or the update's).
+    pub timing: StageTiming,
 }
 
 /// One training step of a pipeline rank: its actions ([`run_actions`]), then its gradients
 /// averaged over dp by `optim`'s reducer and the update (clipping, if configured, by the norm
-/// over every stage). Returns the updated stage, the mean loss (on the last stage's rank) and
-/// the step's report.
+/// over every stage). Returns the updated stage and the step's report.
 pub fn train_step(
     stage: LlamaStage,
     optim: &mut DistributedAdamW,
@@ -157,13 +207,21 @@ pub fn train_step(
     actions: &[Action],
     batches: &[(Tensor<2, Int>, Tensor<2, Int>)],
     pp: &ProcessGroup,
-) -> Result<(LlamaStage, Option<Tensor<1>>, StepReport), LayerError> {
+) -> Result<(LlamaStage, PipelineReport), LayerError> {
     let step = run_actions(&stage, actions, batches, pp)?;
     let mut reducer = optim.reducer(&stage);
     let values = param_values(&stage);
+    let report = |optim| PipelineReport {
+        loss: step.loss.clone(),
+        optim,
+        timing: step.timing,
+    };
     let (device, dtype) = match values.first() {
         Some(p) => (p.value.device(), p.value.dtype()),
-        None => return Ok((stage, step.loss, StepReport { grad_norm: 0.0 })),
+        None => {
+            let report = report(StepReport { grad_norm: 0.0 });
+            return Ok((stage, report));
+        }
     };
     for (index, grad) in step.grads.into_iter().enumerate().rev() {
         if let Some(grad) = grad {
@@ -171,8 +229,8 @@ pub fn train_step(
         }
     }
     let reduced = reducer.finish(&device, dtype)?;
-    let (stage, report) = optim.step_reduced(lr, stage, reduced)?;
-    Ok((stage, step.loss, report))
+    let (stage, stepped) = optim.step_reduced(lr, stage, reduced)?;
+    Ok((stage, report(stepped)))
 }
 
 /// The dtype activations travel in: the stage's parameters'.
