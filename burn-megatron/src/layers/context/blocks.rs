@@ -15,11 +15,12 @@
 //! | `src > r` | — | both of `src`'s chunks |
 //!
 //! How the keys and values of the other ranks arrive ([`Exchange`]):
-//! - `Ring`: around the cp ring, one rank's K/V a step, the next block's transfer posted before
-//!   this block's attention; in backward the K/V travel again with their gradient accumulator,
-//!   which comes home after the last step (Megatron's `p2p`).
-//! - `AllGather`: all at once (Llama 3's), gathered again in backward, whose K/V gradients are
-//!   reduce-scattered to their owners.
+//! - `Ring`: around the cp ring, one rank's K/V a step, each transfer posted before the block
+//!   held is computed (the first before the rank's own block); in backward the K/V travel again
+//!   with their gradient accumulator, block by block after each is computed, the accumulator
+//!   coming home after the last step (Megatron's `p2p`).
+//! - `AllGather`: all at once (Llama 3's), posted before the own block; gathered again in
+//!   backward, whose K/V gradients are reduce-scattered to their owners.
 //!
 //! Legend: `b` batch, `h` query heads, `g` kv heads (`r = h/g` query heads read each), `L` a
 //! chunk, `d` head_dim; local sequences are `2L` (early chunk, then late).
@@ -105,7 +106,22 @@ impl BlockAttention {
         let (l, per_kv) = (s2 / 2, h / k.dims()[1]);
         let (rank, cp) = (self.cp.group_rank(), self.cp.size());
         let x = |t: Tensor<4>| repeat_heads(t, per_kv);
-        let (out, lse) = attention_parts(q.clone(), x(k.clone()), x(v.clone()), true, self.scale);
+        let kv = Tensor::cat(vec![k.clone(), v.clone()], 0); // [2b, g, 2L, d]
+        let (next, prev) = ((rank + 1) % cp, (rank + cp - 1) % cp);
+        // The other ranks' K/V on their way before this rank's own block is computed: the ring's
+        // first transfer, or the whole gather.
+        let mut incoming = match (self.exchange, cp > 1) {
+            (Exchange::Ring, true) => {
+                self.cp.send(kv.clone(), next)?;
+                Some(self.cp.recv(kv.clone(), prev)?)
+            }
+            _ => None,
+        };
+        let gathered = match self.exchange {
+            Exchange::AllGather => Some(self.cp.all_gather(kv, 2)?), // [2b, g, cp·2L, d], rank by rank
+            Exchange::Ring => None,
+        };
+        let (out, lse) = attention_parts(q.clone(), x(k), x(v), true, self.scale);
         let out = out.cast(DType::F32);
         let mut running: Vec<Option<Running>> = (0..2)
             .map(|c| {
@@ -128,21 +144,21 @@ impl BlockAttention {
                 running[qc] = running[qc].take().map(|r| r.merge(o, s));
             }
         };
-        let kv = Tensor::cat(vec![k, v], 0); // [2b, g, 2L, d]
-        match self.exchange {
-            Exchange::Ring => {
-                let (next, prev) = ((rank + 1) % cp, (rank + cp - 1) % cp);
-                let mut held = kv;
-                for step in 1..cp {
-                    self.cp.send(held.clone(), next)?;
-                    held = self.cp.recv(held, prev)?;
-                    visit((rank + cp - step) % cp, &held);
-                }
-            }
-            Exchange::AllGather => {
-                let all = self.cp.all_gather(kv, 2)?; // [2b, g, cp·2L, d], rank by rank
+        match gathered {
+            Some(all) => {
                 for src in (0..cp).filter(|s| *s != rank) {
                     visit(src, &all.clone().narrow(2, src * s2, s2));
+                }
+            }
+            None => {
+                for step in 1..cp {
+                    let held = incoming.take().expect("a block received for every step");
+                    // The next block's transfer posted before this one's attention.
+                    if step + 1 < cp {
+                        self.cp.send(held.clone(), next)?;
+                        incoming = Some(self.cp.recv(held.clone(), prev)?);
+                    }
+                    visit((rank + cp - step) % cp, &held);
                 }
             }
         }

@@ -2,8 +2,8 @@
 //! backwards of (microbatch, model chunk) and the sends and receives between them. A schedule is
 //! generated here, checked by [`simulate`](super::simulate::simulate) (which runs every rank's
 //! list against the others and reports a deadlock, a missing or repeated step, or a message
-//! nobody takes), and executed in order by the pipeline runtime (still to come: `pp > 1` is
-//! refused by the plan until then).
+//! nobody takes), and executed in order by the pipeline runtime (`models/llama/pipeline.rs`,
+//! driven by `train --pp`).
 //!
 //! Layout (Megatron's): rank `r` of `pp` holds model chunks `r, r + pp, …` (`v` of them with
 //! virtual stages), so virtual stage `s = chunk · pp + r` of `pp · v`; activations go from stage
