@@ -6,13 +6,15 @@
 //!
 //!   ptq [--model data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | --hf DIR]
 //!       [--data data/shakespeare.txt] [--calibration 64] [--calibration-seq 256]
-//!       [--eval-windows 16] [--eval-seq 256] [--only TEXT] [--export DIR] [--device cpu|cuda]
+//!       [--eval-windows 16] [--eval-seq 256] [--only TEXT[,TEXT…]] [--export DIR] [--device cpu|cuda]
 //!
 //! Rows (`precision::ptq`): int8 weights per channel by the largest magnitude, a percentile or
 //! the least squared error; int4 weights in groups of 128, symmetric and with a zero point (each
-//! clipping, and AWQ's scales), and with a zero point in groups of 32; W8A8 in int8 (static ranges by max, percentile and MSE, SmoothQuant, per token) and
-//! in FP8 (per tensor with static ranges, per channel with per-token inputs); NVFP4 weights,
-//! and weights and activations. `--only` keeps the rows whose name contains TEXT. `--export`
+//! clipping, AWQ's scales, GPTQ's rounding in natural and activation order), with a zero
+//! point in groups of 32, and with each group's minimum (GGUF's Q4_1) in groups of 32 and 128; W8A8 in int8 (static ranges by max, percentile and MSE, SmoothQuant,
+//! per token) and in FP8 (per tensor with static ranges, per channel with per-token inputs),
+//! each with its weights alone and with GPTQ; FP8 weights alone; NVFP4 weights, and weights and
+//! activations. `--only` keeps the rows whose name contains one of the TEXTs. `--export`
 //! writes the FP8 W8A8 model (per tensor, static max ranges) in compressed-tensors' layout (with
 //! the tokenizer, so `examples/distill --teacher-hf DIR` takes it) and loads it back: its
 //! perplexity must be the in-memory one.
@@ -29,7 +31,7 @@ use burn_megatron::models::llama::{Llama, LlamaConfig, hf};
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron::precision::ptq::{
-    self, ActivationScheme, Clipping, Codes, Granularity, PtqConfig, Smoothing, WeightScheme,
+    self, ActivationScheme, Clipping, Codes, Collect, Gptq, Granularity, PtqConfig, Smoothing, WeightScheme,
 };
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 
@@ -111,7 +113,25 @@ fn rows() -> Vec<PtqConfig> {
     for clipping in [Clipping::Max, Clipping::Mse] {
         rows.push(PtqConfig::weight_only(asym(128, clipping)).with_smoothing(awq));
     }
+    let gptq = Gptq::default();
+    let act_order = Gptq {
+        act_order: true,
+        ..gptq
+    };
+    rows.push(PtqConfig::weight_only(asym(128, Clipping::Max)).with_gptq(gptq));
+    rows.push(PtqConfig::weight_only(asym(128, Clipping::Max)).with_gptq(act_order));
+    rows.push(PtqConfig::weight_only(asym(128, Clipping::Mse)).with_gptq(act_order));
+    rows.push(
+        PtqConfig::weight_only(asym(128, Clipping::Max))
+            .with_smoothing(awq)
+            .with_gptq(act_order),
+    );
     rows.push(PtqConfig::weight_only(asym(32, Clipping::Max)));
+    // The GGUF file's own format (Q4_1: groups of 32 with a minimum and a step), and the same
+    // in groups of 128.
+    for group in [32, 128] {
+        rows.push(PtqConfig::weight_only(WeightScheme::Minimum { bits: 4, group }));
+    }
     let smoothquant = Smoothing::SmoothQuant { alpha: 0.5 };
     let w8 = |codes, granularity| PtqConfig::weight_only(uniform(codes, granularity, Clipping::Max));
     for codes in [Codes::Int8, Codes::Fp8] {
@@ -134,7 +154,16 @@ fn rows() -> Vec<PtqConfig> {
                 .with_activations(token)
                 .with_smoothing(smoothquant),
         );
+        // The weights' share of the error, and GPTQ's rounding of them.
+        rows.push(w8(codes, Granularity::Channel).with_gptq(act_order));
+        rows.push(
+            w8(codes, Granularity::Channel)
+                .with_activations(token)
+                .with_smoothing(smoothquant)
+                .with_gptq(act_order),
+        );
     }
+    rows.push(w8(Codes::Fp8, Granularity::Channel));
     rows.push(PtqConfig::weight_only(WeightScheme::Nvfp4));
     rows.push(PtqConfig::weight_only(WeightScheme::Nvfp4).with_activations(ActivationScheme::Nvfp4));
     rows
@@ -232,7 +261,8 @@ fn run(args: &Args) -> Result<(), String> {
 
     let begun = Instant::now();
     let batches = windows(&text.train, args.calibration, args.calibration_seq, 8, &device);
-    let calibration = ptq::calibrate(&model, &batches, 512).map_err(|e| e.to_string())?;
+    let calibration =
+        ptq::calibrate(&model, &batches, Collect::sample(512).with_hessian()).map_err(|e| e.to_string())?;
     println!(
         "calibrated on {} windows of {} tokens in {:.1} s",
         args.calibration,
@@ -249,7 +279,11 @@ fn run(args: &Args) -> Result<(), String> {
     println!("| unquantized ({:?}) | {base:.3} | | {answer} |", policy.compute);
     for row in rows() {
         let name = row.name();
-        if args.only.as_ref().is_some_and(|only| !name.contains(only.as_str())) {
+        if args
+            .only
+            .as_ref()
+            .is_some_and(|only| !only.split(',').any(|t| name.contains(t)))
+        {
             continue;
         }
         let quantized = ptq::quantize(model.clone(), &row, &calibration, &batches).map_err(|e| e.to_string())?;

@@ -34,6 +34,11 @@ fn compressed_export_loads_at_any_tp() {
 }
 
 #[test]
+fn gptq_lowers_the_error() {
+    ptq_suite::gptq_lowers_the_error(&Harness::cpu(1));
+}
+
+#[test]
 fn ptq_errors() {
     ptq_suite::ptq_errors(&Harness::cpu(2));
 }

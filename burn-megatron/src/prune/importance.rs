@@ -13,7 +13,7 @@ use burn::tensor::{DType, Int, Tensor};
 use super::PruneError;
 use crate::models::llama::Llama;
 use crate::models::llama::Site;
-use crate::precision::ptq::calibrate;
+use crate::precision::ptq::{Collect, calibrate};
 
 /// The importance of every prunable piece of a model.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,7 +38,7 @@ pub fn importance(model: &Llama, batches: &[Tensor<2, Int>]) -> Result<Importanc
             w.clone().narrow(1, 0, s)
         })
         .collect();
-    let calibration = calibrate(model, &inputs, 0)?;
+    let calibration = calibrate(model, &inputs, Collect::default())?;
     let mut heads = Vec::new();
     let mut ffn = Vec::new();
     let d = model.embedding.weight.dims()[1];

@@ -52,6 +52,12 @@ impl From<PtqError> for PruneError {
             PtqError::NoCalibration | PtqError::NoSample => PruneError::Importance {
                 what: "no calibration batches",
             },
+            // Importance only calibrates; nothing is rounded.
+            PtqError::NoHessian | PtqError::GptqScheme { .. } | PtqError::GptqHessian { .. } => {
+                PruneError::Importance {
+                    what: "a quantization setting",
+                }
+            }
         }
     }
 }

@@ -2,8 +2,8 @@
 //! recorded by [`Observer`]s ([`InputQuantizer::Observe`](super::InputQuantizer::Observe)) into
 //! [`Statistics`]: each channel's largest and mean magnitude (SmoothQuant, AWQ), a histogram of
 //! the magnitudes (a static range's percentile or squared-error optimum, as TensorRT's and
-//! ModelOpt's histogram calibrators find it), and a uniform sample of whole tokens (AWQ's
-//! search).
+//! ModelOpt's histogram calibrators find it), a uniform sample of whole tokens (AWQ's
+//! search) and, when asked, the inputs' Gram matrix `XᵀX` (GPTQ's Hessian).
 //!
 //! Legend: `n` tokens, `c` channels (the input features).
 
@@ -16,15 +16,40 @@ use super::codes::{Clipping, Codes};
 /// Bins of a [`Histogram`].
 const BINS: usize = 2048;
 
+/// What a calibration keeps besides each channel's magnitudes and the histogram.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Collect {
+    /// A uniform sample of up to this many tokens a site (AWQ's search).
+    pub sample_tokens: usize,
+    /// Each site's `XᵀX` over all its tokens (GPTQ).
+    pub hessian: bool,
+}
+
+impl Collect {
+    /// A sample of up to `sample_tokens` tokens a site, no Hessian.
+    pub fn sample(sample_tokens: usize) -> Self {
+        Self {
+            sample_tokens,
+            hessian: false,
+        }
+    }
+
+    /// The same, with each site's `XᵀX`.
+    pub fn with_hessian(self) -> Self {
+        Self { hessian: true, ..self }
+    }
+}
+
 /// Records the inputs it sees (shared by the clones a model's copies hold).
 #[derive(Clone, Debug)]
 pub struct Observer(Arc<Mutex<Statistics>>);
 
 impl Observer {
-    /// An observer keeping a sample of up to `sample_tokens` tokens.
-    pub fn new(sample_tokens: usize) -> Self {
+    /// An observer keeping what `collect` asks for.
+    pub fn new(collect: Collect) -> Self {
         Self(Arc::new(Mutex::new(Statistics {
-            sample_tokens,
+            sample_tokens: collect.sample_tokens,
+            hessian: collect.hessian.then_some(Hessian::default()),
             ..Statistics::default()
         })))
     }
@@ -32,8 +57,12 @@ impl Observer {
     /// Adds `x` (`[n, c]`, f32) to the statistics.
     pub fn record(&self, x: Tensor<2>) {
         let [n, c] = x.dims();
+        let mut stats = self.0.lock().expect("not poisoned");
+        if let Some(hessian) = &mut stats.hessian {
+            hessian.add(x.clone());
+        }
         let values: Vec<f32> = x.into_data().try_to_vec().expect("f32 values");
-        self.0.lock().expect("not poisoned").add(&values, n, c);
+        stats.add(&values, n, c);
     }
 
     /// What it has recorded.
@@ -54,6 +83,8 @@ pub struct Statistics {
     pub histogram: Histogram,
     /// A uniform sample of the tokens seen, `[samples, c]` row-major.
     pub samples: Vec<f32>,
+    /// `XᵀX` over every token seen, when collected.
+    pub hessian: Option<Hessian>,
     sample_tokens: usize,
     /// Tokens offered to the sample so far (reservoir sampling's count) and its generator.
     offered: u64,
@@ -128,6 +159,24 @@ impl Statistics {
             Clipping::Percentile(p) => self.histogram.percentile(p).min(amax),
             Clipping::Mse => self.histogram.mse_range(codes, amax),
         }
+    }
+}
+
+/// The Gram matrix `XᵀX` (`[c, c]`, f32, on the inputs' device) of the tokens it has added:
+/// twice GPTQ's layer-wise Hessian of the squared output error, times the token count (neither
+/// factor moves its solution).
+#[derive(Clone, Debug, Default)]
+pub struct Hessian {
+    pub gram: Option<Tensor<2>>,
+}
+
+impl Hessian {
+    fn add(&mut self, x: Tensor<2>) {
+        let product = x.clone().transpose().matmul(x);
+        self.gram = Some(match self.gram.take() {
+            None => product,
+            Some(gram) => gram + product,
+        });
     }
 }
 
@@ -213,7 +262,7 @@ mod tests {
 
     fn observe(values: Vec<f32>, c: usize, sample: usize) -> Statistics {
         let n = values.len() / c;
-        let observer = Observer::new(sample);
+        let observer = Observer::new(Collect::sample(sample).with_hessian());
         let device = Device::flex();
         // In two calls, the second with larger magnitudes: the histogram widens.
         let half = n / 2 * c;
@@ -242,6 +291,14 @@ mod tests {
         );
         assert_eq!(stats.histogram.total(), 2000);
         assert_eq!(stats.samples.len(), 32, "16 whole tokens");
+        // XᵀX in closed form: Σ t² / 10⁶ = 332 833 500 / 10⁶ on the diagonal's first entry,
+        // −2 and 4 times it elsewhere (f32 sums of 500 products a call: relative 1e-5).
+        let gram = stats.hessian.as_ref().and_then(|h| h.gram.clone()).expect("collected");
+        let sum = 332.8335f32;
+        let want = [sum, -2.0 * sum, -2.0 * sum, 4.0 * sum];
+        for (g, w) in gram.into_data().try_to_vec::<f32>().unwrap().iter().zip(want) {
+            assert!((g - w).abs() <= 1e-5 * w.abs(), "{g} against {w}");
+        }
         // Below t ≤ 1 lie t of channel 0's magnitudes (uniform on [0, 1)) and t/2 of channel
         // 1's (on [0, 2)): half of them below 2/3. The percentile's bin edge is within two bins.
         let width = stats.histogram.width;

@@ -6,7 +6,8 @@
 //! 2. optional [`Smoothing`] (SmoothQuant, AWQ) moves per-channel scales from each input into the
 //!    weights that read it, folded into the layer that made it (`smooth.rs`);
 //! 3. [`quantize`]: every linear weight replaced by the values of its codes ([`WeightScheme`]:
-//!    int8 or FP8 per tensor or channel, int4 in groups, NVFP4; `weights.rs`) and every linear's
+//!    int8 or FP8 per tensor or channel, int4 in groups, NVFP4; `weights.rs`), rounded to the
+//!    nearest code or by [`Gptq`] (`gptq.rs`), and every linear's
 //!    input quantized as the [`ActivationScheme`] says (static ranges from the calibration,
 //!    dynamic per token, NVFP4; `activations.rs`), through the layers' [`InputQuantizer`].
 //!
@@ -17,12 +18,14 @@
 mod activations;
 mod calibrate;
 mod codes;
+mod gptq;
 mod smooth;
 mod weights;
 
 pub use activations::{ActivationScheme, InputQuantizer};
-pub use calibrate::{Histogram, Observer, Statistics};
+pub use calibrate::{Collect, Hessian, Histogram, Observer, Statistics};
 pub use codes::{Clipping, Codes};
+pub use gptq::Gptq;
 pub use smooth::Smoothing;
 pub use weights::{Granularity, QuantizedWeight, WeightScheme};
 
@@ -45,6 +48,12 @@ pub enum PtqError {
     NoCalibration,
     #[error("this scheme needs the calibration's token sample: calibrate with sample_tokens > 0")]
     NoSample,
+    #[error("GPTQ needs each site's XᵀX: calibrate with Collect::with_hessian")]
+    NoHessian,
+    #[error("GPTQ rounds onto a uniform or zero-point grid; {scheme} has none it can walk row by row")]
+    GptqScheme { scheme: String },
+    #[error("GPTQ's damped XᵀX is not positive definite at input row {row}: raise the damping")]
+    GptqHessian { row: usize },
     #[error(transparent)]
     Layer(#[from] LayerError),
 }
@@ -56,6 +65,8 @@ pub struct PtqConfig {
     /// The linears' inputs; `None`: weight-only.
     pub activations: Option<ActivationScheme>,
     pub smoothing: Smoothing,
+    /// Round the weights by GPTQ rather than to the nearest code.
+    pub gptq: Option<Gptq>,
 }
 
 impl PtqConfig {
@@ -65,6 +76,7 @@ impl PtqConfig {
             weights,
             activations: None,
             smoothing: Smoothing::None,
+            gptq: None,
         }
     }
 
@@ -80,8 +92,15 @@ impl PtqConfig {
         Self { smoothing, ..self }
     }
 
+    pub fn with_gptq(self, gptq: Gptq) -> Self {
+        Self {
+            gptq: Some(gptq),
+            ..self
+        }
+    }
+
     /// Its name in a table: `w:int8-channel-max`, `w:fp8-tensor-max a:fp8-static-max`,
-    /// `w:int4-g128-max awq`.
+    /// `w:int4-g128-max awq`, `w:int4-asym-g128-max gptq`.
     pub fn name(&self) -> String {
         let mut name = format!("w:{}", self.weights.name());
         if let Some(a) = self.activations {
@@ -89,6 +108,9 @@ impl PtqConfig {
         }
         if self.smoothing != Smoothing::None {
             name += &format!(" {}", self.smoothing.name());
+        }
+        if let Some(gptq) = self.gptq {
+            name += &format!(" {}", gptq.name());
         }
         name
     }
@@ -108,8 +130,8 @@ impl Calibration {
 }
 
 /// Runs `model` over `batches` (`[b, s]` token ids each) with an observer at every input site,
-/// keeping a sample of up to `sample_tokens` tokens a site (AWQ searches on it).
-pub fn calibrate(model: &Llama, batches: &[Tensor<2, Int>], sample_tokens: usize) -> Result<Calibration, PtqError> {
+/// keeping what `collect` asks for (a sample of tokens for AWQ's search, `XᵀX` for GPTQ).
+pub fn calibrate(model: &Llama, batches: &[Tensor<2, Int>], collect: Collect) -> Result<Calibration, PtqError> {
     check(model)?;
     if batches.is_empty() {
         return Err(PtqError::NoCalibration);
@@ -120,7 +142,7 @@ pub fn calibrate(model: &Llama, batches: &[Tensor<2, Int>], sample_tokens: usize
         let mut four = Vec::with_capacity(4);
         for site in Site::ALL {
             // The site's first layer stands for all of them: they read the same tensor.
-            let observer = Observer::new(sample_tokens);
+            let observer = Observer::new(collect);
             *linear_mut(block, site.linears()[0])
                 .ok_or(PtqError::MixtureOfExperts)?
                 .quantizer = InputQuantizer::Observe(observer.clone());
@@ -174,10 +196,20 @@ pub fn quantize(
     {
         return Err(PtqError::NoSample);
     }
+    if config.gptq.is_some() {
+        if let WeightScheme::Minimum { .. } | WeightScheme::Nvfp4 = config.weights {
+            return Err(PtqError::GptqScheme {
+                scheme: config.weights.name(),
+            });
+        }
+        if calibration.blocks.iter().any(|b| b.iter().any(|s| s.hessian.is_none())) {
+            return Err(PtqError::NoHessian);
+        }
+    }
     let (mut model, scales) = smooth::smooth(model, calibration, config.smoothing, config.weights)?;
     let static_ranges = matches!(config.activations, Some(ActivationScheme::Static { .. }));
     let recalibrated = match config.smoothing != Smoothing::None && static_ranges {
-        true => Some(calibrate(&model, batches, 0)?),
+        true => Some(calibrate(&model, batches, Collect::default())?),
         false => None,
     };
     let ranges = recalibrated.as_ref().unwrap_or(calibration);
@@ -204,11 +236,30 @@ pub fn quantize(
                 Some(ActivationScheme::PerToken { codes }) => InputQuantizer::PerToken { codes },
                 Some(ActivationScheme::Nvfp4) => InputQuantizer::Nvfp4,
             };
+            // GPTQ's XᵀX of the inputs as the smoothed model sees them: x / s.
+            let factored = match config.gptq {
+                None => None,
+                Some(settings) => {
+                    let gram = calibration.site(i, site).hessian.as_ref().and_then(|h| h.gram.clone());
+                    let gram = gram.expect("checked above");
+                    let gram = match &scales {
+                        Some(scales) => {
+                            let s = scales[i][s].clone();
+                            gram / (s.clone().unsqueeze_dim::<2>(1) * s.unsqueeze_dim::<2>(0))
+                        }
+                        None => gram,
+                    };
+                    Some(gptq::factor(gram, settings)?)
+                }
+            };
             for path in site.linears() {
                 let linear = linear_mut(block, path).ok_or(PtqError::MixtureOfExperts)?;
                 let weight = linear.weight.val();
                 let dtype = weight.dtype();
-                let quantized = config.weights.quantize_on(weight, sample.as_ref());
+                let quantized = match &factored {
+                    Some(factored) => gptq::quantize(config.weights, weight, factored)?,
+                    None => config.weights.quantize_on(weight, sample.as_ref()),
+                };
                 *linear.weight = linear.weight.clone().map(|_| quantized.values.cast(dtype));
                 *linear.quantizer = input.clone();
                 let quantization = LinearQuantization {

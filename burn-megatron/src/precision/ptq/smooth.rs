@@ -253,7 +253,7 @@ mod tests {
     use super::*;
     use crate::init::{InitMode, ParamInit};
     use crate::models::llama::LlamaConfig;
-    use crate::precision::ptq::{Clipping, Codes, Granularity, calibrate};
+    use crate::precision::ptq::{Clipping, Codes, Collect, Granularity, calibrate};
 
     /// Folding either smoothing's scales leaves the model's function as it was (before any
     /// quantization), grouped-query attention included: the logits agree to f32 rounding.
@@ -267,7 +267,7 @@ mod tests {
             .unwrap();
         let ids: Vec<i64> = (0..24).map(|i| (i * 7 + 3) % 40).collect();
         let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [2, 12]), &device);
-        let calibration = calibrate(&model, std::slice::from_ref(&ids), 16).unwrap();
+        let calibration = calibrate(&model, std::slice::from_ref(&ids), Collect::sample(16)).unwrap();
         let before: Vec<f32> = model.forward(ids.clone()).unwrap().into_data().try_to_vec().unwrap();
         let weights = WeightScheme::Uniform {
             codes: Codes::Int4,

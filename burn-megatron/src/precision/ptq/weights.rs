@@ -1,7 +1,8 @@
 //! Weight quantization: a linear weight replaced by the values its codes dequantize to, with
 //! one scale a tensor, an output channel or a group of a channel's input rows, the range chosen
 //! by [`Clipping`]: symmetric codes around 0, or unsigned codes with a zero point a group (AWQ's
-//! and GPTQ's int4); or NVFP4's two-level blocks.
+//! and GPTQ's int4), or with the group's minimum kept as a value (GGUF's Q4_1); or NVFP4's
+//! two-level blocks.
 //!
 //! Legend: weights are Burn's `[in, out]`; a channel is an output column, a group `g`
 //! consecutive input rows of one column (the last group shorter where `in` is no multiple).
@@ -40,6 +41,10 @@ pub enum WeightScheme {
         group: usize,
         clipping: Clipping,
     },
+    /// Unsigned `bits`-bit codes spanning each group's `[min, max]`, the minimum kept as a value
+    /// rather than a code: `value = min + code · scale`, `scale = (max − min) / (2^bits − 1)`
+    /// (GGUF's Q4_1 in groups of 32, which weights dequantized from Q4_1 sit on exactly).
+    Minimum { bits: u32, group: usize },
     /// NVFP4: E2M1 in 1×16 blocks along the input features with E4M3 block scales and an f32
     /// tensor scale (the FP8 issue's quantizer, `Blocks::Nv { rows: 1 }`).
     Nvfp4,
@@ -52,8 +57,10 @@ pub struct QuantizedWeight {
     pub values: Tensor<2>,
     /// The dequantization scales (`range / codes.max()`), f32: `[1, 1]` for a tensor, `[1, out]`
     /// for channels, `[groups, out]` for groups; `None` for NVFP4, whose scales stay in its
-    /// blocks.
+    /// blocks. [`WeightScheme::Minimum`]'s minimums are not codes and stay in the values.
     pub scales: Option<Tensor<2>>,
+    /// The zero points of [`WeightScheme::Asymmetric`] (codes, as f32), shaped as `scales`.
+    pub zeros: Option<Tensor<2>>,
 }
 
 impl WeightScheme {
@@ -75,6 +82,7 @@ impl WeightScheme {
             WeightScheme::Asymmetric { bits, group, clipping } => {
                 format!("int{bits}-asym-g{group}-{}", clipping.name())
             }
+            WeightScheme::Minimum { bits, group } => format!("int{bits}-min-g{group}"),
             WeightScheme::Nvfp4 => "nvfp4".into(),
         }
     }
@@ -99,7 +107,11 @@ impl WeightScheme {
                 };
                 // K-major, as the FP8 issue's quantizer reads an operand: `[out, in]`.
                 let values = fake::fake_quantize(w.transpose(), q, None, None).transpose();
-                QuantizedWeight { values, scales: None }
+                QuantizedWeight {
+                    values,
+                    scales: None,
+                    zeros: None,
+                }
             }
             WeightScheme::Uniform {
                 codes,
@@ -107,14 +119,16 @@ impl WeightScheme {
                 clipping,
             } => uniform(w, codes, granularity, clipping, inputs),
             WeightScheme::Asymmetric { bits, group, clipping } => asymmetric(w, bits, group, clipping, inputs),
+            WeightScheme::Minimum { bits, group } => minimum(w, bits, group),
         }
     }
 
-    /// How its ranges are chosen (none for NVFP4, whose blocks take their largest magnitudes).
+    /// How its ranges are chosen (none for NVFP4, whose blocks take their largest magnitudes,
+    /// nor for [`WeightScheme::Minimum`], whose groups take their extremes).
     pub fn clipping(&self) -> Option<Clipping> {
         match self {
             WeightScheme::Uniform { clipping, .. } | WeightScheme::Asymmetric { clipping, .. } => Some(*clipping),
-            WeightScheme::Nvfp4 => None,
+            WeightScheme::Minimum { .. } | WeightScheme::Nvfp4 => None,
         }
     }
 
@@ -132,7 +146,7 @@ impl WeightScheme {
                 group,
                 clipping: Clipping::Max,
             },
-            nvfp4 => nvfp4,
+            fixed => fixed,
         }
     }
 }
@@ -158,6 +172,37 @@ fn group_error(q: Tensor<3>, w: Tensor<3>, inputs: Option<&Tensor<3>>) -> Tensor
     }
 }
 
+/// `w` (`[rows, out]`) cut into groups of `group` rows, `[groups, group, out]`: the last group
+/// padded with copies of the weight's last row, which lie inside that group's range (no min or
+/// max moves); callers cut them off again.
+fn groups_of_rows(w: Tensor<2>, group: usize) -> Tensor<3> {
+    let [rows, cols] = w.dims();
+    let last = w.clone().narrow(0, rows - 1, 1);
+    let padded = match rows.div_ceil(group) * group - rows {
+        0 => w,
+        n => Tensor::cat(vec![w, last.repeat_dim(0, n)], 0),
+    };
+    padded.reshape([rows.div_ceil(group), group, cols])
+}
+
+/// [`WeightScheme::Minimum`].
+fn minimum(w: Tensor<2>, bits: u32, group: usize) -> QuantizedWeight {
+    let [rows, cols] = w.dims();
+    let group = group.clamp(1, rows);
+    let groups = rows.div_ceil(group);
+    let levels = ((1u32 << bits) - 1) as f32;
+    let g = groups_of_rows(w, group);
+    let (lo, hi) = (g.clone().min_dim(1), g.clone().max_dim(1)); // [groups, 1, out]
+    let scale = ((hi - lo.clone()) / levels).clamp_min(f32::MIN_POSITIVE);
+    let codes = ((g - lo.clone()) / scale.clone()).round().clamp(0.0, levels);
+    let values = lo + codes * scale.clone();
+    QuantizedWeight {
+        values: values.reshape([groups * group, cols]).narrow(0, 0, rows),
+        scales: Some(scale.reshape([groups, cols])),
+        zeros: None,
+    }
+}
+
 /// [`WeightScheme::Asymmetric`].
 fn asymmetric(
     w: Tensor<2>,
@@ -169,15 +214,7 @@ fn asymmetric(
     let [rows, cols] = w.dims();
     let group = group.clamp(1, rows);
     let levels = ((1u32 << bits) - 1) as f32;
-    // The last group is padded with copies of the weight's last row, which lie inside that
-    // group's range (no min or max moves); they are cut off again.
-    let last = w.clone().narrow(0, rows - 1, 1);
-    let extra = rows.div_ceil(group) * group - rows;
-    let padded = match extra {
-        0 => w,
-        n => Tensor::cat(vec![w, last.repeat_dim(0, n)], 0),
-    };
-    let g: Tensor<3> = padded.reshape([rows.div_ceil(group), group, cols]); // [groups, g, out]
+    let g = groups_of_rows(w, group); // [groups, g, out]
     let quantize = |lo: Tensor<3>, hi: Tensor<3>| {
         // The range holds 0 (GPTQ's choice), so the zero point is a code and nothing past the
         // range's ends is clipped for want of one.
@@ -185,10 +222,10 @@ fn asymmetric(
         let scale = ((hi - lo.clone()) / levels).clamp_min(f32::MIN_POSITIVE);
         let zero = (lo.neg() / scale.clone()).round().clamp(0.0, levels);
         let codes = ((g.clone() / scale.clone()).round() + zero.clone()).clamp(0.0, levels);
-        ((codes - zero) * scale.clone(), scale)
+        ((codes - zero.clone()) * scale.clone(), scale, zero)
     };
     let (min, max) = (g.clone().min_dim(1), g.clone().max_dim(1)); // [groups, 1, out]
-    let (values, scale) = match clipping {
+    let (values, scale, zero) = match clipping {
         Clipping::Max => quantize(min, max),
         Clipping::Percentile(p) => {
             let sorted = g.clone().sort(1);
@@ -198,32 +235,35 @@ fn asymmetric(
         Clipping::Mse => {
             // Both ends shrunk by 1, 0.975, … 0.5; the first best kept, a group at a time.
             let x = inputs.map(|x| grouped_inputs(x, rows.div_ceil(group), group));
-            let mut best: Option<(Tensor<3>, Tensor<3>, Tensor<3>)> = None; // (error, values, scale)
+            // (error, values, scale, zero)
+            let mut best: Option<(Tensor<3>, Tensor<3>, Tensor<3>, Tensor<3>)> = None;
             for k in 0..=20 {
                 let r = 1.0 - 0.025 * k as f64;
-                let (v, s) = quantize(min.clone().mul_scalar(r), max.clone().mul_scalar(r));
+                let (v, s, z) = quantize(min.clone().mul_scalar(r), max.clone().mul_scalar(r));
                 let e = group_error(v.clone(), g.clone(), x.as_ref());
                 best = Some(match best {
-                    None => (e, v, s),
-                    Some((be, bv, bs)) => {
+                    None => (e, v, s, z),
+                    Some((be, bv, bs, bz)) => {
                         let better = e.clone().lower(be.clone());
                         let wide = better.clone().expand(bv.dims());
                         (
                             be.mask_where(better.clone(), e),
                             bv.mask_where(wide, v),
-                            bs.mask_where(better, s),
+                            bs.mask_where(better.clone(), s),
+                            bz.mask_where(better, z),
                         )
                     }
                 });
             }
-            let (_, v, s) = best.expect("candidates");
-            (v, s)
+            let (_, v, s, z) = best.expect("candidates");
+            (v, s, z)
         }
     };
     let groups = rows.div_ceil(group);
     QuantizedWeight {
         values: values.reshape([groups * group, cols]).narrow(0, 0, rows),
         scales: Some(scale.reshape([groups, cols])),
+        zeros: Some(zero.reshape([groups, cols])),
     }
 }
 
@@ -296,6 +336,7 @@ fn uniform(
     QuantizedWeight {
         values,
         scales: Some(scales),
+        zeros: None,
     }
 }
 
@@ -455,6 +496,46 @@ mod tests {
         }
         .quantize(w.clone());
         assert!(error(mse.values) <= error(q.values) + 1e-9);
+    }
+
+    /// Weights on a Q4_1 grid (groups of 32 rows: a minimum and a step each, codes 0 and 15
+    /// present, as GGUF's quantizer leaves them) come back from `int4-min-g32` to f32's
+    /// rounding (2⁻²⁰ of the group's span: a few ulps of `min + code · step`), and not from the
+    /// zero-point scheme, whose zero is a whole code (and whose range holds 0).
+    #[test]
+    fn minimum_groups_hold_a_q4_1_grid() {
+        let device = Device::flex();
+        let (rows, cols) = (64, 3);
+        let mut w = vec![0.0f32; rows * cols];
+        for g in 0..2 {
+            for c in 0..cols {
+                let (min, step) = (0.37 - 0.9 * (g + c) as f32 / 7.0, 0.011 + 0.003 * c as f32);
+                for r in 0..32 {
+                    let code = match r {
+                        0 => 0,
+                        1 => 15,
+                        r => (r * 7 + c * 3 + g) % 16,
+                    };
+                    w[(g * 32 + r) * cols + c] = min + code as f32 * step;
+                }
+            }
+        }
+        let w = Tensor::<2>::from_data(TensorData::new(w.clone(), [rows, cols]), &device);
+        let worst = |scheme: WeightScheme| {
+            let q = values(scheme.quantize(w.clone()).values);
+            q.iter()
+                .zip(values(w.clone()))
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max)
+        };
+        let span = 15.0 * 0.017;
+        assert!(worst(WeightScheme::Minimum { bits: 4, group: 32 }) <= span / (1 << 20) as f32);
+        let zero_point = WeightScheme::Asymmetric {
+            bits: 4,
+            group: 32,
+            clipping: Clipping::Max,
+        };
+        assert!(worst(zero_point) > 1e-3);
     }
 
     /// Given the layer's inputs, MSE clipping picks each group's range for the outputs' error:
