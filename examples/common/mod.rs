@@ -1,6 +1,6 @@
 //! What the post-training examples share: a real model from a GGUF file or a Hugging Face
 //! directory, real text split into a training part and a held-out tenth, windows of token ids,
-//! and the mean next-token loss over held-out windows.
+//! the mean next-token loss over held-out windows, and the command line's walk.
 
 #![allow(dead_code)] // each example uses its own part
 
@@ -159,22 +159,13 @@ impl Shared {
     /// Reads `flag` (its value from `value`) if it is one of these: whether it was.
     /// `model_flags` names the model's flags (`--model`, `--hf`; distill's `--teacher`,
     /// `--teacher-hf`).
-    pub fn take(
-        &mut self,
-        flag: &str,
-        model_flags: [&str; 2],
-        value: &mut dyn FnMut() -> Result<String, String>,
-    ) -> Result<bool, String> {
-        let whole = |v: String| {
-            v.parse::<usize>()
-                .map_err(|_| format!("{flag} {v}: not a whole number"))
-        };
+    pub fn take(&mut self, flag: &str, model_flags: [&str; 2], value: &mut Value) -> Result<bool, String> {
         match flag {
             f if f == model_flags[0] => self.source = Source::Gguf(value()?.into()),
             f if f == model_flags[1] => self.source = Source::Hf(value()?.into()),
             "--data" => self.data = value()?.into(),
-            "--eval-windows" => self.eval_windows = whole(value()?)?,
-            "--eval-seq" => self.eval_seq = whole(value()?)?,
+            "--eval-windows" => self.eval_windows = whole(flag, value()?)?,
+            "--eval-seq" => self.eval_seq = whole(flag, value()?)?,
             "--device" => {
                 self.cuda = match value()?.as_str() {
                     "cpu" => false,
@@ -193,5 +184,34 @@ impl Shared {
             true => Err("--eval-windows must be at least 1, --eval-seq at least 2".into()),
             false => Ok(()),
         }
+    }
+}
+
+/// A flag's value-taker: the next argument, or an error naming the flag.
+pub type Value<'a> = dyn FnMut() -> Result<String, String> + 'a;
+
+/// Walks the command line: each flag goes to `handle` with a way to take its value, and
+/// `handle` says whether it knew the flag; an unknown one is an error naming it.
+pub fn each_flag(mut handle: impl FnMut(&str, &mut Value) -> Result<bool, String>) -> Result<(), String> {
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        if !handle(&flag, &mut value)? {
+            return Err(format!("unknown flag {flag}"));
+        }
+    }
+    Ok(())
+}
+
+/// `v`, the value of `flag`, as a whole number.
+pub fn whole(flag: &str, v: String) -> Result<usize, String> {
+    v.parse().map_err(|_| format!("{flag} {v}: not a whole number"))
+}
+
+/// `v`, the value of `flag`, as a finite number ≥ 0.
+pub fn real(flag: &str, v: String) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => Err(format!("{flag} {v}: not a finite number ≥ 0")),
     }
 }

@@ -34,7 +34,7 @@ use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 use burn_megatron_kernels::quant::recipe::Recipe;
 
-use common::{Shared, Text, mean_loss};
+use common::{Shared, Text, mean_loss, real, whole};
 
 struct Args {
     student: PathBuf,
@@ -73,21 +73,11 @@ fn parse() -> Result<Args, String> {
         seed: 1,
         log: None,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        let whole = |v: String| {
-            v.parse::<usize>()
-                .map_err(|_| format!("{flag} {v}: not a whole number"))
-        };
-        let real = |v: String| match v.parse::<f64>() {
-            Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
-            _ => Err(format!("{flag} {v}: not a finite number ≥ 0")),
-        };
-        if args.shared.take(&flag, ["--teacher", "--teacher-hf"], &mut value)? {
-            continue;
+    common::each_flag(|flag, value| {
+        if args.shared.take(flag, ["--teacher", "--teacher-hf"], value)? {
+            return Ok(true);
         }
-        match flag.as_str() {
+        match flag {
             "--student" => args.student = value()?.into(),
             "--scratch" => args.scratch = true,
             "--teacher-precision" => {
@@ -97,22 +87,23 @@ fn parse() -> Result<Args, String> {
                     other => return Err(format!("--teacher-precision {other}: default or fp8")),
                 }
             }
-            "--steps" => args.steps = whole(value()?)?,
-            "--batch" => args.batch = whole(value()?)?,
-            "--seq" => args.seq = whole(value()?)?,
-            "--lr" => args.lr = real(value()?)?,
-            "--warmup" => args.warmup = whole(value()?)?,
-            "--temperature" => args.distill.temperature = real(value()?)?,
-            "--kl-weight" => args.distill.kl_weight = real(value()?)?,
-            "--data-weight" => args.distill.data_weight = real(value()?)?,
-            "--tp" => args.tp = whole(value()?)?,
-            "--dp" => args.dp = whole(value()?)?,
+            "--steps" => args.steps = whole(flag, value()?)?,
+            "--batch" => args.batch = whole(flag, value()?)?,
+            "--seq" => args.seq = whole(flag, value()?)?,
+            "--lr" => args.lr = real(flag, value()?)?,
+            "--warmup" => args.warmup = whole(flag, value()?)?,
+            "--temperature" => args.distill.temperature = real(flag, value()?)?,
+            "--kl-weight" => args.distill.kl_weight = real(flag, value()?)?,
+            "--data-weight" => args.distill.data_weight = real(flag, value()?)?,
+            "--tp" => args.tp = whole(flag, value()?)?,
+            "--dp" => args.dp = whole(flag, value()?)?,
             "--zero1" => args.zero1 = true,
-            "--seed" => args.seed = whole(value()?)? as u64,
+            "--seed" => args.seed = whole(flag, value()?)? as u64,
             "--log" => args.log = Some(value()?.into()),
-            other => return Err(format!("unknown flag {other}")),
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
     burn_megatron::optim::check_lr(args.lr).map_err(|e| e.to_string())?;
     args.shared.check()?;
     if args.tp == 0 || args.dp == 0 || args.steps == 0 || args.seq < 2 {

@@ -30,7 +30,7 @@ use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 use tokenizers::Tokenizer;
 
-use common::{DEFAULT_MODEL, device_of, mean_loss};
+use common::{DEFAULT_MODEL, device_of, mean_loss, real, whole};
 
 const DEFAULT_PROMPTS: [&str; 4] = [
     "What is the capital of France?",
@@ -81,16 +81,13 @@ fn parse() -> Result<Args, String> {
         prompt_len: 128,
     };
     let (mut temperature, mut top_k, mut top_p) = (None, None, None);
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        let number = |v: String| v.parse::<f64>().map_err(|_| format!("{flag} {v}: not a number"));
-        match flag.as_str() {
+    common::each_flag(|flag, value| {
+        match flag {
             "--model" => args.source = Source::Pretrained(common::Source::Gguf(value()?.into())),
             "--hf" => args.source = Source::Pretrained(common::Source::Hf(value()?.into())),
             "--preset" => args.source = Source::Preset(value()?),
-            "--prompt-len" => args.prompt_len = number(value()?)? as usize,
-            "--tp" => args.tp = number(value()?)? as usize,
+            "--prompt-len" => args.prompt_len = whole(flag, value()?)?,
+            "--tp" => args.tp = whole(flag, value()?)?,
             "--device" => {
                 args.cuda = match value()?.as_str() {
                     "cpu" => false,
@@ -100,18 +97,19 @@ fn parse() -> Result<Args, String> {
             }
             "--prompt" => args.prompts.push(value()?),
             "--raw" => args.raw = true,
-            "--batch" => args.batch = number(value()?)? as usize,
-            "--max-new" => args.max_new = number(value()?)? as usize,
-            "--temperature" => temperature = Some(number(value()?)?),
-            "--top-k" => top_k = Some(number(value()?)? as usize),
-            "--top-p" => top_p = Some(number(value()?)?),
-            "--seed" => args.seed = number(value()?)? as u64,
+            "--batch" => args.batch = whole(flag, value()?)?,
+            "--max-new" => args.max_new = whole(flag, value()?)?,
+            "--temperature" => temperature = Some(real(flag, value()?)?),
+            "--top-k" => top_k = Some(whole(flag, value()?)?),
+            "--top-p" => top_p = Some(real(flag, value()?)?),
+            "--seed" => args.seed = whole(flag, value()?)? as u64,
             "--data" => args.data = Some(value()?.into()),
-            "--eval-windows" => args.eval_windows = number(value()?)? as usize,
-            "--eval-seq" => args.eval_seq = number(value()?)? as usize,
-            other => return Err(format!("unknown flag {other}")),
+            "--eval-windows" => args.eval_windows = whole(flag, value()?)?,
+            "--eval-seq" => args.eval_seq = whole(flag, value()?)?,
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
     if args.tp == 0 || args.batch == 0 || args.max_new == 0 || args.eval_seq < 2 {
         return Err("--tp, --batch and --max-new must be at least 1, --eval-seq at least 2".into());
     }

@@ -27,7 +27,7 @@ use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron::prune::{self, PruneTarget};
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 
-use common::{Shared, Text, mean_loss, windows};
+use common::{Shared, Text, mean_loss, whole, windows};
 
 struct Args {
     shared: Shared,
@@ -51,27 +51,22 @@ fn parse() -> Result<Args, String> {
         heads_per_kv: None,
         out: "data/pruned".into(),
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        let number = |v: String| {
-            v.parse::<usize>()
-                .map_err(|_| format!("{flag} {v}: not a whole number"))
-        };
-        if args.shared.take(&flag, ["--model", "--hf"], &mut value)? {
-            continue;
+    common::each_flag(|flag, value| {
+        if args.shared.take(flag, ["--model", "--hf"], value)? {
+            return Ok(true);
         }
-        match flag.as_str() {
-            "--calibration" => args.calibration = number(value()?)?,
-            "--calibration-seq" => args.calibration_seq = number(value()?)?,
-            "--layers" => args.layers = Some(number(value()?)?),
-            "--d-model" => args.d_model = Some(number(value()?)?),
-            "--d-ff" => args.d_ff = Some(number(value()?)?),
-            "--heads-per-kv" => args.heads_per_kv = Some(number(value()?)?),
+        match flag {
+            "--calibration" => args.calibration = whole(flag, value()?)?,
+            "--calibration-seq" => args.calibration_seq = whole(flag, value()?)?,
+            "--layers" => args.layers = Some(whole(flag, value()?)?),
+            "--d-model" => args.d_model = Some(whole(flag, value()?)?),
+            "--d-ff" => args.d_ff = Some(whole(flag, value()?)?),
+            "--heads-per-kv" => args.heads_per_kv = Some(whole(flag, value()?)?),
             "--out" => args.out = value()?.into(),
-            other => return Err(format!("unknown flag {other}")),
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
     args.shared.check()?;
     if args.calibration == 0 || args.calibration_seq < 2 {
         return Err("--calibration must be at least 1, --calibration-seq at least 2".into());

@@ -35,7 +35,7 @@ use burn_megatron::precision::ptq::{
 };
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 
-use common::{Shared, Text, mean_loss, windows};
+use common::{Shared, Text, mean_loss, whole, windows};
 
 struct Args {
     shared: Shared,
@@ -53,24 +53,19 @@ fn parse() -> Result<Args, String> {
         only: None,
         export: None,
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        let number = |v: String| {
-            v.parse::<usize>()
-                .map_err(|_| format!("{flag} {v}: not a whole number"))
-        };
-        if args.shared.take(&flag, ["--model", "--hf"], &mut value)? {
-            continue;
+    common::each_flag(|flag, value| {
+        if args.shared.take(flag, ["--model", "--hf"], value)? {
+            return Ok(true);
         }
-        match flag.as_str() {
-            "--calibration" => args.calibration = number(value()?)?,
-            "--calibration-seq" => args.calibration_seq = number(value()?)?,
+        match flag {
+            "--calibration" => args.calibration = whole(flag, value()?)?,
+            "--calibration-seq" => args.calibration_seq = whole(flag, value()?)?,
             "--only" => args.only = Some(value()?),
             "--export" => args.export = Some(value()?.into()),
-            other => return Err(format!("unknown flag {other}")),
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
     args.shared.check()?;
     if args.calibration == 0 || args.calibration_seq == 0 {
         return Err("--calibration and --calibration-seq must be at least 1".into());
