@@ -1,0 +1,174 @@
+//! The FP8 kernels (1×128 tiles, the FP8 wgmma GEMM) and every recipe's quantized product on
+//! CUDA against their references.
+
+use burn::tensor::{DType, Distribution, Tensor};
+use burn_megatron_kernels::wgmma::{Schedule, matmul};
+
+use super::relative_error;
+use crate::Harness;
+
+/// FP8 in 1×128 tiles on CUDA against the host reference, bit for bit (codes and scales): E4M3
+/// and E5M2, bf16 and f32 inputs, a ragged last tile, an all-zero tile, a tile with a NaN, one
+/// with an infinity (its scale 1, its values saturated), and values far below the scaled
+/// format's smallest subnormal.
+pub fn fp8_tiles(h: &Harness) {
+    use burn::tensor::{Device, TensorData};
+    use burn_megatron_kernels::quant::format::Minifloat;
+    use burn_megatron_kernels::quant::scaling::{Scaling, quantize};
+    use burn_megatron_kernels::quant::tiles::quantize_tiles;
+    let device = h.device(0);
+    let (r, c) = (37, 300);
+    let mut values: Vec<f32> =
+        Tensor::<2>::random([r, c], Distribution::Normal(0.0, 3.0), (&Device::flex(), DType::F32))
+            .into_data()
+            .try_to_vec()
+            .expect("f32");
+    values[..128].fill(0.0); // row 0, tile 0
+    values[c + 5] = f32::NAN; // row 1, tile 0
+    values[2 * c + 130] = f32::INFINITY; // row 2, tile 1
+    values[3 * c + 7] = 1e-30; // row 3: far below the smallest code
+    values[3 * c + 8] = 1e4;
+    for format in [Minifloat::E4M3, Minifloat::E5M2] {
+        for dtype in [DType::BF16, DType::F32] {
+            let x = Tensor::<2>::from_data(TensorData::new(values.clone(), [r, c]), (&device, DType::F32)).cast(dtype);
+            let exact: Vec<f32> = x.clone().cast(DType::F32).into_data().try_to_vec().expect("f32");
+            let q = quantize(&exact, [r, c], format, Scaling::Blocks { rows: 1, cols: 128 }, None);
+            let (codes, scales) = quantize_tiles(x, format);
+            let case = format!("{format:?} from {dtype:?}");
+            assert_eq!(scales.dims(), [r, 3], "{case}: scales' shape");
+            let codes: Vec<u8> = codes.into_data().try_to_vec().expect("u8 codes");
+            let scales: Vec<f32> = scales.into_data().try_to_vec().expect("f32 scales");
+            let differ = codes.iter().zip(&q.codes).filter(|(a, b)| a != b).count();
+            let first = codes.iter().zip(&q.codes).position(|(a, b)| a != b);
+            assert_eq!(differ, 0, "{case}: {differ} codes differ, the first at {first:?}");
+            assert_eq!(scales, q.scales, "{case}: scales");
+        }
+    }
+}
+
+/// The FP8 wgmma GEMM against the CPU's f32 product of the dequantized operands: E4M3 · E4M3
+/// and E4M3 · E5M2, tensorwise scales from each operand's amax, on shapes that fill no tile
+/// (m and n ragged for 128 × 256 blocks, k a multiple of 16 but not of the 128-deep slice, a k
+/// shorter than one slice) and one with more tiles than SMs.
+pub fn fp8_gemm(h: &Harness) {
+    use burn::tensor::{Device, Int, TensorData};
+    use burn_megatron_kernels::quant::format::Minifloat;
+    use burn_megatron_kernels::quant::scaling::{Scaling, amax, quantize, quantize_scale};
+    use burn_megatron_kernels::wgmma::fp8_matmul;
+    let device = h.device(0);
+    let cpu = Device::flex();
+    let host = |rows: usize, cols: usize| -> Vec<f32> {
+        Tensor::<2>::random([rows, cols], Distribution::Normal(0.0, 1.0), (&cpu, DType::F32))
+            .into_data()
+            .try_to_vec()
+            .expect("f32")
+    };
+    for formats in [(Minifloat::E4M3, Minifloat::E4M3), (Minifloat::E4M3, Minifloat::E5M2)] {
+        for (m, k, n) in [(300, 256, 520), (129, 2064, 257), (64, 32, 40), (4100, 256, 2000)] {
+            let (a, b) = (host(m, k), host(n, k));
+            let quantized = |x: &[f32], rows: usize, format: Minifloat| {
+                let scale = quantize_scale(format, amax(x), 0);
+                let q = quantize(x, [rows, k], format, Scaling::Tensor { quantize_scale: scale }, None);
+                let codes =
+                    Tensor::<2, Int>::from_data(TensorData::new(q.codes.clone(), [rows, k]), (&device, DType::U8));
+                let values = Tensor::<2>::from_data(TensorData::new(q.dequantize(), [rows, k]), &cpu);
+                (codes, values, q.scales[0])
+            };
+            let (a_codes, a_values, a_scale) = quantized(&a, m, formats.0);
+            let (b_codes, b_values, b_scale) = quantized(&b, n, formats.1);
+            let scale = Tensor::<1>::from_data(TensorData::new(vec![a_scale * b_scale], [1]), (&device, DType::F32));
+            let out = fp8_matmul(
+                a_codes,
+                b_codes,
+                formats,
+                scale,
+                burn_megatron_kernels::wgmma::Schedule::Persistent,
+            )
+            .expect("an FP8 product");
+            let expected = a_values.matmul(b_values.transpose());
+            let out = out.to_device(&cpu);
+            // Products of FP8 values are exact in f32 and their sums reorder within ulps; the
+            // output is rounded to bf16 (2⁻⁹ relative each): about 2e-3 in norm. A wrong tile,
+            // scale or layout is of order 1.
+            let error = relative_error(out.clone(), expected.clone());
+            let norms = (
+                out.cast(DType::F32).square().sum().sqrt().into_scalar::<f32>(),
+                expected.square().sum().sqrt().into_scalar::<f32>(),
+            );
+            assert!(
+                error < 1e-2,
+                "{formats:?} {m}×{k}×{n}: relative error {error}, norms {norms:?}"
+            );
+        }
+    }
+}
+
+/// Every recipe's linear product on CUDA against its CPU emulation on the same bf16 values,
+/// forward and both gradients. FP8 tensorwise runs the FP8 kernels, which quantize to the host
+/// reference's codes bit for bit; the other recipes quantize in tensor ops on the GPU, to the
+/// same values as on the CPU (stochastic draws included: their seed is exact on both), and
+/// multiply in bf16. So they differ by bf16 roundings (of the output, about 2e-3 in norm, and of
+/// f32-scaled block values, 2⁻⁹ each) and the sums' order. The weight enters as a transposed
+/// view (quantized and transposed in one pass), m and n ragged for the GEMM's tiles.
+pub fn quantized_linear(h: &Harness) {
+    use burn_megatron_kernels::quant::{fake::draws, recipe::Recipe};
+    // Stochastic rounding's draws: the CUDA kernel is the host hash, bit for bit.
+    let cpu = burn::tensor::Device::flex();
+    let host: Vec<f32> = draws([300, 520], 7, &cpu).into_data().try_to_vec().unwrap();
+    let device: Vec<f32> = draws([300, 520], 7, &h.device(0))
+        .to_device(&cpu)
+        .into_data()
+        .try_to_vec()
+        .unwrap();
+    let differ: Vec<(usize, f32, f32)> = (0..host.len())
+        .filter(|&i| host[i] != device[i])
+        .take(4)
+        .map(|i| (i, host[i], device[i]))
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "the draws differ between CUDA and the host (index, host, CUDA): {differ:?}"
+    );
+    for recipe in Recipe::ALL {
+        quantized_linear_with(h, recipe);
+    }
+}
+
+fn quantized_linear_with(h: &Harness, recipe: burn_megatron_kernels::quant::recipe::Recipe) {
+    use burn::tensor::Device;
+    use burn_megatron_kernels::quant::product::product;
+    let run = |device: &Device, x: &Tensor<2>, w: &Tensor<2>, dy: &Tensor<2>| {
+        let (x, w, dy) = (
+            x.clone().to_device(device).autodiff().require_grad(),
+            w.clone().to_device(device).autodiff().require_grad(),
+            dy.clone().to_device(device).autodiff(),
+        );
+        let y = product(x.clone(), w.clone().transpose(), recipe, None);
+        let grads = (y.clone().cast(DType::F32) * dy).sum().backward();
+        let cpu = Device::flex();
+        let back = |t: Tensor<2>| t.cast(DType::F32).to_device(&cpu);
+        (
+            back(y.detach()),
+            back(x.grad(&grads).unwrap()),
+            back(w.grad(&grads).unwrap()),
+        )
+    };
+    let cpu = Device::flex();
+    let normal = Distribution::Normal(0.0, 1.0);
+    let x = Tensor::<2>::random([300, 256], normal, (&cpu, DType::BF16));
+    let w = Tensor::<2>::random([256, 520], normal, (&cpu, DType::BF16));
+    let dy = Tensor::<2>::random([300, 520], normal, (&cpu, DType::F32));
+    let ours = run(&h.device(0), &x, &w, &dy);
+    let theirs = run(&cpu, &x, &w, &dy);
+    for (what, a, b) in [
+        ("y", ours.0, theirs.0),
+        ("dx", ours.1, theirs.1),
+        ("dw", ours.2, theirs.2),
+    ] {
+        let error = relative_error(a, b);
+        assert!(
+            error < 1e-2,
+            "{recipe:?} {what}: relative error {error} against the CPU emulation"
+        );
+    }
+}
