@@ -2,7 +2,6 @@
 //! CUDA against their references.
 
 use burn::tensor::{DType, Distribution, Tensor};
-use burn_megatron_kernels::wgmma::{Schedule, matmul};
 
 use super::relative_error;
 use crate::Harness;
