@@ -220,7 +220,7 @@ impl DistributedAdamW {
     /// one flat tensor a parameter in any float dtype, in traversal order (this rank's shard
     /// under ZeRO-1). One kernel a parameter updates the fp32 master weights and moments and
     /// writes the parameter's new value in its dtype. A parameter gradients do not train
-    /// ([`ParamInfo::trainable`]) keeps its value.
+    /// ([`ParamInfo::trainable`]) keeps its value, and its state is not stepped.
     pub fn step_reduced<M: Module>(
         &mut self,
         lr: f64,
@@ -248,9 +248,14 @@ impl DistributedAdamW {
             time: self.step as u32,
             grad_scale: scale as f32,
         };
-        // The new values in the parameters' dtype, gathered back whole under ZeRO-1.
+        // The new values in the parameters' dtype, gathered back whole under ZeRO-1; none for a
+        // parameter gradients do not train (every rank skips the same ones).
         let mut values = Vec::with_capacity(self.states.len());
         for (i, ((state, grad), dtype)) in self.states.iter_mut().zip(shards).zip(dtypes).enumerate() {
+            if !self.infos[i].trainable {
+                values.push(None);
+                continue;
+            }
             let value;
             (state.master, state.m, state.v, value) = adamw_master_step(
                 state.master.clone(),
@@ -261,16 +266,17 @@ impl DistributedAdamW {
                 FloatDType::from(dtype),
             );
             let group = &self.grad_groups[i].group;
-            values.push(match self.config.zero1 && group.size() > 1 {
+            values.push(Some(match self.config.zero1 && group.size() > 1 {
                 true => group.all_gather(value, 0)?,
                 false => value,
-            });
+            }));
         }
         let infos = &self.infos;
         let model = map_params(model, &mut |index, old, dims| match infos[index].trainable {
             true => {
                 let n: usize = dims.iter().product();
-                values[index].clone().narrow(0, 0, n).to_device(&old.device())
+                let value = values[index].clone().expect("a trained parameter's new value");
+                value.narrow(0, 0, n).to_device(&old.device())
             }
             // Not trained by gradients (a router's selection bias): as it was.
             false => old,
