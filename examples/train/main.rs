@@ -16,12 +16,13 @@ mod learner;
 mod moe;
 mod pipeline;
 mod sample;
+mod saves;
 
 use std::time::Instant;
 
 use burn::tensor::Device;
 use burn_megatron::ConfigError;
-use burn_megatron::checkpoint::{self, AsyncSaver};
+use burn_megatron::checkpoint;
 use burn_megatron::init::InitMode;
 use burn_megatron::layers::context::ContextLayout;
 use burn_megatron::models::llama::{LlamaConfig, preset};
@@ -32,6 +33,7 @@ use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 
 use args::{Args, DeviceKind};
 use data::Corpus;
+use saves::Saves;
 
 fn main() {
     let args = match Args::parse(std::env::args().skip(1)) {
@@ -174,14 +176,7 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
             let (loaded, step) = checkpoint::load(dir, model, &mut optim, &ctx.groups).map_err(|e| e.to_string())?;
             (model, done) = (loaded, step as usize);
         }
-        let mut saver = AsyncSaver::new();
-        let mut save = |model: &_, optim: &_, step: usize| match &args.save {
-            Some(dir) if args.async_save => saver
-                .save(dir, step as u64, model, optim, &ctx.groups)
-                .map_err(|e| e.to_string()),
-            Some(dir) => checkpoint::save(dir, step as u64, model, optim, &ctx.groups).map_err(|e| e.to_string()),
-            None => Ok(()),
-        };
+        let mut saves = Saves::new(args);
         let dp_rank = ctx.groups.dp.group_rank();
         let context = ContextLayout::new(&ctx.groups.cp);
         let start = Instant::now();
@@ -228,7 +223,7 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
                 sampling += begun.elapsed().as_secs_f64();
             }
             if args.save_every.is_some_and(|k| step % k == 0 && step < args.steps) {
-                save(&model, &optim, step)?;
+                saves.save(&model, &optim, step, &ctx.groups)?;
             }
         }
         let ran = args.steps.saturating_sub(done);
@@ -246,8 +241,8 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
                 optim.state_bytes() as f64 / (1 << 20) as f64
             );
         }
-        save(&model, &optim, args.steps.max(done))?;
-        saver.finish(&ctx.groups).map_err(|e| e.to_string())?;
+        saves.save(&model, &optim, args.steps.max(done), &ctx.groups)?;
+        saves.finish(&ctx.groups)?;
         Ok(losses)
     })
     .map_err(|e| e.to_string())?;
@@ -327,7 +322,7 @@ mod tests {
                 "2 sequences a rank do not split into 3 equal microbatches",
             ),
             ("--pp 2 --preset tiny-moe", "mixture-of-experts blocks"),
-            ("--pp 2 --learner", "--pp runs its own loop"),
+            ("--pp 2 --learner", "--pp runs its own loop: leave out --learner"),
             ("--dp 0", "at least 1"),
             ("--cp 0", "at least 1"),
             ("--cp 2 --seq 30", "does not split into 2·cp = 4 equal chunks"),
@@ -445,7 +440,8 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let common = "--layers 4 --seq 32 --batch 4 --microbatches 2 --sample-every 0";
         let reference = run(&args(&format!("{common} --pp 2 --steps 5"))).unwrap();
-        let saved = format!("{common} --pp 2 --steps 3 --save {}", dir.display());
+        // Saved on the saver's thread (--async-save), as the loop without stages does.
+        let saved = format!("{common} --pp 2 --steps 3 --save {} --async-save", dir.display());
         run(&args(&saved)).unwrap();
         for pp in [1, 4] {
             let flags = format!("{common} --pp {pp} --steps 5 --resume {}", dir.display());

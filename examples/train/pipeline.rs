@@ -2,8 +2,8 @@
 //! running its schedule's actions (1F1B; interleaved 1F1B over `V` model chunks a stage), the
 //! per-rank batch split into `M` microbatches (`pp` by default). The last stage prints the
 //! losses, which are pp = 1's (the mean over the microbatches is the batch's mean). `--save`
-//! writes every stage's blocks under the whole model's paths, so `--resume` continues at any
-//! pp (and tp, dp).
+//! writes every stage's blocks under the whole model's paths (on a thread of its own with
+//! `--async-save`), so `--resume` continues at any pp (and tp, dp).
 
 use std::time::Instant;
 
@@ -21,6 +21,7 @@ use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 
 use crate::args::Args;
 use crate::data::Corpus;
+use crate::saves::Saves;
 
 fn schedule(args: &Args) -> PipelineSchedule {
     match args.vpp {
@@ -83,10 +84,7 @@ pub fn run(
             let (loaded, step) = checkpoint::load(dir, stage, &mut optim, &ctx.groups).map_err(|e| e.to_string())?;
             (stage, done) = (loaded, step as usize);
         }
-        let save = |stage: &_, optim: &_, step: usize| match &args.save {
-            Some(dir) => checkpoint::save(dir, step as u64, stage, optim, &ctx.groups).map_err(|e| e.to_string()),
-            None => Ok(()),
-        };
+        let mut saves = Saves::new(args);
         let dp_rank = ctx.groups.dp.group_rank();
         let per_micro = per_rank / m;
         let prints = last && dp_rank == 0;
@@ -130,7 +128,7 @@ pub fn run(
                 }
             }
             if args.save_every.is_some_and(|k| step % k == 0 && step < args.steps) {
-                save(&stage, &optim, step)?;
+                saves.save(&stage, &optim, step, &ctx.groups)?;
             }
         }
         let ran = args.steps.saturating_sub(done);
@@ -153,7 +151,8 @@ pub fn run(
                 predicted
             );
         }
-        save(&stage, &optim, args.steps.max(done))?;
+        saves.save(&stage, &optim, args.steps.max(done), &ctx.groups)?;
+        saves.finish(&ctx.groups)?;
         Ok(losses)
     })
     .map_err(|e| e.to_string())?;
