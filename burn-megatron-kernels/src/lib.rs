@@ -9,6 +9,8 @@
 //! - [`grouped`]: a mixture of experts' grouped product (one weight a group of rows) and its
 //!   backward; on CUDA one launch of the wgmma GEMM's grouped variant.
 //! - [`rms_norm`], [`swiglu`], [`rope`]: the fused row and elementwise ops of a Llama block.
+//! - [`decode`]: one decoding step's KV-cache append and attention, with the position on the
+//!   device; [`graph`]: such a step captured into a CUDA graph and replayed.
 //! - [`rows`]: row gathers whose gradient is a gather (a mixture of experts' permutations).
 //! - [`cross_entropy`]: the full-vocabulary sums of (vocab-parallel) cross-entropy and their
 //!   backward, on the logits in their dtype.
@@ -20,9 +22,13 @@
 pub mod adamw;
 pub mod attention;
 pub mod cross_entropy;
+pub mod decode;
+#[cfg(feature = "cuda")]
+mod decode_kernels;
 #[cfg(feature = "cuda")]
 mod elementwise;
 pub mod f32_matmul;
+pub mod graph;
 pub mod grouped;
 #[cfg(feature = "cuda")]
 mod grouped_kernel;
@@ -40,6 +46,8 @@ pub mod rope;
 #[cfg(feature = "cuda")]
 mod row_kernels;
 pub mod rows;
+#[cfg(feature = "cuda")]
+mod skinny;
 pub mod swiglu;
 #[cfg(feature = "cuda")]
 pub mod wgmma;

@@ -1,6 +1,7 @@
 //! The matrix product of the linear layers as a backend extension, [`GemmOps`]. Which product
 //! runs is part of each layer's configuration, a [`Gemm`], passed with every call (forward and
-//! both backward products): on CUDA, our Hopper GEMM ([`crate::wgmma`]) for bf16 operands,
+//! both backward products): on CUDA, our Hopper GEMM ([`crate::wgmma`]) for bf16 operands
+//! (products of at most 32 rows, a decoding step's, by `crate::skinny`),
 //! f32 operands in f32 ([`crate::f32_matmul`], never TF32); Burn's own matmul for everything
 //! else.
 //!
@@ -58,8 +59,12 @@ impl GemmOps for burn::backend::Cube {
         use burn::tensor::DType;
         let bf16 = lhs.dtype == DType::BF16 && rhs.dtype == DType::BF16;
         match kind {
-            Gemm::Wgmma if bf16 => crate::wgmma::gemm(lhs.clone(), rhs.clone(), crate::wgmma::Schedule::Persistent)
-                .unwrap_or_else(|_| Cube::float_matmul(lhs, rhs)),
+            // A few rows (decoding): bound by reading the weight, which 128-row tiles spread
+            // over too few blocks.
+            Gemm::Wgmma if bf16 => crate::skinny::gemm(&lhs, &rhs).unwrap_or_else(|| {
+                crate::wgmma::gemm(lhs.clone(), rhs.clone(), crate::wgmma::Schedule::Persistent)
+                    .unwrap_or_else(|_| Cube::float_matmul(lhs, rhs))
+            }),
             _ if lhs.dtype == DType::F32 && rhs.dtype == DType::F32 => crate::f32_matmul::cuda::matmul(lhs, rhs),
             Gemm::Wgmma | Gemm::Burn | Gemm::Quantized(_) => Cube::float_matmul(lhs, rhs),
         }

@@ -35,7 +35,7 @@ pub(crate) fn block_sum(x: f32) -> f32 {
     block_reduce(x, false)
 }
 
-/// The largest `x` over the block's 256 threads (each `x` ≥ 0), on every thread.
+/// The largest `x` over the block's 256 threads, on every thread.
 #[cube]
 pub(crate) fn block_max(x: f32) -> f32 {
     block_reduce(x, true)
@@ -51,9 +51,9 @@ fn block_reduce(x: f32, #[comptime] max: bool) -> f32 {
         partial[PLANE_POS as usize] = warp;
     }
     sync_cube();
-    let mut total = 0.0f32;
+    let mut total = partial[0];
     #[unroll]
-    for i in 0..8usize {
+    for i in 1..8usize {
         if comptime!(max) {
             total = f32::max(total, partial[i]);
         } else {

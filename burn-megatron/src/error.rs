@@ -45,6 +45,10 @@ pub enum ConfigError {
     #[error("{tokens} tokens do not fit a KV cache of {capacity} positions (at most the model's max_seq_len)")]
     CacheFull { tokens: usize, capacity: usize },
     #[error(
+        "a KV cache of {layers} blocks used with a model of {blocks}: a cache serves the model it was made for, and a step that failed emptied it"
+    )]
+    CacheUnusable { layers: usize, blocks: usize },
+    #[error(
         "full recomputation of {layers} blocks does not fit a model of {n_layers} blocks (at least 1, at most all)"
     )]
     RecomputeLayers { layers: usize, n_layers: usize },
@@ -95,6 +99,9 @@ pub enum LayerError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Comm(#[from] CommError),
+    /// A recorded CUDA graph's replay or input write was refused (decoding).
+    #[error(transparent)]
+    Graph(#[from] burn_megatron_kernels::graph::GraphError),
     /// The device failed to run what was queued on it.
     #[error("the device failed: {detail}")]
     Device { detail: String },

@@ -4,7 +4,7 @@
 //!
 //!   generate [--model data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | --hf DIR] [--tp N]
 //!            [--device cpu|cuda] [--prompt TEXT]... [--raw] [--batch B] [--max-new N]
-//!            [--temperature X] [--top-k K] [--top-p P] [--seed S]
+//!            [--temperature X] [--top-k K] [--top-p P] [--seed S] [--eager]
 //!            [--data shakespeare.txt [--eval-windows N] [--eval-seq S]]
 //!   generate --preset smollm2-135m|llama-1b [--prompt-len N] [--batch B] [--max-new N] …
 //!                                     random weights of a preset's shape, random prompt ids: decode
@@ -13,7 +13,8 @@
 //! Prints each prompt's answer (greedy by default; in the model's ChatML template unless
 //! `--raw`), then prefill and decode tokens/s. With `--data`, the perplexity of the text's last
 //! tenth (held out from nothing here, but the end of the file) beside a random model's of the
-//! same shape.
+//! same shape. On CUDA at tp 1 the decoding step is replayed as a CUDA graph after its first
+//! steps (the line says which); `--eager` launches every step's kernels one by one.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -23,7 +24,7 @@ use std::time::Instant;
 
 use burn::tensor::Tensor;
 use burn_megatron::init::InitMode;
-use burn_megatron::models::llama::generate::{GenerateConfig, Sampling, generate};
+use burn_megatron::models::llama::generate::{GenerateConfig, Sampling, Stepping, generate};
 use burn_megatron::models::llama::{LlamaConfig, preset};
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::precision::PrecisionPolicy;
@@ -62,6 +63,7 @@ struct Args {
     eval_windows: usize,
     eval_seq: usize,
     prompt_len: usize,
+    eager: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -79,6 +81,7 @@ fn parse() -> Result<Args, String> {
         eval_windows: 16,
         eval_seq: 256,
         prompt_len: 128,
+        eager: false,
     };
     let (mut temperature, mut top_k, mut top_p) = (None, None, None);
     common::each_flag(|flag, value| {
@@ -97,6 +100,7 @@ fn parse() -> Result<Args, String> {
             }
             "--prompt" => args.prompts.push(value()?),
             "--raw" => args.raw = true,
+            "--eager" => args.eager = true,
             "--batch" => args.batch = whole(flag, value()?)?,
             "--max-new" => args.max_new = whole(flag, value()?)?,
             "--temperature" => temperature = Some(real(flag, value()?)?),
@@ -196,6 +200,7 @@ fn run(args: &Args) -> Result<(), String> {
         stop,
         pad: 0,
         seed: args.seed,
+        graphs: !args.eager,
     };
     let device_of = device_of(args.cuda);
     let results = launch(dims, device_of, |ctx| -> Result<(), String> {
@@ -219,7 +224,7 @@ fn run(args: &Args) -> Result<(), String> {
             }
             let decoded: usize = out.decode_steps * prompts.len();
             println!(
-                "prefill {} tokens in {:.3} s: {:.0} tokens/s; decode {} steps × {} rows in {:.3} s: {:.0} tokens/s",
+                "prefill {} tokens in {:.3} s: {:.0} tokens/s; decode {} steps × {} rows in {:.3} s: {:.0} tokens/s ({})",
                 out.prefill_tokens,
                 out.prefill_s,
                 out.prefill_tokens as f64 / out.prefill_s,
@@ -227,6 +232,7 @@ fn run(args: &Args) -> Result<(), String> {
                 prompts.len(),
                 out.decode_s,
                 decoded as f64 / out.decode_s.max(1e-9),
+                stepping(&out.stepping),
             );
         }
         if let Some(tokens) = &held_out {
@@ -253,6 +259,14 @@ fn run(args: &Args) -> Result<(), String> {
     })
     .map_err(|e| e.to_string())?;
     results.into_iter().collect()
+}
+
+/// How the decoding steps ran, in words.
+fn stepping(stepping: &Stepping) -> String {
+    match stepping {
+        Stepping::Graphed { from } => format!("a CUDA graph from step {from}"),
+        Stepping::Eager(why) => format!("eager: {why}"),
+    }
 }
 
 /// Decode speed on random weights of a preset's shape: `--batch` random prompts of
@@ -289,6 +303,7 @@ fn speed(args: &Args, source: &Source, config: LlamaConfig) -> Result<(), String
         stop: Vec::new(),
         pad: 0,
         seed: args.seed,
+        graphs: !args.eager,
     };
     let device_of = device_of(args.cuda);
     let results = launch(dims, device_of, |ctx| -> Result<(), String> {
@@ -300,7 +315,7 @@ fn speed(args: &Args, source: &Source, config: LlamaConfig) -> Result<(), String
         if ctx.global_rank == 0 {
             let decoded = out.decode_steps * args.batch;
             println!(
-                "RESULT {{\"peer\": \"burn-megatron\", \"preset\": \"{name}\", \"batch\": {}, \"prompt\": {}, \"new\": {}, \"tp\": {}, \"prefill_tokens_per_s\": {:.0}, \"decode_tokens_per_s\": {:.0}, \"decode_ms_per_step\": {:.2}}}",
+                "RESULT {{\"peer\": \"burn-megatron\", \"preset\": \"{name}\", \"batch\": {}, \"prompt\": {}, \"new\": {}, \"tp\": {}, \"prefill_tokens_per_s\": {:.0}, \"decode_tokens_per_s\": {:.0}, \"decode_ms_per_step\": {:.2}, \"stepping\": {:?}}}",
                 args.batch,
                 args.prompt_len,
                 args.max_new,
@@ -308,6 +323,7 @@ fn speed(args: &Args, source: &Source, config: LlamaConfig) -> Result<(), String
                 out.prefill_tokens as f64 / out.prefill_s,
                 decoded as f64 / out.decode_s.max(1e-9),
                 out.decode_s * 1e3 / out.decode_steps.max(1) as f64,
+                stepping(&out.stepping),
             );
         }
         Ok(())

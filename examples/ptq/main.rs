@@ -233,6 +233,7 @@ fn run(args: &Args) -> Result<(), String> {
         stop,
         pad: 0,
         seed: 1,
+        graphs: true,
     };
     let evaluate = |model: &Llama| -> Result<(f64, String), String> {
         let loss = mean_loss(

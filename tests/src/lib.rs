@@ -127,6 +127,10 @@ pub const KERNEL_TESTS: &[NamedTest] = &[
     ("kernel_suite::fp8_gemm", kernel_suite::fp8_gemm),
     ("kernel_suite::quantized_linear", kernel_suite::quantized_linear),
     ("kernel_suite::cross_entropy", kernel_suite::cross_entropy),
+    ("kernel_suite::decode_step", kernel_suite::decode_step),
+    ("kernel_suite::graph_replay", kernel_suite::graph_replay),
+    ("kernel_suite::greedy_choice", kernel_suite::greedy_choice),
+    ("kernel_suite::skinny_gemm", kernel_suite::skinny_gemm),
 ];
 /// Every model test, by name.
 pub const MODEL_TESTS: &[NamedTest] = &[
@@ -150,6 +154,19 @@ pub const DP_MODEL_TESTS: &[NamedTest] = &[
     (
         "model_suite::delayed_scaling_histories",
         model_suite::delayed_scaling_histories,
+    ),
+];
+/// The decoding tests on a model, by name: cached decoding against the full forward pass (at
+/// tp 1 and the harness's tp), and the CUDA graph's steps against the eager ones. They launch
+/// their own layouts, so they run with ranks as threads only.
+pub const DECODE_TESTS: &[NamedTest] = &[
+    (
+        "posttrain_suite::cached_decoding_matches_full_forward",
+        posttrain_suite::cached_decoding_matches_full_forward,
+    ),
+    (
+        "posttrain_suite::graph_decoding_matches_eager",
+        posttrain_suite::graph_decoding_matches_eager,
     ),
 ];
 /// The context-parallel tests, by name: attention first, then the model. Each launches its

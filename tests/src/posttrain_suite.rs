@@ -405,6 +405,7 @@ pub fn cached_decoding_matches_full_forward(h: &Harness) {
                 stop: vec![],
                 pad: 0,
                 seed: 1,
+                graphs: true,
             };
             let prompts = [rows[0][..5].to_vec(), rows[1][..3].to_vec()];
             generate(&model, &ctx.groups.tp, &prompts, &config, &dev)
@@ -419,4 +420,80 @@ pub fn cached_decoding_matches_full_forward(h: &Harness) {
     }
     assert_eq!(generated[0], generated[1], "greedy tokens at tp 1 and tp {}", h.world);
     assert!(generated[0].iter().all(|t| t.len() == 6));
+}
+
+/// Generation with the decoding step replayed as a CUDA graph gives the tokens of the eager
+/// steps, greedy and sampled (the same draws from the same seed), for prompts of different
+/// lengths: on CUDA the graph serves every step after the warm-up; elsewhere the steps stay
+/// eager and say why. Prefill plus 9 steps: 2 eager, the warm-up, then 6 replays.
+pub fn graph_decoding_matches_eager(h: &Harness) {
+    use burn_megatron::models::llama::generate::{EAGER_BEFORE_GRAPH, Stepping};
+    let results = h.run(ParallelDims::single(), |ctx| {
+        let dev = ctx.device.clone();
+        let model = tiny(&ctx.groups, &dev);
+        let on_cuda = burn_megatron_kernels::graph::Recorder::on(&Tensor::<1>::zeros([1], &dev)).is_ok();
+        let prompts = [vec![3, 14, 15, 9, 26], vec![27, 18, 28]];
+        let sampled = Sampling::Sample {
+            temperature: 0.8,
+            top_k: Some(20),
+            top_p: Some(0.9),
+        };
+        let run = |sampling, graphs| {
+            let config = GenerateConfig {
+                max_new_tokens: 10,
+                sampling,
+                stop: vec![],
+                pad: 0,
+                seed: 7,
+                graphs,
+            };
+            generate(&model, &ctx.groups.tp, &prompts, &config, &dev).unwrap()
+        };
+        for sampling in [Sampling::Greedy, sampled] {
+            let (graphed, eager) = (run(sampling, true), run(sampling, false));
+            assert_eq!(graphed.tokens, eager.tokens, "{sampling:?}: the graph's tokens");
+            assert_eq!(eager.stepping, Stepping::Eager("CUDA graphs turned off".into()));
+            match (on_cuda, &graphed.stepping) {
+                (true, stepping) => assert_eq!(
+                    *stepping,
+                    Stepping::Graphed {
+                        from: EAGER_BEFORE_GRAPH + 1
+                    },
+                    "{sampling:?}"
+                ),
+                (false, Stepping::Eager(why)) => assert!(why.contains("CUDA"), "{why}"),
+                (false, other) => panic!("a graph off CUDA: {other:?}"),
+            }
+        }
+    });
+    assert_eq!(results.len(), 1);
+}
+
+/// A cache made for one model and used with another (here one block fewer) is a typed error
+/// before anything runs, for a prefill and for a decoding step alike.
+pub fn cache_serves_its_own_model(h: &Harness) {
+    use burn_megatron::error::{ConfigError, LayerError};
+    h.run(ParallelDims::single(), |ctx| {
+        let dev = ctx.device.clone();
+        let model = tiny(&ctx.groups, &dev);
+        let other = ParallelPlan::new(ParallelDims::single())
+            .with_tensor(TensorParallel::Plain)
+            .apply(LlamaConfig::llama(50, 32, 2, 4, 2, 64, 32), 1, 32)
+            .unwrap()
+            .init(&dev, &ctx.groups, &ParamInit::new(9, InitMode::Full))
+            .unwrap();
+        let mut cache = KvCache::new(&model, 1, 8, &dev).unwrap();
+        for n in [3, 1] {
+            let ids = Tensor::<2, Int>::from_data(TensorData::new(vec![1i64; n], [1, n]), &dev);
+            let refused = other.forward_cached(ids, &[vec![false; n]], &mut cache);
+            assert!(
+                matches!(
+                    refused,
+                    Err(LayerError::Config(ConfigError::CacheUnusable { layers: 3, blocks: 2 }))
+                ),
+                "{n} positions: {refused:?}"
+            );
+        }
+        assert!(cache.is_empty(), "nothing was cached");
+    });
 }

@@ -72,3 +72,13 @@ fn kl_is_the_same_at_tp_2() {
 fn distillation_smoke() {
     distill_suite::distillation_smoke(&Harness::cpu(2));
 }
+
+#[test]
+fn graph_decoding_matches_eager() {
+    posttrain_suite::graph_decoding_matches_eager(&Harness::cpu(1));
+}
+
+#[test]
+fn cache_serves_its_own_model() {
+    posttrain_suite::cache_serves_its_own_model(&Harness::cpu(1));
+}

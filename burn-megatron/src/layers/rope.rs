@@ -119,6 +119,12 @@ impl Rope {
         burn_megatron_kernels::rope::rope(x, table(&self.cos), table(&self.sin))
     }
 
+    /// The `(cos, sin)` tables, `[max_seq_len, head_dim/2]` f32 each (for kernels that rotate
+    /// at a position they read from the device, `burn_megatron_kernels::decode`).
+    pub fn tables(&self) -> (Tensor<2>, Tensor<2>) {
+        (self.cos.clone(), self.sin.clone())
+    }
+
     /// Positions the tables cover.
     pub fn max_seq_len(&self) -> usize {
         self.cos.dims()[0]

@@ -1,6 +1,7 @@
 //! burn-megatron-kernels' CUDA kernels against their references, on one GPU (`gpu-suite`): the
 //! wgmma GEMM and flash attention, forward and backward, on ragged shapes and every operand
-//! layout they read; the FP8 kernels and quantized products in `quant.rs`.
+//! layout they read; the FP8 kernels and quantized products in `quant.rs`; the decoding step's
+//! kernels and a CUDA graph of them in `decode.rs`.
 
 use burn::tensor::module::attention as burn_attention;
 use burn::tensor::ops::AttentionModuleOptions;
@@ -10,7 +11,9 @@ use burn_megatron_kernels::wgmma::{Schedule, WgmmaError, matmul};
 
 use crate::Harness;
 
+mod decode;
 mod quant;
+pub use decode::{decode_step, graph_replay, greedy_choice, skinny_gemm};
 pub use quant::{fp8_gemm, fp8_tiles, quantized_linear};
 
 /// ‖a − b‖ / ‖b‖ in f32.

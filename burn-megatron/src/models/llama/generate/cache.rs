@@ -13,23 +13,28 @@ use burn::tensor::{Bool, DType, Device, Int, Tensor, TensorData};
 use burn_megatron_dist::mappings::copy_to_tp;
 
 use crate::error::{ConfigError, LayerError};
+use burn_megatron_kernels::decode::positions;
+use burn_megatron_kernels::f32_matmul::matmul;
+
+use super::step::StepInputs;
 use crate::layers::{ParallelAttention, SequenceLayout};
 use crate::models::llama::{Llama, MoeReport};
 
 /// One block's cached keys and values, `[b, g, c, k]` each.
 #[derive(Clone, Debug)]
-struct LayerCache {
-    k: Tensor<4>,
-    v: Tensor<4>,
+pub(super) struct LayerCache {
+    pub(super) k: Tensor<4>,
+    pub(super) v: Tensor<4>,
 }
 
 /// Every block's keys and values, the positions filled, and which hold a token.
 #[derive(Clone, Debug)]
 pub struct KvCache {
-    layers: Vec<LayerCache>,
+    /// Empty after a step that failed (its blocks' tensors went into the step).
+    pub(super) layers: Vec<LayerCache>,
     /// Positions filled, the same in every row.
-    len: usize,
-    capacity: usize,
+    pub(super) len: usize,
+    pub(super) capacity: usize,
     /// `valid[i][j]`: row `i` has a token (not padding) at position `j`.
     valid: Vec<Vec<bool>>,
 }
@@ -76,6 +81,80 @@ impl KvCache {
         self.len == 0
     }
 
+    /// Each row's first position that holds a token (its left padding's length).
+    pub(super) fn first_tokens(&self) -> Vec<usize> {
+        self.valid
+            .iter()
+            .map(|row| row.iter().position(|v| *v).unwrap_or(row.len()))
+            .collect()
+    }
+
+    /// Checks that one more position fits and that the cache serves `model`.
+    pub(super) fn check_step(&self, model: &Llama) -> Result<(), LayerError> {
+        if self.len + 1 > self.capacity {
+            return Err(ConfigError::CacheFull {
+                tokens: self.len + 1,
+                capacity: self.capacity,
+            }
+            .into());
+        }
+        self.check_model(model)
+    }
+
+    fn check_model(&self, model: &Llama) -> Result<(), LayerError> {
+        if self.layers.len() != model.layers.len() {
+            return Err(ConfigError::CacheUnusable {
+                layers: self.layers.len(),
+                blocks: model.layers.len(),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// A cache with buffers of its own holding the same values (`clone` shares them).
+    pub(super) fn duplicate(&self) -> Self {
+        // `x · 1` is exact in every float dtype: a new buffer with the same bits' values.
+        let own = |x: &Tensor<4>| x.clone().mul_scalar(1.0);
+        Self {
+            layers: self
+                .layers
+                .iter()
+                .map(|layer| LayerCache {
+                    k: own(&layer.k),
+                    v: own(&layer.v),
+                })
+                .collect(),
+            len: self.len,
+            capacity: self.capacity,
+            valid: self.valid.clone(),
+        }
+    }
+
+    /// Counts one decoded position, a token in every row.
+    pub(super) fn advance(&mut self) {
+        for row in &mut self.valid {
+            row.push(true);
+        }
+        self.len += 1;
+    }
+
+    /// One decoding step of `model` at the next position: its logits `[b, 1, v']`.
+    pub(super) fn step(&mut self, model: &Llama, inputs: &StepInputs) -> Result<Tensor<3>, LayerError> {
+        self.check_step(model)?;
+        let logits = self.record_step(model, inputs)?;
+        self.advance();
+        Ok(logits)
+    }
+
+    /// [`KvCache::step`] without counting the position: the run a graph records (its launches
+    /// execute only when replayed, each replay checked with [`KvCache::check_step`]).
+    pub(super) fn record_step(&mut self, model: &Llama, inputs: &StepInputs) -> Result<Tensor<3>, LayerError> {
+        self.check_model(model)?;
+        let layers = std::mem::take(&mut self.layers);
+        model.decode_step(inputs, layers, self)
+    }
+
     /// The mask of one forward over positions `len..len + s`: `[b, 1, s, t]`, true where a
     /// query may not read a key (a later position, or padding other than itself, so that a
     /// padding query reads something and stays finite).
@@ -95,7 +174,9 @@ impl KvCache {
 impl Llama {
     /// The logits of `ids` after the cached positions, and the cache with them added.
     /// `padding[i]`: whether row `i`'s token at each of these positions is padding (left
-    /// padding: only a prompt's first positions).
+    /// padding: only a prompt's first positions). A single position without padding runs the
+    /// decoding step's kernels (`step.rs`). A pass that fails leaves the cache unusable
+    /// ([`ConfigError::CacheUnusable`] from then on): its blocks were written in place.
     ///
     /// # Shapes
     /// `[b, s]` → `[b, s, v']`, `v'` this rank's share of the vocabulary
@@ -113,16 +194,28 @@ impl Llama {
             }
             .into());
         }
+        let device = ids.device();
+        if s == 1 && padding.len() == b && padding.iter().all(|row| !row[0]) {
+            // A decoding step: the position on the device, two step kernels a block.
+            let inputs = StepInputs {
+                ids,
+                position: positions(&[cache.len], &device),
+                first: positions(&cache.first_tokens(), &device),
+            };
+            return cache.step(self, &inputs);
+        }
+        cache.check_model(self)?;
+        let layers = std::mem::take(&mut cache.layers);
         for (row, pads) in cache.valid.iter_mut().zip(padding).take(b) {
             row.extend(pads.iter().map(|p| !p));
         }
-        let device = ids.device();
         let blocked = cache.blocked(s, &device);
         let start = cache.len;
         let mut x = self.embedding.forward(ids)?;
-        for (block, layer) in self.layers.iter().zip(&mut cache.layers) {
+        for (block, layer) in self.layers.iter().zip(layers) {
             let h = block.attention_norm.forward(x.clone())?;
-            let attention = attend_cached(&block.attention, h, layer, start, blocked.clone())?;
+            let (attention, layer) = attend_cached(&block.attention, h, layer, start, blocked.clone())?;
+            cache.layers.push(layer);
             x = block.feed_forward(x + attention, &mut MoeReport::default())?;
         }
         cache.len += s;
@@ -137,10 +230,10 @@ impl Llama {
 fn attend_cached(
     attention: &ParallelAttention,
     x: Tensor<3>,
-    cache: &mut LayerCache,
+    cache: LayerCache,
     start: usize,
     blocked: Tensor<4, Bool>,
-) -> Result<Tensor<3>, LayerError> {
+) -> Result<(Tensor<3>, LayerCache), LayerError> {
     let a = attention;
     let x = copy_to_tp(x, &a.tp)?;
     let [b, s, _] = x.dims();
@@ -150,8 +243,11 @@ fn attend_cached(
     let new_k = a.rope.apply_from(heads(a.wk.forward(x.clone())?, g), start); // [b, g, s, k]
     let new_v = heads(a.wv.forward(x)?, g);
     let t = start + s;
-    cache.k = cache.k.clone().slice_assign([0..b, 0..g, start..t, 0..k], new_k);
-    cache.v = cache.v.clone().slice_assign([0..b, 0..g, start..t, 0..k], new_v);
+    // The cache moved in, so nothing else holds its buffers: written in place.
+    let cache = LayerCache {
+        k: cache.k.slice_assign([0..b, 0..g, start..t, 0..k], new_k),
+        v: cache.v.slice_assign([0..b, 0..g, start..t, 0..k], new_v),
+    };
     // Each kv head serves h/g query heads, in Hugging Face's order.
     let expand = |x: Tensor<4>| {
         x.narrow(2, 0, t)
@@ -161,11 +257,9 @@ fn attend_cached(
     };
     let (keys, values) = (expand(cache.k.clone()), expand(cache.v.clone()));
     let dtype = q.dtype();
-    let scores = q
-        .cast(DType::F32)
-        .matmul(keys.cast(DType::F32).swap_dims(2, 3))
-        .div_scalar((k as f64).sqrt()); // [b, h, s, t]
+    // f32 products kept in f32 (Burn's CUDA matmul would round them to TF32).
+    let scores = matmul(q.cast(DType::F32), keys.cast(DType::F32).swap_dims(2, 3)).div_scalar((k as f64).sqrt()); // [b, h, s, t]
     let weights = softmax(scores.mask_fill(blocked.expand([b, h, s, t]), f32::NEG_INFINITY), 3);
-    let out = weights.matmul(values.cast(DType::F32)).cast(dtype); // [b, h, s, k]
-    a.wo.forward(out.swap_dims(1, 2).reshape([b, s, h * k]))
+    let out = matmul(weights, values.cast(DType::F32)).cast(dtype); // [b, h, s, k]
+    Ok((a.wo.forward(out.swap_dims(1, 2).reshape([b, s, h * k]))?, cache))
 }

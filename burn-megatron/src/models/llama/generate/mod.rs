@@ -4,16 +4,18 @@
 //! the same steps on its heads and vocabulary share and draws the same tokens.
 
 mod cache;
+mod graph;
 mod sample;
+mod step;
 
 pub use cache::KvCache;
+pub use graph::{EAGER_BEFORE_GRAPH, Stepping};
 pub use sample::{Draws, Sampling};
 
 use std::time::Instant;
 
-use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron_dist::ProcessGroup;
-use burn_megatron_dist::mappings::gather_from_tp;
 
 use crate::error::{ConfigError, LayerError};
 use crate::models::llama::Llama;
@@ -28,6 +30,8 @@ pub struct GenerateConfig {
     /// Fills the left of shorter prompts (masked: its value does not matter).
     pub pad: u32,
     pub seed: u64,
+    /// Replay the decoding step as a CUDA graph where it can (`graph.rs`); eager otherwise.
+    pub graphs: bool,
 }
 
 /// The tokens each prompt got, and how long the two phases took.
@@ -41,20 +45,8 @@ pub struct Generated {
     /// Decoding steps run (each a token for every row) and their seconds.
     pub decode_steps: usize,
     pub decode_s: f64,
-}
-
-/// Each row's logits over the whole vocabulary, on the host: gathered over tp, the padded
-/// vocabulary's extra columns dropped.
-fn host_rows(logits: Tensor<2>, vocab: usize, tp: &ProcessGroup) -> Result<Vec<Vec<f32>>, LayerError> {
-    let whole = gather_from_tp(logits, tp, 1)?;
-    let [b, v] = whole.dims();
-    let values = whole
-        .cast(DType::F32)
-        .into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .expect("f32 logits");
-    Ok((0..b).map(|i| values[i * v..i * v + vocab].to_vec()).collect())
+    /// How the decoding steps ran: eager (and why), or replayed as a CUDA graph.
+    pub stepping: Stepping,
 }
 
 /// Generates after each of `prompts` (token ids; each at least one) with `model` (planned
@@ -71,7 +63,6 @@ pub fn generate(
         return Err(ConfigError::Zero { what: "prompt tokens" }.into());
     }
     let (b, longest) = (prompts.len(), prompts.iter().map(Vec::len).max().unwrap_or(0));
-    let vocab = model.embedding.vocab_size;
     let mut cache = KvCache::new(model, b, longest + config.max_new_tokens, device)?;
     let mut ids = Vec::with_capacity(b * longest);
     let mut padding = Vec::with_capacity(b);
@@ -84,7 +75,9 @@ pub fn generate(
     let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, longest]), device);
     let logits = model.forward_cached(ids, &padding, &mut cache)?;
     let [_, _, v] = logits.dims();
-    let mut rows = host_rows(logits.narrow(1, longest - 1, 1).reshape([b, v]), vocab, tp)?;
+    let greedy = config.sampling.is_greedy();
+    let mut stepper = graph::Stepper::new(model, tp, config.graphs, greedy);
+    let mut next = stepper.choose(logits.narrow(1, longest - 1, 1).reshape([b, v]))?;
     let prefill_s = begun.elapsed().as_secs_f64();
 
     let mut draws = sample::Draws::new(config.seed);
@@ -92,8 +85,11 @@ pub fn generate(
     let mut done = vec![false; b];
     let (mut decode_steps, begun) = (0, Instant::now());
     for step in 0..config.max_new_tokens {
-        let next: Vec<u32> = rows.iter().map(|row| config.sampling.choose(row, &mut draws)).collect();
-        for ((out, finished), &token) in tokens.iter_mut().zip(&mut done).zip(&next) {
+        let chosen: Vec<u32> = match next {
+            graph::Next::Tokens(chosen) => chosen,
+            graph::Next::Rows(rows) => rows.iter().map(|row| config.sampling.choose(row, &mut draws)).collect(),
+        };
+        for ((out, finished), &token) in tokens.iter_mut().zip(&mut done).zip(&chosen) {
             if *finished {
                 continue;
             }
@@ -105,10 +101,7 @@ pub fn generate(
         if done.iter().all(|d| *d) || step + 1 == config.max_new_tokens {
             break;
         }
-        let ids: Vec<i64> = next.iter().map(|&t| t as i64).collect();
-        let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, 1]), device);
-        let logits = model.forward_cached(ids, &vec![vec![false]; b], &mut cache)?;
-        rows = host_rows(logits.reshape([b, v]), vocab, tp)?;
+        next = stepper.step(&chosen, &mut cache)?;
         decode_steps += 1;
     }
     Ok(Generated {
@@ -117,5 +110,6 @@ pub fn generate(
         prefill_s,
         decode_steps,
         decode_s: begun.elapsed().as_secs_f64(),
+        stepping: stepper.stepping(),
     })
 }

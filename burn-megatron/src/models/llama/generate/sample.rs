@@ -37,6 +37,14 @@ impl Draws {
 }
 
 impl Sampling {
+    /// Whether the choice is the most likely token (greedy, or sampling at temperature 0).
+    pub fn is_greedy(&self) -> bool {
+        match *self {
+            Sampling::Greedy => true,
+            Sampling::Sample { temperature, .. } => temperature <= 0.0,
+        }
+    }
+
     /// The token `logits` (one row, the whole vocabulary) choose.
     pub fn choose(&self, logits: &[f32], draws: &mut Draws) -> u32 {
         let greedy = || {
