@@ -1,8 +1,8 @@
 //! The CUDA kernels of one decoding step (`crate::decode`): a cache append (one thread a pair
-//! of a head's elements, rotated on the way in) and the attention of one query a row (one
-//! block of 256 threads a row's head: the rotated query in shared memory, the cached positions
-//! in chunks of 256 with an online softmax, a thread a dim accumulating the weighted values).
-//! Both read the position from the device, so a replayed graph sees each step's.
+//! of a head's elements, rotated on the way in), the attention of one query a row (one block
+//! of 256 threads a row's head: the rotated query in shared memory, the cached positions in
+//! chunks of 256 with an online softmax, 16-byte loads of the cache), and the greedy choice (a
+//! block a row). All read the position from the device, so a replayed graph sees each step's.
 
 use burn::backend::Cube;
 use burn::tensor::DType;
@@ -17,6 +17,8 @@ use crate::row_kernels::{block_max, block_sum};
 
 /// Threads a block of the attention kernel, and positions a chunk.
 const THREADS: u32 = 256;
+/// Elements a load of the cache in the attention kernel (16 bytes of bf16).
+const VECTOR: usize = 8;
 
 /// Grid: a thread for each of a head's first-half elements. `new` `[b·g, k]` and `cache`
 /// `[b·g, c, k]`, both compact; the tables `[≥ c, k/2]`.
@@ -55,25 +57,32 @@ fn append_kernel<F: Float>(
     }
 }
 
-/// Grid: one block a row's query head. `q`/`out` `[b·h, k]`, `keys`/`values` `[b·g, c, k]`,
-/// compact; `k ≤ 256`, even. The scale `1/√k` is folded into the query.
+/// Grid: one block a row's query head. `q` `[b·h, k]` scalars, `keys`/`values` `[b·g, c, k]` and
+/// `out` `[b·h, k]` in vectors of `N`, compact; `head_vectors = k / N` divides 256. A thread
+/// scores a position (its key's `k/N` vector loads unrolled, so they are in flight together);
+/// for the values the block is `256 / head_vectors` groups of positions by `head_vectors`
+/// vectors of dims, each thread `head_vectors` rows of its group, the groups summed at the end.
+/// The scale `1/√k` is folded into the query.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn attention_kernel<F: Float>(
+fn attention_kernel<F: Float, N: Size>(
     q: &Tensor<F>,
-    keys: &Tensor<F>,
-    values: &Tensor<F>,
+    keys: &Tensor<Vector<F, N>>,
+    values: &Tensor<Vector<F, N>>,
     cos: &Tensor<f32>,
     sin: &Tensor<f32>,
     position: &Tensor<f32>,
     first: &Tensor<f32>,
-    out: &mut Tensor<F>,
+    out: &mut Tensor<Vector<F, N>>,
     heads: u32,
     group: u32,
     capacity: u32,
-    head_dim: u32,
     scale: f32,
+    #[comptime] head_vectors: u32,
 ) {
+    let width = keys.vector_size().comptime() as u32;
+    let head_dim = head_vectors * width;
+    let groups = THREADS / head_vectors;
     let row_head = CUBE_POS as u32;
     let row = row_head / heads;
     let kv = row * (heads / group) + (row_head % heads) / group;
@@ -83,6 +92,7 @@ fn attention_kernel<F: Float>(
     let start = u32::cast_from(first[row as usize]);
     let mut query = Shared::<[f32]>::new_slice(256usize);
     let mut weights = Shared::<[f32]>::new_slice(256usize);
+    let mut partials = Shared::<[Vector<f32, N>]>::new_slice(256usize);
     if tid < half {
         let src = row_head * head_dim + tid;
         let x1 = f32::cast_from(q[src as usize]);
@@ -93,11 +103,13 @@ fn attention_kernel<F: Float>(
         query[(tid + half) as usize] = (x2 * c + x1 * s) * scale;
     }
     sync_cube();
-    let base = kv * capacity * head_dim;
+    let base = kv * capacity * head_vectors;
+    let slot = tid / head_vectors;
+    let lane = tid % head_vectors;
     // Below any score a finite query and key make: `exp` of it minus a real score is 0.
     let mut running_max = f32::new(-3.0e38);
     let mut total = 0.0f32;
-    let mut acc = 0.0f32;
+    let mut acc = Vector::<f32, N>::new(0.0f32);
     let mut chunk = start;
     loop {
         if chunk > p {
@@ -106,10 +118,15 @@ fn attention_kernel<F: Float>(
         let t = chunk + tid;
         let mut score = f32::new(-3.0e38);
         if t <= p {
-            let at = base + t * head_dim;
+            let at = base + t * head_vectors;
             let mut dot = 0.0f32;
-            for d in 0..head_dim {
-                dot += query[d as usize] * f32::cast_from(keys[(at + d) as usize]);
+            #[unroll]
+            for v in 0..head_vectors {
+                let key = Vector::<f32, N>::cast_from(keys[(at + v) as usize]);
+                #[unroll]
+                for i in 0..width {
+                    dot += query[(v * width + i) as usize] * key.extract(i as usize);
+                }
             }
             score = dot;
         }
@@ -122,20 +139,29 @@ fn attention_kernel<F: Float>(
         let correction = (running_max - new_max).exp();
         total = total * correction + block_sum(w);
         sync_cube();
-        if tid < head_dim {
-            let n = u32::min(THREADS, p + 1 - chunk);
-            let mut sum = 0.0f32;
-            for j in 0..n {
-                sum += weights[j as usize] * f32::cast_from(values[(base + (chunk + j) * head_dim + tid) as usize]);
+        let n = u32::min(THREADS, p + 1 - chunk);
+        let mut sum = Vector::<f32, N>::new(0.0f32);
+        #[unroll]
+        for i in 0..head_vectors {
+            let j = slot + i * groups;
+            if j < n {
+                let value = Vector::<f32, N>::cast_from(values[(base + (chunk + j) * head_vectors + lane) as usize]);
+                sum += Vector::new(weights[j as usize]) * value;
             }
-            acc = acc * correction + sum;
         }
+        acc = acc * Vector::new(correction) + sum;
         sync_cube();
         running_max = new_max;
         chunk += THREADS;
     }
-    if tid < head_dim {
-        out[(row_head * head_dim + tid) as usize] = F::cast_from(acc / total);
+    partials[tid as usize] = acc;
+    sync_cube();
+    if tid < head_vectors {
+        let mut o = partials[tid as usize];
+        for g in 1..groups {
+            o += partials[(g * head_vectors + tid) as usize];
+        }
+        out[(row_head * head_vectors + tid) as usize] = Vector::cast_from(o / Vector::new(total));
     }
 }
 
@@ -286,8 +312,8 @@ pub(crate) fn decode_attention(
         && h * k == q_shape[1]
         && h > 0
         && h % g == 0
-        && k % 2 == 0
-        && k as u32 <= THREADS
+        && k.is_multiple_of(VECTOR)
+        && (THREADS as usize).is_multiple_of(k / VECTOR)
         && first.dtype == DType::F32
         && first.meta.num_elements() == b
         && position_fits(&position)
@@ -312,6 +338,7 @@ pub(crate) fn decode_attention(
         &qc.client,
         count,
         CubeDim::new_1d(THREADS),
+        VECTOR,
         qc.clone().into_tensor_arg(),
         kc.into_tensor_arg(),
         vc.into_tensor_arg(),
@@ -323,8 +350,8 @@ pub(crate) fn decode_attention(
         h as u32,
         (h / g) as u32,
         c as u32,
-        k as u32,
         1.0 / (k as f32).sqrt(),
+        (k / VECTOR) as u32,
     );
     out
 }

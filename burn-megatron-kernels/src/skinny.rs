@@ -26,6 +26,8 @@ pub(crate) const MAX_ROWS: usize = 32;
 const ROW_TILE: u32 = 8;
 /// 8 bf16 a load.
 const VECTOR: usize = 8;
+/// Rows of the weight a warp has in flight.
+const UNROLL: u32 = 4;
 /// Blocks to aim for: two an SM of an H200.
 const TARGET_BLOCKS: usize = 264;
 
@@ -55,16 +57,34 @@ fn rows_by_columns_kernel<F: Float, N: Size>(
         sums[i as usize] = Vector::new(0.0f32);
     }
     if column < columns {
-        for k in range_stepped(begin + warp, end, 8u32) {
-            let w = Vector::<f32, N>::cast_from(b[(k * ldb + column) as usize]);
+        // Four rows of the weight a warp loads before it uses them: four loads in flight.
+        let mut k = begin + warp;
+        loop {
+            if k >= end {
+                break;
+            }
+            let mut w = Array::<Vector<f32, N>>::new(UNROLL as usize);
             #[unroll]
-            for i in 0..tile {
-                let row = first_row + i;
-                if row < rows {
-                    let x = f32::cast_from(a[(row * depth + k) as usize]);
-                    sums[i as usize] += w * Vector::new(x);
+            for u in 0..UNROLL {
+                let row_k = k + u * 8;
+                w[u as usize] = Vector::new(0.0f32);
+                if row_k < end {
+                    w[u as usize] = Vector::<f32, N>::cast_from(b[(row_k * ldb + column) as usize]);
                 }
             }
+            #[unroll]
+            for u in 0..UNROLL {
+                let row_k = k + u * 8;
+                #[unroll]
+                for i in 0..tile {
+                    let row = first_row + i;
+                    if row < rows && row_k < end {
+                        let x = f32::cast_from(a[(row * depth + row_k) as usize]);
+                        sums[i as usize] += w[u as usize] * Vector::new(x);
+                    }
+                }
+            }
+            k += 8 * UNROLL;
         }
     }
     let mut warps = Shared::<[Vector<f32, N>]>::new_slice(256usize);

@@ -30,8 +30,9 @@ fn tables(c: usize, k: usize, device: &Device) -> ((Tensor<2>, Tensor<2>), (Tens
 
 /// Appends at position 517 of 600 (keys rotated, values not) and the attention of 3 rows × 6
 /// query heads over 2 kv heads of 64, the rows starting at keys 0, 5 and 300 (three chunks of
-/// 256 positions, a row whose first chunk is partial, one that starts mid-cache), and one
-/// case of heads of 6 with 2 positions (a chunk mostly empty), in f32 and bf16.
+/// 256 positions, a row whose first chunk is partial, one that starts mid-cache); heads of 16
+/// (two 8-element vectors) over two chunks; heads of 128 over 4 positions; and heads of 6 with
+/// 2 positions (no whole vectors: the reference path), in f32 and bf16.
 pub fn decode_step(h: &Harness) {
     let device = h.device(0);
     let cpu = Device::flex();
