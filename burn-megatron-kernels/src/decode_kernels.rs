@@ -239,28 +239,19 @@ pub(crate) fn cache_append(
         && shape[3].is_multiple_of(2)
         && position_fits(&position)
         && (!rotate || tables_fit(&cos, &sin, shape[2], shape[3] / 2));
-    let inputs = (
-        compact_input(new.clone()),
-        compact_input(cos.clone()),
-        compact_input(sin.clone()),
-    );
-    let (true, Some(new_c), Some(cos_c), Some(sin_c)) = (fits, inputs.0, inputs.1, inputs.2) else {
-        return primitive(reference::cache_append(
-            cube(cache),
-            cube(new),
-            cube(cos),
-            cube(sin),
-            cube(position),
-            rotate,
-        ));
-    };
     // Written in place: a buffer nothing else holds and laid out as the kernel indexes it.
     let cache = match (cache.can_mut(), is_compact(&cache)) {
         (true, true) => cache,
         (_, true) => cache.copy(),
         _ => into_contiguous(cache),
     };
-    if !is_compact(&cache) {
+    let inputs = (
+        compact_input(new.clone()),
+        compact_input(cos.clone()),
+        compact_input(sin.clone()),
+    );
+    let (true, true, Some(new_c), Some(cos_c), Some(sin_c)) = (fits, is_compact(&cache), inputs.0, inputs.1, inputs.2)
+    else {
         return primitive(reference::cache_append(
             cube(cache),
             cube(new),
@@ -269,7 +260,7 @@ pub(crate) fn cache_append(
             cube(position),
             rotate,
         ));
-    }
+    };
     let (count, dim) = launch_dims(new_c.meta.num_elements() / 2, 1);
     launch_float!(
         cache.dtype,

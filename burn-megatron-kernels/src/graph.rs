@@ -14,7 +14,7 @@
 
 use std::fmt;
 
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{Int, Tensor, TensorData};
 
 /// Why a capture, a replay or an in-place write was refused.
 #[derive(Clone, Debug, PartialEq)]
@@ -132,47 +132,55 @@ fn runtime(error: cubecl::server::ServerError) -> GraphError {
 /// Writes `values` into `tensor`'s own buffer (compact, on CUDA), converted to its dtype:
 /// a graph's input rewritten for its next replay. Ordered on the calling thread's stream.
 pub fn overwrite<const D: usize>(tensor: &Tensor<D>, values: &[f32]) -> Result<(), GraphError> {
-    let data = burn::tensor::TensorData::new(values.to_vec(), [values.len()]);
     #[cfg(feature = "cuda")]
-    {
-        let cube = tensor.clone().try_into_primitive::<burn::backend::Cube>();
-        write(cube.map_err(|_| GraphError::NotCuda)?, data)
-    }
+    let cube = tensor.clone().try_into_primitive::<burn::backend::Cube>().ok();
     #[cfg(not(feature = "cuda"))]
-    {
-        let _ = (tensor, data);
-        Err(GraphError::NotCuda)
-    }
+    let cube: Option<Primitive> = {
+        let _ = tensor;
+        None
+    };
+    write(cube, TensorData::new(values.to_vec(), [values.len()]))
 }
 
 /// [`overwrite`] for an integer tensor.
 pub fn overwrite_int<const D: usize>(tensor: &Tensor<D, Int>, values: &[i64]) -> Result<(), GraphError> {
-    let data = burn::tensor::TensorData::new(values.to_vec(), [values.len()]);
+    #[cfg(feature = "cuda")]
+    let cube = tensor.clone().try_into_primitive::<burn::backend::Cube>().ok();
+    #[cfg(not(feature = "cuda"))]
+    let cube: Option<Primitive> = {
+        let _ = tensor;
+        None
+    };
+    write(cube, TensorData::new(values.to_vec(), [values.len()]))
+}
+
+/// A CUDA tensor's primitive (none exists without the `cuda` feature).
+#[cfg(feature = "cuda")]
+type Primitive = burn_cubecl::tensor::CubeTensor;
+#[cfg(not(feature = "cuda"))]
+type Primitive = std::convert::Infallible;
+
+fn write(t: Option<Primitive>, data: TensorData) -> Result<(), GraphError> {
+    let t = t.ok_or(GraphError::NotCuda)?;
     #[cfg(feature = "cuda")]
     {
-        let cube = tensor.clone().try_into_primitive::<burn::backend::Cube>();
-        write(cube.map_err(|_| GraphError::NotCuda)?, data)
+        let expected = t.meta.num_elements();
+        if data.num_elements() != expected {
+            return Err(GraphError::Write {
+                expected,
+                got: data.num_elements(),
+            });
+        }
+        if !crate::elementwise::is_compact(&t) {
+            return Err(GraphError::NotCompact);
+        }
+        let bytes = data.convert_dtype(t.dtype).into_bytes();
+        t.client.write(&t.handle, bytes);
+        Ok(())
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (tensor, data);
-        Err(GraphError::NotCuda)
+        let _ = data;
+        match t {}
     }
-}
-
-#[cfg(feature = "cuda")]
-fn write(t: burn_cubecl::tensor::CubeTensor, data: burn::tensor::TensorData) -> Result<(), GraphError> {
-    let expected = t.meta.num_elements();
-    if data.num_elements() != expected {
-        return Err(GraphError::Write {
-            expected,
-            got: data.num_elements(),
-        });
-    }
-    if !crate::elementwise::is_compact(&t) {
-        return Err(GraphError::NotCompact);
-    }
-    let bytes = data.convert_dtype(t.dtype).into_bytes();
-    t.client.write(&t.handle, bytes);
-    Ok(())
 }

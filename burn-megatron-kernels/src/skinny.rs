@@ -18,7 +18,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use half::{bf16, f16};
 
-use crate::elementwise::{compact_input, compact_output, launch_dims};
+use crate::elementwise::{compact_input, compact_output, launch_dims, launch_float};
 
 /// The most rows this product takes; above it the wgmma GEMM's tiles are full enough.
 pub(crate) const MAX_ROWS: usize = 32;
@@ -162,21 +162,6 @@ fn rows_by_rows_kernel<F: Float, N: Size>(
     }
 }
 
-/// Runs `$kernel::launch_unchecked::<F, ...>` for a float dtype.
-macro_rules! launch {
-    ($dtype:expr, $kernel:ident, $($arg:expr),* $(,)?) => {
-        // SAFETY: every index is checked against the shapes the launches pass (columns, rows,
-        // depth), and every tensor is laid out as its kernel indexes it.
-        unsafe {
-            match $dtype {
-                DType::BF16 => $kernel::launch_unchecked::<bf16>($($arg),*),
-                DType::F16 => $kernel::launch_unchecked::<f16>($($arg),*),
-                _ => $kernel::launch_unchecked::<f32>($($arg),*),
-            }
-        }
-    };
-}
-
 /// `lhs · rhs` when `lhs` has at most [`MAX_ROWS`] rows and `rhs` has a contiguous dim the
 /// kernels read (with whole 16-byte vectors); `None` otherwise.
 pub(crate) fn gemm(lhs: &CubeTensor, rhs: &CubeTensor) -> Option<CubeTensor> {
@@ -204,7 +189,7 @@ pub(crate) fn gemm(lhs: &CubeTensor, rhs: &CubeTensor) -> Option<CubeTensor> {
         let splits = k.div_ceil(per_split);
         let partial = compact_output(&a, Shape::from(vec![splits, m, n]), DType::F32);
         let out = compact_output(&a, Shape::from(vec![m, n]), a.dtype);
-        launch!(
+        launch_float!(
             a.dtype,
             rows_by_columns_kernel,
             &a.client,
@@ -222,7 +207,7 @@ pub(crate) fn gemm(lhs: &CubeTensor, rhs: &CubeTensor) -> Option<CubeTensor> {
             ROW_TILE,
         );
         let (count, dim) = launch_dims(m * n, VECTOR);
-        launch!(
+        launch_float!(
             a.dtype,
             split_sum_kernel,
             &a.client,
@@ -238,7 +223,7 @@ pub(crate) fn gemm(lhs: &CubeTensor, rhs: &CubeTensor) -> Option<CubeTensor> {
     if strides[0] == 1 && k.is_multiple_of(VECTOR) && strides[1].is_multiple_of(VECTOR) {
         let a = compact_input(lhs.clone())?;
         let out = compact_output(&a, Shape::from(vec![m, n]), a.dtype);
-        launch!(
+        launch_float!(
             a.dtype,
             rows_by_rows_kernel,
             &a.client,
