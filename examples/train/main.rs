@@ -321,7 +321,6 @@ mod tests {
                 "--pp 2 --microbatches 3",
                 "2 sequences a rank do not split into 3 equal microbatches",
             ),
-            ("--pp 2 --preset tiny-moe", "mixture-of-experts blocks"),
             ("--pp 2 --learner", "--pp runs its own loop: leave out --learner"),
             ("--dp 0", "at least 1"),
             ("--cp 0", "at least 1"),

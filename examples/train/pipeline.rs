@@ -1,7 +1,8 @@
 //! `train --pp N [--vpp V] [--microbatches M]`: the Llama over `pp` pipeline stages, each rank
 //! running its schedule's actions (1F1B; interleaved 1F1B over `V` model chunks a stage), the
 //! per-rank batch split into `M` microbatches (`pp` by default). The last stage prints the
-//! losses, which are pp = 1's (the mean over the microbatches is the batch's mean). `--save`
+//! losses, which are pp = 1's (the mean over the microbatches is the batch's mean) for dense
+//! models; a mixture of experts' router losses are each microbatch's, as in Megatron. `--save`
 //! writes every stage's blocks under the whole model's paths (on a thread of its own with
 //! `--async-save`), so `--resume` continues at any pp (and tp, dp).
 
@@ -34,13 +35,13 @@ fn microbatches(args: &Args) -> usize {
     args.microbatches.unwrap_or(args.pp)
 }
 
-/// Everything a pipeline run needs that can be wrong, before any tensor: mixtures of experts are
-/// not split over stages yet; the blocks must split into `pp · vpp` chunks, the rank's batch
-/// into the microbatches, the microbatches suit the schedule.
+/// Everything a pipeline run needs that can be wrong, before any tensor: the expert bias is not
+/// moved under a pipeline; the blocks must split into `pp · vpp` chunks, the rank's batch into
+/// the microbatches, the microbatches suit the schedule.
 pub fn check(args: &Args, config: &LlamaConfig, per_rank: usize) -> Result<(), ConfigError> {
-    if config.moe.is_some() {
+    if config.moe.as_ref().is_some_and(|moe| moe.layer.router.expert_bias) {
         return Err(ConfigError::AcrossStages {
-            what: "mixture-of-experts blocks (their router losses)",
+            what: "the expert bias (moved by the whole model's load after each step)",
         });
     }
     let m = microbatches(args);

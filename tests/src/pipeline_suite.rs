@@ -39,12 +39,78 @@ fn batches(device: &burn::tensor::Device) -> Vec<(Tensor<2, Int>, Tensor<2, Int>
 /// Each parameter's gradient by path, as f32 host tensors.
 type Grads = HashMap<String, Tensor<1>>;
 
+/// 4 blocks as [`config`]'s, blocks 0 and 2 mixtures of 4 experts of ffn 32 (top 2) with
+/// their load-balancing and z losses.
+fn moe_config() -> LlamaConfig {
+    use burn_megatron::layers::moe::{MoeConfig, RouterConfig};
+    use burn_megatron::models::llama::MoeBlocks;
+    let router = RouterConfig::new(32, 4, 2).with_aux_loss(1e-2).with_z_loss(1e-3);
+    let mut model = config();
+    model.moe = Some(MoeBlocks::new(MoeConfig::new(router, 32)).with_every(2));
+    model
+}
+
 pub fn stages_match_one_rank(h: &Harness) {
+    let full = Recompute::Full {
+        method: RecomputeMethod::Uniform,
+        layers: 2,
+    };
+    // Recomputation inside the stages: the regions' backward runs between the stage's sends.
+    let cases = [
+        (PipelineSchedule::GPipe, 2, Recompute::None),
+        (PipelineSchedule::OneForwardOneBackward, 2, Recompute::None),
+        (PipelineSchedule::OneForwardOneBackward, 4, Recompute::None),
+        (PipelineSchedule::Interleaved { virtual_stages: 2 }, 2, Recompute::None),
+        (PipelineSchedule::OneForwardOneBackward, 2, full),
+        (
+            PipelineSchedule::Interleaved { virtual_stages: 2 },
+            2,
+            Recompute::Selective,
+        ),
+    ];
+    stages_match(h, config(), &cases);
+}
+
+/// MoE blocks in the stages: each chunk's router losses differentiated with its output where
+/// it runs, and summed over the pipeline into the loss. At pp 2 one MoE block on each stage; at
+/// pp 2 × vpp 2 both on the first rank and none on the last; at pp 4 a stage each.
+pub fn moe_stages_match_one_rank(h: &Harness) {
+    let cases = [
+        (PipelineSchedule::OneForwardOneBackward, 2, Recompute::None),
+        (PipelineSchedule::Interleaved { virtual_stages: 2 }, 2, Recompute::None),
+        (PipelineSchedule::OneForwardOneBackward, 4, Recompute::Selective),
+    ];
+    stages_match(h, moe_config(), &cases);
+    // What a stage cannot hold: typed errors before any tensor.
+    use burn_megatron::error::{ConfigError, LayerError};
+    use burn_megatron::models::llama::WordEmbeddings;
+    let mut biased = moe_config();
+    biased.moe.as_mut().expect("MoE blocks").layer.router.expert_bias = true;
+    let mut tied = config();
+    tied.word_embeddings = WordEmbeddings::Tied;
+    h.run(ParallelDims::single(), |ctx| {
+        let init = ParamInit::new(3, InitMode::Full);
+        for (config, what) in [(&biased, "the expert bias"), (&tied, "tied word embeddings")] {
+            let chunks = std::iter::once(0..2).collect();
+            let refused = config.init_stage(chunks, (true, false), &ctx.device, &ctx.groups, &init);
+            match refused {
+                Err(LayerError::Config(ConfigError::AcrossStages { what: said })) => {
+                    assert!(said.starts_with(what), "{said}")
+                }
+                other => panic!("{what}: {:?}", other.map(|_| "a stage")),
+            }
+        }
+    });
+}
+
+/// The loss over the microbatches and every parameter's gradient of `config` split over the
+/// stages of each case, against the whole model on one rank.
+fn stages_match(h: &Harness, config: LlamaConfig, cases: &[(PipelineSchedule, usize, Recompute)]) {
     let init = ParamInit::new(3, InitMode::Full).with_dtype(h.float);
     let (reference_loss, reference) = h
         .run(ParallelDims::single(), |ctx| {
             let dev = ctx.device.clone().autodiff();
-            let model = config().init(&dev, &ctx.groups, &init).unwrap();
+            let model = config.init(&dev, &ctx.groups, &init).unwrap();
             let loss = batches(&dev)
                 .into_iter()
                 .map(|(ids, targets)| {
@@ -64,23 +130,7 @@ pub fn stages_match_one_rank(h: &Harness) {
             (loss.into_scalar::<f64>(), by_path)
         })
         .remove(0);
-    let full = Recompute::Full {
-        method: RecomputeMethod::Uniform,
-        layers: 2,
-    };
-    // Recomputation inside the stages: the regions' backward runs between the stage's sends.
-    for (schedule, pp, recompute) in [
-        (PipelineSchedule::GPipe, 2, Recompute::None),
-        (PipelineSchedule::OneForwardOneBackward, 2, Recompute::None),
-        (PipelineSchedule::OneForwardOneBackward, 4, Recompute::None),
-        (PipelineSchedule::Interleaved { virtual_stages: 2 }, 2, Recompute::None),
-        (PipelineSchedule::OneForwardOneBackward, 2, full),
-        (
-            PipelineSchedule::Interleaved { virtual_stages: 2 },
-            2,
-            Recompute::Selective,
-        ),
-    ] {
+    for &(schedule, pp, recompute) in cases {
         let dims = ParallelDims {
             pp,
             ..ParallelDims::single()
@@ -91,7 +141,8 @@ pub fn stages_match_one_rank(h: &Harness) {
             let stages = virtual_stages(4, pp, schedule.chunks(), None).unwrap();
             let chunks = rank_chunks(&stages, pp, rank);
             let ends = (rank == 0, rank == pp - 1);
-            let stage = config()
+            let stage = config
+                .clone()
                 .with_recompute(recompute)
                 .init_stage(chunks, ends, &dev, &ctx.groups, &init)
                 .unwrap();

@@ -8,6 +8,11 @@ fn stages_match_one_rank() {
 }
 
 #[test]
+fn moe_stages_match_one_rank() {
+    pipeline_suite::moe_stages_match_one_rank(&Harness::cpu(4));
+}
+
+#[test]
 fn steps_match_one_rank() {
     pipeline_suite::steps_match_one_rank(&Harness::cpu(4));
 }

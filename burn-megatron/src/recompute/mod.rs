@@ -106,7 +106,20 @@ impl Recompute {
 /// # Shapes
 /// `[n, w]`, `[n, w]`
 pub fn seeded_backward(output: Tensor<2>, grad: Tensor<2>) -> Gradients {
-    (output * grad).sum_dim(1).sum().backward()
+    seeded_backward_with(output, grad, None)
+}
+
+/// [`seeded_backward`] with `extra` (a scalar of the same graph: a pipeline stage's router
+/// losses) differentiated too.
+pub fn seeded_backward_with(output: Tensor<2>, grad: Tensor<2>, extra: Option<Tensor<1>>) -> Gradients {
+    let seeded = (output * grad).sum_dim(1).sum();
+    match extra {
+        Some(extra) => {
+            let dtype = seeded.dtype();
+            (seeded + extra.cast(dtype)).backward()
+        }
+        None => seeded.backward(),
+    }
 }
 
 impl std::str::FromStr for Recompute {

@@ -5,7 +5,8 @@
 //! A forward keeps its input (a new leaf, when it came from another stage) and its output; its
 //! backward seeds the output with the received gradient (`recompute::seeded_backward`), and
 //! sends its input's gradient on. The last stage's loss is divided by the microbatches, so the summed gradients
-//! are the mean loss's.
+//! are the mean loss's. A chunk's router losses (MoE blocks) are differentiated with its output
+//! where they arise and summed over the pipeline into the reported loss.
 //!
 //! Legend: `m` microbatches, `b` a microbatch's sequences, `s` sequence, `d` d_model.
 
@@ -20,7 +21,7 @@ use crate::error::LayerError;
 use crate::optim::{DistributedAdamW, StepReport};
 use crate::params::{param_grads, param_values};
 use crate::plan::pipeline::schedule::{Action, Payload};
-use crate::recompute::seeded_backward;
+use crate::recompute::seeded_backward_with;
 
 /// What one rank's step produced.
 pub struct StageStep {
@@ -52,11 +53,14 @@ impl StageTiming {
 }
 
 /// What a forward left for its backward.
-enum Kept {
-    /// The input leaf (not on the first stage) and the output, sent on.
-    Activation(Option<Tensor<3>>, Tensor<3>),
-    /// The input leaf and the microbatch's loss share (last stage).
-    Loss(Option<Tensor<3>>, Tensor<1>),
+struct Kept {
+    /// The input leaf (not on the first stage).
+    input: Option<Tensor<3>>,
+    /// The output, sent on; none on the last virtual stage.
+    output: Option<Tensor<3>>,
+    /// Differentiated beside the seeded output: the microbatch's loss share on the last
+    /// virtual stage, the chunk's router losses (their share) elsewhere.
+    scalar: Option<Tensor<1>>,
 }
 
 /// Runs `actions` (this pipeline rank's list) on `stage`: `batches[i]` is microbatch `i`'s
@@ -76,6 +80,9 @@ pub fn run_actions(
     let mut kept: HashMap<(usize, usize), Kept> = HashMap::new();
     let mut grads: Vec<Option<Tensor<1>>> = Vec::new();
     let mut loss: Option<Tensor<1>> = None;
+    // The router losses of chunks that are not the last virtual stage: added to the reported
+    // loss after the actions.
+    let mut elsewhere: Option<Tensor<1>> = None;
     let device = batches.first().map(|b| b.0.device());
     let begun = Instant::now();
     let mut busy = 0.0;
@@ -126,21 +133,44 @@ pub fn run_actions(
                         (Some(leaf.clone()), leaf)
                     }
                 };
-                let y = stage.forward_chunk(chunk, x)?;
+                let (y, routed) = stage.forward_chunk(chunk, x)?;
+                let routed = routed.map(|r| r.div_scalar(m as f64));
                 let entry = match s + 1 == stages {
                     true => {
                         let share = stage.loss(y, targets.clone())?.div_scalar(m as f64);
+                        let share = match routed {
+                            Some(r) => {
+                                let dtype = share.dtype();
+                                share + r.cast(dtype)
+                            }
+                            None => share,
+                        };
                         let value = share.clone().detach();
                         loss = Some(match loss.take() {
                             Some(sum) => sum + value,
                             None => value,
                         });
-                        Kept::Loss(input, share)
+                        Kept {
+                            input,
+                            output: None,
+                            scalar: Some(share),
+                        }
                     }
                     false => {
                         let value = y.clone().detach().without_autodiff();
                         outbox.insert((Payload::Activation, microbatch, s), value);
-                        Kept::Activation(input, y)
+                        if let Some(r) = &routed {
+                            let r = r.clone().detach().without_autodiff().cast(burn::tensor::DType::F32);
+                            elsewhere = Some(match elsewhere.take() {
+                                Some(sum) => sum + r,
+                                None => r,
+                            });
+                        }
+                        Kept {
+                            input,
+                            output: Some(y),
+                            scalar: routed,
+                        }
                     }
                 };
                 kept.insert((microbatch, chunk), entry);
@@ -149,15 +179,16 @@ pub fn run_actions(
             Action::Backward { microbatch, chunk } => {
                 let started = Instant::now();
                 let s = virtual_stage(chunk);
-                let (input, backward) = match kept.remove(&(microbatch, chunk)).expect("a forward before") {
-                    Kept::Loss(input, share) => (input, share.backward()),
-                    Kept::Activation(input, y) => {
+                let Kept { input, output, scalar } = kept.remove(&(microbatch, chunk)).expect("a forward before");
+                let backward = match output {
+                    None => scalar.expect("the last stage keeps its loss share").backward(),
+                    Some(y) => {
                         let gradient = inbox
                             .remove(&(Payload::Gradient, microbatch, s + 1))
                             .expect("received before its backward");
                         let [b, len, d] = y.dims();
                         let rows = |x: Tensor<3>| x.reshape([b * len, d]);
-                        (input, seeded_backward(rows(y), rows(gradient.autodiff())))
+                        seeded_backward_with(rows(y), rows(gradient.autodiff()), scalar)
                     }
                 };
                 let step = param_grads(stage, &backward);
@@ -181,6 +212,17 @@ pub fn run_actions(
         }
     }
     pp.flush()?;
+    if stage.has_experts()
+        && let Some(device) = &device
+    {
+        // Every rank takes part, whether or not its stages hold MoE blocks.
+        let zero = || Tensor::<1>::zeros([1], (device, burn::tensor::DType::F32)).without_autodiff();
+        let routed = pp.all_reduce(elsewhere.unwrap_or_else(zero), burn_megatron_dist::ReduceOp::Sum)?;
+        loss = loss.map(|l| {
+            let dtype = l.dtype();
+            l + routed.cast(dtype)
+        });
+    }
     let timing = StageTiming {
         busy_s: busy,
         total_s: begun.elapsed().as_secs_f64(),

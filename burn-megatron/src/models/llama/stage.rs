@@ -40,12 +40,17 @@ pub struct LlamaStage {
     /// Which blocks of each chunk run as recomputed regions (full recomputation).
     #[module(skip)]
     pub recompute: Recompute,
+    /// Whether the whole model has MoE blocks (every rank knows, whichever stage holds them).
+    #[module(skip)]
+    pub experts: bool,
 }
 
 impl LlamaConfig {
     /// Pipeline rank `rank`'s stage, holding the block ranges `chunks` (its model chunks, from
     /// `plan::pipeline::stages`); the embedding when `first`, the head when `last`. Tied word
-    /// embeddings would need the embedding on both ends: refused.
+    /// embeddings would need the embedding on both ends, and the expert bias the whole model's
+    /// load: both refused. MoE blocks may sit in any stage: each stage's router losses join the
+    /// loss where they arise (`pipeline.rs`).
     pub fn init_stage(
         &self,
         chunks: Vec<Range<usize>>,
@@ -60,9 +65,9 @@ impl LlamaConfig {
             }
             .into());
         }
-        if self.moe.is_some() {
+        if self.moe.as_ref().is_some_and(|moe| moe.layer.router.expert_bias) {
             return Err(ConfigError::AcrossStages {
-                what: "mixture-of-experts blocks (their router losses)",
+                what: "the expert bias (moved by the whole model's load after each step)",
             }
             .into());
         }
@@ -87,6 +92,7 @@ impl LlamaConfig {
                 crate::layers::SequenceLayout::Whole => 1,
             },
             recompute: self.recompute,
+            experts: self.moe.is_some(),
         })
     }
 }
@@ -109,17 +115,25 @@ impl LlamaStage {
             .forward(ids)
     }
 
-    /// Model chunk `chunk`'s blocks on `x`.
+    /// Model chunk `chunk`'s blocks on `x`, and the router losses of its MoE blocks (their sum,
+    /// `[1]` f32, differentiable), if it has any.
     ///
     /// # Shapes
     /// `[b, s, d]` → `[b, s, d]`
-    pub fn forward_chunk(&self, chunk: usize, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+    pub fn forward_chunk(&self, chunk: usize, x: Tensor<3>) -> Result<(Tensor<3>, Option<Tensor<1>>), LayerError> {
         let blocks: Vec<LlamaBlock> = self.chunks[chunk]
             .clone()
             .map(|i| self.layers[i].clone().expect("the chunk's blocks are here"))
             .collect();
-        // No MoE block in a pipeline (`init_stage`): nothing to report.
-        forward_blocks(&blocks, x, self.recompute, &mut MoeReport::default())
+        let mut report = MoeReport::default();
+        let y = forward_blocks(&blocks, x, self.recompute, &mut report)?;
+        Ok((y, report.loss()))
+    }
+
+    /// Whether the model has MoE blocks (in whichever stage): its router losses then travel to
+    /// the reported loss.
+    pub fn has_experts(&self) -> bool {
+        self.experts
     }
 
     /// The head on the last block's output: the next-token loss of `targets`, as
