@@ -7,7 +7,7 @@
 //! Legend: weights are Burn's `[in, out]`; a channel is an output column, a group `g`
 //! consecutive input rows of one column (the last group shorter where `in` is no multiple).
 
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_megatron_kernels::quant::fake;
 use burn_megatron_kernels::quant::format::Minifloat;
 use burn_megatron_kernels::quant::recipe::{Blocks, Quantizer, Rounding};
@@ -185,6 +185,14 @@ fn groups_of_rows(w: Tensor<2>, group: usize) -> Tensor<3> {
     padded.reshape([rows.div_ceil(group), group, cols])
 }
 
+/// 1 for each of `rows` real rows cut into groups of `group`, 0 for the padding that
+/// [`groups_of_rows`] adds: `[groups, group, 1]`.
+fn real_rows(rows: usize, group: usize, device: &Device) -> Tensor<3> {
+    let groups = rows.div_ceil(group);
+    let mask: Vec<f32> = (0..groups * group).map(|r| (r < rows) as u8 as f32).collect();
+    Tensor::<1>::from_data(TensorData::new(mask, [groups * group]), device).reshape([groups, group, 1])
+}
+
 /// [`WeightScheme::Minimum`].
 fn minimum(w: Tensor<2>, bits: u32, group: usize) -> QuantizedWeight {
     let [rows, cols] = w.dims();
@@ -235,12 +243,14 @@ fn asymmetric(
         Clipping::Mse => {
             // Both ends shrunk by 1, 0.975, … 0.5; the first best kept, a group at a time.
             let x = inputs.map(|x| grouped_inputs(x, rows.div_ceil(group), group));
+            // The padding rows (copies of the last row) must not weigh in the choice.
+            let real = real_rows(rows, group, &g.device());
             // (error, values, scale, zero)
             let mut best: Option<(Tensor<3>, Tensor<3>, Tensor<3>, Tensor<3>)> = None;
             for k in 0..=20 {
                 let r = 1.0 - 0.025 * k as f64;
                 let (v, s, z) = quantize(min.clone().mul_scalar(r), max.clone().mul_scalar(r));
-                let e = group_error(v.clone(), g.clone(), x.as_ref());
+                let e = group_error(v.clone() * real.clone(), g.clone() * real.clone(), x.as_ref());
                 best = Some(match best {
                     None => (e, v, s, z),
                     Some((be, bv, bs, bz)) => {
