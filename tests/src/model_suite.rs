@@ -148,18 +148,20 @@ pub fn adamw_steps_match(h: &Harness) {
 
 /// [`adamw_steps_match`] with FP8 current scaling in the blocks' linear layers: each rank's
 /// amaxes are reduced over tp, so every rank scales its pieces as tp = 1 scales the whole
-/// tensors. The products' inputs differ from tp = 1's by f32 rounding, and a value that lies
-/// within that rounding of an FP8 rounding boundary lands on the neighbouring code (one step,
-/// 2⁻³ relative at most, on a handful of the ~10⁵ values a step): 1e-2 relative holds 20 steps
-/// of such flips, where scaling each shard by its own amax moves the losses by several percent.
+/// tensors, and the first loss (the same weights) matches to f32 rounding. After it, a value
+/// within f32 rounding of an FP8 rounding boundary lands on the neighbouring code (one step,
+/// 2⁻³ relative at most, on a handful of the ~10⁵ values a step), and Adam's first update is
+/// each gradient element's sign (a near-zero element of the other sign moves by 2·lr): these
+/// grow over 20 steps at lr 3e-3, where the tiny model's loss climbs before it falls. Measured
+/// here: at most 1.0% (release build, both recipes), so 2e-2 relative.
 pub fn fp8_steps_match(h: &Harness) {
-    steps_match_with(h, Gemm::Quantized(Recipe::Fp8Tensorwise), 1e-2);
+    steps_match_with(h, Gemm::Quantized(Recipe::Fp8Tensorwise), 2e-2);
 }
 
 /// [`fp8_steps_match`] under delayed scaling: the amaxes recorded into each layer's history are
 /// reduced over tp too, so every rank's histories, and scales, are tp = 1's.
 pub fn fp8_delayed_steps_match(h: &Harness) {
-    steps_match_with(h, Gemm::Quantized(Recipe::FP8_DELAYED), 1e-2);
+    steps_match_with(h, Gemm::Quantized(Recipe::FP8_DELAYED), 2e-2);
 }
 
 /// 20 AdamW steps at the harness's tp with SP against tp = 1, every linear layer on `gemm`,
@@ -175,6 +177,13 @@ fn steps_match_with(h: &Harness, gemm: Gemm, tolerance: f64) {
             return;
         }
         let twin = losses(&ProcessGroups::single(), &dev, false);
+        // The first step's loss: the same weights, products split over tp (f32 rounding).
+        assert!(
+            (par[0] - twin[0]).abs() <= 1e-5 * twin[0].abs(),
+            "{gemm:?}: first loss {} vs {}",
+            par[0],
+            twin[0]
+        );
         for (step, (a, b)) in par.iter().zip(&twin).enumerate() {
             // Gradients differ from the twin's by rounding; Adam divides each update by the
             // gradient's RMS, which carries that rounding into the weights step after step.
