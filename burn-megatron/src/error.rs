@@ -68,8 +68,6 @@ pub enum ConfigError {
     },
     #[error("{sequences} sequences a rank do not split into {microbatches} equal microbatches")]
     MicrobatchSplit { sequences: usize, microbatches: usize },
-    #[error("{what} cannot be split over pipeline stages yet")]
-    AcrossStages { what: &'static str },
     #[error("an interleaved schedule needs at least 2 model chunks a rank, not {virtual_stages}")]
     VirtualStages { virtual_stages: usize },
     #[error("{experts} experts do not split evenly over ep = {ep}")]

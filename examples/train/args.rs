@@ -32,6 +32,9 @@ pub struct Args {
     pub microbatches: Option<usize>,
     /// Blocks, instead of the preset's.
     pub layers: Option<usize>,
+    /// The output layer tied to the embedding (as SmolLM2's and Llama 3.2's), instead of the
+    /// preset's choice.
+    pub tied: bool,
     pub sp: bool,
     pub steps: usize,
     pub seed: u64,
@@ -73,7 +76,7 @@ pub struct Args {
 
 const USAGE: &str = "usage: train [--preset tiny|tiny-moe|llama-1b|moe-4b|llama-8b] [--tp N] [--dp N] [--cp N] \
 [--context ring|all-to-all|all-gather] [--ep N] \
-[--dispatcher all-to-all|all-gather] [--pp N] [--vpp V] [--microbatches M] [--layers N] [--sp] [--steps N] \
+[--dispatcher all-to-all|all-gather] [--pp N] [--vpp V] [--microbatches M] [--layers N] [--tied] [--sp] [--steps N] \
 [--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--async-save] [--resume DIR] [--data PATH] [--tokenizer tokenizer.json] \
 [--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-tensorwise-e4m3|fp8-delayed[:LEN[:max|most-recent]]|fp8-blockwise|mxfp8|nvfp4] [--sample-every K] [--learner] \
 [--recompute none|selective|full:N|full-block:N]";
@@ -92,6 +95,7 @@ impl Args {
             vpp: 1,
             microbatches: None,
             layers: None,
+            tied: false,
             sp: false,
             steps: 200,
             seed: 7,
@@ -135,6 +139,7 @@ impl Args {
                     }
                 }
                 "--sp" => out.sp = true,
+                "--tied" => out.tied = true,
                 "--zero1" => out.zero1 = true,
                 "--save" => out.save = Some(value()?.into()),
                 "--save-every" => out.save_every = Some(number(&flag, &value()?)?),

@@ -67,6 +67,9 @@ fn configure(args: &Args) -> Result<Job, ConfigError> {
     recipe.batch_size = args.batch.unwrap_or(recipe.batch_size);
     recipe.model.n_layers = args.layers.unwrap_or(recipe.model.n_layers);
     recipe.model.recompute = args.recompute;
+    if args.tied {
+        recipe.model.word_embeddings = burn_megatron::models::llama::WordEmbeddings::Tied;
+    }
     // The plan lays out one pipeline stage's tp × dp × ep mesh; the pipeline's stages are
     // `pipeline.rs`'s.
     let dims = ParallelDims {
@@ -417,6 +420,11 @@ mod tests {
             ("--pp 2 --dp 2 --microbatches 2", Some("--dp 2")),
             ("--pp 2 --tp 2 --sp --microbatches 2", Some("--tp 2 --sp")),
             ("--pp 2 --tp 2 --sp --dp 2 --microbatches 2", Some("--tp 2 --sp --dp 2")),
+            ("--pp 2 --tied", Some("--tied --microbatches 2")),
+            (
+                "--pp 2 --vpp 2 --microbatches 2 --tied --tp 2 --sp",
+                Some("--tied --tp 2 --sp"),
+            ),
         ] {
             let losses = run(&tiny4(flags)).unwrap_or_else(|e| panic!("{flags}: {e}"));
             let reference = match one_stage {
@@ -432,25 +440,28 @@ mod tests {
 
     /// A checkpoint saved by 2 pipeline stages after 3 steps resumes at pp 1 and at pp 4: the
     /// next 2 losses are those of the pp 2 run that went on without stopping (f32 sums in
-    /// another order over 2 AdamW steps: 1e-4 relative).
+    /// another order over 2 AdamW steps: 1e-4 relative). With tied embeddings the two stages'
+    /// copies are written once, and read by both ends at pp 4.
     #[test]
     fn pipeline_checkpoints_resume_at_other_stage_counts() {
-        let dir = std::env::temp_dir().join(format!("burn-megatron-pp-ckpt-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let common = "--layers 4 --seq 32 --batch 4 --microbatches 2 --sample-every 0";
-        let reference = run(&args(&format!("{common} --pp 2 --steps 5"))).unwrap();
-        // Saved on the saver's thread (--async-save), as the loop without stages does.
-        let saved = format!("{common} --pp 2 --steps 3 --save {} --async-save", dir.display());
-        run(&args(&saved)).unwrap();
-        for pp in [1, 4] {
-            let flags = format!("{common} --pp {pp} --steps 5 --resume {}", dir.display());
-            let losses = run(&args(&flags)).unwrap_or_else(|e| panic!("{flags}: {e}"));
-            assert_eq!(losses.len(), 2, "{flags}");
-            for (a, b) in losses.iter().zip(&reference[3..]) {
-                assert!((a - b).abs() <= 1e-4 * b.abs(), "{flags}: {losses:?} vs {reference:?}");
+        for tied in ["", "--tied"] {
+            let dir = std::env::temp_dir().join(format!("burn-megatron-pp-ckpt{tied}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            let common = format!("--layers 4 --seq 32 --batch 4 --microbatches 2 --sample-every 0 {tied}");
+            let reference = run(&args(&format!("{common} --pp 2 --steps 5"))).unwrap();
+            // Saved on the saver's thread (--async-save), as the loop without stages does.
+            let saved = format!("{common} --pp 2 --steps 3 --save {} --async-save", dir.display());
+            run(&args(&saved)).unwrap();
+            for pp in [1, 4] {
+                let flags = format!("{common} --pp {pp} --steps 5 --resume {}", dir.display());
+                let losses = run(&args(&flags)).unwrap_or_else(|e| panic!("{flags}: {e}"));
+                assert_eq!(losses.len(), 2, "{flags}");
+                for (a, b) in losses.iter().zip(&reference[3..]) {
+                    assert!((a - b).abs() <= 1e-4 * b.abs(), "{flags}: {losses:?} vs {reference:?}");
+                }
             }
+            let _ = std::fs::remove_dir_all(&dir);
         }
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Context parallelism prints cp = 1's losses over 20 steps: cp 2 with each exchange, tp 2

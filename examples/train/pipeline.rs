@@ -35,15 +35,10 @@ fn microbatches(args: &Args) -> usize {
     args.microbatches.unwrap_or(args.pp)
 }
 
-/// Everything a pipeline run needs that can be wrong, before any tensor: the expert bias is not
-/// moved under a pipeline; the blocks must split into `pp · vpp` chunks, the rank's batch into
-/// the microbatches, the microbatches suit the schedule.
+/// Everything a pipeline run needs that can be wrong, before any tensor: the blocks must split
+/// into `pp · vpp` chunks, the rank's batch into the microbatches, the microbatches suit the
+/// schedule.
 pub fn check(args: &Args, config: &LlamaConfig, per_rank: usize) -> Result<(), ConfigError> {
-    if config.moe.as_ref().is_some_and(|moe| moe.layer.router.expert_bias) {
-        return Err(ConfigError::AcrossStages {
-            what: "the expert bias (moved by the whole model's load after each step)",
-        });
-    }
     let m = microbatches(args);
     schedule(args).check_microbatches(args.pp, m)?;
     if !per_rank.is_multiple_of(m) || per_rank < m {
@@ -106,7 +101,10 @@ pub fn run(
                 &ctx.groups.pp,
             )
             .map_err(|e| e.to_string())?;
-            stage = next;
+            // The expert bias of each of this stage's MoE blocks, by its load over the step.
+            stage = next
+                .update_expert_bias(&report.loads, &ctx.groups)
+                .map_err(|e| e.to_string())?;
             if step > done + 1 || args.steps == done + 1 {
                 idle.push(report.timing.idle());
             }

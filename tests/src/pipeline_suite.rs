@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::LlamaConfig;
+use burn_megatron::models::llama::MoeReport;
 use burn_megatron::models::llama::pipeline::run_actions;
-use burn_megatron::params::{param_grads, param_infos};
+use burn_megatron::params::{ParamInfo, param_grads, param_infos, param_values};
 use burn_megatron::plan::PipelineSchedule;
 use burn_megatron::plan::pipeline::stages::{rank_chunks, virtual_stages};
 use burn_megatron::recompute::{Recompute, RecomputeMethod};
@@ -38,6 +39,36 @@ fn batches(device: &burn::tensor::Device) -> Vec<(Tensor<2, Int>, Tensor<2, Int>
 
 /// Each parameter's gradient by path, as f32 host tensors.
 type Grads = HashMap<String, Tensor<1>>;
+
+/// The gradients of the parameters gradients train, by path, on the host.
+fn trained(infos: Vec<ParamInfo>, grads: Vec<Option<Tensor<1>>>) -> Grads {
+    infos
+        .into_iter()
+        .zip(grads)
+        .filter(|(info, _)| info.trainable)
+        .map(|(info, g)| {
+            (
+                info.path,
+                g.expect("a gradient").to_device(&burn::tensor::Device::flex()),
+            )
+        })
+        .collect()
+}
+
+/// The router biases (DeepSeek-V3's expert bias) of `model`'s MoE blocks, by path.
+fn biases<M: burn::module::Module>(model: &M) -> HashMap<String, Vec<f32>> {
+    param_infos(model)
+        .into_iter()
+        .zip(param_values(model))
+        .filter(|(info, _)| info.path.ends_with("router.bias"))
+        .map(|(info, p)| {
+            (
+                info.path,
+                p.value.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32"),
+            )
+        })
+        .collect()
+}
 
 /// 4 blocks as [`config`]'s, blocks 0 and 2 mixtures of 4 experts of ffn 32 (top 2) with
 /// their load-balancing and z losses.
@@ -81,55 +112,63 @@ pub fn moe_stages_match_one_rank(h: &Harness) {
         (PipelineSchedule::OneForwardOneBackward, 4, Recompute::Selective),
     ];
     stages_match(h, moe_config(), &cases);
-    // What a stage cannot hold: typed errors before any tensor.
-    use burn_megatron::error::{ConfigError, LayerError};
-    use burn_megatron::models::llama::WordEmbeddings;
+    // DeepSeek-V3's expert bias: each stage's blocks moved by their own loads summed over the
+    // microbatches, as the whole model's by the whole batch's.
     let mut biased = moe_config();
     biased.moe.as_mut().expect("MoE blocks").layer.router.expert_bias = true;
-    let mut tied = config();
-    tied.word_embeddings = WordEmbeddings::Tied;
-    h.run(ParallelDims::single(), |ctx| {
-        let init = ParamInit::new(3, InitMode::Full);
-        for (config, what) in [(&biased, "the expert bias"), (&tied, "tied word embeddings")] {
-            let chunks = std::iter::once(0..2).collect();
-            let refused = config.init_stage(chunks, (true, false), &ctx.device, &ctx.groups, &init);
-            match refused {
-                Err(LayerError::Config(ConfigError::AcrossStages { what: said })) => {
-                    assert!(said.starts_with(what), "{said}")
-                }
-                other => panic!("{what}: {:?}", other.map(|_| "a stage")),
-            }
-        }
-    });
+    let cases = [
+        (PipelineSchedule::OneForwardOneBackward, 2, Recompute::None),
+        (PipelineSchedule::Interleaved { virtual_stages: 2 }, 2, Recompute::None),
+    ];
+    stages_match(h, biased, &cases);
+}
+
+/// Tied word embeddings: the embedding on the first stage, its copy as the output layer on
+/// the last; their two gradients (the lookup's and the output product's) add up to the whole
+/// model's, at pp 2, pp 2 × vpp 2 and pp 4.
+pub fn tied_stages_match_one_rank(h: &Harness) {
+    let cases = [
+        (PipelineSchedule::OneForwardOneBackward, 2, Recompute::None),
+        (PipelineSchedule::Interleaved { virtual_stages: 2 }, 2, Recompute::None),
+        (PipelineSchedule::OneForwardOneBackward, 4, Recompute::None),
+    ];
+    stages_match(h, tied_config(), &cases);
+}
+
+/// [`config`] with the output layer tied to the embedding.
+fn tied_config() -> LlamaConfig {
+    config().with_word_embeddings(burn_megatron::models::llama::WordEmbeddings::Tied)
 }
 
 /// The loss over the microbatches and every parameter's gradient of `config` split over the
-/// stages of each case, against the whole model on one rank.
+/// stages of each case, against the whole model on one rank; a parameter two stages hold
+/// (tied embeddings) against the sum of their gradients.
 fn stages_match(h: &Harness, config: LlamaConfig, cases: &[(PipelineSchedule, usize, Recompute)]) {
     let init = ParamInit::new(3, InitMode::Full).with_dtype(h.float);
-    let (reference_loss, reference) = h
+    let reference_loss = h
         .run(ParallelDims::single(), |ctx| {
             let dev = ctx.device.clone().autodiff();
             let model = config.init(&dev, &ctx.groups, &init).unwrap();
+            let mut loads = MoeReport::default();
             let loss = batches(&dev)
                 .into_iter()
                 .map(|(ids, targets)| {
-                    model
-                        .forward_loss(ids, targets)
-                        .unwrap()
-                        .div_scalar(MICROBATCHES as f64)
+                    let (loss, report) = model.forward_loss_report(ids, targets).unwrap();
+                    loads.loads = match loads.loads.is_empty() {
+                        true => report.loads,
+                        false => loads.loads.iter().zip(&report.loads).map(|(a, b)| a.add(b)).collect(),
+                    };
+                    loss.div_scalar(MICROBATCHES as f64)
                 })
                 .reduce(|a, b| a + b)
                 .unwrap();
             let grads = loss.backward();
-            let by_path: Grads = param_infos(&model)
-                .into_iter()
-                .zip(param_grads(&model, &grads))
-                .map(|(info, g)| (info.path, g.unwrap().to_device(&burn::tensor::Device::flex())))
-                .collect();
-            (loss.into_scalar::<f64>(), by_path)
+            let by_path = trained(param_infos(&model), param_grads(&model, &grads));
+            let model = model.update_expert_bias(&loads, &ctx.groups).unwrap();
+            (loss.into_scalar::<f64>(), by_path, biases(&model))
         })
         .remove(0);
+    let (reference_loss, reference, reference_biases) = (reference_loss.0, reference_loss.1, reference_loss.2);
     for &(schedule, pp, recompute) in cases {
         let dims = ParallelDims {
             pp,
@@ -148,15 +187,19 @@ fn stages_match(h: &Harness, config: LlamaConfig, cases: &[(PipelineSchedule, us
                 .unwrap();
             let actions = schedule.actions(pp, MICROBATCHES).unwrap();
             let step = run_actions(&stage, &actions.ranks[rank], &batches(&dev), &ctx.groups.pp).unwrap();
-            let by_path: Grads = param_infos(&stage)
-                .into_iter()
-                .zip(step.grads)
-                .map(|(info, g)| (info.path, g.unwrap().to_device(&burn::tensor::Device::flex())))
-                .collect();
-            (step.loss.map(|l| l.into_scalar::<f64>()), by_path)
+            let by_path = trained(param_infos(&stage), step.grads);
+            let stage = stage.update_expert_bias(&step.loads, &ctx.groups).unwrap();
+            (step.loss.map(|l| l.into_scalar::<f64>()), by_path, biases(&stage))
         });
-        let mut seen = 0;
-        for (rank, (loss, grads)) in results.into_iter().enumerate() {
+        let mut summed = Grads::new();
+        for (loss, grads, biases) in results {
+            for (path, bias) in biases {
+                // Sign steps from the same whole-batch counts: the same bits.
+                assert_eq!(
+                    bias, reference_biases[&path],
+                    "{schedule:?} pp {pp}: {path} after the step"
+                );
+            }
             if let Some(loss) = loss {
                 // The same sums in another order: f32 rounding.
                 assert!(
@@ -165,25 +208,37 @@ fn stages_match(h: &Harness, config: LlamaConfig, cases: &[(PipelineSchedule, us
                 );
             }
             for (path, grad) in grads {
-                // Each microbatch's gradient summed after backward instead of inside it.
-                let what = format!("{schedule:?} pp {pp} {recompute:?} rank {rank}: {path}");
-                assert_close(&grad, &reference[&path], h.tolerance, &what);
-                seen += 1;
+                let sum = match summed.remove(&path) {
+                    Some(other) => other + grad,
+                    None => grad,
+                };
+                summed.insert(path, sum);
             }
         }
         assert_eq!(
-            seen,
+            summed.len(),
             reference.len(),
-            "{schedule:?} pp {pp}: every parameter on one stage"
+            "{schedule:?} pp {pp}: every parameter on a stage"
         );
+        for (path, grad) in summed {
+            // Each microbatch's gradient summed after backward instead of inside it.
+            let what = format!("{schedule:?} pp {pp} {recompute:?}: {path}");
+            assert_close(&grad, &reference[&path], h.tolerance, &what);
+        }
     }
 }
 
 /// 20 AdamW steps with gradients clipped to norm 1: the pipeline at pp 2 (1F1B) and pp 2 ×
 /// vpp 2 (interleaved) against the whole model on one rank. The first step's gradient norm (over
 /// every stage) within 1e-5 relative, every loss within 1e-3: the split sums differ by f32
-/// rounding, which Adam carries from step to step (as in the model suite's steps).
+/// rounding, which Adam carries from step to step (as in the model suite's steps). With tied
+/// embeddings the norm counts the embedding once, and its two copies stay equal to the bit.
 pub fn steps_match_one_rank(h: &Harness) {
+    steps_match(h, config());
+    steps_match(h, tied_config());
+}
+
+fn steps_match(h: &Harness, config: LlamaConfig) {
     use burn_megatron::models::llama::pipeline::train_step;
     use burn_megatron::optim::DistributedAdamWConfig;
     let init = ParamInit::new(3, InitMode::Full).with_dtype(h.float);
@@ -191,7 +246,7 @@ pub fn steps_match_one_rank(h: &Harness) {
     let (reference, reference_norm) = h
         .run(ParallelDims::single(), |ctx| {
             let dev = ctx.device.clone().autodiff();
-            let mut model = config().init(&dev, &ctx.groups, &init).unwrap();
+            let mut model = config.init(&dev, &ctx.groups, &init).unwrap();
             let mut adamw = optim().init(&ctx.groups);
             let mut first_norm = 0.0;
             let losses: Vec<f64> = (0..20)
@@ -233,7 +288,7 @@ pub fn steps_match_one_rank(h: &Harness) {
             let rank = ctx.groups.pp.group_rank();
             let stages = virtual_stages(4, 2, schedule.chunks(), None).unwrap();
             let ends = (rank == 0, rank == 1);
-            let mut stage = config()
+            let mut stage = config
                 .init_stage(rank_chunks(&stages, 2, rank), ends, &dev, &ctx.groups, &init)
                 .unwrap();
             let actions = schedule.actions(2, MICROBATCHES).unwrap();
@@ -257,9 +312,15 @@ pub fn steps_match_one_rank(h: &Harness) {
                     report.loss.map(|l| l.into_scalar::<f64>())
                 })
                 .collect();
-            (losses, norms[0])
+            let embedding = stage.embedding.map(|e| e.weight.val().into_data());
+            (losses, norms[0], embedding)
         });
-        for (losses, norm) in results {
+        if config.word_embeddings == burn_megatron::models::llama::WordEmbeddings::Tied {
+            let copies: Vec<_> = results.iter().filter_map(|r| r.2.clone()).collect();
+            assert_eq!(copies.len(), 2, "{schedule:?}: the embedding on both ends");
+            assert_eq!(copies[0], copies[1], "{schedule:?}: the tied copies after 20 steps");
+        }
+        for (losses, norm, _) in results {
             assert!(
                 (norm - reference_norm).abs() <= 1e-5 * reference_norm,
                 "{schedule:?}: first gradient norm {norm} vs {reference_norm}"

@@ -26,3 +26,8 @@ fn recomputation_matches_keeping() {
 fn bad_recomputation() {
     recompute_suite::bad_recomputation(&Harness::cpu(1));
 }
+
+#[test]
+fn tied_stages_match_one_rank() {
+    pipeline_suite::tied_stages_match_one_rank(&Harness::cpu(4));
+}

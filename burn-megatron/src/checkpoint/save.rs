@@ -16,6 +16,7 @@ use super::files::{FORMAT, Index, Piece, shard_file, sync_dir, write_shard, writ
 use super::{CheckpointError, OPTIMIZER, local_values, optimizer_device, optimizer_name, placement, state_parts};
 use crate::optim::DistributedAdamW;
 use crate::params::param_infos;
+use crate::plan::pipeline::shared::StageCopies;
 
 /// How long rank 0 waits for the other writers' shards before giving up on a save.
 const WRITERS_TIMEOUT: Duration = Duration::from_secs(600);
@@ -71,10 +72,12 @@ impl Snapshot {
         let mut tensors = BTreeMap::new();
         let mut pieces = BTreeMap::new();
         let writes_dense = groups.grad_sync().group_rank() == 0;
+        // A parameter several stages hold (tied embeddings) is written by the first of them.
+        let copies = StageCopies::find(&infos, &groups.pp, &optimizer_device(model))?;
         for (i, (info, (shape, data))) in infos.iter().zip(values).enumerate() {
             let placement = placement(info, &shape, groups);
             tensors.insert(info.path.clone(), placement.global_shape.clone());
-            let writes = info.expert || writes_dense;
+            let writes = (info.expert || writes_dense) && copies.counted_here(i);
             for (part, state) in OPTIMIZER.iter().zip(states.get(i).map(state_parts).unwrap_or_default()) {
                 let name = optimizer_name(part, &info.path);
                 tensors.insert(name.clone(), placement.global_shape.clone());

@@ -14,6 +14,7 @@ use burn_megatron_kernels::norm::sum_of_squares;
 
 use super::buckets::{BucketConfig, GradGroup, GradReducer, Reduction, pad};
 use crate::params::{ParamInfo, map_params, param_infos, param_values, take_grads};
+use crate::plan::pipeline::shared::StageCopies;
 
 /// Configuration of a [`DistributedAdamW`]. The defaults are PyTorch's and Megatron's (Burn's
 /// AdamW defaults differ: ε 1e-5, weight decay 1e-4).
@@ -68,6 +69,9 @@ pub struct DistributedAdamW {
     /// The group each parameter's gradient is averaged over (and its state sharded over,
     /// under ZeRO-1).
     grad_groups: Vec<GradGroup>,
+    /// The parameters other pipeline stages hold too (tied embeddings), found at the first
+    /// norm: counted there on the first stage holding them only.
+    copies: Option<StageCopies>,
     states: Vec<State>,
     step: u64,
 }
@@ -79,6 +83,7 @@ impl DistributedAdamWConfig {
             groups: groups.clone(),
             infos: Vec::new(),
             grad_groups: Vec::new(),
+            copies: None,
             states: Vec::new(),
             step: 0,
         }
@@ -173,6 +178,20 @@ impl DistributedAdamW {
         }
     }
 
+    /// Which of `model`'s parameters other pipeline stages hold too (tied embeddings), found
+    /// at the first call (a collective over pp: every pp rank calls it).
+    pub fn stage_copies<M: Module>(&mut self, model: &M) -> Result<&StageCopies, CommError> {
+        self.know(model);
+        if self.copies.is_none() {
+            let device = param_values(model).first().map(|p| p.value.device());
+            self.copies = Some(match device {
+                Some(device) => StageCopies::find(&self.infos, &self.groups.pp, &device)?,
+                None => StageCopies::alone(&self.infos),
+            });
+        }
+        Ok(self.copies.as_ref().expect("found above"))
+    }
+
     /// The group parameter `index`'s state is split over under ZeRO-1, if it is split.
     fn sharded_over(&self, index: usize) -> Option<&burn_megatron_dist::ProcessGroup> {
         let group = &self.grad_groups[index].group;
@@ -227,7 +246,7 @@ impl DistributedAdamW {
         model: M,
         shards: Vec<Tensor<1>>,
     ) -> Result<(M, StepReport), CommError> {
-        self.know(&model);
+        self.stage_copies(&model)?;
         let dtypes: Vec<DType> = param_values(&model).iter().map(|p| p.value.dtype()).collect();
         let grad_norm = self.global_norm(&shards)?;
         let scale = match self.config.max_grad_norm {
@@ -286,17 +305,21 @@ impl DistributedAdamW {
 
     /// √(Σ g²) over every rank, each parameter counted once: tp-replicated parameters count on
     /// tp rank 0 only; dp shards are disjoint only under ZeRO-1; experts differ over ep, and a
-    /// pipeline's stages over pp.
+    /// pipeline's stages over pp (a parameter several stages hold counts on the first).
     fn global_norm(&self, shards: &[Tensor<1>]) -> Result<f64, CommError> {
-        let tp = &self.groups.tp;
         let device = shards.first().map(|s| s.device());
         let Some(device) = device else { return Ok(0.0) };
+        let tp = &self.groups.tp;
+        let copies = self.copies.as_ref().expect("found by step_reduced");
         let counted = |expert: bool| -> Vec<Tensor<1>> {
             shards
                 .iter()
                 .zip(&self.infos)
-                .filter(|(_, info)| info.expert == expert && (info.tp_split || tp.group_rank() == 0))
-                .map(|(shard, _)| shard.clone())
+                .enumerate()
+                .filter(|(i, (_, info))| {
+                    info.expert == expert && (info.tp_split || tp.group_rank() == 0) && copies.counted_here(*i)
+                })
+                .map(|(_, (shard, _))| shard.clone())
                 .collect()
         };
         let (dense, experts) = (counted(false), counted(true));

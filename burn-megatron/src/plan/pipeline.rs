@@ -4,6 +4,7 @@
 //! and `bench` drive stages), so a plan asking for pp > 1 is refused by name.
 
 pub mod schedule;
+pub mod shared;
 pub mod simulate;
 pub mod stages;
 

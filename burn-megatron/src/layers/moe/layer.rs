@@ -81,6 +81,21 @@ pub struct Load {
     pub dropped: usize,
 }
 
+impl Load {
+    /// Both calls' copies together.
+    pub fn add(&self, other: &Load) -> Load {
+        Load {
+            per_expert: self
+                .per_expert
+                .iter()
+                .zip(&other.per_expert)
+                .map(|(x, y)| x + y)
+                .collect(),
+            dropped: self.dropped + other.dropped,
+        }
+    }
+}
+
 impl MoeConfig {
     /// Checks that the layer splits over `tp` and `ep` ranks.
     pub fn check(&self, tp: usize, ep: usize) -> Result<(), ConfigError> {

@@ -106,10 +106,7 @@ impl MoeReport {
 
     /// Each expert's copies summed over the MoE blocks, and the copies dropped.
     pub fn load(&self) -> Option<Load> {
-        self.loads.iter().cloned().reduce(|a, b| Load {
-            per_expert: a.per_expert.iter().zip(&b.per_expert).map(|(x, y)| x + y).collect(),
-            dropped: a.dropped + b.dropped,
-        })
+        self.loads.iter().cloned().reduce(|a, b| a.add(&b))
     }
 }
 
@@ -167,18 +164,7 @@ impl LlamaConfig {
         let layers = (0..self.n_layers)
             .map(|i| self.init_block(i, device, groups, init))
             .collect::<Result<_, LayerError>>()?;
-        let (output, tied_output) = match self.word_embeddings {
-            WordEmbeddings::Untied => (Some(self.output.init(device, groups, init, "output")?), None),
-            WordEmbeddings::Tied => {
-                // The embedding's rows are the output's columns: the same padded vocabulary.
-                crate::error::divisible("d_output", self.output.d_output, groups.tp.size())?;
-                let tied = TiedOutput {
-                    input: self.output.input,
-                    gemm: self.output.gemm,
-                };
-                (None, Some(tied))
-            }
-        };
+        let (output, tied_output) = self.init_output(device, groups, init)?;
         Ok(Llama {
             embedding: self.embedding.init(device, groups, init, "embedding"),
             layers,
@@ -192,6 +178,27 @@ impl LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// The output layer: its own weight, or how the tied embedding's serves as one.
+    pub(crate) fn init_output(
+        &self,
+        device: &Device,
+        groups: &ProcessGroups,
+        init: &ParamInit,
+    ) -> Result<(Option<ColumnParallelLinear>, Option<TiedOutput>), LayerError> {
+        Ok(match self.word_embeddings {
+            WordEmbeddings::Untied => (Some(self.output.init(device, groups, init, "output")?), None),
+            WordEmbeddings::Tied => {
+                // The embedding's rows are the output's columns: the same padded vocabulary.
+                crate::error::divisible("d_output", self.output.d_output, groups.tp.size())?;
+                let tied = TiedOutput {
+                    input: self.output.input,
+                    gemm: self.output.gemm,
+                };
+                (None, Some(tied))
+            }
+        })
+    }
+
     /// The recomputation asked for fits the model: full recomputation's block count, and no
     /// MoE block inside a fully recomputed region.
     pub fn check_recompute(&self) -> Result<(), ConfigError> {
@@ -294,6 +301,64 @@ pub fn forward_blocks(
         })
 }
 
+/// Each MoE block of `blocks` (in order, `loads[j]` the `j`-th MoE block's load) moves its
+/// router bias, where it has one, by its rate toward balance from the load summed over
+/// `groups.grad_sync()` ([`Llama::update_expert_bias`]).
+pub(crate) fn update_expert_biases<'a>(
+    blocks: impl Iterator<Item = &'a mut LlamaBlock>,
+    loads: &[Load],
+    groups: &ProcessGroups,
+) -> Result<(), CommError> {
+    let mut loads = loads.iter();
+    for block in blocks {
+        let Some(moe) = block.moe.as_mut() else { continue };
+        let load = loads.next().expect("a load a MoE block");
+        if moe.router.bias.is_none() {
+            continue;
+        }
+        let device = moe.router.weight.val().device();
+        let counts: Vec<i64> = load.per_expert.iter().map(|&n| n as i64).collect();
+        let n = counts.len();
+        let local = Tensor::<1, Int>::from_data(burn::tensor::TensorData::new(counts, [n]), &device);
+        let total = groups.grad_sync().all_reduce(local, ReduceOp::Sum)?;
+        let rate = moe.router.settings.bias_update_rate;
+        moe.router = moe.router.clone().update_bias(total, rate);
+    }
+    Ok(())
+}
+
+/// The output layer on the normed `x`: its own, or the tied embedding's weight as one.
+///
+/// # Shapes
+/// `[b, s, d]` → logits `[b, s, v']`
+pub(crate) fn output_logits(
+    x: Tensor<3>,
+    output: Option<&ColumnParallelLinear>,
+    tied: Option<(&TiedOutput, &VocabParallelEmbedding)>,
+) -> Result<Tensor<3>, LayerError> {
+    Ok(match (output, tied) {
+        (Some(output), _) => output.forward(x)?,
+        (None, Some((tied, embedding))) => {
+            let weight = embedding.weight.val().transpose(); // [d, v/tp]
+            let product = Product {
+                gemm: tied.gemm,
+                quantizer: &InputQuantizer::None,
+                delayed: None,
+            };
+            column_parallel(
+                x,
+                weight,
+                None,
+                tied.input,
+                ColumnOutput::Sharded,
+                product,
+                &embedding.tp,
+            )?
+        }
+        (None, None) => unreachable!("a Llama has an output layer or tied word embeddings"),
+    })
+}
+
 impl Llama {
     /// # Shapes
     /// `[b, s]` token ids → logits `[b, s, v']`, `v'` this rank's share of the vocabulary.
@@ -314,21 +379,8 @@ impl Llama {
     /// # Shapes
     /// `[b, s, d]` → logits `[b, s, v']`
     pub(crate) fn head(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        let x = self.norm.forward(x)?;
-        Ok(match (&self.output, &self.tied_output) {
-            (Some(output), _) => output.forward(x)?,
-            (None, Some(tied)) => {
-                let weight = self.embedding.weight.val().transpose(); // [d, v/tp]
-                let tp = &self.embedding.tp;
-                let product = Product {
-                    gemm: tied.gemm,
-                    quantizer: &InputQuantizer::None,
-                    delayed: None,
-                };
-                column_parallel(x, weight, None, tied.input, ColumnOutput::Sharded, product, tp)?
-            }
-            (None, None) => unreachable!("a Llama has an output layer or tied word embeddings"),
-        })
+        let tied = self.tied_output.as_ref().map(|t| (t, &self.embedding));
+        output_logits(self.norm.forward(x)?, self.output.as_ref(), tied)
     }
 
     /// DeepSeek-V3's auxiliary-loss-free balancing, after a step: each MoE block's router bias
@@ -336,21 +388,7 @@ impl Llama {
     /// over the whole batch (`report`'s loads summed over `groups.grad_sync()`). Every rank
     /// calls it, with the report of its own forward pass.
     pub fn update_expert_bias(mut self, report: &MoeReport, groups: &ProcessGroups) -> Result<Self, CommError> {
-        let mut loads = report.loads.iter();
-        for layer in &mut self.layers {
-            let Some(moe) = layer.moe.as_mut() else { continue };
-            let load = loads.next().expect("a load a MoE block");
-            if moe.router.bias.is_none() {
-                continue;
-            }
-            let device = moe.router.weight.val().device();
-            let counts: Vec<i64> = load.per_expert.iter().map(|&n| n as i64).collect();
-            let n = counts.len();
-            let local = Tensor::<1, Int>::from_data(burn::tensor::TensorData::new(counts, [n]), &device);
-            let total = groups.grad_sync().all_reduce(local, ReduceOp::Sum)?;
-            let rate = moe.router.settings.bias_update_rate;
-            moe.router = moe.router.clone().update_bias(total, rate);
-        }
+        update_expert_biases(self.layers.iter_mut(), &report.loads, groups)?;
         Ok(self)
     }
 

@@ -10,7 +10,7 @@
 //!
 //! Legend: `m` microbatches, `b` a microbatch's sequences, `s` sequence, `d` d_model.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use burn::tensor::{Int, Tensor};
@@ -18,6 +18,7 @@ use burn_megatron_dist::ProcessGroup;
 
 use super::stage::LlamaStage;
 use crate::error::LayerError;
+use crate::layers::moe::Load;
 use crate::optim::{DistributedAdamW, StepReport};
 use crate::params::{param_grads, param_values};
 use crate::plan::pipeline::schedule::{Action, Payload};
@@ -30,6 +31,9 @@ pub struct StageStep {
     /// Each of this rank's parameters' gradient, flattened, summed over the microbatches, in
     /// traversal order (`None` for one no microbatch reached).
     pub grads: Vec<Option<Tensor<1>>>,
+    /// The load of each of this rank's MoE blocks (in block order) summed over the
+    /// microbatches, for [`LlamaStage::update_expert_bias`].
+    pub loads: Vec<Load>,
     pub timing: StageTiming,
 }
 
@@ -80,6 +84,7 @@ pub fn run_actions(
     let mut kept: HashMap<(usize, usize), Kept> = HashMap::new();
     let mut grads: Vec<Option<Tensor<1>>> = Vec::new();
     let mut loss: Option<Tensor<1>> = None;
+    let mut loads: BTreeMap<usize, Load> = BTreeMap::new();
     // The router losses of chunks that are not the last virtual stage: added to the reported
     // loss after the actions.
     let mut elsewhere: Option<Tensor<1>> = None;
@@ -133,8 +138,15 @@ pub fn run_actions(
                         (Some(leaf.clone()), leaf)
                     }
                 };
-                let (y, routed) = stage.forward_chunk(chunk, x)?;
-                let routed = routed.map(|r| r.div_scalar(m as f64));
+                let (y, report) = stage.forward_chunk(chunk, x)?;
+                for (block, load) in stage.moe_blocks(chunk).into_iter().zip(report.loads.iter().cloned()) {
+                    let sum = match loads.remove(&block) {
+                        Some(sum) => sum.add(&load),
+                        None => load,
+                    };
+                    loads.insert(block, sum);
+                }
+                let routed = report.loss().map(|r| r.div_scalar(m as f64));
                 let entry = match s + 1 == stages {
                     true => {
                         let share = stage.loss(y, targets.clone())?.div_scalar(m as f64);
@@ -227,7 +239,12 @@ pub fn run_actions(
         busy_s: busy,
         total_s: begun.elapsed().as_secs_f64(),
     };
-    Ok(StageStep { loss, grads, timing })
+    Ok(StageStep {
+        loss,
+        grads,
+        loads: loads.into_values().collect(),
+        timing,
+    })
 }
 
 /// What one rank's training step reports.
@@ -235,13 +252,16 @@ pub struct PipelineReport {
     /// The mean loss over the microbatches, on the rank holding the last stage.
     pub loss: Option<Tensor<1>>,
     pub optim: StepReport,
+    /// This rank's MoE blocks' loads over the step ([`StageStep::loads`]).
+    pub loads: Vec<Load>,
     /// The actions' time (not the reduction's or the update's).
     pub timing: StageTiming,
 }
 
-/// One training step of a pipeline rank: its actions ([`run_actions`]), then its gradients
-/// averaged over dp by `optim`'s reducer and the update (clipping, if configured, by the norm
-/// over every stage). Returns the updated stage and the step's report.
+/// One training step of a pipeline rank: its actions ([`run_actions`]); the gradients of a
+/// parameter other stages hold too (tied embeddings) summed over them; its gradients averaged
+/// over dp by `optim`'s reducer and the update (clipping, if configured, by the norm over every
+/// stage, each parameter counted once). Returns the updated stage and the step's report.
 pub fn train_step(
     stage: LlamaStage,
     optim: &mut DistributedAdamW,
@@ -251,11 +271,13 @@ pub fn train_step(
     pp: &ProcessGroup,
 ) -> Result<(LlamaStage, PipelineReport), LayerError> {
     let step = run_actions(&stage, actions, batches, pp)?;
+    let copies = optim.stage_copies(&stage)?.clone();
     let mut reducer = optim.reducer(&stage);
     let values = param_values(&stage);
     let report = |optim| PipelineReport {
         loss: step.loss.clone(),
         optim,
+        loads: step.loads.clone(),
         timing: step.timing,
     };
     let (device, dtype) = match values.first() {
@@ -265,7 +287,14 @@ pub fn train_step(
             return Ok((stage, report));
         }
     };
-    for (index, grad) in step.grads.into_iter().enumerate().rev() {
+    let grads = match copies.any() {
+        true => {
+            let numels: Vec<usize> = values.iter().map(|p| p.value.dims()[0]).collect();
+            copies.sum_grads(step.grads, &numels, &values[0].value, pp)?
+        }
+        false => step.grads,
+    };
+    for (index, grad) in grads.into_iter().enumerate().rev() {
         if let Some(grad) = grad {
             reducer.add(index, grad)?;
         }

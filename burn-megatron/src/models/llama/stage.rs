@@ -2,6 +2,8 @@
 //! the first virtual stage, the final norm, output layer and loss if it holds the last. Blocks
 //! keep their place in `layers` (the others are `None`), so every parameter's path is the whole
 //! model's: checkpoints and initialization (`InitMode::Full`) see the same model at any pp.
+//! With tied word embeddings the last stage holds a copy of the embedding as its output layer,
+//! under the embedding's path (`plan::pipeline::shared`: one parameter over its two stages).
 //!
 //! Legend: `b` batch, `s` sequence, `d` d_model, `v'` this rank's share of the vocabulary.
 
@@ -9,23 +11,30 @@ use std::ops::Range;
 
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
-use burn_megatron_dist::ProcessGroups;
+use burn_megatron_dist::{CommError, ProcessGroups};
 
-use super::model::{LlamaBlock, LlamaConfig, MoeReport, WordEmbeddings, forward_blocks};
-use crate::error::{ConfigError, LayerError};
+use super::model::{
+    LlamaBlock, LlamaConfig, MoeReport, TiedOutput, forward_blocks, output_logits, update_expert_biases,
+};
+use crate::error::LayerError;
 use crate::init::ParamInit;
+use crate::layers::moe::Load;
 use crate::layers::{ColumnParallelLinear, RmsNorm, VocabParallelCrossEntropy, VocabParallelEmbedding};
 use crate::recompute::Recompute;
 
 #[derive(Module, Debug)]
 pub struct LlamaStage {
-    /// On the rank holding the first virtual stage.
+    /// On the rank holding the first virtual stage; with tied word embeddings also on the one
+    /// holding the last, as its output layer.
     pub embedding: Option<VocabParallelEmbedding>,
     /// Block `i` at index `i` where this rank holds it.
     pub layers: Vec<Option<LlamaBlock>>,
     /// On the rank holding the last virtual stage, with `output` and `loss`.
     pub norm: Option<RmsNorm>,
     pub output: Option<ColumnParallelLinear>,
+    /// The tied output layer (the embedding's weight), on the last stage.
+    #[module(skip)]
+    pub tied_output: Option<TiedOutput>,
     #[module(skip)]
     pub loss: Option<VocabParallelCrossEntropy>,
     /// The blocks of each of this rank's model chunks, chunk by chunk.
@@ -47,10 +56,10 @@ pub struct LlamaStage {
 
 impl LlamaConfig {
     /// Pipeline rank `rank`'s stage, holding the block ranges `chunks` (its model chunks, from
-    /// `plan::pipeline::stages`); the embedding when `first`, the head when `last`. Tied word
-    /// embeddings would need the embedding on both ends, and the expert bias the whole model's
-    /// load: both refused. MoE blocks may sit in any stage: each stage's router losses join the
-    /// loss where they arise (`pipeline.rs`).
+    /// `plan::pipeline::stages`); the embedding when `first`, the head when `last` (and a copy
+    /// of the embedding with tied word embeddings). MoE blocks may sit in any stage: each
+    /// stage's router losses join the loss where they arise, and its blocks' expert biases
+    /// move by their own loads (`pipeline.rs`).
     pub fn init_stage(
         &self,
         chunks: Vec<Range<usize>>,
@@ -59,31 +68,23 @@ impl LlamaConfig {
         groups: &ProcessGroups,
         init: &ParamInit,
     ) -> Result<LlamaStage, LayerError> {
-        if self.word_embeddings == WordEmbeddings::Tied {
-            return Err(ConfigError::AcrossStages {
-                what: "tied word embeddings",
-            }
-            .into());
-        }
-        if self.moe.as_ref().is_some_and(|moe| moe.layer.router.expert_bias) {
-            return Err(ConfigError::AcrossStages {
-                what: "the expert bias (moved by the whole model's load after each step)",
-            }
-            .into());
-        }
         self.check_recompute()?;
         let mut layers: Vec<Option<LlamaBlock>> = (0..self.n_layers).map(|_| None).collect();
         for i in chunks.iter().flat_map(|c| c.clone()) {
             layers[i] = Some(self.init_block(i, device, groups, init)?);
         }
+        let (output, tied_output) = match last {
+            true => self.init_output(device, groups, init)?,
+            false => (None, None),
+        };
+        let embeds = first || tied_output.is_some();
         Ok(LlamaStage {
-            embedding: first.then(|| self.embedding.init(device, groups, init, "embedding")),
+            // Initialized by its path: the copy equals the first stage's.
+            embedding: embeds.then(|| self.embedding.init(device, groups, init, "embedding")),
             layers,
             norm: last.then(|| self.norm.init(device, groups, init)),
-            output: match last {
-                true => Some(self.output.init(device, groups, init, "output")?),
-                false => None,
-            },
+            output,
+            tied_output,
             loss: last.then(|| self.loss.init(groups)),
             chunks,
             width: self.attention.d_model,
@@ -115,19 +116,37 @@ impl LlamaStage {
             .forward(ids)
     }
 
-    /// Model chunk `chunk`'s blocks on `x`, and the router losses of its MoE blocks (their sum,
-    /// `[1]` f32, differentiable), if it has any.
+    /// Model chunk `chunk`'s blocks on `x`, and what its MoE blocks report (their router
+    /// losses and loads, in block order).
     ///
     /// # Shapes
     /// `[b, s, d]` → `[b, s, d]`
-    pub fn forward_chunk(&self, chunk: usize, x: Tensor<3>) -> Result<(Tensor<3>, Option<Tensor<1>>), LayerError> {
+    pub fn forward_chunk(&self, chunk: usize, x: Tensor<3>) -> Result<(Tensor<3>, MoeReport), LayerError> {
         let blocks: Vec<LlamaBlock> = self.chunks[chunk]
             .clone()
             .map(|i| self.layers[i].clone().expect("the chunk's blocks are here"))
             .collect();
         let mut report = MoeReport::default();
         let y = forward_blocks(&blocks, x, self.recompute, &mut report)?;
-        Ok((y, report.loss()))
+        Ok((y, report))
+    }
+
+    /// The indices of chunk `chunk`'s MoE blocks, in order (what its report's loads belong to).
+    pub fn moe_blocks(&self, chunk: usize) -> Vec<usize> {
+        self.chunks[chunk]
+            .clone()
+            .filter(|&i| self.layers[i].as_ref().is_some_and(|b| b.moe.is_some()))
+            .collect()
+    }
+
+    /// DeepSeek-V3's auxiliary-loss-free balancing after a step, as
+    /// [`Llama::update_expert_bias`](super::Llama::update_expert_bias): each of this stage's
+    /// MoE blocks moves its bias by its own load over the step (`loads`, one a MoE block of
+    /// this stage in block order, summed over the microbatches: what the whole batch routed,
+    /// since the bias is fixed during the step). Every rank calls it.
+    pub fn update_expert_bias(mut self, loads: &[Load], groups: &ProcessGroups) -> Result<Self, CommError> {
+        update_expert_biases(self.layers.iter_mut().flatten(), loads, groups)?;
+        Ok(self)
     }
 
     /// Whether the model has MoE blocks (in whichever stage): its router losses then travel to
@@ -143,11 +162,11 @@ impl LlamaStage {
     /// `[b, s, d]`, `[b, s]` → `[1]`
     pub fn loss(&self, x: Tensor<3>, targets: Tensor<2, Int>) -> Result<Tensor<1>, LayerError> {
         let norm = self.norm.as_ref().expect("the last stage holds the head");
-        let logits = self
-            .output
-            .as_ref()
-            .expect("the last stage holds the head")
-            .forward(norm.forward(x)?)?;
+        let tied = self.tied_output.as_ref().map(|t| {
+            let embedding = self.embedding.as_ref().expect("the last stage holds the tied copy");
+            (t, embedding)
+        });
+        let logits = output_logits(norm.forward(x)?, self.output.as_ref(), tied)?;
         self.loss
             .as_ref()
             .expect("the last stage holds the loss")
