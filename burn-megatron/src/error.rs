@@ -68,6 +68,10 @@ pub enum ConfigError {
     },
     #[error("{sequences} sequences a rank do not split into {microbatches} equal microbatches")]
     MicrobatchSplit { sequences: usize, microbatches: usize },
+    #[error("a schedule of {schedule} model chunks a rank for a stage of {stage}")]
+    StageChunks { schedule: usize, stage: usize },
+    #[error("the pipeline stage has no schedule: give it one with `LlamaStage::with_schedule`")]
+    NoSchedule,
     #[error("an interleaved schedule needs at least 2 model chunks a rank, not {virtual_stages}")]
     VirtualStages { virtual_stages: usize },
     #[error("{experts} experts do not split evenly over ep = {ep}")]

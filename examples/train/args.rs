@@ -206,9 +206,6 @@ impl Args {
         if out.layers == Some(0) {
             return Err("--layers must be at least 1".into());
         }
-        if out.pp > 1 && out.learner {
-            return Err("--pp runs its own loop: leave out --learner".into());
-        }
         if out.steps == 0 {
             return Err("--steps must be at least 1".into());
         }

@@ -148,7 +148,7 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
         DeviceKind::Cpu => Device::flex(),
         DeviceKind::Cuda => cuda(local),
     };
-    if args.pp > 1 {
+    if args.pp > 1 && !args.learner {
         return pipeline::run(args, dims, &config, &corpus, &init, device_of, (per_rank, seq, batch));
     }
     if args.learner {
@@ -282,7 +282,11 @@ mod tests {
     #[cfg(feature = "learner")]
     #[test]
     fn the_learner_runs_the_same_job() {
-        for layout in ["--tp 2 --dp 2 --sp --zero1", "--cp 2 --dp 2 --sample-every 0"] {
+        for layout in [
+            "--tp 2 --dp 2 --sp --zero1",
+            "--cp 2 --dp 2 --sample-every 0",
+            "--pp 2 --vpp 2 --dp 2 --layers 4 --microbatches 2 --tied",
+        ] {
             run(&args(&format!("--learner {layout} --steps 3 --seq 32 --batch 4"))).unwrap();
         }
     }
@@ -324,7 +328,6 @@ mod tests {
                 "--pp 2 --microbatches 3",
                 "2 sequences a rank do not split into 3 equal microbatches",
             ),
-            ("--pp 2 --learner", "--pp runs its own loop: leave out --learner"),
             ("--dp 0", "at least 1"),
             ("--cp 0", "at least 1"),
             ("--cp 2 --seq 30", "does not split into 2·cp = 4 equal chunks"),

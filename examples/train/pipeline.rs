@@ -24,14 +24,14 @@ use crate::args::Args;
 use crate::data::Corpus;
 use crate::saves::Saves;
 
-fn schedule(args: &Args) -> PipelineSchedule {
+pub fn schedule(args: &Args) -> PipelineSchedule {
     match args.vpp {
         1 => PipelineSchedule::OneForwardOneBackward,
         v => PipelineSchedule::Interleaved { virtual_stages: v },
     }
 }
 
-fn microbatches(args: &Args) -> usize {
+pub fn microbatches(args: &Args) -> usize {
     args.microbatches.unwrap_or(args.pp)
 }
 

@@ -1,9 +1,11 @@
 //! Burn's `SupervisedTraining` driven by [`MegatronStrategy`]: one epoch at tp2 × dp2 against
 //! the same epoch at tp1 × dp1, for each way the strategy can reduce and step.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use burn::data::dataloader::batcher::Batcher;
 use burn::data::dataloader::{DataLoader, DataLoaderBuilder};
 use burn::data::dataset::InMemDataset;
 use burn::optim::AdamWConfig;
@@ -11,9 +13,10 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn::train::metric::LossMetric;
 use burn::train::{Learner, SupervisedTraining, TrainingStrategy};
 use burn_megatron::init::{InitMode, ParamInit};
-use burn_megatron::models::llama::learner::{TokenBatch, TokenBatcher};
+use burn_megatron::models::llama::learner::{LmOutput, TokenBatch, TokenBatcher};
 use burn_megatron::models::llama::{Llama, LlamaConfig};
 use burn_megatron::optim::{BucketConfig, DistributedAdamWConfig};
+use burn_megatron::params::{param_infos, param_values};
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::train::{MegatronStrategy, Silent, StrategyOptimizer};
 use burn_megatron_dist::{ParallelDims, RankContext};
@@ -238,4 +241,144 @@ pub fn burn_checkpointers_resume(h: &Harness) {
             "rank {rank}: resumed {a} vs straight {b}"
         );
     }
+}
+
+/// Pipeline stages under the Learner: one epoch with the strategy at pp 2 (tied embeddings,
+/// Burn's AdamW; 1F1B over 2 microbatches) and pp 2 × dp 2 (interleaved over 2 chunks of 1
+/// block, the distributed optimizer with ZeRO-1 and clipping), against the whole model at
+/// pp 1 with the same optimizer: every stage's parameters after the epoch by path, and the
+/// validation loss every stage reports.
+pub fn pipeline_stages_match_one_rank(h: &Harness) {
+    use burn_megatron::plan::PipelineSchedule;
+    let distributed = StrategyOptimizer::Distributed(
+        DistributedAdamWConfig::new()
+            .with_zero1(true)
+            .with_max_grad_norm(Some(1.0)),
+    );
+    let cases = [
+        (
+            1,
+            PipelineSchedule::OneForwardOneBackward,
+            2,
+            true,
+            StrategyOptimizer::Learner,
+        ),
+        (
+            2,
+            PipelineSchedule::Interleaved { virtual_stages: 2 },
+            4,
+            false,
+            distributed,
+        ),
+    ];
+    for (dp, schedule, layers, tied, optimizer) in cases {
+        let setup = Setup {
+            optimizer,
+            overlap: true,
+            bucket_bytes: 64 * 1024,
+        };
+        let config = pipeline_config(layers, tied);
+        let single = &h.run(ParallelDims::single(), |ctx| {
+            let device = ctx.device.clone().autodiff();
+            let model = config
+                .init(&device, &ctx.groups, &ParamInit::new(11, InitMode::Full))
+                .unwrap();
+            fit(&ctx, model, &setup, in_dp_order(sequences(), 1))
+        })[0];
+        let dims = ParallelDims {
+            pp: 2,
+            ..ParallelDims::tp_dp(1, dp)
+        };
+        let staged = h.run(dims, |ctx| {
+            use burn_megatron::plan::pipeline::stages::{rank_chunks, virtual_stages};
+            let device = ctx.device.clone().autodiff();
+            let rank = ctx.groups.pp.group_rank();
+            let stages = virtual_stages(layers, 2, schedule.chunks(), None).unwrap();
+            let stage = config
+                .init_stage(
+                    rank_chunks(&stages, 2, rank),
+                    (rank == 0, rank == 1),
+                    &device,
+                    &ctx.groups,
+                    &ParamInit::new(11, InitMode::Full),
+                )
+                .unwrap()
+                .with_schedule(schedule, 2, &ctx.groups.pp)
+                .unwrap();
+            fit(&ctx, stage, &setup, in_dp_order(sequences(), dp))
+        });
+        for (rank, (params, valid)) in staged.iter().enumerate() {
+            let what = format!("{schedule:?} dp {dp} rank {rank}");
+            // Every stage reports the pipeline's loss: the same batch through the same weights
+            // (to 1e-4, below), f32 sums in another order.
+            assert!(
+                (valid - single.1).abs() <= 1e-3 * single.1,
+                "{what}: valid loss {valid} vs {}",
+                single.1
+            );
+            for (path, value) in params {
+                let whole = &single.0[path];
+                let worst = value.iter().zip(whole).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                // Gradients summed over microbatches (and averaged over dp) instead of one
+                // batch's: f32 rounding carried through 4 Adam steps, measured ≤ 4e-6. One step
+                // moves an element by up to lr = 3e-3, so a lost, doubled or missing update (a
+                // microbatch, the tied copy's gradient) shows 30× above 1e-4.
+                assert!(worst <= 1e-4, "{what}: {path} off by {worst}");
+            }
+        }
+    }
+}
+
+/// [`seeded_model`]'s sizes with `layers` blocks, optionally tied, without tensor parallelism.
+fn pipeline_config(layers: usize, tied: bool) -> LlamaConfig {
+    let config = LlamaConfig::llama(VOCAB, 64, layers, 4, 4, 128, SEQ);
+    match tied {
+        true => config.with_word_embeddings(burn_megatron::models::llama::WordEmbeddings::Tied),
+        false => config,
+    }
+}
+
+/// One epoch of `model` under the strategy on this rank (its dp slice of `items`), then every
+/// parameter's values by path and the loss the trained model's inference step gives on the
+/// first two sequences.
+fn fit<M>(ctx: &RankContext, model: M, setup: &Setup, items: Vec<Vec<u32>>) -> (HashMap<String, Vec<f32>>, f64)
+where
+    M: burn::train::LearnerModel
+        + burn::train::TrainStep<Input = TokenBatch, Output = LmOutput>
+        + burn::train::InferenceStep<Input = TokenBatch, Output = LmOutput>,
+{
+    let dp = ctx.groups.dp.size();
+    let loader = |items: Vec<Vec<u32>>| -> Arc<dyn DataLoader<TokenBatch>> {
+        DataLoaderBuilder::new(TokenBatcher)
+            .batch_size(GLOBAL_BATCH / dp)
+            .build(InMemDataset::new(items))
+    };
+    let strategy = MegatronStrategy::new(ctx)
+        .with_optimizer(setup.optimizer.clone())
+        .with_overlap(setup.overlap)
+        .with_buckets(BucketConfig::new().with_bytes(setup.bucket_bytes));
+    let optim = AdamWConfig::new().with_epsilon(1e-8).with_weight_decay(0.01).init();
+    let dir = scratch("pipeline", ctx.global_rank);
+    let result = SupervisedTraining::new(&dir, loader(items), loader(sequences()[..GLOBAL_BATCH].to_vec()))
+        .metrics((LossMetric::new(),))
+        .num_epochs(1)
+        .with_application_logger(None)
+        .renderer(Box::new(Silent))
+        .with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy)))
+        .launch(Learner::new(model, optim, 3e-3));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(result.error.is_none(), "training failed: {:?}", result.error);
+    let params = param_infos(&result.model)
+        .into_iter()
+        .zip(param_values(&result.model))
+        .map(|(info, p)| {
+            (
+                info.path,
+                p.value.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32"),
+            )
+        })
+        .collect();
+    let batch = TokenBatcher.batch(sequences()[..2].to_vec(), &ctx.device);
+    let valid = burn::train::InferenceStep::step(&result.model.valid(), batch);
+    (params, valid.loss.into_scalar::<f64>())
 }

@@ -22,3 +22,8 @@ fn distributed_optimizer_zero1() {
 fn burn_checkpointers_resume() {
     learner_suite::burn_checkpointers_resume(&Harness::cpu(4));
 }
+
+#[test]
+fn pipeline_stages_match_one_rank() {
+    learner_suite::pipeline_stages_match_one_rank(&Harness::cpu(4));
+}

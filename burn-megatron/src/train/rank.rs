@@ -49,7 +49,9 @@ impl<'a, M: LearnerModel> RankTrainer<'a, M> {
             }
         };
         let overlap = Overlap::new(reduction);
-        let output = if s.overlap && dp.size() > 1 {
+        // A pipeline stage's backward runs once a microbatch: its gradients are reduced after
+        // the step, not from inside backward.
+        let output = if s.overlap && dp.size() > 1 && s.groups.pp.size() == 1 {
             TrainStep::step(&overlap.tap(self.model.clone(), dp), item).item
         } else {
             let output = TrainStep::step(&self.model, item);

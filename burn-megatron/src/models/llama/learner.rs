@@ -5,8 +5,10 @@ use burn::tensor::{Device, ExecutionError, Int, Tensor, TensorData};
 use burn::train::metric::{Adaptor, ItemLazy, LossInput};
 use burn::train::{InferenceStep, TrainOutput, TrainStep};
 
-use super::Llama;
+use super::{Llama, LlamaStage};
+use crate::error::ConfigError;
 use crate::layers::context::ContextLayout;
+use crate::params::{grads_params, param_values};
 
 /// Token ids and the ids that follow them.
 ///
@@ -85,6 +87,50 @@ impl InferenceStep for Llama {
         let batch = context_shard(self, batch);
         let loss = self
             .forward_loss(batch.ids, batch.targets)
+            .unwrap_or_else(|e| panic!("{e}"));
+        LmOutput { loss }
+    }
+}
+
+impl TrainStep for LlamaStage {
+    type Input = TokenBatch;
+    type Output = LmOutput;
+
+    /// This rank's part of a pipeline step over its schedule
+    /// ([`LlamaStage::with_schedule`]): the batch cut into the microbatches, the gradients of
+    /// this stage's parameters summed over them, the mean loss on every stage (Burn's metrics
+    /// read it on any rank). A failed collective or a stage without a schedule panics with its
+    /// error: a Learner step cannot return one.
+    fn step(&self, batch: TokenBatch) -> TrainOutput<LmOutput> {
+        let (loss, grads) = self
+            .scheduled_step(batch.ids, batch.targets)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let values = param_values(self);
+        let grads = grads
+            .into_iter()
+            .zip(values)
+            .map(|(g, p)| g.unwrap_or_else(|| p.value.zeros_like()))
+            .collect();
+        TrainOutput {
+            grads: grads_params(self, grads),
+            item: LmOutput { loss },
+        }
+    }
+}
+
+impl InferenceStep for LlamaStage {
+    type Input = TokenBatch;
+    type Output = LmOutput;
+
+    /// The batch's loss through the whole pipeline, forward only, on every stage.
+    fn step(&self, batch: TokenBatch) -> LmOutput {
+        let pp = &self
+            .schedule
+            .as_ref()
+            .unwrap_or_else(|| panic!("{}", ConfigError::NoSchedule))
+            .pp;
+        let loss = self
+            .forward_loss(batch.ids, batch.targets, pp)
             .unwrap_or_else(|e| panic!("{e}"));
         LmOutput { loss }
     }

@@ -16,6 +16,7 @@ use burn_megatron_dist::{CommError, ProcessGroups};
 use super::model::{
     LlamaBlock, LlamaConfig, MoeReport, TiedOutput, forward_blocks, output_logits, update_expert_biases,
 };
+use super::scheduled::StageSchedule;
 use crate::error::LayerError;
 use crate::init::ParamInit;
 use crate::layers::moe::Load;
@@ -52,6 +53,10 @@ pub struct LlamaStage {
     /// Whether the whole model has MoE blocks (every rank knows, whichever stage holds them).
     #[module(skip)]
     pub experts: bool,
+    /// This rank's part of a schedule, for steps the stage runs on its own
+    /// ([`with_schedule`](Self::with_schedule)).
+    #[module(skip)]
+    pub schedule: Option<StageSchedule>,
 }
 
 impl LlamaConfig {
@@ -94,6 +99,7 @@ impl LlamaConfig {
             },
             recompute: self.recompute,
             experts: self.moe.is_some(),
+            schedule: None,
         })
     }
 }

@@ -1,0 +1,149 @@
+//! A pipeline stage that carries its schedule, so that it runs its part of a step on its own:
+//! a training step over the microbatches (`run_actions`, the tied parameters' gradients summed
+//! over their stages, the loss on every rank) and a forward-only pass. Burn's Learner drives
+//! stages through them (`learner.rs`); `pipeline::train_step` is the plain loop's.
+//!
+//! Legend: `b` a rank's sequences, `s` sequence, `m` microbatches.
+
+use std::sync::{Arc, Mutex};
+
+use burn::tensor::{DType, Int, Tensor};
+use burn_megatron_dist::{ProcessGroup, ReduceOp};
+
+use super::pipeline::run_actions;
+use super::stage::LlamaStage;
+use crate::error::{ConfigError, LayerError};
+use crate::params::{param_infos, param_values};
+use crate::plan::PipelineSchedule;
+use crate::plan::pipeline::schedule::Action;
+use crate::plan::pipeline::shared::StageCopies;
+
+/// This rank's actions of a schedule over `microbatches`, and the pipeline group they run on.
+#[derive(Clone, Debug)]
+pub struct StageSchedule {
+    pub actions: Vec<Action>,
+    pub microbatches: usize,
+    pub pp: ProcessGroup,
+    /// The parameters other stages hold too, found at the first step.
+    copies: Arc<Mutex<Option<StageCopies>>>,
+}
+
+impl LlamaStage {
+    /// The stage with its rank's actions of `schedule` over `microbatches` on `pp`: the
+    /// microbatches must suit the schedule and its model chunks the stage's.
+    pub fn with_schedule(
+        mut self,
+        schedule: PipelineSchedule,
+        microbatches: usize,
+        pp: &ProcessGroup,
+    ) -> Result<Self, ConfigError> {
+        if schedule.chunks() != self.chunks.len() {
+            return Err(ConfigError::StageChunks {
+                schedule: schedule.chunks(),
+                stage: self.chunks.len(),
+            });
+        }
+        let mut actions = schedule.actions(pp.size(), microbatches)?;
+        self.schedule = Some(StageSchedule {
+            actions: actions.ranks.swap_remove(pp.group_rank()),
+            microbatches,
+            pp: pp.clone(),
+            copies: Arc::default(),
+        });
+        Ok(self)
+    }
+
+    /// One training step of this rank over its schedule: `ids` and `targets` (`[b, s]`, this
+    /// dp rank's batch, the same on every stage) cut into the microbatches; returns the mean
+    /// loss (`[1]` f32, on every stage) and each parameter's gradient, flattened, in traversal
+    /// order, summed over the microbatches and, for a parameter other stages hold too, over
+    /// them (`None` for one the step did not reach). Every rank of the pipeline calls it.
+    pub fn scheduled_step(
+        &self,
+        ids: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+    ) -> Result<(Tensor<1>, Vec<Option<Tensor<1>>>), LayerError> {
+        let schedule = self.schedule.as_ref().ok_or(ConfigError::NoSchedule)?;
+        let pp = &schedule.pp;
+        let [b, _] = ids.dims();
+        let m = schedule.microbatches;
+        if b < m || !b.is_multiple_of(m) {
+            return Err(ConfigError::MicrobatchSplit {
+                sequences: b,
+                microbatches: m,
+            }
+            .into());
+        }
+        let per = b / m;
+        let batches: Vec<_> = (0..m)
+            .map(|i| {
+                (
+                    ids.clone().narrow(0, i * per, per),
+                    targets.clone().narrow(0, i * per, per),
+                )
+            })
+            .collect();
+        let step = run_actions(self, &schedule.actions, &batches, pp)?;
+        let values = param_values(self);
+        let copies = {
+            let mut found = schedule.copies.lock().expect("the stage's copies");
+            if found.is_none() {
+                let device = ids.device();
+                *found = Some(StageCopies::find(&param_infos(self), pp, &device)?);
+            }
+            found.clone().expect("found above")
+        };
+        let grads = match (copies.any(), values.first()) {
+            (true, Some(first)) => {
+                let numels: Vec<usize> = values.iter().map(|p| p.value.dims()[0]).collect();
+                copies.sum_grads(step.grads, &numels, &first.value, pp)?
+            }
+            _ => step.grads,
+        };
+        let device = ids.device();
+        let loss = match step.loss {
+            Some(loss) => loss.detach().without_autodiff().cast(DType::F32),
+            None => Tensor::zeros([1], (&device, DType::F32)).without_autodiff(),
+        };
+        Ok((pp.all_reduce(loss, ReduceOp::Sum)?, grads))
+    }
+
+    /// The loss of `ids` against `targets` (`[b, s]`) through the whole pipeline, forward only
+    /// and unsplit: each virtual stage in turn, its activations sent to the next; the head's
+    /// loss plus every stage's router losses, `[1]` f32 on every stage, as
+    /// [`Llama::forward_loss`](super::Llama::forward_loss). Every rank of `pp` calls it.
+    pub fn forward_loss(
+        &self,
+        ids: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        pp: &ProcessGroup,
+    ) -> Result<Tensor<1>, LayerError> {
+        let (rank, size) = (pp.group_rank(), pp.size());
+        let stages = size * self.chunks.len();
+        let [b, s] = ids.dims();
+        let device = ids.device();
+        let dtype = param_values(self).first().map_or(DType::F32, |p| p.value.dtype());
+        let mut total = Tensor::<1>::zeros([1], (&device, DType::F32));
+        // Rank r holds virtual stages r, r + pp, …: each waits on the one before it, on the
+        // previous rank, which ran it earlier in its own order.
+        for v in (rank..stages).step_by(size) {
+            let x = match v {
+                0 => self.embed(ids.clone())?,
+                _ => {
+                    let like = Tensor::<3>::zeros(self.activation_shape(b, s), (&device, dtype));
+                    pp.recv(like, (v - 1) % size)?
+                }
+            };
+            let (y, report) = self.forward_chunk(v / size, x)?;
+            if let Some(routed) = report.loss() {
+                total = total + routed.cast(DType::F32);
+            }
+            match v + 1 == stages {
+                true => total = total + self.loss(y, targets.clone())?.cast(DType::F32),
+                false => pp.send(y.detach(), (v + 1) % size)?,
+            }
+        }
+        pp.flush()?;
+        Ok(pp.all_reduce(total, ReduceOp::Sum)?)
+    }
+}
