@@ -13,10 +13,10 @@ use burn::train::metric::LossMetric;
 use burn::train::{InferenceStep, Learner, LearnerModel, SupervisedTraining, TrainStep, TrainingStrategy};
 use burn_megatron::init::ParamInit;
 use burn_megatron::models::llama::LlamaConfig;
-use burn_megatron::models::llama::learner::{LmOutput, TokenBatch, TokenBatcher};
+use burn_megatron::models::llama::learner::{LmOutput, TokenBatch, TokenBatcher, after_step, stage_after_step};
 use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron::plan::pipeline::stages::{rank_chunks, virtual_stages};
-use burn_megatron::train::{MegatronStrategy, Silent, StrategyOptimizer};
+use burn_megatron::train::{AfterStep, MegatronStrategy, Silent, StrategyOptimizer};
 use burn_megatron_dist::{ParallelDims, RankContext, launch};
 
 use crate::args::Args;
@@ -53,7 +53,7 @@ pub fn run(
         match dims.pp {
             1 => {
                 let model = config.init(&device, &ctx.groups, init).map_err(|e| fail(&e))?;
-                fit(args, &ctx, model, data, per_rank)
+                fit(args, &ctx, model, data, per_rank, after_step())
             }
             pp => {
                 let stages = virtual_stages(config.n_layers, pp, args.vpp, None).map_err(|e| fail(&e))?;
@@ -64,7 +64,7 @@ pub fn run(
                     .map_err(|e| fail(&e))?
                     .with_schedule(pipeline::schedule(args), pipeline::microbatches(args), &ctx.groups.pp)
                     .map_err(|e| fail(&e))?;
-                fit(args, &ctx, stage, data, per_rank)
+                fit(args, &ctx, stage, data, per_rank, stage_after_step())
             }
         }
     })
@@ -73,13 +73,15 @@ pub fn run(
 }
 
 /// One epoch of `model` (a whole model, or this rank's pipeline stage) through Burn's
-/// `SupervisedTraining` on this rank: `data` the training and validation sequences.
+/// `SupervisedTraining` on this rank: `data` the training and validation sequences, `update`
+/// what moves outside the gradient after each step (expert biases, delayed FP8 histories).
 fn fit<M>(
     args: &Args,
     ctx: &RankContext,
     model: M,
     (train, valid): (Vec<Vec<u32>>, Vec<Vec<u32>>),
     per_rank: usize,
+    update: AfterStep,
 ) -> Result<(), String>
 where
     M: LearnerModel
@@ -93,7 +95,9 @@ where
     };
     // The optimizer of the plain loop: the same losses at every layout.
     let optimizer = StrategyOptimizer::Distributed(DistributedAdamWConfig::new().with_zero1(args.zero1));
-    let strategy = MegatronStrategy::new(ctx).with_optimizer(optimizer);
+    let strategy = MegatronStrategy::new(ctx)
+        .with_optimizer(optimizer)
+        .with_after_step(update);
     let dir = std::env::temp_dir().join(format!("burn-megatron-train-learner/rank-{}", ctx.global_rank));
     let mut training = SupervisedTraining::new(dir, loader(train), loader(valid))
         .metrics((LossMetric::new(),))

@@ -286,6 +286,7 @@ mod tests {
             "--tp 2 --dp 2 --sp --zero1",
             "--cp 2 --dp 2 --sample-every 0",
             "--pp 2 --vpp 2 --dp 2 --layers 4 --microbatches 2 --tied",
+            "--precision fp8-delayed --preset tiny-moe --dp 2 --ep 2 --sample-every 0",
         ] {
             run(&args(&format!("--learner {layout} --steps 3 --seq 32 --batch 4"))).unwrap();
         }
@@ -350,7 +351,6 @@ mod tests {
                 "one of fp8-tensorwise, fp8-tensorwise-e4m3, fp8-delayed, fp8-blockwise, mxfp8, nvfp4 or default",
             ),
             ("--precision fp8-delayed:0", "a length of at least 1"),
-            ("--precision fp8-delayed --learner", "Burn's Learner loop does not"),
             ("--init sparse", "expected full or per-shard"),
             ("--save-every 0 --save /tmp/x", "at least 1"),
             ("--save-every 5", "needs --save"),

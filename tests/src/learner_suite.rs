@@ -18,7 +18,7 @@ use burn_megatron::models::llama::{Llama, LlamaConfig};
 use burn_megatron::optim::{BucketConfig, DistributedAdamWConfig};
 use burn_megatron::params::{param_infos, param_values};
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
-use burn_megatron::train::{MegatronStrategy, Silent, StrategyOptimizer};
+use burn_megatron::train::{AfterStep, MegatronStrategy, Silent, StrategyOptimizer};
 use burn_megatron_dist::{ParallelDims, RankContext};
 
 use crate::Harness;
@@ -347,6 +347,22 @@ where
         + burn::train::TrainStep<Input = TokenBatch, Output = LmOutput>
         + burn::train::InferenceStep<Input = TokenBatch, Output = LmOutput>,
 {
+    fit_with(ctx, model, setup, items, None)
+}
+
+/// [`fit`] with `update` after each step.
+fn fit_with<M>(
+    ctx: &RankContext,
+    model: M,
+    setup: &Setup,
+    items: Vec<Vec<u32>>,
+    update: Option<AfterStep>,
+) -> (HashMap<String, Vec<f32>>, f64)
+where
+    M: burn::train::LearnerModel
+        + burn::train::TrainStep<Input = TokenBatch, Output = LmOutput>
+        + burn::train::InferenceStep<Input = TokenBatch, Output = LmOutput>,
+{
     let dp = ctx.groups.dp.size();
     let loader = |items: Vec<Vec<u32>>| -> Arc<dyn DataLoader<TokenBatch>> {
         DataLoaderBuilder::new(TokenBatcher)
@@ -357,6 +373,10 @@ where
         .with_optimizer(setup.optimizer.clone())
         .with_overlap(setup.overlap)
         .with_buckets(BucketConfig::new().with_bytes(setup.bucket_bytes));
+    let strategy = match update {
+        Some(update) => strategy.with_after_step(update),
+        None => strategy,
+    };
     let optim = AdamWConfig::new().with_epsilon(1e-8).with_weight_decay(0.01).init();
     let dir = scratch("pipeline", ctx.global_rank);
     let result = SupervisedTraining::new(&dir, loader(items), loader(sequences()[..GLOBAL_BATCH].to_vec()))
@@ -368,17 +388,142 @@ where
         .launch(Learner::new(model, optim, 3e-3));
     let _ = std::fs::remove_dir_all(&dir);
     assert!(result.error.is_none(), "training failed: {:?}", result.error);
-    let params = param_infos(&result.model)
+    let params = values_by_path(&result.model);
+    let batch = TokenBatcher.batch(sequences()[..2].to_vec(), &ctx.device);
+    let valid = burn::train::InferenceStep::step(&result.model.valid(), batch);
+    (params, valid.loss.into_scalar::<f64>())
+}
+
+/// What moves outside the gradient after each step, under the strategy with the Llama's
+/// [`after_step`](burn_megatron::models::llama::learner::after_step): 4 blocks, 2 of them
+/// mixtures of 4 experts with DeepSeek-V3's expert bias, every linear layer in delayed FP8
+/// (a history of 4). One epoch through the Learner against the same 4 steps by hand (forward,
+/// the distributed optimizer, `update_expert_bias`, `delayed::advance`): every parameter,
+/// the biases and histories among them, by path. At pp 1 the same operations in the same order
+/// (exact); at pp 2 through `stage_after_step` against the steps by hand over the same 2
+/// microbatches, the sums in another order (1e-4, as [`pipeline_stages_match_one_rank`]);
+/// without the update the histories stay empty.
+pub fn after_step_moves_biases_and_histories(h: &Harness) {
+    use burn_megatron::layers::moe::{MoeConfig, RouterConfig};
+    use burn_megatron::models::llama::MoeBlocks;
+    use burn_megatron::models::llama::learner::{after_step, stage_after_step};
+    use burn_megatron::plan::PipelineSchedule;
+    use burn_megatron::plan::pipeline::stages::{rank_chunks, virtual_stages};
+    use burn_megatron::precision::{PrecisionPolicy, delayed};
+    use burn_megatron_kernels::Gemm;
+    use burn_megatron_kernels::quant::recipe::{AmaxAlgo, Recipe};
+    let router = RouterConfig::new(64, 4, 2).with_aux_loss(1e-2).with_expert_bias(true);
+    let mut config = pipeline_config(4, false);
+    config.moe = Some(MoeBlocks::new(MoeConfig::new(router, 64)).with_every(2));
+    let recipe = Recipe::Fp8Delayed {
+        history: 4,
+        algo: AmaxAlgo::Max,
+    };
+    let config = PrecisionPolicy::f32().with_gemm(Gemm::Quantized(recipe)).apply(config);
+    let init = ParamInit::new(11, InitMode::Full);
+    let optimizer = DistributedAdamWConfig::new();
+    let setup = Setup {
+        optimizer: StrategyOptimizer::Distributed(optimizer.clone()),
+        overlap: true,
+        bucket_bytes: 64 * 1024,
+    };
+    // By hand over `m` microbatches a step: their losses' mean differentiated once (a
+    // pipeline's router losses are each microbatch's, as Megatron's), their loads summed.
+    let by_hand = |m: usize| {
+        h.run(ParallelDims::single(), |ctx| {
+            let device = ctx.device.clone().autodiff();
+            let mut model = config.init(&device, &ctx.groups, &init).unwrap();
+            let mut optim = optimizer.init(&ctx.groups);
+            for batch in sequences().chunks(GLOBAL_BATCH) {
+                let mut report = burn_megatron::models::llama::MoeReport::default();
+                let loss = batch
+                    .chunks(GLOBAL_BATCH / m)
+                    .map(|micro| {
+                        let micro = TokenBatcher.batch(micro.to_vec(), &device);
+                        let (loss, r) = model.forward_loss_report(micro.ids, micro.targets).unwrap();
+                        report.loads = match report.loads.is_empty() {
+                            true => r.loads,
+                            false => report.loads.iter().zip(&r.loads).map(|(a, b)| a.add(b)).collect(),
+                        };
+                        loss.div_scalar(m as f64)
+                    })
+                    .reduce(|a, b| a + b)
+                    .unwrap();
+                let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
+                model = optim.step(3e-3, model, grads).unwrap().0;
+                model = model.update_expert_bias(&report, &ctx.groups).unwrap();
+                delayed::advance(model.layers.iter_mut(), &ctx.groups).unwrap();
+            }
+            values_by_path(&model)
+        })
+        .remove(0)
+    };
+    let moved = |params: &HashMap<String, Vec<f32>>, by_hand: &HashMap<String, Vec<f32>>, what: &str, tolerance| {
+        for (path, value) in params {
+            let worst = value
+                .iter()
+                .zip(&by_hand[path])
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(worst <= tolerance, "{what}: {path} off by {worst}");
+        }
+    };
+    let whole_batch = by_hand(1);
+    let whole = |update: Option<AfterStep>| {
+        h.run(ParallelDims::single(), |ctx| {
+            let device = ctx.device.clone().autodiff();
+            let model = config.init(&device, &ctx.groups, &init).unwrap();
+            fit_with(&ctx, model, &setup, sequences(), update.clone()).0
+        })
+        .remove(0)
+    };
+    moved(&whole(Some(after_step())), &whole_batch, "pp 1", 0.0);
+    let untouched = whole(None);
+    let history = "layers.0.attention.wq.amax_history";
+    assert!(
+        untouched[history].iter().all(|&a| a == 0.0),
+        "no update: {history} stays empty"
+    );
+    assert!(
+        whole_batch[history].iter().any(|&a| a > 0.0),
+        "by hand: {history} holds the steps' amaxes"
+    );
+    let microbatched = by_hand(2);
+    let dims = ParallelDims {
+        pp: 2,
+        ..ParallelDims::single()
+    };
+    let staged = h.run(dims, |ctx| {
+        let device = ctx.device.clone().autodiff();
+        let rank = ctx.groups.pp.group_rank();
+        let stages = virtual_stages(4, 2, 1, None).unwrap();
+        let stage = config
+            .init_stage(
+                rank_chunks(&stages, 2, rank),
+                (rank == 0, rank == 1),
+                &device,
+                &ctx.groups,
+                &init,
+            )
+            .unwrap()
+            .with_schedule(PipelineSchedule::OneForwardOneBackward, 2, &ctx.groups.pp)
+            .unwrap();
+        fit_with(&ctx, stage, &setup, sequences(), Some(stage_after_step())).0
+    });
+    for (rank, params) in staged.iter().enumerate() {
+        moved(params, &microbatched, &format!("pp 2 rank {rank}"), 1e-4);
+    }
+}
+
+/// Every parameter's values by path.
+fn values_by_path<M: burn::module::Module>(model: &M) -> HashMap<String, Vec<f32>> {
+    param_infos(model)
         .into_iter()
-        .zip(param_values(&result.model))
+        .zip(param_values(model))
         .map(|(info, p)| {
             (
                 info.path,
                 p.value.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32"),
             )
         })
-        .collect();
-    let batch = TokenBatcher.batch(sequences()[..2].to_vec(), &ctx.device);
-    let valid = burn::train::InferenceStep::step(&result.model.valid(), batch);
-    (params, valid.loss.into_scalar::<f64>())
+        .collect()
 }

@@ -27,3 +27,8 @@ fn burn_checkpointers_resume() {
 fn pipeline_stages_match_one_rank() {
     learner_suite::pipeline_stages_match_one_rank(&Harness::cpu(4));
 }
+
+#[test]
+fn after_step_moves_biases_and_histories() {
+    learner_suite::after_step_moves_biases_and_histories(&Harness::cpu(2));
+}

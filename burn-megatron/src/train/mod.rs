@@ -6,11 +6,15 @@
 //!
 //! Every rank builds its own Learner inside [`launch`](burn_megatron_dist::launch) (its layers
 //! hold its shard), so Burn's metrics, checkpointers, LR schedulers and early stopping work
-//! unchanged on each; ranks other than 0 render with [`Silent`].
+//! unchanged on each; ranks other than 0 render with [`Silent`]. What the model moves outside
+//! the gradient after each step (expert biases, delayed FP8 histories) comes in as an
+//! [`AfterStep`].
 
+mod after_step;
 mod rank;
 mod silent;
 mod strategy;
 
+pub use after_step::AfterStep;
 pub use silent::Silent;
 pub use strategy::{MegatronStrategy, StrategyOptimizer};

@@ -80,6 +80,13 @@ impl<'a, M: LearnerModel> RankTrainer<'a, M> {
                 self.model = learner.model();
             }
         }
+        if let Some(update) = &s.after_step {
+            self.model = update.apply(self.model.clone(), &output, &s.groups)?;
+            if self.optim.is_none() {
+                // The Learner's optimizer steps the Learner's model next.
+                learner.load_model(self.model.clone().into_record());
+            }
+        }
         Ok(output)
     }
 

@@ -14,6 +14,7 @@ use burn::train::{
 };
 use burn_megatron_dist::{ProcessGroups, RankContext};
 
+use super::after_step::AfterStep;
 use super::rank::RankTrainer;
 use crate::optim::{BucketConfig, DistributedAdamWConfig};
 
@@ -37,6 +38,8 @@ pub enum StrategyOptimizer {
 /// - Gradients: averaged over dp in buckets ([`BucketConfig`]); with `overlap`, each bucket is
 ///   reduced from inside backward as soon as its last gradient exists.
 /// - Validation runs on every rank (tensor-parallel layers need all their ranks).
+/// - Pipeline stages (a model whose `TrainStep` runs its part of a schedule, as
+///   `LlamaStage::with_schedule`'s): their gradients are reduced after the step.
 #[derive(Clone, Debug)]
 pub struct MegatronStrategy {
     pub(super) groups: ProcessGroups,
@@ -45,6 +48,7 @@ pub struct MegatronStrategy {
     pub(super) optimizer: StrategyOptimizer,
     pub(super) buckets: BucketConfig,
     pub(super) overlap: bool,
+    pub(super) after_step: Option<AfterStep>,
 }
 
 impl MegatronStrategy {
@@ -58,7 +62,15 @@ impl MegatronStrategy {
             optimizer: StrategyOptimizer::Learner,
             buckets: BucketConfig::new(),
             overlap: true,
+            after_step: None,
         }
+    }
+
+    /// Runs `update` on the model after each optimizer step (see [`AfterStep`]); the Learner
+    /// then holds the updated model too.
+    pub fn with_after_step(mut self, update: AfterStep) -> Self {
+        self.after_step = Some(update);
+        self
     }
 
     pub fn with_optimizer(mut self, optimizer: StrategyOptimizer) -> Self {

@@ -5,10 +5,15 @@ use burn::tensor::{Device, ExecutionError, Int, Tensor, TensorData};
 use burn::train::metric::{Adaptor, ItemLazy, LossInput};
 use burn::train::{InferenceStep, TrainOutput, TrainStep};
 
-use super::{Llama, LlamaStage};
+use burn_megatron_dist::ProcessGroups;
+
+use super::{Llama, LlamaStage, MoeReport};
 use crate::error::ConfigError;
 use crate::layers::context::ContextLayout;
+use crate::layers::moe::Load;
 use crate::params::{grads_params, param_values};
+use crate::precision::delayed;
+use crate::train::AfterStep;
 
 /// Token ids and the ids that follow them.
 ///
@@ -41,11 +46,13 @@ impl Batcher<Vec<u32>, TokenBatch> for TokenBatcher {
     }
 }
 
-/// What a step reports: the loss, for Burn's `LossMetric`.
+/// What a step reports: the loss, for Burn's `LossMetric`, and what each of the rank's MoE
+/// blocks routed (in block order), for the expert bias ([`after_step`]).
 #[derive(Clone, Debug)]
 pub struct LmOutput {
     /// `[1]`
     pub loss: Tensor<1>,
+    pub loads: Vec<Load>,
 }
 
 impl ItemLazy for LmOutput {
@@ -53,8 +60,35 @@ impl ItemLazy for LmOutput {
         self.loss.device().flush()?;
         Ok(Self {
             loss: self.loss.without_autodiff(),
+            loads: self.loads,
         })
     }
+}
+
+/// What a Llama's training moves outside the gradient after each step under
+/// [`MegatronStrategy`](crate::train::MegatronStrategy), as the plain loop does: each MoE
+/// block's expert bias by the step's loads, and each delayed-FP8 layer's amax history.
+pub fn after_step() -> AfterStep {
+    AfterStep::new(|model: Llama, output: &LmOutput, groups: &ProcessGroups| {
+        let report = MoeReport {
+            losses: Vec::new(),
+            loads: output.loads.clone(),
+        };
+        let mut model = model.update_expert_bias(&report, groups).map_err(|e| e.to_string())?;
+        delayed::advance(model.layers.iter_mut(), groups).map_err(|e| e.to_string())?;
+        Ok(model)
+    })
+}
+
+/// [`after_step`] for a pipeline stage: its own blocks' biases and histories.
+pub fn stage_after_step() -> AfterStep {
+    AfterStep::new(|stage: LlamaStage, output: &LmOutput, groups: &ProcessGroups| {
+        let mut stage = stage
+            .update_expert_bias(&output.loads, groups)
+            .map_err(|e| e.to_string())?;
+        delayed::advance(stage.layers.iter_mut().flatten(), groups).map_err(|e| e.to_string())?;
+        Ok(stage)
+    })
 }
 
 impl Adaptor<LossInput> for LmOutput {
@@ -71,11 +105,15 @@ impl TrainStep for Llama {
     /// Learner step cannot return one.
     fn step(&self, batch: TokenBatch) -> TrainOutput<LmOutput> {
         let batch = context_shard(self, batch);
-        let loss = self
-            .forward_loss(batch.ids, batch.targets)
+        let (loss, report) = self
+            .forward_loss_report(batch.ids, batch.targets)
             .unwrap_or_else(|e| panic!("{e}"));
         let grads = loss.backward();
-        TrainOutput::new(self, grads, LmOutput { loss: loss.detach() })
+        let item = LmOutput {
+            loss: loss.detach(),
+            loads: report.loads,
+        };
+        TrainOutput::new(self, grads, item)
     }
 }
 
@@ -85,10 +123,13 @@ impl InferenceStep for Llama {
 
     fn step(&self, batch: TokenBatch) -> LmOutput {
         let batch = context_shard(self, batch);
-        let loss = self
-            .forward_loss(batch.ids, batch.targets)
+        let (loss, report) = self
+            .forward_loss_report(batch.ids, batch.targets)
             .unwrap_or_else(|e| panic!("{e}"));
-        LmOutput { loss }
+        LmOutput {
+            loss,
+            loads: report.loads,
+        }
     }
 }
 
@@ -102,18 +143,22 @@ impl TrainStep for LlamaStage {
     /// read it on any rank). A failed collective or a stage without a schedule panics with its
     /// error: a Learner step cannot return one.
     fn step(&self, batch: TokenBatch) -> TrainOutput<LmOutput> {
-        let (loss, grads) = self
+        let step = self
             .scheduled_step(batch.ids, batch.targets)
             .unwrap_or_else(|e| panic!("{e}"));
         let values = param_values(self);
-        let grads = grads
+        let grads = step
+            .grads
             .into_iter()
             .zip(values)
             .map(|(g, p)| g.unwrap_or_else(|| p.value.zeros_like()))
             .collect();
         TrainOutput {
             grads: grads_params(self, grads),
-            item: LmOutput { loss },
+            item: LmOutput {
+                loss: step.loss,
+                loads: step.loads,
+            },
         }
     }
 }
@@ -132,7 +177,10 @@ impl InferenceStep for LlamaStage {
         let loss = self
             .forward_loss(batch.ids, batch.targets, pp)
             .unwrap_or_else(|e| panic!("{e}"));
-        LmOutput { loss }
+        LmOutput {
+            loss,
+            loads: Vec::new(),
+        }
     }
 }
 

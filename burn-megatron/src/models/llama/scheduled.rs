@@ -13,6 +13,7 @@ use burn_megatron_dist::{ProcessGroup, ReduceOp};
 use super::pipeline::run_actions;
 use super::stage::LlamaStage;
 use crate::error::{ConfigError, LayerError};
+use crate::layers::moe::Load;
 use crate::params::{param_infos, param_values};
 use crate::plan::PipelineSchedule;
 use crate::plan::pipeline::schedule::Action;
@@ -26,6 +27,18 @@ pub struct StageSchedule {
     pub pp: ProcessGroup,
     /// The parameters other stages hold too, found at the first step.
     copies: Arc<Mutex<Option<StageCopies>>>,
+}
+
+/// What [`LlamaStage::scheduled_step`] produced.
+pub struct ScheduledStep {
+    /// The mean loss over the microbatches, `[1]` f32, on every stage.
+    pub loss: Tensor<1>,
+    /// Each parameter's gradient, flattened, in traversal order, summed over the microbatches
+    /// and, for a parameter other stages hold too, over them (`None` for one the step did not
+    /// reach).
+    pub grads: Vec<Option<Tensor<1>>>,
+    /// This rank's MoE blocks' loads over the step, in block order.
+    pub loads: Vec<Load>,
 }
 
 impl LlamaStage {
@@ -54,15 +67,9 @@ impl LlamaStage {
     }
 
     /// One training step of this rank over its schedule: `ids` and `targets` (`[b, s]`, this
-    /// dp rank's batch, the same on every stage) cut into the microbatches; returns the mean
-    /// loss (`[1]` f32, on every stage) and each parameter's gradient, flattened, in traversal
-    /// order, summed over the microbatches and, for a parameter other stages hold too, over
-    /// them (`None` for one the step did not reach). Every rank of the pipeline calls it.
-    pub fn scheduled_step(
-        &self,
-        ids: Tensor<2, Int>,
-        targets: Tensor<2, Int>,
-    ) -> Result<(Tensor<1>, Vec<Option<Tensor<1>>>), LayerError> {
+    /// dp rank's batch, the same on every stage) cut into the microbatches. Every rank of the
+    /// pipeline calls it.
+    pub fn scheduled_step(&self, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Result<ScheduledStep, LayerError> {
         let schedule = self.schedule.as_ref().ok_or(ConfigError::NoSchedule)?;
         let pp = &schedule.pp;
         let [b, _] = ids.dims();
@@ -105,7 +112,11 @@ impl LlamaStage {
             Some(loss) => loss.detach().without_autodiff().cast(DType::F32),
             None => Tensor::zeros([1], (&device, DType::F32)).without_autodiff(),
         };
-        Ok((pp.all_reduce(loss, ReduceOp::Sum)?, grads))
+        Ok(ScheduledStep {
+            loss: pp.all_reduce(loss, ReduceOp::Sum)?,
+            grads,
+            loads: step.loads,
+        })
     }
 
     /// The loss of `ids` against `targets` (`[b, s]`) through the whole pipeline, forward only
