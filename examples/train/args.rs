@@ -189,9 +189,6 @@ impl Args {
         if out.tp == 0 || out.dp == 0 || out.cp == 0 || out.ep == 0 || out.pp == 0 || out.vpp == 0 {
             return Err("--tp, --dp, --cp, --ep, --pp and --vpp must be at least 1".into());
         }
-        if out.cp > 1 && out.pp > 1 {
-            return Err("--cp runs inside one pipeline stage's mesh only: leave out --pp".into());
-        }
         if out.cp > 1 && out.sample_every.is_some_and(|k| k > 0) {
             return Err(
                 "--cp splits every sequence over ranks: greedy samples of a whole prompt need --sample-every 0".into(),

@@ -15,9 +15,9 @@ use burn_megatron::init::ParamInit;
 use burn_megatron::models::llama::LlamaConfig;
 use burn_megatron::models::llama::learner::{LmOutput, TokenBatch, TokenBatcher, after_step, stage_after_step};
 use burn_megatron::optim::DistributedAdamWConfig;
-use burn_megatron::plan::pipeline::stages::{rank_chunks, virtual_stages};
+use burn_megatron::plan::ParallelPlan;
 use burn_megatron::train::{AfterStep, MegatronStrategy, Silent, StrategyOptimizer};
-use burn_megatron_dist::{ParallelDims, RankContext, launch};
+use burn_megatron_dist::{RankContext, launch};
 
 use crate::args::Args;
 use crate::data::Corpus;
@@ -35,7 +35,7 @@ fn sequences(corpus: &Corpus, dp: usize, per_rank: usize, steps: usize, seq: usi
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     args: &Args,
-    dims: ParallelDims,
+    plan: &ParallelPlan,
     config: &LlamaConfig,
     corpus: &Corpus,
     init: &ParamInit,
@@ -43,6 +43,7 @@ pub fn run(
     per_rank: usize,
     seq: usize,
 ) -> Result<(), String> {
+    let dims = plan.dims;
     let train = sequences(corpus, dims.dp, per_rank, args.steps, seq);
     // Validation: the first batch of a step past the run.
     let valid = sequences(corpus, dims.dp, per_rank, 1, seq);
@@ -55,14 +56,9 @@ pub fn run(
                 let model = config.init(&device, &ctx.groups, init).map_err(|e| fail(&e))?;
                 fit(args, &ctx, model, data, per_rank, after_step())
             }
-            pp => {
-                let stages = virtual_stages(config.n_layers, pp, args.vpp, None).map_err(|e| fail(&e))?;
-                let rank = ctx.groups.pp.group_rank();
-                let chunks = rank_chunks(&stages, pp, rank);
+            _ => {
                 let stage = config
-                    .init_stage(chunks, (rank == 0, rank == pp - 1), &device, &ctx.groups, init)
-                    .map_err(|e| fail(&e))?
-                    .with_schedule(pipeline::schedule(args), pipeline::microbatches(args), &ctx.groups.pp)
+                    .init_planned_stage(plan, pipeline::microbatches(args), &device, &ctx.groups, init)
                     .map_err(|e| fail(&e))?;
                 fit(args, &ctx, stage, data, per_rank, stage_after_step())
             }

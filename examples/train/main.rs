@@ -52,7 +52,7 @@ fn main() {
 /// A run's configuration, every number checked before any tensor exists.
 struct Job {
     config: LlamaConfig,
-    dims: ParallelDims,
+    plan: ParallelPlan,
     policy: PrecisionPolicy,
     seq: usize,
     /// Sequences per global batch, and per data-parallel rank.
@@ -70,11 +70,10 @@ fn configure(args: &Args) -> Result<Job, ConfigError> {
     if args.tied {
         recipe.model.word_embeddings = burn_megatron::models::llama::WordEmbeddings::Tied;
     }
-    // The plan lays out one pipeline stage's tp × dp × ep mesh; the pipeline's stages are
-    // `pipeline.rs`'s.
     let dims = ParallelDims {
         ep: args.ep,
         cp: args.cp,
+        pp: args.pp,
         ..ParallelDims::tp_dp(args.tp, args.dp)
     };
     let tensor = if args.sp {
@@ -85,7 +84,8 @@ fn configure(args: &Args) -> Result<Job, ConfigError> {
     let plan = ParallelPlan::new(dims)
         .with_tensor(tensor)
         .with_expert(args.dispatcher)
-        .with_context(args.context);
+        .with_context(args.context)
+        .with_pipeline(pipeline::schedule(args));
     let policy = match args.bf16 {
         true => PrecisionPolicy::bf16(),
         false => PrecisionPolicy::f32(),
@@ -98,12 +98,11 @@ fn configure(args: &Args) -> Result<Job, ConfigError> {
     let per_rank = recipe.per_rank_batch(args.dp)?;
     check_lr(args.lr)?;
     if args.pp > 1 {
-        pipeline::check(args, &config, per_rank)?;
+        pipeline::check(args, per_rank)?;
     }
-    let dims = ParallelDims { pp: args.pp, ..dims };
     Ok(Job {
         config,
-        dims,
+        plan,
         policy,
         seq: recipe.seq_len,
         batch: recipe.batch_size,
@@ -115,7 +114,7 @@ fn configure(args: &Args) -> Result<Job, ConfigError> {
 fn run(args: &Args) -> Result<Vec<f64>, String> {
     let Job {
         config,
-        dims,
+        plan,
         policy,
         seq,
         batch,
@@ -149,11 +148,11 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
         DeviceKind::Cuda => cuda(local),
     };
     if args.pp > 1 && !args.learner {
-        return pipeline::run(args, dims, &config, &corpus, &init, device_of, (per_rank, seq, batch));
+        return pipeline::run(args, &plan, &config, &corpus, &init, device_of, (per_rank, seq, batch));
     }
     if args.learner {
         #[cfg(feature = "learner")]
-        return learner::run(args, dims, &config, &corpus, &init, device_of, per_rank, seq).map(|_| Vec::new());
+        return learner::run(args, &plan, &config, &corpus, &init, device_of, per_rank, seq).map(|_| Vec::new());
         #[cfg(not(feature = "learner"))]
         return Err("--learner needs the examples' `learner` feature (on by default)".into());
     }
@@ -169,6 +168,7 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
         ),
         None => (corpus.encode("\n417+385="), corpus.encode("\n")[0]),
     };
+    let dims = plan.dims;
     let results = launch(dims, device_of, |ctx| -> Result<Vec<f64>, String> {
         let device = ctx.device.clone().autodiff();
         let mut model = config.init(&device, &ctx.groups, &init).map_err(|e| e.to_string())?;
@@ -322,7 +322,7 @@ mod tests {
             ),
             ("--layers 0", "--layers must be at least 1"),
             (
-                "--pp 2 --vpp 2 --microbatches 3 --batch 6",
+                "--pp 2 --vpp 2 --layers 4 --microbatches 3 --batch 6",
                 "3 microbatches do not form whole rounds of pp = 2",
             ),
             (
@@ -336,7 +336,10 @@ mod tests {
                 "--cp 8 --context all-to-all --seq 64",
                 "4 n_heads on each tp rank do not scatter over cp = 8",
             ),
-            ("--cp 2 --pp 2", "leave out --pp"),
+            (
+                "--cp 2 --pp 2",
+                "context parallelism inside pipeline stages: cp = 2 is not built yet",
+            ),
             ("--cp 2 --sample-every 5", "--sample-every 0"),
             ("--context sideways", "unknown context exchange"),
             ("--tp 3", "n_heads = 4 is not divisible by tp = 3"),

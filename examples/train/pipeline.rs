@@ -15,10 +15,9 @@ use burn_megatron::init::ParamInit;
 use burn_megatron::models::llama::LlamaConfig;
 use burn_megatron::models::llama::pipeline::train_step;
 use burn_megatron::optim::DistributedAdamWConfig;
-use burn_megatron::plan::PipelineSchedule;
 use burn_megatron::plan::pipeline::simulate::simulate;
-use burn_megatron::plan::pipeline::stages::{rank_chunks, virtual_stages};
-use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
+use burn_megatron::plan::{ParallelPlan, PipelineSchedule};
+use burn_megatron_dist::{ReduceOp, launch};
 
 use crate::args::Args;
 use crate::data::Corpus;
@@ -35,10 +34,10 @@ pub fn microbatches(args: &Args) -> usize {
     args.microbatches.unwrap_or(args.pp)
 }
 
-/// Everything a pipeline run needs that can be wrong, before any tensor: the blocks must split
-/// into `pp · vpp` chunks, the rank's batch into the microbatches, the microbatches suit the
-/// schedule.
-pub fn check(args: &Args, config: &LlamaConfig, per_rank: usize) -> Result<(), ConfigError> {
+/// Everything a pipeline run needs that can be wrong beyond the plan's checks (the blocks split
+/// into `pp · vpp` chunks), before any tensor: the rank's batch splits into the microbatches,
+/// the microbatches suit the schedule.
+pub fn check(args: &Args, per_rank: usize) -> Result<(), ConfigError> {
     let m = microbatches(args);
     schedule(args).check_microbatches(args.pp, m)?;
     if !per_rank.is_multiple_of(m) || per_rank < m {
@@ -47,14 +46,13 @@ pub fn check(args: &Args, config: &LlamaConfig, per_rank: usize) -> Result<(), C
             microbatches: m,
         });
     }
-    virtual_stages(config.n_layers, args.pp, args.vpp, None)?;
     Ok(())
 }
 
 /// Trains `config` over the pipeline; returns the losses the last stage printed.
 pub fn run(
     args: &Args,
-    dims: ParallelDims,
+    plan: &ParallelPlan,
     config: &LlamaConfig,
     corpus: &Corpus,
     init: &ParamInit,
@@ -62,16 +60,14 @@ pub fn run(
     (per_rank, seq, batch): (usize, usize, usize),
 ) -> Result<Vec<f64>, String> {
     let (pp, m) = (args.pp, microbatches(args));
-    let stages = virtual_stages(config.n_layers, pp, args.vpp, None).map_err(|e| e.to_string())?;
-    let actions = schedule(args).actions(pp, m).map_err(|e| e.to_string())?;
+    let actions = plan.pipeline.actions(pp, m).map_err(|e| e.to_string())?;
     let predicted = simulate(&actions).map_err(|e| e.to_string())?.bubble;
-    let results = launch(dims, device_of, |ctx| -> Result<Vec<f64>, String> {
+    let results = launch(plan.dims, device_of, |ctx| -> Result<Vec<f64>, String> {
         let device = ctx.device.clone().autodiff();
         let rank = ctx.groups.pp.group_rank();
         let last = rank == pp - 1;
-        let chunks = rank_chunks(&stages, pp, rank);
         let mut stage = config
-            .init_stage(chunks, (rank == 0, last), &device, &ctx.groups, init)
+            .init_planned_stage(plan, m, &device, &ctx.groups, init)
             .map_err(|e| e.to_string())?;
         let mut optim = DistributedAdamWConfig::new().with_zero1(args.zero1).init(&ctx.groups);
         let mut done = 0;

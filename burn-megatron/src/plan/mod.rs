@@ -8,7 +8,8 @@
 //! - [`context`]: context parallelism: load-balanced chunks of each sequence, attention over
 //!   the whole sequence by ring, all-to-all or all-gather.
 //! - [`expert`]: expert parallelism: the layers of experts split over ep, their dispatcher.
-//! - [`pipeline`]: pipeline parallelism (not built yet: `pp > 1` is refused by name).
+//! - [`pipeline`]: pipeline parallelism: the model's blocks over pp stages, the schedule they
+//!   run (a rank's stage is `LlamaConfig::init_planned_stage`'s).
 //!
 //! Data parallelism needs no rewrite of the model: the optimizer averages gradients over
 //! [`ProcessGroups::grad_sync`](burn_megatron_dist::ProcessGroups::grad_sync).
@@ -45,6 +46,11 @@ pub trait PlannedModel {
 
     /// The longest sequence the model's positions cover.
     fn max_seq_len(&self) -> usize;
+
+    /// The blocks pipeline stages split (none: the model cannot be split into stages).
+    fn blocks(&self) -> Option<usize> {
+        None
+    }
 
     /// Each layer of experts the expert plan lays out, by its path (none for a dense model).
     fn expert_layers(&mut self) -> Vec<(&'static str, Box<dyn ExpertParallelLayer + '_>)> {
@@ -85,11 +91,21 @@ impl ParallelPlan {
         Self { context, ..self }
     }
 
+    /// The same plan with `pipeline` for the pipeline dimension.
+    pub fn with_pipeline(self, pipeline: PipelineSchedule) -> Self {
+        Self { pipeline, ..self }
+    }
+
     /// Checks the mesh against a run of `world_size` ranks and each dimension's choice: a
-    /// dimension that is not built yet is an error naming it, never ignored.
+    /// combination that is not built yet is an error naming it, never ignored.
     pub fn validate(&self, world_size: usize) -> Result<(), ConfigError> {
         self.dims.validate(world_size)?;
-        self.pipeline.check(self.dims.pp)?;
+        if self.dims.pp > 1 && self.dims.cp > 1 {
+            return Err(ConfigError::NotBuilt {
+                dimension: "context parallelism inside pipeline stages: cp",
+                size: self.dims.cp,
+            });
+        }
         Ok(())
     }
 
@@ -118,6 +134,10 @@ impl ParallelPlan {
         }
         for (_, mut layer) in config.expert_layers() {
             layer.plan_expert(self.dims.ep, self.expert)?;
+        }
+        if self.dims.pp > 1 {
+            let blocks = config.blocks().ok_or(ConfigError::NoBlocks)?;
+            pipeline::stages::virtual_stages(blocks, self.dims.pp, self.pipeline.chunks(), None)?;
         }
         Ok(config)
     }
@@ -211,28 +231,33 @@ mod tests {
         );
     }
 
-    /// The plan lays out one pipeline stage's mesh: asking it for pp > 1 is an error naming
-    /// the dimension, on its own and beside tp (the stages are `models::llama::pipeline`'s).
-    /// Context parallelism plans, beside tp and dp.
+    /// Pipeline stages plan beside tp and dp when the blocks split into `pp · v` chunks; a
+    /// split that does not divide, or context parallelism inside stages, is an error naming
+    /// it. Context parallelism plans, beside tp and dp.
     #[test]
-    fn the_plan_refuses_pipeline_stages_by_name() {
+    fn the_plan_splits_blocks_into_stages() {
         let dims = |tp, cp, ep, dp, pp| ParallelDims { tp, cp, ep, dp, pp };
-        let apply = |dims: ParallelDims| ParallelPlan::new(dims).apply(recipes::tiny().model, dims.world_size(), 256);
-        for pp in [(dims(1, 1, 1, 1, 4), 4), (dims(2, 1, 1, 1, 2), 2)] {
-            assert_eq!(
-                apply(pp.0).unwrap_err(),
-                ConfigError::NotBuilt {
-                    dimension: "pipeline parallelism",
-                    size: pp.1
-                }
-            );
-        }
-        let message = apply(dims(1, 1, 1, 1, 2)).unwrap_err().to_string();
-        assert!(
-            message.contains("pipeline parallelism") && message.contains("not built yet"),
-            "{message}"
+        let apply = |dims: ParallelDims, schedule| {
+            ParallelPlan::new(dims)
+                .with_pipeline(schedule)
+                .apply(recipes::tiny().model, dims.world_size(), 256)
+        };
+        let one_f_one_b = PipelineSchedule::OneForwardOneBackward;
+        let interleaved = PipelineSchedule::Interleaved { virtual_stages: 2 };
+        // The tiny preset has 2 blocks.
+        assert!(apply(dims(1, 1, 1, 1, 2), one_f_one_b).is_ok());
+        assert!(apply(dims(2, 1, 1, 2, 2), one_f_one_b).is_ok());
+        let refused = apply(dims(1, 1, 1, 1, 2), interleaved).unwrap_err().to_string();
+        assert!(refused.contains("2 blocks do not split into"), "{refused}");
+        assert!(apply(dims(1, 1, 1, 1, 4), one_f_one_b).is_err());
+        assert_eq!(
+            apply(dims(1, 2, 1, 1, 2), one_f_one_b).unwrap_err(),
+            ConfigError::NotBuilt {
+                dimension: "context parallelism inside pipeline stages: cp",
+                size: 2
+            }
         );
-        assert!(apply(dims(1, 2, 1, 1, 1)).is_ok() && apply(dims(2, 2, 1, 2, 1)).is_ok());
+        assert!(apply(dims(1, 2, 1, 1, 1), one_f_one_b).is_ok() && apply(dims(2, 2, 1, 2, 1), one_f_one_b).is_ok());
     }
 
     #[test]

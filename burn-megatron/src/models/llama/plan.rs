@@ -48,6 +48,10 @@ impl PlannedModel for LlamaConfig {
         self.attention.max_seq_len
     }
 
+    fn blocks(&self) -> Option<usize> {
+        Some(self.n_layers)
+    }
+
     fn expert_layers(&mut self) -> Vec<(&'static str, Box<dyn ExpertParallelLayer + '_>)> {
         match &mut self.moe {
             Some(moe) => vec![("layers.*.moe", Box::new(&mut moe.layer))],

@@ -21,6 +21,8 @@ use crate::error::LayerError;
 use crate::init::ParamInit;
 use crate::layers::moe::Load;
 use crate::layers::{ColumnParallelLinear, RmsNorm, VocabParallelCrossEntropy, VocabParallelEmbedding};
+use crate::plan::ParallelPlan;
+use crate::plan::pipeline::stages::{rank_chunks, virtual_stages};
 use crate::recompute::Recompute;
 
 #[derive(Module, Debug)]
@@ -101,6 +103,32 @@ impl LlamaConfig {
             experts: self.moe.is_some(),
             schedule: None,
         })
+    }
+}
+
+impl LlamaConfig {
+    /// This rank's stage of `plan`'s pipeline (the config planned by it): its model chunks of
+    /// the blocks split evenly over `pp · v` virtual stages, the embedding on the first pp
+    /// rank, the head on the last, and its part of `plan.pipeline` over `microbatches`.
+    pub fn init_planned_stage(
+        &self,
+        plan: &ParallelPlan,
+        microbatches: usize,
+        device: &Device,
+        groups: &ProcessGroups,
+        init: &ParamInit,
+    ) -> Result<LlamaStage, LayerError> {
+        let pp = groups.pp.size();
+        let stages = virtual_stages(self.n_layers, pp, plan.pipeline.chunks(), None)?;
+        let rank = groups.pp.group_rank();
+        let stage = self.init_stage(
+            rank_chunks(&stages, pp, rank),
+            (rank == 0, rank + 1 == pp),
+            device,
+            groups,
+            init,
+        )?;
+        Ok(stage.with_schedule(plan.pipeline, microbatches, &groups.pp)?)
     }
 }
 
