@@ -286,6 +286,7 @@ mod tests {
             "--tp 2 --dp 2 --sp --zero1",
             "--cp 2 --dp 2 --sample-every 0",
             "--pp 2 --vpp 2 --dp 2 --layers 4 --microbatches 2 --tied",
+            "--pp 2 --cp 2 --layers 4 --microbatches 2 --sample-every 0",
             "--precision fp8-delayed --preset tiny-moe --dp 2 --ep 2 --sample-every 0",
         ] {
             run(&args(&format!("--learner {layout} --steps 3 --seq 32 --batch 4"))).unwrap();
@@ -335,10 +336,6 @@ mod tests {
             (
                 "--cp 8 --context all-to-all --seq 64",
                 "4 n_heads on each tp rank do not scatter over cp = 8",
-            ),
-            (
-                "--cp 2 --pp 2",
-                "context parallelism inside pipeline stages: cp = 2 is not built yet",
             ),
             ("--cp 2 --sample-every 5", "--sample-every 0"),
             ("--context sideways", "unknown context exchange"),
@@ -427,6 +424,14 @@ mod tests {
             ("--pp 2 --tp 2 --sp --microbatches 2", Some("--tp 2 --sp")),
             ("--pp 2 --tp 2 --sp --dp 2 --microbatches 2", Some("--tp 2 --sp --dp 2")),
             ("--pp 2 --tied", Some("--tied --microbatches 2")),
+            (
+                "--pp 2 --cp 2 --microbatches 2 --sample-every 0",
+                Some("--cp 2 --sample-every 0"),
+            ),
+            (
+                "--pp 2 --vpp 2 --cp 2 --tp 2 --sp --microbatches 2",
+                Some("--cp 2 --tp 2 --sp"),
+            ),
             (
                 "--pp 2 --vpp 2 --microbatches 2 --tied --tp 2 --sp",
                 Some("--tied --tp 2 --sp"),

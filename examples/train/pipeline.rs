@@ -79,15 +79,21 @@ pub fn run(
         let mut saves = Saves::new(args);
         let dp_rank = ctx.groups.dp.group_rank();
         let per_micro = per_rank / m;
+        let context = stage.context_layout();
         let prints = last && dp_rank == 0;
         let start = Instant::now();
         let mut losses = Vec::new();
         // Each step's share outside the forwards and backwards (the first, warming up, left out).
         let mut idle = Vec::new();
         for step in done + 1..=args.steps {
-            let batches: Vec<_> = (0..m)
-                .map(|i| corpus.batch(step, dp_rank * per_rank + i * per_micro, per_micro, seq, &device))
-                .collect();
+            // Under context parallelism each cp rank reads the same sequences and keeps its chunks.
+            let batches = (0..m)
+                .map(|i| {
+                    let (ids, targets) = corpus.batch(step, dp_rank * per_rank + i * per_micro, per_micro, seq, &device);
+                    Ok((context.shard(ids, 1)?, context.shard(targets, 1)?))
+                })
+                .collect::<Result<Vec<_>, ConfigError>>()
+                .map_err(|e| e.to_string())?;
             let (next, report) = train_step(
                 stage,
                 &mut optim,

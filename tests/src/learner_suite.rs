@@ -244,10 +244,11 @@ pub fn burn_checkpointers_resume(h: &Harness) {
 }
 
 /// Pipeline stages under the Learner: one epoch with the strategy at pp 2 (tied embeddings,
-/// Burn's AdamW; 1F1B over 2 microbatches) and pp 2 × dp 2 (interleaved over 2 chunks of 1
-/// block, the distributed optimizer with ZeRO-1 and clipping), against the whole model at
-/// pp 1 with the same optimizer: every stage's parameters after the epoch by path, and the
-/// validation loss every stage reports.
+/// Burn's AdamW; 1F1B over 2 microbatches), pp 2 × dp 2 (interleaved over 2 chunks of 1
+/// block, the distributed optimizer with ZeRO-1 and clipping) and pp 2 × cp 2 (each sequence's
+/// chunks over cp inside the stages), against the whole model at pp 1 with the same optimizer:
+/// every stage's parameters after the epoch by path, and the validation loss every stage
+/// reports.
 pub fn pipeline_stages_match_one_rank(h: &Harness) {
     use burn_megatron::plan::PipelineSchedule;
     let distributed = StrategyOptimizer::Distributed(
@@ -258,6 +259,7 @@ pub fn pipeline_stages_match_one_rank(h: &Harness) {
     let cases = [
         (
             1,
+            1,
             PipelineSchedule::OneForwardOneBackward,
             2,
             true,
@@ -265,13 +267,15 @@ pub fn pipeline_stages_match_one_rank(h: &Harness) {
         ),
         (
             2,
+            1,
             PipelineSchedule::Interleaved { virtual_stages: 2 },
             4,
             false,
-            distributed,
+            distributed.clone(),
         ),
+        (1, 2, PipelineSchedule::OneForwardOneBackward, 2, false, distributed),
     ];
-    for (dp, schedule, layers, tied, optimizer) in cases {
+    for (dp, cp, schedule, layers, tied, optimizer) in cases {
         let setup = Setup {
             optimizer,
             overlap: true,
@@ -287,14 +291,19 @@ pub fn pipeline_stages_match_one_rank(h: &Harness) {
         })[0];
         let dims = ParallelDims {
             pp: 2,
+            cp,
             ..ParallelDims::tp_dp(1, dp)
         };
+        let staged_config = ParallelPlan::new(dims)
+            .with_pipeline(schedule)
+            .apply(config.clone(), dims.world_size(), SEQ)
+            .unwrap();
         let staged = h.run(dims, |ctx| {
             use burn_megatron::plan::pipeline::stages::{rank_chunks, virtual_stages};
             let device = ctx.device.clone().autodiff();
             let rank = ctx.groups.pp.group_rank();
             let stages = virtual_stages(layers, 2, schedule.chunks(), None).unwrap();
-            let stage = config
+            let stage = staged_config
                 .init_stage(
                     rank_chunks(&stages, 2, rank),
                     (rank == 0, rank == 1),
@@ -307,15 +316,17 @@ pub fn pipeline_stages_match_one_rank(h: &Harness) {
                 .unwrap();
             fit(&ctx, stage, &setup, in_dp_order(sequences(), dp))
         });
-        for (rank, (params, valid)) in staged.iter().enumerate() {
-            let what = format!("{schedule:?} dp {dp} rank {rank}");
-            // Every stage reports the pipeline's loss: the same batch through the same weights
-            // (to 1e-4, below), f32 sums in another order.
-            assert!(
-                (valid - single.1).abs() <= 1e-3 * single.1,
-                "{what}: valid loss {valid} vs {}",
-                single.1
-            );
+        // Every stage reports the pipeline's loss, each rank its share (a cp rank's chunks
+        // weighed so that the mean over dp × cp is the batch's mean): the same batch through
+        // the same weights (to 1e-4, below), f32 sums in another order.
+        let valid = staged.iter().map(|r| r.1).sum::<f64>() / staged.len() as f64;
+        assert!(
+            (valid - single.1).abs() <= 1e-3 * single.1,
+            "{schedule:?} dp {dp} cp {cp}: valid loss {valid} vs {}",
+            single.1
+        );
+        for (rank, (params, _)) in staged.iter().enumerate() {
+            let what = format!("{schedule:?} dp {dp} cp {cp} rank {rank}");
             for (path, value) in params {
                 let whole = &single.0[path];
                 let worst = value.iter().zip(whole).fold(0f32, |m, (a, b)| m.max((a - b).abs()));

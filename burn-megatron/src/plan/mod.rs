@@ -96,16 +96,9 @@ impl ParallelPlan {
         Self { pipeline, ..self }
     }
 
-    /// Checks the mesh against a run of `world_size` ranks and each dimension's choice: a
-    /// combination that is not built yet is an error naming it, never ignored.
+    /// Checks the mesh against a run of `world_size` ranks.
     pub fn validate(&self, world_size: usize) -> Result<(), ConfigError> {
         self.dims.validate(world_size)?;
-        if self.dims.pp > 1 && self.dims.cp > 1 {
-            return Err(ConfigError::NotBuilt {
-                dimension: "context parallelism inside pipeline stages: cp",
-                size: self.dims.cp,
-            });
-        }
         Ok(())
     }
 
@@ -231,9 +224,9 @@ mod tests {
         );
     }
 
-    /// Pipeline stages plan beside tp and dp when the blocks split into `pp · v` chunks; a
-    /// split that does not divide, or context parallelism inside stages, is an error naming
-    /// it. Context parallelism plans, beside tp and dp.
+    /// Pipeline stages plan beside tp, cp and dp when the blocks split into `pp · v` chunks; a
+    /// split that does not divide is an error naming it. Context parallelism plans, beside tp
+    /// and dp.
     #[test]
     fn the_plan_splits_blocks_into_stages() {
         let dims = |tp, cp, ep, dp, pp| ParallelDims { tp, cp, ep, dp, pp };
@@ -250,13 +243,7 @@ mod tests {
         let refused = apply(dims(1, 1, 1, 1, 2), interleaved).unwrap_err().to_string();
         assert!(refused.contains("2 blocks do not split into"), "{refused}");
         assert!(apply(dims(1, 1, 1, 1, 4), one_f_one_b).is_err());
-        assert_eq!(
-            apply(dims(1, 2, 1, 1, 2), one_f_one_b).unwrap_err(),
-            ConfigError::NotBuilt {
-                dimension: "context parallelism inside pipeline stages: cp",
-                size: 2
-            }
-        );
+        assert!(apply(dims(2, 2, 1, 1, 2), one_f_one_b).is_ok());
         assert!(apply(dims(1, 2, 1, 1, 1), one_f_one_b).is_ok() && apply(dims(2, 2, 1, 2, 1), one_f_one_b).is_ok());
     }
 

@@ -68,7 +68,8 @@ struct Kept {
 }
 
 /// Runs `actions` (this pipeline rank's list) on `stage`: `batches[i]` is microbatch `i`'s
-/// `(ids, targets)`, each `[b, s]`; activations are [`LlamaStage::activation_shape`].
+/// `(ids, targets)`, each `[b, s]` (this cp rank's chunks under context parallelism,
+/// [`LlamaStage::context_layout`]); activations are [`LlamaStage::activation_shape`].
 pub fn run_actions(
     stage: &LlamaStage,
     actions: &[Action],

@@ -13,6 +13,7 @@ use burn_megatron_dist::{ProcessGroup, ReduceOp};
 use super::pipeline::run_actions;
 use super::stage::LlamaStage;
 use crate::error::{ConfigError, LayerError};
+use crate::layers::context::ContextLayout;
 use crate::layers::moe::Load;
 use crate::params::{param_infos, param_values};
 use crate::plan::PipelineSchedule;
@@ -42,6 +43,12 @@ pub struct ScheduledStep {
 }
 
 impl LlamaStage {
+    /// How this stage's attention splits sequences over cp (every stage holds a block).
+    pub fn context_layout(&self) -> ContextLayout {
+        let block = self.layers.iter().flatten().next().expect("a stage holds a block");
+        ContextLayout::new(&block.attention.cp)
+    }
+
     /// The stage with its rank's actions of `schedule` over `microbatches` on `pp`: the
     /// microbatches must suit the schedule and its model chunks the stage's.
     pub fn with_schedule(
@@ -67,11 +74,13 @@ impl LlamaStage {
     }
 
     /// One training step of this rank over its schedule: `ids` and `targets` (`[b, s]`, this
-    /// dp rank's batch, the same on every stage) cut into the microbatches. Every rank of the
-    /// pipeline calls it.
+    /// dp rank's whole sequences, the same on every stage; under context parallelism each cp
+    /// rank takes its chunks) cut into the microbatches. Every rank of the pipeline calls it.
     pub fn scheduled_step(&self, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Result<ScheduledStep, LayerError> {
         let schedule = self.schedule.as_ref().ok_or(ConfigError::NoSchedule)?;
         let pp = &schedule.pp;
+        let context = self.context_layout();
+        let (ids, targets) = (context.shard(ids, 1)?, context.shard(targets, 1)?);
         let [b, _] = ids.dims();
         let m = schedule.microbatches;
         if b < m || !b.is_multiple_of(m) {
@@ -119,9 +128,10 @@ impl LlamaStage {
         })
     }
 
-    /// The loss of `ids` against `targets` (`[b, s]`) through the whole pipeline, forward only
-    /// and unsplit: each virtual stage in turn, its activations sent to the next; the head's
-    /// loss plus every stage's router losses, `[1]` f32 on every stage, as
+    /// The loss of `ids` against `targets` (`[b, s]`, whole sequences; under context
+    /// parallelism each cp rank takes its chunks) through the whole pipeline, forward only and
+    /// unsplit: each virtual stage in turn, its activations sent to the next; the head's loss
+    /// plus every stage's router losses, `[1]` f32 on every stage, as
     /// [`Llama::forward_loss`](super::Llama::forward_loss). Every rank of `pp` calls it.
     pub fn forward_loss(
         &self,
@@ -129,6 +139,8 @@ impl LlamaStage {
         targets: Tensor<2, Int>,
         pp: &ProcessGroup,
     ) -> Result<Tensor<1>, LayerError> {
+        let context = self.context_layout();
+        let (ids, targets) = (context.shard(ids, 1)?, context.shard(targets, 1)?);
         let (rank, size) = (pp.group_rank(), pp.size());
         let stages = size * self.chunks.len();
         let [b, s] = ids.dims();
