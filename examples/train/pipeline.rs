@@ -13,7 +13,7 @@ use burn_megatron::ConfigError;
 use burn_megatron::checkpoint;
 use burn_megatron::init::ParamInit;
 use burn_megatron::models::llama::LlamaConfig;
-use burn_megatron::models::llama::pipeline::train_step;
+use burn_megatron::models::llama::pipeline::{Timing, train_step};
 use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron::plan::pipeline::simulate::simulate;
 use burn_megatron::plan::{ParallelPlan, PipelineSchedule};
@@ -101,6 +101,8 @@ pub fn run(
                 &actions.ranks[rank],
                 &batches,
                 &ctx.groups.pp,
+                // Each forward and backward timed whole: the measured bubble below.
+                Timing::Synchronized,
             )
             .map_err(|e| e.to_string())?;
             // The expert bias of each of this stage's MoE blocks, by its load over the step.
@@ -108,7 +110,7 @@ pub fn run(
                 .update_expert_bias(&report.loads, &ctx.groups)
                 .map_err(|e| e.to_string())?;
             if step > done + 1 || args.steps == done + 1 {
-                idle.push(report.timing.idle());
+                idle.extend(report.timing.idle());
             }
             // Delayed FP8 scaling: the step's amaxes onto each of this stage's histories.
             burn_megatron::precision::delayed::advance(stage.layers.iter_mut().flatten(), &ctx.groups)

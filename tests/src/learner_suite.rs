@@ -94,40 +94,23 @@ fn scratch(name: &str, rank: usize) -> PathBuf {
     std::env::temp_dir().join(format!("burn-megatron-learner-{name}-{}-{rank}", std::process::id()))
 }
 
-/// One epoch through `SupervisedTraining` on every rank of `dims`; each rank's loss on two training sequences
-/// before and after.
+/// One epoch through `SupervisedTraining` on every rank of `dims`; each rank's loss on two
+/// training sequences before and after.
 fn train(h: &Harness, dims: ParallelDims, setup: &Setup) -> Vec<(f64, f64)> {
     h.run(dims, |ctx| {
         let device = ctx.device.clone();
-        let dp = ctx.groups.dp.size();
-        let loader = |items: Vec<Vec<u32>>| -> Arc<dyn DataLoader<TokenBatch>> {
-            DataLoaderBuilder::new(TokenBatcher)
-                .batch_size(GLOBAL_BATCH / dp)
-                .build(InMemDataset::new(items))
-        };
-        let train = loader(in_dp_order(sequences(), dp));
-        let valid = loader(sequences()[..GLOBAL_BATCH].to_vec());
         // Built on the autodiff device, as for Burn's own strategies: parameters made on a
         // plain device are not trainable after `fork`.
         let initial = model(&ctx, &device.clone().autodiff());
         let before = eval_loss(&initial, &device);
-        let strategy = MegatronStrategy::new(&ctx)
-            .with_optimizer(setup.optimizer.clone())
-            .with_overlap(setup.overlap)
-            .with_buckets(BucketConfig::new().with_bytes(setup.bucket_bytes));
-        // Burn's AdamW with PyTorch's ε and weight decay, like `DistributedAdamWConfig`'s.
-        let optim = AdamWConfig::new().with_epsilon(1e-8).with_weight_decay(0.01).init();
-        let dir = scratch("epoch", ctx.global_rank);
-        let result = SupervisedTraining::new(&dir, train, valid)
-            .metrics((LossMetric::new(),))
-            .num_epochs(1)
-            .with_application_logger(None)
-            .renderer(Box::new(Silent))
-            .with_training_strategy(TrainingStrategy::Custom(Arc::new(strategy)))
-            .launch(Learner::new(initial, optim, 3e-3));
-        let _ = std::fs::remove_dir_all(&dir);
-        assert!(result.error.is_none(), "training failed: {:?}", result.error);
-        (before, eval_loss(&result.model, &device.clone().autodiff()))
+        let trained = fit_model(
+            &ctx,
+            initial,
+            setup,
+            in_dp_order(sequences(), ctx.groups.dp.size()),
+            None,
+        );
+        (before, eval_loss(&trained, &device.clone().autodiff()))
     })
 }
 
@@ -374,6 +357,21 @@ where
         + burn::train::TrainStep<Input = TokenBatch, Output = LmOutput>
         + burn::train::InferenceStep<Input = TokenBatch, Output = LmOutput>,
 {
+    let trained = fit_model(ctx, model, setup, items, update);
+    let batch = TokenBatcher.batch(sequences()[..2].to_vec(), &ctx.device);
+    let valid = burn::train::InferenceStep::step(&trained.valid(), batch);
+    (values_by_path(&trained), valid.loss.into_scalar::<f64>())
+}
+
+/// One epoch of `model` under the strategy as `setup` says (and `update` after each step) on
+/// this rank, its dp slice of `items`; validation on the first global batch. Returns the
+/// trained model.
+fn fit_model<M>(ctx: &RankContext, model: M, setup: &Setup, items: Vec<Vec<u32>>, update: Option<AfterStep>) -> M
+where
+    M: burn::train::LearnerModel
+        + burn::train::TrainStep<Input = TokenBatch, Output = LmOutput>
+        + burn::train::InferenceStep<Input = TokenBatch, Output = LmOutput>,
+{
     let dp = ctx.groups.dp.size();
     let loader = |items: Vec<Vec<u32>>| -> Arc<dyn DataLoader<TokenBatch>> {
         DataLoaderBuilder::new(TokenBatcher)
@@ -388,8 +386,9 @@ where
         Some(update) => strategy.with_after_step(update),
         None => strategy,
     };
+    // Burn's AdamW with PyTorch's ε and weight decay, like `DistributedAdamWConfig`'s.
     let optim = AdamWConfig::new().with_epsilon(1e-8).with_weight_decay(0.01).init();
-    let dir = scratch("pipeline", ctx.global_rank);
+    let dir = scratch("epoch", ctx.global_rank);
     let result = SupervisedTraining::new(&dir, loader(items), loader(sequences()[..GLOBAL_BATCH].to_vec()))
         .metrics((LossMetric::new(),))
         .num_epochs(1)
@@ -399,10 +398,7 @@ where
         .launch(Learner::new(model, optim, 3e-3));
     let _ = std::fs::remove_dir_all(&dir);
     assert!(result.error.is_none(), "training failed: {:?}", result.error);
-    let params = values_by_path(&result.model);
-    let batch = TokenBatcher.batch(sequences()[..2].to_vec(), &ctx.device);
-    let valid = burn::train::InferenceStep::step(&result.model.valid(), batch);
-    (params, valid.loss.into_scalar::<f64>())
+    result.model
 }
 
 /// What moves outside the gradient after each step, under the strategy with the Llama's
@@ -452,10 +448,7 @@ pub fn after_step_moves_biases_and_histories(h: &Harness) {
                     .map(|micro| {
                         let micro = TokenBatcher.batch(micro.to_vec(), &device);
                         let (loss, r) = model.forward_loss_report(micro.ids, micro.targets).unwrap();
-                        report.loads = match report.loads.is_empty() {
-                            true => r.loads,
-                            false => report.loads.iter().zip(&r.loads).map(|(a, b)| a.add(b)).collect(),
-                        };
+                        report.add_loads(&r);
                         loss.div_scalar(m as f64)
                     })
                     .reduce(|a, b| a + b)

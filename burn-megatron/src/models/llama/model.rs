@@ -104,6 +104,15 @@ impl MoeReport {
         self.losses.iter().filter_map(RouterLosses::total).reduce(|a, b| a + b)
     }
 
+    /// Another forward's loads added block by block (the microbatches of one step: what the
+    /// expert bias moves by).
+    pub fn add_loads(&mut self, other: &MoeReport) {
+        self.loads = match self.loads.is_empty() {
+            true => other.loads.clone(),
+            false => self.loads.iter().zip(&other.loads).map(|(a, b)| a.add(b)).collect(),
+        };
+    }
+
     /// Each expert's copies summed over the MoE blocks, and the copies dropped.
     pub fn load(&self) -> Option<Load> {
         self.loads.iter().cloned().reduce(|a, b| a.add(&b))

@@ -37,22 +37,34 @@ pub struct StageStep {
     pub timing: StageTiming,
 }
 
-/// Where one rank's step went: its forwards and backwards (the device synchronized after each,
-/// so each is timed whole), and the step from its first action to its last.
+/// Whether a step times its forwards and backwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timing {
+    /// The device synchronized after each forward and backward, so each is timed whole: the
+    /// measured bubble, at the cost of the host waiting for the device at every action.
+    Synchronized,
+    /// No synchronization: the host queues the next action's work while the device runs (and
+    /// a send's peer may receive sooner); only the step's total is timed.
+    Off,
+}
+
+/// Where one rank's step went: its forwards and backwards (under [`Timing::Synchronized`]),
+/// and the step from its first action to its last.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StageTiming {
-    pub busy_s: f64,
+    pub busy_s: Option<f64>,
     pub total_s: f64,
 }
 
 impl StageTiming {
     /// The share of the step this rank spent outside its forwards and backwards: waiting on
-    /// another stage, or sending and receiving (its measured bubble).
-    pub fn idle(&self) -> f64 {
-        match self.total_s > 0.0 {
-            true => (1.0 - self.busy_s / self.total_s).max(0.0),
+    /// another stage, or sending and receiving (its measured bubble), if they were timed.
+    pub fn idle(&self) -> Option<f64> {
+        let busy = self.busy_s?;
+        Some(match self.total_s > 0.0 {
+            true => (1.0 - busy / self.total_s).max(0.0),
             false => 0.0,
-        }
+        })
     }
 }
 
@@ -75,6 +87,7 @@ pub fn run_actions(
     actions: &[Action],
     batches: &[(Tensor<2, Int>, Tensor<2, Int>)],
     pp: &ProcessGroup,
+    timing: Timing,
 ) -> Result<StageStep, LayerError> {
     let m = batches.len();
     let (rank, size) = (pp.group_rank(), pp.size());
@@ -94,6 +107,9 @@ pub fn run_actions(
     let mut busy = 0.0;
     // A compute action's time, the device synchronized at its end (kernels run asynchronously).
     let mut timed = |started: Instant| -> Result<(), LayerError> {
+        if timing == Timing::Off {
+            return Ok(());
+        }
         if let Some(device) = &device {
             device.sync().map_err(|e| LayerError::Device {
                 detail: format!("{e:?}"),
@@ -237,7 +253,7 @@ pub fn run_actions(
         });
     }
     let timing = StageTiming {
-        busy_s: busy,
+        busy_s: (timing == Timing::Synchronized).then_some(busy),
         total_s: begun.elapsed().as_secs_f64(),
     };
     Ok(StageStep {
@@ -259,7 +275,7 @@ pub struct PipelineReport {
     pub timing: StageTiming,
 }
 
-/// One training step of a pipeline rank: its actions ([`run_actions`]); the gradients of a
+/// One training step of a pipeline rank: its actions ([`run_actions`], timed as `timing` says); the gradients of a
 /// parameter other stages hold too (tied embeddings) summed over them; its gradients averaged
 /// over dp by `optim`'s reducer and the update (clipping, if configured, by the norm over every
 /// stage, each parameter counted once). Returns the updated stage and the step's report.
@@ -270,8 +286,9 @@ pub fn train_step(
     actions: &[Action],
     batches: &[(Tensor<2, Int>, Tensor<2, Int>)],
     pp: &ProcessGroup,
+    timing: Timing,
 ) -> Result<(LlamaStage, PipelineReport), LayerError> {
-    let step = run_actions(&stage, actions, batches, pp)?;
+    let step = run_actions(&stage, actions, batches, pp, timing)?;
     let copies = optim.stage_copies(&stage)?.clone();
     let mut reducer = optim.reducer(&stage);
     let values = param_values(&stage);

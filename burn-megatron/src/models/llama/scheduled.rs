@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use burn::tensor::{DType, Int, Tensor};
 use burn_megatron_dist::{ProcessGroup, ReduceOp};
 
-use super::pipeline::run_actions;
+use super::pipeline::{Timing, run_actions};
 use super::stage::LlamaStage;
 use crate::error::{ConfigError, LayerError};
 use crate::layers::context::ContextLayout;
@@ -99,7 +99,8 @@ impl LlamaStage {
                 )
             })
             .collect();
-        let step = run_actions(self, &schedule.actions, &batches, pp)?;
+        // No device synchronization between actions: the host runs ahead of the device.
+        let step = run_actions(self, &schedule.actions, &batches, pp, Timing::Off)?;
         let values = param_values(self);
         let copies = {
             let mut found = schedule.copies.lock().expect("the stage's copies");
