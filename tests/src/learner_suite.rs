@@ -17,7 +17,7 @@ use burn_megatron::models::llama::learner::{LmOutput, TokenBatch, TokenBatcher};
 use burn_megatron::models::llama::{Llama, LlamaConfig};
 use burn_megatron::optim::{BucketConfig, DistributedAdamWConfig};
 use burn_megatron::params::{param_infos, param_values};
-use burn_megatron::plan::{ParallelPlan, TensorParallel};
+use burn_megatron::plan::{ParallelPlan, PipelineSchedule, TensorParallel};
 use burn_megatron::train::{AfterStep, MegatronStrategy, Silent, StrategyOptimizer};
 use burn_megatron_dist::{ParallelDims, RankContext};
 
@@ -233,7 +233,6 @@ pub fn burn_checkpointers_resume(h: &Harness) {
 /// every stage's parameters after the epoch by path, and the validation loss every stage
 /// reports.
 pub fn pipeline_stages_match_one_rank(h: &Harness) {
-    use burn_megatron::plan::PipelineSchedule;
     let distributed = StrategyOptimizer::Distributed(
         DistributedAdamWConfig::new()
             .with_zero1(true)
@@ -277,25 +276,13 @@ pub fn pipeline_stages_match_one_rank(h: &Harness) {
             cp,
             ..ParallelDims::tp_dp(1, dp)
         };
-        let staged_config = ParallelPlan::new(dims)
-            .with_pipeline(schedule)
-            .apply(config.clone(), dims.world_size(), SEQ)
-            .unwrap();
+        let plan = ParallelPlan::new(dims).with_pipeline(schedule);
+        let staged_config = plan.apply(config.clone(), dims.world_size(), SEQ).unwrap();
         let staged = h.run(dims, |ctx| {
-            use burn_megatron::plan::pipeline::stages::{rank_chunks, virtual_stages};
             let device = ctx.device.clone().autodiff();
-            let rank = ctx.groups.pp.group_rank();
-            let stages = virtual_stages(layers, 2, schedule.chunks(), None).unwrap();
+            let init = ParamInit::new(11, InitMode::Full);
             let stage = staged_config
-                .init_stage(
-                    rank_chunks(&stages, 2, rank),
-                    (rank == 0, rank == 1),
-                    &device,
-                    &ctx.groups,
-                    &ParamInit::new(11, InitMode::Full),
-                )
-                .unwrap()
-                .with_schedule(schedule, 2, &ctx.groups.pp)
+                .init_planned_stage(&plan, 2, &device, &ctx.groups, &init)
                 .unwrap();
             fit(&ctx, stage, &setup, in_dp_order(sequences(), dp))
         });
@@ -414,8 +401,6 @@ pub fn after_step_moves_biases_and_histories(h: &Harness) {
     use burn_megatron::layers::moe::{MoeConfig, RouterConfig};
     use burn_megatron::models::llama::MoeBlocks;
     use burn_megatron::models::llama::learner::{after_step, stage_after_step};
-    use burn_megatron::plan::PipelineSchedule;
-    use burn_megatron::plan::pipeline::stages::{rank_chunks, virtual_stages};
     use burn_megatron::precision::{PrecisionPolicy, delayed};
     use burn_megatron_kernels::Gemm;
     use burn_megatron_kernels::quant::recipe::{AmaxAlgo, Recipe};
@@ -496,20 +481,11 @@ pub fn after_step_moves_biases_and_histories(h: &Harness) {
         pp: 2,
         ..ParallelDims::single()
     };
+    let plan = ParallelPlan::new(dims);
     let staged = h.run(dims, |ctx| {
         let device = ctx.device.clone().autodiff();
-        let rank = ctx.groups.pp.group_rank();
-        let stages = virtual_stages(4, 2, 1, None).unwrap();
         let stage = config
-            .init_stage(
-                rank_chunks(&stages, 2, rank),
-                (rank == 0, rank == 1),
-                &device,
-                &ctx.groups,
-                &init,
-            )
-            .unwrap()
-            .with_schedule(PipelineSchedule::OneForwardOneBackward, 2, &ctx.groups.pp)
+            .init_planned_stage(&plan, 2, &device, &ctx.groups, &init)
             .unwrap();
         fit_with(&ctx, stage, &setup, sequences(), Some(stage_after_step())).0
     });
