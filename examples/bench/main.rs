@@ -14,6 +14,9 @@
 //!                                     activation recomputation, at the preset's batch or B a rank
 //!   bench --preset llama-1b-32k [--cp N] [--context ring|all-to-all|all-gather]
 //!                                     context parallelism: each sequence's chunks over cp ranks
+//!   bench --preset llama-8b --pp 2 [--vpp V] [--microbatches M]
+//!                                     pipeline stages (1F1B; interleaved over V chunks a rank), the
+//!                                     batch in M microbatches (pipeline.rs); the bubble measured
 //!
 //! The peers' recipe by default (`PrecisionPolicy::bf16`): bf16 compute, fp32 master weights and
 //! fp32 AdamW moments (`DistributedAdamW`), lr 1e-4, uniformly random token ids from a seeded
@@ -28,6 +31,7 @@
 mod gemm;
 mod grouped;
 mod moe;
+mod pipeline;
 mod routines;
 mod timing;
 
@@ -35,7 +39,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron::init::InitMode;
 use burn_megatron::layers::context::ContextLayout;
 use burn_megatron::models::llama::preset;
-use burn_megatron::plan::{ContextParallel, ParallelPlan, TensorParallel};
+use burn_megatron::plan::{ContextParallel, ParallelPlan, PipelineSchedule, TensorParallel};
 use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron::recompute::Recompute;
 use burn_megatron_dist::{ParallelDims, launch};
@@ -49,6 +53,9 @@ struct Args {
     ep: usize,
     cp: usize,
     context: ContextParallel,
+    pp: usize,
+    vpp: usize,
+    microbatches: Option<usize>,
     sp: bool,
     steps: usize,
     warmup: usize,
@@ -83,6 +90,9 @@ fn parse() -> Result<Args, String> {
         ep: 1,
         cp: 1,
         context: ContextParallel::Ring,
+        pp: 1,
+        vpp: 1,
+        microbatches: None,
         sp: false,
         steps: 10,
         warmup: 3,
@@ -107,6 +117,9 @@ fn parse() -> Result<Args, String> {
             "--ep" => args.ep = number(&flag, value()?)?,
             "--cp" => args.cp = number(&flag, value()?)?,
             "--context" => args.context = value()?.parse()?,
+            "--pp" => args.pp = number(&flag, value()?)?,
+            "--vpp" => args.vpp = number(&flag, value()?)?,
+            "--microbatches" => args.microbatches = Some(number(&flag, value()?)?),
             "--sp" => args.sp = true,
             "--profile" => args.profile = true,
             "--gemm" => args.gemm = true,
@@ -139,8 +152,12 @@ fn parse() -> Result<Args, String> {
             other => return Err(format!("unknown flag {other}")),
         }
     }
-    if args.tp == 0 || args.dp == 0 || args.ep == 0 || args.cp == 0 || args.steps == 0 {
-        return Err("--tp, --dp, --ep, --cp and --steps must be at least 1".into());
+    if args.tp == 0 || args.dp == 0 || args.ep == 0 || args.cp == 0 || args.pp == 0 || args.vpp == 0 || args.steps == 0
+    {
+        return Err("--tp, --dp, --ep, --cp, --pp, --vpp and --steps must be at least 1".into());
+    }
+    if args.pp > 1 && (args.recipe == Recipe::PureBf16 || args.profile) {
+        return Err("--pp steps with the distributed optimizer and times the bubble, not the pieces: leave out --pure-bf16 and --profile".into());
     }
     if args.recipe == Recipe::PureBf16 && args.dp > 1 {
         return Err("--pure-bf16 updates the parameters with Burn's optimizer interface, which averages no gradients: use --dp 1".into());
@@ -170,14 +187,23 @@ fn main() {
     let dims = ParallelDims {
         ep: args.ep,
         cp: args.cp,
+        pp: args.pp,
         ..ParallelDims::tp_dp(args.tp, args.dp)
     };
+    let schedule = match args.vpp {
+        1 => PipelineSchedule::OneForwardOneBackward,
+        v => PipelineSchedule::Interleaved { virtual_stages: v },
+    };
+    let microbatches = args.microbatches.unwrap_or(args.pp);
     let tensor = if args.sp {
         TensorParallel::SequenceParallel
     } else {
         TensorParallel::Plain
     };
-    let plan = ParallelPlan::new(dims).with_tensor(tensor).with_context(args.context);
+    let plan = ParallelPlan::new(dims)
+        .with_tensor(tensor)
+        .with_context(args.context)
+        .with_pipeline(schedule);
     let policy = match args.recipe {
         Recipe::Bf16 => PrecisionPolicy::bf16().with_gemm(args.linear_gemm),
         Recipe::PureBf16 => PrecisionPolicy::pure_bf16().with_gemm(args.linear_gemm),
@@ -189,29 +215,43 @@ fn main() {
             .unwrap_or_else(|e| panic!("{e}")),
     );
     let vocab = shape.embedding.vocab_size;
+    if args.pp > 1 && (batch < microbatches || !batch.is_multiple_of(microbatches)) {
+        panic!("{batch} sequences a rank do not split into {microbatches} equal microbatches");
+    }
     let results = launch(dims, Device::cuda, |ctx| {
         let device = ctx.device.clone().autodiff();
-        let model = config
-            .init(&device, &ctx.groups, &policy.init(0, InitMode::PerShard))
-            .expect("init");
         // Each data-parallel rank its own batch; the tensor-parallel ranks of one share it.
         let ids = random_ids(batch * (seq + 1), vocab, 1 + ctx.groups.dp.group_rank() as u64);
         let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, seq + 1]), &device);
+        let whole = (all.clone().narrow(1, 0, seq), all.narrow(1, 1, seq));
+        if args.pp > 1 {
+            let run = pipeline::run(&ctx, &config, &plan, microbatches, policy, whole, args.warmup, args.steps);
+            let bubble = format!(
+                ", \"pp\": {}, \"vpp\": {}, \"microbatches\": {microbatches}, \"bubble_predicted\": {:.3}, \"bubble_measured\": {:.3}",
+                args.pp, args.vpp, run.bubble_predicted, run.bubble_measured
+            );
+            return (run.step_s, run.loss, None, bubble);
+        }
+        let model = config
+            .init(&device, &ctx.groups, &policy.init(0, InitMode::PerShard))
+            .expect("init");
         // Each cp rank its two chunks of every sequence.
         let layout = ContextLayout::new(&ctx.groups.cp);
         let shard = |x| layout.shard(x, 1).unwrap_or_else(|e| panic!("{e}"));
-        let batch = (shard(all.clone().narrow(1, 0, seq)), shard(all.narrow(1, 1, seq)));
-        timing::run(&ctx, model, batch, policy, args.warmup, args.steps, args.profile)
+        let batch = (shard(whole.0), shard(whole.1));
+        let run = timing::run(&ctx, model, batch, policy, args.warmup, args.steps, args.profile);
+        (run.step_s, run.loss, run.profile, String::new())
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    let run = &results[0];
-    let gpus = args.tp * args.dp * args.cp;
+    let (step_s, loss, profile, pipeline) = &results[0];
+    let (step_s, loss) = (*step_s, *loss);
+    let gpus = args.tp * args.dp * args.cp * args.pp;
     let params = matmul_params(&shape) as f64;
     let h = shape.attention.d_model;
     let l = shape.n_layers;
     let tokens = (batch * args.dp * seq) as f64;
     let flops = tokens * (6.0 * params + 12.0 * (l * seq * h) as f64);
-    let tflops_per_gpu = flops / run.step_s / gpus as f64 / 1e12;
+    let tflops_per_gpu = flops / step_s / gpus as f64 / 1e12;
     let recipe = match args.recipe {
         Recipe::Bf16 => "bf16-fp32-master".to_string(),
         Recipe::PureBf16 => "pure-bf16".to_string(),
@@ -222,25 +262,25 @@ fn main() {
         Recompute::Selective => format!("{recipe}-recompute-selective"),
         Recompute::Full { method, layers } => format!("{recipe}-recompute-full-{method:?}-{layers}").to_lowercase(),
     };
-    if let Some(profile) = &run.profile {
+    if let Some(profile) = profile {
         println!(
             "PROFILE {{\"preset\": \"{}\", \"tp\": {}, \"dp\": {}, {profile}}}",
             args.preset, args.tp, args.dp
         );
     }
     println!(
-        "RESULT {{\"peer\": \"burn-megatron\", \"recipe\": \"{recipe}\", \"preset\": \"{}\", \"batch\": {}, \"seq\": {seq}, \"tp\": {}, \"cp\": {}, \"dp\": {}, \"ep\": {}, \"gpus\": {gpus}, \"step_ms\": {:.1}, \"tokens_per_s\": {:.0}, \"tflops_per_gpu\": {:.1}, \"mfu\": {:.3}, \"peak_mem_gib\": null, \"loss\": {:.4}}}",
+        "RESULT {{\"peer\": \"burn-megatron\", \"recipe\": \"{recipe}\", \"preset\": \"{}\", \"batch\": {}, \"seq\": {seq}, \"tp\": {}, \"cp\": {}, \"dp\": {}, \"ep\": {}, \"gpus\": {gpus}, \"step_ms\": {:.1}, \"tokens_per_s\": {:.0}, \"tflops_per_gpu\": {:.1}, \"mfu\": {:.3}, \"peak_mem_gib\": null, \"loss\": {:.4}{pipeline}}}",
         args.preset,
         batch * args.dp,
         args.tp,
         args.cp,
         args.dp,
         args.ep,
-        run.step_s * 1e3,
-        tokens / run.step_s,
+        step_s * 1e3,
+        tokens / step_s,
         tflops_per_gpu,
         tflops_per_gpu / 989.4,
-        run.loss,
+        loss,
     );
 }
 
