@@ -70,7 +70,8 @@ pub struct DistributedAdamW {
     /// under ZeRO-1).
     grad_groups: Vec<GradGroup>,
     /// The parameters other pipeline stages hold too (tied embeddings), found at the first
-    /// norm: counted there on the first stage holding them only.
+    /// step ([`stage_copies`](Self::stage_copies)): the norm counts them on the first stage
+    /// holding them only.
     copies: Option<StageCopies>,
     states: Vec<State>,
     step: u64,
@@ -307,9 +308,9 @@ impl DistributedAdamW {
     /// tp rank 0 only; dp shards are disjoint only under ZeRO-1; experts differ over ep, and a
     /// pipeline's stages over pp (a parameter several stages hold counts on the first).
     fn global_norm(&self, shards: &[Tensor<1>]) -> Result<f64, CommError> {
+        let tp = &self.groups.tp;
         let device = shards.first().map(|s| s.device());
         let Some(device) = device else { return Ok(0.0) };
-        let tp = &self.groups.tp;
         let copies = self.copies.as_ref().expect("found by step_reduced");
         let counted = |expert: bool| -> Vec<Tensor<1>> {
             shards
