@@ -200,6 +200,10 @@ pub const PIPELINE_TESTS: &[NamedTest] = &[
         pipeline_suite::moe_stages_match_one_rank,
     ),
     (
+        "pipeline_suite::tied_stages_match_one_rank",
+        pipeline_suite::tied_stages_match_one_rank,
+    ),
+    (
         "recompute_suite::recomputation_matches_keeping",
         recompute_suite::recomputation_matches_keeping,
     ),
