@@ -72,6 +72,8 @@ pub enum ConfigError {
     StageChunks { schedule: usize, stage: usize },
     #[error("the pipeline stage has no schedule: give it one with `LlamaStage::with_schedule`")]
     NoSchedule,
+    #[error("a pipeline stage's chunks reach block {end}, past the model's {blocks}")]
+    StageBlocks { end: usize, blocks: usize },
     #[error("the model names no blocks for pipeline stages (`PlannedModel::blocks`): set pp to 1")]
     NoBlocks,
     #[error("an interleaved schedule needs at least 2 model chunks a rank, not {virtual_stages}")]

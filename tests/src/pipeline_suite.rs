@@ -342,3 +342,53 @@ fn steps_match(h: &Harness, config: LlamaConfig) {
         }
     }
 }
+
+/// What a stage cannot be, each a typed error before any step: chunks without blocks or past
+/// the model's, a schedule of another chunk count, a step without a schedule, a batch that does
+/// not split into the microbatches.
+pub fn bad_stages_are_errors(h: &Harness) {
+    use burn_megatron::error::{ConfigError, LayerError};
+    fn config_error<T>(result: Result<T, LayerError>) -> ConfigError {
+        match result {
+            Err(LayerError::Config(e)) => e,
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+    h.run(ParallelDims::single(), |ctx| {
+        let dev = ctx.device.clone().autodiff();
+        let init = ParamInit::new(3, InitMode::Full);
+        let stage =
+            |chunks: Vec<std::ops::Range<usize>>| config().init_stage(chunks, (true, true), &dev, &ctx.groups, &init);
+        assert!(matches!(config_error(stage(vec![])), ConfigError::Zero { .. }));
+        assert!(matches!(
+            config_error(stage(vec![0..2, 2..2])),
+            ConfigError::Zero { .. }
+        ));
+        assert_eq!(
+            config_error(stage(std::iter::once(0..5).collect())),
+            ConfigError::StageBlocks { end: 5, blocks: 4 }
+        );
+        let whole = stage(std::iter::once(0..4).collect()).unwrap();
+        let interleaved = PipelineSchedule::Interleaved { virtual_stages: 2 };
+        assert_eq!(
+            whole.clone().with_schedule(interleaved, 2, &ctx.groups.pp).unwrap_err(),
+            ConfigError::StageChunks { schedule: 2, stage: 1 }
+        );
+        let (ids, targets) = batches(&dev).remove(0);
+        assert!(matches!(
+            config_error(whole.scheduled_step(ids.clone(), targets.clone())),
+            ConfigError::NoSchedule
+        ));
+        let scheduled = whole
+            .with_schedule(PipelineSchedule::OneForwardOneBackward, 2, &ctx.groups.pp)
+            .unwrap();
+        assert_eq!(
+            config_error(scheduled.scheduled_step(ids, targets)),
+            ConfigError::MicrobatchSplit {
+                sequences: 1,
+                microbatches: 2
+            }
+        );
+    });
+}

@@ -31,3 +31,8 @@ fn bad_recomputation() {
 fn tied_stages_match_one_rank() {
     pipeline_suite::tied_stages_match_one_rank(&Harness::cpu(4));
 }
+
+#[test]
+fn bad_stages_are_errors() {
+    pipeline_suite::bad_stages_are_errors(&Harness::cpu(1));
+}

@@ -2,18 +2,23 @@
 //! steps with the distributed one) and the dp reduction of each step's gradients.
 
 use burn::module::Module;
-use burn::tensor::DType;
+use burn::tensor::{DType, Tensor};
 use burn::train::{Learner, LearnerModel, TrainStep};
+use burn_megatron_dist::CommError;
 
 use super::strategy::{MegatronStrategy, StrategyOptimizer};
 use crate::optim::{DistributedAdamW, GradGroup, GradReducer, Overlap, Reduction};
-use crate::params::{grads_params, param_values, take_grads};
+use crate::params::{grads_params, param_infos, param_values, take_grads};
+use crate::plan::pipeline::shared::StageCopies;
 
 /// One rank's model, optimizer and gradient reducer between steps.
 pub(super) struct RankTrainer<'a, M> {
     strategy: &'a MegatronStrategy,
     pub(super) model: M,
     optim: Option<DistributedAdamW>,
+    /// The parameters other pipeline stages hold too (tied embeddings), found at the first
+    /// step under pp.
+    copies: Option<StageCopies>,
     /// Whether `model` is ahead of the Learner's (the distributed optimizer steps it alone).
     learner_behind: bool,
 }
@@ -28,6 +33,7 @@ impl<'a, M: LearnerModel> RankTrainer<'a, M> {
             strategy,
             model,
             optim,
+            copies: None,
             learner_behind: false,
         }
     }
@@ -66,6 +72,7 @@ impl<'a, M: LearnerModel> RankTrainer<'a, M> {
         let reduced = overlap
             .finish(&s.device, dtype_of(&self.model))
             .map_err(|e| e.to_string())?;
+        let reduced = self.sum_over_stages(reduced).map_err(|e| e.to_string())?;
         match &mut self.optim {
             Some(optim) => {
                 let lr = learner.lr_current().base();
@@ -88,6 +95,24 @@ impl<'a, M: LearnerModel> RankTrainer<'a, M> {
             }
         }
         Ok(output)
+    }
+
+    /// `reduced` with each parameter other pipeline stages hold too summed over them, after the
+    /// dp reduction (`StageCopies::sum_over_holders`).
+    fn sum_over_stages(&mut self, reduced: Vec<Tensor<1>>) -> Result<Vec<Tensor<1>>, CommError> {
+        let pp = &self.strategy.groups.pp;
+        if pp.size() == 1 {
+            return Ok(reduced);
+        }
+        if self.copies.is_none() {
+            let infos = param_infos(&self.model);
+            self.copies = Some(StageCopies::find(&infos, pp, &self.strategy.device)?);
+        }
+        let copies = self.copies.as_ref().expect("found above");
+        match copies.any() {
+            true => copies.sum_over_holders(reduced, pp),
+            false => Ok(reduced),
+        }
     }
 
     /// Brings the Learner's model up to this rank's (before a Burn checkpoint reads it).

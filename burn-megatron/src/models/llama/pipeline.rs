@@ -275,9 +275,9 @@ pub struct PipelineReport {
     pub timing: StageTiming,
 }
 
-/// One training step of a pipeline rank: its actions ([`run_actions`], timed as `timing` says); the gradients of a
-/// parameter other stages hold too (tied embeddings) summed over them; its gradients averaged
-/// over dp by `optim`'s reducer and the update (clipping, if configured, by the norm over every
+/// One training step of a pipeline rank: its actions ([`run_actions`], timed as `timing` says); its
+/// gradients averaged over dp by `optim`'s reducer, those of a parameter other stages hold too
+/// (tied embeddings) then summed over them; and the update (clipping, if configured, by the norm over every
 /// stage, each parameter counted once). Returns the updated stage and the step's report.
 pub fn train_step(
     stage: LlamaStage,
@@ -305,19 +305,16 @@ pub fn train_step(
             return Ok((stage, report));
         }
     };
-    let grads = match copies.any() {
-        true => {
-            let numels: Vec<usize> = values.iter().map(|p| p.value.dims()[0]).collect();
-            copies.sum_grads(step.grads, &numels, &values[0].value, pp)?
-        }
-        false => step.grads,
-    };
-    for (index, grad) in grads.into_iter().enumerate().rev() {
+    for (index, grad) in step.grads.into_iter().enumerate().rev() {
         if let Some(grad) = grad {
             reducer.add(index, grad)?;
         }
     }
     let reduced = reducer.finish(&device, dtype)?;
+    let reduced = match copies.any() {
+        true => copies.sum_over_holders(reduced, pp)?,
+        false => reduced,
+    };
     let (stage, stepped) = optim.step_reduced(lr, stage, reduced)?;
     Ok((stage, report(stepped)))
 }

@@ -1,11 +1,9 @@
 //! A pipeline stage that carries its schedule, so that it runs its part of a step on its own:
-//! a training step over the microbatches (`run_actions`, the tied parameters' gradients summed
-//! over their stages, the loss on every rank) and a forward-only pass. Burn's Learner drives
+//! a training step over the microbatches (`run_actions`, the loss on every rank) and a
+//! forward-only pass. Burn's Learner drives
 //! stages through them (`learner.rs`); `pipeline::train_step` is the plain loop's.
 //!
 //! Legend: `b` a rank's sequences, `s` sequence, `m` microbatches.
-
-use std::sync::{Arc, Mutex};
 
 use burn::tensor::{DType, Int, Tensor};
 use burn_megatron_dist::{ProcessGroup, ReduceOp};
@@ -15,10 +13,9 @@ use super::stage::LlamaStage;
 use crate::error::{ConfigError, LayerError};
 use crate::layers::context::ContextLayout;
 use crate::layers::moe::Load;
-use crate::params::{param_infos, param_values};
+use crate::params::param_values;
 use crate::plan::PipelineSchedule;
 use crate::plan::pipeline::schedule::Action;
-use crate::plan::pipeline::shared::StageCopies;
 
 /// This rank's actions of a schedule over `microbatches`, and the pipeline group they run on.
 #[derive(Clone, Debug)]
@@ -26,8 +23,6 @@ pub struct StageSchedule {
     pub actions: Vec<Action>,
     pub microbatches: usize,
     pub pp: ProcessGroup,
-    /// The parameters other stages hold too, found at the first step.
-    copies: Arc<Mutex<Option<StageCopies>>>,
 }
 
 /// What [`LlamaStage::scheduled_step`] produced.
@@ -35,8 +30,9 @@ pub struct ScheduledStep {
     /// The mean loss over the microbatches, `[1]` f32, on every stage.
     pub loss: Tensor<1>,
     /// Each parameter's gradient, flattened, in traversal order, summed over the microbatches
-    /// and, for a parameter other stages hold too, over them (`None` for one the step did not
-    /// reach).
+    /// (`None` for one the step did not reach); a parameter other stages hold too (tied
+    /// embeddings) has this stage's part, summed over its holders after the dp reduction
+    /// (`StageCopies::sum_over_holders`, as `MegatronStrategy` does).
     pub grads: Vec<Option<Tensor<1>>>,
     /// This rank's MoE blocks' loads over the step, in block order.
     pub loads: Vec<Load>,
@@ -68,7 +64,6 @@ impl LlamaStage {
             actions: actions.ranks.swap_remove(pp.group_rank()),
             microbatches,
             pp: pp.clone(),
-            copies: Arc::default(),
         });
         Ok(self)
     }
@@ -101,22 +96,6 @@ impl LlamaStage {
             .collect();
         // No device synchronization between actions: the host runs ahead of the device.
         let step = run_actions(self, &schedule.actions, &batches, pp, Timing::Off)?;
-        let values = param_values(self);
-        let copies = {
-            let mut found = schedule.copies.lock().expect("the stage's copies");
-            if found.is_none() {
-                let device = ids.device();
-                *found = Some(StageCopies::find(&param_infos(self), pp, &device)?);
-            }
-            found.clone().expect("found above")
-        };
-        let grads = match (copies.any(), values.first()) {
-            (true, Some(first)) => {
-                let numels: Vec<usize> = values.iter().map(|p| p.value.dims()[0]).collect();
-                copies.sum_grads(step.grads, &numels, &first.value, pp)?
-            }
-            _ => step.grads,
-        };
         let device = ids.device();
         let loss = match step.loss {
             Some(loss) => loss.detach().without_autodiff().cast(DType::F32),
@@ -124,7 +103,7 @@ impl LlamaStage {
         };
         Ok(ScheduledStep {
             loss: pp.all_reduce(loss, ReduceOp::Sum)?,
-            grads,
+            grads: step.grads,
             loads: step.loads,
         })
     }

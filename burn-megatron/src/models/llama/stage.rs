@@ -17,7 +17,7 @@ use super::model::{
     LlamaBlock, LlamaConfig, MoeReport, TiedOutput, forward_blocks, output_logits, update_expert_biases,
 };
 use super::scheduled::StageSchedule;
-use crate::error::LayerError;
+use crate::error::{ConfigError, LayerError};
 use crate::init::ParamInit;
 use crate::layers::moe::Load;
 use crate::layers::{ColumnParallelLinear, RmsNorm, VocabParallelCrossEntropy, VocabParallelEmbedding};
@@ -76,6 +76,19 @@ impl LlamaConfig {
         init: &ParamInit,
     ) -> Result<LlamaStage, LayerError> {
         self.check_recompute()?;
+        if chunks.is_empty() || chunks.iter().any(|c| c.is_empty()) {
+            return Err(ConfigError::Zero {
+                what: "the blocks of each of a stage's model chunks",
+            }
+            .into());
+        }
+        if let Some(end) = chunks.iter().map(|c| c.end).max().filter(|&end| end > self.n_layers) {
+            return Err(ConfigError::StageBlocks {
+                end,
+                blocks: self.n_layers,
+            }
+            .into());
+        }
         let mut layers: Vec<Option<LlamaBlock>> = (0..self.n_layers).map(|_| None).collect();
         for i in chunks.iter().flat_map(|c| c.clone()) {
             layers[i] = Some(self.init_block(i, device, groups, init)?);

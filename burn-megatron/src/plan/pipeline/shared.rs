@@ -1,8 +1,9 @@
 //! Parameters that several pipeline stages hold under one path: tied word embeddings, the
 //! embedding on the first stage and its copy as the output layer on the last (Megatron's
-//! embedding group). They are one parameter of the model: their gradients are summed over the
-//! stages holding them (each stage's copy then takes the same update and stays equal), the norm
-//! counts them once and a checkpoint writes them once, both on the first stage holding them.
+//! embedding group). They are one parameter of the model: their gradients, once reduced over
+//! dp × cp, are summed over the stages holding them (each stage's copy then takes the same update
+//! and stays equal to the bit), the norm counts them once and a checkpoint writes them once, both
+//! on the first stage holding them.
 //!
 //! Found by path, so any model whose stages share a path is served, not only the Llama: every
 //! pp rank hashes its parameters' paths and the ranks gather each other's hashes.
@@ -76,34 +77,37 @@ impl StageCopies {
         !self.shared.is_empty()
     }
 
-    /// `grads` (flat, in traversal order; `None` where no microbatch reached a parameter, taken
-    /// as zeros of `numels[i]` elements in `like`'s dtype) with each shared parameter's summed
-    /// over its holders, in holder order, so that every holder gets the same bits. Every rank of
-    /// `pp` holding a shared parameter calls it.
-    pub fn sum_grads(
-        &self,
-        mut grads: Vec<Option<Tensor<1>>>,
-        numels: &[usize],
-        like: &Tensor<1>,
-        pp: &ProcessGroup,
-    ) -> Result<Vec<Option<Tensor<1>>>, CommError> {
+    /// `grads` (flat, in traversal order, each already reduced over dp × cp: this rank's shard
+    /// under ZeRO-1, which lines up with its pp peers', which hold the same dp rank) with each
+    /// shared parameter's summed over its holders, in holder order, so that every holder gets
+    /// the same bits. Summing after the reduction keeps that true whatever the dp size: the
+    /// holders reduce over different communicators, whose sums of three or more terms need not
+    /// agree to the bit. Every rank of `pp` holding a shared parameter calls it.
+    pub fn sum_over_holders(&self, mut grads: Vec<Tensor<1>>, pp: &ProcessGroup) -> Result<Vec<Tensor<1>>, CommError> {
         for &i in &self.shared {
-            let own = grads[i]
-                .take()
-                .unwrap_or_else(|| Tensor::zeros([numels[i]], (&like.device(), like.dtype())));
-            let others: Vec<usize> = self.holders[i].iter().copied().filter(|&r| r != self.rank).collect();
-            // Sends first, then receives: NCCL posts each pair as one group (no deadlock).
-            for &peer in &others {
-                pp.send(own.clone(), peer)?;
+            let holders = &self.holders[i];
+            let me = holders.iter().position(|&r| r == self.rank).expect("a holder");
+            let own = grads[i].clone();
+            let mut parts: Vec<Option<Tensor<1>>> = vec![None; holders.len()];
+            parts[me] = Some(own.clone());
+            // The pairs (a, b), a < b, in the same order on every holder, each a send then a
+            // receive on both sides (one NCCL group a pair): no two holders wait on each other.
+            for a in 0..holders.len() {
+                for b in a + 1..holders.len() {
+                    let peer = match (a == me, b == me) {
+                        (true, _) => b,
+                        (_, true) => a,
+                        _ => continue,
+                    };
+                    pp.send(own.clone(), holders[peer])?;
+                    parts[peer] = Some(pp.recv(own.zeros_like(), holders[peer])?);
+                }
             }
-            let mut parts = Vec::with_capacity(self.holders[i].len());
-            for &holder in &self.holders[i] {
-                parts.push(match holder == self.rank {
-                    true => own.clone(),
-                    false => pp.recv(own.zeros_like(), holder)?,
-                });
-            }
-            grads[i] = parts.into_iter().reduce(|a, b| a + b);
+            grads[i] = parts
+                .into_iter()
+                .map(|p| p.expect("every holder's part"))
+                .reduce(|a, b| a + b)
+                .expect("a holder");
         }
         Ok(grads)
     }
@@ -131,16 +135,16 @@ mod tests {
         }
     }
 
-    /// Three stages: `embedding.weight` on the first and the last, blocks on each; the
-    /// holders, the rank counting each parameter, and the summed gradient (the same on both
-    /// holders, the middle stage untouched).
+    /// Three stages: `embedding.weight` on the first and the last, `shared.w` on all three,
+    /// blocks on each; the holders, the rank counting each parameter, and the summed gradients
+    /// (the same on every holder, the blocks' untouched).
     #[test]
     fn shared_paths_are_found_and_summed() {
         let world = InProcessWorld::new(3);
         let paths: [&[&str]; 3] = [
-            &["embedding.weight", "layers.0.w"],
-            &["layers.1.w"],
-            &["layers.2.w", "norm.weight", "embedding.weight"],
+            &["embedding.weight", "layers.0.w", "shared.w"],
+            &["shared.w", "layers.1.w"],
+            &["layers.2.w", "norm.weight", "embedding.weight", "shared.w"],
         ];
         let results: Vec<_> = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..3)
@@ -150,15 +154,14 @@ mod tests {
                     scope.spawn(move || {
                         let device = Device::flex();
                         let copies = StageCopies::find(&infos, &group, &device).expect("find");
-                        let grads: Vec<Option<Tensor<1>>> = infos
+                        let grads: Vec<Tensor<1>> = infos
                             .iter()
-                            .map(|_| Some(Tensor::<1>::from_floats([rank as f32 + 1.0, 2.0], &device)))
+                            .map(|_| Tensor::<1>::from_floats([rank as f32 + 1.0, 2.0], &device))
                             .collect();
-                        let like = Tensor::<1>::zeros([2], &device);
-                        let summed = copies.sum_grads(grads, &[2; 3], &like, &group).expect("sum");
+                        let summed = copies.sum_over_holders(grads, &group).expect("sum");
                         let values: Vec<Vec<f32>> = summed
                             .into_iter()
-                            .map(|g| g.expect("a gradient").into_data().try_to_vec::<f32>().expect("f32"))
+                            .map(|g| g.into_data().try_to_vec::<f32>().expect("f32"))
                             .collect();
                         let counted: Vec<bool> = (0..infos.len()).map(|i| copies.counted_here(i)).collect();
                         (copies.any(), counted, values)
@@ -167,13 +170,17 @@ mod tests {
                 .collect();
             handles.into_iter().map(|h| h.join().expect("rank")).collect()
         });
-        assert!(results[0].0);
-        assert!(!results[1].0);
-        assert_eq!(results[0].1, vec![true, true]);
-        assert_eq!(results[2].1, vec![true, true, false]);
-        // 1 + 3 on both holders of the embedding; every other gradient its own.
-        assert_eq!(results[0].2, vec![vec![4.0, 4.0], vec![1.0, 2.0]]);
-        assert_eq!(results[1].2, vec![vec![2.0, 2.0]]);
-        assert_eq!(results[2].2, vec![vec![3.0, 2.0], vec![3.0, 2.0], vec![4.0, 4.0]]);
+        assert!(results.iter().all(|r| r.0));
+        assert_eq!(results[0].1, vec![true, true, true]);
+        assert_eq!(results[1].1, vec![false, true]);
+        assert_eq!(results[2].1, vec![true, true, false, false]);
+        // The embedding 1 + 3 on both its holders, `shared.w` 1 + 2 + 3 on all three; every
+        // other gradient its own.
+        assert_eq!(results[0].2, vec![vec![4.0, 4.0], vec![1.0, 2.0], vec![6.0, 6.0]]);
+        assert_eq!(results[1].2, vec![vec![6.0, 6.0], vec![2.0, 2.0]]);
+        assert_eq!(
+            results[2].2,
+            vec![vec![3.0, 2.0], vec![3.0, 2.0], vec![4.0, 4.0], vec![6.0, 6.0]]
+        );
     }
 }
