@@ -178,7 +178,7 @@ impl ColumnParallelLinear {
 
     /// Its delayed-scaling state, if its product has one.
     fn delayed(&self) -> Option<DelayedState> {
-        delayed::state_of(self.gemm, &self.amax_history, &self.amax_recorder)
+        delayed::state_of(self.gemm, &self.amax_history, &self.amax_recorder, &self.weight.val())
     }
 
     /// # Shapes

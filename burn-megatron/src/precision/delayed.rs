@@ -67,7 +67,9 @@ pub struct DelayedState {
     /// `[3, history]`, newest first.
     pub history: Tensor<2>,
     pub algo: AmaxAlgo,
-    pub recorder: AmaxRecorder,
+    /// Where the call's amaxes go: none for a model that does not train (inference, the
+    /// Learner's validation), whose forwards must not move the histories.
+    pub recorder: Option<AmaxRecorder>,
 }
 
 /// The amax source of one delayed-scaling layer call: the history's amax for the scale, the
@@ -87,7 +89,9 @@ impl AmaxGroup for DelayedAmax {
             None => amax,
         };
         let tensor = operand.tensor();
-        self.state.recorder.record(tensor, current.clone());
+        if let Some(recorder) = &self.state.recorder {
+            recorder.record(tensor, current.clone());
+        }
         // The products run on the backend beneath autodiff: the history as a plain tensor there.
         let history = self.state.history.clone().without_autodiff();
         let history = history.narrow(0, row(tensor), 1).reshape([-1]);
@@ -123,13 +127,19 @@ pub fn history_of(gemm: Gemm, device: &Device, kept: Option<Param<Tensor<2>>>) -
     }
 }
 
-/// The delayed-scaling state of a layer multiplying with `gemm`, holding `history`.
-pub fn state_of(gemm: Gemm, history: &Option<Param<Tensor<2>>>, recorder: &AmaxRecorder) -> Option<DelayedState> {
+/// The delayed-scaling state of a layer multiplying with `gemm`, holding `history`; its calls
+/// record into `recorder` when the layer trains (its `weight` on an autodiff device).
+pub fn state_of(
+    gemm: Gemm,
+    history: &Option<Param<Tensor<2>>>,
+    recorder: &AmaxRecorder,
+    weight: &Tensor<2>,
+) -> Option<DelayedState> {
     match (gemm, history) {
         (Gemm::Quantized(Recipe::Fp8Delayed { algo, .. }), Some(history)) => Some(DelayedState {
             history: history.val(),
             algo,
-            recorder: recorder.clone(),
+            recorder: weight.is_autodiff().then(|| recorder.clone()),
         }),
         _ => None,
     }
@@ -174,7 +184,7 @@ mod tests {
         DelayedState {
             history: Tensor::from_data(TensorData::new(history, [3, len]), &Device::flex()),
             algo,
-            recorder: AmaxRecorder::default(),
+            recorder: Some(AmaxRecorder::default()),
         }
     }
 
@@ -223,6 +233,8 @@ mod tests {
         let recorded: Vec<f32> = max
             .state
             .recorder
+            .as_ref()
+            .expect("a recorder")
             .take(&Device::flex())
             .into_data()
             .try_to_vec()
@@ -231,10 +243,30 @@ mod tests {
         let emptied: Vec<f32> = max
             .state
             .recorder
+            .as_ref()
+            .expect("a recorder")
             .take(&Device::flex())
             .into_data()
             .try_to_vec()
             .unwrap();
         assert_eq!(emptied, vec![0.0, 0.0, 0.0]);
+    }
+
+    /// A layer records its calls' amaxes only when it trains: its weight on an autodiff device
+    /// (the Learner's validation model, inference, are not).
+    #[test]
+    fn only_a_training_layer_records() {
+        let gemm = Gemm::Quantized(Recipe::Fp8Delayed {
+            history: 2,
+            algo: AmaxAlgo::Max,
+        });
+        let device = Device::flex();
+        let history = history_of(gemm, &device, None);
+        let recorder = AmaxRecorder::default();
+        let weight = Tensor::<2>::zeros([2, 2], &device);
+        let plain = state_of(gemm, &history, &recorder, &weight).expect("a delayed layer");
+        assert!(plain.recorder.is_none(), "inference records nothing");
+        let trained = state_of(gemm, &history, &recorder, &weight.autodiff()).expect("a delayed layer");
+        assert!(trained.recorder.is_some(), "a training layer records");
     }
 }
