@@ -520,10 +520,16 @@ mod tests {
     /// not finite and says which step it was.
     #[test]
     fn a_loss_that_is_not_finite_stops_training() {
-        let error = run(&args("--steps 6 --seq 32 --lr 1e30 --sample-every 0")).unwrap_err();
-        assert!(
-            error.contains("step ") && error.contains("the loss is") && error.contains("training stops"),
-            "{error}"
-        );
+        // Every stage of a pipeline stops too (the loss travels from the last one).
+        for layout in ["", "--pp 2 --layers 4"] {
+            let error = run(&args(&format!(
+                "--steps 6 --seq 32 --lr 1e30 --sample-every 0 {layout}"
+            )))
+            .unwrap_err();
+            assert!(
+                error.contains("step ") && error.contains("the loss is") && error.contains("training stops"),
+                "{layout}: {error}"
+            );
+        }
     }
 }

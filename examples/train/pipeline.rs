@@ -115,20 +115,25 @@ pub fn run(
             // Delayed FP8 scaling: the step's amaxes onto each of this stage's histories.
             burn_megatron::precision::delayed::advance(stage.layers.iter_mut().flatten(), &ctx.groups)
                 .map_err(|e| e.to_string())?;
-            if let Some(loss) = report.loss {
-                let reported = ctx
-                    .groups
-                    .grad_sync()
-                    .all_reduce(loss, ReduceOp::Avg)
-                    .map_err(|e| e.to_string())?;
-                let value = reported.into_scalar::<f64>();
-                if !value.is_finite() {
-                    return Err(format!("step {step}: the loss is {value}; training stops"));
-                }
-                if prints {
-                    println!("step {step} loss {value:.6}");
-                    losses.push(value);
-                }
+            // The last stage's loss on every rank, so that every stage stops on a loss that
+            // is not finite.
+            let loss = match report.loss {
+                Some(loss) => loss.cast(burn::tensor::DType::F32),
+                None => burn::tensor::Tensor::<1>::zeros([1], (&ctx.device, burn::tensor::DType::F32)),
+            };
+            let loss = ctx.groups.pp.all_reduce(loss, ReduceOp::Sum).map_err(|e| e.to_string())?;
+            let reported = ctx
+                .groups
+                .grad_sync()
+                .all_reduce(loss, ReduceOp::Avg)
+                .map_err(|e| e.to_string())?;
+            let value = reported.into_scalar::<f64>();
+            if !value.is_finite() {
+                return Err(format!("step {step}: the loss is {value}; training stops"));
+            }
+            if prints {
+                println!("step {step} loss {value:.6}");
+                losses.push(value);
             }
             if args.save_every.is_some_and(|k| step % k == 0 && step < args.steps) {
                 saves.save(&stage, &optim, step, &ctx.groups)?;

@@ -67,7 +67,8 @@ impl MegatronStrategy {
     }
 
     /// Runs `update` on the model after each optimizer step (see [`AfterStep`]); the Learner
-    /// then holds the updated model too.
+    /// then holds the updated model too (with [`StrategyOptimizer::Learner`], by loading its
+    /// record every step).
     pub fn with_after_step(mut self, update: AfterStep) -> Self {
         self.after_step = Some(update);
         self
