@@ -20,6 +20,7 @@ mod saves;
 
 use std::time::Instant;
 
+use burn::module::Module;
 use burn::tensor::Device;
 use burn_megatron::ConfigError;
 use burn_megatron::checkpoint;
@@ -219,7 +220,9 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
             }
             if sample_every > 0 && (step % sample_every == 0 || step == args.steps) {
                 let begun = Instant::now();
-                let text = sample::greedy(&model, &ctx.groups, &prompt, pad, 12, seq, &device)?;
+                // The model as inference sees it: no autodiff graph, and no amaxes recorded into
+                // delayed FP8 histories.
+                let text = sample::greedy(&model.valid(), &ctx.groups, &prompt, pad, 12, seq, &ctx.device)?;
                 if ctx.global_rank == 0 {
                     println!("sample {:?} -> {:?}", corpus.decode(&prompt), corpus.decode(&text));
                 }
