@@ -72,6 +72,8 @@ pub enum ConfigError {
     StageChunks { schedule: usize, stage: usize },
     #[error("the pipeline stage has no schedule: give it one with `LlamaStage::with_schedule`")]
     NoSchedule,
+    #[error("{loads} expert loads for {blocks} MoE blocks: one a block, in block order")]
+    LoadsPerBlock { loads: usize, blocks: usize },
     #[error("a pipeline stage's chunks reach block {end}, past the model's {blocks}")]
     StageBlocks { end: usize, blocks: usize },
     #[error("the model names no blocks for pipeline stages (`PlannedModel::blocks`): set pp to 1")]

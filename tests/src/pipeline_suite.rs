@@ -344,8 +344,8 @@ fn steps_match(h: &Harness, config: LlamaConfig) {
 }
 
 /// What a stage cannot be, each a typed error before any step: chunks without blocks or past
-/// the model's, a schedule of another chunk count, a step without a schedule, a batch that does
-/// not split into the microbatches.
+/// the model's, a schedule of another chunk count, loads that are not one a MoE block, a step
+/// without a schedule, a batch that does not split into the microbatches.
 pub fn bad_stages_are_errors(h: &Harness) {
     use burn_megatron::error::{ConfigError, LayerError};
     fn config_error<T>(result: Result<T, LayerError>) -> ConfigError {
@@ -380,6 +380,11 @@ pub fn bad_stages_are_errors(h: &Harness) {
             config_error(whole.scheduled_step(ids.clone(), targets.clone())),
             ConfigError::NoSchedule
         ));
+        let experts = moe_config().init_stage(std::iter::once(0..4).collect(), (true, true), &dev, &ctx.groups, &init);
+        assert_eq!(
+            config_error(experts.unwrap().update_expert_bias(&[], &ctx.groups)),
+            ConfigError::LoadsPerBlock { loads: 0, blocks: 2 }
+        );
         let scheduled = whole
             .with_schedule(PipelineSchedule::OneForwardOneBackward, 2, &ctx.groups.pp)
             .unwrap();

@@ -6,7 +6,7 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
-use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
+use burn_megatron_dist::{ProcessGroups, ReduceOp};
 
 use crate::error::{ConfigError, LayerError};
 use crate::init::ParamInit;
@@ -312,16 +312,23 @@ pub fn forward_blocks(
 
 /// Each MoE block of `blocks` (in order, `loads[j]` the `j`-th MoE block's load) moves its
 /// router bias, where it has one, by its rate toward balance from the load summed over
-/// `groups.grad_sync()` ([`Llama::update_expert_bias`]).
+/// `groups.grad_sync()` ([`Llama::update_expert_bias`]). Loads that are not one a MoE block
+/// are an error before any collective.
 pub(crate) fn update_expert_biases<'a>(
     blocks: impl Iterator<Item = &'a mut LlamaBlock>,
     loads: &[Load],
     groups: &ProcessGroups,
-) -> Result<(), CommError> {
-    let mut loads = loads.iter();
-    for block in blocks {
-        let Some(moe) = block.moe.as_mut() else { continue };
-        let load = loads.next().expect("a load a MoE block");
+) -> Result<(), LayerError> {
+    let blocks: Vec<&mut LlamaBlock> = blocks.filter(|b| b.moe.is_some()).collect();
+    if blocks.len() != loads.len() {
+        return Err(ConfigError::LoadsPerBlock {
+            loads: loads.len(),
+            blocks: blocks.len(),
+        }
+        .into());
+    }
+    for (block, load) in blocks.into_iter().zip(loads) {
+        let moe = block.moe.as_mut().expect("a MoE block");
         if moe.router.bias.is_none() {
             continue;
         }
@@ -396,7 +403,7 @@ impl Llama {
     /// (where it has one) moves by its rate toward balance, from the copies its experts took
     /// over the whole batch (`report`'s loads summed over `groups.grad_sync()`). Every rank
     /// calls it, with the report of its own forward pass.
-    pub fn update_expert_bias(mut self, report: &MoeReport, groups: &ProcessGroups) -> Result<Self, CommError> {
+    pub fn update_expert_bias(mut self, report: &MoeReport, groups: &ProcessGroups) -> Result<Self, LayerError> {
         update_expert_biases(self.layers.iter_mut(), &report.loads, groups)?;
         Ok(self)
     }

@@ -11,7 +11,7 @@ use std::ops::Range;
 
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
-use burn_megatron_dist::{CommError, ProcessGroups};
+use burn_megatron_dist::ProcessGroups;
 
 use super::model::{
     LlamaBlock, LlamaConfig, MoeReport, TiedOutput, forward_blocks, output_logits, update_expert_biases,
@@ -191,7 +191,7 @@ impl LlamaStage {
     /// MoE blocks moves its bias by its own load over the step (`loads`, one a MoE block of
     /// this stage in block order, summed over the microbatches: what the whole batch routed,
     /// since the bias is fixed during the step). Every rank calls it.
-    pub fn update_expert_bias(mut self, loads: &[Load], groups: &ProcessGroups) -> Result<Self, CommError> {
+    pub fn update_expert_bias(mut self, loads: &[Load], groups: &ProcessGroups) -> Result<Self, LayerError> {
         update_expert_biases(self.layers.iter_mut().flatten(), loads, groups)?;
         Ok(self)
     }
