@@ -11,6 +11,7 @@ use half::{bf16, f16};
 use crate::elementwise::{compact_input, compact_output, launch_float};
 use crate::quant::format::Minifloat;
 use crate::quant::tiles::TILE;
+use crate::row_kernels::block_max;
 
 /// Warps a block: 8 tiles a block.
 const WARPS: u32 = 8;
@@ -110,6 +111,20 @@ fn fp8_factor(amax: f32, max: f32) -> f32 {
     factor
 }
 
+/// The amax a tensor scales by: `kept` (a delayed-scaling history's) where the recipe keeps one
+/// and it is above zero, else the call's own `amax`.
+#[cube]
+fn scaling_amax(amax: &Tensor<f32>, kept: &Tensor<f32>, #[comptime] delayed: bool) -> f32 {
+    let mut chosen = amax[0];
+    if comptime!(delayed) {
+        let k = kept[0];
+        if k > 0.0f32 {
+            chosen = k;
+        }
+    }
+    chosen
+}
+
 /// The FP8 code of `value`, as a byte.
 #[cube]
 fn fp8_code(value: f32, #[comptime] e5m2_codes: bool) -> u8 {
@@ -127,14 +142,16 @@ fn fp8_code(value: f32, #[comptime] e5m2_codes: bool) -> u8 {
 fn quantize_tensor_kernel<F: Float>(
     x: &Tensor<F>,
     amax: &Tensor<f32>,
+    kept: &Tensor<f32>,
     codes: &mut Tensor<u8>,
     dequant: &mut Tensor<f32>,
     count: u32,
     max: f32,
     #[comptime] e5m2_codes: bool,
+    #[comptime] delayed: bool,
 ) {
     let i = ABSOLUTE_POS as u32;
-    let factor = fp8_factor(amax[0], max);
+    let factor = fp8_factor(scaling_amax(amax, kept, delayed), max);
     if i < count {
         codes[i as usize] = fp8_code(f32::cast_from(x[i as usize]) * factor, e5m2_codes);
     }
@@ -144,30 +161,39 @@ fn quantize_tensor_kernel<F: Float>(
 }
 
 /// The transposing cast: a 32 × 8 block a 32 × 32 tile, read along `x`'s rows and written
-/// along the codes' rows (`[c, r]`) through shared memory, so both sides are coalesced.
+/// along the codes' rows (`[c, r]`) through shared memory, so both sides are coalesced; with
+/// `direct`, the codes of `x` itself (`[r, c]`) written from the same read.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn quantize_transposed_kernel<F: Float>(
     x: &Tensor<F>,
     amax: &Tensor<f32>,
+    kept: &Tensor<f32>,
     codes: &mut Tensor<u8>,
+    direct_codes: &mut Tensor<u8>,
     dequant: &mut Tensor<f32>,
     rows: u32,
     columns: u32,
     max: f32,
     #[comptime] e5m2_codes: bool,
+    #[comptime] direct: bool,
+    #[comptime] delayed: bool,
 ) {
     // 33 words a row: the column reads of the second half fall in 32 different banks.
     let mut tile = Shared::<[u32]>::new_slice(1056usize);
-    let factor = fp8_factor(amax[0], max);
+    let factor = fp8_factor(scaling_amax(amax, kept, delayed), max);
     let (r0, c0) = (CUBE_POS_Y * 32u32, CUBE_POS_X * 32u32);
     let (tx, ty) = (UNIT_POS_X, UNIT_POS_Y);
     #[unroll]
     for j in 0..4u32 {
         let (r, c) = (r0 + ty + 8u32 * j, c0 + tx);
         if r < rows && c < columns {
-            let code = fp8_code(f32::cast_from(x[(r * columns + c) as usize]) * factor, e5m2_codes);
+            let at = r * columns + c;
+            let code = fp8_code(f32::cast_from(x[at as usize]) * factor, e5m2_codes);
             tile[((ty + 8u32 * j) * 33u32 + tx) as usize] = u32::cast_from(code);
+            if comptime!(direct) {
+                direct_codes[at as usize] = code;
+            }
         }
     }
     sync_cube();
@@ -183,16 +209,65 @@ fn quantize_transposed_kernel<F: Float>(
     }
 }
 
+/// One block: `out[0]` the largest of `count` partial amaxes (each ≥ 0).
+#[cube(launch_unchecked)]
+fn max_of_partials_kernel(partials: &Tensor<f32>, out: &mut Tensor<f32>, count: u32) {
+    let mut acc = 0.0f32;
+    for i in range_stepped(UNIT_POS, count, 256u32) {
+        acc = f32::max(acc, partials[i as usize]);
+    }
+    let total = block_max(acc);
+    if UNIT_POS == 0 {
+        out[0] = total;
+    }
+}
+
+/// The largest of a block's partial amaxes, `[1]`: one block of 256 threads (Burn's general
+/// reduction took 27 µs a call over the ~1 000 partials of a llama-1b activation, ncu).
+fn max_of_partials(partials: CubeTensor) -> CubeTensor {
+    let count = partials.meta.num_elements() as u32;
+    let out = compact_output(&partials, Shape::new([1]), DType::F32);
+    // SAFETY: one block; every read is below `count`, the partials' length, and one thread writes.
+    unsafe {
+        max_of_partials_kernel::launch_unchecked(
+            &partials.client,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_1d(256),
+            partials.clone().into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            count,
+        )
+    };
+    out
+}
+
+/// Which layouts of a tensor's FP8 codes one quantization pass writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Layouts {
+    /// The codes of `x`, `[r, c]`.
+    pub direct: bool,
+    /// The codes of `xᵀ`, `[c, r]`.
+    pub transposed: bool,
+}
+
+/// FP8 codes of a tensor in the layouts asked for, and their dequantization scale `[1]`.
+pub(crate) struct Fp8Codes {
+    pub direct: Option<CubeTensor>,
+    pub transposed: Option<CubeTensor>,
+    pub dequant: CubeTensor,
+}
+
 /// `x` (`[r, c]`) quantized to `format` with one scale from its amax (current scaling), the
-/// amax (`[1]`) passed through `reduce` first (over the ranks holding pieces of the tensor):
-/// codes `[r, c]`, or `[c, r]` when `transposed` (the cast and the transpose in one pass), and
-/// the dequantization scale `[1]`. `x` is read row-major (copied first if it is a view).
+/// amax (`[1]`) passed through `reduce` first (over the ranks holding pieces of the tensor),
+/// which may also give a kept amax (`[1]`, delayed scaling) to scale by where it is above zero:
+/// one amax pass, then one cast writing the codes in each of `layouts` (`[r, c]`, `[c, r]`: the
+/// cast and the transpose in one pass). `x` is read row-major (copied first if it is a view).
 pub(crate) fn quantize_tensor(
     x: CubeTensor,
     format: Minifloat,
-    transposed: bool,
-    reduce: impl FnOnce(CubeTensor) -> CubeTensor,
-) -> (CubeTensor, CubeTensor) {
+    layouts: Layouts,
+    reduce: impl FnOnce(CubeTensor) -> (CubeTensor, Option<CubeTensor>),
+) -> Fp8Codes {
     use burn::backend::Cube;
     use burn::backend::ops::FloatTensorOps;
     let x = match matches!(x.dtype, DType::BF16 | DType::F16 | DType::F32) {
@@ -203,16 +278,23 @@ pub(crate) fn quantize_tensor(
     let dims = x.meta.shape().clone();
     let (r, c) = (dims[0], dims[1]);
     let amax = match crate::optim_kernels::partials(x.clone(), crate::optim_kernels::Reduction::MaxAbs) {
-        Some(partials) => Cube::float_max(partials),
+        Some(partials) => max_of_partials(partials),
         None => Cube::float_zeros(Shape::new([1]), &x.device, burn::tensor::FloatDType::F32),
     };
-    let amax = reduce(amax);
-    let shape = if transposed { [c, r] } else { [r, c] };
-    let codes = compact_output(&x, Shape::new(shape), DType::U8);
+    let (amax, kept) = reduce(amax);
+    let delayed = kept.is_some();
+    // Without a kept amax the kernels never read it: the call's own stands in.
+    let kept = kept.unwrap_or_else(|| amax.clone());
     let dequant = compact_output(&x, Shape::new([1]), DType::F32);
     let e5m2_codes = format == Minifloat::E5M2;
-    match transposed {
-        false => launch_float!(
+    let direct = layouts
+        .direct
+        .then(|| compact_output(&x, Shape::new([r, c]), DType::U8));
+    if !layouts.transposed {
+        let codes = direct
+            .clone()
+            .unwrap_or_else(|| compact_output(&x, Shape::new([r, c]), DType::U8));
+        launch_float!(
             x.dtype,
             quantize_tensor_kernel,
             &x.client,
@@ -220,29 +302,49 @@ pub(crate) fn quantize_tensor(
             CubeDim::new_1d(256),
             x.clone().into_tensor_arg(),
             amax.into_tensor_arg(),
-            codes.clone().into_tensor_arg(),
+            kept.into_tensor_arg(),
+            codes.into_tensor_arg(),
             dequant.clone().into_tensor_arg(),
             (r * c) as u32,
             format.max(),
             e5m2_codes,
-        ),
-        true => launch_float!(
-            x.dtype,
-            quantize_transposed_kernel,
-            &x.client,
-            CubeCount::Static((c as u32).div_ceil(32).max(1), (r as u32).div_ceil(32).max(1), 1),
-            CubeDim::new_2d(32, 8),
-            x.clone().into_tensor_arg(),
-            amax.into_tensor_arg(),
-            codes.clone().into_tensor_arg(),
-            dequant.clone().into_tensor_arg(),
-            r as u32,
-            c as u32,
-            format.max(),
-            e5m2_codes,
-        ),
+            delayed,
+        );
+        return Fp8Codes {
+            direct,
+            transposed: None,
+            dequant,
+        };
     }
-    (codes, dequant)
+    let transposed = compact_output(&x, Shape::new([c, r]), DType::U8);
+    // Without `direct` the kernel never writes its direct output: one byte stands in.
+    let direct_arg = direct
+        .clone()
+        .unwrap_or_else(|| compact_output(&x, Shape::new([1]), DType::U8));
+    launch_float!(
+        x.dtype,
+        quantize_transposed_kernel,
+        &x.client,
+        CubeCount::Static((c as u32).div_ceil(32).max(1), (r as u32).div_ceil(32).max(1), 1),
+        CubeDim::new_2d(32, 8),
+        x.clone().into_tensor_arg(),
+        amax.into_tensor_arg(),
+        kept.into_tensor_arg(),
+        transposed.clone().into_tensor_arg(),
+        direct_arg.into_tensor_arg(),
+        dequant.clone().into_tensor_arg(),
+        r as u32,
+        c as u32,
+        format.max(),
+        e5m2_codes,
+        layouts.direct,
+        delayed,
+    );
+    Fp8Codes {
+        direct,
+        transposed: Some(transposed),
+        dequant,
+    }
 }
 
 /// `quant::fake::hash32` (lowbias32), on the device.
@@ -281,4 +383,104 @@ pub(crate) fn fill_draws(out: CubeTensor, key: u32) -> CubeTensor {
         )
     };
     out
+}
+
+/// A block a row of a `[3, len]` history: `new[r, 0]` the step's amax of row `r`, `new[r, j]`
+/// the old `[r, j − 1]`.
+#[cube(launch_unchecked)]
+fn history_push_kernel(
+    old: &Tensor<f32>,
+    input: &Tensor<f32>,
+    weight: &Tensor<f32>,
+    output_grad: &Tensor<f32>,
+    new: &mut Tensor<f32>,
+    len: u32,
+) {
+    let row = CUBE_POS as u32;
+    for j in range_stepped(UNIT_POS, len, 256u32) {
+        let at = (row * len + j) as usize;
+        if j > 0 {
+            new[at] = old[at - 1];
+        } else if row == 0 {
+            new[at] = input[0];
+        } else if row == 1 {
+            new[at] = weight[0];
+        } else {
+            new[at] = output_grad[0];
+        }
+    }
+}
+
+/// A block a row: `kept[r]` the row's largest amax, or with `most_recent` its newest.
+#[cube(launch_unchecked)]
+fn history_kept_kernel(history: &Tensor<f32>, kept: &mut Tensor<f32>, len: u32, #[comptime] most_recent: bool) {
+    let row = CUBE_POS as u32;
+    if comptime!(most_recent) {
+        if UNIT_POS == 0 {
+            kept[row as usize] = history[(row * len) as usize];
+        }
+    } else {
+        let mut acc = 0.0f32;
+        for j in range_stepped(UNIT_POS, len, 256u32) {
+            acc = f32::max(acc, history[(row * len + j) as usize]);
+        }
+        let total = block_max(acc);
+        if UNIT_POS == 0 {
+            kept[row as usize] = total;
+        }
+    }
+}
+
+/// An f32 row-major copy of `t` (histories and amaxes are f32 already: no copy then).
+fn f32_compact(t: CubeTensor) -> CubeTensor {
+    use burn::backend::Cube;
+    use burn::backend::ops::FloatTensorOps;
+    let t = match t.dtype {
+        DType::F32 => t,
+        _ => Cube::float_cast(t, burn::tensor::FloatDType::F32),
+    };
+    compact_input(t).expect("a row-major copy")
+}
+
+/// `quant::history::HistoryOps::amax_push`: one launch.
+pub(crate) fn history_push(history: CubeTensor, rows: [CubeTensor; 3]) -> CubeTensor {
+    let history = f32_compact(history);
+    let len = history.meta.shape()[1];
+    let [input, weight, output_grad] = rows.map(f32_compact);
+    let new = compact_output(&history, history.meta.shape().clone(), DType::F32);
+    // SAFETY: three blocks, one a row; every index is below the row's `len`.
+    unsafe {
+        history_push_kernel::launch_unchecked(
+            &history.client,
+            CubeCount::Static(3, 1, 1),
+            CubeDim::new_1d(256),
+            history.clone().into_tensor_arg(),
+            input.into_tensor_arg(),
+            weight.into_tensor_arg(),
+            output_grad.into_tensor_arg(),
+            new.clone().into_tensor_arg(),
+            len as u32,
+        )
+    };
+    new
+}
+
+/// `quant::history::HistoryOps::amax_kept`: one launch.
+pub(crate) fn history_kept(history: CubeTensor, most_recent: bool) -> CubeTensor {
+    let history = f32_compact(history);
+    let (rows, len) = (history.meta.shape()[0], history.meta.shape()[1]);
+    let kept = compact_output(&history, Shape::new([rows]), DType::F32);
+    // SAFETY: a block a row; every index is below the row's `len`.
+    unsafe {
+        history_kept_kernel::launch_unchecked(
+            &history.client,
+            CubeCount::Static(rows as u32, 1, 1),
+            CubeDim::new_1d(256),
+            history.clone().into_tensor_arg(),
+            kept.clone().into_tensor_arg(),
+            len as u32,
+            most_recent,
+        )
+    };
+    kept
 }

@@ -9,19 +9,18 @@
 //! wgrad    dw = xᵀ · dy = product(xᵀ, dyᵀ)ᵀ      Pass::Wgrad
 //! ```
 //!
-//! On CUDA, FP8 tensorwise (either gradient format, current or delayed scaling) runs on FP8 codes: the quantization kernels
-//! (`quant_kernels::quantize_tensor`: amax, then the cast, with the transpose of a transposed
-//! view in the same pass) and the wgmma GEMM. Every other recipe, and every recipe elsewhere, is
+//! On CUDA, FP8 tensorwise (either gradient format, current or delayed scaling) runs on FP8 codes
+//! ([`super::fp8`]): each tensor quantized once for the products it enters, the forward keeping
+//! the codes its gradients read ([`QuantGrads`]). Every other recipe, and every recipe elsewhere, is
 //! emulated: each operand quantized and dequantized in tensor ops ([`quantized_operands`],
 //! [`super::fake`]), the values multiplied in f32 ([`emulate`], the CPU path) or, bf16 on CUDA,
 //! in bf16 on our GEMM (the dequantized values of MX and NVFP4 blocks are exact in bf16; those of
 //! f32 block scales round to bf16's 8 bits, far inside the format's own step).
 
-use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Flex, backend_extension};
 use burn::tensor::{DType, Tensor};
@@ -64,8 +63,41 @@ impl Operand {
 /// tp; a rank holding the whole tensor takes the maximum of equal values); under delayed scaling
 /// the amax of the history the layer keeps, this one recorded for later steps.
 pub trait AmaxGroup: Send + Sync + std::fmt::Debug {
-    /// The amax (`[1]`, f32) `operand` scales by, from this call's own.
-    fn max(&self, amax: Tensor<1>, operand: Operand) -> Tensor<1>;
+    /// The amax `operand` scales by, from this call's own (`[1]`, f32).
+    fn max(&self, amax: Tensor<1>, operand: Operand) -> ScaleAmax;
+}
+
+/// The amax an operand scales by: `kept` (a delayed-scaling history's) where it is above zero,
+/// else `current` (this call's own, reduced over the group). The CUDA casts choose between the
+/// two in the kernel; elsewhere [`resolve`](Self::resolve) does, in tensor ops.
+#[derive(Clone, Debug)]
+pub struct ScaleAmax {
+    /// `[1]`, f32.
+    pub current: Tensor<1>,
+    /// `[1]`, f32; 0 for an empty history.
+    pub kept: Option<Tensor<1>>,
+}
+
+impl ScaleAmax {
+    /// This call's own amax.
+    pub fn current(amax: Tensor<1>) -> Self {
+        Self {
+            current: amax,
+            kept: None,
+        }
+    }
+
+    /// The chosen amax as one tensor (`[1]`).
+    pub fn resolve(self) -> Tensor<1> {
+        match self.kept {
+            None => self.current,
+            Some(kept) => {
+                let kept = kept.cast(self.current.dtype());
+                let empty = kept.clone().lower_equal_elem(0.0);
+                kept.mask_where(empty, self.current)
+            }
+        }
+    }
 }
 
 /// Where a product's tensor-level amaxes are reduced: `None` on one device.
@@ -83,6 +115,51 @@ pub trait QuantOps: Backend {
         pass: Pass,
         amax: Amax,
     ) -> FloatTensor<Self>;
+}
+
+/// The plain backends' side of the product's backward ([`QuantOps`] on `Autodiff`): what the
+/// forward keeps of each operand, and the gradients from what it kept. Keeping the operand in
+/// its own dtype, to be quantized again by the gradient's product, is always right
+/// ([`dgrad_of`], [`wgrad_of`]); CUDA's FP8 tensorwise path keeps FP8 codes instead, quantized
+/// once in the forward (half the bytes kept, one amax and one cast a tensor, not two).
+pub trait QuantGrads: QuantOps {
+    /// What the forward keeps of one operand for the other's gradient.
+    type Kept: Clone + Send + std::fmt::Debug + 'static;
+
+    /// The forward product `q(a) · q(b)ᵀ`, and what it keeps of `a` (for b's gradient) and of
+    /// `b` (for a's), where `keep` asks.
+    fn forward_keeping(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        recipe: Recipe,
+        amax: Amax,
+        keep: [bool; 2],
+    ) -> (FloatTensor<Self>, [Option<Self::Kept>; 2]);
+
+    /// The gradients of `a` and `b` from the output's, `grad` `[m, n]`: a's from what was kept
+    /// of `b`, b's from what was kept of `a` (none where nothing was kept).
+    fn gradients(
+        grad: FloatTensor<Self>,
+        kept: [Option<Self::Kept>; 2],
+        recipe: Recipe,
+        amax: Amax,
+    ) -> [Option<FloatTensor<Self>>; 2];
+}
+
+/// `d a = d out · b`: `[m, n] · [n, k]`, as `product(d out, bᵀ)` (the dgrad quantizers).
+pub fn dgrad_of<B: QuantOps>(grad: FloatTensor<B>, b: FloatTensor<B>, recipe: Recipe, amax: Amax) -> FloatTensor<B> {
+    B::quantized_product(grad, B::float_transpose(b), recipe, Pass::Dgrad, amax)
+}
+
+/// `d b = d outᵀ · a`: `[n, m] · [m, k]`, as `product(d outᵀ, aᵀ)` (the wgrad quantizers).
+pub fn wgrad_of<B: QuantOps>(grad: FloatTensor<B>, a: FloatTensor<B>, recipe: Recipe, amax: Amax) -> FloatTensor<B> {
+    B::quantized_product(
+        B::float_transpose(grad),
+        B::float_transpose(a),
+        recipe,
+        Pass::Wgrad,
+        amax,
+    )
 }
 
 /// The emulation's operands on any device: both Hadamard-transformed if the recipe says so,
@@ -118,7 +195,9 @@ pub fn emulate(a: Tensor<2>, b: Tensor<2>, recipe: Recipe, pass: Pass, amax: &Am
 /// `x` (`operand`) quantized with `q` and dequantized, f32.
 fn quantize(x: Tensor<2>, q: Quantizer, amax: &Amax, operand: Operand) -> Tensor<2> {
     let draws = (q.rounding == Rounding::Stochastic).then(|| draws(x.dims(), seed(&x), &x.device()));
-    let reduce = amax.as_ref().map(|group| move |t: Tensor<1>| group.max(t, operand));
+    let reduce = amax
+        .as_ref()
+        .map(|group| move |t: Tensor<1>| group.max(t, operand).resolve());
     fake_quantize(
         x,
         q,
@@ -158,115 +237,53 @@ impl QuantOps for Flex {
     }
 }
 
-#[cfg(feature = "cuda")]
-impl QuantOps for burn::backend::Cube {
-    fn quantized_product(
+impl QuantGrads for Flex {
+    type Kept = FloatTensor<Flex>;
+
+    fn forward_keeping(
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
         recipe: Recipe,
-        pass: Pass,
         amax: Amax,
-    ) -> FloatTensor<Self> {
-        use burn::backend::Cube;
-        use burn::backend::ops::FloatTensorOps;
-        let k = a.meta.shape()[1];
-        let tensorwise = matches!(
-            recipe,
-            Recipe::Fp8Tensorwise | Recipe::Fp8TensorwiseE4m3 | Recipe::Fp8Delayed { .. }
-        );
-        if !tensorwise || !k.is_multiple_of(16) {
-            // Emulated; bf16 operands multiplied in bf16 on our GEMM (MX and NVFP4 values are
-            // exact in bf16; f32 block scales round to its 8 bits, inside the format's step).
-            let t = |x| Tensor::<2>::from_primitive::<Cube>(x);
-            let dtype = a.dtype;
-            let (a, b) = quantized_operands(t(a), t(b), recipe, pass, &amax);
-            let out = match dtype {
-                DType::BF16 => crate::gemm(a.cast(DType::BF16), b.cast(DType::BF16).transpose(), crate::Gemm::Wgmma),
-                other => crate::f32_matmul::matmul(a, b.transpose()).cast(other),
-            };
-            return out.try_into_primitive::<Cube>().expect("a CUDA tensor");
-        }
-        let (qa, qb) = recipe.operands(pass);
-        let dtype = a.dtype;
-        let (a_codes, a_scale) = quantize_operand(a, qa.format, &amax, Operand { pass, a: true });
-        let (b_codes, b_scale) = quantize_operand(b, qb.format, &amax, Operand { pass, a: false });
-        let scale = Cube::float_mul(a_scale, b_scale);
-        let out = crate::wgmma::fp8_gemm(
-            a_codes,
-            b_codes,
-            (qa.format, qb.format),
-            scale,
-            crate::wgmma::Schedule::Persistent,
-        )
-        .expect("FP8 codes of a k that is a multiple of 16");
-        match dtype {
-            DType::BF16 => out,
-            other => Cube::float_cast(out, other.into()),
-        }
+        keep: [bool; 2],
+    ) -> (FloatTensor<Self>, [Option<Self::Kept>; 2]) {
+        let kept = [keep[0].then(|| a.clone()), keep[1].then(|| b.clone())];
+        (Self::quantized_product(a, b, recipe, Pass::Forward, amax), kept)
     }
-}
 
-/// Codes of `t` row-major, and its dequantization scale from its amax reduced over `amax`: a
-/// transposed view of a row-major tensor is quantized and transposed back in one pass.
-#[cfg(feature = "cuda")]
-fn quantize_operand(
-    t: burn_cubecl::tensor::CubeTensor,
-    format: super::format::Minifloat,
-    amax: &Amax,
-    operand: Operand,
-) -> (burn_cubecl::tensor::CubeTensor, burn_cubecl::tensor::CubeTensor) {
-    use burn::backend::Cube;
-    use burn::backend::ops::FloatTensorOps;
-    let reduce = |local: burn_cubecl::tensor::CubeTensor| match amax {
-        Some(group) => group
-            .max(Tensor::from_primitive::<Cube>(local), operand)
-            .try_into_primitive::<Cube>()
-            .expect("a CUDA tensor"),
-        None => local,
-    };
-    let transpose = Cube::float_transpose(t.clone());
-    match !crate::elementwise::is_compact(&t) && crate::elementwise::is_compact(&transpose) {
-        true => crate::quant_kernels::quantize_tensor(transpose, format, true, reduce),
-        false => crate::quant_kernels::quantize_tensor(t, format, false, reduce),
+    fn gradients(
+        grad: FloatTensor<Self>,
+        [a, b]: [Option<Self::Kept>; 2],
+        recipe: Recipe,
+        amax: Amax,
+    ) -> [Option<FloatTensor<Self>>; 2] {
+        [
+            b.map(|b| dgrad_of::<Self>(grad.clone(), b, recipe, amax.clone())),
+            a.map(|a| wgrad_of::<Self>(grad, a, recipe, amax)),
+        ]
     }
 }
 
 #[derive(Debug)]
 struct QuantBackward;
 
-impl<B: Backend + QuantOps> Backward<B, 2> for QuantBackward {
-    type State = (Option<NodeId>, Option<NodeId>, Recipe, Amax);
+impl<B: QuantGrads> Backward<B, 2> for QuantBackward {
+    type State = ([Option<B::Kept>; 2], Recipe, Amax);
 
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
-        let (a, b, recipe, amax) = ops.state;
-        let dgrad_amax = amax.clone();
-        let a: Option<FloatTensor<B>> = a.map(|id| checkpointer.retrieve_node_output(id));
-        let b: Option<FloatTensor<B>> = b.map(|id| checkpointer.retrieve_node_output(id));
-        binary::<B, _, _>(
-            ops.parents,
-            ops.node,
-            grads,
-            // d a = d out · b: `[m, n] · [n, k]`, as `product(d out, bᵀ)`.
-            |grad| {
-                let b = b.expect("b saved for a's gradient");
-                B::quantized_product(grad, B::float_transpose(b), recipe, Pass::Dgrad, dgrad_amax)
-            },
-            // d b = d outᵀ · a: `[n, m] · [m, k]`, as `product(d outᵀ, aᵀ)`.
-            |grad| {
-                let a = a.expect("a saved for b's gradient");
-                B::quantized_product(
-                    B::float_transpose(grad),
-                    B::float_transpose(a),
-                    recipe,
-                    Pass::Wgrad,
-                    amax,
-                )
-            },
-        );
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (kept, recipe, amax) = ops.state;
+        let [a_parent, b_parent] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let [da, db] = B::gradients(grad, kept, recipe, amax);
+        for (parent, grad) in [(a_parent, da), (b_parent, db)] {
+            if let (Some(parent), Some(grad)) = (parent, grad) {
+                grads.register::<B>(parent.id, grad);
+            }
+        }
     }
 }
 
-impl<B: Backend + QuantOps, C: CheckpointStrategy> QuantOps for Autodiff<B, C> {
+impl<B: QuantGrads, C: CheckpointStrategy> QuantOps for Autodiff<B, C> {
     fn quantized_product(
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
@@ -280,12 +297,16 @@ impl<B: Backend + QuantOps, C: CheckpointStrategy> QuantOps for Autodiff<B, C> {
             .compute_bound()
             .stateful()
         {
-            OpsKind::Tracked(mut prep) => {
-                // Each operand is kept (in its own dtype) for the other's gradient.
-                let a_state = b_tracked.then(|| prep.checkpoint(&a));
-                let b_state = a_tracked.then(|| prep.checkpoint(&b));
-                let out = B::quantized_product(a.into_parts().0, b.into_parts().0, recipe, pass, amax.clone());
-                prep.finish((a_state, b_state, recipe, amax), out)
+            OpsKind::Tracked(prep) => {
+                // What is kept of each operand serves the other's gradient.
+                let (out, kept) = B::forward_keeping(
+                    a.into_parts().0,
+                    b.into_parts().0,
+                    recipe,
+                    amax.clone(),
+                    [b_tracked, a_tracked],
+                );
+                prep.finish((kept, recipe, amax), out)
             }
             OpsKind::UnTracked(prep) => prep.finish(B::quantized_product(
                 a.into_parts().0,

@@ -108,7 +108,8 @@ pub fn fp8_gemm(h: &Harness) {
 /// same values as on the CPU (stochastic draws included: their seed is exact on both), and
 /// multiply in bf16. So they differ by bf16 roundings (of the output, about 2e-3 in norm, and of
 /// f32-scaled block values, 2⁻⁹ each) and the sums' order. The weight enters as a transposed
-/// view (quantized and transposed in one pass), m and n ragged for the GEMM's tiles.
+/// view (quantized and transposed in one pass); m and n ragged for the GEMM's tiles, then
+/// multiples of 16, where FP8 tensorwise keeps its forward's codes for the gradients.
 pub fn quantized_linear(h: &Harness) {
     use burn_megatron_kernels::quant::{fake::draws, recipe::Recipe};
     // Stochastic rounding's draws: the CUDA kernel is the host hash, bit for bit.
@@ -154,20 +155,24 @@ fn quantized_linear_with(h: &Harness, recipe: burn_megatron_kernels::quant::reci
     };
     let cpu = Device::flex();
     let normal = Distribution::Normal(0.0, 1.0);
-    let x = Tensor::<2>::random([300, 256], normal, (&cpu, DType::BF16));
-    let w = Tensor::<2>::random([256, 520], normal, (&cpu, DType::BF16));
-    let dy = Tensor::<2>::random([300, 520], normal, (&cpu, DType::F32));
-    let ours = run(&h.device(0), &x, &w, &dy);
-    let theirs = run(&cpu, &x, &w, &dy);
-    for (what, a, b) in [
-        ("y", ours.0, theirs.0),
-        ("dx", ours.1, theirs.1),
-        ("dw", ours.2, theirs.2),
-    ] {
-        let error = relative_error(a, b);
-        assert!(
-            error < 1e-2,
-            "{recipe:?} {what}: relative error {error} against the CPU emulation"
-        );
+    // Ragged tokens and outputs (FP8 tensorwise keeps the operands and quantizes them again in
+    // backward), then multiples of 16 (it keeps the forward's FP8 codes of `xᵀ` and `w`).
+    for (tokens, outputs) in [(300, 520), (320, 512)] {
+        let x = Tensor::<2>::random([tokens, 256], normal, (&cpu, DType::BF16));
+        let w = Tensor::<2>::random([256, outputs], normal, (&cpu, DType::BF16));
+        let dy = Tensor::<2>::random([tokens, outputs], normal, (&cpu, DType::F32));
+        let ours = run(&h.device(0), &x, &w, &dy);
+        let theirs = run(&cpu, &x, &w, &dy);
+        for (what, a, b) in [
+            ("y", ours.0, theirs.0),
+            ("dx", ours.1, theirs.1),
+            ("dw", ours.2, theirs.2),
+        ] {
+            let error = relative_error(a, b);
+            assert!(
+                error < 1e-2,
+                "{recipe:?} {tokens}×{outputs} {what}: relative error {error} against the CPU emulation"
+            );
+        }
     }
 }
