@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use burn::tensor::Tensor;
 use burn_megatron_dist::{CommError, ProcessGroup, ReduceOp};
-use burn_megatron_kernels::quant::product::{Amax, AmaxGroup, Operand};
+use burn_megatron_kernels::quant::product::{Amax, AmaxGroup, Operand, ScaleAmax};
 
 use super::delayed::{DelayedAmax, DelayedState};
 use burn_megatron_kernels::{Gemm, linear_over};
@@ -47,8 +47,8 @@ impl TensorParallelAmax {
 }
 
 impl AmaxGroup for TensorParallelAmax {
-    fn max(&self, amax: Tensor<1>, _operand: Operand) -> Tensor<1> {
-        match self.tp.all_reduce(amax.clone(), ReduceOp::Max) {
+    fn max(&self, amax: Tensor<1>, _operand: Operand) -> ScaleAmax {
+        ScaleAmax::current(match self.tp.all_reduce(amax.clone(), ReduceOp::Max) {
             Ok(reduced) => reduced,
             Err(error) if self.forward_done.load(Ordering::SeqCst) => {
                 panic!("backward's amax reduction over tp failed: {error}")
@@ -57,7 +57,7 @@ impl AmaxGroup for TensorParallelAmax {
                 self.error.lock().expect("the amax error").get_or_insert(error);
                 amax
             }
-        }
+        })
     }
 }
 

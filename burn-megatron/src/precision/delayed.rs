@@ -16,7 +16,8 @@ use burn::module::Param;
 use burn::tensor::{DType, Device, Tensor};
 use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
 use burn_megatron_kernels::Gemm;
-use burn_megatron_kernels::quant::product::{AmaxGroup, LayerTensor, Operand};
+use burn_megatron_kernels::quant::history;
+use burn_megatron_kernels::quant::product::{AmaxGroup, LayerTensor, Operand, ScaleAmax};
 use burn_megatron_kernels::quant::recipe::{AmaxAlgo, Recipe};
 
 use super::amax::TensorParallelAmax;
@@ -46,30 +47,35 @@ impl AmaxRecorder {
         });
     }
 
-    /// This step's amaxes, `[3]` (0 where a tensor was not seen), emptying the record: plain
-    /// tensors of the backend the products ran on (beneath autodiff) on `device`.
-    fn take(&self, device: &Device) -> Tensor<1> {
+    /// This step's amaxes by row (`[1]` each, 0 where a tensor was not seen), emptying the
+    /// record: plain tensors of the backend the products ran on (beneath autodiff) on `device`.
+    fn take(&self, device: &Device) -> [Tensor<1>; 3] {
         let slots = std::mem::take(&mut *self.0.lock().expect("not poisoned"));
-        let rows = slots
-            .into_iter()
-            .map(|s| {
-                let zero = || Tensor::zeros([1], (device, DType::F32)).without_autodiff();
-                s.map(Tensor::without_autodiff).unwrap_or_else(zero).cast(DType::F32)
-            })
-            .collect();
-        Tensor::cat(rows, 0)
+        slots.map(|s| {
+            let zero = || Tensor::zeros([1], (device, DType::F32)).without_autodiff();
+            s.map(Tensor::without_autodiff).unwrap_or_else(zero).cast(DType::F32)
+        })
     }
 }
 
-/// A layer's delayed-scaling state.
+/// A layer's delayed-scaling state for one call.
 #[derive(Clone, Debug)]
 pub struct DelayedState {
-    /// `[3, history]`, newest first.
-    pub history: Tensor<2>,
-    pub algo: AmaxAlgo,
+    /// The amax each tensor scales by, `[3]` (0 where its history is empty): the history's
+    /// largest or newest, taken once a call for the three rows.
+    pub kept: Tensor<1>,
     /// Where the call's amaxes go: none for a model that does not train (inference, the
     /// Learner's validation), whose forwards must not move the histories.
     pub recorder: Option<AmaxRecorder>,
+}
+
+impl DelayedState {
+    /// The state of a call scaling by `history` (`[3, len]`, newest first) as `algo` says.
+    pub fn new(history: Tensor<2>, algo: AmaxAlgo, recorder: Option<AmaxRecorder>) -> Self {
+        // The products run on the backend beneath autodiff: the history as a plain tensor there.
+        let kept = history::kept(history.without_autodiff(), algo == AmaxAlgo::MostRecent);
+        Self { kept, recorder }
+    }
 }
 
 /// The amax source of one delayed-scaling layer call: the history's amax for the scale, the
@@ -83,26 +89,20 @@ pub struct DelayedAmax {
 }
 
 impl AmaxGroup for DelayedAmax {
-    fn max(&self, amax: Tensor<1>, operand: Operand) -> Tensor<1> {
+    fn max(&self, amax: Tensor<1>, operand: Operand) -> ScaleAmax {
         let current = match &self.tp {
-            Some(tp) => tp.max(amax, operand),
+            Some(tp) => tp.max(amax, operand).current,
             None => amax,
         };
         let tensor = operand.tensor();
         if let Some(recorder) = &self.state.recorder {
             recorder.record(tensor, current.clone());
         }
-        // The products run on the backend beneath autodiff: the history as a plain tensor there.
-        let history = self.state.history.clone().without_autodiff();
-        let history = history.narrow(0, row(tensor), 1).reshape([-1]);
-        let kept = match self.state.algo {
-            AmaxAlgo::Max => history.max(),
-            AmaxAlgo::MostRecent => history.narrow(0, 0, 1),
-        }
-        .cast(current.dtype());
         // An empty history (the first step) scales by the call's own amax.
-        let empty = kept.clone().equal_elem(0.0);
-        kept.mask_where(empty, current)
+        ScaleAmax {
+            current,
+            kept: Some(self.state.kept.clone().narrow(0, row(tensor), 1)),
+        }
     }
 }
 
@@ -136,11 +136,11 @@ pub fn state_of(
     weight: &Tensor<2>,
 ) -> Option<DelayedState> {
     match (gemm, history) {
-        (Gemm::Quantized(Recipe::Fp8Delayed { algo, .. }), Some(history)) => Some(DelayedState {
-            history: history.val(),
+        (Gemm::Quantized(Recipe::Fp8Delayed { algo, .. }), Some(history)) => Some(DelayedState::new(
+            history.val(),
             algo,
-            recorder: weight.is_autodiff().then(|| recorder.clone()),
-        }),
+            weight.is_autodiff().then(|| recorder.clone()),
+        )),
         _ => None,
     }
 }
@@ -162,11 +162,13 @@ pub fn advance<'a>(
             };
             let old = history.val();
             let autodiff = old.is_autodiff();
-            let recorded = recorder.take(&old.device());
-            let recorded = groups.grad_sync().all_reduce(recorded, ReduceOp::Max)?;
-            let len = old.dims()[1];
-            let rest = old.without_autodiff().narrow(1, 0, len - 1);
-            let new = Tensor::cat(vec![recorded.unsqueeze_dim::<2>(1), rest], 1);
+            let mut rows = recorder.take(&old.device());
+            let sync = groups.grad_sync();
+            if sync.size() > 1 {
+                let reduced = sync.all_reduce(Tensor::cat(rows.to_vec(), 0), ReduceOp::Max)?;
+                rows = [0, 1, 2].map(|r| reduced.clone().narrow(0, r, 1));
+            }
+            let new = history::push(old.without_autodiff(), rows);
             let new = if autodiff { new.autodiff() } else { new };
             *history = history.clone().map(|_| new);
         }
@@ -181,15 +183,16 @@ mod tests {
     use super::*;
 
     fn state(history: Vec<f32>, len: usize, algo: AmaxAlgo) -> DelayedState {
-        DelayedState {
-            history: Tensor::from_data(TensorData::new(history, [3, len]), &Device::flex()),
+        DelayedState::new(
+            Tensor::from_data(TensorData::new(history, [3, len]), &Device::flex()),
             algo,
-            recorder: Some(AmaxRecorder::default()),
-        }
+            Some(AmaxRecorder::default()),
+        )
     }
 
     fn call(amax: &DelayedAmax, value: f32, operand: Operand) -> f32 {
         amax.max(Tensor::from_floats([value], &Device::flex()), operand)
+            .resolve()
             .into_scalar::<f32>()
     }
 
@@ -236,9 +239,8 @@ mod tests {
             .as_ref()
             .expect("a recorder")
             .take(&Device::flex())
-            .into_data()
-            .try_to_vec()
-            .unwrap();
+            .map(|t| t.into_scalar::<f32>())
+            .to_vec();
         assert_eq!(recorded, vec![9.0, 4.0, 0.25]);
         let emptied: Vec<f32> = max
             .state
@@ -246,9 +248,8 @@ mod tests {
             .as_ref()
             .expect("a recorder")
             .take(&Device::flex())
-            .into_data()
-            .try_to_vec()
-            .unwrap();
+            .map(|t| t.into_scalar::<f32>())
+            .to_vec();
         assert_eq!(emptied, vec![0.0, 0.0, 0.0]);
     }
 
