@@ -51,13 +51,15 @@ pub trait AdamWOps: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
     /// `(master, moment_1, moment_2, parameter)` after one step of f32 master weights: the
-    /// gradient in any float dtype, the new parameter the new master value in `dtype`.
+    /// gradient in any float dtype, multiplied by `clip` (`[1]`, f32), the new parameter the
+    /// new master value in `dtype`.
     fn adamw_master_update(
         master: FloatTensor<Self>,
         grad: FloatTensor<Self>,
         moment_1: FloatTensor<Self>,
         moment_2: FloatTensor<Self>,
         step: AdamWStep,
+        clip: FloatTensor<Self>,
         dtype: FloatDType,
     ) -> MasterUpdate<Self>;
 }
@@ -100,15 +102,20 @@ pub mod reference {
         (B::float_cast(param, dtype), m, v)
     }
 
-    /// The update of f32 master weights, and their copy in `dtype`.
+    /// The update of f32 master weights from a gradient multiplied by `clip` (`[1]`), and their
+    /// copy in `dtype`.
     pub fn master_update<B: Backend>(
         master: FloatTensor<B>,
         grad: FloatTensor<B>,
         m: FloatTensor<B>,
         v: FloatTensor<B>,
         step: AdamWStep,
+        clip: FloatTensor<B>,
         dtype: FloatDType,
     ) -> super::MasterUpdate<B> {
+        let grad = B::float_cast(grad, FloatDType::F32);
+        let clip = B::float_expand(B::float_cast(clip, FloatDType::F32), grad.shape());
+        let grad = B::float_mul(grad, clip);
         let (master, moment_1, moment_2) = update::<B>(B::float_cast(master, FloatDType::F32), grad, m, v, step);
         super::MasterUpdate {
             param: B::float_cast(master.clone(), dtype),
@@ -148,9 +155,10 @@ impl AdamWOps for Flex {
         m: FloatTensor<Self>,
         v: FloatTensor<Self>,
         step: AdamWStep,
+        clip: FloatTensor<Self>,
         dtype: FloatDType,
     ) -> MasterUpdate<Self> {
-        reference::master_update::<Flex>(master, grad, m, v, step, dtype)
+        reference::master_update::<Flex>(master, grad, m, v, step, clip, dtype)
     }
 }
 
@@ -172,9 +180,10 @@ impl AdamWOps for burn::backend::Cube {
         m: FloatTensor<Self>,
         v: FloatTensor<Self>,
         step: AdamWStep,
+        clip: FloatTensor<Self>,
         dtype: FloatDType,
     ) -> MasterUpdate<Self> {
-        crate::optim_kernels::adamw_master(master, grad, m, v, step, dtype)
+        crate::optim_kernels::adamw_master(master, grad, m, v, step, clip, dtype)
     }
 }
 
@@ -199,10 +208,11 @@ impl<B: Backend + AdamWOps, C: CheckpointStrategy> AdamWOps for Autodiff<B, C> {
         m: FloatTensor<Self>,
         v: FloatTensor<Self>,
         step: AdamWStep,
+        clip: FloatTensor<Self>,
         dtype: FloatDType,
     ) -> MasterUpdate<Self> {
         let inner = |t: FloatTensor<Self>| t.into_parts().0;
-        let new = B::adamw_master_update(inner(master), inner(grad), inner(m), inner(v), step, dtype);
+        let new = B::adamw_master_update(inner(master), inner(grad), inner(m), inner(v), step, inner(clip), dtype);
         let outer = |t| <Self as AutodiffBackend>::from_inner(t);
         MasterUpdate {
             master: outer(new.master),
@@ -239,16 +249,19 @@ pub fn adamw_step<const D: usize>(
 }
 
 /// One AdamW step of f32 master weights through [`AdamWOps`]: the new master weights and f32
-/// moments, and the new value in `dtype` for the model.
+/// moments, and the new value in `dtype` for the model. `clip` (f32, on the device: a global
+/// norm's clipping factor, 1 without clipping, read by the kernel rather than the host)
+/// multiplies the gradient.
 ///
 /// # Shapes
-/// all four of one shape
+/// all four of one shape; `clip` `[1]`
 pub fn adamw_master_step<const D: usize>(
     master: Tensor<D>,
     grad: Tensor<D>,
     moment_1: Tensor<D>,
     moment_2: Tensor<D>,
     step: AdamWStep,
+    clip: Tensor<1>,
     dtype: FloatDType,
 ) -> (Tensor<D>, Tensor<D>, Tensor<D>, Tensor<D>) {
     let new = <burn::backend::Dispatch as AdamWOps>::adamw_master_update(
@@ -257,6 +270,7 @@ pub fn adamw_master_step<const D: usize>(
         moment_1.into_dispatch(),
         moment_2.into_dispatch(),
         step,
+        clip.into_dispatch(),
         dtype,
     );
     (

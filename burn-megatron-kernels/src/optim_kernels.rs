@@ -105,12 +105,14 @@ fn adamw_kernel<F: Float, N: Size>(
 }
 
 /// One AdamW step of fp32 master weights: gradient in `G`, master weights and moments in f32,
-/// the model's copy of the new value written in `P` in the same pass.
+/// the model's copy of the new value written in `P` in the same pass; the gradient multiplied by
+/// `clip[0]` first (a global norm's clipping factor, computed on the device).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn adamw_master_kernel<G: Float, P: Float, N: Size>(
     master: &Tensor<Vector<f32, N>>,
     grad: &Tensor<Vector<G, N>>,
+    clip: &Tensor<f32>,
     m: &Tensor<Vector<f32, N>>,
     v: &Tensor<Vector<f32, N>>,
     master_out: &mut Tensor<Vector<f32, N>>,
@@ -121,7 +123,7 @@ fn adamw_master_kernel<G: Float, P: Float, N: Size>(
 ) {
     let i = ABSOLUTE_POS;
     if i < master_out.len() {
-        let g = Vector::<f32, N>::cast_from(grad[i]);
+        let g = Vector::<f32, N>::cast_from(grad[i]) * Vector::new(clip[0]);
         let p = adam(i, master[i], g, m, v, m_out, v_out, &s);
         master_out[i] = p;
         param_out[i] = Vector::cast_from(p);
@@ -265,11 +267,14 @@ pub(crate) fn adamw_master(
     m: CubeTensor,
     v: CubeTensor,
     step: AdamWStep,
+    clip: CubeTensor,
     dtype: FloatDType,
 ) -> crate::adamw::MasterUpdate<Cube> {
     let param_dtype = DType::from(dtype);
     let fits = float(grad.dtype)
         && float(param_dtype)
+        && clip.dtype == DType::F32
+        && clip.meta.num_elements() == 1
         && [&master, &m, &v].iter().all(|t| t.dtype == DType::F32)
         && [&grad, &m, &v].iter().all(|t| t.meta.shape() == master.meta.shape());
     let inputs = (
@@ -279,7 +284,7 @@ pub(crate) fn adamw_master(
         compact_input(v.clone()),
     );
     let (true, Some(pc), Some(gc), Some(mc), Some(vc)) = (fits, inputs.0, inputs.1, inputs.2, inputs.3) else {
-        return crate::adamw::reference::master_update::<Cube>(master, grad, m, v, step, dtype);
+        return crate::adamw::reference::master_update::<Cube>(master, grad, m, v, step, clip, dtype);
     };
     let shape = pc.meta.shape().clone();
     let (master_out, m_out, v_out, param_out) = (
@@ -301,6 +306,7 @@ pub(crate) fn adamw_master(
         vector,
         pc.clone().into_tensor_arg(),
         gc.clone().into_tensor_arg(),
+        clip.into_tensor_arg(),
         mc.clone().into_tensor_arg(),
         vc.clone().into_tensor_arg(),
         master_out.clone().into_tensor_arg(),

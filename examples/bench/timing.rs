@@ -159,12 +159,15 @@ pub fn run(
     }
     ctx.device.sync().expect("sync");
     let start = Instant::now();
-    let mut loss = 0.0;
+    // The loss is read once, after the last step, as the peers do: a read each step would
+    // stop the host from issuing the next step while this one runs.
+    let mut last = None;
     for _ in 0..steps {
         let (next, step_loss) = trainer.step(model, None);
         model = next;
-        loss = step_loss.into_scalar::<f64>();
+        last = Some(step_loss);
     }
+    let loss = last.map_or(0.0, |loss| loss.into_scalar::<f64>());
     ctx.device.sync().expect("sync");
     let step_s = start.elapsed().as_secs_f64() / steps as f64;
     let profile = profile.then(|| {
@@ -172,16 +175,27 @@ pub fn run(
         for _ in 0..steps {
             model = trainer.step(model.clone(), Some(&mut pieces)).0;
         }
+        // The host's own time to issue a step from an idle device: far below `step_ms`, the
+        // step waits for the GPU; near it, for the host.
+        let mut issue = 0.0;
+        for _ in 0..steps {
+            ctx.device.sync().expect("sync");
+            let start = Instant::now();
+            model = trainer.step(model.clone(), None).0;
+            issue += start.elapsed().as_secs_f64();
+        }
+        ctx.device.sync().expect("sync");
         let alone = trainer.reduction_alone(&model);
         let ms = |s: f64| s * 1e3 / steps as f64;
         let hidden = if alone > 0.0 { 1.0 - (ms(pieces.reduce_wait) / (alone * 1e3)).min(1.0) } else { 0.0 };
         format!(
-            "\"forward_ms\": {:.1}, \"backward_ms\": {:.1}, \"reduce_wait_ms\": {:.1}, \"optimizer_ms\": {:.1}, \"reduce_alone_ms\": {:.1}, \"hidden\": {hidden:.2}",
+            "\"forward_ms\": {:.1}, \"backward_ms\": {:.1}, \"reduce_wait_ms\": {:.1}, \"optimizer_ms\": {:.1}, \"reduce_alone_ms\": {:.1}, \"hidden\": {hidden:.2}, \"issue_ms\": {:.1}",
             ms(pieces.forward),
             ms(pieces.backward),
             ms(pieces.reduce_wait),
             ms(pieces.optimizer),
-            alone * 1e3
+            alone * 1e3,
+            ms(issue)
         )
     });
     Run { step_s, loss, profile }

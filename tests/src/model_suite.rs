@@ -433,7 +433,7 @@ pub fn grad_norm_counts_each_parameter_once(h: &Harness) {
                 .forward_loss(ids.narrow(0, first, per), targets.narrow(0, first, per))
                 .unwrap();
             let grads = GradientsParams::from_grads(loss.backward(), &model);
-            optim.step(1e-3, model.clone(), grads).unwrap().1.grad_norm
+            optim.step(1e-3, model.clone(), grads).unwrap().1.grad_norm()
         })
     };
     let single = norm(ParallelDims::tp_dp(1, 1), false)[0];

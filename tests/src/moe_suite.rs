@@ -316,7 +316,7 @@ fn moe_train_norms(
             let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &*model);
             let report;
             (*model, report) = optim.step(3e-3, model.clone(), grads).unwrap();
-            (value.into_scalar::<f64>(), report.grad_norm)
+            (value.into_scalar::<f64>(), report.grad_norm())
         })
         .unzip()
 }

@@ -55,10 +55,20 @@ struct State {
 }
 
 /// What a step reports.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, Default)]
 pub struct StepReport {
-    /// The global gradient norm before clipping.
-    pub grad_norm: f64,
+    /// The global gradient norm before clipping, `[1]` on the device; none without
+    /// parameters. A step never reads it to the host: clipping's factor is computed and
+    /// applied on the device, so the host issues the next step while this one runs.
+    pub norm: Option<Tensor<1>>,
+}
+
+impl StepReport {
+    /// The global gradient norm before clipping (0 without parameters). Reading it waits for
+    /// the step's gradients.
+    pub fn grad_norm(&self) -> f64 {
+        self.norm.clone().map_or(0.0, |norm| norm.into_scalar::<f64>())
+    }
 }
 
 /// AdamW over a model whose groups are `groups`; see the module docs.
@@ -249,11 +259,16 @@ impl DistributedAdamW {
     ) -> Result<(M, StepReport), CommError> {
         self.stage_copies(&model)?;
         let dtypes: Vec<DType> = param_values(&model).iter().map(|p| p.value.dtype()).collect();
-        let grad_norm = self.global_norm(&shards)?;
-        let scale = match self.config.max_grad_norm {
-            Some(max) if grad_norm > max => max / (grad_norm + 1e-6),
-            _ => 1.0,
-        };
+        let norm = self.global_norm(&shards)?;
+        // `max / (norm + 1e-6)` where the norm passes `max`, else 1 (a NaN norm too; always
+        // without clipping), as a device tensor the update kernel reads.
+        let clip = norm.clone().map(|norm| match self.config.max_grad_norm {
+            Some(max) => {
+                let factor = norm.clone().add_scalar(1e-6).recip().mul_scalar(max);
+                factor.ones_like().mask_where(norm.greater_elem(max), factor)
+            }
+            None => norm.ones_like(),
+        });
         self.step += 1;
         if self.states.is_empty() {
             self.states = self.first_states(&model);
@@ -266,7 +281,7 @@ impl DistributedAdamW {
             epsilon: c.epsilon as f32,
             weight_decay: c.weight_decay as f32,
             time: self.step as u32,
-            grad_scale: scale as f32,
+            grad_scale: 1.0,
         };
         // The new values in the parameters' dtype, gathered back whole under ZeRO-1; none for a
         // parameter gradients do not train (every rank skips the same ones).
@@ -283,6 +298,7 @@ impl DistributedAdamW {
                 state.m.clone(),
                 state.v.clone(),
                 step,
+                clip.clone().expect("a norm where there are gradients"),
                 FloatDType::from(dtype),
             );
             let group = &self.grad_groups[i].group;
@@ -301,16 +317,17 @@ impl DistributedAdamW {
             // Not trained by gradients (a router's selection bias): as it was.
             false => old,
         });
-        Ok((model, StepReport { grad_norm }))
+        Ok((model, StepReport { norm }))
     }
 
     /// √(Σ g²) over every rank, each parameter counted once: tp-replicated parameters count on
     /// tp rank 0 only; dp shards are disjoint only under ZeRO-1; experts differ over ep, and a
-    /// pipeline's stages over pp (a parameter several stages hold counts on the first).
-    fn global_norm(&self, shards: &[Tensor<1>]) -> Result<f64, CommError> {
+    /// pipeline's stages over pp (a parameter several stages hold counts on the first). `[1]`
+    /// on the device, none without parameters.
+    fn global_norm(&self, shards: &[Tensor<1>]) -> Result<Option<Tensor<1>>, CommError> {
         let tp = &self.groups.tp;
         let device = shards.first().map(|s| s.device());
-        let Some(device) = device else { return Ok(0.0) };
+        let Some(device) = device else { return Ok(None) };
         let copies = self.copies.as_ref().expect("found by step_reduced");
         let counted = |expert: bool| -> Vec<Tensor<1>> {
             shards
@@ -345,7 +362,7 @@ impl DistributedAdamW {
         if self.groups.pp.size() > 1 {
             total = self.groups.pp.all_reduce(total, ReduceOp::Sum)?;
         }
-        Ok(total.sum().into_scalar::<f64>().sqrt())
+        Ok(Some(total.sum().sqrt()))
     }
 
     /// fp32 master copies of the current values (this rank's shard under ZeRO-1) and zero
@@ -376,5 +393,80 @@ fn shard_of(x: Tensor<1>, group: Option<&burn_megatron_dist::ProcessGroup>) -> T
             padded.narrow(0, group.group_rank() * part, part)
         }
         None => x,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::module::{Module, Param};
+    use burn::tensor::{Device, Tensor};
+    use burn_megatron_kernels::adamw::reference;
+
+    use super::*;
+
+    #[derive(Module, Debug)]
+    struct One {
+        w: Param<Tensor<1>>,
+    }
+
+    /// The step's norm and, with `max`, its update: ε = 1 so that the update depends on the
+    /// gradient's scale (with a small ε Adam's first step is `lr · sign(g)` whatever the scale).
+    fn step(max: Option<f64>, w: &[f32], g: &[f32]) -> (f64, Vec<f32>) {
+        let device = Device::flex();
+        let model = One {
+            w: Param::from_tensor(Tensor::from_floats(w, &device)),
+        };
+        let mut grads = GradientsParams::new();
+        grads.register(model.w.id, Tensor::<1>::from_floats(g, &device));
+        let mut optim = DistributedAdamWConfig::new()
+            .with_epsilon(1.0)
+            .with_max_grad_norm(max)
+            .init(&ProcessGroups::single());
+        let (model, report) = optim.step(0.1, model, grads).unwrap();
+        (report.grad_norm(), model.w.val().into_data().try_to_vec().unwrap())
+    }
+
+    /// The formula's update of `w` from the gradient `g · scale`, on the host's twin.
+    fn expected(w: &[f32], g: &[f32], scale: f32) -> Vec<f32> {
+        let device = Device::flex();
+        let t = |x: &[f32]| Tensor::<1>::from_floats(x, &device).into_dispatch();
+        let grad = Tensor::<1>::from_floats(g, &device).mul_scalar(scale).into_dispatch();
+        let zeros = vec![0.0; w.len()];
+        let c = DistributedAdamWConfig::new();
+        let step = AdamWStep {
+            lr: 0.1,
+            beta_1: c.beta_1 as f32,
+            beta_2: c.beta_2 as f32,
+            epsilon: 1.0,
+            weight_decay: c.weight_decay as f32,
+            time: 1,
+            grad_scale: 1.0,
+        };
+        let (p, _, _) = reference::update::<burn::backend::Dispatch>(t(w), grad, t(&zeros), t(&zeros), step);
+        Tensor::<1>::from_dispatch(p).into_data().try_to_vec().unwrap()
+    }
+
+    /// Clipping by the global norm scales the gradient by `max / (norm + 1e-6)` where the norm
+    /// passes `max` and leaves it alone where it does not; the report's norm is `√Σg²`.
+    #[test]
+    fn clipping_scales_by_the_norm_on_the_device() {
+        let (w, g) = ([1.0, -2.0, 0.5], [3.0, 0.0, -4.0]); // ‖g‖ = 5
+        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| (a - b).abs() <= 1e-6);
+        for (max, scale) in [
+            (None, 1.0),
+            (Some(10.0), 1.0),
+            (Some(5.0), 1.0),
+            (Some(2.0), 2.0 / (5.0 + 1e-6)),
+        ] {
+            let (norm, got) = step(max, &w, &g);
+            // √25 in f32: exact.
+            assert_eq!(norm, 5.0, "max {max:?}");
+            let want = expected(&w, &g, scale as f32);
+            // The same f32 formula on the same values, the factor applied in another order:
+            // an ulp or two of values of order 1.
+            assert!(close(&got, &want), "max {max:?}: {got:?} vs {want:?}");
+        }
+        // A clipped step differs from an unclipped one (ε = 1 makes the update scale-aware).
+        assert!(!close(&step(Some(2.0), &w, &g).1, &step(None, &w, &g).1));
     }
 }

@@ -273,7 +273,7 @@ pub fn adamw(h: &Harness) {
 
 /// Three AdamW steps of f32 master weights, the model's copy written in the same pass, against
 /// the f32 twin: gradients in bf16 and f32, copies in bf16 and f32, lengths that take vectors of
-/// 4 and one that takes none.
+/// 4 and one that takes none; the bf16 gradients scaled by a clipping factor other than 1.
 pub fn adamw_master(h: &Harness) {
     use burn::tensor::FloatDType;
     use burn_megatron_kernels::adamw::{adamw_master_step, reference};
@@ -288,6 +288,8 @@ pub fn adamw_master(h: &Harness) {
             let zeros = master.zeros_like();
             let mut ours = (master.clone(), zeros.clone(), zeros.clone(), master.clone());
             let mut twin = (master, zeros.clone(), zeros);
+            // A factor that is no power of two, so that a factor left out or applied twice shows.
+            let clip = (grad_dtype == DType::BF16).then_some(0.3f32);
             for time in 1..=3u32 {
                 let step = adam_step(time);
                 let grad = Tensor::<1>::random([n], Distribution::Normal(0.0, 1.0), (&device, grad_dtype));
@@ -297,8 +299,10 @@ pub fn adamw_master(h: &Harness) {
                     ours.1,
                     ours.2,
                     step,
+                    Tensor::<1>::full([1], clip.unwrap_or(1.0), (&device, DType::F32)),
                     FloatDType::from(param_dtype),
                 );
+                let grad = grad.cast(DType::F32).mul_scalar(clip.unwrap_or(1.0));
                 let (p, m, v) = reference::update::<burn::backend::Dispatch>(
                     twin.0.into_dispatch(),
                     grad.into_dispatch(),
@@ -312,7 +316,7 @@ pub fn adamw_master(h: &Harness) {
                     Tensor::from_dispatch(v),
                 );
             }
-            let case = format!("grad {grad_dtype:?} param {param_dtype:?} n {n}");
+            let case = format!("grad {grad_dtype:?} param {param_dtype:?} n {n} clip {clip:?}");
             // The same f32 formula in both: a few ulps of values of order 1.
             for (what, a, b) in [
                 ("master", &ours.0, &twin.0),

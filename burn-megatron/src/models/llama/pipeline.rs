@@ -301,7 +301,7 @@ pub fn train_step(
     let (device, dtype) = match values.first() {
         Some(p) => (p.value.device(), p.value.dtype()),
         None => {
-            let report = report(StepReport { grad_norm: 0.0 });
+            let report = report(StepReport::default());
             return Ok((stage, report));
         }
     };
