@@ -160,7 +160,13 @@ pub(super) fn backward(
             return (primitive(dq), primitive(dk), primitive(dv));
         }
     };
-    let (q, k, v, grad) = (tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(grad));
+    let (q, k, v, grad, out) = (
+        tma_ready(q),
+        tma_ready(k),
+        tma_ready(v),
+        tma_ready(grad),
+        tma_ready(out),
+    );
     let delta = compact(&q, &[b, h, s], DType::F32);
     let (dq, dk, dv) = (
         compact(&q, &[b, s, h, d], DType::BF16),
@@ -169,13 +175,15 @@ pub(super) fn backward(
     );
     let rows = (b * h * s) as u32;
     let client = q.client.clone();
-    // SAFETY: every kernel checks its rows against s (the delta kernel against b·h·s); the maps
-    // cover exactly their tensors.
+    // SAFETY: every kernel checks its rows against s (the delta kernel against b·h·s; its
+    // inputs' strides are multiples of its vectors, `tma_ready`); the maps cover exactly their
+    // tensors.
     unsafe {
         flash::delta_kernel::launch_unchecked(
             &client,
-            CubeCount::Static(rows.div_ceil(256), 1, 1),
+            CubeCount::Static((rows * flash::DELTA_LANES).div_ceil(256), 1, 1),
             CubeDim::new_1d(256),
+            flash::DELTA_VECTOR,
             out.into_tensor_arg(),
             grad.clone().into_tensor_arg(),
             delta.clone().into_tensor_arg(),

@@ -187,21 +187,42 @@ pub(crate) fn dkdv_kernel(
     store_rows(dv, &dv_acc, 1.0f32, 1.0f32, row0, head, batch, heads, seq);
 }
 
-/// `delta = rowsum(dO ∘ O)` in f32, one thread a row of the `[b, h, s, 128]` views (any
-/// strides, head dim contiguous), into a compact `[b, h, s]`.
+/// Threads summing one row of [`delta_kernel`], each a vector of [`DELTA_VECTOR`] values.
+pub(crate) const DELTA_LANES: u32 = 16;
+/// bf16 values a thread of [`delta_kernel`] reads at once (16 bytes).
+pub(crate) const DELTA_VECTOR: usize = 8;
+
+/// `delta = rowsum(dO ∘ O)` in f32 over the `[b, h, s, 128]` views (head dim contiguous, other
+/// strides multiples of 8), into a compact `[b, h, s]`: sixteen neighbouring threads a row, each
+/// reading 16 bytes of both (a warp reads two whole rows of each at once), summed by shuffles
+/// within the sixteen. Launched with vectors of [`DELTA_VECTOR`].
 #[cube(launch_unchecked)]
-pub(crate) fn delta_kernel(out: &Tensor<bf16>, d_out: &Tensor<bf16>, delta: &mut Tensor<f32>, seq: u32, heads: u32) {
-    let r = ABSOLUTE_POS as u32;
+pub(crate) fn delta_kernel<N: Size>(
+    out: &Tensor<Vector<bf16, N>>,
+    d_out: &Tensor<Vector<bf16, N>>,
+    delta: &mut Tensor<f32>,
+    seq: u32,
+    heads: u32,
+) {
+    let r = ABSOLUTE_POS as u32 / DELTA_LANES;
+    let lane = (ABSOLUTE_POS as u32 % DELTA_LANES) as usize;
+    let mut sum = 0.0f32;
+    // Every lane joins the shuffles below, a row past the end with a zero.
     if r < delta.len() as u32 {
         let batch = (r / (heads * seq)) as usize;
         let head = ((r / seq) % heads) as usize;
         let pos = (r % seq) as usize;
         let o = batch * out.stride(0) + head * out.stride(1) + pos * out.stride(2);
         let g = batch * d_out.stride(0) + head * d_out.stride(1) + pos * d_out.stride(2);
-        let mut sum = 0.0f32;
-        for i in 0..HEAD_DIM {
-            sum += f32::cast_from(out[o + i]) * f32::cast_from(d_out[g + i]);
-        }
+        let product = Vector::<f32, N>::cast_from(out[o / DELTA_VECTOR + lane])
+            * Vector::<f32, N>::cast_from(d_out[g / DELTA_VECTOR + lane]);
+        sum = crate::row_kernels::hsum(product);
+    }
+    sum += plane_shuffle_xor(sum, 1u32);
+    sum += plane_shuffle_xor(sum, 2u32);
+    sum += plane_shuffle_xor(sum, 4u32);
+    sum += plane_shuffle_xor(sum, 8u32);
+    if r < delta.len() as u32 && lane == 0 {
         delta[r as usize] = sum;
     }
 }

@@ -22,7 +22,7 @@ use crate::hopper::*;
 mod backward;
 mod forward;
 
-pub(crate) use backward::{delta_kernel, dkdv_kernel, dq_kernel};
+pub(crate) use backward::{DELTA_LANES, DELTA_VECTOR, delta_kernel, dkdv_kernel, dq_kernel};
 pub(crate) use forward::forward_kernel;
 
 /// The head dim these kernels take.
