@@ -209,6 +209,78 @@ fn quantize_transposed_kernel<F: Float>(
     }
 }
 
+/// Rows (and columns) of the tile one block of [`quantize_transposed_vectors_kernel`] casts.
+const TILE_64: u32 = 64;
+/// Values a thread of [`quantize_transposed_vectors_kernel`] reads, and codes it writes, at once.
+const CAST_VECTOR: usize = 8;
+
+/// The transposing cast of a tensor whose both sides are multiples of [`CAST_VECTOR`]: a block
+/// of 256 threads a 64 × 64 tile; each thread reads vectors of 8 values along `x`'s rows (16
+/// bytes of bf16), writes their 8 codes along the direct codes' rows with `direct`, and after
+/// the tile passes through shared memory, 8 codes along a row of the transposed codes (`[c, r]`).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn quantize_transposed_vectors_kernel<F: Float, N: Size>(
+    x: &Tensor<Vector<F, N>>,
+    amax: &Tensor<f32>,
+    kept: &Tensor<f32>,
+    codes: &mut Tensor<Vector<u8, N>>,
+    direct_codes: &mut Tensor<Vector<u8, N>>,
+    dequant: &mut Tensor<f32>,
+    rows: u32,
+    columns: u32,
+    max: f32,
+    #[comptime] e5m2_codes: bool,
+    #[comptime] direct: bool,
+    #[comptime] delayed: bool,
+) {
+    // 65 words a row: a column's reads fall in different banks (two threads a bank at most).
+    let mut tile = Shared::<[u32]>::new_slice(4160usize);
+    let factor = fp8_factor(scaling_amax(amax, kept, delayed), max);
+    let (r0, c0) = (CUBE_POS_Y * TILE_64, CUBE_POS_X * TILE_64);
+    let (lane_row, lane_vector) = (UNIT_POS / 8u32, UNIT_POS % 8u32);
+    let vector = CAST_VECTOR as u32;
+    #[unroll]
+    for j in 0..2u32 {
+        let row = lane_row + 32u32 * j;
+        let (r, c) = (r0 + row, c0 + lane_vector * vector);
+        if r < rows && c < columns {
+            let at = ((r * columns + c) / vector) as usize;
+            let values = Vector::<f32, N>::cast_from(x[at]) * Vector::new(factor);
+            let mut packed = Vector::<u8, N>::empty();
+            #[unroll]
+            for e in 0..values.vector_size() {
+                let code = fp8_code(values.extract(e), e5m2_codes);
+                packed.insert(e, code);
+                tile[(row * 65u32 + lane_vector * vector + e as u32) as usize] = u32::cast_from(code);
+            }
+            if comptime!(direct) {
+                direct_codes[at] = packed;
+            }
+        }
+    }
+    sync_cube();
+    #[unroll]
+    for j in 0..2u32 {
+        let column = lane_row + 32u32 * j;
+        let (c, r) = (c0 + column, r0 + lane_vector * vector);
+        if c < columns && r < rows {
+            let mut packed = Vector::<u8, N>::empty();
+            #[unroll]
+            for e in 0..packed.vector_size() {
+                packed.insert(
+                    e,
+                    u8::cast_from(tile[((lane_vector * vector + e as u32) * 65u32 + column) as usize]),
+                );
+            }
+            codes[((c * rows + r) / vector) as usize] = packed;
+        }
+    }
+    if CUBE_POS_X == 0 && CUBE_POS_Y == 0 && UNIT_POS == 0 {
+        dequant[0] = 1.0f32 / factor;
+    }
+}
+
 /// One block: `out[0]` the largest of `count` partial amaxes (each ≥ 0).
 #[cube(launch_unchecked)]
 fn max_of_partials_kernel(partials: &Tensor<f32>, out: &mut Tensor<f32>, count: u32) {
@@ -317,10 +389,38 @@ pub(crate) fn quantize_tensor(
         };
     }
     let transposed = compact_output(&x, Shape::new([c, r]), DType::U8);
-    // Without `direct` the kernel never writes its direct output: one byte stands in.
+    // Without `direct` the kernel never writes its direct output: a vector's bytes stand in.
     let direct_arg = direct
         .clone()
-        .unwrap_or_else(|| compact_output(&x, Shape::new([1]), DType::U8));
+        .unwrap_or_else(|| compact_output(&x, Shape::new([CAST_VECTOR]), DType::U8));
+    if r.is_multiple_of(CAST_VECTOR) && c.is_multiple_of(CAST_VECTOR) {
+        let tiles = |n: usize| (n as u32).div_ceil(TILE_64).max(1);
+        launch_float!(
+            x.dtype,
+            quantize_transposed_vectors_kernel,
+            &x.client,
+            CubeCount::Static(tiles(c), tiles(r), 1),
+            CubeDim::new_1d(256),
+            CAST_VECTOR,
+            x.clone().into_tensor_arg(),
+            amax.into_tensor_arg(),
+            kept.into_tensor_arg(),
+            transposed.clone().into_tensor_arg(),
+            direct_arg.into_tensor_arg(),
+            dequant.clone().into_tensor_arg(),
+            r as u32,
+            c as u32,
+            format.max(),
+            e5m2_codes,
+            layouts.direct,
+            delayed,
+        );
+        return Fp8Codes {
+            direct,
+            transposed: Some(transposed),
+            dequant,
+        };
+    }
     launch_float!(
         x.dtype,
         quantize_transposed_kernel,

@@ -141,15 +141,16 @@ pub(crate) fn load_operand(
     }
 }
 
-/// `E` the operands' element (bf16, or u8 holding FP8 codes); `scale[0]` multiplies the
-/// results when `scaled`.
+/// `E` the operands' element (bf16, or u8 holding FP8 codes); `scale_a[0] · scale_b[0]`
+/// multiplies the results when `scaled`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn gemm_kernel<E: Scalar>(
     a: &TensorMap<E, Tiled>,
     b: &TensorMap<E, Tiled>,
     c: &mut TensorMap<bf16, Tiled>,
-    scale: &Tensor<f32>,
+    scale_a: &Tensor<f32>,
+    scale_b: &Tensor<f32>,
     m: u32,
     n: u32,
     k: u32,
@@ -222,7 +223,7 @@ fn gemm_kernel<E: Scalar>(
         let map_c = store_map_address(c);
         let mut factor = 1.0f32;
         if comptime!(scaled) {
-            factor = scale[0];
+            factor = scale_a[0] * scale_b[0];
         }
         for i in 0..mine {
             let (row, column) = tile_position(CUBE_POS_X + i * CUBE_COUNT_X, rows, columns);
@@ -384,18 +385,19 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, schedule: Schedule) -> Result<Cube
     ))
 }
 
-/// `scale · A · Bᵀ` of FP8 codes on the wgmma kernel, in bf16: `a` holds `[m, k]` codes of
-/// `formats.0`, `b` `[n, k]` codes of `formats.1` (both K-major, as FP8 `wgmma` reads them), as
-/// u8; `scale` (`[1]`, f32, on the device) multiplies the f32 accumulators as they leave
-/// (per-tensor scaling: the product of both operands' dequantization scales).
+/// `scale_a · scale_b · A · Bᵀ` of FP8 codes on the wgmma kernel, in bf16: `a` holds `[m, k]`
+/// codes of `formats.0`, `b` `[n, k]` codes of `formats.1` (both K-major, as FP8 `wgmma` reads
+/// them), as u8; `scales` (each `[1]`, f32, on the device: the operands' dequantization
+/// scales) multiply the f32 accumulators as they leave (per-tensor scaling), so their product
+/// costs no launch of its own.
 ///
 /// # Shapes
-/// `[m, k]`, `[n, k]`, `[1]` → `[m, n]`
+/// `[m, k]`, `[n, k]`, `[1]` and `[1]` → `[m, n]`
 pub fn fp8_gemm(
     a: CubeTensor,
     b: CubeTensor,
     formats: (Minifloat, Minifloat),
-    scale: CubeTensor,
+    scales: [CubeTensor; 2],
     schedule: Schedule,
 ) -> Result<CubeTensor, WgmmaError> {
     let fp8 = |f: Minifloat| matches!(f, Minifloat::E4M3 | Minifloat::E5M2);
@@ -408,12 +410,12 @@ pub fn fp8_gemm(
         return Err(WgmmaError::Unaligned { k });
     }
     let (a, b) = (into_contiguous(a), into_contiguous(b));
-    let scale = into_contiguous(scale);
+    let scales = scales.map(into_contiguous);
     Ok(launch(
         [(a, Major::K), (b, Major::K)],
         [m, n, k],
         Operands::Fp8(formats.0, formats.1),
-        Some(scale),
+        Some(scales),
         schedule,
     ))
 }
@@ -423,7 +425,7 @@ fn launch(
     [(a, a_major), (b, b_major)]: [(CubeTensor, Major); 2],
     [m, n, k]: [usize; 3],
     operands: Operands,
-    scale: Option<CubeTensor>,
+    scales: Option<[CubeTensor; 2]>,
     schedule: Schedule,
 ) -> CubeTensor {
     // TMA stores need 16-byte rows: an n that is no multiple of 8 gets padded rows, and the
@@ -462,16 +464,17 @@ fn launch(
                 .unwrap_or(tiles),
         ),
     };
-    let scaled = scale.is_some();
-    // Unscaled, the kernel reads no scale: an empty one-element buffer stands in.
-    let scale = scale.unwrap_or_else(|| {
-        CubeTensor::new_contiguous(
+    let scaled = scales.is_some();
+    // Unscaled, the kernel reads no scale: an empty one-element buffer stands in for both.
+    let [scale_a, scale_b] = scales.unwrap_or_else(|| {
+        let empty = CubeTensor::new_contiguous(
             client.clone(),
             out.device.clone(),
             shape![1],
             client.empty(4),
             DType::F32,
-        )
+        );
+        [empty.clone(), empty]
     });
     let c = TensorMapArg::new(
         TiledArgs {
@@ -485,8 +488,8 @@ fn launch(
     let (a, b) = (map(a, a_major, BLOCK_M), map(b, b_major, BLOCK_N));
     let args = (m as u32, n as u32, k as u32);
     // SAFETY: the maps cover exactly the operands and the output (TMA fills out-of-range boxes
-    // with zeros when loading and drops their out-of-range parts when storing); `scale` holds
-    // one f32, read only when `scaled`.
+    // with zeros when loading and drops their out-of-range parts when storing); each scale
+    // holds one f32, read only when `scaled`.
     unsafe {
         match operands {
             Operands::Bf16 => gemm_kernel::launch_unchecked::<bf16>(
@@ -496,7 +499,8 @@ fn launch(
                 a,
                 b,
                 c,
-                scale.into_tensor_arg(),
+                scale_a.into_tensor_arg(),
+                scale_b.into_tensor_arg(),
                 args.0,
                 args.1,
                 args.2,
@@ -512,7 +516,8 @@ fn launch(
                 a,
                 b,
                 c,
-                scale.into_tensor_arg(),
+                scale_a.into_tensor_arg(),
+                scale_b.into_tensor_arg(),
                 args.0,
                 args.1,
                 args.2,
@@ -541,21 +546,22 @@ pub fn matmul(
 }
 
 /// [`fp8_gemm`] on Burn tensors (CUDA, without autodiff): `a` `[m, k]` and `b` `[n, k]` u8
-/// codes, `scale` `[1]` f32.
+/// codes, their dequantization scales `[1]` f32.
 ///
 /// # Shapes
-/// `[m, k]`, `[n, k]`, `[1]` → `[m, n]`
+/// `[m, k]`, `[n, k]`, `[1]` and `[1]` → `[m, n]`
 pub fn fp8_matmul(
     a: burn::tensor::Tensor<2, burn::tensor::Int>,
     b: burn::tensor::Tensor<2, burn::tensor::Int>,
     formats: (Minifloat, Minifloat),
-    scale: burn::tensor::Tensor<1>,
+    [scale_a, scale_b]: [burn::tensor::Tensor<1>; 2],
     schedule: Schedule,
 ) -> Result<burn::tensor::Tensor<2>, WgmmaError> {
     let a: CubeTensor = a.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
     let b: CubeTensor = b.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
-    let scale: CubeTensor = scale.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
+    let cuda = |t: burn::tensor::Tensor<1>| t.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda);
+    let scales = [cuda(scale_a)?, cuda(scale_b)?];
     Ok(burn::tensor::Tensor::from_primitive::<Cube>(fp8_gemm(
-        a, b, formats, scale, schedule,
+        a, b, formats, scales, schedule,
     )?))
 }

@@ -120,7 +120,14 @@ pub fn run(device: &Device, iters: usize, kernels: &[GemmKernel]) {
         let scale = Tensor::<1>::ones([1], (device, DType::F32));
         let formats = (Minifloat::E4M3, Minifloat::E4M3);
         match time(&|| {
-            fp8_matmul(a.clone(), b.clone(), formats, scale.clone(), Schedule::Persistent).map_err(|e| e.to_string())
+            fp8_matmul(
+                a.clone(),
+                b.clone(),
+                formats,
+                [scale.clone(), scale.clone()],
+                Schedule::Persistent,
+            )
+            .map_err(|e| e.to_string())
         }) {
             Ok((seconds, _)) => println!(
                 "GEMM {{\"shape\": \"{name}\", \"m\": {m}, \"k\": {k}, \"n\": {n}, \"kernel\": \"Fp8Wgmma\", \"us\": {:.1}, \"tflops\": {:.1}}}",

@@ -92,8 +92,7 @@ fn gemm(
     formats: (Minifloat, Minifloat),
     dtype: DType,
 ) -> CubeTensor {
-    let scale = Cube::float_mul(a.1, b.1);
-    let out = crate::wgmma::fp8_gemm(a.0, b.0, formats, scale, crate::wgmma::Schedule::Persistent)
+    let out = crate::wgmma::fp8_gemm(a.0, b.0, formats, [a.1, b.1], crate::wgmma::Schedule::Persistent)
         .expect("FP8 codes of a k that is a multiple of 16");
     match dtype {
         DType::BF16 => out,

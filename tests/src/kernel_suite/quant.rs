@@ -75,12 +75,12 @@ pub fn fp8_gemm(h: &Harness) {
             };
             let (a_codes, a_values, a_scale) = quantized(&a, m, formats.0);
             let (b_codes, b_values, b_scale) = quantized(&b, n, formats.1);
-            let scale = Tensor::<1>::from_data(TensorData::new(vec![a_scale * b_scale], [1]), (&device, DType::F32));
+            let scale = |x: f32| Tensor::<1>::from_data(TensorData::new(vec![x], [1]), (&device, DType::F32));
             let out = fp8_matmul(
                 a_codes,
                 b_codes,
                 formats,
-                scale,
+                [scale(a_scale), scale(b_scale)],
                 burn_megatron_kernels::wgmma::Schedule::Persistent,
             )
             .expect("an FP8 product");
@@ -109,7 +109,8 @@ pub fn fp8_gemm(h: &Harness) {
 /// multiply in bf16. So they differ by bf16 roundings (of the output, about 2e-3 in norm, and of
 /// f32-scaled block values, 2⁻⁹ each) and the sums' order. The weight enters as a transposed
 /// view (quantized and transposed in one pass); m and n ragged for the GEMM's tiles, then
-/// multiples of 16, where FP8 tensorwise keeps its forward's codes for the gradients.
+/// multiples of 16, where FP8 tensorwise keeps its forward's codes for the gradients (filling
+/// the transposing cast's tiles, then not).
 pub fn quantized_linear(h: &Harness) {
     use burn_megatron_kernels::quant::{fake::draws, recipe::Recipe};
     // Stochastic rounding's draws: the CUDA kernel is the host hash, bit for bit.
@@ -156,8 +157,9 @@ fn quantized_linear_with(h: &Harness, recipe: burn_megatron_kernels::quant::reci
     let cpu = Device::flex();
     let normal = Distribution::Normal(0.0, 1.0);
     // Ragged tokens and outputs (FP8 tensorwise keeps the operands and quantizes them again in
-    // backward), then multiples of 16 (it keeps the forward's FP8 codes of `xᵀ` and `w`).
-    for (tokens, outputs) in [(300, 520), (320, 512)] {
+    // backward), then multiples of 16 (it keeps the forward's FP8 codes of `xᵀ` and `w`; the
+    // cast reads and writes vectors of 8), filling the cast's 64 × 64 tiles and not.
+    for (tokens, outputs) in [(300, 520), (320, 512), (336, 528)] {
         let x = Tensor::<2>::random([tokens, 256], normal, (&cpu, DType::BF16));
         let w = Tensor::<2>::random([256, outputs], normal, (&cpu, DType::BF16));
         let dy = Tensor::<2>::random([tokens, outputs], normal, (&cpu, DType::F32));
