@@ -162,8 +162,9 @@ pub(crate) fn swiglu_backward(a: CubeTensor, b: CubeTensor, grad: CubeTensor) ->
     (da, db)
 }
 
-/// RoPE: one thread a vector of the first half of a row and its partner in the second. `x` is
-/// read through its strides (in vectors; head dim contiguous), `out` is compact `[b, h, s, d]`.
+/// RoPE: one thread a vector of the first half of a row and its partner in the second. `x` and
+/// `out` are read and written through their strides (`[b, h, s]`, in vectors; head dim
+/// contiguous); `count` is the number of threads, half the vectors.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn rope_kernel<F: Float, N: Size>(
@@ -171,30 +172,54 @@ fn rope_kernel<F: Float, N: Size>(
     cos: &Tensor<Vector<f32, N>>,
     sin: &Tensor<Vector<f32, N>>,
     out: &mut Tensor<Vector<F, N>>,
-    stride_b: u32,
-    stride_h: u32,
-    stride_s: u32,
+    input: Strides3,
+    output: Strides3,
+    count: u32,
     heads: u32,
     seq: u32,
     half: u32,
     sign: f32,
 ) {
     let t = ABSOLUTE_POS as u32;
-    if t < out.len() as u32 / 2 {
+    if t < count {
         let row = t / half;
         let j = t % half;
         let pos = row % seq;
         let head = (row / seq) % heads;
         let batch = row / (seq * heads);
-        let at = batch * stride_b + head * stride_h + pos * stride_s + j;
+        let at = batch * input.b + head * input.h + pos * input.s + j;
         let x1 = Vector::<f32, N>::cast_from(x[at as usize]);
         let x2 = Vector::<f32, N>::cast_from(x[(at + half) as usize]);
         let c = cos[(pos * half + j) as usize];
         let s = sin[(pos * half + j) as usize] * Vector::new(sign);
-        let o = row * 2 * half + j;
+        let o = batch * output.b + head * output.h + pos * output.s + j;
         out[o as usize] = Vector::cast_from(x1 * c - x2 * s);
         out[(o + half) as usize] = Vector::cast_from(x2 * c + x1 * s);
     }
+}
+
+/// A `[b, h, s, d]` tensor's first three strides, in vectors.
+#[derive(CubeType, CubeLaunch, Clone, Copy)]
+struct Strides3 {
+    b: u32,
+    h: u32,
+    s: u32,
+}
+
+/// Whether `t`'s strides lay its values out densely in some order of its dims (a permuted
+/// compact tensor: no gaps, no overlaps), the last dim contiguous.
+fn is_dense(t: &CubeTensor) -> bool {
+    let (shape, strides) = (t.meta.shape(), t.meta.strides());
+    let mut dims: Vec<usize> = (0..shape.num_dims()).collect();
+    dims.sort_by_key(|&d| std::cmp::Reverse(strides[d]));
+    let mut expected = 1;
+    for &d in dims.iter().rev() {
+        if shape[d] != 1 && strides[d] != expected {
+            return false;
+        }
+        expected *= shape[d];
+    }
+    strides[shape.num_dims() - 1] == 1
 }
 
 pub(crate) fn rope(x: CubeTensor, cos: CubeTensor, sin: CubeTensor, inverse: bool) -> CubeTensor {
@@ -231,8 +256,23 @@ pub(crate) fn rope(x: CubeTensor, cos: CubeTensor, sin: CubeTensor, inverse: boo
     let (true, Some(cos_c), Some(sin_c)) = (fits, tables.0, tables.1) else {
         return reference(x, cos, sin);
     };
-    let out = compact_output(&x, shape.clone(), x.dtype);
-    let in_vectors = |i: usize| (strides[i] / vector) as u32;
+    // The output in the input's own layout where that is dense (the `[b, s, h, d]` memory of a
+    // projection's heads, which the layer's reshape back then takes as it is), else compact.
+    let out = match is_dense(&x) {
+        true => CubeTensor::new(
+            x.client.clone(),
+            x.client.empty(shape.num_elements() * x.dtype.size()),
+            cubecl::zspace::metadata::Metadata::new(shape.clone(), x.meta.strides().clone()),
+            x.device.clone(),
+            x.dtype,
+        ),
+        false => compact_output(&x, shape.clone(), x.dtype),
+    };
+    let in_vectors = |t: &CubeTensor| {
+        let stride = |i: usize| (t.meta.strides()[i] / vector) as u32;
+        Strides3Launch::new(stride(0), stride(1), stride(2))
+    };
+    let threads = shape.num_elements() / 2 / vector;
     let (count, dim) = launch_dims(shape.num_elements() / 2, vector);
     let sign = if inverse { -1.0f32 } else { 1.0 };
     launch_float!(
@@ -246,9 +286,9 @@ pub(crate) fn rope(x: CubeTensor, cos: CubeTensor, sin: CubeTensor, inverse: boo
         cos_c.into_tensor_arg(),
         sin_c.into_tensor_arg(),
         out.clone().into_tensor_arg(),
-        in_vectors(0),
-        in_vectors(1),
-        in_vectors(2),
+        in_vectors(&x),
+        in_vectors(&out),
+        threads as u32,
         shape[1] as u32,
         s as u32,
         (half / vector) as u32,

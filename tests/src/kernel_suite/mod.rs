@@ -197,9 +197,14 @@ pub fn rms_norm(h: &Harness) {
 pub fn rope(h: &Harness) {
     let device = h.device(0).autodiff();
     for dtype in [DType::F32, DType::BF16] {
-        for (b, heads, s, d) in [(2, 3, 50, 128), (1, 2, 9, 6)] {
-            let x = Tensor::<4>::random([b, s, heads, d], Distribution::Normal(0.0, 1.0), (&device, dtype))
+        // A projection's heads (`[b, s, h, d]` memory seen as `[b, h, s, d]`: the output keeps
+        // that layout), and a window of positions of them (not dense: the output is compact, as
+        // under context parallelism's chunks).
+        for ((b, heads, s, d), window) in [((2, 3, 50, 128), false), ((1, 2, 9, 6), false), ((2, 3, 50, 128), true)] {
+            let extra = if window { 4 } else { 0 };
+            let x = Tensor::<4>::random([b, s + extra, heads, d], Distribution::Normal(0.0, 1.0), (&device, dtype))
                 .swap_dims(1, 2)
+                .narrow(2, extra / 2, s)
                 .detach()
                 .require_grad();
             let angles = Tensor::<2>::random([s + 3, d / 2], Distribution::Uniform(0.0, 6.0), (&device, DType::F32));
@@ -207,7 +212,7 @@ pub fn rope(h: &Harness) {
             let ours = burn_megatron_kernels::rope::rope(x.clone(), cos.clone(), sin.clone());
             let x32 = f32_leaf(&x);
             let theirs = burn_megatron_kernels::rope::reference::rope(x32.clone(), cos, sin, false);
-            let case = format!("{dtype:?} b {b} h {heads} s {s} d {d}");
+            let case = format!("{dtype:?} b {b} h {heads} s {s} d {d} window {window}");
             let error = relative_error(ours.clone(), theirs.clone());
             assert!(error < tolerance(dtype), "{case}: output relative error {error}");
             let weights = Tensor::<4>::random([b, heads, s, d], Distribution::Normal(0.0, 1.0), (&device, DType::F32));
