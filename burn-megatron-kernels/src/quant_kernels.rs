@@ -323,6 +323,7 @@ pub(crate) struct Layouts {
 }
 
 /// FP8 codes of a tensor in the layouts asked for, and their dequantization scale `[1]`.
+#[derive(Clone, Debug)]
 pub(crate) struct Fp8Codes {
     pub direct: Option<CubeTensor>,
     pub transposed: Option<CubeTensor>,

@@ -126,6 +126,7 @@ pub const KERNEL_TESTS: &[NamedTest] = &[
     ("kernel_suite::fp8_tiles", kernel_suite::fp8_tiles),
     ("kernel_suite::fp8_gemm", kernel_suite::fp8_gemm),
     ("kernel_suite::quantized_linear", kernel_suite::quantized_linear),
+    ("kernel_suite::shared_input", kernel_suite::shared_input),
     ("kernel_suite::cross_entropy", kernel_suite::cross_entropy),
     ("kernel_suite::decode_step", kernel_suite::decode_step),
     ("kernel_suite::graph_replay", kernel_suite::graph_replay),

@@ -100,6 +100,14 @@ fn gemm(
     }
 }
 
+/// A forward input's codes as [`SharedInput`](super::product::SharedInput) keeps them.
+#[derive(Clone, Debug)]
+struct SharedCodes {
+    format: Minifloat,
+    layouts: Layouts,
+    codes: Fp8Codes,
+}
+
 /// The codes of a layout that was asked for.
 fn asked(codes: Option<CubeTensor>) -> CubeTensor {
     codes.expect("quantize writes every layout it is asked for")
@@ -169,7 +177,29 @@ impl QuantGrads for Cube {
             transposed: codes,
         };
         let pass = Pass::Forward;
-        let qa_codes = quantize(a, qa.format, &amax, Operand { pass, a: true }, layouts(a_codes));
+        let quantize_a = || quantize(a.clone(), qa.format, &amax, Operand { pass, a: true }, layouts(a_codes));
+        let shared = amax.as_ref().and_then(|group| group.shared_input());
+        let qa_codes = match shared {
+            // Delayed scaling scales each layer by its own history: nothing to share.
+            Some(shared) if !matches!(recipe, Recipe::Fp8Delayed { .. }) => {
+                let fits = |kept: &SharedCodes| {
+                    kept.format == qa.format
+                        && kept.layouts == layouts(a_codes)
+                        && kept
+                            .codes
+                            .direct
+                            .as_ref()
+                            .is_some_and(|d| d.meta.shape() == a.meta.shape())
+                };
+                let make = || SharedCodes {
+                    format: qa.format,
+                    layouts: layouts(a_codes),
+                    codes: quantize_a(),
+                };
+                shared.reuse_or(fits, make).codes
+            }
+            _ => quantize_a(),
+        };
         let qb_codes = quantize(b, qb.format, &amax, Operand { pass, a: false }, layouts(b_codes));
         let kept = |codes: &Fp8Codes, values: Option<Kept>| match &codes.transposed {
             Some(transposed) => Some(Kept::Codes {

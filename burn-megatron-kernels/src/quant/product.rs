@@ -65,6 +65,39 @@ impl Operand {
 pub trait AmaxGroup: Send + Sync + std::fmt::Debug {
     /// The amax `operand` scales by, from this call's own (`[1]`, f32).
     fn max(&self, amax: Tensor<1>, operand: Operand) -> ScaleAmax;
+
+    /// Where this product's forward input is quantized once for the other products of the
+    /// layer call that read it too ([`SharedInput`]); none: the product quantizes its own.
+    fn shared_input(&self) -> Option<&SharedInput> {
+        None
+    }
+}
+
+/// The input several products of one layer call read (q, k and v's; the gate's and the up
+/// projection's), quantized by the first of them and reused by the others: one amax and one cast
+/// where each product would run its own, and one copy of the codes kept for the gradients.
+/// Every product handed the same `SharedInput` must read the same tensor and scale it alike
+/// (per-tensor current scaling, amaxes reduced over the same group); a backend that keeps
+/// nothing here (the CPU's emulation) quantizes each time, to the same values.
+#[derive(Debug, Default)]
+pub struct SharedInput(std::sync::Mutex<Option<Box<dyn std::any::Any + Send + Sync>>>);
+
+impl SharedInput {
+    /// Whether a product has kept its quantization here.
+    pub fn holds(&self) -> bool {
+        self.0.lock().expect("a shared input's lock").is_some()
+    }
+
+    /// The quantization kept here if it is a `T` that `fits`, else `make()`'s, then kept.
+    pub fn reuse_or<T: Clone + Send + Sync + 'static>(&self, fits: impl Fn(&T) -> bool, make: impl FnOnce() -> T) -> T {
+        let mut slot = self.0.lock().expect("a shared input's lock");
+        if let Some(kept) = slot.as_ref().and_then(|k| k.downcast_ref::<T>()).filter(|k| fits(k)) {
+            return kept.clone();
+        }
+        let made = make();
+        *slot = Some(Box::new(made.clone()));
+        made
+    }
 }
 
 /// The amax an operand scales by: `kept` (a delayed-scaling history's) where it is above zero,

@@ -4,6 +4,8 @@
 //! Legend: `b` batch, `s` sequence, `d` d_model, `h` heads on this rank (`n_heads/tp`),
 //! `g` kv heads on this rank (`n_kv_heads/tp`), `k` head_dim.
 
+use std::sync::Arc;
+
 use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
@@ -11,7 +13,7 @@ use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
 
-use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig};
+use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, SharedInput};
 use super::context::{ContextLayout, context_attention};
 use super::rope::{Rope, RopeScaling};
 use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
@@ -212,9 +214,12 @@ impl ParallelAttention {
         };
         let [b, s, _] = x.dims();
         let heads = |y: Tensor<3>, n: usize| y.reshape([b, s, n, self.head_dim]).swap_dims(1, 2);
-        let q = self.rope(heads(self.wq.forward(x.clone())?, self.n_heads));
-        let k = self.rope(heads(self.wk.forward(x.clone())?, self.n_kv_heads));
-        let v = heads(self.wv.forward(x)?, self.n_kv_heads);
+        // The three read one input: quantized once where their products quantize it.
+        let shared = Some(Arc::new(SharedInput::default()));
+        let project = |w: &ColumnParallelLinear| w.forward_sharing(x.clone(), shared.as_ref());
+        let q = self.rope(heads(project(&self.wq)?, self.n_heads));
+        let k = self.rope(heads(project(&self.wk)?, self.n_kv_heads));
+        let v = heads(project(&self.wv)?, self.n_kv_heads);
         Ok((q, k, v))
     }
 

@@ -10,6 +10,10 @@ use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp, gather_from_tp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
 
+use std::sync::Arc;
+
+pub use burn_megatron_kernels::quant::product::SharedInput;
+
 use crate::precision::amax::sharded_linear;
 use crate::precision::delayed::{self, AmaxRecorder, DelayedState};
 use crate::precision::ptq::InputQuantizer;
@@ -185,11 +189,28 @@ impl ColumnParallelLinear {
     /// - input: `[.., s, i]`, or `[.., s/tp, i]` with [`ColumnInput::SequenceSharded`]
     /// - output: `[.., s, o/tp]`, or `[.., s, o]` with [`ColumnOutput::Gathered`]
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Result<Tensor<D>, LayerError> {
+        self.forward_sharing(x, None)
+    }
+
+    /// [`forward`](Self::forward), with this layer's quantization of its input shared with the
+    /// other layers given the same `shared` in one call (q, k and v's projections of one input):
+    /// quantized once where each would quantize it alike. An input quantizer that changes the
+    /// input (post-training quantization) keeps it apart.
+    ///
+    /// # Shapes
+    /// as [`forward`](Self::forward)
+    pub fn forward_sharing<const D: usize>(
+        &self,
+        x: Tensor<D>,
+        shared: Option<&Arc<SharedInput>>,
+    ) -> Result<Tensor<D>, LayerError> {
         let bias = self.bias.as_ref().map(|b| b.val());
+        let unchanged = matches!(self.input_quantizer, InputQuantizer::None | InputQuantizer::Observe(_));
         let product = Product {
             gemm: self.gemm,
             quantizer: &self.input_quantizer,
             delayed: self.delayed(),
+            shared: shared.filter(|_| unchanged).cloned(),
         };
         column_parallel(x, self.weight.val(), bias, self.input, self.output, product, &self.tp)
     }
@@ -203,6 +224,8 @@ pub struct Product<'a> {
     pub quantizer: &'a InputQuantizer,
     /// Delayed scaling's state, for a product under it.
     pub delayed: Option<DelayedState>,
+    /// The input's quantization, shared with the call's other products of the same input.
+    pub shared: Option<Arc<SharedInput>>,
 }
 
 /// A column-parallel product with a weight shard held elsewhere (tied word embeddings: the
@@ -228,7 +251,7 @@ pub fn column_parallel<const D: usize>(
     };
     // The whole input on every rank: nothing of it is sharded.
     let x = product.quantizer.apply(x, tp, false)?;
-    let y = sharded_linear(x, weight, bias, product.gemm, product.delayed, tp)?;
+    let y = sharded_linear(x, weight, bias, product.gemm, product.delayed, product.shared, tp)?;
     Ok(match output {
         ColumnOutput::Sharded => y,
         ColumnOutput::Gathered => gather_from_tp(y, tp, D - 1)?,

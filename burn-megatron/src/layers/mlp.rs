@@ -3,6 +3,8 @@
 //!
 //! Legend: `b` batch, `s` sequence, `d` d_model, `f` d_ff.
 
+use std::sync::Arc;
+
 use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{Device, Tensor};
@@ -10,7 +12,7 @@ use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
 
-use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig};
+use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, SharedInput};
 use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
 use super::sequence::SequenceLayout;
 use crate::error::{LayerError, divisible};
@@ -106,7 +108,12 @@ impl ParallelMlp {
             SequenceLayout::Sharded => gather_from_sp(x, &self.tp, 1)?,
             SequenceLayout::Whole => copy_to_tp(x, &self.tp)?,
         };
-        Ok((self.w1.forward(x.clone())?, self.w3.forward(x)?))
+        // Both read one input: quantized once where their products quantize it.
+        let shared = Some(Arc::new(SharedInput::default()));
+        Ok((
+            self.w1.forward_sharing(x.clone(), shared.as_ref())?,
+            self.w3.forward_sharing(x, shared.as_ref())?,
+        ))
     }
 }
 

@@ -183,7 +183,7 @@ impl RowParallelLinear {
         // This rank's input features only.
         let x = self.input_quantizer.apply(x, &self.tp, true)?;
         let delayed = delayed::state_of(self.gemm, &self.amax_history, &self.amax_recorder, &self.weight.val());
-        let partial = sharded_linear(x, self.weight.val(), None, self.gemm, delayed, &self.tp)?;
+        let partial = sharded_linear(x, self.weight.val(), None, self.gemm, delayed, None, &self.tp)?;
         let y = match self.output {
             RowOutput::Reduced => reduce_from_tp(partial, &self.tp)?,
             RowOutput::SequenceScattered => reduce_scatter_to_sp(partial, &self.tp, D - 2)?,

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use burn::tensor::Tensor;
 use burn_megatron_dist::{CommError, ProcessGroup, ReduceOp};
-use burn_megatron_kernels::quant::product::{Amax, AmaxGroup, Operand, ScaleAmax};
+use burn_megatron_kernels::quant::product::{Amax, AmaxGroup, Operand, ScaleAmax, SharedInput};
 
 use super::delayed::{DelayedAmax, DelayedState};
 use burn_megatron_kernels::{Gemm, linear_over};
@@ -61,9 +61,33 @@ impl AmaxGroup for TensorParallelAmax {
     }
 }
 
+/// A product's amax group with the input it shares with the layer call's other products
+/// ([`SharedInput`]): the amaxes reduced over tp (none at tp = 1) as
+/// [`TensorParallelAmax`] does.
+#[derive(Debug)]
+struct Sharing {
+    tp: Option<Arc<TensorParallelAmax>>,
+    shared: Arc<SharedInput>,
+}
+
+impl AmaxGroup for Sharing {
+    fn max(&self, amax: Tensor<1>, operand: Operand) -> ScaleAmax {
+        match &self.tp {
+            Some(tp) => tp.max(amax, operand),
+            None => ScaleAmax::current(amax),
+        }
+    }
+
+    fn shared_input(&self) -> Option<&SharedInput> {
+        Some(&self.shared)
+    }
+}
+
 /// `x · weight + bias` of a layer whose weight is sharded over `tp`, a quantized product's
 /// tensor-level amaxes reduced over tp (forward here, backward when the gradients run); under
-/// delayed scaling each scaled by the layer's history instead (`delayed`).
+/// delayed scaling each scaled by the layer's history instead (`delayed`). With `shared`, the
+/// product's quantization of `x` is shared with the other products given it (current scaling
+/// only: under delayed scaling each layer scales by its own history).
 ///
 /// # Shapes
 /// `[.., k]`, `[k, n]`, `[n]` → `[.., n]`
@@ -73,18 +97,23 @@ pub fn sharded_linear<const D: usize>(
     bias: Option<Tensor<1>>,
     gemm: Gemm,
     delayed: Option<DelayedState>,
+    shared: Option<Arc<SharedInput>>,
     tp: &ProcessGroup,
 ) -> Result<Tensor<D>, CommError> {
     let amax = match gemm {
         Gemm::Quantized(_) => TensorParallelAmax::over(tp),
         _ => None,
     };
-    let group: Amax = match delayed {
-        Some(state) => Some(Arc::new(DelayedAmax {
+    let group: Amax = match (delayed, shared) {
+        (Some(state), _) => Some(Arc::new(DelayedAmax {
             state,
             tp: amax.clone(),
         })),
-        None => amax.clone().map(|group| group as Arc<dyn AmaxGroup>),
+        (None, Some(shared)) if matches!(gemm, Gemm::Quantized(_)) => Some(Arc::new(Sharing {
+            tp: amax.clone(),
+            shared,
+        })),
+        (None, _) => amax.clone().map(|group| group as Arc<dyn AmaxGroup>),
     };
     let y = linear_over(x, weight, bias, gemm, group);
     match amax {

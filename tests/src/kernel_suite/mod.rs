@@ -14,7 +14,7 @@ use crate::Harness;
 mod decode;
 mod quant;
 pub use decode::{decode_step, graph_replay, greedy_choice, skinny_gemm};
-pub use quant::{fp8_gemm, fp8_tiles, quantized_linear};
+pub use quant::{fp8_gemm, fp8_tiles, quantized_linear, shared_input};
 
 /// ‖a − b‖ / ‖b‖ in f32.
 fn relative_error<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
@@ -202,11 +202,15 @@ pub fn rope(h: &Harness) {
         // under context parallelism's chunks).
         for ((b, heads, s, d), window) in [((2, 3, 50, 128), false), ((1, 2, 9, 6), false), ((2, 3, 50, 128), true)] {
             let extra = if window { 4 } else { 0 };
-            let x = Tensor::<4>::random([b, s + extra, heads, d], Distribution::Normal(0.0, 1.0), (&device, dtype))
-                .swap_dims(1, 2)
-                .narrow(2, extra / 2, s)
-                .detach()
-                .require_grad();
+            let x = Tensor::<4>::random(
+                [b, s + extra, heads, d],
+                Distribution::Normal(0.0, 1.0),
+                (&device, dtype),
+            )
+            .swap_dims(1, 2)
+            .narrow(2, extra / 2, s)
+            .detach()
+            .require_grad();
             let angles = Tensor::<2>::random([s + 3, d / 2], Distribution::Uniform(0.0, 6.0), (&device, DType::F32));
             let (cos, sin) = (angles.clone().cos(), angles.sin());
             let ours = burn_megatron_kernels::rope::rope(x.clone(), cos.clone(), sin.clone());

@@ -178,3 +178,75 @@ fn quantized_linear_with(h: &Harness, recipe: burn_megatron_kernels::quant::reci
         }
     }
 }
+
+/// Three FP8 tensorwise products of one input (q, k and v's) sharing its quantization
+/// ([`SharedInput`]) against the same three quantizing it each: the first product keeps its codes
+/// and the others reuse them, so the outputs, the input's gradient (the three dgrads summed) and
+/// each weight's gradient are the same bit for bit; under delayed scaling nothing is kept.
+pub fn shared_input(h: &Harness) {
+    use std::sync::Arc;
+
+    use burn_megatron_kernels::quant::product::{Amax, AmaxGroup, Operand, ScaleAmax, SharedInput, product};
+    use burn_megatron_kernels::quant::recipe::Recipe;
+
+    #[derive(Debug)]
+    struct Sharing(Arc<SharedInput>);
+    impl AmaxGroup for Sharing {
+        fn max(&self, amax: Tensor<1>, _: Operand) -> ScaleAmax {
+            ScaleAmax::current(amax)
+        }
+        fn shared_input(&self) -> Option<&SharedInput> {
+            Some(&self.0)
+        }
+    }
+    let device = h.device(0).autodiff();
+    let normal = Distribution::Normal(0.0, 1.0);
+    let x = Tensor::<2>::random([320, 256], normal, (&device, DType::BF16));
+    let weights: Vec<Tensor<2>> = [512, 128, 128]
+        .map(|n| Tensor::<2>::random([256, n], normal, (&device, DType::BF16)))
+        .to_vec();
+    let dys: Vec<Tensor<2>> = [512, 128, 128]
+        .map(|n| Tensor::<2>::random([320, n], normal, (&device, DType::F32)))
+        .to_vec();
+    let run = |amax: &dyn Fn() -> Amax| {
+        let x = x.clone().detach().require_grad();
+        let ws: Vec<Tensor<2>> = weights.iter().map(|w| w.clone().detach().require_grad()).collect();
+        let ys: Vec<Tensor<2>> = ws
+            .iter()
+            .map(|w| product(x.clone(), w.clone().transpose(), Recipe::Fp8Tensorwise, amax()))
+            .collect();
+        let loss = ys
+            .iter()
+            .zip(&dys)
+            .map(|(y, dy)| (y.clone().cast(DType::F32) * dy.clone()).sum())
+            .reduce(|a, b| a + b)
+            .expect("three products");
+        let grads = loss.backward();
+        let mut out: Vec<Tensor<2>> = ys.into_iter().map(|y| y.detach().cast(DType::F32)).collect();
+        out.push(x.grad(&grads).expect("dx").cast(DType::F32));
+        out.extend(ws.iter().map(|w| w.grad(&grads).expect("dw").cast(DType::F32)));
+        out
+    };
+    let shared = Arc::new(SharedInput::default());
+    let ours = run(&|| Some(Arc::new(Sharing(shared.clone())) as Arc<dyn AmaxGroup>));
+    assert!(shared.holds(), "the first product kept its quantization of the input");
+    let theirs = run(&|| None);
+    let names = ["y_q", "y_k", "y_v", "dx", "dw_q", "dw_k", "dw_v"];
+    for ((name, a), b) in names.iter().zip(ours).zip(theirs) {
+        let worst = (a - b).abs().max().into_scalar::<f32>();
+        // The same codes multiplied in the same order: bit for bit.
+        assert!(worst == 0.0, "{name}: shared and unshared differ by up to {worst}");
+    }
+    // Delayed scaling keeps nothing (each layer scales by its own history).
+    let delayed = Arc::new(SharedInput::default());
+    let _ = product(
+        x.clone().detach().require_grad(),
+        weights[0].clone().detach().require_grad().transpose(),
+        Recipe::Fp8Delayed {
+            history: 4,
+            algo: burn_megatron_kernels::quant::recipe::AmaxAlgo::Max,
+        },
+        Some(Arc::new(Sharing(delayed.clone())) as Arc<dyn AmaxGroup>),
+    );
+    assert!(!delayed.holds(), "a delayed-scaling product kept a shared quantization");
+}

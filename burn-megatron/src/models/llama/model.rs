@@ -360,6 +360,7 @@ pub(crate) fn output_logits(
                 gemm: tied.gemm,
                 quantizer: &InputQuantizer::None,
                 delayed: None,
+                shared: None,
             };
             column_parallel(
                 x,
