@@ -10,6 +10,7 @@
 #   steady: the same for one step in steady state (after two), with the host's own time to
 #          issue a step (`issue_ms`).
 #   config: the same bench under CubeCL's stream policy and CUDA allocator settings.
+#   shared: the shared-input kernel test, then FP8 tensorwise beside torchao.
 #   rows:  llama-1b bf16 and FP8 tensorwise beside PyTorch + compile (bf16) and torchao float8 +
 #          compile in the same call: fp32 master weights, random ids, 3 warm-up and 10 timed steps.
 set -u
@@ -70,6 +71,16 @@ case $part in
         echo "$recipe $variant: $(grep -h RESULT "$OUT/bench-cfg-$variant-$recipe.log" | grep -o '"step_ms": [0-9.]*') $(grep -ch 'panicked\|rror' "$OUT/bench-cfg-$variant-$recipe.log") errors, $(grep -ci wait "$OUT/bench-cfg-$variant-$recipe.log") waits logged"
       done
     done
+    ;;
+  shared)
+    # q, k and v (and the gate and up projections) quantizing their shared input once: the
+    # kernel tests, then FP8 tensorwise twice beside torchao in the same call.
+    for test in shared_input quantized_linear; do FILTER=$test bash "$0" suite; done
+    python3 -m pip install --quiet --no-deps --target /tmp/torchao .whl/torchao-0.18.0-*.whl
+    export PYTHONPATH=/tmp/torchao
+    run 1b-fp8-tensorwise 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
+    peers 1b-torchao 150 llama-1b fp8
+    run 1b-fp8-tensorwise-again 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise --profile
     ;;
   rows)
     python3 -m pip install --quiet --no-deps --target /tmp/torchao .whl/torchao-0.18.0-*.whl
