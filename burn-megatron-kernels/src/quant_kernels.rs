@@ -394,53 +394,44 @@ pub(crate) fn quantize_tensor(
     let direct_arg = direct
         .clone()
         .unwrap_or_else(|| compact_output(&x, Shape::new([CAST_VECTOR]), DType::U8));
-    if r.is_multiple_of(CAST_VECTOR) && c.is_multiple_of(CAST_VECTOR) {
-        let tiles = |n: usize| (n as u32).div_ceil(TILE_64).max(1);
-        launch_float!(
-            x.dtype,
-            quantize_transposed_vectors_kernel,
-            &x.client,
-            CubeCount::Static(tiles(c), tiles(r), 1),
-            CubeDim::new_1d(256),
-            CAST_VECTOR,
-            x.clone().into_tensor_arg(),
-            amax.into_tensor_arg(),
-            kept.into_tensor_arg(),
-            transposed.clone().into_tensor_arg(),
-            direct_arg.into_tensor_arg(),
-            dequant.clone().into_tensor_arg(),
-            r as u32,
-            c as u32,
-            format.max(),
-            e5m2_codes,
-            layouts.direct,
-            delayed,
-        );
-        return Fp8Codes {
-            direct,
-            transposed: Some(transposed),
-            dequant,
+    // One argument list for both casts; the vector kernel takes its vector size first.
+    macro_rules! cast {
+        ($kernel:ident, $count:expr, $dim:expr $(, $vector:expr)?) => {
+            launch_float!(
+                x.dtype,
+                $kernel,
+                &x.client,
+                $count,
+                $dim,
+                $($vector,)?
+                x.clone().into_tensor_arg(),
+                amax.into_tensor_arg(),
+                kept.into_tensor_arg(),
+                transposed.clone().into_tensor_arg(),
+                direct_arg.into_tensor_arg(),
+                dequant.clone().into_tensor_arg(),
+                r as u32,
+                c as u32,
+                format.max(),
+                e5m2_codes,
+                layouts.direct,
+                delayed,
+            )
         };
     }
-    launch_float!(
-        x.dtype,
-        quantize_transposed_kernel,
-        &x.client,
-        CubeCount::Static((c as u32).div_ceil(32).max(1), (r as u32).div_ceil(32).max(1), 1),
-        CubeDim::new_2d(32, 8),
-        x.clone().into_tensor_arg(),
-        amax.into_tensor_arg(),
-        kept.into_tensor_arg(),
-        transposed.clone().into_tensor_arg(),
-        direct_arg.into_tensor_arg(),
-        dequant.clone().into_tensor_arg(),
-        r as u32,
-        c as u32,
-        format.max(),
-        e5m2_codes,
-        layouts.direct,
-        delayed,
-    );
+    let blocks = |n: usize, tile: u32| (n as u32).div_ceil(tile).max(1);
+    if r.is_multiple_of(CAST_VECTOR) && c.is_multiple_of(CAST_VECTOR) {
+        let count = CubeCount::Static(blocks(c, TILE_64), blocks(r, TILE_64), 1);
+        cast!(
+            quantize_transposed_vectors_kernel,
+            count,
+            CubeDim::new_1d(256),
+            CAST_VECTOR
+        );
+    } else {
+        let count = CubeCount::Static(blocks(c, 32), blocks(r, 32), 1);
+        cast!(quantize_transposed_kernel, count, CubeDim::new_2d(32, 8));
+    }
     Fp8Codes {
         direct,
         transposed: Some(transposed),
