@@ -2,6 +2,8 @@
 //!
 //! Legend: `b` batch, `s` sequence, `i` input features, `o` output features, `tp` group size.
 
+use std::sync::Arc;
+
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
@@ -9,9 +11,6 @@ use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp, gather_from_tp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
-
-use std::sync::Arc;
-
 pub use burn_megatron_kernels::quant::product::SharedInput;
 
 use crate::precision::amax::sharded_linear;
