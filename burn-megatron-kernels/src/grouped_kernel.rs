@@ -144,6 +144,7 @@ fn grouped_kernel(
                 table[t + 5],
                 1 + consumer,
                 storer,
+                2u32,
             );
         }
         if storer {

@@ -41,6 +41,16 @@ pub(crate) fn chain_64(desc_a: u64, desc_b: u64, #[comptime] chain: Chain) -> Ac
     out
 }
 
+/// `A·B` for a fresh `m64n128` chain with both operands in shared memory (the blockwise FP8
+/// GEMM's partial products, one a 128-deep slice).
+#[cube]
+pub(crate) fn chain_128_fresh(desc_a: u64, desc_b: u64, #[comptime] chain: Chain) -> Acc128 {
+    let body = comptime![chain.ptx()];
+    let out: Acc128;
+    gpu_asm!("{body}", "// {d} {a} {b}", d = out(_) out, a = in(_) desc_a, b = in(_) desc_b);
+    out
+}
+
 /// `acc + A·B` for an `m64n128` chain, A from registers (attention's outputs and gradients).
 #[cube]
 pub(crate) fn chain_128(acc: &Acc128, frags: &Frags64, desc_b: u64, #[comptime] chain: Chain) -> Acc128 {

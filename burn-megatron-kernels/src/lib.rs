@@ -40,6 +40,8 @@ pub mod norm;
 mod optim_kernels;
 pub mod quant;
 #[cfg(feature = "cuda")]
+mod quant_blocks;
+#[cfg(feature = "cuda")]
 mod quant_kernels;
 pub mod rms_norm;
 pub mod rope;

@@ -28,6 +28,9 @@ use half::bf16;
 use crate::hopper::*;
 use crate::quant::format::Minifloat;
 
+mod blockwise;
+pub use blockwise::{BScales, fp8_blockwise_gemm};
+
 /// Rows of C a block computes: two consumer warpgroups of 64.
 pub(crate) const BLOCK_M: u32 = 128;
 /// Columns of C a block computes: one `m64n256k16` per consumer and k-step.
@@ -109,7 +112,7 @@ const GROUP_M: u32 = 8;
 
 /// Tile `t`'s `(row, column)` in the `rows × columns` tile grid ([`GROUP_M`]).
 #[cube]
-fn tile_position(t: u32, rows: u32, columns: u32) -> (u32, u32) {
+pub(crate) fn tile_position(t: u32, rows: u32, columns: u32) -> (u32, u32) {
     let per_group = GROUP_M * columns;
     let first = (t / per_group) * GROUP_M;
     let height = select(rows - first < GROUP_M, rows - first, GROUP_M);
@@ -250,6 +253,7 @@ fn gemm_kernel<E: Scalar>(
                 column * BLOCK_N,
                 1 + consumer,
                 storer,
+                2u32,
             );
         }
         if storer {
@@ -258,14 +262,15 @@ fn gemm_kernel<E: Scalar>(
     }
 }
 
-/// Stores a consumer warpgroup's 64 × 256 results times `factor` at `(row0, col0)` of C, in two passes of 128
-/// columns through its staging `buffer`: every thread writes its bf16 pairs into two swizzled
-/// 64 × 64 boxes, then `storer` hands them to TMA, which writes C in whole lines and lets the
-/// warpgroup go on to its next tile while it does (`barrier`: the warpgroup's named barrier).
+/// Stores a consumer warpgroup's 64 × `128 · passes` results (`acc`, an `m64n{128 · passes}`
+/// accumulator) times `factor` at `(row0, col0)` of C, in passes of 128 columns through its
+/// staging `buffer`: every thread writes its bf16 pairs into two swizzled 64 × 64 boxes, then
+/// `storer` hands them to TMA, which writes C in whole lines and lets the warpgroup go on to its
+/// next tile while it does (`barrier`: the warpgroup's named barrier).
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn store_tile(
-    acc: &Acc256,
+pub(crate) fn store_tile<N: Size>(
+    acc: &Vector<f32, N>,
     factor: f32,
     buffer: u32,
     map: u64,
@@ -273,13 +278,14 @@ pub(crate) fn store_tile(
     col0: u32,
     barrier: u32,
     storer: bool,
+    #[comptime] passes: u32,
 ) {
     // The accumulator layout of `hopper`'s module docs: row `16 · warp + lane / 4` (+ 8), the
     // column pair `8j + 2 · (lane % 4)` of each 8-column block j.
     let lane = UNIT_POS % 32;
     let warp = (UNIT_POS % 128) / 32;
     #[unroll]
-    for pass in 0..2u32 {
+    for pass in 0..passes {
         // The buffer is free again once the last stores from it have read it.
         if storer {
             bulk_wait_read();
@@ -320,6 +326,8 @@ pub enum WgmmaError {
     Unaligned { k: usize },
     /// The operands are not CUDA tensors (or are autodiff tensors).
     NotCuda,
+    /// A block scale tensor ([`fp8_blockwise_gemm`]) is not f32 of the shape its operand needs.
+    Scales { expected: [usize; 2], found: Vec<usize> },
 }
 
 impl core::fmt::Display for WgmmaError {
@@ -334,6 +342,10 @@ impl core::fmt::Display for WgmmaError {
                 "the wgmma GEMM needs k a multiple of 8 (bf16) or 16 (FP8), the same in both operands, not {k}"
             ),
             Self::NotCuda => write!(f, "the wgmma GEMM runs on CUDA tensors without autodiff"),
+            Self::Scales { expected, found } => write!(
+                f,
+                "the blockwise FP8 GEMM needs f32 block scales of shape {expected:?}, not {found:?}"
+            ),
         }
     }
 }
@@ -420,6 +432,45 @@ pub fn fp8_gemm(
     ))
 }
 
+/// The bf16 `[m, n]` result of a product of `a`'s device. TMA stores need 16-byte rows: an n
+/// that is no multiple of 8 gets padded rows, and the result is the `[m, n]` view of them.
+pub(crate) fn output(a: &CubeTensor, m: usize, n: usize) -> CubeTensor {
+    let padded = n.next_multiple_of(8);
+    let client = a.client.clone();
+    let handle = client.empty(m * padded * DType::BF16.size());
+    CubeTensor::new(
+        client,
+        handle,
+        Metadata::new(shape![m, n], strides![padded, 1]),
+        a.device.clone(),
+        DType::BF16,
+    )
+}
+
+/// The TMA map the consumers store `out` through: 64 × 64 boxes with the 128-byte swizzle.
+pub(crate) fn store_map(out: &CubeTensor) -> TensorMapArg<Tiled> {
+    TensorMapArg::new(
+        TiledArgs {
+            tile_size: shape![64, 64],
+        },
+        out.clone().into_tensor_arg(),
+        ElemType::Float(FloatKind::BF16),
+    )
+    .with_swizzle(TensorMapSwizzle::B128)
+}
+
+/// Blocks for `tiles` tiles run persistently: one an SM fits (shared memory), so more would
+/// only queue.
+pub(crate) fn persistent_blocks(client: &cubecl::client::Client, tiles: u32) -> u32 {
+    tiles.min(
+        client
+            .properties()
+            .hardware
+            .num_streaming_multiprocessors
+            .unwrap_or(tiles),
+    )
+}
+
 /// Launches the kernel on operands already laid out for it; the bf16 `[m, n]` result.
 fn launch(
     [(a, a_major), (b, b_major)]: [(CubeTensor, Major); 2],
@@ -428,18 +479,8 @@ fn launch(
     scales: Option<[CubeTensor; 2]>,
     schedule: Schedule,
 ) -> CubeTensor {
-    // TMA stores need 16-byte rows: an n that is no multiple of 8 gets padded rows, and the
-    // result is the `[m, n]` view of them.
-    let padded = n.next_multiple_of(8);
-    let (client, device) = (a.client.clone(), a.device.clone());
-    let handle = client.empty(m * padded * DType::BF16.size());
-    let out = CubeTensor::new(
-        client.clone(),
-        handle,
-        Metadata::new(shape![m, n], strides![padded, 1]),
-        device,
-        DType::BF16,
-    );
+    let out = output(&a, m, n);
+    let client = out.client.clone();
     let depth = block_k(operands) as usize;
     let elem = match operands {
         Operands::Bf16 => ElemType::Float(FloatKind::BF16),
@@ -455,14 +496,7 @@ fn launch(
     let tiles = (m as u32).div_ceil(BLOCK_M) * (n as u32).div_ceil(BLOCK_N);
     let blocks = match schedule {
         Schedule::TilePerBlock => tiles,
-        // One block an SM fits (shared memory), so more would only queue.
-        Schedule::Persistent => tiles.min(
-            client
-                .properties()
-                .hardware
-                .num_streaming_multiprocessors
-                .unwrap_or(tiles),
-        ),
+        Schedule::Persistent => persistent_blocks(&client, tiles),
     };
     let scaled = scales.is_some();
     // Unscaled, the kernel reads no scale: an empty one-element buffer stands in for both.
@@ -476,14 +510,7 @@ fn launch(
         );
         [empty.clone(), empty]
     });
-    let c = TensorMapArg::new(
-        TiledArgs {
-            tile_size: shape![64, 64],
-        },
-        out.clone().into_tensor_arg(),
-        ElemType::Float(FloatKind::BF16),
-    )
-    .with_swizzle(TensorMapSwizzle::B128);
+    let c = store_map(&out);
     let (count, dim) = (CubeCount::Static(blocks, 1, 1), CubeDim::new_1d(384));
     let (a, b) = (map(a, a_major, BLOCK_M), map(b, b_major, BLOCK_N));
     let args = (m as u32, n as u32, k as u32);
@@ -563,5 +590,26 @@ pub fn fp8_matmul(
     let scales = [cuda(scale_a)?, cuda(scale_b)?];
     Ok(burn::tensor::Tensor::from_primitive::<Cube>(fp8_gemm(
         a, b, formats, scales, schedule,
+    )?))
+}
+
+/// [`fp8_blockwise_gemm`] on Burn tensors (CUDA, without autodiff): codes u8, scales f32.
+///
+/// # Shapes
+/// `[m, k]`, `[m, ⌈k/128⌉]`, `[n, k]`, `[⌈n/128⌉ or n, ⌈k/128⌉]` → `[m, n]`
+pub fn fp8_blockwise_matmul(
+    a: (burn::tensor::Tensor<2, burn::tensor::Int>, burn::tensor::Tensor<2>),
+    b: (burn::tensor::Tensor<2, burn::tensor::Int>, burn::tensor::Tensor<2>),
+    b_blocks: BScales,
+    formats: (Minifloat, Minifloat),
+) -> Result<burn::tensor::Tensor<2>, WgmmaError> {
+    let codes =
+        |t: burn::tensor::Tensor<2, burn::tensor::Int>| t.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda);
+    let scales = |t: burn::tensor::Tensor<2>| t.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda);
+    Ok(burn::tensor::Tensor::from_primitive::<Cube>(fp8_blockwise_gemm(
+        (codes(a.0)?, scales(a.1)?),
+        (codes(b.0)?, scales(b.1)?),
+        b_blocks,
+        formats,
     )?))
 }

@@ -125,6 +125,8 @@ pub const KERNEL_TESTS: &[NamedTest] = &[
     ("kernel_suite::grouped_gemm", kernel_suite::grouped_gemm),
     ("kernel_suite::fp8_tiles", kernel_suite::fp8_tiles),
     ("kernel_suite::fp8_gemm", kernel_suite::fp8_gemm),
+    ("kernel_suite::fp8_blocks", kernel_suite::fp8_blocks),
+    ("kernel_suite::fp8_blockwise_gemm", kernel_suite::fp8_blockwise_gemm),
     ("kernel_suite::quantized_linear", kernel_suite::quantized_linear),
     ("kernel_suite::shared_input", kernel_suite::shared_input),
     ("kernel_suite::cross_entropy", kernel_suite::cross_entropy),

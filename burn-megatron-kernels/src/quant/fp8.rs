@@ -1,14 +1,17 @@
-//! FP8 tensorwise products on codes, on CUDA (current or delayed scaling, either gradient
-//! format): each operand quantized by one amax pass and one cast (`quant_kernels::quantize_tensor`),
-//! multiplied by the FP8 wgmma GEMM with the two dequantization scales in its epilogue.
+//! FP8 products on codes, on CUDA: tensorwise (current or delayed scaling, either gradient
+//! format), each operand quantized by one amax pass and one cast (`quant_kernels::quantize_tensor`)
+//! and multiplied by the FP8 wgmma GEMM with the two dequantization scales in its epilogue; and
+//! blockwise (1×128 tiles, 128×128 weight blocks: `quant_blocks`), multiplied by the blockwise
+//! FP8 GEMM, which applies each slice's scales as it accumulates.
 //!
 //! A linear layer's three products read each of its tensors twice: `x` in forward and (as `xᵀ`)
 //! in wgrad, `w` in forward (as `wᵀ`) and dgrad, `dy` in dgrad and (as `dyᵀ`) wgrad. Where both
-//! reads take the same format, the tensor is quantized once: one amax, reduced once over the
-//! group, and one pass writing both layouts. The forward keeps the codes its gradients read
-//! ([`Kept::Codes`], one byte a value where the bf16 operand took two) in place of the operand;
-//! every other case keeps the operand and quantizes it again ([`Kept::Values`]), as the emulated
-//! recipes do.
+//! reads take the same quantizer, the tensor is quantized once for both layouts (tensorwise: one
+//! amax, reduced once over the group, and one pass writing both; a weight's blocks: one pass;
+//! 1×128 tiles along either side: one quantization each, since `xᵀ`'s tiles run down `x`'s
+//! columns). The forward keeps the codes its gradients read ([`Kept::Codes`], one byte a value
+//! where the bf16 operand took two) in place of the operand; every other case keeps the operand
+//! and quantizes it again ([`Kept::Values`]), as the emulated recipes do.
 
 use burn::backend::Cube;
 use burn::backend::ops::FloatTensorOps;
@@ -18,20 +21,47 @@ use burn_cubecl::tensor::CubeTensor;
 
 use super::format::Minifloat;
 use super::product::{Amax, Operand, QuantGrads, QuantOps, dgrad_of, quantized_operands, wgrad_of};
-use super::recipe::{Pass, Recipe};
+use super::recipe::{Blocks, Pass, Quantizer, Recipe};
 use crate::elementwise::is_compact;
+use crate::quant_blocks::{quantize_row_tiles, quantize_squares, quantize_tiles};
 use crate::quant_kernels::{Fp8Codes, Layouts, quantize_tensor};
+use crate::wgmma::BScales;
+
+/// How an operand's FP8 codes (`[rows, k]`, K-major) are scaled; each a dequantization factor.
+#[derive(Clone, Debug)]
+pub enum Scales {
+    /// One scale, `[1]`.
+    Tensor(CubeTensor),
+    /// A scale a row and 128-deep slice of K (1×128 tiles), `[rows, ⌈k/128⌉]`.
+    Rows(CubeTensor),
+    /// A scale a 128 × 128 block, `[⌈rows/128⌉, ⌈k/128⌉]`.
+    Squares(CubeTensor),
+}
+
+/// An operand's FP8 codes, u8 `[rows, k]` (K-major), and their scales.
+#[derive(Clone, Debug)]
+pub struct Codes {
+    pub codes: CubeTensor,
+    pub scales: Scales,
+}
 
 /// What a product keeps of an operand for the other's gradient on CUDA (tensor handles, a
 /// few per layer call: their size does not matter).
 #[derive(Clone, Debug)]
-#[allow(clippy::large_enum_variant)]
 pub enum Kept {
     /// The operand in its own dtype, quantized again by the gradient's product.
     Values(CubeTensor),
     /// The FP8 codes the gradient's product reads (the operand's transpose, row-major: K-major
-    /// there), and their dequantization scale `[1]`.
-    Codes { codes: CubeTensor, dequant: CubeTensor },
+    /// there).
+    Codes(Codes),
+}
+
+/// An operand's codes in the layouts a quantization was asked for: `t`'s own (`[r, c]`) and
+/// its transpose's (`[c, r]`), each K-major along its rows.
+#[derive(Clone, Debug)]
+struct Quantized {
+    direct: Option<Codes>,
+    transposed: Option<Codes>,
 }
 
 const DIRECT: Layouts = Layouts {
@@ -47,20 +77,84 @@ const BOTH: Layouts = Layouts {
     transposed: true,
 };
 
-/// Whether `recipe`'s products run on FP8 codes here (one scale a tensor) for an inner
-/// dimension `k` (the FP8 GEMM's K steps are 16 wide).
+/// Whether `recipe`'s products run on FP8 codes here for an inner dimension `k` (the FP8 GEMMs'
+/// K steps are 16 wide): the tensorwise recipes and blockwise.
 fn on_codes(recipe: Recipe, k: usize) -> bool {
-    let tensorwise = matches!(
+    let fp8 = matches!(
         recipe,
-        Recipe::Fp8Tensorwise | Recipe::Fp8TensorwiseE4m3 | Recipe::Fp8Delayed { .. }
+        Recipe::Fp8Tensorwise | Recipe::Fp8TensorwiseE4m3 | Recipe::Fp8Delayed { .. } | Recipe::Fp8Blockwise
     );
-    tensorwise && k.is_multiple_of(16)
+    fp8 && k.is_multiple_of(16)
 }
 
-/// The codes of `t` (`[r, c]`) and/or of `tᵀ` (`[c, r]`), as `layouts` asks, and their
-/// dequantization scale: one amax, reduced over `amax` as `operand`'s, and one pass over
-/// whichever of `t` and `tᵀ` is row-major (a transposed view is read as its row-major source).
-fn quantize(t: CubeTensor, format: Minifloat, amax: &Amax, operand: Operand, layouts: Layouts) -> Fp8Codes {
+/// `t` (`[r, c]`) in `quantizer`'s codes in each of `layouts`: tensorwise with one amax, reduced
+/// over `amax` as `operand`'s; in blocks (local scales) otherwise. Each pass reads whichever of
+/// `t` and `tᵀ` is row-major (a transposed view is read as its row-major source).
+fn quantize(t: CubeTensor, quantizer: Quantizer, amax: &Amax, operand: Operand, layouts: Layouts) -> Quantized {
+    let transpose = Cube::float_transpose(t.clone());
+    let swapped = !is_compact(&t) && is_compact(&transpose);
+    let (source, wanted) = match swapped {
+        false => (t, layouts),
+        true => (
+            transpose,
+            Layouts {
+                direct: layouts.transposed,
+                transposed: layouts.direct,
+            },
+        ),
+    };
+    let format = quantizer.format;
+    let (direct, transposed) = match quantizer.blocks {
+        Blocks::Tensor => tensorwise(source, format, amax, operand, wanted),
+        Blocks::Tiles => (
+            wanted.direct.then(|| {
+                let (codes, scales) = quantize_tiles(source.clone(), format);
+                Codes {
+                    codes,
+                    scales: Scales::Rows(scales),
+                }
+            }),
+            wanted.transposed.then(|| {
+                let (codes, scales) = quantize_row_tiles(source.clone(), format);
+                Codes {
+                    codes,
+                    scales: Scales::Rows(scales),
+                }
+            }),
+        ),
+        Blocks::Squares => {
+            let (direct, transposed, scales) = quantize_squares(source, format, wanted.direct);
+            let transposed_scales = Cube::float_transpose(scales.clone());
+            (
+                direct.map(|codes| Codes {
+                    codes,
+                    scales: Scales::Squares(scales),
+                }),
+                wanted.transposed.then(|| Codes {
+                    codes: transposed,
+                    scales: Scales::Squares(transposed_scales),
+                }),
+            )
+        }
+        Blocks::Mx | Blocks::Nv { .. } => unreachable!("{quantizer:?} is emulated, never on codes"),
+    };
+    match swapped {
+        false => Quantized { direct, transposed },
+        true => Quantized {
+            direct: transposed,
+            transposed: direct,
+        },
+    }
+}
+
+/// The tensorwise codes of the row-major `x` in `layouts`: one amax, reduced over `amax`.
+fn tensorwise(
+    x: CubeTensor,
+    format: Minifloat,
+    amax: &Amax,
+    operand: Operand,
+    layouts: Layouts,
+) -> (Option<Codes>, Option<Codes>) {
     let cuda = |t: Tensor<1>| t.try_into_primitive::<Cube>().expect("a CUDA tensor");
     let reduce = |local: CubeTensor| match amax {
         Some(group) => {
@@ -69,31 +163,35 @@ fn quantize(t: CubeTensor, format: Minifloat, amax: &Amax, operand: Operand, lay
         }
         None => (local, None),
     };
-    let transpose = Cube::float_transpose(t.clone());
-    if is_compact(&t) || !is_compact(&transpose) {
-        return quantize_tensor(t, format, layouts, reduce);
-    }
-    let swapped = Layouts {
-        direct: layouts.transposed,
-        transposed: layouts.direct,
+    let Fp8Codes {
+        direct,
+        transposed,
+        dequant,
+    } = quantize_tensor(x, format, layouts, reduce);
+    let scaled = |codes: CubeTensor| Codes {
+        codes,
+        scales: Scales::Tensor(dequant.clone()),
     };
-    let codes = quantize_tensor(transpose, format, swapped, reduce);
-    Fp8Codes {
-        direct: codes.transposed,
-        transposed: codes.direct,
-        dequant: codes.dequant,
-    }
+    (direct.map(scaled), transposed.map(scaled))
 }
 
-/// `q(a) · q(b)ᵀ` from the codes (`[m, k]`, `[n, k]`) and their dequantization scales, in `dtype`.
-fn gemm(
-    a: (CubeTensor, CubeTensor),
-    b: (CubeTensor, CubeTensor),
-    formats: (Minifloat, Minifloat),
-    dtype: DType,
-) -> CubeTensor {
-    let out = crate::wgmma::fp8_gemm(a.0, b.0, formats, [a.1, b.1], crate::wgmma::Schedule::Persistent)
-        .expect("FP8 codes of a k that is a multiple of 16");
+/// `q(a) · q(b)ᵀ` from the codes (`[m, k]`, `[n, k]`) and their scales, in `dtype`: the
+/// tensorwise GEMM for one scale each, the blockwise GEMM for 1×128 tiles of `a`.
+fn gemm(a: Codes, b: Codes, formats: (Minifloat, Minifloat), dtype: DType) -> CubeTensor {
+    let schedule = crate::wgmma::Schedule::Persistent;
+    let out = match (a.scales, b.scales) {
+        (Scales::Tensor(sa), Scales::Tensor(sb)) => {
+            crate::wgmma::fp8_gemm(a.codes, b.codes, formats, [sa, sb], schedule)
+        }
+        (Scales::Rows(sa), Scales::Squares(sb)) => {
+            crate::wgmma::fp8_blockwise_gemm((a.codes, sa), (b.codes, sb), BScales::Squares, formats)
+        }
+        (Scales::Rows(sa), Scales::Rows(sb)) => {
+            crate::wgmma::fp8_blockwise_gemm((a.codes, sa), (b.codes, sb), BScales::Rows, formats)
+        }
+        (a, b) => unreachable!("no recipe multiplies codes scaled as {a:?} by {b:?}"),
+    }
+    .expect("FP8 codes of a k that is a multiple of 16, with scales of their shapes");
     match dtype {
         DType::BF16 => out,
         other => Cube::float_cast(out, other.into()),
@@ -103,13 +201,13 @@ fn gemm(
 /// A forward input's codes as [`SharedInput`](super::product::SharedInput) keeps them.
 #[derive(Clone, Debug)]
 struct SharedCodes {
-    format: Minifloat,
+    quantizer: Quantizer,
     layouts: Layouts,
-    codes: Fp8Codes,
+    codes: Quantized,
 }
 
 /// The codes of a layout that was asked for.
-fn asked(codes: Option<CubeTensor>) -> CubeTensor {
+fn asked(codes: Option<Codes>) -> Codes {
     codes.expect("quantize writes every layout it is asked for")
 }
 
@@ -135,14 +233,9 @@ impl QuantOps for Cube {
         }
         let (qa, qb) = recipe.operands(pass);
         let dtype = a.dtype;
-        let a = quantize(a, qa.format, &amax, Operand { pass, a: true }, DIRECT);
-        let b = quantize(b, qb.format, &amax, Operand { pass, a: false }, DIRECT);
-        gemm(
-            (asked(a.direct), a.dequant),
-            (asked(b.direct), b.dequant),
-            (qa.format, qb.format),
-            dtype,
-        )
+        let a = quantize(a, qa, &amax, Operand { pass, a: true }, DIRECT);
+        let b = quantize(b, qb, &amax, Operand { pass, a: false }, DIRECT);
+        gemm(asked(a.direct), asked(b.direct), (qa.format, qb.format), dtype)
     }
 }
 
@@ -166,9 +259,10 @@ impl QuantGrads for Cube {
         }
         let (qa, qb) = recipe.operands(Pass::Forward);
         // `aᵀ` is wgrad's `b` (K = m), `bᵀ` dgrad's `b` (K = n): their codes are kept where
-        // those products read the forward's format and their K suits the FP8 GEMM.
-        let a_codes = keep[0] && recipe.operands(Pass::Wgrad).1.format == qa.format && on_codes(recipe, m);
-        let b_codes = keep[1] && recipe.operands(Pass::Dgrad).1.format == qb.format && on_codes(recipe, n);
+        // those products quantize them as the forward's quantizer does the other layout and
+        // their K suits the FP8 GEMM.
+        let a_codes = keep[0] && recipe.operands(Pass::Wgrad).1 == qa && on_codes(recipe, m);
+        let b_codes = keep[1] && recipe.operands(Pass::Dgrad).1 == qb && on_codes(recipe, n);
         let values = |keep: bool, codes: bool, t: &CubeTensor| (keep && !codes).then(|| Kept::Values(t.clone()));
         let (a_values, b_values) = (values(keep[0], a_codes, &a), values(keep[1], b_codes, &b));
         let dtype = a.dtype;
@@ -177,22 +271,22 @@ impl QuantGrads for Cube {
             transposed: codes,
         };
         let pass = Pass::Forward;
-        let quantize_a = || quantize(a.clone(), qa.format, &amax, Operand { pass, a: true }, layouts(a_codes));
+        let quantize_a = || quantize(a.clone(), qa, &amax, Operand { pass, a: true }, layouts(a_codes));
         let shared = amax.as_ref().and_then(|group| group.shared_input());
         let qa_codes = match shared {
             // Delayed scaling scales each layer by its own history: nothing to share.
             Some(shared) if !matches!(recipe, Recipe::Fp8Delayed { .. }) => {
                 let fits = |kept: &SharedCodes| {
-                    kept.format == qa.format
+                    kept.quantizer == qa
                         && kept.layouts == layouts(a_codes)
                         && kept
                             .codes
                             .direct
                             .as_ref()
-                            .is_some_and(|d| d.meta.shape() == a.meta.shape())
+                            .is_some_and(|d| d.codes.meta.shape() == a.meta.shape())
                 };
                 let make = || SharedCodes {
-                    format: qa.format,
+                    quantizer: qa,
                     layouts: layouts(a_codes),
                     codes: quantize_a(),
                 };
@@ -200,18 +294,15 @@ impl QuantGrads for Cube {
             }
             _ => quantize_a(),
         };
-        let qb_codes = quantize(b, qb.format, &amax, Operand { pass, a: false }, layouts(b_codes));
-        let kept = |codes: &Fp8Codes, values: Option<Kept>| match &codes.transposed {
-            Some(transposed) => Some(Kept::Codes {
-                codes: transposed.clone(),
-                dequant: codes.dequant.clone(),
-            }),
+        let qb_codes = quantize(b, qb, &amax, Operand { pass, a: false }, layouts(b_codes));
+        let kept = |codes: &Quantized, values: Option<Kept>| match &codes.transposed {
+            Some(transposed) => Some(Kept::Codes(transposed.clone())),
             None => values,
         };
         let kept = [kept(&qa_codes, a_values), kept(&qb_codes, b_values)];
         let out = gemm(
-            (asked(qa_codes.direct), qa_codes.dequant),
-            (asked(qb_codes.direct), qb_codes.dequant),
+            asked(qa_codes.direct),
+            asked(qb_codes.direct),
             (qa.format, qb.format),
             dtype,
         );
@@ -235,38 +326,32 @@ impl QuantGrads for Cube {
             pass: Pass::Wgrad,
             a: true,
         };
-        // `grad` is dgrad's `a`, `gradᵀ` wgrad's: one pass writes both where both read codes
-        // of one format.
-        let codes = |kept: &Option<Kept>| matches!(kept, Some(Kept::Codes { .. }));
-        let shared = (codes(&a) && codes(&b) && dgrad_a.format == wgrad_a.format)
-            .then(|| quantize(grad.clone(), dgrad_a.format, &amax, dgrad_operand, BOTH));
+        // `grad` is dgrad's `a`, `gradᵀ` wgrad's: one quantization writes both where both read
+        // codes of one quantizer.
+        let codes = |kept: &Option<Kept>| matches!(kept, Some(Kept::Codes(..)));
+        let shared = (codes(&a) && codes(&b) && dgrad_a == wgrad_a)
+            .then(|| quantize(grad.clone(), dgrad_a, &amax, dgrad_operand, BOTH));
         let da = b.map(|b| match b {
             Kept::Values(b) => dgrad_of::<Cube>(grad.clone(), b, recipe, amax.clone()),
-            Kept::Codes { codes, dequant } => {
+            Kept::Codes(b) => {
                 let g = match &shared {
-                    Some(shared) => (asked(shared.direct.clone()), shared.dequant.clone()),
-                    None => {
-                        let g = quantize(grad.clone(), dgrad_a.format, &amax, dgrad_operand, DIRECT);
-                        (asked(g.direct), g.dequant)
-                    }
+                    Some(shared) => asked(shared.direct.clone()),
+                    None => asked(quantize(grad.clone(), dgrad_a, &amax, dgrad_operand, DIRECT).direct),
                 };
-                gemm(g, (codes, dequant), (dgrad_a.format, dgrad_b.format), dtype)
+                gemm(g, b, (dgrad_a.format, dgrad_b.format), dtype)
             }
         });
         let db = a.map(|a| match a {
             Kept::Values(a) => wgrad_of::<Cube>(grad.clone(), a, recipe, amax.clone()),
-            Kept::Codes { codes, dequant } => {
+            Kept::Codes(a) => {
                 let g = match shared {
-                    Some(shared) => (asked(shared.transposed), shared.dequant),
-                    None => {
-                        let g = quantize(grad.clone(), wgrad_a.format, &amax, wgrad_operand, TRANSPOSED);
-                        (asked(g.transposed), g.dequant)
-                    }
+                    Some(shared) => asked(shared.transposed),
+                    None => asked(quantize(grad.clone(), wgrad_a, &amax, wgrad_operand, TRANSPOSED).transposed),
                 };
                 // `dbᵀ = aᵀ · grad`, `[k, m] · [m, n]`: the product in a weight's own layout
                 // (`b` is `wᵀ`), handed back as the `[n, k]` view, so the transpose taking it
                 // to the weight costs no copy (ncu: 53 µs a layer for llama-1b's).
-                let transposed = gemm((codes, dequant), g, (wgrad_b.format, wgrad_a.format), dtype);
+                let transposed = gemm(a, g, (wgrad_b.format, wgrad_a.format), dtype);
                 Cube::float_transpose(transposed)
             }
         });

@@ -1,0 +1,291 @@
+//! The FP8 wgmma GEMM with block scales (DeepSeek-V3's blockwise recipe): `C = A · Bᵀ` of FP8
+//! codes, both K-major, where A carries an f32 scale for each row and 128-deep slice of K (its
+//! 1×128 tiles) and B one for each 128 × 128 block ([`BScales::Squares`], a weight) or for each
+//! row and slice ([`BScales::Rows`], wgrad's activations).
+//!
+//! A scale changes with every slice, so the slices cannot share one accumulator: each consumer
+//! warpgroup multiplies a slice into a fresh `m64n128` accumulator and adds it, times the
+//! slice's scales, to the tile's (the "promotion" of DeepGEMM, on every slice). Two accumulators
+//! fit a thread's registers at 128 columns (64 f32 each), so a block computes 128 × 128 tiles:
+//! two consumers of 64 rows, fed by the producer warpgroup through `STAGES` stages of one
+//! 128-deep slice of A and of B (16 KiB each); while one consumer promotes, the other's `wgmma`
+//! keeps the tensor cores busy.
+
+use burn::tensor::DType;
+use burn_cubecl::cubecl::ir::{ElemType, UIntKind};
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use cubecl_cpp::cuda::ptx::{generic_to_shared, tensor_map_address};
+use half::bf16;
+
+use super::{
+    CONSUMER_WARPS, Major, STAGING_BYTES, WgmmaError, load_operand, output, persistent_blocks, store_map, store_tile,
+    tile_position,
+};
+use crate::hopper::*;
+use crate::quant::format::Minifloat;
+
+/// Rows and columns of a block's tile of C, and the depth of a slice: the blocks' 128.
+pub const BLOCK: u32 = 128;
+/// Pipeline depth: 6 × 32 KiB of the 227 KiB a block may use.
+const STAGES: u32 = 6;
+/// A slice of A (or B): 128 rows of 128 codes.
+const OPERAND_BYTES: u32 = BLOCK * BLOCK;
+const STAGE_BYTES: u32 = 2 * OPERAND_BYTES;
+/// Tiles, the two consumers' staging, the barriers, and 1 KiB to align the tiles.
+const SMEM_BYTES: u32 = STAGES * STAGE_BYTES + 2 * STAGING_BYTES + 1024 + 1024;
+
+/// How B's codes are scaled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BScales {
+    /// One scale a 128 × 128 block: `[⌈n / 128⌉, ⌈k / 128⌉]`.
+    Squares,
+    /// One scale a row and 128-deep slice: `[n, ⌈k / 128⌉]`.
+    Rows,
+}
+
+/// A consumer's slice: four `m64n128k32` steps into a fresh accumulator.
+const fn slice_chain(operands: Operands) -> Chain {
+    Chain {
+        operands,
+        n: BLOCK,
+        steps: 4,
+        accumulate: false,
+        a: ASource::Smem(Tile::KMajor { rows: BLOCK }),
+        b: Tile::KMajor { rows: BLOCK },
+    }
+}
+
+/// The scale at `(row, slice)` of a scale tensor with these strides (a transposed view reads
+/// in place).
+#[cube]
+fn scale_at(scales: &Tensor<f32>, row: u32, slice: u32, row_stride: u32, slice_stride: u32) -> f32 {
+    scales[(row * row_stride + slice * slice_stride) as usize]
+}
+
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn blockwise_kernel(
+    a: &TensorMap<u8, Tiled>,
+    b: &TensorMap<u8, Tiled>,
+    c: &mut TensorMap<bf16, Tiled>,
+    scale_a: &Tensor<f32>,
+    scale_b: &Tensor<f32>,
+    m: u32,
+    n: u32,
+    k: u32,
+    a_row_stride: u32,
+    a_slice_stride: u32,
+    b_row_stride: u32,
+    b_slice_stride: u32,
+    #[comptime] operands: Operands,
+    #[comptime] b_scales: BScales,
+) {
+    let smem = Shared::<[u32]>::new_aligned_slice(comptime!((SMEM_BYTES / 4) as usize), 1024usize);
+    let raw = generic_to_shared::<u32>(smem.as_ptr());
+    let tiles = (raw + 1023) & !1023u32;
+    let staging = tiles + STAGES * STAGE_BYTES;
+    let full = staging + 2 * STAGING_BYTES;
+    let empty = full + STAGES * 8;
+
+    if UNIT_POS == 0 {
+        #[unroll]
+        for s in 0..STAGES {
+            mbarrier_init(full + s * 8, 1u32);
+            mbarrier_init(empty + s * 8, CONSUMER_WARPS);
+        }
+        mbarrier_init_fence();
+    }
+    sync_cube();
+
+    let k_tiles = k.div_ceil(BLOCK);
+    let (rows, columns) = (m.div_ceil(BLOCK), n.div_ceil(BLOCK));
+    let mine = (rows * columns - CUBE_POS_X).div_ceil(CUBE_COUNT_X);
+    let warpgroup = UNIT_POS / 128;
+
+    if warpgroup == 0 {
+        if UNIT_POS == 0 {
+            let map_a = tensor_map_address(a);
+            let map_b = tensor_map_address(b);
+            for i in 0..mine {
+                let (row, column) = tile_position(CUBE_POS_X + i * CUBE_COUNT_X, rows, columns);
+                for kt in 0..k_tiles {
+                    let slice = i * k_tiles + kt;
+                    let stage = slice % STAGES;
+                    let round = slice / STAGES;
+                    if round > 0 {
+                        mbarrier_wait(empty + stage * 8, (round - 1) & 1);
+                    }
+                    let bar = full + stage * 8;
+                    mbarrier_expect(bar, STAGE_BYTES);
+                    let tile = tiles + stage * STAGE_BYTES;
+                    load_operand(tile, map_a, kt * BLOCK, row * BLOCK, bar, BLOCK, Major::K);
+                    load_operand(
+                        tile + OPERAND_BYTES,
+                        map_b,
+                        kt * BLOCK,
+                        column * BLOCK,
+                        bar,
+                        BLOCK,
+                        Major::K,
+                    );
+                }
+            }
+        }
+    } else {
+        let consumer = warpgroup - 1;
+        let buffer = staging + consumer * STAGING_BYTES;
+        let storer = UNIT_POS.is_multiple_of(128);
+        let map_c = store_map_address(c);
+        let (lane, warp) = (UNIT_POS % 32, (UNIT_POS % 128) / 32);
+        for i in 0..mine {
+            let (row, column) = tile_position(CUBE_POS_X + i * CUBE_COUNT_X, rows, columns);
+            // This thread's two rows of the tile (`hopper`'s accumulator layout), clamped into
+            // A: rows past m are zeros, whatever scale they take.
+            let upper = row * BLOCK + consumer * 64 + warp * 16 + lane / 4;
+            let lower = upper + 8;
+            let (upper, lower) = (select(upper < m, upper, m - 1), select(lower < m, lower, m - 1));
+            let mut acc = Acc128::zeroed();
+            for kt in 0..k_tiles {
+                let slice = i * k_tiles + kt;
+                let stage = slice % STAGES;
+                // Loaded before the wait, so their latency hides behind it and the product.
+                let scale_upper = scale_at(scale_a, upper, kt, a_row_stride, a_slice_stride);
+                let scale_lower = scale_at(scale_a, lower, kt, a_row_stride, a_slice_stride);
+                mbarrier_wait(full + stage * 8, (slice / STAGES) & 1);
+                let tile = tiles + stage * STAGE_BYTES;
+                // This warpgroup's 64 rows of A start 8 KiB into the stage.
+                let desc_a = descriptor(tile + consumer * 8192, comptime!(Tile::KMajor { rows: BLOCK }));
+                let desc_b = descriptor(tile + OPERAND_BYTES, comptime!(Tile::KMajor { rows: BLOCK }));
+                let part = chain_128_fresh(desc_a, desc_b, comptime!(slice_chain(operands)));
+                if UNIT_POS.is_multiple_of(32) {
+                    mbarrier_arrive(empty + stage * 8);
+                }
+                match comptime!(b_scales) {
+                    BScales::Squares => {
+                        let block = scale_at(scale_b, column, kt, b_row_stride, b_slice_stride);
+                        let (upper_factor, lower_factor) = (scale_upper * block, scale_lower * block);
+                        #[unroll]
+                        for r in 0..64u32 {
+                            let factor = if comptime!(r % 4 < 2) {
+                                upper_factor
+                            } else {
+                                lower_factor
+                            };
+                            acc.insert(r as usize, acc.extract(r as usize) + part.extract(r as usize) * factor);
+                        }
+                    }
+                    BScales::Rows => {
+                        // Registers `4j + e` (upper row) and `4j + 2 + e` (lower) hold column
+                        // `8j + 2 · (lane % 4) + e`, clamped into B like A's rows.
+                        #[unroll]
+                        for j in 0..16u32 {
+                            #[unroll]
+                            for e in 0..2u32 {
+                                let col = column * BLOCK + 8 * j + 2 * (lane % 4) + e;
+                                let scale =
+                                    scale_at(scale_b, select(col < n, col, n - 1), kt, b_row_stride, b_slice_stride);
+                                let (u, l) = ((4 * j + e) as usize, (4 * j + 2 + e) as usize);
+                                acc.insert(u, acc.extract(u) + part.extract(u) * (scale_upper * scale));
+                                acc.insert(l, acc.extract(l) + part.extract(l) * (scale_lower * scale));
+                            }
+                        }
+                    }
+                }
+            }
+            store_tile(
+                &acc,
+                1.0f32,
+                buffer,
+                map_c,
+                row * BLOCK + consumer * 64,
+                column * BLOCK,
+                1 + consumer,
+                storer,
+                1u32,
+            );
+        }
+        if storer {
+            bulk_wait();
+        }
+    }
+}
+
+/// `A · Bᵀ` of FP8 codes with block scales, in bf16: `a` holds `[m, k]` codes of `formats.0`
+/// with `a_scales` `[m, ⌈k / 128⌉]` (each row's 1×128 tiles), `b` `[n, k]` codes of `formats.1`
+/// with `b_scales` as `b_blocks` says; codes as u8, scales f32 dequantization factors (a value is
+/// its code's value times its block's scale), either possibly a transposed view.
+///
+/// # Shapes
+/// `[m, k]`, `[m, ⌈k/128⌉]`, `[n, k]`, `[⌈n/128⌉ or n, ⌈k/128⌉]` → `[m, n]`
+pub fn fp8_blockwise_gemm(
+    (a, a_scales): (CubeTensor, CubeTensor),
+    (b, b_scales): (CubeTensor, CubeTensor),
+    b_blocks: BScales,
+    formats: (Minifloat, Minifloat),
+) -> Result<CubeTensor, WgmmaError> {
+    let fp8 = |f: Minifloat| matches!(f, Minifloat::E4M3 | Minifloat::E5M2);
+    if a.dtype != DType::U8 || b.dtype != DType::U8 || !fp8(formats.0) || !fp8(formats.1) {
+        return Err(WgmmaError::DType(a.dtype, b.dtype));
+    }
+    let (m, k) = (a.meta.shape()[0], a.meta.shape()[1]);
+    let n = b.meta.shape()[0];
+    if k % 16 != 0 || b.meta.shape()[1] != k {
+        return Err(WgmmaError::Unaligned { k });
+    }
+    let slices = k.div_ceil(BLOCK as usize);
+    let b_rows = match b_blocks {
+        BScales::Squares => n.div_ceil(BLOCK as usize),
+        BScales::Rows => n,
+    };
+    for (scales, expected) in [(&a_scales, [m, slices]), (&b_scales, [b_rows, slices])] {
+        if scales.dtype != DType::F32 || scales.meta.shape().to_vec() != expected {
+            return Err(WgmmaError::Scales {
+                expected,
+                found: scales.meta.shape().to_vec(),
+            });
+        }
+    }
+    let strides = |t: &CubeTensor| (t.meta.strides()[0] as u32, t.meta.strides()[1] as u32);
+    let (a_strides, b_strides) = (strides(&a_scales), strides(&b_scales));
+    let (a, b) = (into_contiguous(a), into_contiguous(b));
+    let out = output(&a, m, n);
+    let client = out.client.clone();
+    let map = |t: CubeTensor| {
+        let tile_size = cubecl::zspace::shape![BLOCK as usize, BLOCK as usize];
+        TensorMapArg::new(
+            TiledArgs { tile_size },
+            t.into_tensor_arg(),
+            ElemType::UInt(UIntKind::U8),
+        )
+        .with_swizzle(TensorMapSwizzle::B128)
+    };
+    let tiles = (m as u32).div_ceil(BLOCK) * (n as u32).div_ceil(BLOCK);
+    let blocks = persistent_blocks(&client, tiles);
+    // SAFETY: the maps cover exactly the operands and the output (TMA fills out-of-range boxes
+    // with zeros when loading and drops their out-of-range parts when storing); every scale read
+    // is clamped into the shapes checked above and indexed by their own strides.
+    unsafe {
+        blockwise_kernel::launch_unchecked(
+            &client,
+            CubeCount::Static(blocks, 1, 1),
+            CubeDim::new_1d(384),
+            map(a),
+            map(b),
+            store_map(&out),
+            a_scales.into_tensor_arg(),
+            b_scales.into_tensor_arg(),
+            m as u32,
+            n as u32,
+            k as u32,
+            a_strides.0,
+            a_strides.1,
+            b_strides.0,
+            b_strides.1,
+            Operands::Fp8(formats.0, formats.1),
+            b_blocks,
+        )
+    };
+    Ok(out)
+}
