@@ -8,6 +8,8 @@
 //!   tokens): the tiles' scales, then the transposing cast reading them.
 //! - 128×128 blocks (a weight, the same blocks in `w` and `wᵀ`): the blocks' scales, then the
 //!   transposing cast writing both layouts from one read.
+//! - Both kinds of tiles of one tensor (`x` for forward and wgrad, `dy` for dgrad and wgrad),
+//!   where both sides are multiples of 8: one kernel, one read, a block a 128 × 128 region.
 
 use burn::tensor::{DType, Shape};
 use burn_cubecl::tensor::CubeTensor;
@@ -155,6 +157,156 @@ fn square_scales_kernel<F: Float>(x: &Tensor<F>, scales: &mut Tensor<f32>, rows:
     if UNIT_POS == 0 {
         scales[(CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize] = block_scale(amax, max);
     }
+}
+
+/// Values a thread of [`tiles_both_kernel`] reads, and codes it writes, at once.
+const VECTOR: usize = 8;
+/// Bytes a row of [`tiles_both_kernel`]'s shared tile of `xᵀ`'s codes: one past 128, so the
+/// threads of a warp writing one code each (rows 8 apart) hit different banks.
+const TILE_ROW: u32 = BLOCK + 1;
+
+/// One block of 256 threads a 128 × 128 region of `x`, read once: the codes of `x` in 1×128
+/// tiles along its rows (`codes`, `row_scales` `[r, ⌈c/128⌉]`) and of `xᵀ` in 128×1 tiles down
+/// `x`'s columns (`transposed` `[c, r]`, `column_scales` `[⌈r/128⌉, c]`). Thread `t` holds
+/// vector `t % 16` (8 columns) of rows `t / 16 + 16 j`, `j < 8`: a row's amax is the max over
+/// 16 neighbouring lanes, a column's over 16 row groups through shared memory; `xᵀ`'s codes pass
+/// through shared memory so both writes are whole vectors along rows.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn tiles_both_kernel<F: Float, N: Size>(
+    x: &Tensor<Vector<F, N>>,
+    codes: &mut Tensor<Vector<u8, N>>,
+    row_scales: &mut Tensor<f32>,
+    transposed: &mut Tensor<Vector<u8, N>>,
+    column_scales: &mut Tensor<f32>,
+    rows: u32,
+    columns: u32,
+    max: f32,
+    #[comptime] e5m2_codes: bool,
+) {
+    let mut partial = Shared::<[f32]>::new_slice(2048usize);
+    let mut column_factor = Shared::<[f32]>::new_slice(128usize);
+    let mut tile = Shared::<[u8]>::new_slice(comptime!((BLOCK * TILE_ROW) as usize));
+    let (r0, c0) = (CUBE_POS_Y * BLOCK, CUBE_POS_X * BLOCK);
+    let (v, g) = (UNIT_POS % 16, UNIT_POS / 16);
+    let c = c0 + v * 8;
+    let mut held = Vector::<f32, Const<64>>::empty();
+    let mut row_factors = Vector::<f32, Const<8>>::empty();
+    let mut column_amax = Vector::<f32, N>::new(0.0f32);
+    #[unroll]
+    for j in 0..8u32 {
+        let r = r0 + g + 16 * j;
+        let mut value = Vector::<f32, N>::new(0.0f32);
+        if r < rows && c < columns {
+            value = Vector::<f32, N>::cast_from(x[((r * columns + c) / 8) as usize]);
+        }
+        let mut amax = 0.0f32;
+        #[unroll]
+        for e in 0..8u32 {
+            let a = f32::abs(value.extract(e as usize));
+            held.insert((8 * j + e) as usize, value.extract(e as usize));
+            amax = f32::max(amax, a);
+            column_amax.insert(e as usize, f32::max(column_amax.extract(e as usize), a));
+        }
+        // The row's 16 threads are neighbouring lanes (a warp holds two rows).
+        amax = f32::max(amax, plane_shuffle_xor(amax, 1u32));
+        amax = f32::max(amax, plane_shuffle_xor(amax, 2u32));
+        amax = f32::max(amax, plane_shuffle_xor(amax, 4u32));
+        amax = f32::max(amax, plane_shuffle_xor(amax, 8u32));
+        let scale = block_scale(amax, max);
+        row_factors.insert(j as usize, 1.0f32 / scale);
+        if v == 0 && r < rows {
+            row_scales[(r * columns.div_ceil(BLOCK) + CUBE_POS_X) as usize] = scale;
+        }
+    }
+    #[unroll]
+    for e in 0..8u32 {
+        partial[(g * BLOCK + v * 8 + e) as usize] = column_amax.extract(e as usize);
+    }
+    sync_cube();
+    if UNIT_POS < BLOCK {
+        let mut amax = 0.0f32;
+        for group in 0..16u32 {
+            amax = f32::max(amax, partial[(group * BLOCK + UNIT_POS) as usize]);
+        }
+        let scale = block_scale(amax, max);
+        column_factor[UNIT_POS as usize] = 1.0f32 / scale;
+        if c0 + UNIT_POS < columns {
+            column_scales[(CUBE_POS_Y * columns + c0 + UNIT_POS) as usize] = scale;
+        }
+    }
+    sync_cube();
+    #[unroll]
+    for j in 0..8u32 {
+        let r = r0 + g + 16 * j;
+        let mut packed = Vector::<u8, N>::empty();
+        #[unroll]
+        for e in 0..8u32 {
+            let value = held.extract((8 * j + e) as usize);
+            packed.insert(
+                e as usize,
+                fp8_code(value * row_factors.extract(j as usize), e5m2_codes),
+            );
+            let code = fp8_code(value * column_factor[(v * 8 + e) as usize], e5m2_codes);
+            tile[((v * 8 + e) * TILE_ROW + g + 16 * j) as usize] = code;
+        }
+        if r < rows && c < columns {
+            codes[((r * columns + c) / 8) as usize] = packed;
+        }
+    }
+    sync_cube();
+    // `xᵀ`'s rows c0.. (x's columns), 128 codes each (x's rows r0..) as 16 vectors of 8.
+    #[unroll]
+    for p in 0..8u32 {
+        let at = p * 256 + UNIT_POS;
+        let (row, vector) = (at / 16, at % 16);
+        if c0 + row < columns && r0 + vector * 8 < rows {
+            let mut packed = Vector::<u8, N>::empty();
+            #[unroll]
+            for e in 0..8u32 {
+                packed.insert(e as usize, tile[(row * TILE_ROW + vector * 8 + e) as usize]);
+            }
+            transposed[(((c0 + row) * rows + r0 + vector * 8) / 8) as usize] = packed;
+        }
+    }
+}
+
+/// Both kinds of tiles of `x` (`[r, c]`) from one read ([`tiles_both_kernel`]), where `r` and
+/// `c` are multiples of 8: the codes of `x` in 1×128 tiles and their scales `[r, ⌈c/128⌉]`, and
+/// those of `xᵀ` (`[c, r]`) in 128×1 tiles of `x` with their scales as `[c, ⌈r/128⌉]` (a
+/// transposed view). `None` for other shapes.
+pub(crate) type TilePair = ((CubeTensor, CubeTensor), (CubeTensor, CubeTensor));
+pub(crate) fn quantize_tiles_both(x: CubeTensor, format: Minifloat) -> Option<TilePair> {
+    use burn::backend::Cube;
+    use burn::backend::ops::FloatTensorOps;
+    let dims = x.meta.shape().clone();
+    let (r, c) = (dims[0], dims[1]);
+    if !(r.is_multiple_of(VECTOR) && c.is_multiple_of(VECTOR)) || r == 0 || c == 0 {
+        return None;
+    }
+    let x = float_input(x);
+    let codes = compact_output(&x, Shape::new([r, c]), DType::U8);
+    let row_scales = compact_output(&x, Shape::new([r, c.div_ceil(TILE)]), DType::F32);
+    let transposed = compact_output(&x, Shape::new([c, r]), DType::U8);
+    let column_scales = compact_output(&x, Shape::new([r.div_ceil(TILE), c]), DType::F32);
+    launch_float!(
+        x.dtype,
+        tiles_both_kernel,
+        &x.client,
+        CubeCount::Static(c.div_ceil(TILE) as u32, r.div_ceil(TILE) as u32, 1),
+        CubeDim::new_1d(256),
+        VECTOR,
+        x.clone().into_tensor_arg(),
+        codes.clone().into_tensor_arg(),
+        row_scales.clone().into_tensor_arg(),
+        transposed.clone().into_tensor_arg(),
+        column_scales.clone().into_tensor_arg(),
+        r as u32,
+        c as u32,
+        format.max(),
+        format == Minifloat::E5M2,
+    );
+    Some(((codes, row_scales), (transposed, Cube::float_transpose(column_scales))))
 }
 
 /// The codes of `xᵀ` (`[c, r]`) in 128×1 tiles down `x`'s columns (1×128 tiles along the rows

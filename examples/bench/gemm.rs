@@ -1,5 +1,6 @@
 //! `bench --gemm`: the matmul routines and Burn's own matmul on the llama GEMM shapes, in bf16,
-//! and our wgmma kernel on E4M3 codes (`Fp8Wgmma`), one `GEMM {…}` line each; `gemm_peer.py` prints the same lines for cuBLAS through PyTorch.
+//! and our wgmma kernel on E4M3 codes (`Fp8Wgmma`; blockwise `Fp8Blockwise`, B in 128×128 blocks,
+//! and `Fp8BlockwiseRows`, B in 1×128 tiles), one `GEMM {…}` line each; `gemm_peer.py` prints the same lines for cuBLAS through PyTorch.
 //! Before timing, each routine is checked on ragged shapes with every operand layout
 //! (`CHECK {…}` lines).
 
@@ -8,8 +9,8 @@ use std::time::Instant;
 use crate::routines::{GemmKernel, matmul};
 use burn::tensor::{DType, Device, Tensor};
 use burn_megatron_kernels::quant::format::Minifloat;
-use burn_megatron_kernels::quant::tiles::quantize_tiles;
-use burn_megatron_kernels::wgmma::{Schedule, fp8_matmul};
+use burn_megatron_kernels::quant::tiles::{quantize_squares, quantize_tiles};
+use burn_megatron_kernels::wgmma::{BScales, Schedule, fp8_blockwise_matmul, fp8_matmul};
 
 /// `(name, m, k, n, lhs transposed)`: llama-1b's MLP (8192 tokens) forward `x·W` and weight
 /// gradient `xᵀ·dy` (lhs a transposed view), its output layer, llama-8b's MLP at tp = 2 (4096
@@ -113,28 +114,40 @@ pub fn run(device: &Device, iters: usize, kernels: &[GemmKernel]) {
             .unwrap_or_else(|_| Err("panicked".into()));
             report(&format!("{kernel:?}"), result);
         }
-        // FP8: E4M3 codes of both operands K-major (as FP8 wgmma reads them), one scale. Its
-        // values are other numbers than the bf16 operands', so only the time is compared.
-        let codes = |rows: usize| quantize_tiles(operand(rows, k, false, device), Minifloat::E4M3).0;
-        let (a, b) = (codes(m), codes(n));
+        // FP8: E4M3 codes of both operands K-major (as FP8 wgmma reads them), one scale, and
+        // blockwise: A in 1×128 tiles, B in 128×128 blocks (forward, dgrad) or 1×128 tiles
+        // (wgrad). Their values are other numbers than the bf16 operands', so only the time is
+        // compared.
+        let report_fp8 = |kernel: &str, result: Result<(f64, Tensor<2>), String>| match result {
+            Ok((seconds, _)) => println!(
+                "GEMM {{\"shape\": \"{name}\", \"m\": {m}, \"k\": {k}, \"n\": {n}, \"kernel\": \"{kernel}\", \"us\": {:.1}, \"tflops\": {:.1}}}",
+                seconds * 1e6,
+                flops / seconds / 1e12
+            ),
+            Err(error) => println!("GEMM {{\"shape\": \"{name}\", \"kernel\": \"{kernel}\", \"error\": {error:?}}}"),
+        };
+        let tiles = |rows: usize| quantize_tiles(operand(rows, k, false, device), Minifloat::E4M3);
+        let (a, b) = (tiles(m), tiles(n));
         let scale = Tensor::<1>::ones([1], (device, DType::F32));
         let formats = (Minifloat::E4M3, Minifloat::E4M3);
-        match time(&|| {
+        let tensorwise = || {
             fp8_matmul(
-                a.clone(),
-                b.clone(),
+                a.0.clone(),
+                b.0.clone(),
                 formats,
                 [scale.clone(), scale.clone()],
                 Schedule::Persistent,
             )
             .map_err(|e| e.to_string())
-        }) {
-            Ok((seconds, _)) => println!(
-                "GEMM {{\"shape\": \"{name}\", \"m\": {m}, \"k\": {k}, \"n\": {n}, \"kernel\": \"Fp8Wgmma\", \"us\": {:.1}, \"tflops\": {:.1}}}",
-                seconds * 1e6,
-                flops / seconds / 1e12
-            ),
-            Err(error) => println!("GEMM {{\"shape\": \"{name}\", \"kernel\": \"Fp8Wgmma\", \"error\": {error:?}}}"),
+        };
+        report_fp8("Fp8Wgmma", time(&tensorwise));
+        let (squares, _, square_scales) = quantize_squares(operand(n, k, false, device), Minifloat::E4M3);
+        for (kernel, b, blocks) in [
+            ("Fp8Blockwise", (squares, square_scales), BScales::Squares),
+            ("Fp8BlockwiseRows", b.clone(), BScales::Rows),
+        ] {
+            let blockwise = || fp8_blockwise_matmul(a.clone(), b.clone(), blocks, formats).map_err(|e| e.to_string());
+            report_fp8(kernel, time(&blockwise));
         }
     }
 }

@@ -86,6 +86,29 @@ pub fn quantize_row_tiles(x: Tensor<2>, format: Minifloat) -> (Tensor<2, Int>, T
     )
 }
 
+/// Both tilings of `x` (`[r, c]`): [`quantize_tiles`] and [`quantize_row_tiles`]; on CUDA
+/// from one read of `x` where `r` and `c` are multiples of 8 (the blockwise recipe's `x` and
+/// `dy`, each read by two products).
+///
+/// # Shapes
+/// `[r, c]` → (codes `[r, c]`, scales `[r, ⌈c / 128⌉]`), (codes `[c, r]`, scales `[c, ⌈r / 128⌉]`)
+#[allow(clippy::type_complexity)]
+pub fn quantize_tiles_both(
+    x: Tensor<2>,
+    format: Minifloat,
+) -> ((Tensor<2, Int>, Tensor<2>), (Tensor<2, Int>, Tensor<2>)) {
+    #[cfg(feature = "cuda")]
+    if let Ok(primitive) = x.clone().try_into_primitive::<burn::backend::Cube>()
+        && let Some(((codes, scales), (transposed, column_scales))) =
+            crate::quant_blocks::quantize_tiles_both(primitive, format)
+    {
+        let t = |codes| Tensor::from_primitive::<burn::backend::Cube>(codes);
+        let f = |scales| Tensor::from_primitive::<burn::backend::Cube>(scales);
+        return ((t(codes), f(scales)), (t(transposed), f(column_scales)));
+    }
+    (quantize_tiles(x.clone(), format), quantize_row_tiles(x, format))
+}
+
 /// `x` (`[r, c]`) quantized to `format` (E4M3 or E5M2) in 128×128 blocks: the codes of `x` and
 /// of `xᵀ` (the same blocks), and each block's dequantization scale.
 ///

@@ -9,7 +9,9 @@
 //! fit a thread's registers at 128 columns (64 f32 each), so a block computes 128 × 128 tiles:
 //! two consumers of 64 rows, fed by the producer warpgroup through `STAGES` stages of one
 //! 128-deep slice of A and of B (16 KiB each); while one consumer promotes, the other's `wgmma`
-//! keeps the tensor cores busy.
+//! keeps the tensor cores busy. Every scale a slice needs is loaded before the consumer waits
+//! for the slice, so its latency hides behind the wait and the product: B's 128 row scales
+//! ([`BScales::Rows`]) one a thread, handed to the threads that use them through shared memory.
 
 use burn::tensor::DType;
 use burn_cubecl::cubecl::ir::{ElemType, UIntKind};
@@ -28,8 +30,8 @@ use crate::quant::format::Minifloat;
 
 /// Rows and columns of a block's tile of C, and the depth of a slice: the blocks' 128.
 pub const BLOCK: u32 = 128;
-/// Pipeline depth: 6 × 32 KiB of the 227 KiB a block may use.
-const STAGES: u32 = 6;
+/// Pipeline depth: 5 × 32 KiB of the 227 KiB a block may use.
+const STAGES: u32 = 5;
 /// A slice of A (or B): 128 rows of 128 codes.
 const OPERAND_BYTES: u32 = BLOCK * BLOCK;
 const STAGE_BYTES: u32 = 2 * OPERAND_BYTES;
@@ -139,6 +141,8 @@ fn blockwise_kernel(
         let storer = UNIT_POS.is_multiple_of(128);
         let map_c = store_map_address(c);
         let (lane, warp) = (UNIT_POS % 32, (UNIT_POS % 128) / 32);
+        // Rows: each warpgroup's B scales of a slice, two slices' buffers of 128 by turns.
+        let mut row_scales = Shared::<[f32]>::new_slice(512usize);
         for i in 0..mine {
             let (row, column) = tile_position(CUBE_POS_X + i * CUBE_COUNT_X, rows, columns);
             // This thread's two rows of the tile (`hopper`'s accumulator layout), clamped into
@@ -153,6 +157,15 @@ fn blockwise_kernel(
                 // Loaded before the wait, so their latency hides behind it and the product.
                 let scale_upper = scale_at(scale_a, upper, kt, a_row_stride, a_slice_stride);
                 let scale_lower = scale_at(scale_a, lower, kt, a_row_stride, a_slice_stride);
+                // Squares: the tile's one block of B. Rows: this thread's row of B, clamped.
+                let b_row = match comptime!(b_scales) {
+                    BScales::Squares => column,
+                    BScales::Rows => {
+                        let r = column * BLOCK + UNIT_POS % 128;
+                        select(r < n, r, n - 1)
+                    }
+                };
+                let b_scale = scale_at(scale_b, b_row, kt, b_row_stride, b_slice_stride);
                 mbarrier_wait(full + stage * 8, (slice / STAGES) & 1);
                 let tile = tiles + stage * STAGE_BYTES;
                 // This warpgroup's 64 rows of A start 8 KiB into the stage.
@@ -164,8 +177,7 @@ fn blockwise_kernel(
                 }
                 match comptime!(b_scales) {
                     BScales::Squares => {
-                        let block = scale_at(scale_b, column, kt, b_row_stride, b_slice_stride);
-                        let (upper_factor, lower_factor) = (scale_upper * block, scale_lower * block);
+                        let (upper_factor, lower_factor) = (scale_upper * b_scale, scale_lower * b_scale);
                         #[unroll]
                         for r in 0..64u32 {
                             let factor = if comptime!(r % 4 < 2) {
@@ -177,15 +189,19 @@ fn blockwise_kernel(
                         }
                     }
                     BScales::Rows => {
+                        // Slices take the two buffers by turns: the one written two slices ago
+                        // has been read, as every thread of the warpgroup passed the barrier of
+                        // the slice between.
+                        let base = consumer * 256 + (slice % 2) * 128;
+                        row_scales[(base + UNIT_POS % 128) as usize] = b_scale;
+                        named_barrier(1 + consumer, 128u32);
                         // Registers `4j + e` (upper row) and `4j + 2 + e` (lower) hold column
-                        // `8j + 2 · (lane % 4) + e`, clamped into B like A's rows.
+                        // `8j + 2 · (lane % 4) + e`.
                         #[unroll]
                         for j in 0..16u32 {
                             #[unroll]
                             for e in 0..2u32 {
-                                let col = column * BLOCK + 8 * j + 2 * (lane % 4) + e;
-                                let scale =
-                                    scale_at(scale_b, select(col < n, col, n - 1), kt, b_row_stride, b_slice_stride);
+                                let scale = row_scales[(base + 8 * j + 2 * (lane % 4) + e) as usize];
                                 let (u, l) = ((4 * j + e) as usize, (4 * j + 2 + e) as usize);
                                 acc.insert(u, acc.extract(u) + part.extract(u) * (scale_upper * scale));
                                 acc.insert(l, acc.extract(l) + part.extract(l) * (scale_lower * scale));

@@ -4,6 +4,7 @@
 # the blockwise FP8 GEMM).
 #   suite: the FP8 kernel tests (the block quantizers, the blockwise GEMM, every recipe's
 #          product) and the GEMMs whose store changed (wgmma, grouped).
+#   gemm:  the GEMMs on the llama shapes (`bench --gemm`): bf16, FP8 tensorwise, blockwise.
 #   rows:  llama-1b FP8 blockwise and tensorwise beside torchao float8 + compile, rowwise and
 #          tensorwise, in one call: fp32 master weights, random ids, 3 warm-up and 10 timed steps.
 #   ncu:   every kernel of one steady llama-1b step under FP8 blockwise, summed by name.
@@ -21,6 +22,10 @@ case $part in
       timeout -s KILL 240 bash .gpu/run.sh gpu-suite --world 1 --filter "kernel_suite::$test" > "$OUT/suite-$test.log" 2>&1
       grep -h "FAILED\|passed\|ok (\|panicked" "$OUT/suite-$test.log" | cut -c1-600
     done
+    ;;
+  gemm)
+    timeout -s KILL 200 bash .gpu/run.sh bench --gemm --kernels Wgmma > "$OUT/gemm.log" 2>&1
+    grep -h '^GEMM' "$OUT/gemm.log" | grep -v burn | cut -c1-200
     ;;
   rows)
     torchao
