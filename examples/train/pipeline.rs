@@ -76,6 +76,10 @@ pub fn run(
             let (loaded, step) = checkpoint::load(dir, stage, &mut optim, &ctx.groups).map_err(|e| e.to_string())?;
             (stage, done) = (loaded, step as usize);
         }
+        // The microbatches of a step quantize each weight once (FP8 current scaling, blockwise).
+        if m > 1 {
+            stage = stage.keeping_weight_codes();
+        }
         let mut saves = Saves::new(args);
         let dp_rank = ctx.groups.dp.group_rank();
         let per_micro = per_rank / m;

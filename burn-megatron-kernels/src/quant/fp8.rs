@@ -23,7 +23,7 @@ use super::format::Minifloat;
 use super::product::{Amax, Operand, QuantGrads, QuantOps, dgrad_of, quantized_operands, wgrad_of};
 use super::recipe::{Blocks, Pass, Quantizer, Recipe};
 use crate::elementwise::is_compact;
-use crate::quant_blocks::{quantize_row_tiles, quantize_squares, quantize_tiles};
+use crate::quant_blocks::{quantize_row_tiles, quantize_squares, quantize_tiles, quantize_tiles_both};
 use crate::quant_kernels::{Fp8Codes, Layouts, quantize_tensor};
 use crate::wgmma::BScales;
 
@@ -48,6 +48,7 @@ pub struct Codes {
 /// What a product keeps of an operand for the other's gradient on CUDA (tensor handles, a
 /// few per layer call: their size does not matter).
 #[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Kept {
     /// The operand in its own dtype, quantized again by the gradient's product.
     Values(CubeTensor),
@@ -106,22 +107,18 @@ fn quantize(t: CubeTensor, quantizer: Quantizer, amax: &Amax, operand: Operand, 
     let format = quantizer.format;
     let (direct, transposed) = match quantizer.blocks {
         Blocks::Tensor => tensorwise(source, format, amax, operand, wanted),
-        Blocks::Tiles => (
-            wanted.direct.then(|| {
-                let (codes, scales) = quantize_tiles(source.clone(), format);
-                Codes {
-                    codes,
-                    scales: Scales::Rows(scales),
-                }
-            }),
-            wanted.transposed.then(|| {
-                let (codes, scales) = quantize_row_tiles(source.clone(), format);
-                Codes {
-                    codes,
-                    scales: Scales::Rows(scales),
-                }
-            }),
-        ),
+        Blocks::Tiles => {
+            let both = (wanted.direct && wanted.transposed)
+                .then(|| quantize_tiles_both(source.clone(), format))
+                .flatten();
+            match both {
+                Some((direct, transposed)) => (Some(rows(direct)), Some(rows(transposed))),
+                None => (
+                    wanted.direct.then(|| rows(quantize_tiles(source.clone(), format))),
+                    wanted.transposed.then(|| rows(quantize_row_tiles(source, format))),
+                ),
+            }
+        }
         Blocks::Squares => {
             let (direct, transposed, scales) = quantize_squares(source, format, wanted.direct);
             let transposed_scales = Cube::float_transpose(scales.clone());
@@ -144,6 +141,14 @@ fn quantize(t: CubeTensor, quantizer: Quantizer, amax: &Amax, operand: Operand, 
             direct: transposed,
             transposed: direct,
         },
+    }
+}
+
+/// Codes in 1×128 tiles along their rows, with their scales.
+fn rows((codes, scales): (CubeTensor, CubeTensor)) -> Codes {
+    Codes {
+        codes,
+        scales: Scales::Rows(scales),
     }
 }
 
@@ -204,6 +209,25 @@ struct SharedCodes {
     quantizer: Quantizer,
     layouts: Layouts,
     codes: Quantized,
+}
+
+/// A weight's codes as [`WeightCodes`](super::product::WeightCodes) keeps them, with the
+/// weight they quantize (held, so its memory stays its own).
+#[derive(Clone, Debug)]
+struct KeptWeight {
+    weight: CubeTensor,
+    quantizer: Quantizer,
+    layouts: Layouts,
+    codes: Quantized,
+}
+
+/// Whether `a` and `b` are the same tensor: the same memory, offset, shape and strides.
+fn same_tensor(a: &CubeTensor, b: &CubeTensor) -> bool {
+    std::ptr::eq(a.handle.memory.descriptor(), b.handle.memory.descriptor())
+        && a.handle.offset_start == b.handle.offset_start
+        && a.meta.shape() == b.meta.shape()
+        && a.meta.strides() == b.meta.strides()
+        && a.dtype == b.dtype
 }
 
 /// The codes of a layout that was asked for.
@@ -294,7 +318,23 @@ impl QuantGrads for Cube {
             }
             _ => quantize_a(),
         };
-        let qb_codes = quantize(b, qb, &amax, Operand { pass, a: false }, layouts(b_codes));
+        let quantize_b = || quantize(b.clone(), qb, &amax, Operand { pass, a: false }, layouts(b_codes));
+        let weight = amax.as_ref().and_then(|group| group.weight_codes());
+        let qb_codes = match weight {
+            Some(slot) if !matches!(recipe, Recipe::Fp8Delayed { .. }) => {
+                let fits = |kept: &KeptWeight| {
+                    kept.quantizer == qb && kept.layouts == layouts(b_codes) && same_tensor(&kept.weight, &b)
+                };
+                let make = || KeptWeight {
+                    weight: b.clone(),
+                    quantizer: qb,
+                    layouts: layouts(b_codes),
+                    codes: quantize_b(),
+                };
+                slot.reuse_or(fits, make).codes
+            }
+            _ => quantize_b(),
+        };
         let kept = |codes: &Quantized, values: Option<Kept>| match &codes.transposed {
             Some(transposed) => Some(Kept::Codes(transposed.clone())),
             None => values,

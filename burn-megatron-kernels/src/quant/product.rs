@@ -71,26 +71,44 @@ pub trait AmaxGroup: Send + Sync + std::fmt::Debug {
     fn shared_input(&self) -> Option<&SharedInput> {
         None
     }
+
+    /// Where this product's weight (the forward's `b`) stays quantized for later calls on the
+    /// same weight ([`WeightCodes`]); none: each call quantizes it.
+    fn weight_codes(&self) -> Option<&WeightCodes> {
+        None
+    }
 }
+
+/// One quantization kept for the products that read the same tensor again. A backend keeps
+/// what its products need in its own type; one that keeps nothing here (the CPU's emulation)
+/// quantizes each time, to the same values.
+#[derive(Debug, Default)]
+pub struct CodesSlot(std::sync::Mutex<Option<Box<dyn std::any::Any + Send + Sync>>>);
 
 /// The input several products of one layer call read (q, k and v's; the gate's and the up
 /// projection's), quantized by the first of them and reused by the others: one amax and one cast
 /// where each product would run its own, and one copy of the codes kept for the gradients.
 /// Every product handed the same `SharedInput` must read the same tensor and scale it alike
-/// (per-tensor current scaling, amaxes reduced over the same group); a backend that keeps
-/// nothing here (the CPU's emulation) quantizes each time, to the same values.
-#[derive(Debug, Default)]
-pub struct SharedInput(std::sync::Mutex<Option<Box<dyn std::any::Any + Send + Sync>>>);
+/// (per-tensor current scaling, amaxes reduced over the same group).
+pub type SharedInput = CodesSlot;
 
-impl SharedInput {
+/// A layer's weight as its forward product last quantized it, reused by the calls that read
+/// the same weight tensor: the microbatches of one step (gradient accumulation) quantize each
+/// weight once, and the optimizer's step, which makes a new tensor, starts afresh. The slot
+/// holds the weight it quantized, so that memory cannot become another tensor's while it is
+/// kept. Current scaling (the amax reduced over tp once, by the first call) and blocks; delayed
+/// scaling records every call's amax in the layer's history, so it quantizes each call.
+pub type WeightCodes = CodesSlot;
+
+impl CodesSlot {
     /// Whether a product has kept its quantization here.
     pub fn holds(&self) -> bool {
-        self.0.lock().expect("a shared input's lock").is_some()
+        self.0.lock().expect("a codes slot's lock").is_some()
     }
 
     /// The quantization kept here if it is a `T` that `fits`, else `make()`'s, then kept.
     pub fn reuse_or<T: Clone + Send + Sync + 'static>(&self, fits: impl Fn(&T) -> bool, make: impl FnOnce() -> T) -> T {
-        let mut slot = self.0.lock().expect("a shared input's lock");
+        let mut slot = self.0.lock().expect("a codes slot's lock");
         if let Some(kept) = slot.as_ref().and_then(|k| k.downcast_ref::<T>()).filter(|k| fits(k)) {
             return kept.clone();
         }

@@ -11,9 +11,9 @@ use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp, gather_from_tp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
-pub use burn_megatron_kernels::quant::product::SharedInput;
+pub use burn_megatron_kernels::quant::product::{SharedInput, WeightCodes};
 
-use crate::precision::amax::sharded_linear;
+use crate::precision::amax::{Reuse, sharded_linear};
 use crate::precision::delayed::{self, AmaxRecorder, DelayedState};
 use crate::precision::ptq::InputQuantizer;
 
@@ -85,6 +85,11 @@ pub struct ColumnParallelLinear {
     /// This step's amaxes, for the history.
     #[module(skip)]
     pub amax_recorder: AmaxRecorder,
+    /// Where a quantized product keeps its weight's codes for the step's later microbatches
+    /// (set by [`keep_weight_codes`](crate::models::llama::sites::keep_weight_codes)); none by
+    /// default.
+    #[module(skip)]
+    pub weight_codes: Option<Arc<WeightCodes>>,
     #[module(skip)]
     pub tp: ProcessGroup,
 }
@@ -175,6 +180,7 @@ impl ColumnParallelLinear {
             input_quantizer: InputQuantizer::None,
             amax_history: None,
             amax_recorder: AmaxRecorder::default(),
+            weight_codes: None,
             tp: tp.clone(),
         }
     }
@@ -210,6 +216,7 @@ impl ColumnParallelLinear {
             quantizer: &self.input_quantizer,
             delayed: self.delayed(),
             shared: shared.filter(|_| unchanged).cloned(),
+            weight_codes: self.weight_codes.clone(),
         };
         column_parallel(x, self.weight.val(), bias, self.input, self.output, product, &self.tp)
     }
@@ -225,6 +232,8 @@ pub struct Product<'a> {
     pub delayed: Option<DelayedState>,
     /// The input's quantization, shared with the call's other products of the same input.
     pub shared: Option<Arc<SharedInput>>,
+    /// The weight's quantization, kept for later calls on the same weight.
+    pub weight_codes: Option<Arc<WeightCodes>>,
 }
 
 /// A column-parallel product with a weight shard held elsewhere (tied word embeddings: the
@@ -250,7 +259,11 @@ pub fn column_parallel<const D: usize>(
     };
     // The whole input on every rank: nothing of it is sharded.
     let x = product.quantizer.apply(x, tp, false)?;
-    let y = sharded_linear(x, weight, bias, product.gemm, product.delayed, product.shared, tp)?;
+    let reuse = Reuse {
+        input: product.shared,
+        weight: product.weight_codes,
+    };
+    let y = sharded_linear(x, weight, bias, product.gemm, product.delayed, reuse, tp)?;
     Ok(match output {
         ColumnOutput::Sharded => y,
         ColumnOutput::Gathered => gather_from_tp(y, tp, D - 1)?,

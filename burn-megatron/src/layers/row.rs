@@ -10,8 +10,9 @@ use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, reduce_from_tp, reduce_scatter_to_sp, scatter_to_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
+use burn_megatron_kernels::quant::product::WeightCodes;
 
-use crate::precision::amax::sharded_linear;
+use crate::precision::amax::{Reuse, sharded_linear};
 use crate::precision::delayed::{self, AmaxRecorder};
 use crate::precision::ptq::InputQuantizer;
 
@@ -80,6 +81,11 @@ pub struct RowParallelLinear {
     /// This step's amaxes, for the history.
     #[module(skip)]
     pub amax_recorder: AmaxRecorder,
+    /// Where a quantized product keeps its weight's codes for the step's later microbatches
+    /// (set by [`keep_weight_codes`](crate::models::llama::sites::keep_weight_codes)); none by
+    /// default.
+    #[module(skip)]
+    pub weight_codes: Option<std::sync::Arc<WeightCodes>>,
     #[module(skip)]
     pub tp: ProcessGroup,
 }
@@ -168,6 +174,7 @@ impl RowParallelLinear {
             input_quantizer: InputQuantizer::None,
             amax_history: None,
             amax_recorder: AmaxRecorder::default(),
+            weight_codes: None,
             tp: tp.clone(),
         }
     }
@@ -183,7 +190,11 @@ impl RowParallelLinear {
         // This rank's input features only.
         let x = self.input_quantizer.apply(x, &self.tp, true)?;
         let delayed = delayed::state_of(self.gemm, &self.amax_history, &self.amax_recorder, &self.weight.val());
-        let partial = sharded_linear(x, self.weight.val(), None, self.gemm, delayed, None, &self.tp)?;
+        let reuse = Reuse {
+            input: None,
+            weight: self.weight_codes.clone(),
+        };
+        let partial = sharded_linear(x, self.weight.val(), None, self.gemm, delayed, reuse, &self.tp)?;
         let y = match self.output {
             RowOutput::Reduced => reduce_from_tp(partial, &self.tp)?,
             RowOutput::SequenceScattered => reduce_scatter_to_sp(partial, &self.tp, D - 2)?,

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use burn::tensor::Tensor;
 use burn_megatron_dist::{CommError, ProcessGroup, ReduceOp};
-use burn_megatron_kernels::quant::product::{Amax, AmaxGroup, Operand, ScaleAmax, SharedInput};
+use burn_megatron_kernels::quant::product::{Amax, AmaxGroup, Operand, ScaleAmax, SharedInput, WeightCodes};
 
 use super::delayed::{DelayedAmax, DelayedState};
 use burn_megatron_kernels::{Gemm, linear_over};
@@ -61,13 +61,21 @@ impl AmaxGroup for TensorParallelAmax {
     }
 }
 
-/// A product's amax group with the input it shares with the layer call's other products
-/// ([`SharedInput`]): the amaxes reduced over tp (none at tp = 1) as
-/// [`TensorParallelAmax`] does.
+/// What a quantized product reuses of earlier quantizations: its input's, shared with the
+/// layer call's other products of the same input ([`SharedInput`]), and its weight's, kept
+/// across the calls that read the same weight ([`WeightCodes`]: the microbatches of a step).
+#[derive(Clone, Debug, Default)]
+pub struct Reuse {
+    pub input: Option<Arc<SharedInput>>,
+    pub weight: Option<Arc<WeightCodes>>,
+}
+
+/// A product's amax group with what it reuses ([`Reuse`]): the amaxes reduced over tp (none at
+/// tp = 1) as [`TensorParallelAmax`] does.
 #[derive(Debug)]
 struct Sharing {
     tp: Option<Arc<TensorParallelAmax>>,
-    shared: Arc<SharedInput>,
+    reuse: Reuse,
 }
 
 impl AmaxGroup for Sharing {
@@ -79,15 +87,20 @@ impl AmaxGroup for Sharing {
     }
 
     fn shared_input(&self) -> Option<&SharedInput> {
-        Some(&self.shared)
+        self.reuse.input.as_deref()
+    }
+
+    fn weight_codes(&self) -> Option<&WeightCodes> {
+        self.reuse.weight.as_deref()
     }
 }
 
 /// `x · weight + bias` of a layer whose weight is sharded over `tp`, a quantized product's
 /// tensor-level amaxes reduced over tp (forward here, backward when the gradients run); under
-/// delayed scaling each scaled by the layer's history instead (`delayed`). With `shared`, the
-/// product's quantization of `x` is shared with the other products given it (current scaling
-/// only: under delayed scaling each layer scales by its own history).
+/// delayed scaling each scaled by the layer's history instead (`delayed`). It reuses what
+/// `reuse` holds: its quantization of `x` shared with the other products given it, its weight's
+/// kept for later calls on the same weight (current scaling and blocks only: under delayed
+/// scaling each call scales by the layer's history and records its amaxes).
 ///
 /// # Shapes
 /// `[.., k]`, `[k, n]`, `[n]` → `[.., n]`
@@ -97,23 +110,24 @@ pub fn sharded_linear<const D: usize>(
     bias: Option<Tensor<1>>,
     gemm: Gemm,
     delayed: Option<DelayedState>,
-    shared: Option<Arc<SharedInput>>,
+    reuse: Reuse,
     tp: &ProcessGroup,
 ) -> Result<Tensor<D>, CommError> {
     let amax = match gemm {
         Gemm::Quantized(_) => TensorParallelAmax::over(tp),
         _ => None,
     };
-    let group: Amax = match (delayed, shared) {
-        (Some(state), _) => Some(Arc::new(DelayedAmax {
+    let reuses = reuse.input.is_some() || reuse.weight.is_some();
+    let group: Amax = match delayed {
+        Some(state) => Some(Arc::new(DelayedAmax {
             state,
             tp: amax.clone(),
         })),
-        (None, Some(shared)) if matches!(gemm, Gemm::Quantized(_)) => Some(Arc::new(Sharing {
+        None if reuses && matches!(gemm, Gemm::Quantized(_)) => Some(Arc::new(Sharing {
             tp: amax.clone(),
-            shared,
+            reuse,
         })),
-        (None, _) => amax.clone().map(|group| group as Arc<dyn AmaxGroup>),
+        None => amax.clone().map(|group| group as Arc<dyn AmaxGroup>),
     };
     let y = linear_over(x, weight, bias, gemm, group);
     match amax {

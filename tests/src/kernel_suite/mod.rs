@@ -14,7 +14,7 @@ use crate::Harness;
 mod decode;
 mod quant;
 pub use decode::{decode_step, graph_replay, greedy_choice, skinny_gemm};
-pub use quant::{fp8_blocks, fp8_blockwise_gemm, fp8_gemm, fp8_tiles, quantized_linear, shared_input};
+pub use quant::{fp8_blocks, fp8_blockwise_gemm, fp8_gemm, fp8_tiles, quantized_linear, shared_input, weight_codes};
 
 /// ‖a − b‖ / ‖b‖ in f32.
 fn relative_error<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {

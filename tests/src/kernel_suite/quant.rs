@@ -103,18 +103,19 @@ pub fn fp8_gemm(h: &Harness) {
 }
 
 /// The blockwise recipe's other quantizers on CUDA against the host reference, bit for bit:
-/// 128×1 tiles down the columns (the codes of `xᵀ`) and 128×128 blocks (both layouts). Shapes
-/// ragged for the blocks and for the cast's vectors of 8 (37 × 13, 300 × 520), then multiples
-/// of both (256 × 384); an all-zero 128×1 tile, a NaN, an infinity (its block's scale 1, its values
+/// 128×1 tiles down the columns (the codes of `xᵀ`), 128×128 blocks (both layouts), and both
+/// tilings from one read. Shapes ragged for the blocks and for the cast's vectors of 8 (37 × 13,
+/// 300 × 520), multiples of 8 filling the last blocks partly (264 × 136), then multiples of both
+/// (256 × 384); an all-zero 128×1 tile, a NaN, an infinity (its block's scale 1, its values
 /// saturated), values far below the scaled format's smallest subnormal; E4M3 and E5M2, bf16 and
 /// f32 inputs.
 pub fn fp8_blocks(h: &Harness) {
     use burn::tensor::{Device, TensorData};
     use burn_megatron_kernels::quant::format::Minifloat;
-    use burn_megatron_kernels::quant::tiles::{quantize_row_tiles, quantize_squares};
+    use burn_megatron_kernels::quant::tiles::{quantize_row_tiles, quantize_squares, quantize_tiles_both};
     let device = h.device(0);
     let cpu = Device::flex();
-    for (r, c) in [(37, 13), (300, 520), (256, 384)] {
+    for (r, c) in [(37, 13), (300, 520), (264, 136), (256, 384)] {
         let mut values: Vec<f32> = Tensor::<2>::random([r, c], Distribution::Normal(0.0, 3.0), (&cpu, DType::F32))
             .into_data()
             .try_to_vec()
@@ -160,6 +161,21 @@ pub fn fp8_blocks(h: &Harness) {
                     ref_transposed.into_data(),
                 );
                 scales("squares", block_scales, ref_scales);
+                let ((codes, tile_scales), (transposed, column_scales)) = quantize_tiles_both(x(&device), format);
+                let ((ref_codes, ref_tiles), (ref_transposed, ref_columns)) =
+                    quantize_tiles_both(x(&cpu).cast(DType::F32), format);
+                same(
+                    "both tilings, rows",
+                    codes.to_device(&cpu).into_data(),
+                    ref_codes.into_data(),
+                );
+                scales("both tilings, rows", tile_scales, ref_tiles);
+                same(
+                    "both tilings, columns",
+                    transposed.to_device(&cpu).into_data(),
+                    ref_transposed.into_data(),
+                );
+                scales("both tilings, columns", column_scales, ref_columns);
             }
         }
     }
@@ -390,4 +406,92 @@ pub fn shared_input(h: &Harness) {
         Some(Arc::new(Sharing(delayed.clone())) as Arc<dyn AmaxGroup>),
     );
     assert!(!delayed.holds(), "a delayed-scaling product kept a shared quantization");
+}
+
+/// Three microbatches through one weight with a [`WeightCodes`] slot (gradient accumulation)
+/// against the same without it, under FP8 tensorwise and blockwise: the first call keeps the
+/// weight's codes and the others reuse them, so the outputs, each input's gradient and the
+/// accumulated weight gradient are the same bit for bit; a new weight tensor (the optimizer's
+/// step) is quantized afresh, not served the old codes; under delayed scaling nothing is kept.
+pub fn weight_codes(h: &Harness) {
+    use std::sync::Arc;
+
+    use burn_megatron_kernels::quant::product::{Amax, AmaxGroup, Operand, ScaleAmax, WeightCodes, product};
+    use burn_megatron_kernels::quant::recipe::{AmaxAlgo, Recipe};
+
+    #[derive(Debug)]
+    struct Keeping(Arc<WeightCodes>);
+    impl AmaxGroup for Keeping {
+        fn max(&self, amax: Tensor<1>, _: Operand) -> ScaleAmax {
+            ScaleAmax::current(amax)
+        }
+        fn weight_codes(&self) -> Option<&WeightCodes> {
+            Some(&self.0)
+        }
+    }
+
+    let device = h.device(0);
+    let normal = Distribution::Normal(0.0, 1.0);
+    let w = Tensor::<2>::random([256, 384], normal, (&device, DType::BF16));
+    let xs: Vec<Tensor<2>> = (0..3)
+        .map(|_| Tensor::<2>::random([256, 256], normal, (&device, DType::BF16)))
+        .collect();
+    let dys: Vec<Tensor<2>> = (0..3)
+        .map(|_| Tensor::<2>::random([256, 384], normal, (&device, DType::F32)))
+        .collect();
+    for recipe in [Recipe::Fp8Tensorwise, Recipe::Fp8Blockwise] {
+        let run = |w: &Tensor<2>, amax: &dyn Fn() -> Amax| {
+            let w = w.clone().detach().require_grad();
+            let xs: Vec<Tensor<2>> = xs.iter().map(|x| x.clone().detach().require_grad()).collect();
+            let ys: Vec<Tensor<2>> = xs
+                .iter()
+                .map(|x| product(x.clone(), w.clone().transpose(), recipe, amax()))
+                .collect();
+            let loss = ys
+                .iter()
+                .zip(&dys)
+                .map(|(y, dy)| (y.clone().cast(DType::F32) * dy.clone()).sum())
+                .reduce(|a, b| a + b)
+                .expect("three microbatches");
+            let grads = loss.backward();
+            let mut out: Vec<Tensor<2>> = ys.into_iter().map(|y| y.detach().cast(DType::F32)).collect();
+            out.extend(xs.iter().map(|x| x.grad(&grads).expect("dx").cast(DType::F32)));
+            out.push(w.grad(&grads).expect("dw").cast(DType::F32));
+            out
+        };
+        let slot = Arc::new(WeightCodes::default());
+        let keeping = || Some(Arc::new(Keeping(slot.clone())) as Arc<dyn AmaxGroup>);
+        let ours = run(&w, &keeping);
+        assert!(slot.holds(), "{recipe:?}: the first product kept the weight's codes");
+        let theirs = run(&w, &|| None);
+        let names = ["y1", "y2", "y3", "dx1", "dx2", "dx3", "dw"];
+        for ((name, a), b) in names.iter().zip(ours).zip(theirs) {
+            let worst = (a - b).abs().max().into_scalar::<f32>();
+            // The same codes multiplied in the same order: bit for bit.
+            assert!(
+                worst == 0.0,
+                "{recipe:?} {name}: kept and requantized differ by up to {worst}"
+            );
+        }
+        // The slot still holds the old weight's codes; a new weight is quantized afresh.
+        let stepped = w.clone() + 0.5;
+        let ours = run(&stepped, &keeping);
+        let theirs = run(&stepped, &|| None);
+        let worst = (ours[0].clone() - theirs[0].clone()).abs().max().into_scalar::<f32>();
+        assert!(
+            worst == 0.0,
+            "{recipe:?}: a new weight got other codes than its own (by up to {worst})"
+        );
+    }
+    let delayed = Arc::new(WeightCodes::default());
+    let _ = product(
+        xs[0].clone().detach().require_grad(),
+        w.clone().detach().require_grad().transpose(),
+        Recipe::Fp8Delayed {
+            history: 4,
+            algo: AmaxAlgo::Max,
+        },
+        Some(Arc::new(Keeping(delayed.clone())) as Arc<dyn AmaxGroup>),
+    );
+    assert!(!delayed.holds(), "a delayed-scaling product kept its weight's codes");
 }

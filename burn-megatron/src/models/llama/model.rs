@@ -361,6 +361,7 @@ pub(crate) fn output_logits(
                 quantizer: &InputQuantizer::None,
                 delayed: None,
                 shared: None,
+                weight_codes: None,
             };
             column_parallel(
                 x,

@@ -1,9 +1,13 @@
 //! A Llama block's linear layers by path, and the four inputs they read: each input a site
 //! shared by the layers that read the same tensor, made by a layer (or norm) a smoothing scale
-//! folds into. Post-training quantization, pruning and delayed FP8 scaling walk them.
+//! folds into. Post-training quantization, pruning, delayed FP8 scaling and the weights' kept
+//! FP8 codes walk them.
+
+use std::sync::Arc;
 
 use burn::module::Param;
 use burn::tensor::Tensor;
+use burn_megatron_kernels::quant::product::WeightCodes;
 
 use super::LlamaBlock;
 use crate::precision::delayed::AmaxRecorder;
@@ -41,12 +45,14 @@ impl Site {
     }
 }
 
-/// A block's linear layer: its weight (`[in, out]`), input quantizer and delayed-scaling state.
+/// A block's linear layer: its weight (`[in, out]`), input quantizer, delayed-scaling state and
+/// where its weight's codes are kept.
 pub struct LinearMut<'a> {
     pub weight: &'a mut Param<Tensor<2>>,
     pub quantizer: &'a mut InputQuantizer,
     pub amax_history: &'a mut Option<Param<Tensor<2>>>,
     pub amax_recorder: &'a AmaxRecorder,
+    pub weight_codes: &'a mut Option<Arc<WeightCodes>>,
 }
 
 /// The linear layer of `block` at `path` (one of [`Site::linears`]); `None` for the MLP's
@@ -60,6 +66,7 @@ pub fn linear_mut<'a>(block: &'a mut LlamaBlock, path: &str) -> Option<LinearMut
                 quantizer: &mut l.input_quantizer,
                 amax_history: &mut l.amax_history,
                 amax_recorder: &l.amax_recorder,
+                weight_codes: &mut l.weight_codes,
             }
         }};
     }
@@ -80,4 +87,56 @@ pub fn linear_mut<'a>(block: &'a mut LlamaBlock, path: &str) -> Option<LinearMut
         "mlp.w2" => linear!(&mut mlp.w2),
         _ => unreachable!("a site's linear"),
     })
+}
+
+/// Gives each of `block`'s linear layers a slot for its weight's FP8 codes
+/// ([`WeightCodes`]): under a current-scaling FP8 recipe or blockwise, the step's first
+/// microbatch quantizes each weight and the others reuse its codes, as gradient accumulation
+/// over microbatches (a pipeline's) wants. The codes stay held between steps (one byte a
+/// value for each layout the products read, and the weight they came from until the next
+/// forward pass replaces them), so a step of one microbatch gains nothing from it.
+pub fn keep_weight_codes(block: &mut LlamaBlock) {
+    for site in Site::ALL {
+        for path in site.linears() {
+            if let Some(linear) = linear_mut(block, path) {
+                *linear.weight_codes = Some(Arc::default());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::Device;
+    use burn_megatron_dist::ProcessGroups;
+
+    use super::*;
+    use crate::init::{InitMode, ParamInit};
+    use crate::models::llama::LlamaConfig;
+
+    /// Every linear layer of a block gets its own slot; none has one before.
+    #[test]
+    fn every_linear_keeps_its_weight_codes() {
+        let config = LlamaConfig::llama(40, 32, 2, 4, 2, 48, 12);
+        let init = ParamInit::new(3, InitMode::Full);
+        let mut model = config.init(&Device::flex(), &ProcessGroups::single(), &init).unwrap();
+        let block = &mut model.layers[0];
+        let paths = Site::ALL.iter().flat_map(|site| site.linears()).copied();
+        let slots = |block: &mut LlamaBlock| -> Vec<Option<Arc<WeightCodes>>> {
+            paths
+                .clone()
+                .map(|path| linear_mut(block, path).unwrap().weight_codes.clone())
+                .collect()
+        };
+        assert!(slots(block).iter().all(Option::is_none));
+        keep_weight_codes(block);
+        let kept: Vec<Arc<WeightCodes>> = slots(block).into_iter().map(|slot| slot.expect("a slot")).collect();
+        assert_eq!(kept.len(), 7);
+        for (i, a) in kept.iter().enumerate() {
+            assert!(
+                kept[i + 1..].iter().all(|b| !Arc::ptr_eq(a, b)),
+                "layer {i} shares its slot"
+            );
+        }
+    }
 }

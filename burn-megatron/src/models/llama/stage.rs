@@ -146,6 +146,16 @@ impl LlamaConfig {
 }
 
 impl LlamaStage {
+    /// This stage with each block's weights' FP8 codes kept across the microbatches of a step
+    /// ([`keep_weight_codes`](super::sites::keep_weight_codes)).
+    pub fn keeping_weight_codes(mut self) -> Self {
+        self.layers
+            .iter_mut()
+            .flatten()
+            .for_each(super::sites::keep_weight_codes);
+        self
+    }
+
     /// The shape of the activations a microbatch of `b` sequences of `s` tokens sends between
     /// stages.
     pub fn activation_shape(&self, b: usize, s: usize) -> [usize; 3] {
