@@ -46,7 +46,7 @@ pub fn run(
 ) -> PipelineRun {
     let device = ctx.device.clone().autodiff();
     let pp = &ctx.groups.pp;
-    let mut stage = config
+    let stage = config
         .init_planned_stage(
             plan,
             microbatches,
@@ -55,6 +55,11 @@ pub fn run(
             &policy.init(0, InitMode::PerShard),
         )
         .unwrap_or_else(|e| panic!("{e}"));
+    // As `train`: the microbatches of a step quantize each weight once under FP8.
+    let mut stage = match microbatches > 1 {
+        true => stage.keeping_weight_codes(),
+        false => stage,
+    };
     let actions = plan
         .pipeline
         .actions(pp.size(), microbatches)
