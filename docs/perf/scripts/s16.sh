@@ -8,6 +8,9 @@
 #   rows:  llama-1b FP8 blockwise and tensorwise beside torchao float8 + compile, rowwise and
 #          tensorwise, in one call: fp32 master weights, random ids, 3 warm-up and 10 timed steps.
 #   ncu:   every kernel of one steady llama-1b step under FP8 blockwise, summed by name.
+#   curves: llama-1b trained 300 steps on the Shakespeare plays under FP8 blockwise on the FP8
+#          kernels (carry .gpu with train and data/ from scripts/fetch-shakespeare.sh), as
+#          s8-curves.sh ran every recipe: the same initialization and batches as its bf16 run.
 set -u
 cd "$(dirname "$0")/../../.."
 . docs/perf/scripts/s6-common.sh
@@ -47,5 +50,13 @@ case $part in
       "$OUT/ordered.txt" | sort -rn > "$OUT/steady-$recipe.txt"
     echo "== $recipe steady step: $(awk '{s+=$3} END {print s}' "$OUT/steady-$recipe.txt") kernels, $(awk '{s+=$1} END {print s/1000}' "$OUT/steady-$recipe.txt") ms of GPU time"
     head -30 "$OUT/steady-$recipe.txt"; rm -f "$OUT/ncu-$recipe.log" "$OUT/ordered.txt"
+    ;;
+  curves)
+    for precision in ${RECIPES:-fp8-blockwise}; do
+      timeout -s KILL 150 bash .gpu/run.sh train --preset llama-1b --device cuda --dtype bf16 \
+        --init per-shard --precision "$precision" --data data/shakespeare.txt --steps 300 --batch 1 \
+        --lr 3e-4 --sample-every 0 > "$OUT/train-$precision.log" 2>&1
+      echo "$precision: $(grep -c '^step' "$OUT/train-$precision.log") steps; $(tail -n 3 "$OUT/train-$precision.log" | tr '\n' ' ' | cut -c1-300)"
+    done
     ;;
 esac

@@ -430,7 +430,7 @@ pub fn weight_codes(h: &Harness) {
         }
     }
 
-    let device = h.device(0);
+    let device = h.device(0).autodiff();
     let normal = Distribution::Normal(0.0, 1.0);
     let w = Tensor::<2>::random([256, 384], normal, (&device, DType::BF16));
     let xs: Vec<Tensor<2>> = (0..3)
