@@ -28,13 +28,13 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::zspace::metadata::Metadata;
 use cubecl::zspace::{shape, strides};
-use cubecl_cpp::cuda::ptx::{generic_to_shared, tensor_map_address};
+use cubecl_cpp::cuda::ptx::tensor_map_address;
 use half::bf16;
 
 use crate::hopper::*;
 use crate::wgmma::{
-    A_STAGE_BYTES, BLOCK_K, BLOCK_M, BLOCK_N, CONSUMER_WARPS, Major, SMEM_BYTES, STAGE_BYTES, STAGES, STAGING_BYTES,
-    k_slice, load_operand, store_tile,
+    A_STAGE_BYTES, BLOCK_K, BLOCK_M, BLOCK_N, Major, SMEM_BYTES, STAGE_BYTES, STAGES, STAGING_BYTES, k_slice,
+    load_operand, pipeline_smem, store_tile,
 };
 
 /// A tile's row of the table: A's row and k offsets, B's row and k offsets, C's row and
@@ -55,22 +55,7 @@ fn grouped_kernel(
     #[comptime] a_major: Major,
     #[comptime] b_major: Major,
 ) {
-    let smem = Shared::<[u32]>::new_aligned_slice(comptime!((SMEM_BYTES / 4) as usize), 1024usize);
-    let raw = generic_to_shared::<u32>(smem.as_ptr());
-    let stages = (raw + 1023) & !1023u32;
-    let staging = stages + STAGES * STAGE_BYTES;
-    let full = staging + 2 * STAGING_BYTES;
-    let empty = full + STAGES * 8;
-
-    if UNIT_POS == 0 {
-        #[unroll]
-        for s in 0..STAGES {
-            mbarrier_init(full + s * 8, 1u32);
-            mbarrier_init(empty + s * 8, CONSUMER_WARPS);
-        }
-        mbarrier_init_fence();
-    }
-    sync_cube();
+    let (stages, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES);
 
     // This block's tiles: CUBE_POS_X, then every CUBE_COUNT_X-th.
     let mine = (tiles - CUBE_POS_X).div_ceil(CUBE_COUNT_X);

@@ -144,6 +144,35 @@ pub(crate) fn load_operand(
     }
 }
 
+/// A GEMM block's shared memory (`smem_bytes` in all), laid out and its barriers initialized:
+/// `stages` stages of `stage_bytes` from an address aligned to the 1 KiB the 128-byte swizzle
+/// repeats over, the two consumer warpgroups' staging, then each stage's "full" barrier (the
+/// producer's arrival and its TMA bytes) and "empty" one (an arrival a consumer warp). Returns
+/// `(tiles, staging, full, empty)`, shared-memory addresses.
+#[cube]
+pub(crate) fn pipeline_smem(
+    #[comptime] smem_bytes: u32,
+    #[comptime] stages: u32,
+    #[comptime] stage_bytes: u32,
+) -> (u32, u32, u32, u32) {
+    let smem = Shared::<[u32]>::new_aligned_slice(comptime!((smem_bytes / 4) as usize), 1024usize);
+    let raw = generic_to_shared::<u32>(smem.as_ptr());
+    let tiles = (raw + 1023) & !1023u32;
+    let staging = tiles + stages * stage_bytes;
+    let full = staging + 2 * STAGING_BYTES;
+    let empty = full + stages * 8;
+    if UNIT_POS == 0 {
+        #[unroll]
+        for s in 0..stages {
+            mbarrier_init(full + s * 8, 1u32);
+            mbarrier_init(empty + s * 8, CONSUMER_WARPS);
+        }
+        mbarrier_init_fence();
+    }
+    sync_cube();
+    (tiles, staging, full, empty)
+}
+
 /// `E` the operands' element (bf16, or u8 holding FP8 codes); `scale_a[0] · scale_b[0]`
 /// multiplies the results when `scaled`.
 #[cube(launch_unchecked)]
@@ -163,22 +192,7 @@ fn gemm_kernel<E: Scalar>(
     #[comptime] scaled: bool,
 ) {
     let depth = comptime!(block_k(operands));
-    let smem = Shared::<[u32]>::new_aligned_slice(comptime!((SMEM_BYTES / 4) as usize), 1024usize);
-    let raw = generic_to_shared::<u32>(smem.as_ptr());
-    let tiles = (raw + 1023) & !1023u32;
-    let staging = tiles + STAGES * STAGE_BYTES;
-    let full = staging + 2 * STAGING_BYTES;
-    let empty = full + STAGES * 8;
-
-    if UNIT_POS == 0 {
-        #[unroll]
-        for s in 0..STAGES {
-            mbarrier_init(full + s * 8, 1u32);
-            mbarrier_init(empty + s * 8, CONSUMER_WARPS);
-        }
-        mbarrier_init_fence();
-    }
-    sync_cube();
+    let (tiles, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES);
 
     let k_tiles = k.div_ceil(depth);
     let (rows, columns) = (m.div_ceil(BLOCK_M), n.div_ceil(BLOCK_N));

@@ -18,11 +18,11 @@ use burn_cubecl::cubecl::ir::{ElemType, UIntKind};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-use cubecl_cpp::cuda::ptx::{generic_to_shared, tensor_map_address};
+use cubecl_cpp::cuda::ptx::tensor_map_address;
 use half::bf16;
 
 use super::{
-    CONSUMER_WARPS, Major, STAGING_BYTES, WgmmaError, load_operand, output, persistent_blocks, store_map, store_tile,
+    Major, STAGING_BYTES, WgmmaError, load_operand, output, persistent_blocks, pipeline_smem, store_map, store_tile,
     tile_position,
 };
 use crate::hopper::*;
@@ -84,22 +84,7 @@ fn blockwise_kernel(
     #[comptime] operands: Operands,
     #[comptime] b_scales: BScales,
 ) {
-    let smem = Shared::<[u32]>::new_aligned_slice(comptime!((SMEM_BYTES / 4) as usize), 1024usize);
-    let raw = generic_to_shared::<u32>(smem.as_ptr());
-    let tiles = (raw + 1023) & !1023u32;
-    let staging = tiles + STAGES * STAGE_BYTES;
-    let full = staging + 2 * STAGING_BYTES;
-    let empty = full + STAGES * 8;
-
-    if UNIT_POS == 0 {
-        #[unroll]
-        for s in 0..STAGES {
-            mbarrier_init(full + s * 8, 1u32);
-            mbarrier_init(empty + s * 8, CONSUMER_WARPS);
-        }
-        mbarrier_init_fence();
-    }
-    sync_cube();
+    let (tiles, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES);
 
     let k_tiles = k.div_ceil(BLOCK);
     let (rows, columns) = (m.div_ceil(BLOCK), n.div_ceil(BLOCK));
