@@ -22,14 +22,18 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use cubecl::zspace::metadata::Metadata;
 use cubecl::zspace::{shape, strides};
-use cubecl_cpp::cuda::ptx::{generic_to_shared, tensor_map_address};
+use cubecl_cpp::cuda::ptx::tensor_map_address;
 use half::bf16;
 
 use crate::hopper::*;
 use crate::quant::format::Minifloat;
 
 mod blockwise;
+mod pieces;
+mod tensors;
 pub use blockwise::{BScales, fp8_blockwise_gemm};
+pub(crate) use pieces::{Pipeline, load_operand, pipeline_smem, produce, store_tile, tile_position};
+pub use tensors::{fp8_blockwise_matmul, fp8_matmul, matmul};
 
 /// Rows of C a block computes: two consumer warpgroups of 64.
 pub(crate) const BLOCK_M: u32 = 128;
@@ -105,74 +109,6 @@ pub enum Schedule {
     Persistent,
 }
 
-/// Tiles are numbered down columns of `GROUP_M` tile rows, so the blocks running at once share
-/// a few A panels and a few B panels in L2: row by row, 132 blocks of the output layer (128
-/// tiles a row) read all 128 MiB of its weight once per row of tiles, from DRAM.
-const GROUP_M: u32 = 8;
-
-/// Tile `t`'s `(row, column)` in the `rows × columns` tile grid ([`GROUP_M`]).
-#[cube]
-pub(crate) fn tile_position(t: u32, rows: u32, columns: u32) -> (u32, u32) {
-    let per_group = GROUP_M * columns;
-    let first = (t / per_group) * GROUP_M;
-    let height = select(rows - first < GROUP_M, rows - first, GROUP_M);
-    let local = t % per_group;
-    (first + local % height, local / height)
-}
-
-/// Loads one operand's 64-deep slice for the block into `tile`: one box of `rows` × 64 k when
-/// K-major, else `rows / 64` boxes of 64 k × 64, 8 KiB apart.
-#[cube]
-pub(crate) fn load_operand(
-    tile: u32,
-    map: u64,
-    k0: u32,
-    row0: u32,
-    bar: u32,
-    #[comptime] rows: u32,
-    #[comptime] major: Major,
-) {
-    match comptime!(major) {
-        Major::K => tma_load_2d(tile, map, k0, row0, bar),
-        Major::Mn =>
-        {
-            #[unroll]
-            for j in 0..rows / 64 {
-                tma_load_2d(tile + j * 8192, map, row0 + j * 64, k0, bar);
-            }
-        }
-    }
-}
-
-/// A GEMM block's shared memory (`smem_bytes` in all), laid out and its barriers initialized:
-/// `stages` stages of `stage_bytes` from an address aligned to the 1 KiB the 128-byte swizzle
-/// repeats over, the two consumer warpgroups' staging, then each stage's "full" barrier (the
-/// producer's arrival and its TMA bytes) and "empty" one (an arrival a consumer warp). Returns
-/// `(tiles, staging, full, empty)`, shared-memory addresses.
-#[cube]
-pub(crate) fn pipeline_smem(
-    #[comptime] smem_bytes: u32,
-    #[comptime] stages: u32,
-    #[comptime] stage_bytes: u32,
-) -> (u32, u32, u32, u32) {
-    let smem = Shared::<[u32]>::new_aligned_slice(comptime!((smem_bytes / 4) as usize), 1024usize);
-    let raw = generic_to_shared::<u32>(smem.as_ptr());
-    let tiles = (raw + 1023) & !1023u32;
-    let staging = tiles + stages * stage_bytes;
-    let full = staging + 2 * STAGING_BYTES;
-    let empty = full + stages * 8;
-    if UNIT_POS == 0 {
-        #[unroll]
-        for s in 0..stages {
-            mbarrier_init(full + s * 8, 1u32);
-            mbarrier_init(empty + s * 8, CONSUMER_WARPS);
-        }
-        mbarrier_init_fence();
-    }
-    sync_cube();
-    (tiles, staging, full, empty)
-}
-
 /// `E` the operands' element (bf16, or u8 holding FP8 codes); `scale_a[0] · scale_b[0]`
 /// multiplies the results when `scaled`.
 #[cube(launch_unchecked)]
@@ -204,33 +140,18 @@ fn gemm_kernel<E: Scalar>(
     // under the 168 that 384 threads leave each (measured: the split changed no timing).
     if warpgroup == 0 {
         if UNIT_POS == 0 {
-            let map_a = tensor_map_address(a);
-            let map_b = tensor_map_address(b);
-            for i in 0..mine {
-                let (row, column) = tile_position(CUBE_POS_X + i * CUBE_COUNT_X, rows, columns);
-                for kt in 0..k_tiles {
-                    // The block's slice count so far picks the stage and its round.
-                    let slice = i * k_tiles + kt;
-                    let stage = slice % STAGES;
-                    let round = slice / STAGES;
-                    if round > 0 {
-                        mbarrier_wait(empty + stage * 8, (round - 1) & 1);
-                    }
-                    let bar = full + stage * 8;
-                    mbarrier_expect(bar, STAGE_BYTES);
-                    let tile = tiles + stage * STAGE_BYTES;
-                    load_operand(tile, map_a, kt * depth, row * BLOCK_M, bar, BLOCK_M, a_major);
-                    load_operand(
-                        tile + A_STAGE_BYTES,
-                        map_b,
-                        kt * depth,
-                        column * BLOCK_N,
-                        bar,
-                        BLOCK_N,
-                        b_major,
-                    );
-                }
-            }
+            let pipeline = comptime!(Pipeline {
+                block_m: BLOCK_M,
+                block_n: BLOCK_N,
+                depth,
+                stages: STAGES,
+                a_bytes: A_STAGE_BYTES,
+                stage_bytes: STAGE_BYTES,
+                a_major,
+                b_major,
+            });
+            let maps = (tensor_map_address(a), tensor_map_address(b));
+            produce(maps, tiles, full, empty, mine, k_tiles, (rows, columns), pipeline);
         }
     } else {
         let consumer = warpgroup - 1;
@@ -272,60 +193,6 @@ fn gemm_kernel<E: Scalar>(
         }
         if storer {
             bulk_wait();
-        }
-    }
-}
-
-/// Stores a consumer warpgroup's 64 × `128 · passes` results (`acc`, an `m64n{128 · passes}`
-/// accumulator) times `factor` at `(row0, col0)` of C, in passes of 128 columns through its
-/// staging `buffer`: every thread writes its bf16 pairs into two swizzled 64 × 64 boxes, then
-/// `storer` hands them to TMA, which writes C in whole lines and lets the warpgroup go on to its
-/// next tile while it does (`barrier`: the warpgroup's named barrier).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn store_tile<N: Size>(
-    acc: &Vector<f32, N>,
-    factor: f32,
-    buffer: u32,
-    map: u64,
-    row0: u32,
-    col0: u32,
-    barrier: u32,
-    storer: bool,
-    #[comptime] passes: u32,
-) {
-    // The accumulator layout of `hopper`'s module docs: row `16 · warp + lane / 4` (+ 8), the
-    // column pair `8j + 2 · (lane % 4)` of each 8-column block j.
-    let lane = UNIT_POS % 32;
-    let warp = (UNIT_POS % 128) / 32;
-    #[unroll]
-    for pass in 0..passes {
-        // The buffer is free again once the last stores from it have read it.
-        if storer {
-            bulk_wait_read();
-        }
-        named_barrier(barrier, 128u32);
-        #[unroll]
-        for jj in 0..16u32 {
-            #[unroll]
-            for half in 0..2u32 {
-                let r = warp * 16 + lane / 4 + half * 8;
-                // The 128-byte swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8).
-                let chunk = (jj % 8) ^ (r % 8);
-                let addr = buffer + (jj / 8) * 8192 + r * 128 + chunk * 16 + (lane % 4) * 4;
-                let reg = comptime!((4 * (16 * pass + jj) + 2 * half) as usize);
-                st_shared_u32(
-                    addr,
-                    pack_bf16(acc.extract(reg) * factor, acc.extract(reg + 1) * factor),
-                );
-            }
-        }
-        fence_proxy_async_shared();
-        named_barrier(barrier, 128u32);
-        if storer {
-            tma_store_box(map, col0 + pass * 128, row0, buffer);
-            tma_store_box(map, col0 + pass * 128 + 64, row0, buffer + 8192);
-            bulk_commit();
         }
     }
 }
@@ -570,60 +437,4 @@ fn launch(
         }
     }
     out
-}
-
-/// [`gemm`] on Burn tensors (CUDA, without autodiff): for the kernel suite and the GEMM study.
-///
-/// # Shapes
-/// `[m, k]`, `[k, n]` → `[m, n]`
-pub fn matmul(
-    lhs: burn::tensor::Tensor<2>,
-    rhs: burn::tensor::Tensor<2>,
-    schedule: Schedule,
-) -> Result<burn::tensor::Tensor<2>, WgmmaError> {
-    let lhs: CubeTensor = lhs.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
-    let rhs: CubeTensor = rhs.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
-    Ok(burn::tensor::Tensor::from_primitive::<Cube>(gemm(lhs, rhs, schedule)?))
-}
-
-/// [`fp8_gemm`] on Burn tensors (CUDA, without autodiff): `a` `[m, k]` and `b` `[n, k]` u8
-/// codes, their dequantization scales `[1]` f32.
-///
-/// # Shapes
-/// `[m, k]`, `[n, k]`, `[1]` and `[1]` → `[m, n]`
-pub fn fp8_matmul(
-    a: burn::tensor::Tensor<2, burn::tensor::Int>,
-    b: burn::tensor::Tensor<2, burn::tensor::Int>,
-    formats: (Minifloat, Minifloat),
-    [scale_a, scale_b]: [burn::tensor::Tensor<1>; 2],
-    schedule: Schedule,
-) -> Result<burn::tensor::Tensor<2>, WgmmaError> {
-    let a: CubeTensor = a.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
-    let b: CubeTensor = b.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
-    let cuda = |t: burn::tensor::Tensor<1>| t.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda);
-    let scales = [cuda(scale_a)?, cuda(scale_b)?];
-    Ok(burn::tensor::Tensor::from_primitive::<Cube>(fp8_gemm(
-        a, b, formats, scales, schedule,
-    )?))
-}
-
-/// [`fp8_blockwise_gemm`] on Burn tensors (CUDA, without autodiff): codes u8, scales f32.
-///
-/// # Shapes
-/// `[m, k]`, `[m, ⌈k/128⌉]`, `[n, k]`, `[⌈n/128⌉ or n, ⌈k/128⌉]` → `[m, n]`
-pub fn fp8_blockwise_matmul(
-    a: (burn::tensor::Tensor<2, burn::tensor::Int>, burn::tensor::Tensor<2>),
-    b: (burn::tensor::Tensor<2, burn::tensor::Int>, burn::tensor::Tensor<2>),
-    b_blocks: BScales,
-    formats: (Minifloat, Minifloat),
-) -> Result<burn::tensor::Tensor<2>, WgmmaError> {
-    let codes =
-        |t: burn::tensor::Tensor<2, burn::tensor::Int>| t.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda);
-    let scales = |t: burn::tensor::Tensor<2>| t.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda);
-    Ok(burn::tensor::Tensor::from_primitive::<Cube>(fp8_blockwise_gemm(
-        (codes(a.0)?, scales(a.1)?),
-        (codes(b.0)?, scales(b.1)?),
-        b_blocks,
-        formats,
-    )?))
 }

@@ -22,8 +22,8 @@ use cubecl_cpp::cuda::ptx::tensor_map_address;
 use half::bf16;
 
 use super::{
-    Major, STAGING_BYTES, WgmmaError, load_operand, output, persistent_blocks, pipeline_smem, store_map, store_tile,
-    tile_position,
+    Major, Pipeline, STAGING_BYTES, WgmmaError, output, persistent_blocks, pipeline_smem, produce, store_map,
+    store_tile, tile_position,
 };
 use crate::hopper::*;
 use crate::quant::format::Minifloat;
@@ -37,6 +37,18 @@ const OPERAND_BYTES: u32 = BLOCK * BLOCK;
 const STAGE_BYTES: u32 = 2 * OPERAND_BYTES;
 /// Tiles, the two consumers' staging, the barriers, and 1 KiB to align the tiles.
 const SMEM_BYTES: u32 = STAGES * STAGE_BYTES + 2 * STAGING_BYTES + 1024 + 1024;
+
+/// What the producer loads: 128 × 128 tiles of C, 128-deep slices of both K-major operands.
+const PIPELINE: Pipeline = Pipeline {
+    block_m: BLOCK,
+    block_n: BLOCK,
+    depth: BLOCK,
+    stages: STAGES,
+    a_bytes: OPERAND_BYTES,
+    stage_bytes: STAGE_BYTES,
+    a_major: Major::K,
+    b_major: Major::K,
+};
 
 /// How B's codes are scaled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -93,32 +105,8 @@ fn blockwise_kernel(
 
     if warpgroup == 0 {
         if UNIT_POS == 0 {
-            let map_a = tensor_map_address(a);
-            let map_b = tensor_map_address(b);
-            for i in 0..mine {
-                let (row, column) = tile_position(CUBE_POS_X + i * CUBE_COUNT_X, rows, columns);
-                for kt in 0..k_tiles {
-                    let slice = i * k_tiles + kt;
-                    let stage = slice % STAGES;
-                    let round = slice / STAGES;
-                    if round > 0 {
-                        mbarrier_wait(empty + stage * 8, (round - 1) & 1);
-                    }
-                    let bar = full + stage * 8;
-                    mbarrier_expect(bar, STAGE_BYTES);
-                    let tile = tiles + stage * STAGE_BYTES;
-                    load_operand(tile, map_a, kt * BLOCK, row * BLOCK, bar, BLOCK, Major::K);
-                    load_operand(
-                        tile + OPERAND_BYTES,
-                        map_b,
-                        kt * BLOCK,
-                        column * BLOCK,
-                        bar,
-                        BLOCK,
-                        Major::K,
-                    );
-                }
-            }
+            let maps = (tensor_map_address(a), tensor_map_address(b));
+            produce(maps, tiles, full, empty, mine, k_tiles, (rows, columns), PIPELINE);
         }
     } else {
         let consumer = warpgroup - 1;
