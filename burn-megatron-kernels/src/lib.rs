@@ -35,6 +35,8 @@ mod grouped_kernel;
 #[cfg(feature = "cuda")]
 mod hopper;
 pub mod linear;
+#[cfg(any(feature = "cuda", test))]
+mod mma_ptx;
 pub mod norm;
 #[cfg(feature = "cuda")]
 mod optim_kernels;

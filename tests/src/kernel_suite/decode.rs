@@ -148,9 +148,10 @@ pub fn graph_replay(h: &Harness) {
 
 /// The linear layers' product for a few rows (`crate::skinny` under `Gemm::Wgmma`) against
 /// the CPU's f32 product of the same bf16 operands: weights stored `[k, n]` and as the
-/// transposed view of `[n, k]` (the tied output layer's), 1 to 32 rows (one and four blocks of
-/// 8, a ragged one), a `k` no multiple of 64 nor 8 (the transposed view then falls back to the
-/// wgmma GEMM), and llama-1b's and SmolLM2's decoding shapes.
+/// transposed view of `[n, k]` (the tied output layer's), 1 to 32 rows (one row tile, both, a
+/// ragged second), a `k` no multiple of 8 (the wgmma GEMM's fallback), a `k` no multiple of the
+/// 32-deep chunk and an `n` no multiple of the 64-column block, `k` split over blocks and not,
+/// and llama-1b's and SmolLM2's decoding shapes.
 pub fn skinny_gemm(h: &Harness) {
     use burn_megatron_kernels::{Gemm, gemm};
     let device = h.device(0);
@@ -158,8 +159,11 @@ pub fn skinny_gemm(h: &Harness) {
         (1, 2048, 2048),
         (5, 100, 264),
         (9, 576, 1536),
+        (17, 40, 200),
         (32, 5632, 2048),
+        (32, 2048, 256),
         (1, 576, 49152),
+        (32, 576, 49152),
     ] {
         for transposed in [false, true] {
             let (lhs_host, lhs) = pair([m, k], &device, DType::BF16);
