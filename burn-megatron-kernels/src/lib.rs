@@ -44,6 +44,8 @@ pub mod quant;
 #[cfg(feature = "cuda")]
 mod quant_blocks;
 #[cfg(feature = "cuda")]
+mod quant_emulated;
+#[cfg(feature = "cuda")]
 mod quant_kernels;
 pub mod rms_norm;
 pub mod rope;

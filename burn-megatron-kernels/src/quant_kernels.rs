@@ -304,6 +304,17 @@ pub(crate) fn float_input(x: CubeTensor) -> CubeTensor {
     compact_input(x).expect("a row-major copy")
 }
 
+/// The largest magnitude of `x` (a compact float tensor), `[1]` f32: partial amaxes a block,
+/// then their maximum; 0 for an empty `x`.
+pub(crate) fn tensor_amax(x: CubeTensor) -> CubeTensor {
+    use burn::backend::Cube;
+    use burn::backend::ops::FloatTensorOps;
+    match crate::optim_kernels::partials(x.clone(), crate::optim_kernels::Reduction::MaxAbs) {
+        Some(partials) => max_of_partials(partials),
+        None => Cube::float_zeros(Shape::new([1]), &x.device, burn::tensor::FloatDType::F32),
+    }
+}
+
 /// `x` (`[r, c]`) quantized to `format` with one scale from its amax (current scaling), the
 /// amax (`[1]`) passed through `reduce` first (over the ranks holding pieces of the tensor),
 /// which may also give a kept amax (`[1]`, delayed scaling) to scale by where it is above zero:
@@ -315,16 +326,10 @@ pub(crate) fn quantize_tensor(
     layouts: Layouts,
     reduce: impl FnOnce(CubeTensor) -> (CubeTensor, Option<CubeTensor>),
 ) -> Fp8Codes {
-    use burn::backend::Cube;
-    use burn::backend::ops::FloatTensorOps;
     let x = float_input(x);
     let dims = x.meta.shape().clone();
     let (r, c) = (dims[0], dims[1]);
-    let amax = match crate::optim_kernels::partials(x.clone(), crate::optim_kernels::Reduction::MaxAbs) {
-        Some(partials) => max_of_partials(partials),
-        None => Cube::float_zeros(Shape::new([1]), &x.device, burn::tensor::FloatDType::F32),
-    };
-    let (amax, kept) = reduce(amax);
+    let (amax, kept) = reduce(tensor_amax(x.clone()));
     let delayed = kept.is_some();
     // Without a kept amax the kernels never read it: the call's own stands in.
     let kept = kept.unwrap_or_else(|| amax.clone());
@@ -458,7 +463,7 @@ pub(crate) fn transposing_cast(
 
 /// `quant::fake::hash32` (lowbias32), on the device.
 #[cube]
-fn hash32(x: u32) -> u32 {
+pub(crate) fn hash32(x: u32) -> u32 {
     let mut x = x;
     x ^= x >> 16u32;
     x *= 0x7feb_352du32;

@@ -130,6 +130,7 @@ pub const KERNEL_TESTS: &[NamedTest] = &[
     ("kernel_suite::quantized_linear", kernel_suite::quantized_linear),
     ("kernel_suite::shared_input", kernel_suite::shared_input),
     ("kernel_suite::weight_codes", kernel_suite::weight_codes),
+    ("kernel_suite::emulated_blocks", kernel_suite::emulated_blocks),
     ("kernel_suite::cross_entropy", kernel_suite::cross_entropy),
     ("kernel_suite::decode_step", kernel_suite::decode_step),
     ("kernel_suite::graph_replay", kernel_suite::graph_replay),

@@ -11,9 +11,10 @@
 //!
 //! On CUDA, FP8 tensorwise (either gradient format, current or delayed scaling) runs on FP8 codes
 //! ([`super::fp8`]): each tensor quantized once for the products it enters, the forward keeping
-//! the codes its gradients read ([`QuantGrads`]). Every other recipe, and every recipe elsewhere, is
-//! emulated: each operand quantized and dequantized in tensor ops ([`quantized_operands`],
-//! [`super::fake`]), the values multiplied in f32 ([`emulate`], the CPU path) or, bf16 on CUDA,
+//! the codes its gradients read ([`QuantGrads`]), and so does FP8 blockwise. Every other recipe,
+//! and every recipe elsewhere, is emulated: each operand quantized and dequantized
+//! ([`quantized_operands`]: in tensor ops, [`super::fake`]; MX and NVFP4 blocks on CUDA by one
+//! kernel with the same values, `quant_emulated`), the values multiplied in f32 ([`emulate`], the CPU path) or, bf16 on CUDA,
 //! in bf16 on our GEMM (the dequantized values of MX and NVFP4 blocks are exact in bf16; those of
 //! f32 block scales round to bf16's 8 bits, far inside the format's own step).
 
@@ -214,7 +215,8 @@ pub fn wgrad_of<B: QuantOps>(grad: FloatTensor<B>, a: FloatTensor<B>, recipe: Re
 }
 
 /// The emulation's operands on any device: both Hadamard-transformed if the recipe says so,
-/// quantized and dequantized in tensor ops, f32. Stochastic rounding draws from a seed hashed
+/// quantized and dequantized (f32 in tensor ops; in the operand's dtype where a CUDA kernel
+/// quantizes MX and NVFP4 blocks, the same values). Stochastic rounding draws from a seed hashed
 /// from the operand's shape and a few of its values, exact on every device, so a run repeats
 /// and the CPU and CUDA emulations draw alike.
 pub fn quantized_operands(
@@ -231,8 +233,8 @@ pub fn quantized_operands(
     };
     let operand = |a| Operand { pass, a };
     (
-        quantize(a, qa, amax, operand(true)),
-        quantize(b, qb, amax, operand(false)),
+        quantized_operand(a, qa, amax, operand(true)),
+        quantized_operand(b, qb, amax, operand(false)),
     )
 }
 
@@ -243,8 +245,15 @@ pub fn emulate(a: Tensor<2>, b: Tensor<2>, recipe: Recipe, pass: Pass, amax: &Am
     crate::f32_matmul::matmul(a, b.transpose()).cast(dtype)
 }
 
-/// `x` (`operand`) quantized with `q` and dequantized, f32.
-fn quantize(x: Tensor<2>, q: Quantizer, amax: &Amax, operand: Operand) -> Tensor<2> {
+/// `x` (`operand`) quantized with `q` and dequantized as [`quantized_operands`] does each
+/// operand (after any Hadamard transform; stochastic draws seeded from `x`'s values): f32, or in
+/// `x`'s dtype where a CUDA kernel quantizes it (MX and NVFP4 blocks: `quant_emulated`, the same
+/// values).
+pub fn quantized_operand(x: Tensor<2>, q: Quantizer, amax: &Amax, operand: Operand) -> Tensor<2> {
+    #[cfg(feature = "cuda")]
+    if let Some(out) = quantize_on_cuda(&x, q, amax, operand) {
+        return out;
+    }
     let draws = (q.rounding == Rounding::Stochastic).then(|| draws(x.dims(), seed(&x), &x.device()));
     let reduce = amax
         .as_ref()
@@ -255,6 +264,22 @@ fn quantize(x: Tensor<2>, q: Quantizer, amax: &Amax, operand: Operand) -> Tensor
         draws,
         reduce.as_ref().map(|f| f as &dyn Fn(Tensor<1>) -> Tensor<1>),
     )
+}
+
+/// [`quantized_operand`] by one kernel where `x` is on CUDA and the kernel takes `q` and `x`.
+#[cfg(feature = "cuda")]
+fn quantize_on_cuda(x: &Tensor<2>, q: Quantizer, amax: &Amax, operand: Operand) -> Option<Tensor<2>> {
+    use burn::backend::Cube;
+    let cube = x.clone().try_into_primitive::<Cube>().ok()?;
+    let reduce = |t| match amax {
+        Some(group) => group
+            .max(Tensor::<1>::from_primitive::<Cube>(t), operand)
+            .resolve()
+            .try_into_primitive::<Cube>()
+            .expect("the amax on the operand's device"),
+        None => t,
+    };
+    crate::quant_emulated::fake_quantize(cube, q, reduce).map(Tensor::<2>::from_primitive::<Cube>)
 }
 
 /// A seed from `x`'s shape and the bits of four of its values (first, two inner, last).

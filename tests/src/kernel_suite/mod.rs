@@ -1,6 +1,7 @@
 //! burn-megatron-kernels' CUDA kernels against their references, on one GPU (`gpu-suite`): the
 //! wgmma GEMM and flash attention, forward and backward, on ragged shapes and every operand
-//! layout they read; the FP8 kernels and quantized products in `quant.rs`; the decoding step's
+//! layout they read; the FP8 kernels and quantized products in `quant.rs`, the emulated
+//! recipes' block kernels in `emulated.rs`; the decoding step's
 //! kernels and a CUDA graph of them in `decode.rs`.
 
 use burn::tensor::module::attention as burn_attention;
@@ -12,8 +13,10 @@ use burn_megatron_kernels::wgmma::{Schedule, WgmmaError, matmul};
 use crate::Harness;
 
 mod decode;
+mod emulated;
 mod quant;
 pub use decode::{decode_step, graph_replay, greedy_choice, skinny_gemm};
+pub use emulated::emulated_blocks;
 pub use quant::{fp8_blocks, fp8_blockwise_gemm, fp8_gemm, fp8_tiles, quantized_linear, shared_input, weight_codes};
 
 /// ‖a − b‖ / ‖b‖ in f32.
