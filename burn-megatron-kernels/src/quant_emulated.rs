@@ -17,9 +17,9 @@
 use burn::tensor::{DType, Shape};
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-use half::bf16;
+use half::{bf16, f16};
 
-use crate::elementwise::{compact_input, compact_output};
+use crate::elementwise::{compact_input, compact_output, launch_float};
 use crate::quant::format::Minifloat;
 use crate::quant::recipe::{Blocks, Quantizer, Rounding};
 use crate::quant_kernels::hash32;
@@ -111,6 +111,8 @@ fn mix(z: u64) -> u64 {
 /// The draws' key `quant::product` derives for `x` (`[r, c]`): its shape and the f32 bits of
 /// the values at `(0, 0)`, `(r/2, c/3)`, `(r/3, c/2)`, `(r−1, c−1)`, folded, then mixed.
 #[cube]
+// `rotate_left` has no CubeCL expansion.
+#[allow(clippy::manual_rotate)]
 fn draws_key<F: Float, N: Size>(x: &Tensor<Vector<F, N>>, r: u32, c: u32) -> u32 {
     let mut h = (u64::cast_from(r) << 32u64) ^ u64::cast_from(c);
     let mut at = Array::<u32>::new(4usize);
@@ -288,41 +290,22 @@ pub(crate) fn fake_quantize(
     let blocks = (r.div_ceil(rows) * c.div_ceil(columns)) as u32;
     let count = CubeCount::Static(blocks.div_ceil(256), 1, 1);
     let dim = CubeDim::new_1d(256);
-    let args = (
+    // SAFETY (`launch_float!`): a thread a block, checked against the block count; every load
+    // and store is a whole vector of a row below `r`, at a column below `c` (a multiple of 8),
+    // of compact `[r, c]` tensors; `amax` holds one value.
+    launch_float!(
+        x.dtype,
+        fake_blocks_kernel,
+        &x.client,
+        count,
+        dim,
+        VECTOR as usize,
         x.clone().into_tensor_arg(),
         tensor_amax.into_tensor_arg(),
         out.clone().into_tensor_arg(),
+        r as u32,
+        c as u32,
+        plan,
     );
-    // SAFETY: a thread a block, checked against the block count; every load and store is a
-    // whole vector of a row below `r`, at a column below `c` (a multiple of 8), of compact
-    // `[r, c]` tensors; `amax` holds one value.
-    unsafe {
-        match x.dtype {
-            DType::BF16 => fake_blocks_kernel::launch_unchecked::<bf16>(
-                &x.client,
-                count,
-                dim,
-                VECTOR as usize,
-                args.0,
-                args.1,
-                args.2,
-                r as u32,
-                c as u32,
-                plan,
-            ),
-            _ => fake_blocks_kernel::launch_unchecked::<f32>(
-                &x.client,
-                count,
-                dim,
-                VECTOR as usize,
-                args.0,
-                args.1,
-                args.2,
-                r as u32,
-                c as u32,
-                plan,
-            ),
-        }
-    };
     Some(out)
 }

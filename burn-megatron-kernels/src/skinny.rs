@@ -325,39 +325,30 @@ pub(crate) fn gemm(lhs: &CubeTensor, rhs: &CubeTensor) -> Option<CubeTensor> {
         let count = CubeCount::Static(column_blocks as u32, splits as u32, 1);
         let dim = CubeDim::new_2d(32, WARPS);
         let scalars = (m as u32, k as u32, n as u32, (ldb / VECTOR) as u32, per_split as u32);
-        unsafe {
-            match target.dtype {
-                DType::F32 => few_rows_kernel::launch_unchecked::<bf16, f32>(
-                    &a.client,
-                    count,
-                    dim,
-                    VECTOR,
-                    args.0,
-                    args.1,
-                    args.2,
-                    scalars.0,
-                    scalars.1,
-                    scalars.2,
-                    scalars.3,
-                    scalars.4,
-                    k_contiguous,
-                ),
-                _ => few_rows_kernel::launch_unchecked::<bf16, bf16>(
-                    &a.client,
-                    count,
-                    dim,
-                    VECTOR,
-                    args.0,
-                    args.1,
-                    args.2,
-                    scalars.0,
-                    scalars.1,
-                    scalars.2,
-                    scalars.3,
-                    scalars.4,
-                    k_contiguous,
-                ),
-            }
+        macro_rules! launch {
+            ($out:ty) => {
+                unsafe {
+                    few_rows_kernel::launch_unchecked::<bf16, $out>(
+                        &a.client,
+                        count,
+                        dim,
+                        VECTOR,
+                        args.0,
+                        args.1,
+                        args.2,
+                        scalars.0,
+                        scalars.1,
+                        scalars.2,
+                        scalars.3,
+                        scalars.4,
+                        k_contiguous,
+                    )
+                }
+            };
+        }
+        match target.dtype {
+            DType::F32 => launch!(f32),
+            _ => launch!(bf16),
         }
     };
     if splits == 1 {
