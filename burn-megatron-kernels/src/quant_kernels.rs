@@ -259,7 +259,7 @@ fn max_of_partials_kernel(partials: &Tensor<f32>, out: &mut Tensor<f32>, count: 
 
 /// The largest of a block's partial amaxes, `[1]`: one block of 256 threads (Burn's general
 /// reduction took 27 µs a call over the ~1 000 partials of a llama-1b activation, ncu).
-fn max_of_partials(partials: CubeTensor) -> CubeTensor {
+pub(crate) fn max_of_partials(partials: CubeTensor) -> CubeTensor {
     let count = partials.meta.num_elements() as u32;
     let out = compact_output(&partials, Shape::new([1]), DType::F32);
     // SAFETY: one block; every read is below `count`, the partials' length, and one thread writes.

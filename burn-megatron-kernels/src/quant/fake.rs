@@ -205,7 +205,9 @@ fn mix(mut z: u64) -> u64 {
 /// The random Hadamard transform along rows, in blocks of 16: `x · (D·H₁₆/4)` with `H₁₆`
 /// Sylvester's Hadamard matrix and `D` a fixed diagonal of random signs; orthogonal, so two
 /// operands transformed alike keep their product (`(A·M)(B·M)ᵀ = A·Bᵀ`). Columns are padded
-/// with zeros to a multiple of 16.
+/// with zeros to a multiple of 16. Computed in f32 as the fast transform, in a fixed order
+/// the CUDA block kernel repeats (so both give the same bits): each value times its sign, the
+/// butterflies `(a, b) → (a + b, a − b)` over strides 1, 2, 4, 8, then times ¼ (exact).
 ///
 /// # Shapes
 /// `[r, c]` → `[r, ⌈c/16⌉·16]`
@@ -213,27 +215,28 @@ pub fn hadamard(x: Tensor<2>) -> Tensor<2> {
     const N: usize = 16;
     let [r, c] = x.dims();
     let cols = c.div_ceil(N) * N;
-    let x = x.pad([(0, 0), (0, cols - c)], burn::tensor::ops::PadMode::Constant(0.0));
-    let matrix = Tensor::<2>::from_data(TensorData::new(hadamard_matrix(), [N, N]), (&x.device(), x.dtype()));
-    x.reshape([r * cols / N, N]).matmul(matrix).reshape([r, cols])
+    let rows = r * cols / N;
+    let x = x
+        .cast(DType::F32)
+        .pad([(0, 0), (0, cols - c)], burn::tensor::ops::PadMode::Constant(0.0));
+    let signs: Vec<f32> = (0..N)
+        .map(|i| if hadamard_signs() >> i & 1 == 1 { -1.0 } else { 1.0 })
+        .collect();
+    let signs = Tensor::<2>::from_data(TensorData::new(signs, [1, N]), (&x.device(), DType::F32));
+    let mut y = x.reshape([rows, N]) * signs;
+    for h in [1, 2, 4, 8] {
+        let pairs: Tensor<4> = y.reshape([rows, N / (2 * h), 2, h]);
+        let a = pairs.clone().slice([0..rows, 0..N / (2 * h), 0..1, 0..h]);
+        let b = pairs.slice([0..rows, 0..N / (2 * h), 1..2, 0..h]);
+        y = Tensor::cat(vec![a.clone() + b.clone(), a - b], 2).reshape([rows, N]);
+    }
+    y.mul_scalar(0.25).reshape([r, cols])
 }
 
-/// `D·H₁₆/4`, row-major: row `i` of Sylvester's `H` (entry `(−1)^popcount(i & j)`) times the
-/// sign `i` draws from a fixed seed.
-fn hadamard_matrix() -> Vec<f32> {
-    const N: usize = 16;
-    (0..N * N)
-        .map(|at| {
-            let (i, j) = (at / N, at % N);
-            let sign = if mix(0x4844_4D52 ^ i as u64) & 1 == 0 {
-                1.0
-            } else {
-                -1.0
-            };
-            let entry = if (i & j).count_ones() % 2 == 0 { 1.0 } else { -1.0 };
-            sign * entry / 4.0
-        })
-        .collect()
+/// `D`'s signs as a mask: bit `i` set where value `i` of a block is negated, drawn from a fixed
+/// seed.
+pub(crate) fn hadamard_signs() -> u32 {
+    (0..16).fold(0, |mask, i| mask | ((mix(0x4844_4D52 ^ i as u64) & 1) as u32) << i)
 }
 
 #[cfg(test)]
@@ -421,6 +424,36 @@ mod tests {
         assert!(a.iter().all(|&u| (0.0..1.0).contains(&u)));
         let mean = a.iter().sum::<f32>() / a.len() as f32;
         assert!((mean - 0.5).abs() < 0.05, "mean {mean}");
+    }
+
+    /// The fast transform against its closed form: `x · D·H₁₆/4` with `H`'s entries
+    /// `(−1)^popcount(i & j)`, a padded ragged width included.
+    #[test]
+    fn hadamard_is_the_matrix_product() {
+        let device = Device::flex();
+        let x = Tensor::<2>::random([6, 40], Distribution::Normal(0.0, 1.0), &device);
+        let matrix: Vec<f32> = (0..256)
+            .map(|at: usize| {
+                let (i, j) = (at / 16, at % 16);
+                let sign = if hadamard_signs() >> i & 1 == 1 { -1.0 } else { 1.0 };
+                let entry = if (i & j).count_ones() % 2 == 0 { 1.0 } else { -1.0 };
+                sign * entry / 4.0
+            })
+            .collect();
+        let matrix = Tensor::<2>::from_data(TensorData::new(matrix, [16, 16]), &device);
+        let padded = x
+            .clone()
+            .pad([(0, 0), (0, 8)], burn::tensor::ops::PadMode::Constant(0.0));
+        let product = padded.reshape([18, 16]).matmul(matrix).reshape([6, 48]);
+        // Sums of 16 unit normals over 4, in f32 either way, in different orders: a few ulps of
+        // values below ~4.
+        product
+            .to_data()
+            .assert_approx_eq::<f32>(&hadamard(x).to_data(), burn::tensor::Tolerance::absolute(1e-5));
+        assert!(
+            hadamard_signs() != 0 && hadamard_signs() != 0xFFFF,
+            "the signs are mixed"
+        );
     }
 
     /// The Hadamard transform is orthogonal: two operands transformed alike keep their product

@@ -215,10 +215,7 @@ pub fn wgrad_of<B: QuantOps>(grad: FloatTensor<B>, a: FloatTensor<B>, recipe: Re
 }
 
 /// The emulation's operands on any device: both Hadamard-transformed if the recipe says so,
-/// quantized and dequantized (f32 in tensor ops; in the operand's dtype where a CUDA kernel
-/// quantizes MX and NVFP4 blocks, the same values). Stochastic rounding draws from a seed hashed
-/// from the operand's shape and a few of its values, exact on every device, so a run repeats
-/// and the CPU and CUDA emulations draw alike.
+/// quantized and dequantized ([`quantized_operand`]).
 pub fn quantized_operands(
     a: Tensor<2>,
     b: Tensor<2>,
@@ -227,10 +224,6 @@ pub fn quantized_operands(
     amax: &Amax,
 ) -> (Tensor<2>, Tensor<2>) {
     let (qa, qb) = recipe.operands(pass);
-    let (a, b) = match qa.hadamard {
-        true => (hadamard(a.cast(DType::F32)), hadamard(b.cast(DType::F32))),
-        false => (a, b),
-    };
     let operand = |a| Operand { pass, a };
     (
         quantized_operand(a, qa, amax, operand(true)),
@@ -245,16 +238,22 @@ pub fn emulate(a: Tensor<2>, b: Tensor<2>, recipe: Recipe, pass: Pass, amax: &Am
     crate::f32_matmul::matmul(a, b.transpose()).cast(dtype)
 }
 
-/// `x` (`operand`) quantized with `q` and dequantized as [`quantized_operands`] does each
-/// operand (after any Hadamard transform; stochastic draws seeded from `x`'s values): f32, or in
-/// `x`'s dtype where a CUDA kernel quantizes it (MX and NVFP4 blocks: `quant_emulated`, the same
-/// values).
+/// `x` (`operand`) Hadamard-transformed where `q` says so, quantized with `q` and dequantized:
+/// f32 in tensor ops, or in `x`'s dtype and layout where a CUDA kernel does it all (MX and
+/// NVFP4 blocks: `quant_emulated`, the same values). Stochastic rounding draws from a seed
+/// hashed from `x`'s shape and a few of its values (before the transform), exact on every
+/// device, so a run repeats and the CPU and CUDA emulations draw alike.
 pub fn quantized_operand(x: Tensor<2>, q: Quantizer, amax: &Amax, operand: Operand) -> Tensor<2> {
     #[cfg(feature = "cuda")]
     if let Some(out) = quantize_on_cuda(&x, q, amax, operand) {
         return out;
     }
-    let draws = (q.rounding == Rounding::Stochastic).then(|| draws(x.dims(), seed(&x), &x.device()));
+    let seed = (q.rounding == Rounding::Stochastic).then(|| seed(&x));
+    let x = match q.hadamard {
+        true => hadamard(x),
+        false => x,
+    };
+    let draws = seed.map(|seed| draws(x.dims(), seed, &x.device()));
     let reduce = amax
         .as_ref()
         .map(|group| move |t: Tensor<1>| group.max(t, operand).resolve());

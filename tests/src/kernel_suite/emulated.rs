@@ -1,8 +1,8 @@
 //! The emulated recipes' operands on CUDA (MX and NVFP4 blocks quantized and dequantized by one
-//! kernel, `quant_emulated`) against the same emulation in tensor ops on the CPU.
+//! kernel, `quant_emulated`, NVFP4's Hadamard transform in it) against the same emulation in
+//! tensor ops on the CPU.
 
 use burn::tensor::{DType, Device, Distribution, Tensor, TensorData};
-use burn_megatron_kernels::quant::fake::hadamard;
 use burn_megatron_kernels::quant::product::{Operand, quantized_operand};
 use burn_megatron_kernels::quant::recipe::{Pass, Recipe};
 
@@ -11,17 +11,17 @@ use crate::Harness;
 /// MXFP8 and NVFP4 operands of every pass (`quantized_operand` with the pass's quantizers),
 /// bf16 and f32 inputs, against the CPU's tensor-op emulation of the same values, bit for bit:
 /// E8M0 and two-level scales, nearest and stochastic rounding (the draws' key hashed on the
-/// device). Where the pass transforms its operands (NVFP4's wgrad), both devices quantize the
-/// transform the GPU computed (copied to the CPU), since the transform is an f32 product each
-/// device sums its own way (TF32 on CUDA) and the draws' key hashes the transformed values.
-/// Shapes: ragged 16-row blocks and 16- and 32-wide blocks (37 × 40), whole blocks, a `c` no
-/// multiple of 8 (the tensor ops on CUDA too). Adversarial blocks: all zeros, one whose amax is
-/// E4M3's 448 exactly (MX scale 2⁰) and one just above it (2¹), a value far below the block's
-/// smallest step.
+/// device), NVFP4's wgrad transform (its fast form adds in one fixed order on both devices).
+/// Each operand both compact and as the transposed view of a compact tensor (as a GEMM's
+/// `wᵀ`, `dyᵀ`, `xᵀ` reach it; the kernel reads it in place where its rows are a multiple of
+/// 8, and copies it otherwise). Shapes: ragged 16-row blocks and 16- and 32-wide blocks
+/// (37 × 40, 40 × 37), whole blocks, a `c` no multiple of 8 (the tensor ops on CUDA too).
+/// Adversarial blocks: all zeros, one whose amax is E4M3's 448 exactly (MX scale 2⁰) and one
+/// just above it (2¹), a value far below the block's smallest step.
 pub fn emulated_blocks(h: &Harness) {
     let device = h.device(0);
     let cpu = Device::flex();
-    for (r, c) in [(37, 40), (64, 96), (300, 520), (20, 13)] {
+    for (r, c) in [(37, 40), (40, 37), (64, 96), (300, 520), (20, 13)] {
         let values = |seed: f32| {
             let mut v: Vec<f32> = Tensor::<2>::random([r, c], Distribution::Normal(0.0, 3.0), (&cpu, DType::F32))
                 .into_data()
@@ -35,33 +35,45 @@ pub fn emulated_blocks(h: &Harness) {
             }
             v
         };
-        for dtype in [DType::BF16, DType::F32] {
-            let inputs = [values(1.0), values(2.0)]
-                .map(|v| Tensor::<2>::from_data(TensorData::new(v, [r, c]), (&device, DType::F32)).cast(dtype));
+        for (dtype, view) in [DType::BF16, DType::F32]
+            .into_iter()
+            .flat_map(|d| [(d, false), (d, true)])
+        {
+            let operand = |v: Vec<f32>| {
+                let x = Tensor::<2>::from_data(TensorData::new(v, [r, c]), (&cpu, DType::F32));
+                match view {
+                    // The same values, held as `[c, r]`.
+                    true => {
+                        let held: Vec<f32> = x.transpose().into_data().try_to_vec().expect("f32");
+                        Tensor::<2>::from_data(TensorData::new(held, [c, r]), (&device, DType::F32))
+                            .cast(dtype)
+                            .transpose()
+                    }
+                    false => x.to_device(&device).cast(dtype),
+                }
+            };
+            let inputs = [operand(values(1.0)), operand(values(2.0))];
             for recipe in [Recipe::Mxfp8, Recipe::Nvfp4] {
                 for pass in [Pass::Forward, Pass::Dgrad, Pass::Wgrad] {
                     let (qa, qb) = recipe.operands(pass);
                     for (a, (q, x)) in [(true, (qa, &inputs[0])), (false, (qb, &inputs[1]))] {
-                        let case = format!("{r}×{c} {dtype:?} {recipe:?} {pass:?} {}", if a { "a" } else { "b" });
-                        let x = match q.hadamard {
-                            true => hadamard(x.clone().cast(DType::F32)),
-                            false => x.clone(),
-                        };
-                        // The kernel hands bf16 inputs' values on in bf16, as the GEMM reads them.
-                        let compared = x.dtype();
+                        let side = if a { "a" } else { "b" };
+                        let held = if view { "view" } else { "compact" };
+                        let case = format!("{r}×{c} {dtype:?} {held} {recipe:?} {pass:?} {side}");
                         let operand = Operand { pass, a };
                         let ours = quantized_operand(x.clone(), q, &None, operand);
-                        let theirs = quantized_operand(x.to_device(&cpu).cast(DType::F32), q, &None, operand);
+                        let theirs = quantized_operand(x.clone().to_device(&cpu).cast(DType::F32), q, &None, operand);
+                        // The kernel hands bf16 inputs' values on in bf16, as the GEMM reads them.
                         let host = |t: Tensor<2>| -> Vec<f32> {
-                            t.cast(compared)
+                            t.cast(dtype)
                                 .cast(DType::F32)
                                 .to_device(&cpu)
                                 .into_data()
                                 .try_to_vec()
                                 .expect("f32")
                         };
+                        assert_eq!(ours.dims(), theirs.dims(), "{case}: shapes");
                         let (ours, theirs) = (host(ours), host(theirs));
-                        assert_eq!(ours.len(), theirs.len(), "{case}: lengths");
                         let differ: Vec<usize> = (0..ours.len())
                             .filter(|&i| ours[i].to_bits() != theirs[i].to_bits())
                             .collect();
