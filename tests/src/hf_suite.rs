@@ -25,9 +25,16 @@ use crate::Harness;
 const SEQ: usize = 16;
 const VOCAB: usize = 99;
 
-/// The fixture directory `name` (`llama2`, `llama3`).
+/// The fixture directory `name` (`llama2`, `llama3`): under the crate that was built, or, where
+/// the binary runs from a copy of the checkout elsewhere (the GPU suite on the device machine),
+/// under the working directory's `tests/`.
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf").join(name)
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf");
+    let root = match built.exists() {
+        true => built,
+        false => PathBuf::from("tests/fixtures/hf"),
+    };
+    root.join(name)
 }
 
 fn scratch(tag: &str) -> PathBuf {

@@ -193,6 +193,25 @@ pub const MAPPING_TESTS: &[NamedTest] = for_each_mapping_test!(list!());
 pub const MOE_TESTS: &[NamedTest] = for_each_moe_test!(list!());
 /// How many of [`MOE_TESTS`] test the layer alone.
 pub const MOE_LAYER_TESTS: usize = 7;
+/// The Hugging Face tests that run on the harness's device, by name: transformers' fixtures
+/// (the tied llama3 among them) at the harness's tp, the tied model trained, saved and resumed at
+/// tp 1 and 4, and the export read back. The tied and export tests launch their own layouts, so
+/// they run with ranks as threads only.
+pub const HF_TESTS: &[NamedTest] = &[
+    (
+        "hf_suite::llama2_matches_transformers",
+        hf_suite::llama2_matches_transformers,
+    ),
+    (
+        "hf_suite::llama3_matches_transformers",
+        hf_suite::llama3_matches_transformers,
+    ),
+    (
+        "hf_suite::tied_checkpoint_resumes_at_other_tp",
+        hf_suite::tied_checkpoint_resumes_at_other_tp,
+    ),
+    ("hf_suite::export_round_trip", hf_suite::export_round_trip),
+];
 /// The pipeline and recomputation tests, by name: recomputation last. Each launches its own
 /// layouts (worlds of 1 to 4), so they run with ranks as threads only.
 pub const PIPELINE_TESTS: &[NamedTest] = &[

@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use burn::tensor::DType;
 use burn_megatron_tests::{
-    COMM_TESTS, CONTEXT_TESTS, DECODE_TESTS, DP_MODEL_TESTS, Harness, KERNEL_TESTS, LAYER_TESTS, MAPPING_TESTS,
-    MODEL_TESTS, MOE_LAYER_TESTS, MOE_TESTS, NamedTest, PIPELINE_TESTS,
+    COMM_TESTS, CONTEXT_TESTS, DECODE_TESTS, DP_MODEL_TESTS, HF_TESTS, Harness, KERNEL_TESTS, LAYER_TESTS,
+    MAPPING_TESTS, MODEL_TESTS, MOE_LAYER_TESTS, MOE_TESTS, NamedTest, PIPELINE_TESTS,
 };
 
 fn main() {
@@ -59,6 +59,7 @@ fn main() {
     let pipeline: &[NamedTest] = if rank.is_none() { PIPELINE_TESTS } else { &[] };
     let context: &[NamedTest] = if rank.is_none() { CONTEXT_TESTS } else { &[] };
     let decode: &[NamedTest] = if rank.is_none() { DECODE_TESTS } else { &[] };
+    let hf: &[NamedTest] = if rank.is_none() { HF_TESTS } else { &[] };
     // The attention test in bf16 with heads of 128: the flash kernels, block by block.
     let context_bf16: &[NamedTest] = &context[..context.len().min(1)];
     // Recomputation in bf16 too: flash attention and the fused kernels run inside its regions.
@@ -84,6 +85,8 @@ fn main() {
         .chain(context_bf16.iter().map(|t| ("bf16 ", &bf16, t)))
         .chain(decode.iter().map(|t| ("f32 ", &f32, t)))
         .chain(decode.iter().map(|t| ("bf16 ", &bf16, t)))
+        // Against transformers' f32 numbers: f32 only.
+        .chain(hf.iter().map(|t| ("f32 ", &f32, t)))
         .filter(|(_, _, (name, _))| filter.as_ref().is_none_or(|f| name.contains(f.as_str())))
         .filter(|(_, _, (name, _))| skip.as_ref().is_none_or(|s| !name.contains(s.as_str())))
         .collect();
