@@ -299,7 +299,7 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use burn::tensor::{Device, Distribution};
+    use burn::tensor::Device;
 
     use super::super::codes::Clipping;
     use super::*;
@@ -334,7 +334,7 @@ mod tests {
     fn the_factor_inverts_h() {
         let n = 24;
         let device = Device::flex();
-        let x = Tensor::<2>::random([64, n], Distribution::Normal(0.0, 1.0), &device);
+        let x = crate::init::normal([64, n], 1, 1.0, &device);
         let h: Vec<f64> = values(x.clone().transpose().matmul(x))
             .into_iter()
             .map(f64::from)
@@ -366,7 +366,7 @@ mod tests {
     #[test]
     fn diagonal_h_rounds_to_nearest() {
         let device = Device::flex();
-        let w = Tensor::<2>::random([40, 6], Distribution::Normal(0.0, 1.0), &device);
+        let w = crate::init::normal([40, 6], 2, 1.0, &device);
         let h = Tensor::<2>::eye(40, &device).mul_scalar(3.0);
         for scheme in [int8_channel(), asym(16)] {
             for act_order in [false, true] {
@@ -411,11 +411,11 @@ mod tests {
     fn correlated_inputs_lose_less_than_rounding() {
         let device = Device::flex();
         let [t, n, m] = [256, 64, 24];
-        let base = Tensor::<2>::random([t, 8], Distribution::Normal(0.0, 1.0), &device);
-        let mix = Tensor::<2>::random([8, n], Distribution::Normal(0.0, 1.0), &device);
-        let noise = Tensor::<2>::random([t, n], Distribution::Normal(0.0, 0.1), &device);
+        let base = crate::init::normal([t, 8], 3, 1.0, &device);
+        let mix = crate::init::normal([8, n], 4, 1.0, &device);
+        let noise = crate::init::normal([t, n], 5, 0.1, &device);
         let x = base.matmul(mix) + noise;
-        let w = Tensor::<2>::random([n, m], Distribution::Normal(0.0, 1.0), &device);
+        let w = crate::init::normal([n, m], 6, 1.0, &device);
         let gram = x.clone().transpose().matmul(x.clone());
         let output_error = |q: Tensor<2>| {
             let d = x.clone().matmul(q - w.clone());

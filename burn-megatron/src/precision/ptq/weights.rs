@@ -374,7 +374,7 @@ fn percentile(grouped: Tensor<3>, rows: usize, whole: bool, p: f64) -> Tensor<3>
 
 #[cfg(test)]
 mod tests {
-    use burn::tensor::{Device, Distribution, Tensor, TensorData};
+    use burn::tensor::{Device, Tensor, TensorData};
 
     use super::*;
 
@@ -407,7 +407,7 @@ mod tests {
         }
         let scales = values(q.scales.unwrap());
         assert!((scales[0] - 1.0 / 127.0).abs() < 1e-9 && (scales[1] - 100.0 / 127.0).abs() < 1e-6);
-        let w = Tensor::<2>::random([64, 3], Distribution::Normal(0.0, 1.0), &device);
+        let w = crate::init::normal([64, 3], 1, 1.0, &device);
         let step = values(w.clone().abs().max_dim(0))
             .iter()
             .map(|m| m / 127.0)
@@ -425,7 +425,7 @@ mod tests {
     #[test]
     fn int4_groups_and_clipping() {
         let device = Device::flex();
-        let w = Tensor::<2>::random([10, 5], Distribution::Normal(0.0, 1.0), &device);
+        let w = crate::init::normal([10, 5], 2, 1.0, &device);
         let g4 = Granularity::Group(4);
         let max = int(Codes::Int4, g4, Clipping::Max).quantize(w.clone());
         let (wv, qv) = (values(w.clone()), values(max.values.clone()));
@@ -459,7 +459,9 @@ mod tests {
     #[test]
     fn asymmetric_int4_groups() {
         let device = Device::flex();
-        let w = Tensor::<2>::random([10, 3], Distribution::Uniform(-1.0, 3.0), &device);
+        // 30 evenly spaced values over [-1, 3], scrambled over the rows (7 is prime to 30).
+        let spread: Vec<f32> = (0..30).map(|i| -1.0 + 4.0 * ((i * 7) % 30) as f32 / 29.0).collect();
+        let w = Tensor::<2>::from_data(TensorData::new(spread, [10, 3]), &device);
         let q = WeightScheme::Asymmetric {
             bits: 4,
             group: 4,
@@ -554,11 +556,11 @@ mod tests {
     #[test]
     fn mse_on_inputs_weighs_the_outputs() {
         let device = Device::flex();
-        let w = Tensor::<2>::random([32, 4], Distribution::Normal(0.0, 1.0), &device);
+        let w = crate::init::normal([32, 4], 4, 1.0, &device);
         // Input channel 0 is 30 times the others: its weight row matters most.
         let scale: Vec<f32> = (0..32).map(|i| if i == 0 { 30.0 } else { 1.0 }).collect();
         let scale = Tensor::<1>::from_data(TensorData::new(scale, [32]), &device).unsqueeze_dim::<2>(0);
-        let x = Tensor::<2>::random([64, 32], Distribution::Normal(0.0, 1.0), &device) * scale;
+        let x = crate::init::normal([64, 32], 5, 1.0, &device) * scale;
         let out_error = |q: Tensor<2>| {
             (x.clone().matmul(q - w.clone()))
                 .powi_scalar(2)
@@ -583,7 +585,7 @@ mod tests {
     #[test]
     fn fp8_per_tensor() {
         let device = Device::flex();
-        let w = Tensor::<2>::random([7, 6], Distribution::Normal(0.0, 1.0), &device);
+        let w = crate::init::normal([7, 6], 6, 1.0, &device);
         let amax = w.clone().abs().max().into_scalar::<f32>();
         let q = int(Codes::Fp8, Granularity::Tensor, Clipping::Max).quantize(w);
         let scale = values(q.scales.unwrap());
