@@ -112,8 +112,8 @@ impl Trainer<'_> {
         let mut reducer = optim.reducer(model);
         self.ctx.device.sync().expect("sync");
         let start = Instant::now();
-        // A parameter gradients do not train (delayed FP8's amax histories) has none: the
-        // reducer counts it as zeros, as in the timed steps.
+        // A parameter gradients do not train (delayed FP8's amax histories) has none and is in
+        // no bucket, as in the timed steps.
         for (index, grad) in grads.into_iter().enumerate().rev() {
             if let Some(grad) = grad {
                 reducer.add(index, grad).expect("reduce");

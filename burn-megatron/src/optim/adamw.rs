@@ -101,15 +101,6 @@ impl DistributedAdamWConfig {
     }
 }
 
-/// Every parameter's gradient, flattened, in traversal order (zeros for an unused parameter).
-fn flat_grads<M: Module>(model: &M, grads: GradientsParams) -> Vec<(Tensor<1>, DType)> {
-    take_grads(model, grads)
-        .into_iter()
-        .zip(param_values(model))
-        .map(|(grad, p)| (grad.unwrap_or_else(|| p.value.zeros_like()), p.value.dtype()))
-        .collect()
-}
-
 /// Each parameter's element count, in traversal order, and the dtype of the first.
 fn numels_and_dtype<M: Module>(model: &M) -> (Vec<usize>, DType) {
     let values = param_values(model);
@@ -234,11 +225,15 @@ impl DistributedAdamW {
     /// One update of `model` from `grads`; averages gradients over the data-parallel group.
     pub fn step<M: Module>(&mut self, lr: f64, model: M, grads: GradientsParams) -> Result<(M, StepReport), CommError> {
         let mut reducer = self.reducer(&model);
-        let flat = flat_grads(&model, grads);
-        let like = flat.first().map(|(g, dtype)| (g.device(), *dtype));
-        for (index, (grad, _)) in flat.into_iter().enumerate().rev() {
-            reducer.add(index, grad)?;
+        for (index, grad) in take_grads(&model, grads).into_iter().enumerate().rev() {
+            // A parameter without a gradient counts as zeros (`GradReducer::finish`).
+            if let Some(grad) = grad {
+                reducer.add(index, grad)?;
+            }
         }
+        let like = param_values(&model)
+            .first()
+            .map(|p| (p.value.device(), p.value.dtype()));
         let reduced = match like {
             Some((device, dtype)) => reducer.finish(&device, dtype)?,
             None => Vec::new(),
@@ -335,7 +330,10 @@ impl DistributedAdamW {
                 .zip(&self.infos)
                 .enumerate()
                 .filter(|(i, (_, info))| {
-                    info.expert == expert && (info.tp_split || tp.group_rank() == 0) && copies.counted_here(*i)
+                    info.trainable
+                        && info.expert == expert
+                        && (info.tp_split || tp.group_rank() == 0)
+                        && copies.counted_here(*i)
                 })
                 .map(|(_, (shard, _))| shard.clone())
                 .collect()

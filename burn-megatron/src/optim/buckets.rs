@@ -12,7 +12,9 @@
 //! in.
 //!
 //! Each parameter is averaged over its own group ([`GradGroup`]): dp × cp, or for experts the
-//! expert-data-parallel group; a bucket never mixes groups.
+//! expert-data-parallel group; a bucket never mixes groups. A parameter gradients do not train
+//! (delayed FP8's amax histories, a router's expert bias) is in no bucket: it would hold its
+//! bucket back until [`GradReducer::finish`] and be reduced as zeros every step.
 //!
 //! Legend: `dp` the data-parallel group size, `n_p` parameter `p`'s element count, `k_p` its
 //! shard `⌈n_p / dp⌉`.
@@ -72,9 +74,13 @@ impl GradGroup {
         }
     }
 
-    /// Every parameter's group, in traversal order.
-    pub fn for_model<M: Module>(model: &M, groups: &ProcessGroups) -> Vec<Self> {
-        param_infos(model).iter().map(|info| Self::of(info, groups)).collect()
+    /// Every parameter's group, in traversal order; none for a parameter gradients do not train
+    /// ([`ParamInfo::trainable`]).
+    pub fn for_model<M: Module>(model: &M, groups: &ProcessGroups) -> Vec<Option<Self>> {
+        param_infos(model)
+            .iter()
+            .map(|info| info.trainable.then(|| Self::of(info, groups)))
+            .collect()
     }
 
     fn same(&self, other: &Self) -> bool {
@@ -96,7 +102,8 @@ pub struct GradReducer {
     /// Element count of each parameter, in traversal order.
     numels: Vec<usize>,
     buckets: Vec<Bucket>,
-    bucket_of: Vec<usize>,
+    /// Each parameter's bucket; none for a parameter gradients do not train.
+    bucket_of: Vec<Option<usize>>,
     waiting: Vec<usize>,
     grads: Vec<Option<Tensor<1>>>,
     /// Each bucket's reduction once launched, unpacked at [`finish`](Self::finish).
@@ -127,9 +134,10 @@ impl Launched {
 
 impl GradReducer {
     /// A reducer for parameters of `(element count, group)` each, in traversal order, whose
-    /// gradients are `dtype_bytes` wide: a bucket holds parameters of one group.
+    /// gradients are `dtype_bytes` wide: a bucket holds parameters of one group. A parameter
+    /// without a group (gradients do not train it) is in no bucket.
     pub fn new(
-        params: Vec<(usize, GradGroup)>,
+        params: Vec<(usize, Option<GradGroup>)>,
         dtype_bytes: usize,
         reduction: Reduction,
         config: &BucketConfig,
@@ -138,7 +146,9 @@ impl GradReducer {
         let mut buckets: Vec<Bucket> = Vec::new();
         let mut filled = 0;
         for index in (0..params.len()).rev() {
-            let (numel, grad) = &params[index];
+            let (numel, Some(grad)) = &params[index] else {
+                continue;
+            };
             let open = buckets
                 .last()
                 .is_some_and(|b| filled < config.bytes.max(1) && b.grad.same(grad));
@@ -152,10 +162,10 @@ impl GradReducer {
             buckets.last_mut().expect("one bucket at least").members.push(index);
             filled += numel * width;
         }
-        let mut bucket_of = vec![0; params.len()];
+        let mut bucket_of = vec![None; params.len()];
         for (b, bucket) in buckets.iter().enumerate() {
             for &p in &bucket.members {
-                bucket_of[p] = b;
+                bucket_of[p] = Some(b);
             }
         }
         let waiting = buckets.iter().map(|b| b.members.len()).collect();
@@ -179,19 +189,22 @@ impl GradReducer {
     }
 
     /// Takes parameter `index`'s flattened gradient; reduces its bucket if it was the last one
-    /// missing. A second gradient for the same parameter in one step is added to the first.
+    /// missing. A second gradient for the same parameter in one step is added to the first. A
+    /// parameter gradients do not train ignores it.
     pub fn add(&mut self, index: usize, grad: Tensor<1>) -> Result<(), CommError> {
-        if self.launched[self.bucket_of[index]].is_some() {
+        let Some(bucket) = self.bucket_of[index] else {
+            return Ok(());
+        };
+        if self.launched[bucket].is_some() {
             panic!("parameter {index} received a gradient after its bucket was reduced");
         }
         self.grads[index] = Some(match self.grads[index].take() {
             Some(earlier) => earlier + grad,
             None => {
-                self.waiting[self.bucket_of[index]] -= 1;
+                self.waiting[bucket] -= 1;
                 grad
             }
         });
-        let bucket = self.bucket_of[index];
         if self.waiting[bucket] == 0 {
             self.reduce(bucket)
         } else {
@@ -201,7 +214,9 @@ impl GradReducer {
 
     /// Reduces every bucket still open (a parameter without a gradient counts as zeros) and
     /// returns each parameter's result in traversal order, in the dtype it was reduced in (the
-    /// gradients', or f32 with `reduce_in_fp32`); resets for the next step.
+    /// gradients', or f32 with `reduce_in_fp32`); resets for the next step. A parameter
+    /// gradients do not train gets zeros of its whole length (under ZeRO-1 too: nothing steps
+    /// it), views of one buffer.
     pub fn finish(&mut self, device: &Device, dtype: DType) -> Result<Vec<Tensor<1>>, CommError> {
         for bucket in 0..self.buckets.len() {
             if self.launched[bucket].is_none() {
@@ -221,9 +236,25 @@ impl GradReducer {
                 reduced[p] = Some(result);
             }
         }
+        let untrained: Vec<usize> = (0..self.numels.len())
+            .filter(|&p| self.bucket_of[p].is_none())
+            .collect();
+        if !untrained.is_empty() {
+            let wire = match self.reduce_in_fp32 {
+                true => DType::F32,
+                false => dtype,
+            };
+            let lengths: Vec<usize> = untrained.iter().map(|&p| self.numels[p]).collect();
+            let zeros = Tensor::<1>::zeros([lengths.iter().sum::<usize>()], (device, wire));
+            let mut at = 0;
+            for (&p, n) in untrained.iter().zip(lengths) {
+                reduced[p] = Some(zeros.clone().narrow(0, at, n));
+                at += n;
+            }
+        }
         Ok(reduced
             .into_iter()
-            .map(|r| r.expect("every parameter is in a bucket"))
+            .map(|r| r.expect("every trained parameter is in a bucket"))
             .collect())
     }
 
@@ -289,5 +320,62 @@ pub(crate) fn pad(x: Tensor<1>, parts: usize) -> Tensor<1> {
     match padded - n {
         0 => x,
         extra => Tensor::cat(vec![x.clone(), Tensor::zeros([extra], (&x.device(), x.dtype()))], 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn_megatron_dist::{ParallelDims, launch};
+
+    use super::*;
+
+    /// At dp 2, a bucket holding a parameter gradients do not train (between two that they
+    /// do) is reduced as soon as its trained members' gradients arrive, not left for `finish`;
+    /// both ways of reducing average the trained gradients over the ranks and hand the untrained
+    /// one zeros of its length. Before, it held its bucket back until `finish`, where no
+    /// reduction hides behind backward.
+    #[test]
+    fn an_untrained_parameter_holds_no_bucket_back() {
+        for reduction in [Reduction::AllReduce, Reduction::ReduceScatter] {
+            let results = launch(
+                ParallelDims::tp_dp(1, 2),
+                |_| Device::flex(),
+                |ctx| {
+                    let dp = ctx.groups.grad_sync().clone();
+                    let group = || {
+                        Some(GradGroup {
+                            group: dp.clone(),
+                            scale: 1.0,
+                        })
+                    };
+                    let params = vec![(3, group()), (2, None), (4, group())];
+                    let mut reducer = GradReducer::new(params, 4, reduction, &BucketConfig::new());
+                    assert_eq!(reducer.bucket_count(), 1, "one bucket for the trained two");
+                    let rank = ctx.groups.dp.group_rank() as f32;
+                    let grad = |n: usize| Tensor::<1>::full([n], 1.0 + rank, (&ctx.device, DType::F32));
+                    reducer.add(2, grad(4)).unwrap();
+                    reducer.add(0, grad(3)).unwrap();
+                    assert!(reducer.launched[0].is_some(), "launched before finish");
+                    // A gradient for the untrained parameter is dropped, even after the bucket left.
+                    reducer.add(1, grad(2)).unwrap();
+                    let reduced = reducer.finish(&ctx.device, DType::F32).unwrap();
+                    reduced
+                        .into_iter()
+                        .map(|t| t.into_data().try_to_vec::<f32>().unwrap())
+                        .collect::<Vec<_>>()
+                },
+            )
+            .unwrap();
+            for (rank, reduced) in results.iter().enumerate() {
+                // The mean of 1 and 2, exact in f32; under ZeRO-1 this rank's shard of the
+                // padded gradient (⌈3/2⌉ = 2 and 4/2 = 2 values, the padding's zeros averaged in).
+                let (first, last) = match reduction {
+                    Reduction::AllReduce => (vec![1.5; 3], vec![1.5; 4]),
+                    Reduction::ReduceScatter if rank == 0 => (vec![1.5; 2], vec![1.5; 2]),
+                    Reduction::ReduceScatter => (vec![1.5, 0.0], vec![1.5; 2]),
+                };
+                assert_eq!(reduced, &vec![first, vec![0.0; 2], last], "{reduction:?} rank {rank}");
+            }
+        }
     }
 }
