@@ -13,6 +13,8 @@
 //! where the bf16 operand took two) in place of the operand; every other case keeps the operand
 //! and quantizes it again ([`Kept::Values`]), as the emulated recipes do.
 
+use std::sync::{Arc, Mutex};
+
 use burn::backend::Cube;
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
@@ -20,7 +22,9 @@ use burn::tensor::{DType, Tensor};
 use burn_cubecl::tensor::CubeTensor;
 
 use super::format::Minifloat;
-use super::product::{Amax, Operand, QuantGrads, QuantOps, dgrad_of, quantized_operands, wgrad_of};
+use super::product::{
+    Amax, AmaxGroup, Operand, QuantGrads, QuantOps, ScaleAmax, dgrad_of, quantized_operands, wgrad_of,
+};
 use super::recipe::{Blocks, Pass, Quantizer, Recipe};
 use crate::elementwise::is_compact;
 use crate::quant_blocks::{quantize_row_tiles, quantize_squares, quantize_tiles, quantize_tiles_both};
@@ -203,12 +207,30 @@ fn gemm(a: Codes, b: Codes, formats: (Minifloat, Minifloat), dtype: DType) -> Cu
     }
 }
 
-/// A forward input's codes as [`SharedInput`](super::product::SharedInput) keeps them.
+/// A forward input's codes as [`SharedInput`](super::product::SharedInput) keeps them, with
+/// the amax they were scaled from (for the products that reuse them to record).
 #[derive(Clone, Debug)]
 struct SharedCodes {
     quantizer: Quantizer,
     layouts: Layouts,
     codes: Quantized,
+    current: Option<Tensor<1>>,
+}
+
+/// A product's amax group that keeps the current amax its product scaled from: the shared
+/// input's, handed to the products that reuse its codes.
+#[derive(Debug)]
+struct Capturing {
+    group: Arc<dyn AmaxGroup>,
+    current: Mutex<Option<Tensor<1>>>,
+}
+
+impl AmaxGroup for Capturing {
+    fn max(&self, amax: Tensor<1>, operand: Operand) -> ScaleAmax {
+        let scale = self.group.max(amax, operand);
+        *self.current.lock().expect("the captured amax") = Some(scale.current.clone());
+        scale
+    }
 }
 
 /// A weight's codes as [`WeightCodes`](super::product::WeightCodes) keeps them, with the
@@ -296,10 +318,9 @@ impl QuantGrads for Cube {
         };
         let pass = Pass::Forward;
         let quantize_a = || quantize(a.clone(), qa, &amax, Operand { pass, a: true }, layouts(a_codes));
-        let shared = amax.as_ref().and_then(|group| group.shared_input());
+        let shared = amax.as_ref().and_then(|group| group.shared_input().map(|s| (group, s)));
         let qa_codes = match shared {
-            // Delayed scaling scales each layer by its own history: nothing to share.
-            Some(shared) if !matches!(recipe, Recipe::Fp8Delayed { .. }) => {
+            Some((group, shared)) => {
                 let fits = |kept: &SharedCodes| {
                     kept.quantizer == qa
                         && kept.layouts == layouts(a_codes)
@@ -309,14 +330,29 @@ impl QuantGrads for Cube {
                             .as_ref()
                             .is_some_and(|d| d.codes.meta.shape() == a.meta.shape())
                 };
-                let make = || SharedCodes {
-                    quantizer: qa,
-                    layouts: layouts(a_codes),
-                    codes: quantize_a(),
+                let made = std::cell::Cell::new(false);
+                let make = || {
+                    made.set(true);
+                    let capturing = Arc::new(Capturing {
+                        group: group.clone(),
+                        current: Mutex::new(None),
+                    });
+                    let captured: Amax = Some(capturing.clone());
+                    let codes = quantize(a.clone(), qa, &captured, Operand { pass, a: true }, layouts(a_codes));
+                    SharedCodes {
+                        quantizer: qa,
+                        layouts: layouts(a_codes),
+                        codes,
+                        current: capturing.current.lock().expect("the captured amax").take(),
+                    }
                 };
-                shared.reuse_or(fits, make).codes
+                let kept = shared.reuse_or(fits, make);
+                if let (false, Some(current)) = (made.get(), kept.current) {
+                    group.reused_input(current, Operand { pass, a: true });
+                }
+                kept.codes
             }
-            _ => quantize_a(),
+            None => quantize_a(),
         };
         let quantize_b = || quantize(b.clone(), qb, &amax, Operand { pass, a: false }, layouts(b_codes));
         let weight = amax.as_ref().and_then(|group| group.weight_codes());

@@ -78,6 +78,11 @@ pub trait AmaxGroup: Send + Sync + std::fmt::Debug {
     fn weight_codes(&self) -> Option<&WeightCodes> {
         None
     }
+
+    /// This product reused the [`SharedInput`]'s quantization instead of quantizing its input:
+    /// `current` is the amax (`[1]`, f32, reduced over the group) the quantizing product scaled
+    /// it from, for a group that records what its products see (delayed scaling's histories).
+    fn reused_input(&self, _current: Tensor<1>, _operand: Operand) {}
 }
 
 /// One quantization kept for the products that read the same tensor again. A backend keeps
@@ -89,8 +94,10 @@ pub struct CodesSlot(std::sync::Mutex<Option<Box<dyn std::any::Any + Send + Sync
 /// The input several products of one layer call read (q, k and v's; the gate's and the up
 /// projection's), quantized by the first of them and reused by the others: one amax and one cast
 /// where each product would run its own, and one copy of the codes kept for the gradients.
-/// Every product handed the same `SharedInput` must read the same tensor and scale it alike
-/// (per-tensor current scaling, amaxes reduced over the same group).
+/// Every product handed the same `SharedInput` must read the same tensor and scale it alike:
+/// per-tensor current scaling with amaxes reduced over the same group, or delayed scaling by
+/// histories whose input rows are equal (each layer records the same amax of the same input:
+/// the products that reuse the codes record the quantizing product's, [`AmaxGroup::reused_input`]).
 pub type SharedInput = CodesSlot;
 
 /// A layer's weight as its forward product last quantized it, reused by the calls that read

@@ -122,6 +122,7 @@ pub fn sharded_linear<const D: usize>(
         Some(state) => Some(Arc::new(DelayedAmax {
             state,
             tp: amax.clone(),
+            input: reuse.input.clone(),
         })),
         None if reuses && matches!(gemm, Gemm::Quantized(_)) => Some(Arc::new(Sharing {
             tp: amax.clone(),

@@ -17,7 +17,7 @@ use burn::tensor::{DType, Device, Tensor};
 use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
 use burn_megatron_kernels::Gemm;
 use burn_megatron_kernels::quant::history;
-use burn_megatron_kernels::quant::product::{AmaxGroup, LayerTensor, Operand, ScaleAmax};
+use burn_megatron_kernels::quant::product::{AmaxGroup, LayerTensor, Operand, ScaleAmax, SharedInput};
 use burn_megatron_kernels::quant::recipe::{AmaxAlgo, Recipe};
 
 use super::amax::TensorParallelAmax;
@@ -49,7 +49,7 @@ impl AmaxRecorder {
 
     /// This step's amaxes by row (`[1]` each, 0 where a tensor was not seen), emptying the
     /// record: plain tensors of the backend the products ran on (beneath autodiff) on `device`.
-    fn take(&self, device: &Device) -> [Tensor<1>; 3] {
+    pub fn take(&self, device: &Device) -> [Tensor<1>; 3] {
         let slots = std::mem::take(&mut *self.0.lock().expect("not poisoned"));
         slots.map(|s| {
             let zero = || Tensor::zeros([1], (device, DType::F32)).without_autodiff();
@@ -86,6 +86,11 @@ pub struct DelayedAmax {
     /// The reduction over the ranks holding pieces of the layer's tensors (none at tp = 1),
     /// which keeps a forward failure for the layer to return.
     pub tp: Option<Arc<TensorParallelAmax>>,
+    /// The input's quantization, shared with the call's other layers that read the same input
+    /// (q, k and v; the gate and up projections). Their histories' input rows are equal: each
+    /// records the same amax of the same input every call (the layers reusing the codes
+    /// record the quantizing layer's), so they scale it alike.
+    pub input: Option<Arc<SharedInput>>,
 }
 
 impl AmaxGroup for DelayedAmax {
@@ -102,6 +107,16 @@ impl AmaxGroup for DelayedAmax {
         ScaleAmax {
             current,
             kept: Some(self.state.kept.clone().narrow(0, row(tensor), 1)),
+        }
+    }
+
+    fn shared_input(&self) -> Option<&SharedInput> {
+        self.input.as_deref()
+    }
+
+    fn reused_input(&self, current: Tensor<1>, operand: Operand) {
+        if let Some(recorder) = &self.state.recorder {
+            recorder.record(operand.tensor(), current);
         }
     }
 }
@@ -198,7 +213,8 @@ mod tests {
 
     /// A product scales by the history's amax, not its own (the largest, or the newest), and
     /// records its own; an empty history scales by the call's own; the record keeps each
-    /// tensor's largest over calls, the weight's from forward and dgrad alike.
+    /// tensor's largest over calls, the weight's from forward and dgrad alike, and the input's
+    /// handed over by a call that reused a shared quantization.
     #[test]
     fn the_history_scales_and_the_call_is_recorded() {
         use burn_megatron_kernels::quant::recipe::Pass;
@@ -223,6 +239,7 @@ mod tests {
         let max = DelayedAmax {
             state: state(rows.clone(), 3, AmaxAlgo::Max),
             tp: None,
+            input: None,
         };
         assert_eq!(call(&max, 9.0, x), 5.0, "the history's largest, not this call's 9");
         assert_eq!(call(&max, 0.5, w), 1.0);
@@ -231,8 +248,11 @@ mod tests {
         let recent = DelayedAmax {
             state: state(rows, 3, AmaxAlgo::MostRecent),
             tp: None,
+            input: None,
         };
         assert_eq!(call(&recent, 9.0, x), 2.0, "the newest");
+        // A call that reused a shared input's quantization records the amax it was scaled from.
+        max.reused_input(Tensor::from_floats([11.0], &Device::flex()), x);
         let recorded: Vec<f32> = max
             .state
             .recorder
@@ -241,7 +261,7 @@ mod tests {
             .take(&Device::flex())
             .map(|t| t.into_scalar::<f32>())
             .to_vec();
-        assert_eq!(recorded, vec![9.0, 4.0, 0.25]);
+        assert_eq!(recorded, vec![11.0, 4.0, 0.25]);
         let emptied: Vec<f32> = max
             .state
             .recorder

@@ -339,7 +339,9 @@ fn quantized_linear_with(h: &Harness, recipe: burn_megatron_kernels::quant::reci
 /// Three FP8 tensorwise products of one input (q, k and v's) sharing its quantization
 /// ([`SharedInput`]) against the same three quantizing it each: the first product keeps its codes
 /// and the others reuse them, so the outputs, the input's gradient (the three dgrads summed) and
-/// each weight's gradient are the same bit for bit; under delayed scaling nothing is kept.
+/// each weight's gradient are the same bit for bit. Under delayed scaling (three layers, each its
+/// own history with equal input rows, empty or not) the same, and each layer records the same
+/// amaxes as when it quantizes its input itself.
 pub fn shared_input(h: &Harness) {
     use std::sync::Arc;
 
@@ -365,12 +367,13 @@ pub fn shared_input(h: &Harness) {
     let dys: Vec<Tensor<2>> = [512, 128, 128]
         .map(|n| Tensor::<2>::random([320, n], normal, (&device, DType::F32)))
         .to_vec();
-    let run = |amax: &dyn Fn() -> Amax| {
+    let run = |recipe: Recipe, amax: &dyn Fn(usize) -> Amax| {
         let x = x.clone().detach().require_grad();
         let ws: Vec<Tensor<2>> = weights.iter().map(|w| w.clone().detach().require_grad()).collect();
         let ys: Vec<Tensor<2>> = ws
             .iter()
-            .map(|w| product(x.clone(), w.clone().transpose(), Recipe::Fp8Tensorwise, amax()))
+            .enumerate()
+            .map(|(i, w)| product(x.clone(), w.clone().transpose(), recipe, amax(i)))
             .collect();
         let loss = ys
             .iter()
@@ -385,27 +388,69 @@ pub fn shared_input(h: &Harness) {
         out
     };
     let shared = Arc::new(SharedInput::default());
-    let ours = run(&|| Some(Arc::new(Sharing(shared.clone())) as Arc<dyn AmaxGroup>));
+    let ours = run(Recipe::Fp8Tensorwise, &|_| {
+        Some(Arc::new(Sharing(shared.clone())) as Arc<dyn AmaxGroup>)
+    });
     assert!(shared.holds(), "the first product kept its quantization of the input");
-    let theirs = run(&|| None);
+    let theirs = run(Recipe::Fp8Tensorwise, &|_| None);
     let names = ["y_q", "y_k", "y_v", "dx", "dw_q", "dw_k", "dw_v"];
-    for ((name, a), b) in names.iter().zip(ours).zip(theirs) {
-        let worst = (a - b).abs().max().into_scalar::<f32>();
-        // The same codes multiplied in the same order: bit for bit.
-        assert!(worst == 0.0, "{name}: shared and unshared differ by up to {worst}");
+    let same = |ours: Vec<Tensor<2>>, theirs: Vec<Tensor<2>>, what: &str| {
+        for ((name, a), b) in names.iter().zip(ours).zip(theirs) {
+            let worst = (a - b).abs().max().into_scalar::<f32>();
+            // The same codes multiplied in the same order: bit for bit.
+            assert!(
+                worst == 0.0,
+                "{what} {name}: shared and unshared differ by up to {worst}"
+            );
+        }
+    };
+    same(ours, theirs, "tensorwise");
+
+    use burn_megatron::precision::delayed::{AmaxRecorder, DelayedAmax, DelayedState};
+    use burn_megatron_kernels::quant::recipe::AmaxAlgo;
+    let recipe = Recipe::Fp8Delayed {
+        history: 4,
+        algo: AmaxAlgo::Max,
+    };
+    // Input rows equal over the layers (empty, then not); weight and gradient rows their own.
+    for input_row in [[0.0f32; 4], [3.0, 0.5, 2.0, 0.0]] {
+        let history = |layer: usize| {
+            let mut rows = input_row.to_vec();
+            rows.extend([1.0 + layer as f32, 0.0, 0.0, 0.0, 20.0, 10.0, 0.0, 0.0]);
+            Tensor::<2>::from_data(burn::tensor::TensorData::new(rows, [3, 4]), &h.device(0))
+        };
+        let recorders: [Vec<AmaxRecorder>; 2] = [0, 1].map(|_| (0..3).map(|_| AmaxRecorder::default()).collect());
+        let shared = Arc::new(SharedInput::default());
+        let delayed = |sharing: bool| {
+            let recorders = &recorders[sharing as usize];
+            let shared = sharing.then(|| shared.clone());
+            move |layer: usize| {
+                Some(Arc::new(DelayedAmax {
+                    state: DelayedState::new(history(layer), AmaxAlgo::Max, Some(recorders[layer].clone())),
+                    tp: None,
+                    input: shared.clone(),
+                }) as Arc<dyn AmaxGroup>)
+            }
+        };
+        let ours = run(recipe, &delayed(true));
+        assert!(
+            shared.holds(),
+            "delayed scaling: the first product kept its quantization"
+        );
+        let theirs = run(recipe, &delayed(false));
+        same(ours, theirs, &format!("delayed, input history {input_row:?}"));
+        let take = |r: &AmaxRecorder| -> Vec<f32> {
+            r.take(&h.device(0))
+                .iter()
+                .map(|t| t.clone().into_scalar::<f32>())
+                .collect()
+        };
+        for (layer, (sharing, alone)) in recorders[1].iter().zip(&recorders[0]).enumerate() {
+            let (a, b) = (take(sharing), take(alone));
+            assert!(a[0] > 0.0, "layer {layer} recorded its input's amax");
+            assert_eq!(a, b, "layer {layer}: recorded amaxes shared against unshared");
+        }
     }
-    // Delayed scaling keeps nothing (each layer scales by its own history).
-    let delayed = Arc::new(SharedInput::default());
-    let _ = product(
-        x.clone().detach().require_grad(),
-        weights[0].clone().detach().require_grad().transpose(),
-        Recipe::Fp8Delayed {
-            history: 4,
-            algo: burn_megatron_kernels::quant::recipe::AmaxAlgo::Max,
-        },
-        Some(Arc::new(Sharing(delayed.clone())) as Arc<dyn AmaxGroup>),
-    );
-    assert!(!delayed.holds(), "a delayed-scaling product kept a shared quantization");
 }
 
 /// Three microbatches through one weight with a [`WeightCodes`] slot (gradient accumulation)
