@@ -11,7 +11,10 @@
 //! - [`rms_norm`], [`swiglu`], [`rope`]: the fused row and elementwise ops of a Llama block.
 //! - [`decode`]: one decoding step's KV-cache append and attention, with the position on the
 //!   device; [`graph`]: such a step captured into a CUDA graph and replayed.
-//! - [`rows`]: row gathers whose gradient is a gather (a mixture of experts' permutations).
+//! - [`rows`]: row gathers whose gradient is a gather, and the weighted sum of each token's
+//!   expert outputs (a mixture of experts' permutations).
+//! - [`top_k`]: each row's k highest columns, ties to the lower index on every device (a
+//!   mixture of experts' routing choice).
 //! - [`cross_entropy`]: the full-vocabulary sums of (vocab-parallel) cross-entropy and their
 //!   backward, on the logits in their dtype.
 //! - [`adamw`]: one AdamW update a parameter in one kernel (of fp32 master weights too, writing
@@ -53,8 +56,11 @@ pub mod rope;
 mod row_kernels;
 pub mod rows;
 #[cfg(feature = "cuda")]
+mod rows_kernels;
+#[cfg(feature = "cuda")]
 mod skinny;
 pub mod swiglu;
+pub mod top_k;
 #[cfg(feature = "cuda")]
 pub mod wgmma;
 #[cfg(any(feature = "cuda", test))]

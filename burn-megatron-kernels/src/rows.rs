@@ -1,21 +1,30 @@
 //! Row gathers whose gradient is a gather too, [`RowOps`]: what a mixture of experts moves its
-//! token copies with. Burn's `select` takes its gradient with `select_assign`, which on CUDA
-//! adds the rows one index after another (12 ms on an H200 for moe-4b's 35k rows of 2048 bf16,
-//! a layer's un-permutation, where the gather itself takes 0.3 ms). Here the caller hands the
-//! inverse map with the gather: for each source row, the output rows that read it (at most
-//! `c`); the gradient gathers those rows back and adds the `c` of them.
+//! token copies with.
 //!
-//! Legend: `n` source rows, `m` output rows, `d` row width, `c` readers a row at most.
+//! - [`gather_rows`]: Burn's `select` takes its gradient with `select_assign`, which on CUDA
+//!   adds the rows one index after another (12 ms on an H200 for moe-4b's 35k rows of 2048
+//!   bf16, where the gather itself takes 0.3 ms). Here the caller hands the inverse map with the
+//!   gather: for each source row, the output rows that read it (at most `c`); the gradient
+//!   gathers those rows back and adds the `c` of them.
+//! - [`combine_rows`]: each token's `k` expert outputs weighted and summed, the un-permutation's
+//!   arithmetic, with both gradients (to the rows, a scaled gather; to the weights, a dot
+//!   product a copy).
+//!
+//! On CUDA each is one kernel a direction, 256 threads a row, summing in f32 (`rows_kernels`);
+//! elsewhere the tensor-op twin, [`reference`].
+//!
+//! Legend: `n` source rows, `m` output rows, `d` row width, `c` readers a row at most, `t`
+//! tokens, `k` copies a token, `r` copies' rows.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::{Autodiff, Backend, Flex, TensorMetadata, backend_extension};
-use burn::tensor::{FloatDType, Int, Tensor};
+use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::tensor::{Int, Tensor};
 
-/// The backend extension behind [`gather_rows`].
+/// The backend extension behind [`gather_rows`] and [`combine_rows`].
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait RowOps: Backend {
     /// `out[i] = x[index[i]]`, a zero row where `index[i] = n`; `readers` is the inverse map
@@ -24,48 +33,171 @@ pub trait RowOps: Backend {
     /// # Shapes
     /// `x`: `[n, d]`, `index`: `[m]`, `readers`: `[n, c]` → `[m, d]`
     fn gather_rows(x: FloatTensor<Self>, index: IntTensor<Self>, readers: IntTensor<Self>) -> FloatTensor<Self>;
+
+    /// The gradient of a gather: for each source row, the sum of `grad`'s rows its readers
+    /// name (`m` names none).
+    ///
+    /// # Shapes
+    /// `grad`: `[m, d]`, `readers`: `[n, c]` → `[n, d]`
+    fn gather_rows_back(grad: FloatTensor<Self>, readers: IntTensor<Self>) -> FloatTensor<Self>;
+
+    /// `out[i] = Σ_j weights[i, j] · y[rows[i, j]]`, a copy whose row is `r` adding nothing;
+    /// summed in f32, rounded to `y`'s dtype. `slots` is the inverse map the gradient uses
+    /// (the copy `i·k + j` each row of `y` holds, `t·k` for a row nobody reads).
+    ///
+    /// # Shapes
+    /// `y`: `[r, d]`, `weights`: `[t, k]`, `rows`: `[t, k]`, `slots`: `[r]` → `[t, d]`
+    fn combine_rows(
+        y: FloatTensor<Self>,
+        weights: FloatTensor<Self>,
+        rows: IntTensor<Self>,
+        slots: IntTensor<Self>,
+    ) -> FloatTensor<Self>;
+
+    /// The gradients of [`combine_rows`](RowOps::combine_rows) given the output's: `dy[ρ] =
+    /// weights[s] · grad[s / k]` for the copy `s = slots[ρ]` that reads row `ρ` (a zero row for
+    /// `s = t·k`, a row nobody reads), and `dweights[i, j] = grad[i] · y[rows[i, j]]`.
+    ///
+    /// # Shapes
+    /// `y`: `[r, d]`, `weights`, `rows`: `[t, k]`, `slots`: `[r]`, `grad`: `[t, d]` →
+    /// (`[r, d]`, `[t, k]`)
+    fn combine_rows_back(
+        y: FloatTensor<Self>,
+        weights: FloatTensor<Self>,
+        rows: IntTensor<Self>,
+        slots: IntTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
-/// `x`'s rows at `index`, `n` (one past the last) reading a zero row.
-fn gather<B: Backend>(x: FloatTensor<B>, index: IntTensor<B>) -> FloatTensor<B> {
-    let shape = x.shape();
-    let d = shape[1];
-    let zero = B::float_zeros([1, d].into(), &x.device(), FloatDType::from(x.dtype()));
-    B::float_select(B::float_cat(vec![x, zero], 0), 0, index)
-}
+/// The tensor-op twin on any backend's primitives: the CPU path and the kernels' oracle.
+pub mod reference {
+    use burn::backend::tensor::{FloatTensor, IntTensor};
+    use burn::backend::{Backend, TensorMetadata};
+    use burn::tensor::FloatDType;
 
-/// The gradient of a gather: for each source row, the sum of the output gradient's rows its
-/// `c` readers name (`m`, one past the last, reads zeros).
-///
-/// # Shapes
-/// `grad`: `[m, d]`, `readers`: `[n, c]` → `[n, d]`
-fn gather_back<B: Backend>(grad: FloatTensor<B>, readers: IntTensor<B>) -> FloatTensor<B> {
-    let (rows, d) = {
-        let shape = readers.shape();
-        (shape[0], grad.shape()[1])
-    };
-    let c = readers.shape()[1];
-    let flat = B::int_reshape(readers, [rows * c].into());
-    let read = B::float_reshape(gather::<B>(grad, flat), [rows, c, d].into());
-    // The c readers added one slice at a time: Burn's reduction over a middle dim can run in
-    // one block.
-    let slice = |j: usize| {
-        let part = B::float_slice(read.clone(), &[(..).into(), (j..j + 1).into(), (..).into()]);
-        B::float_reshape(part, [rows, d].into())
-    };
-    (1..c).fold(slice(0), |sum, j| B::float_add(sum, slice(j)))
+    fn f32<B: Backend>(t: FloatTensor<B>) -> FloatTensor<B> {
+        B::float_cast(t, FloatDType::F32)
+    }
+
+    /// `x`'s rows at `index`, `n` (one past the last) reading a zero row.
+    pub fn gather<B: Backend>(x: FloatTensor<B>, index: IntTensor<B>) -> FloatTensor<B> {
+        let d = x.shape()[1];
+        let zero = B::float_zeros([1, d].into(), &x.device(), FloatDType::from(x.dtype()));
+        B::float_select(B::float_cat(vec![x, zero], 0), 0, index)
+    }
+
+    /// The sum of `grad`'s rows each source row's `c` readers name (`m`, one past the last,
+    /// reads zeros).
+    pub fn gather_back<B: Backend>(grad: FloatTensor<B>, readers: IntTensor<B>) -> FloatTensor<B> {
+        let (n, c) = (readers.shape()[0], readers.shape()[1]);
+        let d = grad.shape()[1];
+        let flat = B::int_reshape(readers, [n * c].into());
+        let read = B::float_reshape(gather::<B>(grad, flat), [n, c, d].into());
+        // The c readers added one slice at a time: Burn's reduction over a middle dim can run in
+        // one block on CUDA.
+        let slice = |j: usize| {
+            let part = B::float_slice(read.clone(), &[(..).into(), (j..j + 1).into(), (..).into()]);
+            B::float_reshape(part, [n, d].into())
+        };
+        (1..c).fold(slice(0), |sum, j| B::float_add(sum, slice(j)))
+    }
+
+    /// `y`'s rows each copy reads, `[t, k, d]` in f32.
+    fn copies<B: Backend>(y: FloatTensor<B>, rows: IntTensor<B>) -> FloatTensor<B> {
+        let (t, k) = (rows.shape()[0], rows.shape()[1]);
+        let d = y.shape()[1];
+        let flat = B::int_reshape(rows, [t * k].into());
+        B::float_reshape(f32::<B>(gather::<B>(y, flat)), [t, k, d].into())
+    }
+
+    pub fn combine<B: Backend>(y: FloatTensor<B>, weights: FloatTensor<B>, rows: IntTensor<B>) -> FloatTensor<B> {
+        let dtype = FloatDType::from(y.dtype());
+        let (t, k) = (rows.shape()[0], rows.shape()[1]);
+        let d = y.shape()[1];
+        let weighted = B::float_mul(
+            copies::<B>(y, rows),
+            B::float_reshape(f32::<B>(weights), [t, k, 1].into()),
+        );
+        let sum = B::float_reshape(B::float_sum_dim(weighted, 1), [t, d].into());
+        B::float_cast(sum, dtype)
+    }
+
+    pub fn combine_back<B: Backend>(
+        y: FloatTensor<B>,
+        weights: FloatTensor<B>,
+        rows: IntTensor<B>,
+        slots: IntTensor<B>,
+        grad: FloatTensor<B>,
+    ) -> (FloatTensor<B>, FloatTensor<B>) {
+        let (y_dtype, w_dtype) = (FloatDType::from(y.dtype()), FloatDType::from(weights.dtype()));
+        let (t, k) = (rows.shape()[0], rows.shape()[1]);
+        let d = y.shape()[1];
+        let grad = B::float_reshape(f32::<B>(grad), [t, 1, d].into());
+        let products = B::float_mul(copies::<B>(y, rows), grad.clone());
+        let dw = B::float_reshape(B::float_sum_dim(products, 2), [t, k].into());
+        let scaled = B::float_mul(grad, B::float_reshape(f32::<B>(weights), [t, k, 1].into()));
+        let dy = gather::<B>(B::float_reshape(scaled, [t * k, d].into()), slots);
+        (B::float_cast(dy, y_dtype), B::float_cast(dw, w_dtype))
+    }
 }
 
 impl RowOps for Flex {
     fn gather_rows(x: FloatTensor<Self>, index: IntTensor<Self>, _readers: IntTensor<Self>) -> FloatTensor<Self> {
-        gather::<Flex>(x, index)
+        reference::gather::<Flex>(x, index)
+    }
+
+    fn gather_rows_back(grad: FloatTensor<Self>, readers: IntTensor<Self>) -> FloatTensor<Self> {
+        reference::gather_back::<Flex>(grad, readers)
+    }
+
+    fn combine_rows(
+        y: FloatTensor<Self>,
+        weights: FloatTensor<Self>,
+        rows: IntTensor<Self>,
+        _slots: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        reference::combine::<Flex>(y, weights, rows)
+    }
+
+    fn combine_rows_back(
+        y: FloatTensor<Self>,
+        weights: FloatTensor<Self>,
+        rows: IntTensor<Self>,
+        slots: IntTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        reference::combine_back::<Flex>(y, weights, rows, slots, grad)
     }
 }
 
 #[cfg(feature = "cuda")]
 impl RowOps for burn::backend::Cube {
     fn gather_rows(x: FloatTensor<Self>, index: IntTensor<Self>, _readers: IntTensor<Self>) -> FloatTensor<Self> {
-        gather::<burn::backend::Cube>(x, index)
+        crate::rows_kernels::gather(x, index)
+    }
+
+    fn gather_rows_back(grad: FloatTensor<Self>, readers: IntTensor<Self>) -> FloatTensor<Self> {
+        crate::rows_kernels::gather_back(grad, readers)
+    }
+
+    fn combine_rows(
+        y: FloatTensor<Self>,
+        weights: FloatTensor<Self>,
+        rows: IntTensor<Self>,
+        _slots: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        crate::rows_kernels::combine(y, weights, rows)
+    }
+
+    fn combine_rows_back(
+        y: FloatTensor<Self>,
+        weights: FloatTensor<Self>,
+        rows: IntTensor<Self>,
+        slots: IntTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        crate::rows_kernels::combine_back(y, weights, rows, slots, grad)
     }
 }
 
@@ -77,7 +209,27 @@ impl<B: Backend + RowOps> Backward<B, 1> for GatherBackward {
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
         let readers = ops.state;
-        unary::<B, _>(ops.parents, ops.node, grads, |grad| gather_back::<B>(grad, readers));
+        unary::<B, _>(ops.parents, ops.node, grads, |grad| B::gather_rows_back(grad, readers));
+    }
+}
+
+#[derive(Debug)]
+struct CombineBackward;
+
+impl<B: Backend + RowOps> Backward<B, 2> for CombineBackward {
+    /// `y`, the weights, the rows and the slots.
+    type State = (FloatTensor<B>, FloatTensor<B>, IntTensor<B>, IntTensor<B>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_y, node_w] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (y, weights, rows, slots) = ops.state;
+        let (dy, dw) = B::combine_rows_back(y, weights, rows, slots, grad);
+        for (node, grad) in [(node_y, dy), (node_w, dw)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
     }
 }
 
@@ -90,6 +242,49 @@ impl<B: Backend + RowOps, C: CheckpointStrategy> RowOps for Autodiff<B, C> {
             }
             OpsKind::UnTracked(prep) => prep.finish(B::gather_rows(x.into_parts().0, index, readers)),
         }
+    }
+
+    /// The inner backend's, as a constant (no second-order gradients).
+    fn gather_rows_back(grad: FloatTensor<Self>, readers: IntTensor<Self>) -> FloatTensor<Self> {
+        <Self as AutodiffBackend>::from_inner(B::gather_rows_back(grad.into_parts().0, readers))
+    }
+
+    fn combine_rows(
+        y: FloatTensor<Self>,
+        weights: FloatTensor<Self>,
+        rows: IntTensor<Self>,
+        slots: IntTensor<Self>,
+    ) -> FloatTensor<Self> {
+        match CombineBackward
+            .prepare::<C>([y.node(), weights.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => {
+                let (y, weights) = (y.into_parts().0, weights.into_parts().0);
+                let out = B::combine_rows(y.clone(), weights.clone(), rows.clone(), slots.clone());
+                prep.finish((y, weights, rows, slots), out)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::combine_rows(y.into_parts().0, weights.into_parts().0, rows, slots))
+            }
+        }
+    }
+
+    /// The inner backend's, as constants (no second-order gradients).
+    fn combine_rows_back(
+        y: FloatTensor<Self>,
+        weights: FloatTensor<Self>,
+        rows: IntTensor<Self>,
+        slots: IntTensor<Self>,
+        grad: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let inner = |t: FloatTensor<Self>| t.into_parts().0;
+        let (dy, dw) = B::combine_rows_back(inner(y), inner(weights), rows, slots, inner(grad));
+        (
+            <Self as AutodiffBackend>::from_inner(dy),
+            <Self as AutodiffBackend>::from_inner(dw),
+        )
     }
 }
 
@@ -108,9 +303,30 @@ pub fn gather_rows(x: Tensor<2>, index: Tensor<1, Int>, readers: Tensor<2, Int>)
     ))
 }
 
+/// Each of `t` tokens' `k` rows of `y` weighted and summed: `out[i] = Σ_j weights[i, j] ·
+/// y[rows[i, j]]`, a copy whose row is `r` (one past the last) adding nothing; in f32, rounded
+/// to `y`'s dtype. Differentiable in `y` and `weights`: `slots[ρ]` names the copy `i·k + j`
+/// that reads row `ρ` (`t·k` for a row nobody reads, whose gradient is zero); it must be the
+/// exact inverse of `rows`.
+///
+/// # Shapes
+/// `y`: `[r, d]`, `weights`: `[t, k]`, `rows`: `[t, k]`, `slots`: `[r]` → `[t, d]`
+pub fn combine_rows(y: Tensor<2>, weights: Tensor<2>, rows: Tensor<2, Int>, slots: Tensor<1, Int>) -> Tensor<2> {
+    Tensor::from_dispatch(<burn::backend::Dispatch as RowOps>::combine_rows(
+        y.into_dispatch(),
+        weights.into_dispatch(),
+        rows.into_dispatch(),
+        slots.into_dispatch(),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use burn::tensor::{Device, Distribution, Int, Tensor, TensorData, Tolerance};
+
+    fn ints<const D: usize>(values: Vec<i64>, shape: [usize; D], device: &Device) -> Tensor<D, Int> {
+        Tensor::from_data(TensorData::new(values, shape), device)
+    }
 
     /// Against Burn's `select`, whose gradient adds every reader: the same values and gradient,
     /// with a zero row read and a row read twice.
@@ -119,8 +335,8 @@ mod tests {
         let device = Device::flex().autodiff();
         let x = Tensor::<2>::random([4, 3], Distribution::Normal(0.0, 1.0), &device).require_grad();
         // Rows 2, 0, the zero row, 2, 3; row 1 read by nobody.
-        let index = Tensor::<1, Int>::from_data(TensorData::new(vec![2i64, 0, 4, 2, 3], [5]), &device);
-        let readers = Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 5, 5, 5, 0, 3, 4, 5], [4, 2]), &device);
+        let index = ints(vec![2, 0, 4, 2, 3], [5], &device);
+        let readers = ints(vec![1, 5, 5, 5, 0, 3, 4, 5], [4, 2], &device);
         let ours = super::gather_rows(x.clone(), index.clone(), readers);
         let padded = Tensor::cat(vec![x.clone(), Tensor::zeros([1, 3], &device)], 0);
         let theirs = padded.select(0, index);
@@ -132,5 +348,35 @@ mod tests {
             .unwrap()
             .to_data()
             .assert_approx_eq::<f32>(&x.grad(&g2).unwrap().to_data(), tolerance);
+    }
+
+    /// Against Burn's `select`, product and sum differentiated by autodiff: three tokens of two
+    /// copies each over six rows, token 1's second copy dropped and row 5 a filler nobody
+    /// reads: the same output and gradients of the rows and the weights.
+    #[test]
+    fn combine_matches_burn() {
+        let device = Device::flex().autodiff();
+        let (t, k, r, d) = (3, 2, 6, 4);
+        let y = Tensor::<2>::random([r, d], Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let weights = Tensor::<2>::random([t, k], Distribution::Uniform(0.0, 1.0), &device).require_grad();
+        let rows = ints(vec![2, 0, 4, r as i64, 1, 3], [t, k], &device);
+        let slots = ints(vec![1, 4, 0, 5, 2, (t * k) as i64], [r], &device);
+        let ours = super::combine_rows(y.clone(), weights.clone(), rows.clone(), slots);
+        let padded = Tensor::cat(vec![y.clone(), Tensor::zeros([1, d], &device)], 0);
+        let copies = padded.select(0, rows.reshape([t * k])).reshape([t, k, d]);
+        let theirs = (copies * weights.clone().unsqueeze_dim::<3>(2))
+            .sum_dim(1)
+            .reshape([t, d]);
+        // f32 both ways, the sum in the same order: a few ulps.
+        let tolerance = Tolerance::absolute(1e-6);
+        ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
+        let dout = Tensor::<2>::random([t, d], Distribution::Normal(0.0, 1.0), &device);
+        let (g1, g2) = ((ours * dout.clone()).sum().backward(), (theirs * dout).sum().backward());
+        for x in [&y, &weights] {
+            x.grad(&g1)
+                .unwrap()
+                .to_data()
+                .assert_approx_eq::<f32>(&x.grad(&g2).unwrap().to_data(), tolerance);
+        }
     }
 }

@@ -123,6 +123,8 @@ pub const KERNEL_TESTS: &[NamedTest] = &[
     ("kernel_suite::sum_of_squares", kernel_suite::sum_of_squares),
     ("kernel_suite::f32_matmul", kernel_suite::f32_matmul),
     ("kernel_suite::grouped_gemm", kernel_suite::grouped_gemm),
+    ("kernel_suite::row_kernels", kernel_suite::row_kernels),
+    ("kernel_suite::router_top_k", kernel_suite::router_top_k),
     ("kernel_suite::fp8_tiles", kernel_suite::fp8_tiles),
     ("kernel_suite::fp8_gemm", kernel_suite::fp8_gemm),
     ("kernel_suite::fp8_blocks", kernel_suite::fp8_blocks),

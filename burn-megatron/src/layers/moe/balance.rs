@@ -11,7 +11,7 @@
 
 use burn::tensor::{Int, Tensor};
 
-use super::router::{RouterSettings, counts};
+use super::router::{RouterSettings, Scoring, counts};
 
 /// The router's losses of one call, `[1]` each, f32.
 #[derive(Clone, Debug)]
@@ -41,27 +41,33 @@ impl RouterLosses {
 }
 
 /// The losses of a call that scored `t` tokens (`per_sequence` a sequence) into `scores`
-/// `[t, e]` from `logits` and chose `experts` `[t, k]`.
+/// `[t, e]` from `logits` and chose `experts` `[t, k]`, `chosen` `[e]` times each.
 pub fn balance_losses(
     settings: &RouterSettings,
     logits: &Tensor<2>,
     scores: &Tensor<2>,
-    experts: &Tensor<2, Int>,
+    (experts, chosen): (&Tensor<2, Int>, &Tensor<1, Int>),
     per_sequence: usize,
 ) -> RouterLosses {
-    let probabilities = scores.clone() / scores.clone().sum_dim(1);
-    let aux = (settings.aux_loss > 0.0)
-        .then(|| switch_loss(probabilities.clone(), experts.clone()).mul_scalar(settings.aux_loss));
+    // Softmax scores are probabilities already; sigmoid scores are normalized per token.
+    let probabilities = match settings.scoring {
+        Scoring::Softmax => scores.clone(),
+        Scoring::Sigmoid => scores.clone() / scores.clone().sum_dim(1),
+    };
+    let aux = (settings.aux_loss > 0.0).then(|| {
+        let [_, k] = experts.dims();
+        switch_loss(probabilities.clone(), chosen.clone(), k).mul_scalar(settings.aux_loss)
+    });
     let seq_aux = (settings.seq_aux_loss > 0.0).then(|| {
         let [t, _] = scores.dims();
         let sequences = t / per_sequence.max(1);
         let each: Vec<Tensor<1>> = (0..sequences)
             .map(|i| {
                 let rows = i * per_sequence..(i + 1) * per_sequence;
-                switch_loss(
-                    probabilities.clone().slice([rows.clone()]),
-                    experts.clone().slice([rows]),
-                )
+                let [_, e] = scores.dims();
+                let [_, k] = experts.dims();
+                let chosen = counts(experts.clone().slice([rows.clone()]), e);
+                switch_loss(probabilities.clone().slice([rows]), chosen, k)
             })
             .collect();
         Tensor::cat(each, 0).mean().mul_scalar(settings.seq_aux_loss)
@@ -73,11 +79,11 @@ pub fn balance_losses(
     RouterLosses { aux, seq_aux, z }
 }
 
-/// `e · Σ_e f_e · P_e` of `probabilities` `[t, e]` and the choices `experts` `[t, k]`.
-fn switch_loss(probabilities: Tensor<2>, experts: Tensor<2, Int>) -> Tensor<1> {
+/// `e · Σ_e f_e · P_e` of `probabilities` `[t, e]` and each expert's share of the `t·k`
+/// choices, counted in `chosen` `[e]`.
+fn switch_loss(probabilities: Tensor<2>, chosen: Tensor<1, Int>, k: usize) -> Tensor<1> {
     let [t, e] = probabilities.dims();
-    let [_, k] = experts.dims();
-    let share = counts(experts, e).float().div_scalar((t * k) as f64); // f_e, no gradient
+    let share = chosen.float().div_scalar((t * k) as f64); // f_e, no gradient
     // P_e as a product with a row of 1/t: Burn's reduction over dim 0 ran in one block
     // (0.8 ms for moe-4b's [8192, 32] on an H200).
     let uniform = Tensor::<2>::full([1, t], 1.0 / t as f64, (&probabilities.device(), probabilities.dtype()));

@@ -16,13 +16,13 @@
 use std::ops::Range;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_megatron_kernels::rows::gather_rows;
+use burn_megatron_kernels::rows::{combine_rows, gather_rows};
 
 /// Where each copy of a token goes.
 #[derive(Clone, Debug)]
 pub struct Dispatch {
-    /// `[r, 1]`: the slot (`token · k + j`) of each row, in expert order (fillers: `t·k`).
-    pub slots: Tensor<2, Int>,
+    /// `[r]`: the slot (`token · k + j`) of each row, in expert order (fillers: `t·k`).
+    pub slots: Tensor<1, Int>,
     /// `[r]`: the token of each row, in expert order.
     pub tokens: Tensor<1, Int>,
     /// `[t, k]`: the row of each slot, `r` (one past the last) for a copy left out.
@@ -90,7 +90,7 @@ pub fn dispatch_host(
     }
     let int = |values: Vec<i64>, shape: [usize; 2]| Tensor::<2, Int>::from_data(TensorData::new(values, shape), device);
     Dispatch {
-        slots: int(slots, [r, 1]),
+        slots: Tensor::<1, Int>::from_data(TensorData::new(slots, [r]), device),
         tokens: Tensor::<1, Int>::from_data(TensorData::new(tokens, [r]), device),
         rows: int(rows, [kept.len() / k, k]),
         counts,
@@ -108,17 +108,5 @@ pub fn permute(x: Tensor<2>, dispatch: &Dispatch) -> Tensor<2> {
 /// by `weights` (`[t, k]`) and summed into their tokens' rows: `[t, d]`. A copy left out adds
 /// nothing; a filler's row is read by no token.
 pub fn unpermute(y: Tensor<2>, weights: Tensor<2>, dispatch: &Dispatch) -> Tensor<2> {
-    let [t, k] = weights.dims();
-    let [_, d] = y.dims();
-    let copies = gather_rows(
-        y.clone(),
-        dispatch.rows.clone().reshape([t * k]),
-        dispatch.slots.clone(),
-    );
-    let copies = copies.reshape([t, k, d]);
-    let weights = weights.cast(y.dtype()).unsqueeze_dim::<3>(2); // [t, k, 1]
-    // The k weighted copies added one at a time (a reduction over the middle dim can run in one
-    // block).
-    let weighted = |j: usize| copies.clone().narrow(1, j, 1) * weights.clone().narrow(1, j, 1);
-    (1..k).fold(weighted(0), |sum, j| sum + weighted(j)).reshape([t, d])
+    combine_rows(y, weights, dispatch.rows.clone(), dispatch.slots.clone())
 }

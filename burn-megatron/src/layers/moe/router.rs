@@ -14,6 +14,7 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Device, Int, Tensor};
+pub use burn_megatron_kernels::top_k::top_k;
 
 use super::balance::{RouterLosses, balance_losses};
 use crate::error::ConfigError;
@@ -202,7 +203,7 @@ impl Router {
         };
         let weights = weights.mul_scalar(s.scaling);
         let tokens_per_expert = counts(experts.clone(), e);
-        let losses = balance_losses(&s, &logits, &scores, &experts, t / sequences);
+        let losses = balance_losses(&s, &logits, &scores, (&experts, &tokens_per_expert), t / sequences);
         Ok(Routing {
             experts,
             weights,
@@ -226,23 +227,6 @@ impl Router {
         }
         self
     }
-}
-
-/// The `k` highest of each row, best first; ties to the lower index: `[t, e]` → `[t, k]`.
-pub fn top_k(scores: Tensor<2>, k: usize) -> Tensor<2, Int> {
-    let mut scores = scores;
-    let mut picks = Vec::with_capacity(k);
-    for _ in 0..k {
-        let best = scores.clone().argmax(1); // [t, 1], the first of equal maxima
-        scores = scores.scatter(
-            1,
-            best.clone(),
-            Tensor::full(best.dims(), f32::NEG_INFINITY, &best.device()),
-            burn::tensor::IndexingUpdateOp::Assign,
-        );
-        picks.push(best);
-    }
-    Tensor::cat(picks, 1)
 }
 
 /// `scores` with every expert outside each token's best `top_groups` groups set to −∞; a
@@ -320,7 +304,9 @@ mod tests {
             [[0.1, 0.5, 0.5, 0.2], [1.0, 1.0, 1.0, 1.0], [0.0, -1.0, 3.0, 2.0]],
             &device(),
         );
-        assert_eq!(ids(top_k(scores, 2)), [1, 2, 0, 1, 2, 3]);
+        assert_eq!(ids(top_k(scores.clone(), 2)), [1, 2, 0, 1, 2, 3]);
+        // k = e: every index, best first.
+        assert_eq!(ids(top_k(scores, 4)), [1, 2, 3, 0, 0, 1, 2, 3, 2, 3, 0, 1]);
     }
 
     /// Softmax and sigmoid routing against a hand-written reference: the same experts (ties the

@@ -1,0 +1,94 @@
+//! The mixture of experts' row kernels on CUDA (`burn_megatron_kernels::rows`) against Burn's
+//! own `select`, products and sums in f32 on the same device, differentiated by autodiff: a
+//! dispatch of 300 tokens' 4 copies over 8 experts (one expert empty, fillers up to 128 rows,
+//! copies dropped), on rows of 2048 (vectors of 8) and of 36 (single elements), in f32 and bf16.
+//! With them, the router's top k on CUDA against the CPU's on scores full of ties.
+
+use burn::tensor::{DType, Device, Distribution, Int, Tensor};
+use burn_megatron::layers::moe::dispatch::{dispatch_host, permute, unpermute};
+use burn_megatron_kernels::rows::gather_rows;
+use burn_megatron_kernels::top_k::top_k;
+
+use super::{relative_error, tolerance};
+use crate::Harness;
+
+/// Every 7th copy dropped, the others to expert `(slot · 5) mod 8` but never expert 3.
+fn kept(slots: usize) -> Vec<Option<usize>> {
+    (0..slots)
+        .map(|s| (!s.is_multiple_of(7)).then_some((s * 5) % 8).filter(|&x| x != 3))
+        .collect()
+}
+
+pub fn row_kernels(h: &Harness) {
+    let device = h.device(0).autodiff();
+    let (t, k) = (300, 4);
+    let plan = dispatch_host(kept(t * k), k, 0..8, 128, &device);
+    let r = plan.slots.dims()[0];
+    for (d, dtype) in [(2048, DType::BF16), (2048, DType::F32), (36, DType::BF16)] {
+        let case = format!("d {d} {dtype:?}");
+        let normal = Distribution::Normal(0.0, 1.0);
+        let x = Tensor::<2>::random([t, d], normal, (&device, dtype)).require_grad();
+        let y = Tensor::<2>::random([r, d], normal, (&device, dtype)).require_grad();
+        let weights =
+            Tensor::<2>::random([t, k], Distribution::Uniform(0.0, 1.0), (&device, DType::F32)).require_grad();
+        let f32 = |t: &Tensor<2>| t.clone().cast(DType::F32);
+        let with_zero =
+            |t: Tensor<2>, width: usize| Tensor::cat(vec![t, Tensor::zeros([1, width], (&device, DType::F32))], 0);
+
+        // The permutation: a gather whose gradient adds each token's readers.
+        let ours = permute(x.clone(), &plan);
+        let theirs = f32(&x).select(0, plan.tokens.clone());
+        let dy = Tensor::<2>::random([r, d], normal, (&device, DType::F32));
+        // A filler repeats its expert's first token, but the readers list leaves it out, so
+        // its row sends no gradient back: the reference masks it.
+        let real: Tensor<2> = plan.slots.clone().lower_elem((t * k) as i64).float().unsqueeze_dim(1);
+        let grads = (f32(&ours) * dy.clone()).sum().backward();
+        let grads_ref = (theirs * dy * real).sum().backward();
+        // Copies of bf16 rows are exact; the gradient sums ≤ 4 copies in f32 and rounds once.
+        let error = relative_error(ours.clone(), f32(&x).select(0, plan.tokens.clone()));
+        assert!(error == 0.0, "{case}: permuted rows off by {error}");
+        let error = relative_error(x.grad(&grads).unwrap(), x.grad(&grads_ref).unwrap());
+        assert!(error < tolerance(dtype), "{case}: permutation's gradient {error}");
+
+        // The un-permutation: weighted copies summed into their tokens.
+        let ours = unpermute(y.clone(), weights.clone(), &plan);
+        let rows: Tensor<1, Int> = plan.rows.clone().reshape([t * k]);
+        let copies = with_zero(f32(&y), d).select(0, rows).reshape([t, k, d]);
+        let theirs = (copies * weights.clone().unsqueeze_dim::<3>(2))
+            .sum_dim(1)
+            .reshape([t, d]);
+        let dout = Tensor::<2>::random([t, d], normal, (&device, DType::F32));
+        let grads = (f32(&ours) * dout.clone()).sum().backward();
+        let grads_ref = (theirs.clone() * dout).sum().backward();
+        // Sums of 4 products in f32, the output rounded to the dtype once.
+        let error = relative_error(ours, theirs);
+        assert!(error < tolerance(dtype), "{case}: combined rows {error}");
+        let error = relative_error(y.grad(&grads).unwrap(), y.grad(&grads_ref).unwrap());
+        assert!(error < tolerance(dtype), "{case}: rows' gradient {error}");
+        // Dot products of d terms in f32, in another order than Burn's; the output's gradient
+        // reaches the kernel in the output's dtype (rounded to bf16, 2⁻⁹ relative each term).
+        let error = relative_error(weights.grad(&grads).unwrap(), weights.grad(&grads_ref).unwrap());
+        assert!(error < tolerance(dtype), "{case}: weights' gradient {error}");
+
+        // A gather reading the zero row, and its gradient through an explicit readers list.
+        let index = Tensor::<1, Int>::from_data([2, 3, 0, 2], &device);
+        let readers = Tensor::<2, Int>::from_data([[2, 4], [4, 4], [0, 3]], &device);
+        let small = x.clone().narrow(0, 0, 3);
+        let ours = gather_rows(small.clone(), index.clone(), readers);
+        let theirs = with_zero(f32(&small), d).select(0, index);
+        assert_eq!(relative_error(ours, theirs), 0.0, "{case}: the zero row");
+    }
+}
+
+/// moe-4b's top 4 of 32 experts over 8192 tokens of scores on five levels (most rows tied), on
+/// CUDA (the kernel up to 16, the tensor-op twin above) and on the CPU: the same experts in the
+/// same order (ties to the lower index).
+pub fn router_top_k(h: &Harness) {
+    let device = h.device(0);
+    let levels = Tensor::<2>::random([8192, 32], Distribution::Uniform(0.0, 5.0), (&device, DType::F32)).floor();
+    let on_cpu = Tensor::<2>::from_data(levels.to_data(), &Device::flex());
+    for k in [1, 4, 16, 17] {
+        let ids = |t: Tensor<2, Int>| t.into_data().convert::<i64>().try_to_vec::<i64>().unwrap();
+        assert_eq!(ids(top_k(levels.clone(), k)), ids(top_k(on_cpu.clone(), k)), "top {k}");
+    }
+}
