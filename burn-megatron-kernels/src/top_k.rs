@@ -94,8 +94,9 @@ mod kernel {
     use crate::elementwise::{compact_input, compact_output};
 
     /// Grid: a thread a row. The row's best `k` in registers, best first: each column, in
-    /// order, walks down the list, trading places with every entry it beats (strictly, so an
-    /// equal value stays behind the lower index) or filling an empty slot.
+    /// order, takes the first slot it beats (strictly, so it stays behind an equal value of a
+    /// lower index) or the first empty one, and the entries from there down move one slot
+    /// down (the last falls off).
     #[cube(launch_unchecked)]
     fn top_k_kernel(scores: &Tensor<f32>, ids: &mut Tensor<f32>, rows: u32, e: u32, #[comptime] k: u32) {
         let row = ABSOLUTE_POS as u32;
@@ -110,16 +111,19 @@ mod kernel {
             for c in 0..e {
                 let mut value = scores[(row * e + c) as usize];
                 let mut column = c;
+                // Once the column has found its place, every entry below moves down one.
+                let mut shifting = false;
                 #[unroll]
                 for j in 0..k {
                     let slot = j as usize;
-                    // Once an empty slot is taken, the carried entry is an empty one (`e`).
-                    if column < e && (at[slot] == e || value > best[slot]) {
+                    // The carried entry is an empty one (`e`) once an empty slot is taken.
+                    if column < e && (shifting || at[slot] == e || value > best[slot]) {
                         let (held, held_at) = (best[slot], at[slot]);
                         best[slot] = value;
                         at[slot] = column;
                         value = held;
                         column = held_at;
+                        shifting = true;
                     }
                 }
             }
