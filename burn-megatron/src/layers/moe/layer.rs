@@ -18,7 +18,7 @@ use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp, gather_from_tp, r
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 
 use super::capacity::{Capacity, dispatch_with_capacity};
-use super::dispatch::{Dispatch, dispatch, permute, unpermute};
+use super::dispatch::{Dispatch, dispatch, permute, unpermute, unpermute_exchanged};
 use super::exchange::{AllGather, AllToAll};
 use super::experts::{Experts, ExpertsConfig};
 use super::router::{Router, RouterConfig, Routing};
@@ -249,7 +249,7 @@ impl Moe {
             ExpertParallel::AllToAll => {
                 let (rows, counts, route) = AllToAll::dispatch(permute(tokens, plan), &plan.counts, ep, align)?;
                 let out = self.experts.forward(rows, &counts, pad_to);
-                unpermute(AllToAll::combine(out, &route, ep)?, weights, plan)
+                unpermute_exchanged(AllToAll::combine(out, &route, ep)?, weights, plan)
             }
             ExpertParallel::AllGather => {
                 let gathered = AllGather::dispatch(tokens, weights, &plan.kept, self.n_experts, ep, align)?;
