@@ -15,8 +15,12 @@ pub enum MeshError {
         product: usize,
         world_size: usize,
     },
-    #[error("ep = {ep} must divide dp·cp = {dp_cp}: expert layers fold ep over the data and context ranks")]
-    ExpertsDoNotDivide { ep: usize, dp_cp: usize },
+    #[error(
+        "ep = {ep} must divide (tp/etp)·dp·cp = {ranks}: expert layers fold ep over the data and context ranks, and the tp ranks outside an etp group"
+    )]
+    ExpertsDoNotDivide { ep: usize, ranks: usize },
+    #[error("etp = {etp} must divide tp = {tp}: an expert's hidden features split over consecutive tp ranks")]
+    ExpertTpDoesNotDivide { etp: usize, tp: usize },
 }
 
 /// A collective that failed. The same error is returned on every rank of the group whenever the

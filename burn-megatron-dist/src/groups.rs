@@ -15,6 +15,9 @@ pub struct ProcessGroups {
     pub pp: ProcessGroup,
     pub ep: ProcessGroup,
     pub ep_dp: ProcessGroup,
+    /// The tp ranks that split each expert's hidden features: the tp group itself unless
+    /// `dims.etp` is smaller.
+    pub etp: ProcessGroup,
     pub tp_cp: ProcessGroup,
     pub dp_cp: ProcessGroup,
 }
@@ -22,7 +25,7 @@ pub struct ProcessGroups {
 impl ProcessGroups {
     /// Builds every group of `global_rank`; `join(axis_name, members)` returns this rank's
     /// handle on the group with those global ranks. Every rank joins its groups in the same
-    /// order: world, tp, cp, dp, pp, ep, ep-dp, tp-cp, dp-cp.
+    /// order: world, tp, cp, dp, pp, ep, ep-dp, etp (unless it is tp), tp-cp, dp-cp.
     pub fn build(
         dims: ParallelDims,
         global_rank: usize,
@@ -44,13 +47,18 @@ impl ProcessGroups {
     ) -> Result<Self, E> {
         let world = join("world", (0..dims.world_size()).collect())?;
         let mut group = |axis: Axis| join(axis.name(), dims.group_members(axis, global_rank));
+        let tp = group(Axis::Tp)?;
         Ok(Self {
-            tp: group(Axis::Tp)?,
             cp: group(Axis::Cp)?,
             dp: group(Axis::Dp)?,
             pp: group(Axis::Pp)?,
             ep: group(Axis::Ep)?,
             ep_dp: group(Axis::EpDp)?,
+            etp: match dims.expert_tp() == dims.tp {
+                true => tp.clone(),
+                false => group(Axis::Etp)?,
+            },
+            tp,
             tp_cp: group(Axis::TpCp)?,
             dp_cp: group(Axis::DpCp)?,
             world,
@@ -84,6 +92,7 @@ impl ProcessGroups {
             Axis::Pp => &self.pp,
             Axis::Ep => &self.ep,
             Axis::EpDp => &self.ep_dp,
+            Axis::Etp => &self.etp,
             Axis::TpCp => &self.tp_cp,
             Axis::DpCp => &self.dp_cp,
         }

@@ -18,4 +18,4 @@ pub use comm::{InFlight, ProcessGroup, ReduceOp};
 pub use error::{CommError, LaunchError, MeshError};
 pub use groups::ProcessGroups;
 pub use launch::{RankContext, launch};
-pub use mesh::{Axis, Coordinates, ParallelDims};
+pub use mesh::{Axis, Coordinates, ExpertCoordinates, ParallelDims};

@@ -2,8 +2,11 @@
 //!
 //! Ranks are numbered in Megatron's order: tensor-parallel fastest, then context, data and
 //! pipeline (`global_rank = tp + TP·(cp + CP·(dp + DP·pp))`). Expert parallelism is not an axis
-//! of its own: expert layers fold `ep` over the data×context ranks of a pipeline stage, so an
-//! expert group is a block of `ep` consecutive ranks of the dp×cp group.
+//! of its own: expert layers lay a pipeline stage's ranks out again as Megatron does, expert
+//! tensor parallelism fastest, then ep, then expert data parallelism (`stage rank = etp_rank +
+//! ETP·(ep_rank + EP·ep_dp_rank)`). With etp = tp (the default) an expert group is a block of
+//! `ep` consecutive ranks of the dp×cp group; with a smaller etp the tp ranks outside an etp
+//! group fold into ep and expert data parallelism too.
 
 use crate::error::MeshError;
 
@@ -14,12 +17,16 @@ pub struct ParallelDims {
     pub tp: usize,
     /// Context parallelism: the sequence split over ranks inside attention.
     pub cp: usize,
-    /// Expert parallelism, folded over dp×cp for expert layers.
+    /// Expert parallelism, folded over dp×cp (and the tp ranks outside an etp group) for
+    /// expert layers.
     pub ep: usize,
     /// Data parallelism.
     pub dp: usize,
     /// Pipeline parallelism.
     pub pp: usize,
+    /// Expert tensor parallelism: how many consecutive tp ranks split each expert's hidden
+    /// features; `None` for all of tp (Megatron's default).
+    pub etp: Option<usize>,
 }
 
 /// A parallel axis of the mesh (and the combined axes that later layers need).
@@ -29,10 +36,13 @@ pub enum Axis {
     Cp,
     Dp,
     Pp,
-    /// Experts: `ep` consecutive ranks of the dp×cp group.
+    /// Experts: the ranks of a stage with the same etp rank, `ep` consecutive ones.
     Ep,
-    /// Data parallelism over the expert layers: dp×cp ranks with the same `ep` index.
+    /// Data parallelism over the expert layers: the ranks of a stage with the same etp and ep
+    /// ranks.
     EpDp,
+    /// Expert tensor parallelism: `etp` consecutive ranks of the tp group.
+    Etp,
     /// tp×cp: the ranks that shard one sample's activations.
     TpCp,
     /// dp×cp: the ranks that hold the same parameters (gradients are reduced over these).
@@ -41,13 +51,14 @@ pub enum Axis {
 
 impl Axis {
     /// Every axis, in a fixed order.
-    pub const ALL: [Axis; 8] = [
+    pub const ALL: [Axis; 9] = [
         Axis::Tp,
         Axis::Cp,
         Axis::Dp,
         Axis::Pp,
         Axis::Ep,
         Axis::EpDp,
+        Axis::Etp,
         Axis::TpCp,
         Axis::DpCp,
     ];
@@ -60,10 +71,19 @@ impl Axis {
             Axis::Pp => "pp",
             Axis::Ep => "ep",
             Axis::EpDp => "ep-dp",
+            Axis::Etp => "etp",
             Axis::TpCp => "tp-cp",
             Axis::DpCp => "dp-cp",
         }
     }
+}
+
+/// Where one rank sits in the expert layers' layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ExpertCoordinates {
+    pub etp: usize,
+    pub ep: usize,
+    pub ep_dp: usize,
 }
 
 /// Where one rank sits on the mesh.
@@ -84,7 +104,19 @@ impl ParallelDims {
             ep: 1,
             dp,
             pp: 1,
+            etp: None,
         }
+    }
+
+    /// Expert tensor parallelism's size: `etp`, or tp.
+    pub fn expert_tp(&self) -> usize {
+        self.etp.unwrap_or(self.tp)
+    }
+
+    /// The ranks a stage's experts fold ep and expert data parallelism over, for each etp
+    /// rank: `tp/etp · dp · cp`.
+    pub fn expert_ranks(&self) -> usize {
+        self.tp / self.expert_tp() * self.dp * self.cp
     }
 
     /// One rank: every axis of size 1.
@@ -100,6 +132,7 @@ impl ParallelDims {
             ("ep", self.ep),
             ("dp", self.dp),
             ("pp", self.pp),
+            ("etp", self.expert_tp()),
         ];
         if let Some((axis, _)) = sizes.iter().find(|(_, size)| *size == 0) {
             return Err(MeshError::ZeroSize { axis });
@@ -112,10 +145,16 @@ impl ParallelDims {
                 world_size,
             });
         }
-        if !(self.dp * self.cp).is_multiple_of(self.ep) {
+        if !self.tp.is_multiple_of(self.expert_tp()) {
+            return Err(MeshError::ExpertTpDoesNotDivide {
+                etp: self.expert_tp(),
+                tp: self.tp,
+            });
+        }
+        if !self.expert_ranks().is_multiple_of(self.ep) {
             return Err(MeshError::ExpertsDoNotDivide {
                 ep: self.ep,
-                dp_cp: self.dp * self.cp,
+                ranks: self.expert_ranks(),
             });
         }
         Ok(())
@@ -155,16 +194,30 @@ impl ParallelDims {
                 .collect(),
             Axis::DpCp => self.dp_cp_members(me),
             Axis::Ep => {
-                let dp_cp = self.dp_cp_members(me);
-                let index = dp_cp.iter().position(|&r| r == global_rank).expect("member");
+                let (members, index) = self.expert_members(global_rank);
                 let block = index / self.ep;
-                dp_cp[block * self.ep..(block + 1) * self.ep].to_vec()
+                members[block * self.ep..(block + 1) * self.ep].to_vec()
             }
             Axis::EpDp => {
-                let dp_cp = self.dp_cp_members(me);
-                let index = dp_cp.iter().position(|&r| r == global_rank).expect("member");
-                dp_cp.into_iter().skip(index % self.ep).step_by(self.ep).collect()
+                let (members, index) = self.expert_members(global_rank);
+                members.into_iter().skip(index % self.ep).step_by(self.ep).collect()
             }
+            Axis::Etp => {
+                let etp = self.expert_tp();
+                let first = me.tp / etp * etp;
+                (first..first + etp).map(|tp| at(tp, me.cp, me.dp, me.pp)).collect()
+            }
+        }
+    }
+
+    /// `global_rank`'s place in the expert layout: its etp rank, ep rank and expert data
+    /// parallel rank.
+    pub fn expert_coordinates(&self, global_rank: usize) -> ExpertCoordinates {
+        let (_, index) = self.expert_members(global_rank);
+        ExpertCoordinates {
+            etp: self.coordinates(global_rank).tp % self.expert_tp(),
+            ep: index % self.ep,
+            ep_dp: index / self.ep,
         }
     }
 
@@ -176,6 +229,19 @@ impl ParallelDims {
         groups.sort();
         groups.dedup();
         groups
+    }
+
+    /// The ranks of `global_rank`'s stage with its etp rank, in rank order (with etp = tp, its
+    /// dp×cp group), and its index among them.
+    fn expert_members(&self, global_rank: usize) -> (Vec<usize>, usize) {
+        let stage_size = self.tp * self.cp * self.dp;
+        let (stage, within) = (global_rank / stage_size, global_rank % stage_size);
+        let etp = self.expert_tp();
+        let members = (within % etp..stage_size)
+            .step_by(etp)
+            .map(|r| stage * stage_size + r)
+            .collect();
+        (members, within / etp)
     }
 
     // The dp×cp ranks sharing this rank's tp and pp coordinates, cp fastest (Megatron's order).
@@ -199,7 +265,14 @@ mod tests {
     use super::*;
 
     fn dims(tp: usize, cp: usize, ep: usize, dp: usize, pp: usize) -> ParallelDims {
-        ParallelDims { tp, cp, ep, dp, pp }
+        ParallelDims {
+            tp,
+            cp,
+            ep,
+            dp,
+            pp,
+            etp: None,
+        }
     }
 
     #[test]
@@ -219,6 +292,61 @@ mod tests {
         ));
         // ep folds over dp×cp: 4 divides 2×2.
         assert_eq!(dims(1, 2, 4, 2, 1).validate(4), Ok(()));
+        // ... and over the tp ranks outside an etp group: 4 divides 2/1 × 2.
+        let etp = |tp, ep, dp, etp| ParallelDims {
+            etp: Some(etp),
+            ..dims(tp, 1, ep, dp, 1)
+        };
+        assert_eq!(etp(2, 4, 2, 1).validate(4), Ok(()));
+        assert_eq!(
+            etp(2, 4, 1, 1).validate(2),
+            Err(MeshError::ExpertsDoNotDivide { ep: 4, ranks: 2 })
+        );
+        assert_eq!(
+            etp(4, 1, 1, 3).validate(4),
+            Err(MeshError::ExpertTpDoesNotDivide { etp: 3, tp: 4 })
+        );
+        assert!(matches!(
+            etp(2, 1, 1, 0).validate(2),
+            Err(MeshError::ZeroSize { axis: "etp" })
+        ));
+    }
+
+    /// Megatron's expert layout at tp 4, etp 2, ep 2, dp 2: stage rank = etp_rank + 2·(ep_rank +
+    /// 2·ep_dp_rank), so a dense tp group holds two ep ranks and the ep groups cross dp.
+    #[test]
+    fn groups_of_experts_with_a_smaller_etp() {
+        let d = ParallelDims {
+            etp: Some(2),
+            ..dims(4, 1, 2, 2, 1)
+        };
+        assert_eq!(d.validate(8), Ok(()));
+        assert_eq!(
+            d.all_groups(Axis::Etp),
+            vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7]]
+        );
+        assert_eq!(
+            d.all_groups(Axis::Ep),
+            vec![vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]
+        );
+        assert_eq!(
+            d.all_groups(Axis::EpDp),
+            vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]
+        );
+        for rank in 0..8 {
+            let at = d.expert_coordinates(rank);
+            assert_eq!(at.etp + 2 * (at.ep + 2 * at.ep_dp), rank, "rank {rank}");
+        }
+        // etp 1 at tp 2 × dp 2, ep 4: every rank its own experts.
+        let one = ParallelDims {
+            etp: Some(1),
+            ..dims(2, 1, 4, 2, 1)
+        };
+        assert_eq!(one.all_groups(Axis::Ep), vec![vec![0, 1, 2, 3]]);
+        assert_eq!(one.all_groups(Axis::Etp), (0..4).map(|r| vec![r]).collect::<Vec<_>>());
+        // etp = tp is the dp×cp layout of before, the Etp group the tp group.
+        let same = dims(2, 2, 2, 2, 2);
+        assert_eq!(same.all_groups(Axis::Etp), same.all_groups(Axis::Tp));
     }
 
     #[test]
@@ -324,11 +452,18 @@ mod tests {
 
     #[test]
     fn every_rank_is_in_exactly_one_group_of_each_axis() {
-        let d = dims(2, 2, 4, 2, 2);
-        for axis in Axis::ALL {
-            let mut seen: Vec<usize> = d.all_groups(axis).concat();
-            seen.sort();
-            assert_eq!(seen, (0..16).collect::<Vec<_>>(), "axis {}", axis.name());
+        for d in [
+            dims(2, 2, 4, 2, 2),
+            ParallelDims {
+                etp: Some(1),
+                ..dims(2, 2, 8, 2, 2)
+            },
+        ] {
+            for axis in Axis::ALL {
+                let mut seen: Vec<usize> = d.all_groups(axis).concat();
+                seen.sort();
+                assert_eq!(seen, (0..16).collect::<Vec<_>>(), "axis {}", axis.name());
+            }
         }
     }
 }

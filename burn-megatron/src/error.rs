@@ -82,6 +82,10 @@ pub enum ConfigError {
     VirtualStages { virtual_stages: usize },
     #[error("{experts} experts do not split evenly over ep = {ep}")]
     ExpertsNotDivisible { experts: usize, ep: usize },
+    #[error(
+        "expert tensor parallelism etp = {etp} below tp = {tp} needs sequence parallelism: each etp group's experts run on its own part of the sequence"
+    )]
+    ExpertTpNeedsSequenceParallel { etp: usize, tp: usize },
     #[error("{tokens} tokens do not form {sequences} sequences of equal length")]
     TokensNotInSequences { tokens: usize, sequences: usize },
     #[error("a sequence of {seq_len} tokens does not split into 2·cp = {} equal chunks (cp = {cp})", 2 * cp)]

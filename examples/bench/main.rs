@@ -9,7 +9,8 @@
 //!   bench --gemm [--kernels A,B]      matmul routines on the llama GEMM shapes (gemm.rs)
 //!   bench --grouped                   the MoE grouped product on moe-4b's shapes (grouped.rs)
 //!   bench --moe-breakdown             one moe-4b MoE layer phase by phase (moe.rs)
-//!   bench --preset moe-4b [--ep N]    a MoE preset, its experts over ep (folded over dp)
+//!   bench --preset moe-4b [--ep N] [--etp N]   a MoE preset, its experts over ep (folded over dp,
+//!                                    and the tp ranks outside an etp group)
 //!   bench … --recompute none|selective|full:N|full-block:N [--batch B]
 //!                                     activation recomputation, at the preset's batch or B a rank
 //!   bench --preset llama-1b-32k [--cp N] [--context ring|all-to-all|all-gather]
@@ -51,6 +52,8 @@ struct Args {
     tp: usize,
     dp: usize,
     ep: usize,
+    /// Expert tensor parallelism (`None`: all of tp).
+    etp: Option<usize>,
     cp: usize,
     context: ContextParallel,
     pp: usize,
@@ -88,6 +91,7 @@ fn parse() -> Result<Args, String> {
         tp: 1,
         dp: 1,
         ep: 1,
+        etp: None,
         cp: 1,
         context: ContextParallel::Ring,
         pp: 1,
@@ -115,6 +119,7 @@ fn parse() -> Result<Args, String> {
             "--tp" => args.tp = number(&flag, value()?)?,
             "--dp" => args.dp = number(&flag, value()?)?,
             "--ep" => args.ep = number(&flag, value()?)?,
+            "--etp" => args.etp = Some(number(&flag, value()?)?),
             "--cp" => args.cp = number(&flag, value()?)?,
             "--context" => args.context = value()?.parse()?,
             "--pp" => args.pp = number(&flag, value()?)?,
@@ -152,9 +157,16 @@ fn parse() -> Result<Args, String> {
             other => return Err(format!("unknown flag {other}")),
         }
     }
-    if args.tp == 0 || args.dp == 0 || args.ep == 0 || args.cp == 0 || args.pp == 0 || args.vpp == 0 || args.steps == 0
+    if args.tp == 0
+        || args.dp == 0
+        || args.ep == 0
+        || args.etp == Some(0)
+        || args.cp == 0
+        || args.pp == 0
+        || args.vpp == 0
+        || args.steps == 0
     {
-        return Err("--tp, --dp, --ep, --cp, --pp, --vpp and --steps must be at least 1".into());
+        return Err("--tp, --dp, --ep, --etp, --cp, --pp, --vpp and --steps must be at least 1".into());
     }
     if args.pp > 1 && (args.recipe == Recipe::PureBf16 || args.profile) {
         return Err("--pp steps with the distributed optimizer and times the bubble, not the pieces: leave out --pure-bf16 and --profile".into());
@@ -186,6 +198,7 @@ fn main() {
     let (seq, batch) = (recipe.seq_len, args.batch.unwrap_or(recipe.batch_size));
     let dims = ParallelDims {
         ep: args.ep,
+        etp: args.etp,
         cp: args.cp,
         pp: args.pp,
         ..ParallelDims::tp_dp(args.tp, args.dp)

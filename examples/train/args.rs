@@ -24,6 +24,8 @@ pub struct Args {
     pub context: ContextParallel,
     /// Expert parallelism, folded over dp (a MoE preset's experts split over `ep` ranks).
     pub ep: usize,
+    /// Expert tensor parallelism: the tp ranks splitting each expert (`None`: all of tp).
+    pub etp: Option<usize>,
     /// How token copies reach other ep ranks' experts.
     pub dispatcher: ExpertParallel,
     /// Pipeline stages, model chunks a stage (interleaved 1F1B above 1), microbatches a step.
@@ -75,7 +77,7 @@ pub struct Args {
 }
 
 const USAGE: &str = "usage: train [--preset tiny|tiny-moe|llama-1b|moe-4b|llama-8b] [--tp N] [--dp N] [--cp N] \
-[--context ring|all-to-all|all-gather] [--ep N] \
+[--context ring|all-to-all|all-gather] [--ep N] [--etp N] \
 [--dispatcher all-to-all|all-gather] [--pp N] [--vpp V] [--microbatches M] [--layers N] [--tied] [--sp] [--steps N] \
 [--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--async-save] [--resume DIR] [--data PATH] [--tokenizer tokenizer.json] \
 [--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-tensorwise-e4m3|fp8-delayed[:LEN[:max|most-recent]]|fp8-blockwise|mxfp8|nvfp4] [--sample-every K] [--learner] \
@@ -90,6 +92,7 @@ impl Args {
             cp: 1,
             context: ContextParallel::Ring,
             ep: 1,
+            etp: None,
             dispatcher: ExpertParallel::AllToAll,
             pp: 1,
             vpp: 1,
@@ -127,6 +130,7 @@ impl Args {
                 "--cp" => out.cp = number(&flag, &value()?)?,
                 "--context" => out.context = value()?.parse().map_err(|e| format!("--context: {e}"))?,
                 "--ep" => out.ep = number(&flag, &value()?)?,
+                "--etp" => out.etp = Some(number(&flag, &value()?)?),
                 "--pp" => out.pp = number(&flag, &value()?)?,
                 "--vpp" => out.vpp = number(&flag, &value()?)?,
                 "--microbatches" => out.microbatches = Some(number(&flag, &value()?)?),
@@ -186,8 +190,9 @@ impl Args {
                 other => return Err(format!("unknown flag {other}\n{USAGE}")),
             }
         }
-        if out.tp == 0 || out.dp == 0 || out.cp == 0 || out.ep == 0 || out.pp == 0 || out.vpp == 0 {
-            return Err("--tp, --dp, --cp, --ep, --pp and --vpp must be at least 1".into());
+        if out.tp == 0 || out.dp == 0 || out.cp == 0 || out.ep == 0 || out.etp == Some(0) || out.pp == 0 || out.vpp == 0
+        {
+            return Err("--tp, --dp, --cp, --ep, --etp, --pp and --vpp must be at least 1".into());
         }
         if out.cp > 1 && out.sample_every.is_some_and(|k| k > 0) {
             return Err(

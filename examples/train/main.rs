@@ -73,6 +73,7 @@ fn configure(args: &Args) -> Result<Job, ConfigError> {
     }
     let dims = ParallelDims {
         ep: args.ep,
+        etp: args.etp,
         cp: args.cp,
         pp: args.pp,
         ..ParallelDims::tp_dp(args.tp, args.dp)
@@ -313,7 +314,13 @@ mod tests {
             ("--lr fast", "not a number"),
             ("--tp 0", "at least 1"),
             ("--ep 0", "at least 1"),
-            ("--preset tiny-moe --ep 2", "ep = 2 must divide dp·cp = 1"),
+            ("--etp 0", "at least 1"),
+            (
+                "--preset tiny-moe --tp 2 --ep 2 --etp 1",
+                "etp = 1 below tp = 2 needs sequence parallelism",
+            ),
+            ("--preset tiny-moe --tp 2 --sp --etp 3", "etp = 3 must divide tp = 2"),
+            ("--preset tiny-moe --ep 2", "ep = 2 must divide (tp/etp)·dp·cp = 1"),
             (
                 "--preset tiny-moe --ep 3 --dp 3 --batch 3",
                 "8 experts do not split evenly over ep = 3",
@@ -397,6 +404,7 @@ mod tests {
         for flags in [
             "--preset tiny-moe --dp 2 --ep 2 --zero1",
             "--preset tiny-moe --tp 2 --sp --dp 2 --ep 2 --dispatcher all-gather",
+            "--preset tiny-moe --tp 2 --sp --ep 2 --etp 1",
         ] {
             let flags = format!("{flags} --steps 2 --seq 32 --batch 4 --sample-every 0");
             run(&args(&flags)).unwrap_or_else(|e| panic!("{flags}: {e}"));

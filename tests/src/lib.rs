@@ -67,7 +67,8 @@ macro_rules! for_each_layer_test {
 macro_rules! for_each_moe_test {
     ($callback:ident!($($args:tt)*)) => {
         $crate::$callback! { $($args)*; moe_suite:
-            ep2_all_to_all, ep2_all_gather, ep4_both_dispatchers, tp2_ep2, starved_rank, padded_expert_rows,
+            ep2_all_to_all, ep2_all_gather, ep4_both_dispatchers, tp2_ep2, etp_below_tp, starved_rank,
+            padded_expert_rows,
             capacity_over_ep,
             moe_steps_match, experts_reshard_in_checkpoints, expert_bias_balances, bad_expert_layouts }
     };

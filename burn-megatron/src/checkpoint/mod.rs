@@ -61,8 +61,10 @@ fn placement(info: &ParamInfo, shape: &[usize], groups: &ProcessGroups) -> Place
     let mut global_shape = shape.to_vec();
     let mut offsets = vec![0; shape.len()];
     if let Some(d) = info.split_dim {
-        global_shape[d] *= groups.tp.size();
-        offsets[d] = groups.tp.group_rank() * shape[d];
+        // Experts' hidden features split over etp, everything else over tp.
+        let split = if info.expert { &groups.etp } else { &groups.tp };
+        global_shape[d] *= split.size();
+        offsets[d] = split.group_rank() * shape[d];
     }
     if info.expert {
         global_shape[0] *= groups.ep.size();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use burn::module::Module;
 use burn::tensor::{Int, Tensor};
-use burn_megatron_dist::{ProcessGroups, ReduceOp};
+use burn_megatron_dist::{ParallelDims, ProcessGroups, ReduceOp};
 
 use super::files::{FORMAT, Index, Piece, shard_file, sync_dir, write_shard, write_synced};
 use super::{CheckpointError, OPTIMIZER, local_values, optimizer_device, optimizer_name, placement, state_parts};
@@ -20,6 +20,15 @@ use crate::plan::pipeline::shared::StageCopies;
 
 /// How long rank 0 waits for the other writers' shards before giving up on a save.
 const WRITERS_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Whether `rank` writes a shard: the first rank of dp × cp (the parameters other than experts)
+/// or of its expert-data-parallel group (its experts). Their (pp, tp, ep) ranks name their files
+/// apart: with etp = tp these are every tp × ep of a stage, with a smaller etp the tp ranks of
+/// one ep rank differ.
+fn writes(dims: &ParallelDims, rank: usize) -> bool {
+    let at = dims.coordinates(rank);
+    (at.dp == 0 && at.cp == 0) || dims.expert_coordinates(rank).ep_dp == 0
+}
 
 /// Everything one rank writes for one save, on the host.
 struct Snapshot {
@@ -36,8 +45,9 @@ struct Snapshot {
     dp: usize,
     global_rank: usize,
     /// This rank's shard, when it writes one: the first rank of its expert-data-parallel group
-    /// writes its experts, and the first of dp × cp the other parameters too.
+    /// writes its experts, and the first of dp × cp the other parameters ([`writes`]).
     pieces: Option<BTreeMap<String, Piece>>,
+    dims: ParallelDims,
     /// Every tensor's global shape on this rank's stage (rank 0 gathers every stage's from the
     /// writers' markers and writes them into the index).
     tensors: BTreeMap<String, Vec<usize>>,
@@ -72,12 +82,13 @@ impl Snapshot {
         let mut tensors = BTreeMap::new();
         let mut pieces = BTreeMap::new();
         let writes_dense = groups.grad_sync().group_rank() == 0;
+        let writes_experts = groups.ep_dp.group_rank() == 0;
         // A parameter several stages hold (tied embeddings) is written by the first of them.
         let copies = StageCopies::find(&infos, &groups.pp, &optimizer_device(model))?;
         for (i, (info, (shape, data))) in infos.iter().zip(values).enumerate() {
             let placement = placement(info, &shape, groups);
             tensors.insert(info.path.clone(), placement.global_shape.clone());
-            let writes = (info.expert || writes_dense) && copies.counted_here(i);
+            let writes = if info.expert { writes_experts } else { writes_dense } && copies.counted_here(i);
             for (part, state) in OPTIMIZER.iter().zip(states.get(i).map(state_parts).unwrap_or_default()) {
                 let name = optimizer_name(part, &info.path);
                 tensors.insert(name.clone(), placement.global_shape.clone());
@@ -116,7 +127,8 @@ impl Snapshot {
             pp: groups.pp.size(),
             dp: groups.grad_sync().size(),
             global_rank: groups.global_rank,
-            pieces: (groups.ep_dp.group_rank() == 0).then_some(pieces),
+            pieces: (writes_dense || writes_experts).then_some(pieces),
+            dims: groups.dims,
             tensors,
         })
     }
@@ -144,9 +156,13 @@ impl Snapshot {
         if self.global_rank != 0 {
             return Ok(());
         }
-        let (pp, tp, ep) = (self.pp, self.tp, self.ep);
-        let files: Vec<String> = (0..pp)
-            .flat_map(|p| (0..ep).flat_map(move |e| (0..tp).map(move |t| shard_file((p, pp), (t, tp), (e, ep)))))
+        let (pp, tp, ep, dims) = (self.pp, self.tp, self.ep, self.dims);
+        let files: Vec<String> = (0..dims.world_size())
+            .filter(|&rank| writes(&dims, rank))
+            .map(|rank| {
+                let at = dims.coordinates(rank);
+                shard_file((at.pp, pp), (at.tp, tp), (dims.expert_coordinates(rank).ep, ep))
+            })
             .collect();
         wait_for_markers(&staging, &files)?;
         let mut tensors = BTreeMap::new();

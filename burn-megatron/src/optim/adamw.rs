@@ -316,11 +316,11 @@ impl DistributedAdamW {
     }
 
     /// √(Σ g²) over every rank, each parameter counted once: tp-replicated parameters count on
-    /// tp rank 0 only; dp shards are disjoint only under ZeRO-1; experts differ over ep, and a
-    /// pipeline's stages over pp (a parameter several stages hold counts on the first). `[1]`
-    /// on the device, none without parameters.
+    /// tp rank 0 only; dp shards are disjoint only under ZeRO-1; experts differ over etp and ep,
+    /// and a pipeline's stages over pp (a parameter several stages hold counts on the first).
+    /// `[1]` on the device, none without parameters.
     fn global_norm(&self, shards: &[Tensor<1>]) -> Result<Option<Tensor<1>>, CommError> {
-        let tp = &self.groups.tp;
+        let (tp, groups) = (&self.groups.tp, &self.groups);
         let device = shards.first().map(|s| s.device());
         let Some(device) = device else { return Ok(None) };
         let copies = self.copies.as_ref().expect("found by step_reduced");
@@ -340,21 +340,40 @@ impl DistributedAdamW {
         };
         let (dense, experts) = (counted(false), counted(true));
         let has_experts = !experts.is_empty();
-        let local = Tensor::cat(
-            vec![sum_of_squares(dense, &device), sum_of_squares(experts, &device)],
-            0,
-        );
-        let mut total = tp.all_reduce(local, ReduceOp::Sum)?; // [dense, experts]
-        let dp = self.groups.grad_sync();
-        if self.config.zero1 && dp.size() > 1 {
+        let dp = groups.grad_sync();
+        let zero1 = self.config.zero1 && dp.size() > 1;
+        let etp_is_tp = groups.etp.size() == tp.size();
+        let mut total = match etp_is_tp {
+            // Both reduce over tp, in one call: [dense, experts].
+            true => tp.all_reduce(
+                Tensor::cat(
+                    vec![sum_of_squares(dense, &device), sum_of_squares(experts, &device)],
+                    0,
+                ),
+                ReduceOp::Sum,
+            )?,
+            false => Tensor::cat(
+                vec![
+                    tp.all_reduce(sum_of_squares(dense, &device), ReduceOp::Sum)?,
+                    groups.etp.all_reduce(sum_of_squares(experts, &device), ReduceOp::Sum)?,
+                ],
+                0,
+            ),
+        };
+        if zero1 && etp_is_tp {
             // Disjoint shards of everything over dp × cp (experts: over ep-dp, and ep).
             total = dp.all_reduce(total, ReduceOp::Sum)?;
-        } else if has_experts && self.groups.ep.size() > 1 {
-            let experts = self
-                .groups
-                .ep
-                .all_reduce(total.clone().narrow(0, 1, 1), ReduceOp::Sum)?;
-            total = Tensor::cat(vec![total.narrow(0, 0, 1), experts], 0);
+        } else {
+            let mut dense = total.clone().narrow(0, 0, 1);
+            let mut experts = total.narrow(0, 1, 1);
+            if zero1 {
+                dense = dp.all_reduce(dense, ReduceOp::Sum)?;
+                experts = groups.ep_dp.all_reduce(experts, ReduceOp::Sum)?;
+            }
+            if has_experts && groups.ep.size() > 1 {
+                experts = groups.ep.all_reduce(experts, ReduceOp::Sum)?;
+            }
+            total = Tensor::cat(vec![dense, experts], 0);
         }
         // Pipeline stages hold different parameters: the norm is over all of them.
         if self.groups.pp.size() > 1 {

@@ -63,9 +63,12 @@ impl GradGroup {
     /// The group of the parameter `info` describes.
     pub fn of(info: &ParamInfo, groups: &ProcessGroups) -> Self {
         match info.expert {
+            // An expert's gradient sums the copies of its ep group's ranks; over ep-dp that makes
+            // every stage rank of its etp rank, `tp/etp · dp · cp` of them, where the loss is
+            // the mean over dp · cp.
             true => Self {
                 group: groups.ep_dp.clone(),
-                scale: 1.0 / groups.ep.size() as f64,
+                scale: (groups.tp.size() / groups.etp.size()) as f64 / groups.ep.size() as f64,
             },
             false => Self {
                 group: groups.grad_sync().clone(),

@@ -126,7 +126,7 @@ impl ParallelPlan {
             layer.plan_context(cp, self.dims.tp, self.context)?;
         }
         for (_, mut layer) in config.expert_layers() {
-            layer.plan_expert(self.dims.ep, self.expert)?;
+            layer.plan_expert(&self.dims, self.expert)?;
         }
         if self.dims.pp > 1 {
             let blocks = config.blocks().ok_or(ConfigError::NoBlocks)?;
@@ -229,7 +229,14 @@ mod tests {
     /// and dp.
     #[test]
     fn the_plan_splits_blocks_into_stages() {
-        let dims = |tp, cp, ep, dp, pp| ParallelDims { tp, cp, ep, dp, pp };
+        let dims = |tp, cp, ep, dp, pp| ParallelDims {
+            tp,
+            cp,
+            ep,
+            dp,
+            pp,
+            etp: None,
+        };
         let apply = |dims: ParallelDims, schedule| {
             ParallelPlan::new(dims)
                 .with_pipeline(schedule)

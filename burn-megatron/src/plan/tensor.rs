@@ -77,11 +77,10 @@ impl TensorParallelLayer for ParallelMlpConfig {
     }
 }
 
-/// Each expert's hidden features split as the dense MLP's (etp = tp), the shared expert too; the
-/// router replicated, routing the whole tokens.
+/// The shared expert's hidden features split as the dense MLP's; the router replicated, routing
+/// the whole tokens. The routed experts' split (over etp) is the expert plan's.
 impl TensorParallelLayer for crate::layers::moe::MoeConfig {
     fn plan_tensor(&mut self, tp: usize, sequence: SequenceLayout) -> Result<(), ConfigError> {
-        divisible("d_ff", self.d_ff, tp)?;
         if let Some(f) = self.shared_d_ff {
             divisible("shared_d_ff", f, tp)?;
         }

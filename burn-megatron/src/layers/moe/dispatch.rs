@@ -110,26 +110,3 @@ pub fn permute(x: Tensor<2>, dispatch: &Dispatch) -> Tensor<2> {
 pub fn unpermute(y: Tensor<2>, weights: Tensor<2>, dispatch: &Dispatch) -> Tensor<2> {
     combine_rows(y, weights, dispatch.rows.clone(), dispatch.slots.clone())
 }
-
-/// [`unpermute`] in tensor ops (a row gather, `k` weighted adds), for expert outputs that come
-/// back over the all-to-all. On CUDA with ranks as threads on one GPU, the combine kernel read
-/// those rows otherwise than Burn's ops do: 20 steps at ep 2 drifted 1% from ep 1 by step 13,
-/// and with Burn's ops there instead they stay within 1e-6 (`moe_suite::moe_steps_match`,
-/// `docs/perf/logs/s19/call3`, `call4`; `docs/perf/moe.md`). The cause is not found yet; until
-/// it is, these rows take the tensor ops.
-pub fn unpermute_exchanged(y: Tensor<2>, weights: Tensor<2>, dispatch: &Dispatch) -> Tensor<2> {
-    let [t, k] = weights.dims();
-    let [r, d] = y.dims();
-    let dtype = y.dtype();
-    let copies = gather_rows(
-        y,
-        dispatch.rows.clone().reshape([t * k]),
-        dispatch.slots.clone().reshape([r, 1]),
-    )
-    .reshape([t, k, d]);
-    let weights = weights.cast(dtype).unsqueeze_dim::<3>(2); // [t, k, 1]
-    // The k weighted copies added one at a time (a reduction over the middle dim can run in one
-    // block).
-    let weighted = |j: usize| copies.clone().narrow(1, j, 1) * weights.clone().narrow(1, j, 1);
-    (1..k).fold(weighted(0), |sum, j| sum + weighted(j)).reshape([t, d])
-}

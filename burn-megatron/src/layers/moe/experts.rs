@@ -3,8 +3,8 @@
 //! expert that receives no token is skipped, and its weights' gradient is zero.
 //!
 //! A rank holds `e/ep` of them (expert parallelism: ep rank `r` holds experts `r·e/ep ..`), and
-//! of each its `f/tp` hidden features (expert tensor parallelism, as the dense MLP splits them:
-//! `w1`, `w3` by columns, `w2` by rows), so its outputs are partial sums over tp.
+//! of each its `f/etp` hidden features (expert tensor parallelism, as the dense MLP splits them:
+//! `w1`, `w3` by columns, `w2` by rows), so its outputs are partial sums over etp.
 //!
 //! Legend: `d` d_model, `f` an expert's hidden size, `e` experts.
 
@@ -42,7 +42,7 @@ impl ExpertsConfig {
         self.init_part(device, init, name, (0, 1), (0, 1))
     }
 
-    /// Part `ep.0` of `ep.1` of the experts and, of each, part `tp.0` of `tp.1` of its hidden
+    /// Part `ep.0` of `ep.1` of the experts and, of each, part `etp.0` of `etp.1` of its hidden
     /// features, cut from the same whole weights at every layout (`InitMode::Full`). The
     /// counts must divide (the plan checks them).
     pub fn init_part(
@@ -51,11 +51,11 @@ impl ExpertsConfig {
         init: &ParamInit,
         name: &str,
         ep: (usize, usize),
-        tp: (usize, usize),
+        etp: (usize, usize),
     ) -> Experts {
         let (d, f, e) = (self.d_model, self.d_ff, self.n_experts);
         let param = |w: &str, shape: [usize; 3], hidden: usize| {
-            let shards = [Shard::new(0, ep.0, ep.1), Shard::new(hidden, tp.0, tp.1)];
+            let shards = [Shard::new(0, ep.0, ep.1), Shard::new(hidden, etp.0, etp.1)];
             Param::from_tensor(init.normal_in(&format!("{name}.{w}"), shape, &shards, self.init_std, device))
         };
         Experts {

@@ -3,22 +3,31 @@
 //!
 //! Over the expert-parallel group each rank holds `e/ep` experts and the copies travel to them
 //! and back ([`exchange`](super::exchange), all-to-all or all-gather). Over the tensor-parallel
-//! group each expert's hidden features are split, as the dense MLP splits its own (Megatron's
-//! default expert tensor parallelism, etp = tp): every tp rank routes the whole tokens (the same
-//! choices, bit for bit), its experts' outputs are partial sums, and the layer's output is
-//! reduced over tp (reduce-scattered along the sequence under SP). The routing weights enter
-//! that region through `copy_to_tp`, since their gradient is a partial sum on each tp rank.
+//! group every rank routes the whole tokens (the same choices, bit for bit), and each expert's
+//! hidden features are split over the expert-tensor-parallel group (etp):
+//!
+//! - etp = tp (Megatron's default), as the dense MLP splits its own: the experts run on the
+//!   whole tokens, their outputs are partial sums, and the layer's output is reduced over tp
+//!   (reduce-scattered along the sequence under SP).
+//! - etp < tp (under SP): each etp group takes its own part of the sequence (the etp ranks'
+//!   shards gathered) and dispatches it over ep, which folds over the other tp ranks too; the
+//!   output is reduce-scattered over etp only. With etp = 1 each tp rank sends its own shard's
+//!   copies and keeps its experts whole.
+//!
+//! The routing weights enter that region through `copy_to_tp`, since their gradient is a
+//! partial sum on each tp rank: over etp's hidden features, and over the parts of the sequence.
 //!
 //! Legend: `b` batch, `s` sequence, `d` d_model.
 
 use burn::config::Config;
 use burn::module::Module;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::kind::Numeric;
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp, gather_from_tp, reduce_from_tp, reduce_scatter_to_sp};
-use burn_megatron_dist::{ProcessGroup, ProcessGroups};
+use burn_megatron_dist::{ProcessGroup, ProcessGroups, ReduceOp};
 
 use super::capacity::{Capacity, dispatch_with_capacity};
-use super::dispatch::{Dispatch, dispatch, permute, unpermute, unpermute_exchanged};
+use super::dispatch::{Dispatch, dispatch, permute, unpermute};
 use super::exchange::{AllGather, AllToAll};
 use super::experts::{Experts, ExpertsConfig};
 use super::router::{Router, RouterConfig, Routing};
@@ -69,6 +78,9 @@ pub struct Moe {
     pub rows_multiple: Option<usize>,
     #[module(skip)]
     pub tp: ProcessGroup,
+    /// The tp ranks that split each expert's hidden features (`tp` itself by default).
+    #[module(skip)]
+    pub etp: ProcessGroup,
     #[module(skip)]
     pub ep: ProcessGroup,
 }
@@ -76,7 +88,7 @@ pub struct Moe {
 /// The copies each expert ran on in one call, and those dropped for capacity.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Load {
-    /// This rank's tokens' copies a (global) expert took.
+    /// The copies of this rank's tokens (whole over tp) a (global) expert took.
     pub per_expert: Vec<usize>,
     pub dropped: usize,
 }
@@ -97,13 +109,16 @@ impl Load {
 }
 
 impl MoeConfig {
-    /// Checks that the layer splits over `tp` and `ep` ranks.
-    pub fn check(&self, tp: usize, ep: usize) -> Result<(), ConfigError> {
+    /// Checks that the layer splits over `tp`, its experts over `etp` and `ep` ranks.
+    pub fn check(&self, tp: usize, etp: usize, ep: usize) -> Result<(), ConfigError> {
         self.router.check()?;
         if let Some(capacity) = &self.capacity {
             capacity.check()?;
         }
-        divisible("d_ff", self.d_ff, tp)?;
+        if etp < tp && self.sequence != SequenceLayout::Sharded {
+            return Err(ConfigError::ExpertTpNeedsSequenceParallel { etp, tp });
+        }
+        divisible("d_ff", self.d_ff, etp)?;
         if let Some(f) = self.shared_d_ff {
             divisible("shared_d_ff", f, tp)?;
         }
@@ -116,7 +131,7 @@ impl MoeConfig {
         }
     }
 
-    /// This rank's experts over `groups.ep` and hidden features over `groups.tp`, cut from the
+    /// This rank's experts over `groups.ep` and hidden features over `groups.etp`, cut from the
     /// same whole layer at every layout (`InitMode::Full`).
     pub fn init(
         &self,
@@ -125,8 +140,8 @@ impl MoeConfig {
         init: &ParamInit,
         name: &str,
     ) -> Result<Moe, LayerError> {
-        let (tp, ep) = (&groups.tp, &groups.ep);
-        self.check(tp.size(), ep.size())?;
+        let (tp, etp, ep) = (&groups.tp, &groups.etp, &groups.ep);
+        self.check(tp.size(), etp.size(), ep.size())?;
         let (d, e) = (self.router.d_model, self.router.n_experts);
         let router = self.router.init(device, init, &format!("{name}.router"))?;
         let experts = ExpertsConfig::new(d, self.d_ff, e).init_part(
@@ -134,7 +149,7 @@ impl MoeConfig {
             init,
             &format!("{name}.experts"),
             (ep.group_rank(), ep.size()),
-            (tp.group_rank(), tp.size()),
+            (etp.group_rank(), etp.size()),
         );
         let shared = match self.shared_d_ff {
             Some(f) => Some(ParallelMlpConfig::new(d, f).with_sequence(self.sequence).init(
@@ -155,6 +170,7 @@ impl MoeConfig {
             dispatcher: self.dispatcher,
             rows_multiple: self.rows_multiple,
             tp: tp.clone(),
+            etp: etp.clone(),
             ep: ep.clone(),
         })
     }
@@ -166,27 +182,34 @@ impl Moe {
     /// # Shapes
     /// `x`: `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` under SP.
     pub fn forward(&self, x: Tensor<3>) -> Result<(Tensor<3>, Routing, Load), LayerError> {
-        let (tp, sharded) = (&self.tp, self.sequence == SequenceLayout::Sharded);
-        // The router sees whole tokens with their whole gradient; the experts, whole tokens
-        // whose gradient is a partial sum over tp.
+        let (tp, etp, sharded) = (&self.tp, &self.etp, self.sequence == SequenceLayout::Sharded);
+        // The router sees whole tokens with their whole gradient; the experts, their etp group's
+        // tokens (whole ones at etp = tp) whose gradient is a partial sum over etp.
         let (to_router, to_experts) = match (tp.size() > 1, sharded) {
             (false, _) => (x.clone(), x.clone()),
-            (true, true) => (gather_from_tp(x.clone(), tp, 1)?, gather_from_sp(x.clone(), tp, 1)?),
+            (true, true) => (gather_from_tp(x.clone(), tp, 1)?, gather_from_sp(x.clone(), etp, 1)?),
             (true, false) => (x.clone(), copy_to_tp(x.clone(), tp)?),
         };
         let [b, s, d] = to_router.dims();
         let routing = self.router.forward(to_router.reshape([b * s, d]), b)?;
-        let weights = copy_to_tp(routing.weights.clone(), tp)?;
-        let tokens = to_experts.reshape([b * s, d]);
-        let (plan, dropped, pad_to) = self.plan(&routing, &tokens);
-        let load = Load {
-            per_expert: plan.copies(self.n_experts),
-            dropped,
-        };
-        let y = self.routed(tokens, weights, &plan, pad_to)?.reshape([b, s, d]);
+        // This etp group's part of the sequence: all of it at etp = tp.
+        let part = s / tp.size() * etp.size();
+        let first = tp.group_rank() / etp.size() * part;
+        let experts = sequence_part(routing.experts.clone(), b, first..first + part);
+        let weights = sequence_part(copy_to_tp(routing.weights.clone(), tp)?, b, first..first + part);
+        let tokens = to_experts.reshape([b * part, d]);
+        let (plan, dropped, pad_to) = self.plan(experts, &weights, &tokens);
+        let load = self.whole_load(
+            Load {
+                per_expert: plan.copies(self.n_experts),
+                dropped,
+            },
+            &tokens.device(),
+        )?;
+        let y = self.routed(tokens, weights, &plan, pad_to)?.reshape([b, part, d]);
         let y = match (tp.size() > 1, sharded) {
             (false, _) => y,
-            (true, true) => reduce_scatter_to_sp(y, tp, 1)?,
+            (true, true) => reduce_scatter_to_sp(y, etp, 1)?,
             (true, false) => reduce_from_tp(y, tp)?,
         };
         let y = match &self.shared {
@@ -196,12 +219,43 @@ impl Moe {
         Ok((y, routing, load))
     }
 
+    /// This etp group's copies' `load` summed with the other groups' of the tp group: the load of
+    /// the tokens the rank routed. As it is at etp = tp.
+    fn whole_load(&self, load: Load, device: &Device) -> Result<Load, LayerError> {
+        let (tp, etp) = (self.tp.size(), self.etp.size());
+        if etp == tp {
+            return Ok(load);
+        }
+        let mut counts: Vec<i64> = load.per_expert.iter().map(|&c| c as i64).collect();
+        counts.push(load.dropped as i64);
+        let n = counts.len();
+        let local = Tensor::<1, Int>::from_data(TensorData::new(counts, [n]), device);
+        // Each etp rank of a group counted the same copies.
+        let summed: Vec<i64> = self
+            .tp
+            .all_reduce(local, ReduceOp::Sum)?
+            .into_data()
+            .convert::<i64>()
+            .try_to_vec()
+            .expect("counts");
+        let whole: Vec<usize> = summed.iter().map(|&c| c as usize / etp).collect();
+        Ok(Load {
+            per_expert: whole[..n - 1].to_vec(),
+            dropped: whole[n - 1],
+        })
+    }
+
     /// This rank's copies by expert (cut to the capacity, if any), the copies dropped, and the
     /// rows each expert is padded to. At ep = 1 each expert's rows are laid out in whole tiles
     /// of the grouped product here; over ep, where they arrive ([`exchange`](super::exchange)).
-    fn plan(&self, routing: &Routing, tokens: &Tensor<2>) -> (Dispatch, usize, Option<usize>) {
+    fn plan(
+        &self,
+        experts: Tensor<2, Int>,
+        weights: &Tensor<2>,
+        tokens: &Tensor<2>,
+    ) -> (Dispatch, usize, Option<usize>) {
         let e = self.n_experts;
-        let [t, k] = routing.experts.dims();
+        let [t, k] = experts.dims();
         let pad_to = self
             .capacity
             .filter(|c| c.pad)
@@ -211,10 +265,9 @@ impl Moe {
             _ => 1,
         };
         match &self.capacity {
-            None => (dispatch(routing.experts.clone(), e, align), 0, pad_to),
+            None => (dispatch(experts, e, align), 0, pad_to),
             Some(capacity) => {
-                let (plan, dropped) =
-                    dispatch_with_capacity(routing.experts.clone(), &routing.weights, e, capacity, align);
+                let (plan, dropped) = dispatch_with_capacity(experts, weights, e, capacity, align);
                 (plan, dropped, pad_to)
             }
         }
@@ -249,7 +302,7 @@ impl Moe {
             ExpertParallel::AllToAll => {
                 let (rows, counts, route) = AllToAll::dispatch(permute(tokens, plan), &plan.counts, ep, align)?;
                 let out = self.experts.forward(rows, &counts, pad_to);
-                unpermute_exchanged(AllToAll::combine(out, &route, ep)?, weights, plan)
+                unpermute(AllToAll::combine(out, &route, ep)?, weights, plan)
             }
             ExpertParallel::AllGather => {
                 let gathered = AllGather::dispatch(tokens, weights, &plan.kept, self.n_experts, ep, align)?;
@@ -257,6 +310,20 @@ impl Moe {
                 AllGather::combine(out, gathered, ep)?
             }
         })
+    }
+}
+
+/// The rows of positions `range` of each of `b` sequences, from `[b·s, k]` rows in sequence
+/// order: `[b·|range|, k]`, `t` itself for the whole sequence.
+fn sequence_part<K: Numeric>(t: Tensor<2, K>, b: usize, range: std::ops::Range<usize>) -> Tensor<2, K> {
+    let [n, k] = t.dims();
+    let s = n / b;
+    match range.len() == s {
+        true => t,
+        false => t
+            .reshape([b, s, k])
+            .narrow(1, range.start, range.len())
+            .reshape([b * range.len(), k]),
     }
 }
 
