@@ -86,6 +86,19 @@ impl NcclThreadsTransport {
         Ok(self.nccl_if_joined(x))
     }
 
+    /// `x` on the host, for the rendezvous path of a group whose ranks share a GPU: read by this
+    /// rank on its own stream, so no other rank's stream reads or outlives this rank's device
+    /// memory; the collective's result is uploaded to this rank's device after. With ranks as
+    /// threads on one H200, handing device tensors over (settled, then read by the receiver)
+    /// left one step's averaged loss wrong in 2 of 4 runs of the MoE suite
+    /// (`docs/perf/logs/s20/call2`). Tensors off CUDA pass as they are.
+    fn staged(x: Payload) -> Payload {
+        match cuda_index(&x.device()) {
+            Some(_) => x.to_device(&Device::flex()),
+            None => x,
+        }
+    }
+
     /// `x` once this rank's queued work on its GPU is done, for the rendezvous path: another
     /// rank thread reads it there on its own stream, and CubeCL orders no work across the two
     /// streams (a payload still being computed was read stale on a shared H200,
@@ -163,8 +176,9 @@ impl Transport for NcclThreadsTransport {
         if let Some(nccl) = self.nccl(Collective::AllReduce, &x)? {
             return nccl.all_reduce(x, op, Wait::Later);
         }
-        self.rendezvous
-            .all_reduce_deferred(self.settled(Collective::AllReduce, x)?, op)
+        let device = x.device();
+        let (out, ticket) = self.rendezvous.all_reduce_deferred(Self::staged(x), op)?;
+        Ok((out.to_device(&device), ticket))
     }
 
     fn wait_for(&self, ticket: Ticket) -> Result<(), CommError> {
@@ -178,7 +192,8 @@ impl Transport for NcclThreadsTransport {
         if let Some(nccl) = self.nccl(Collective::AllGather, &x)? {
             return nccl.all_gather(x);
         }
-        self.rendezvous.all_gather(self.settled(Collective::AllGather, x)?)
+        let device = x.device();
+        Ok(self.rendezvous.all_gather(Self::staged(x))?.to_device(&device))
     }
 
     fn reduce_scatter(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
@@ -191,26 +206,27 @@ impl Transport for NcclThreadsTransport {
         if let Some(nccl) = self.nccl(Collective::ReduceScatter, &x)? {
             return nccl.reduce_scatter(x, op, Wait::Later);
         }
-        self.rendezvous
-            .reduce_scatter_deferred(self.settled(Collective::ReduceScatter, x)?, op)
+        let device = x.device();
+        let (out, ticket) = self.rendezvous.reduce_scatter_deferred(Self::staged(x), op)?;
+        Ok((out.to_device(&device), ticket))
     }
 
     fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
         if let Some(nccl) = self.nccl(Collective::AllToAll, &chunks[0])? {
             return nccl.all_to_all(chunks, recv_dims);
         }
-        let chunks = chunks
-            .into_iter()
-            .map(|c| self.settled(Collective::AllToAll, c))
-            .collect::<Result<_, _>>()?;
-        self.rendezvous.all_to_all(chunks, recv_dims)
+        let device = chunks[0].device();
+        let chunks = chunks.into_iter().map(Self::staged).collect();
+        let received = self.rendezvous.all_to_all(chunks, recv_dims)?;
+        Ok(received.into_iter().map(|p| p.to_device(&device)).collect())
     }
 
     fn broadcast(&self, x: Payload, root: usize) -> Result<Payload, CommError> {
         if let Some(nccl) = self.nccl(Collective::Broadcast, &x)? {
             return nccl.broadcast(x, root);
         }
-        self.rendezvous.broadcast(self.settled(Collective::Broadcast, x)?, root)
+        let device = x.device();
+        Ok(self.rendezvous.broadcast(Self::staged(x), root)?.to_device(&device))
     }
 
     /// The payload goes by mail; under NCCL the mail only serves the receiver's check of its
