@@ -49,14 +49,16 @@ impl Dispatch {
 pub fn dispatch(experts: Tensor<2, Int>, e: usize, align: usize) -> Dispatch {
     let [_, k] = experts.dims();
     let device = experts.device();
-    let ids: Vec<i64> = experts.into_data().convert::<i64>().try_to_vec().expect("expert ids");
-    let kept = ids.into_iter().map(|x| Some(x as usize)).collect();
-    dispatch_host(kept, k, 0..e, align, &device)
+    Order::new(read_experts(experts), k, 0..e, align).upload(&device)
 }
 
-/// The dispatch of the copies whose expert (`kept[slot]`, `None` for a dropped copy) lies in
-/// `experts`: the copies of each expert of the range in slot order, then its fillers up to a
-/// multiple of `align`; indices into the `[slots / k]` tokens.
+/// Each slot's expert (`[t, k]` read in one copy to the host).
+pub fn read_experts(experts: Tensor<2, Int>) -> Vec<Option<usize>> {
+    let ids: Vec<i64> = experts.into_data().convert::<i64>().try_to_vec().expect("expert ids");
+    ids.into_iter().map(|x| Some(x as usize)).collect()
+}
+
+/// [`Order::new`], uploaded.
 pub fn dispatch_host(
     kept: Vec<Option<usize>>,
     k: usize,
@@ -64,37 +66,88 @@ pub fn dispatch_host(
     align: usize,
     device: &Device,
 ) -> Dispatch {
-    let filler = kept.len() as i64;
-    let mut by_expert: Vec<Vec<i64>> = vec![Vec::new(); experts.len()];
-    for (slot, expert) in kept.iter().enumerate() {
-        if let Some(x) = expert.filter(|x| experts.contains(x)) {
-            by_expert[x - experts.start].push(slot as i64);
+    Order::new(kept, k, experts, align).upload(device)
+}
+
+/// A dispatch decided on the host, before its indices go to the device.
+#[derive(Clone, Debug)]
+pub struct Order {
+    slots: Vec<i64>,
+    tokens: Vec<i64>,
+    rows: Vec<i64>,
+    k: usize,
+    counts: Vec<usize>,
+    kept: Vec<Option<usize>>,
+}
+
+impl Order {
+    /// The dispatch of the copies whose expert (`kept[slot]`, `None` for a dropped copy) lies
+    /// in `experts`: the copies of each expert of the range in slot order, then its fillers up
+    /// to a multiple of `align`; indices into the `[slots / k]` tokens.
+    pub fn new(kept: Vec<Option<usize>>, k: usize, experts: Range<usize>, align: usize) -> Self {
+        let filler = kept.len() as i64;
+        let local = |x: &Option<usize>| x.filter(|x| experts.contains(x)).map(|x| x - experts.start);
+        // Each expert's copies, its rows (fillers included) and where they start.
+        let mut copies = vec![0usize; experts.len()];
+        for x in kept.iter().filter_map(local) {
+            copies[x] += 1;
+        }
+        let counts: Vec<usize> = copies.iter().map(|c| c.next_multiple_of(align.max(1))).collect();
+        let starts: Vec<usize> = counts
+            .iter()
+            .scan(0, |at, &n| {
+                *at += n;
+                Some(*at - n)
+            })
+            .collect();
+        let r = counts.iter().sum();
+        let (mut slots, mut tokens, mut rows) = (vec![filler; r], vec![0i64; r], vec![r as i64; kept.len()]);
+        // One pass in slot order keeps each expert's copies in slot order.
+        let mut next = starts.clone();
+        for (slot, x) in kept.iter().enumerate() {
+            if let Some(x) = local(x) {
+                let row = next[x];
+                next[x] += 1;
+                slots[row] = slot as i64;
+                tokens[row] = (slot / k) as i64;
+                rows[slot] = row as i64;
+            }
+        }
+        // A filler repeats its expert's first token (token 0 for an expert without copies).
+        for x in 0..counts.len() {
+            let first = if copies[x] > 0 { tokens[starts[x]] } else { 0 };
+            tokens[next[x]..starts[x] + counts[x]].fill(first);
+        }
+        Self {
+            slots,
+            tokens,
+            rows,
+            k,
+            counts,
+            kept,
         }
     }
-    let (mut slots, mut tokens, mut counts) = (Vec::new(), Vec::new(), Vec::new());
-    for mine in by_expert {
-        let fill = mine.len().next_multiple_of(align.max(1)) - mine.len();
-        let first = mine.first().map_or(0, |s| s / k as i64);
-        tokens.extend(mine.iter().map(|s| s / k as i64));
-        tokens.extend(std::iter::repeat_n(first, fill));
-        counts.push(mine.len() + fill);
-        slots.extend(mine);
-        slots.extend(std::iter::repeat_n(filler, fill));
-    }
-    let r = slots.len();
-    let mut rows = vec![r as i64; kept.len()];
-    for (row, &slot) in slots.iter().enumerate() {
-        if slot != filler {
-            rows[slot as usize] = row as i64;
+
+    /// The indices on `device`, in one upload: slots, tokens and rows one after another, each
+    /// a view of it (a copy where CubeCL cannot place a view at its offset).
+    pub fn upload(self, device: &Device) -> Dispatch {
+        let (r, n) = (self.slots.len(), self.rows.len());
+        let mut all = self.slots;
+        all.extend(self.tokens);
+        all.extend(self.rows);
+        let all = Tensor::<1, Int>::from_data(TensorData::new(all, [2 * r + n]), device);
+        // Burn narrows to one entry at least: an empty part is a tensor of its own.
+        let part = |start: usize, len: usize| match len {
+            0 => Tensor::<1, Int>::from_data(TensorData::new(Vec::<i64>::new(), [0]), device),
+            _ => all.clone().narrow(0, start, len),
+        };
+        Dispatch {
+            slots: part(0, r),
+            tokens: part(r, r),
+            rows: part(2 * r, n).reshape([n / self.k, self.k]),
+            counts: self.counts,
+            kept: self.kept,
         }
-    }
-    let int = |values: Vec<i64>, shape: [usize; 2]| Tensor::<2, Int>::from_data(TensorData::new(values, shape), device);
-    Dispatch {
-        slots: Tensor::<1, Int>::from_data(TensorData::new(slots, [r]), device),
-        tokens: Tensor::<1, Int>::from_data(TensorData::new(tokens, [r]), device),
-        rows: int(rows, [kept.len() / k, k]),
-        counts,
-        kept,
     }
 }
 
@@ -109,4 +162,24 @@ pub fn permute(x: Tensor<2>, dispatch: &Dispatch) -> Tensor<2> {
 /// nothing; a filler's row is read by no token.
 pub fn unpermute(y: Tensor<2>, weights: Tensor<2>, dispatch: &Dispatch) -> Tensor<2> {
     combine_rows(y, weights, dispatch.rows.clone(), dispatch.slots.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each expert's copies in slot order, then its fillers (its first token, slot `t·k`); a
+    /// dropped copy's row is one past the last; an expert outside the range takes no row.
+    #[test]
+    fn orders_copies_by_expert_then_slot() {
+        let kept = vec![Some(1), Some(0), None, Some(1), Some(2), Some(1)];
+        let order = Order::new(kept, 2, 0..2, 2);
+        assert_eq!(order.counts, vec![2, 4]);
+        assert_eq!(order.slots, vec![1, 6, 0, 3, 5, 6]);
+        assert_eq!(order.tokens, vec![0, 0, 0, 1, 2, 0]);
+        assert_eq!(order.rows, vec![2, 0, 6, 3, 6, 4]);
+        let dispatch = order.upload(&Device::flex());
+        assert_eq!(dispatch.rows.dims(), [3, 2]);
+        assert_eq!(dispatch.copies(3), vec![1, 3, 1]);
+    }
 }
