@@ -19,6 +19,9 @@ pub struct Harness {
     pub matmul_tolerance: f64,
     /// How many ranks the collective tests use.
     pub world: usize,
+    /// The dtype a quantized (FP8/FP4) product writes its output in: f32 where it is emulated
+    /// (the CPU), bf16 from the FP8 GEMMs on CUDA.
+    pub quantized_output: DType,
 }
 
 impl Harness {
@@ -33,6 +36,7 @@ impl Harness {
             // f32 rounding grows with the terms, staying well under 1e-4 of the largest value.
             matmul_tolerance: 1e-4,
             world,
+            quantized_output: DType::F32,
         }
     }
 
@@ -46,6 +50,7 @@ impl Harness {
             tolerance,
             matmul_tolerance,
             world,
+            quantized_output: DType::BF16,
         }
     }
 

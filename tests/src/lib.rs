@@ -147,6 +147,11 @@ pub const MODEL_TESTS: &[NamedTest] = &[
         model_suite::tiny_loss_and_gradients,
     ),
     ("model_suite::adamw_steps_match", model_suite::adamw_steps_match),
+    ("model_suite::fp8_steps_match", model_suite::fp8_steps_match),
+    (
+        "model_suite::fp8_delayed_steps_match",
+        model_suite::fp8_delayed_steps_match,
+    ),
 ];
 /// The data-parallel model tests. Each launches a one-rank twin of its own beside the parallel
 /// world, so they run with ranks as threads only (torchrun's world has one size).
@@ -195,7 +200,7 @@ pub const MAPPING_TESTS: &[NamedTest] = for_each_mapping_test!(list!());
 /// (worlds of 1 to 4), so they run with ranks as threads only.
 pub const MOE_TESTS: &[NamedTest] = for_each_moe_test!(list!());
 /// How many of [`MOE_TESTS`] test the layer alone.
-pub const MOE_LAYER_TESTS: usize = 7;
+pub const MOE_LAYER_TESTS: usize = 8;
 /// The Hugging Face tests that run on the harness's device, by name: transformers' fixtures
 /// (the tied llama3 among them) at the harness's tp, the tied model trained, saved and resumed at
 /// tp 1 and 4, and the export read back. The tied and export tests launch their own layouts, so

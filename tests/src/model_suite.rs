@@ -3,7 +3,7 @@
 //! losses of 20 AdamW steps.
 
 use burn::optim::{AdamWConfig, GradientsParams};
-use burn::tensor::{Device, Gradients, Int, Tensor, TensorData};
+use burn::tensor::{DType, Device, Gradients, Int, Tensor, TensorData};
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::{Llama, recipes};
 use burn_megatron::params::{param_grads, param_values};
@@ -143,7 +143,8 @@ pub fn tiny_loss_and_gradients(h: &Harness) {
 
 /// 20 AdamW steps at tp with SP against tp = 1: the same losses.
 pub fn adamw_steps_match(h: &Harness) {
-    steps_match_with(h, Gemm::Wgmma, 10.0 * h.matmul_tolerance);
+    // The first step's loss: the same weights, products split over tp (f32 rounding).
+    steps_match_with(h, Gemm::Wgmma, 1e-5, 10.0 * h.matmul_tolerance);
 }
 
 /// [`adamw_steps_match`] with FP8 current scaling in the blocks' linear layers: each rank's
@@ -154,19 +155,37 @@ pub fn adamw_steps_match(h: &Harness) {
 /// each gradient element's sign (a near-zero element of the other sign moves by 2·lr): these
 /// grow over 20 steps at lr 3e-3, where the tiny model's loss climbs before it falls. Measured
 /// here: at most 1.0% (release build, both recipes), so 2e-2 relative.
+///
+/// Where the FP8 products write bf16 (CUDA), each rank's partial output is rounded to bf16
+/// before the tp reduction sums it, where tp = 1 rounds the whole sum once: the first loss then
+/// differs by bf16 rounding, 2⁻⁸ relative at most, and every later step starts from a product
+/// rounded so, which moves more values across FP8 boundaries than f32 rounding does. Measured on
+/// an H200 (tp 2 as threads on one GPU): 2.5% at step 13 (`docs/perf/logs/s20/call4`), so 5e-2.
 pub fn fp8_steps_match(h: &Harness) {
-    steps_match_with(h, Gemm::Quantized(Recipe::Fp8Tensorwise), 2e-2);
+    let (first, curve) = fp8_tolerances(h);
+    steps_match_with(h, Gemm::Quantized(Recipe::Fp8Tensorwise), first, curve);
+}
+
+/// How far the first loss and the curve under FP8 may lie from tp = 1's: f32 rounding and the
+/// CPU's measured 1.0% where the products are emulated in f32, bf16's rounding and the H200's
+/// 2.5% where they write bf16 ([`fp8_steps_match`]); twice the measured drift either way.
+fn fp8_tolerances(h: &Harness) -> (f64, f64) {
+    match h.quantized_output {
+        DType::BF16 => (2f64.powi(-8), 5e-2),
+        _ => (1e-5, 2e-2),
+    }
 }
 
 /// [`fp8_steps_match`] under delayed scaling: the amaxes recorded into each layer's history are
 /// reduced over tp too, so every rank's histories, and scales, are tp = 1's.
 pub fn fp8_delayed_steps_match(h: &Harness) {
-    steps_match_with(h, Gemm::Quantized(Recipe::FP8_DELAYED), 2e-2);
+    let (first, curve) = fp8_tolerances(h);
+    steps_match_with(h, Gemm::Quantized(Recipe::FP8_DELAYED), first, curve);
 }
 
-/// 20 AdamW steps at the harness's tp with SP against tp = 1, every linear layer on `gemm`,
-/// each loss within `tolerance` relative.
-fn steps_match_with(h: &Harness, gemm: Gemm, tolerance: f64) {
+/// 20 AdamW steps at the harness's tp with SP against tp = 1, every linear layer on `gemm`: the
+/// first loss within `first` relative, each within `tolerance`.
+fn steps_match_with(h: &Harness, gemm: Gemm, first: f64, tolerance: f64) {
     let losses =
         |groups: &ProcessGroups, dev: &Device, sp: bool| adamw_losses(tiny_with(h, groups, dev, sp, gemm), dev);
     h.run(h.tp_world(), |ctx| {
@@ -177,9 +196,8 @@ fn steps_match_with(h: &Harness, gemm: Gemm, tolerance: f64) {
             return;
         }
         let twin = losses(&ProcessGroups::single(), &dev, false);
-        // The first step's loss: the same weights, products split over tp (f32 rounding).
         assert!(
-            (par[0] - twin[0]).abs() <= 1e-5 * twin[0].abs(),
+            (par[0] - twin[0]).abs() <= first * twin[0].abs(),
             "{gemm:?}: first loss {} vs {}",
             par[0],
             twin[0]
