@@ -13,6 +13,8 @@
 //!   device; [`graph`]: such a step captured into a CUDA graph and replayed.
 //! - [`rows`]: row gathers whose gradient is a gather, and the weighted sum of each token's
 //!   expert outputs (a mixture of experts' permutations).
+//! - [`order`]: a mixture of experts' dispatch order (copies by expert, fillers to the grouped
+//!   product's tile), decided where the routing's ids are.
 //! - [`top_k`]: each row's k highest columns, ties to the lower index on every device (a
 //!   mixture of experts' routing choice).
 //! - [`cross_entropy`]: the full-vocabulary sums of (vocab-parallel) cross-entropy and their
@@ -43,6 +45,9 @@ mod mma_ptx;
 pub mod norm;
 #[cfg(feature = "cuda")]
 mod optim_kernels;
+pub mod order;
+#[cfg(feature = "cuda")]
+mod order_kernel;
 pub mod quant;
 #[cfg(feature = "cuda")]
 mod quant_blocks;

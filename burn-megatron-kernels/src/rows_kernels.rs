@@ -152,7 +152,7 @@ fn float_input(t: &CubeTensor) -> Option<CubeTensor> {
 }
 
 /// `t` compact as i32.
-fn index_input(t: CubeTensor) -> Option<CubeTensor> {
+pub(crate) fn index_input(t: CubeTensor) -> Option<CubeTensor> {
     compact_input(Cube::int_cast(t, IntDType::I32))
 }
 

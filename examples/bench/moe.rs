@@ -1,6 +1,6 @@
 //! `bench --moe-breakdown`: one MoE layer of moe-4b (32 experts of ffn 1408, top 4, 8192
-//! tokens, bf16) on one GPU, phase by phase: the router, the dispatch (decided on the host; and
-//! its three parts), the permutation, the experts (three grouped products and SwiGLU), the
+//! tokens, bf16) on one GPU, phase by phase: the router, the dispatch (decided on the device;
+//! and on the host, for comparison), the permutation, the experts (three grouped products and SwiGLU), the
 //! un-permutation, the whole layer's forward and its backward. Each phase is timed alone, the device synchronized
 //! before and after: `host_ms` is the time to enqueue it, `total_ms` until the device is done.
 //! One `MOE {…}` line a phase.
@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use burn::tensor::{DType, Device, Distribution, Tensor};
 use burn_megatron::init::{InitMode, ParamInit};
-use burn_megatron::layers::moe::dispatch::{Order, dispatch, permute, read_experts, unpermute};
+use burn_megatron::layers::moe::dispatch::{dispatch, dispatch_host, permute, read_experts, unpermute};
 use burn_megatron::models::llama::recipes;
 use burn_megatron_dist::ProcessGroups;
 use burn_megatron_kernels::grouped::row_alignment;
@@ -59,21 +59,14 @@ pub fn run(device: &Device, iters: usize) {
         "dispatch",
         timed(device, iters, || dispatch(routing.experts.clone(), e, align)),
     );
-    // Its three parts: the ids read, the order decided on the host, the indices uploaded.
-    let kept = read_experts(routing.experts.clone());
+    // The same order decided on the host from the ids read (as before the order kernels, and as
+    // capacity and the all-gather dispatcher still decide it).
     let k = routing.experts.dims()[1];
     report(
-        "dispatch: ids read",
-        timed(device, iters, || read_experts(routing.experts.clone())),
-    );
-    report(
-        "dispatch: order on the host",
-        timed(device, iters, || Order::new(kept.clone(), k, 0..e, align)),
-    );
-    let order = Order::new(kept, k, 0..e, align);
-    report(
-        "dispatch: indices uploaded",
-        timed(device, iters, || order.clone().upload(device)),
+        "dispatch on the host",
+        timed(device, iters, || {
+            dispatch_host(read_experts(routing.experts.clone()), k, 0..e, align, device)
+        }),
     );
     let rows = permute(tokens.clone(), &plan);
     report("permute", timed(device, iters, || permute(tokens.clone(), &plan)));

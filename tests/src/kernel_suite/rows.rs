@@ -2,10 +2,12 @@
 //! own `select`, products and sums in f32 on the same device, differentiated by autodiff: a
 //! dispatch of 300 tokens' 4 copies over 8 experts (one expert empty, fillers up to 128 rows,
 //! copies dropped), on rows of 2048 (vectors of 8) and of 36 (single elements), in f32 and bf16.
-//! With them, the router's top k on CUDA against the CPU's on scores full of ties.
+//! With them, the router's top k on CUDA against the CPU's on scores full of ties, and the
+//! dispatch order the CUDA kernels decide against the host's.
 
 use burn::tensor::{DType, Device, Distribution, Int, Tensor};
 use burn_megatron::layers::moe::dispatch::{dispatch_host, permute, unpermute};
+use burn_megatron_kernels::order::{HostOrder, order_by_expert};
 use burn_megatron_kernels::rows::gather_rows;
 use burn_megatron_kernels::top_k::top_k;
 
@@ -90,5 +92,34 @@ pub fn router_top_k(h: &Harness) {
     for k in [1, 4, 16, 17] {
         let ids = |t: Tensor<2, Int>| t.into_data().convert::<i64>().try_to_vec::<i64>().unwrap();
         assert_eq!(ids(top_k(levels.clone(), k)), ids(top_k(on_cpu.clone(), k)), "top {k}");
+    }
+}
+
+/// The dispatch order decided by the CUDA kernels against the host's, index for index: moe-4b's
+/// 8192 tokens' top 4 of 32 experts (skewed so experts 30 and 31 take none and expert 0 takes
+/// a quarter), rows padded to 128 (the grouped product's tile) and unpadded; and a ragged case
+/// of 37 tokens' top 3 of 5 with 8-row fillers.
+pub fn expert_order(h: &Harness) {
+    let device = h.device(0);
+    for (t, k, e, align) in [(8192, 4, 32, 128), (8192, 4, 32, 1), (37, 3, 5, 8)] {
+        let draws = Tensor::<2>::random([t, k], Distribution::Uniform(0.0, 1.0), (&device, DType::F32));
+        // A square skews the draws towards expert 0; the last two experts stay empty at e = 32.
+        let used = if e > 8 { e - 2 } else { e };
+        let ids: Tensor<2, Int> = (draws.clone() * draws).mul_scalar(used as f32).floor().int();
+        let host: Vec<Option<usize>> = ids
+            .to_data()
+            .convert::<i64>()
+            .try_to_vec::<i64>()
+            .unwrap()
+            .into_iter()
+            .map(|x| Some(x as usize))
+            .collect();
+        let expected = HostOrder::new(&host, k, 0..e, align);
+        let got = order_by_expert(ids, e, align);
+        let case = format!("t {t} k {k} e {e} align {align}");
+        assert_eq!(got.copies, expected.copies, "{case}: copies");
+        assert_eq!(got.counts, expected.counts, "{case}: rows");
+        let indices = got.indices.into_data().convert::<i64>().try_to_vec::<i64>().unwrap();
+        assert_eq!(indices, expected.concatenated(), "{case}: slots, tokens and rows");
     }
 }

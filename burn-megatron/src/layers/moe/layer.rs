@@ -27,7 +27,7 @@ use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp, gather_from_tp, r
 use burn_megatron_dist::{ProcessGroup, ProcessGroups, ReduceOp};
 
 use super::capacity::{Capacity, dispatch_with_capacity};
-use super::dispatch::{Dispatch, dispatch, permute, unpermute};
+use super::dispatch::{Dispatch, dispatch, dispatch_host, permute, read_experts, unpermute};
 use super::exchange::{AllGather, AllToAll};
 use super::experts::{Experts, ExpertsConfig};
 use super::router::{Router, RouterConfig, Routing};
@@ -201,7 +201,7 @@ impl Moe {
         let (plan, dropped, pad_to) = self.plan(experts, &weights, &tokens);
         let load = self.whole_load(
             Load {
-                per_expert: plan.copies(self.n_experts),
+                per_expert: plan.copies.clone(),
                 dropped,
             },
             &tokens.device(),
@@ -264,7 +264,13 @@ impl Moe {
             1 => self.alignment(tokens, pad_to),
             _ => 1,
         };
+        let gathers = self.ep.size() > 1 && self.dispatcher == ExpertParallel::AllGather;
         match &self.capacity {
+            // The all-gather dispatcher sends each copy's expert to the other ep ranks.
+            None if gathers => {
+                let device = experts.device();
+                (dispatch_host(read_experts(experts), k, 0..e, align, &device), 0, pad_to)
+            }
             None => (dispatch(experts, e, align), 0, pad_to),
             Some(capacity) => {
                 let (plan, dropped) = dispatch_with_capacity(experts, weights, e, capacity, align);
@@ -305,7 +311,11 @@ impl Moe {
                 unpermute(AllToAll::combine(out, &route, ep)?, weights, plan)
             }
             ExpertParallel::AllGather => {
-                let gathered = AllGather::dispatch(tokens, weights, &plan.kept, self.n_experts, ep, align)?;
+                let kept = plan
+                    .kept
+                    .as_deref()
+                    .expect("`plan` decides on the host for the all-gather dispatcher");
+                let gathered = AllGather::dispatch(tokens, weights, kept, self.n_experts, ep, align)?;
                 let out = self.experts.forward(gathered.rows.clone(), &gathered.counts, pad_to);
                 AllGather::combine(out, gathered, ep)?
             }
