@@ -15,6 +15,7 @@
 //!   expert outputs (a mixture of experts' permutations).
 //! - [`order`]: a mixture of experts' dispatch order (copies by expert, fillers to the grouped
 //!   product's tile), decided where the routing's ids are.
+//! - [`router`]: a mixture of experts' router product in f32 (few experts: skinny products).
 //! - [`top_k`]: each row's k highest columns, ties to the lower index on every device (a
 //!   mixture of experts' routing choice).
 //! - [`cross_entropy`]: the full-vocabulary sums of (vocab-parallel) cross-entropy and their
@@ -57,6 +58,9 @@ mod quant_emulated;
 mod quant_kernels;
 pub mod rms_norm;
 pub mod rope;
+pub mod router;
+#[cfg(feature = "cuda")]
+mod router_kernels;
 #[cfg(feature = "cuda")]
 mod row_kernels;
 pub mod rows;

@@ -38,6 +38,13 @@ fn block_scan(x: u32, #[comptime] total: bool) -> u32 {
     scan[at]
 }
 
+/// `c` rounded up to a multiple of `align`. (In plain arithmetic: the form the device ran.)
+#[cube]
+#[allow(clippy::manual_div_ceil)]
+fn padded(c: u32, align: u32) -> u32 {
+    (c + align - 1) / align * align
+}
+
 /// Grid: a block an expert. `copies[expert]`: the ids equal to it.
 #[cube(launch_unchecked)]
 fn copies_kernel(ids: &Tensor<i32>, copies: &mut Tensor<i32>, n: u32) {
@@ -73,7 +80,7 @@ fn order_kernel(
     let expert = CUBE_POS as u32;
     let mut start = 0u32;
     for j in 0..expert {
-        start += (u32::cast_from(copies[j as usize]) + align - 1) / align * align;
+        start += padded(u32::cast_from(copies[j as usize]), align);
     }
     let begin = min(UNIT_POS * run, n);
     let end = min(begin + run, n);
@@ -99,7 +106,7 @@ fn order_kernel(
     if c > 0 {
         first = out[(r + start) as usize];
     }
-    for j in range_stepped(c + UNIT_POS, (c + align - 1) / align * align, THREADS) {
+    for j in range_stepped(c + UNIT_POS, padded(c, align), THREADS) {
         out[(start + j) as usize] = i32::cast_from(n);
         out[(r + start + j) as usize] = first;
     }

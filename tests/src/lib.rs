@@ -127,6 +127,7 @@ pub const KERNEL_TESTS: &[NamedTest] = &[
     ("kernel_suite::row_kernels", kernel_suite::row_kernels),
     ("kernel_suite::router_top_k", kernel_suite::router_top_k),
     ("kernel_suite::expert_order", kernel_suite::expert_order),
+    ("kernel_suite::router_product", kernel_suite::router_product),
     ("kernel_suite::fp8_tiles", kernel_suite::fp8_tiles),
     ("kernel_suite::fp8_gemm", kernel_suite::fp8_gemm),
     ("kernel_suite::fp8_blocks", kernel_suite::fp8_blocks),

@@ -84,9 +84,10 @@ pub fn balance_losses(
 fn switch_loss(probabilities: Tensor<2>, chosen: Tensor<1, Int>, k: usize) -> Tensor<1> {
     let [t, e] = probabilities.dims();
     let share = chosen.float().div_scalar((t * k) as f64); // f_e, no gradient
-    // P_e as a product with a row of 1/t: Burn's reduction over dim 0 ran in one block
-    // (0.8 ms for moe-4b's [8192, 32] on an H200).
-    let uniform = Tensor::<2>::full([1, t], 1.0 / t as f64, (&probabilities.device(), probabilities.dtype()));
-    let mean = uniform.matmul(probabilities).reshape([e]); // P_e
-    (share * mean).sum().mul_scalar(e as f64)
+    // `Σ_e f_e · P_e = Σ_t Σ_e p[t, e] · f_e / t`: one elementwise product and a sum over
+    // everything. (Burn's reduction over dim 0 ran in one block, 0.8 ms for moe-4b's [8192,
+    // 32] on an H200; the mean as a product with a row of 1/t, 0.30 ms.)
+    let share = share.cast(probabilities.dtype()).unsqueeze::<2>();
+    let weighted = probabilities * share;
+    weighted.sum().mul_scalar(e as f64 / t as f64)
 }

@@ -182,7 +182,8 @@ impl Router {
         if sequences == 0 || !t.is_multiple_of(sequences) {
             return Err(ConfigError::TokensNotInSequences { tokens: t, sequences });
         }
-        let logits = x.cast(DType::F32).matmul(self.weight.val().cast(DType::F32)); // [t, e]
+        // [t, e], the products in f32 (one kernel a direction on CUDA).
+        let logits = burn_megatron_kernels::router::logits(x, self.weight.val());
         let [_, e] = logits.dims();
         let scores = match s.scoring {
             Scoring::Softmax => burn::tensor::activation::softmax(logits.clone(), 1),
