@@ -117,6 +117,9 @@ pub enum LayerError {
     /// The device failed to run what was queued on it.
     #[error("the device failed: {detail}")]
     Device { detail: String },
+    /// A row-parallel layer's input shard splits one of its input quantizer's tiles.
+    #[error("a shard of {features} input features does not hold whole quantization tiles of {group}")]
+    GroupsAcrossShards { features: usize, group: usize },
 }
 
 /// Checks that `size` splits over `tp` ranks.

@@ -158,6 +158,26 @@ fn rows() -> Vec<PtqConfig> {
                 .with_gptq(act_order),
         );
     }
+    // FP8 inputs in DeepSeek-V3's 1×128 tiles, one scale each.
+    let tiles = ActivationScheme::Fp8Tiles;
+    let fp8_token = ActivationScheme::PerToken { codes: Codes::Fp8 };
+    rows.push(
+        w8(Codes::Fp8, Granularity::Channel)
+            .with_activations(fp8_token)
+            .with_gptq(act_order),
+    );
+    rows.push(w8(Codes::Fp8, Granularity::Channel).with_activations(tiles));
+    rows.push(
+        w8(Codes::Fp8, Granularity::Channel)
+            .with_activations(tiles)
+            .with_gptq(act_order),
+    );
+    rows.push(
+        w8(Codes::Fp8, Granularity::Channel)
+            .with_activations(tiles)
+            .with_smoothing(smoothquant)
+            .with_gptq(act_order),
+    );
     rows.push(w8(Codes::Fp8, Granularity::Channel));
     rows.push(PtqConfig::weight_only(WeightScheme::Nvfp4));
     rows.push(PtqConfig::weight_only(WeightScheme::Nvfp4).with_activations(ActivationScheme::Nvfp4));

@@ -9,6 +9,7 @@ use burn_megatron_dist::{ProcessGroup, ReduceOp};
 use burn_megatron_kernels::quant::fake;
 use burn_megatron_kernels::quant::format::Minifloat;
 use burn_megatron_kernels::quant::recipe::{Blocks, Quantizer, Rounding};
+use burn_megatron_kernels::quant::tiles::TILE;
 
 use super::calibrate::Observer;
 use super::codes::{Clipping, Codes};
@@ -22,6 +23,10 @@ pub enum ActivationScheme {
     Static { codes: Codes, clipping: Clipping },
     /// One scale a token, from the token's own amax (dynamic).
     PerToken { codes: Codes },
+    /// FP8 (E4M3), dynamic: an f32 scale for each 1×128 tile of a token's features, from the
+    /// tile's amax (DeepSeek-V3's activation tiles: the FP8 issue's quantizer,
+    /// `Blocks::Tiles`); a ragged last tile takes what is left.
+    Fp8Tiles,
     /// NVFP4, dynamic: E2M1 in 1×16 blocks along the features, E4M3 block scales and an f32
     /// scale from the tensor's amax (the FP8 issue's quantizer, `Blocks::Nv { rows: 1 }`).
     Nvfp4,
@@ -33,6 +38,7 @@ impl ActivationScheme {
         match self {
             ActivationScheme::Static { codes, clipping } => format!("{}-static-{}", codes.name(), clipping.name()),
             ActivationScheme::PerToken { codes } => format!("{}-token", codes.name()),
+            ActivationScheme::Fp8Tiles => "fp8-tiles".into(),
             ActivationScheme::Nvfp4 => "nvfp4".into(),
         }
     }
@@ -50,6 +56,8 @@ pub enum InputQuantizer {
     Static { codes: Codes, amax: f32 },
     /// Rounds each token onto `codes` with its own amax (dynamic, per token).
     PerToken { codes: Codes },
+    /// Rounds each 1×128 tile of a token onto FP8 with its own amax.
+    Fp8Tiles,
     /// NVFP4's blocks (dynamic).
     Nvfp4,
 }
@@ -89,6 +97,22 @@ impl InputQuantizer {
                     false => amax,
                 };
                 codes.fake_quantize(flat(), amax)
+            }
+            InputQuantizer::Fp8Tiles => {
+                // A row-parallel shard must hold whole tiles for its scales to be one device's.
+                if sharded && tp.size() > 1 && !k.is_multiple_of(TILE) {
+                    return Err(LayerError::GroupsAcrossShards {
+                        features: k,
+                        group: TILE,
+                    });
+                }
+                let q = Quantizer {
+                    format: Minifloat::E4M3,
+                    blocks: Blocks::Tiles,
+                    rounding: Rounding::Nearest,
+                    hadamard: false,
+                };
+                fake::fake_quantize(flat(), q, None, None)
             }
             InputQuantizer::Nvfp4 => {
                 let q = Quantizer {
@@ -159,5 +183,40 @@ mod tests {
             let amax = if i < 3 { 3.0 } else { 0.25 };
             assert!((g - expect(v, amax / 127.0)).abs() < 1e-6, "{g} for {v}");
         }
+    }
+
+    /// FP8 tiles: each token's 1×128 tiles scaled by their own amax (`amax / 448`), a ragged
+    /// last tile included, so a tile beside an outlier's keeps its own range.
+    #[test]
+    fn fp8_tiles_scale_each_tile() {
+        let device = Device::flex();
+        let tp = ProcessGroups::single().tp;
+        let k = 200; // a tile of 128 and a ragged one of 72
+        let values: Vec<f32> = (0..2 * k)
+            .map(|i| match i {
+                5 => 300.0, // an outlier in the first tile of token 0
+                _ => ((i * 37) % 101) as f32 / 101.0 - 0.5,
+            })
+            .collect();
+        let x = Tensor::<2>::from_data(TensorData::new(values.clone(), [2, k]), &device);
+        let got: Vec<f32> = InputQuantizer::Fp8Tiles
+            .apply(x, &tp, false)
+            .unwrap()
+            .into_data()
+            .try_to_vec()
+            .unwrap();
+        for token in 0..2 {
+            for tile in [0..128, 128..k] {
+                let row = &values[token * k..(token + 1) * k];
+                let amax = row[tile.clone()].iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let scale = amax / 448.0;
+                for i in tile.clone() {
+                    let expected = Codes::Fp8.round_value(row[i] * scale.recip()) * scale;
+                    assert_eq!(got[token * k + i], expected, "token {token} feature {i}");
+                }
+            }
+        }
+        // The outlier's tile is coarse; the next tile of the same token is not.
+        assert!((got[130] - values[130]).abs() <= values[130].abs() / 16.0 + 1e-6);
     }
 }

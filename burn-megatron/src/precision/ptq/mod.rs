@@ -234,6 +234,7 @@ pub fn quantize(
                     amax: ranges.site(i, site).range(codes, clipping),
                 },
                 Some(ActivationScheme::PerToken { codes }) => InputQuantizer::PerToken { codes },
+                Some(ActivationScheme::Fp8Tiles) => InputQuantizer::Fp8Tiles,
                 Some(ActivationScheme::Nvfp4) => InputQuantizer::Nvfp4,
             };
             // GPTQ's XᵀX of the inputs as the smoothed model sees them: x / s.
