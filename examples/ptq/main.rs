@@ -12,8 +12,8 @@
 //! the least squared error; int4 weights in groups of 128, symmetric and with a zero point (each
 //! clipping, AWQ's scales, GPTQ's rounding in natural and activation order), with a zero
 //! point in groups of 32, and with each group's minimum (GGUF's Q4_1) in groups of 32 and 128; W8A8 in int8 (static ranges by max, percentile and MSE, SmoothQuant,
-//! per token) and in FP8 (per tensor with static ranges, per channel with per-token inputs),
-//! each with its weights alone and with GPTQ; FP8 weights alone; NVFP4 weights, and weights and
+//! per token) and in FP8 (per tensor with static ranges, per channel with per-token inputs or
+//! with inputs in 1×128 tiles), each with its weights alone and with GPTQ; FP8 weights alone; NVFP4 weights, and weights and
 //! activations. `--only` keeps the rows whose name contains one of the TEXTs. `--export`
 //! writes the FP8 W8A8 model (per tensor, static max ranges) in compressed-tensors' layout (with
 //! the tokenizer, so `examples/distill --teacher-hf DIR` takes it) and loads it back: its
