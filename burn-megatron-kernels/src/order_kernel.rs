@@ -38,13 +38,6 @@ fn block_scan(x: u32, #[comptime] total: bool) -> u32 {
     scan[at]
 }
 
-/// `c` rounded up to a multiple of `align`. (In plain arithmetic: the form the device ran.)
-#[cube]
-#[allow(clippy::manual_div_ceil)]
-fn padded(c: u32, align: u32) -> u32 {
-    (c + align - 1) / align * align
-}
-
 /// Grid: a block an expert. `copies[expert]`: the ids equal to it.
 #[cube(launch_unchecked)]
 fn copies_kernel(ids: &Tensor<i32>, copies: &mut Tensor<i32>, n: u32) {
@@ -66,7 +59,8 @@ fn copies_kernel(ids: &Tensor<i32>, copies: &mut Tensor<i32>, n: u32) {
 /// before it, then the block writes the fillers. `out`: slots `[0, r)`, tokens `[r, 2r)`,
 /// rows `[2r, 2r + n)`.
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
+// Padded counts in plain arithmetic: the form the device ran (`logs/s21/call2`).
+#[allow(clippy::too_many_arguments, clippy::manual_div_ceil)]
 fn order_kernel(
     ids: &Tensor<i32>,
     copies: &Tensor<i32>,
@@ -80,7 +74,7 @@ fn order_kernel(
     let expert = CUBE_POS as u32;
     let mut start = 0u32;
     for j in 0..expert {
-        start += padded(u32::cast_from(copies[j as usize]), align);
+        start += (u32::cast_from(copies[j as usize]) + align - 1) / align * align;
     }
     let begin = min(UNIT_POS * run, n);
     let end = min(begin + run, n);
@@ -106,7 +100,7 @@ fn order_kernel(
     if c > 0 {
         first = out[(r + start) as usize];
     }
-    for j in range_stepped(c + UNIT_POS, padded(c, align), THREADS) {
+    for j in range_stepped(c + UNIT_POS, (c + align - 1) / align * align, THREADS) {
         out[(start + j) as usize] = i32::cast_from(n);
         out[(r + start + j) as usize] = first;
     }

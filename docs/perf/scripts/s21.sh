@@ -13,6 +13,8 @@
 #         twice, then the peer.
 #   router: (carry .gpu with gpu-suite and bench, .peers) the router's f32 product kernels,
 #         moe-4b beside the peer, then the MoE suite.
+#   final: (carry .gpu with gpu-suite and bench) the order and router kernels of the final build,
+#         and the MoE layer's breakdown.
 #   profile: (carry .gpu with bench, .peers) moe-4b's last step kernel by kernel under Nsight
 #         Compute, ours and the peer's.
 # Logs go to $OUT (a device call brings back a few files).
@@ -62,6 +64,16 @@ case $part in
     [ $SECONDS -gt 420 ] && { echo "no time left for the MoE suite"; exit 0; }
     timeout -s KILL 150 bash .gpu/run.sh gpu-suite --one-gpu --world 2 --filter "moe_suite::" > "$OUT/one-gpu-moe_suite.log" 2>&1
     grep -h "FAILED\|passed\|routing first" "$OUT/one-gpu-moe_suite.log" | cut -c1-400
+    ;;
+  final)
+    # (carry .gpu with gpu-suite and bench) the final build's order and router kernels against
+    # their references, then the MoE layer phase by phase.
+    for t in expert_order router_product; do
+      timeout -s KILL 40 bash .gpu/run.sh gpu-suite --world 1 --filter "kernel_suite::$t" > "$OUT/suite-$t.log" 2>&1
+      grep -h "FAILED\|passed\|ok (\|panicked" "$OUT/suite-$t.log" | cut -c1-600
+    done
+    timeout -s KILL 50 bash .gpu/run.sh bench --moe-breakdown > "$OUT/moe-breakdown.log" 2>&1
+    grep -h "MOE\|panicked" "$OUT/moe-breakdown.log"
     ;;
   profile)
     # moe-4b's step kernel by kernel, ours and the peer's, by Nsight Compute's durations (call 4
