@@ -7,10 +7,13 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_megatron::error::LayerError;
 use burn_megatron::models::llama::Llama;
 use burn_megatron::models::llama::hf::{self, ExportOptions, HfError};
+use burn_megatron::models::llama::sites::linear_mut;
 use burn_megatron::precision::ptq::{
-    self, ActivationScheme, Clipping, Codes, Collect, Gptq, Granularity, PtqConfig, PtqError, Smoothing, WeightScheme,
+    self, ActivationScheme, Clipping, Codes, Collect, Gptq, Granularity, InputQuantizer, PtqConfig, PtqError,
+    Smoothing, WeightScheme,
 };
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 use safetensors::tensor::Dtype;
@@ -244,19 +247,50 @@ pub fn ptq_errors(h: &Harness) {
         let nvfp4 = PtqConfig::weight_only(WeightScheme::Nvfp4).with_gptq(Gptq::default());
         let error = ptq::quantize(model.clone(), &nvfp4, &calibration, &[]).unwrap_err();
         assert_eq!(error, PtqError::GptqScheme { scheme: "nvfp4".into() });
-        let plain = ptq::quantize(model, &PtqConfig::weight_only(int4), &calibration, &[]).unwrap();
+        let plain = ptq::quantize(model.clone(), &PtqConfig::weight_only(int4), &calibration, &[]).unwrap();
+        // FP8 inputs in tiles run (the fixture's 64 and 128 features hold whole tiles or one
+        // ragged one), and have no layout in the export.
+        let fp8 = WeightScheme::Uniform {
+            codes: Codes::Fp8,
+            granularity: Granularity::Channel,
+            clipping: Clipping::Max,
+        };
+        let tiles = PtqConfig::weight_only(fp8).with_activations(ActivationScheme::Fp8Tiles);
+        let tiled = ptq::quantize(model, &tiles, &calibration, &[]).unwrap();
+        tiled.model.forward(batches(&device)[0].clone()).unwrap();
         let dir = scratch("refused");
-        let error = hf::save_quantized(&dir, &plain, &planned, &ctx.groups, &ExportOptions::new()).unwrap_err();
+        for refused in [&plain, &tiled] {
+            let error = hf::save_quantized(&dir, refused, &planned, &ctx.groups, &ExportOptions::new()).unwrap_err();
+            assert!(
+                matches!(
+                    error,
+                    HfError::Unsupported {
+                        field: "quantization_config",
+                        ..
+                    }
+                ),
+                "{error}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+    // FP8 input tiles on a row-parallel layer whose shard (64 of the MLP's 128 features) would
+    // split a tile: a typed error, not other scales than one device's.
+    h.run(ParallelDims::tp_dp(2, 1), |ctx| {
+        let device = ctx.device.clone();
+        let (mut model, _) = loaded(&source, &ctx.groups, &device, false);
+        let w2 = linear_mut(&mut model.layers[0], "mlp.w2").expect("a dense block");
+        *w2.quantizer = InputQuantizer::Fp8Tiles;
+        let error = model.forward(batches(&device)[0].clone()).unwrap_err();
         assert!(
             matches!(
                 error,
-                HfError::Unsupported {
-                    field: "quantization_config",
-                    ..
+                LayerError::GroupsAcrossShards {
+                    features: 64,
+                    group: 128
                 }
             ),
             "{error}"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     });
 }

@@ -9,7 +9,8 @@
 //!    int8 or FP8 per tensor or channel, int4 in groups, NVFP4; `weights.rs`), rounded to the
 //!    nearest code or by [`Gptq`] (`gptq.rs`), and every linear's
 //!    input quantized as the [`ActivationScheme`] says (static ranges from the calibration,
-//!    dynamic per token, NVFP4; `activations.rs`), through the layers' [`InputQuantizer`].
+//!    dynamic per token, FP8 in 1×128 tiles, NVFP4; `activations.rs`), through the layers'
+//!    [`InputQuantizer`].
 //!
 //! Values are emulated (quantized and dequantized in f32, the product in the compute dtype), so
 //! a quantized model runs everywhere the model does. Quantization runs at tp = 1; the export
