@@ -1,14 +1,19 @@
 //! The grouped product of a mixture of experts, [`GroupedOps`]: rows in groups (one group an
-//! expert, `counts[g]` consecutive rows), each group times its own weight, in one call, with
-//! both backward products (dgrad: each group's rows times its weight transposed; wgrad: each
-//! weight's gradient from its own rows).
+//! expert, consecutive rows), each group times its own weight, in one call, with both backward
+//! products (dgrad: each group's rows times its weight transposed; wgrad: each weight's
+//! gradient from its own rows).
+//!
+//! Where the groups lie is [`Groups`]: counts on the host (any), or each group's first row on
+//! the device, as the MoE dispatch decides them there, so that no count has to reach the
+//! host. The backend ops take the device form, every group starting at a multiple of
+//! [`row_alignment`]; [`grouped_matmul`] pads counts that are not with row gathers first.
 //!
 //! On CUDA, bf16 operands run one launch of our Hopper GEMM's grouped variant
-//! (`grouped_kernel`): each group's rows padded to the 128 rows of a tile, a table telling every
-//! tile its group's rows, weight and output. Elsewhere, and for shapes that kernel does not
-//! take, one product a group ([`reference`]).
+//! (`grouped_kernel`), which finds each tile's group from the starts on the device. Elsewhere,
+//! and for shapes that kernel does not take, one product a group ([`reference`]), the starts
+//! read to the host.
 //!
-//! Legend: `r` rows (`Σ counts`), `k` input features, `n` output features, `e` groups.
+//! Legend: `r` rows, `k` input features, `n` output features, `e` groups.
 
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -16,34 +21,72 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
 use burn::backend::ops::FloatTensorOps;
-use burn::backend::tensor::FloatTensor;
+use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
-use burn::tensor::Tensor;
+use burn::tensor::{Int, Tensor, TensorData};
 
-/// The backend extension behind [`grouped_matmul`].
+/// The backend extension behind [`grouped_matmul`]. `starts` (`[e + 1]`): group `g`'s rows are
+/// `starts[g]..starts[g + 1]`, from `starts[0] = 0`, each start a multiple of [`row_alignment`];
+/// the rows past `starts[e]` belong to no group: their output rows are zero, and no weight's
+/// gradient reads them.
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait GroupedOps: Backend {
-    /// `y_g = x_g · w_g` for each group `g` of `counts[g]` rows.
+    /// `y_g = x_g · w_g` for each group `g`.
     ///
     /// # Shapes
-    /// `[r, k]`, `[e, k, n]` → `[r, n]`
-    fn grouped_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>, counts: Vec<usize>) -> FloatTensor<Self>;
+    /// `[r, k]`, `[e, k, n]`, `[e + 1]` → `[r, n]`
+    fn grouped_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self>;
 
     /// `dx_g = dy_g · w_gᵀ`.
     ///
     /// # Shapes
-    /// `[r, n]`, `[e, k, n]` → `[r, k]`
-    fn grouped_matmul_dgrad(dy: FloatTensor<Self>, w: FloatTensor<Self>, counts: Vec<usize>) -> FloatTensor<Self>;
+    /// `[r, n]`, `[e, k, n]`, `[e + 1]` → `[r, k]`
+    fn grouped_matmul_dgrad(dy: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self>;
 
     /// `dw_g = x_gᵀ · dy_g`, zero for a group without rows.
     ///
     /// # Shapes
-    /// `[r, k]`, `[r, n]` → `[e, k, n]`
-    fn grouped_matmul_wgrad(x: FloatTensor<Self>, dy: FloatTensor<Self>, counts: Vec<usize>) -> FloatTensor<Self>;
+    /// `[r, k]`, `[r, n]`, `[e + 1]` → `[e, k, n]`
+    fn grouped_matmul_wgrad(x: FloatTensor<Self>, dy: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self>;
 }
 
-/// One product a group, in backend ops: the CPU path, the test oracle, and CUDA's path for
-/// what the grouped kernel does not take. `matmul` is the 2-D product to use.
+/// Where a grouped product's groups lie.
+#[derive(Clone, Debug)]
+pub enum Groups {
+    /// `counts[g]` consecutive rows a group, adding up to the rows, known on the host.
+    Counts(Vec<usize>),
+    /// `[e + 1]` on the device: each group's first row and the end of the last, as
+    /// [`GroupedOps`] takes them (each a multiple of [`row_alignment`]); rows past the end
+    /// belong to no group.
+    Starts(Box<Tensor<1, Int>>),
+}
+
+impl Groups {
+    /// The rows each group holds, on the host: read from the device for [`Groups::Starts`]
+    /// (one copy, which waits for the work before it).
+    pub fn counts(&self) -> Vec<usize> {
+        match self {
+            Groups::Counts(counts) => counts.clone(),
+            Groups::Starts(starts) => {
+                let starts = read_starts(starts.as_ref().clone());
+                starts.windows(2).map(|w| w[1] - w[0]).collect()
+            }
+        }
+    }
+}
+
+/// Where each of `counts`' groups starts, and the end of the last.
+fn starts_of(counts: &[usize]) -> Vec<usize> {
+    let mut starts = vec![0];
+    for &c in counts {
+        starts.push(starts[starts.len() - 1] + c);
+    }
+    starts
+}
+
+/// One product a group, in backend ops, from starts on the host: the CPU path, the test
+/// oracle, and CUDA's path for what the grouped kernel does not take. `matmul` is the 2-D
+/// product to use.
 pub mod reference {
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{Backend, TensorMetadata};
@@ -62,23 +105,30 @@ pub mod reference {
         B::float_reshape(rows::<B>(w, g, 1), [k, n].into())
     }
 
-    /// Each group's rows times its (possibly transposed) weight, concatenated.
+    /// Each group's rows times its (possibly transposed) weight, then zero rows for the rows
+    /// of no group.
     fn each<B: Backend>(
         x: FloatTensor<B>,
         w: FloatTensor<B>,
-        counts: &[usize],
+        starts: &[usize],
         transposed: bool,
         matmul: impl Fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
     ) -> FloatTensor<B> {
-        let mut start = 0;
+        let [r, _] = x.shape().dims();
+        let [_, k, n] = w.shape().dims();
+        let width = if transposed { k } else { n };
         let mut parts = Vec::new();
-        for (g, &n) in counts.iter().enumerate() {
-            if n > 0 {
+        for (g, range) in starts.windows(2).enumerate() {
+            if range[1] > range[0] {
                 let w_g = weight::<B>(w.clone(), g);
                 let w_g = if transposed { B::float_transpose(w_g) } else { w_g };
-                parts.push(matmul(rows::<B>(x.clone(), start, n), w_g));
+                parts.push(matmul(rows::<B>(x.clone(), range[0], range[1] - range[0]), w_g));
             }
-            start += n;
+        }
+        let end = starts[starts.len() - 1];
+        if r > end || parts.is_empty() {
+            let dtype = FloatDType::from(x.dtype());
+            parts.push(B::float_zeros([r - end, width].into(), &x.device(), dtype));
         }
         B::float_cat(parts, 0)
     }
@@ -86,34 +136,34 @@ pub mod reference {
     pub fn forward<B: Backend>(
         x: FloatTensor<B>,
         w: FloatTensor<B>,
-        counts: &[usize],
+        starts: &[usize],
         matmul: impl Fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
     ) -> FloatTensor<B> {
-        each::<B>(x, w, counts, false, matmul)
+        each::<B>(x, w, starts, false, matmul)
     }
 
     pub fn dgrad<B: Backend>(
         dy: FloatTensor<B>,
         w: FloatTensor<B>,
-        counts: &[usize],
+        starts: &[usize],
         matmul: impl Fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
     ) -> FloatTensor<B> {
-        each::<B>(dy, w, counts, true, matmul)
+        each::<B>(dy, w, starts, true, matmul)
     }
 
     pub fn wgrad<B: Backend>(
         x: FloatTensor<B>,
         dy: FloatTensor<B>,
-        counts: &[usize],
+        starts: &[usize],
         matmul: impl Fn(FloatTensor<B>, FloatTensor<B>) -> FloatTensor<B>,
     ) -> FloatTensor<B> {
         let ([_, k], [_, n]) = (x.shape().dims(), dy.shape().dims());
         let device = x.device();
         let dtype = FloatDType::from(x.dtype());
-        let mut start = 0;
-        let parts = counts
-            .iter()
-            .map(|&c| {
+        let parts = starts
+            .windows(2)
+            .map(|range| {
+                let (start, c) = (range[0], range[1] - range[0]);
                 let part = match c {
                     0 => B::float_zeros([k, n].into(), &device, dtype),
                     _ => matmul(
@@ -121,7 +171,6 @@ pub mod reference {
                         rows::<B>(dy.clone(), start, c),
                     ),
                 };
-                start += c;
                 B::float_reshape(part, [1, k, n].into())
             })
             .collect();
@@ -129,32 +178,43 @@ pub mod reference {
     }
 }
 
+/// Starts read to the host (one copy, which waits for the work before it).
+pub(crate) fn read_starts(starts: Tensor<1, Int>) -> Vec<usize> {
+    let starts: Vec<i64> = starts.into_data().convert::<i64>().try_to_vec().expect("starts");
+    starts.into_iter().map(|s| s as usize).collect()
+}
+
+/// The starts of a CPU tensor, on the host.
+fn host_starts(starts: IntTensor<Flex>) -> Vec<usize> {
+    read_starts(Tensor::from_primitive::<Flex>(starts))
+}
+
 impl GroupedOps for Flex {
-    fn grouped_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>, counts: Vec<usize>) -> FloatTensor<Self> {
-        reference::forward::<Flex>(x, w, &counts, Flex::float_matmul)
+    fn grouped_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
+        reference::forward::<Flex>(x, w, &host_starts(starts), Flex::float_matmul)
     }
 
-    fn grouped_matmul_dgrad(dy: FloatTensor<Self>, w: FloatTensor<Self>, counts: Vec<usize>) -> FloatTensor<Self> {
-        reference::dgrad::<Flex>(dy, w, &counts, Flex::float_matmul)
+    fn grouped_matmul_dgrad(dy: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
+        reference::dgrad::<Flex>(dy, w, &host_starts(starts), Flex::float_matmul)
     }
 
-    fn grouped_matmul_wgrad(x: FloatTensor<Self>, dy: FloatTensor<Self>, counts: Vec<usize>) -> FloatTensor<Self> {
-        reference::wgrad::<Flex>(x, dy, &counts, Flex::float_matmul)
+    fn grouped_matmul_wgrad(x: FloatTensor<Self>, dy: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
+        reference::wgrad::<Flex>(x, dy, &host_starts(starts), Flex::float_matmul)
     }
 }
 
 #[cfg(feature = "cuda")]
 impl GroupedOps for burn::backend::Cube {
-    fn grouped_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>, counts: Vec<usize>) -> FloatTensor<Self> {
-        crate::grouped_kernel::forward(x, w, &counts)
+    fn grouped_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
+        crate::grouped_kernel::forward(x, w, starts)
     }
 
-    fn grouped_matmul_dgrad(dy: FloatTensor<Self>, w: FloatTensor<Self>, counts: Vec<usize>) -> FloatTensor<Self> {
-        crate::grouped_kernel::dgrad(dy, w, &counts)
+    fn grouped_matmul_dgrad(dy: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
+        crate::grouped_kernel::dgrad(dy, w, starts)
     }
 
-    fn grouped_matmul_wgrad(x: FloatTensor<Self>, dy: FloatTensor<Self>, counts: Vec<usize>) -> FloatTensor<Self> {
-        crate::grouped_kernel::wgrad(x, dy, &counts)
+    fn grouped_matmul_wgrad(x: FloatTensor<Self>, dy: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
+        crate::grouped_kernel::wgrad(x, dy, starts)
     }
 }
 
@@ -162,25 +222,25 @@ impl GroupedOps for burn::backend::Cube {
 struct GroupedBackward;
 
 impl<B: Backend + GroupedOps> Backward<B, 2> for GroupedBackward {
-    type State = (Option<NodeId>, Option<NodeId>, Vec<usize>);
+    type State = (Option<NodeId>, Option<NodeId>, IntTensor<B>);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
-        let (x, w, counts) = ops.state;
+        let (x, w, starts) = ops.state;
         let x: Option<FloatTensor<B>> = x.map(|id| checkpointer.retrieve_node_output(id));
         let w: Option<FloatTensor<B>> = w.map(|id| checkpointer.retrieve_node_output(id));
-        let wgrad_counts = counts.clone();
+        let wgrad_starts = starts.clone();
         binary::<B, _, _>(
             ops.parents,
             ops.node,
             grads,
-            |grad| B::grouped_matmul_dgrad(grad, w.expect("w saved for the rows' gradient"), counts),
-            |grad| B::grouped_matmul_wgrad(x.expect("x saved for the weights' gradient"), grad, wgrad_counts),
+            |grad| B::grouped_matmul_dgrad(grad, w.expect("w saved for the rows' gradient"), starts),
+            |grad| B::grouped_matmul_wgrad(x.expect("x saved for the weights' gradient"), grad, wgrad_starts),
         );
     }
 }
 
 impl<B: Backend + GroupedOps, C: CheckpointStrategy> GroupedOps for Autodiff<B, C> {
-    fn grouped_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>, counts: Vec<usize>) -> FloatTensor<Self> {
+    fn grouped_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
         let (x_tracked, w_tracked) = (x.is_tracked(), w.is_tracked());
         match GroupedBackward
             .prepare::<C>([x.node(), w.node()])
@@ -191,19 +251,19 @@ impl<B: Backend + GroupedOps, C: CheckpointStrategy> GroupedOps for Autodiff<B, 
                 // Each operand is kept for the other's gradient.
                 let x_state = w_tracked.then(|| prep.checkpoint(&x));
                 let w_state = x_tracked.then(|| prep.checkpoint(&w));
-                let out = B::grouped_matmul(x.into_parts().0, w.into_parts().0, counts.clone());
-                prep.finish((x_state, w_state, counts), out)
+                let out = B::grouped_matmul(x.into_parts().0, w.into_parts().0, starts.clone());
+                prep.finish((x_state, w_state, starts), out)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::grouped_matmul(x.into_parts().0, w.into_parts().0, counts)),
+            OpsKind::UnTracked(prep) => prep.finish(B::grouped_matmul(x.into_parts().0, w.into_parts().0, starts)),
         }
     }
 
-    fn grouped_matmul_dgrad(dy: FloatTensor<Self>, w: FloatTensor<Self>, counts: Vec<usize>) -> FloatTensor<Self> {
-        <Self as AutodiffBackend>::from_inner(B::grouped_matmul_dgrad(dy.into_parts().0, w.into_parts().0, counts))
+    fn grouped_matmul_dgrad(dy: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
+        <Self as AutodiffBackend>::from_inner(B::grouped_matmul_dgrad(dy.into_parts().0, w.into_parts().0, starts))
     }
 
-    fn grouped_matmul_wgrad(x: FloatTensor<Self>, dy: FloatTensor<Self>, counts: Vec<usize>) -> FloatTensor<Self> {
-        <Self as AutodiffBackend>::from_inner(B::grouped_matmul_wgrad(x.into_parts().0, dy.into_parts().0, counts))
+    fn grouped_matmul_wgrad(x: FloatTensor<Self>, dy: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
+        <Self as AutodiffBackend>::from_inner(B::grouped_matmul_wgrad(x.into_parts().0, dy.into_parts().0, starts))
     }
 }
 
@@ -224,23 +284,61 @@ pub fn row_alignment(x: &Tensor<2>) -> usize {
     1
 }
 
-/// `y_g = x_g · w_g` for each group `g` of `counts[g]` consecutive rows of `x` (`Σ counts` of
-/// them, above 0), differentiable in both.
+/// `y_g = x_g · w_g` for each group `g` of `groups` (rows past the groups' come out zero),
+/// differentiable in both. Counts that are not multiples of [`row_alignment`] are padded
+/// with zero rows first (a row gather in, one out).
 ///
 /// # Shapes
 /// `[r, k]`, `[e, k, n]` → `[r, n]`
-pub fn grouped_matmul(x: Tensor<2>, w: Tensor<3>, counts: &[usize]) -> Tensor<2> {
-    assert_eq!(counts.len(), w.dims()[0], "one count a group");
-    assert_eq!(
-        counts.iter().sum::<usize>(),
-        x.dims()[0],
-        "the counts add up to the rows"
-    );
+pub fn grouped_matmul(x: Tensor<2>, w: Tensor<3>, groups: &Groups) -> Tensor<2> {
+    let e = w.dims()[0];
+    let device = x.device();
+    match groups {
+        Groups::Starts(starts) => {
+            assert_eq!(starts.dims(), [e + 1], "a start a group and the end");
+            product(x, w, starts.as_ref().clone())
+        }
+        Groups::Counts(counts) => {
+            assert_eq!(counts.len(), e, "one count a group");
+            assert_eq!(
+                counts.iter().sum::<usize>(),
+                x.dims()[0],
+                "the counts add up to the rows"
+            );
+            let align = row_alignment(&x);
+            if counts.iter().all(|c| c.is_multiple_of(align)) {
+                return product(x, w, ints(&starts_of(counts), &device));
+            }
+            // Each group's rows, then zero rows (row `r` of `x` with one zero row below it).
+            let (r, k) = (x.dims()[0], x.dims()[1]);
+            let padded: Vec<usize> = counts.iter().map(|c| c.next_multiple_of(align)).collect();
+            let (mut source, mut real) = (Vec::new(), Vec::new());
+            for (&c, start) in counts.iter().zip(starts_of(counts)) {
+                real.extend((0..c).map(|j| source.len() + j));
+                source.extend(start..start + c);
+                source.resize(source.len() + c.next_multiple_of(align) - c, r);
+            }
+            let zero = Tensor::<2>::zeros([1, k], (&device, x.dtype()));
+            let rows = Tensor::cat(vec![x, zero], 0).select(0, ints(&source, &device));
+            product(rows, w, ints(&starts_of(&padded), &device)).select(0, ints(&real, &device))
+        }
+    }
+}
+
+/// The backend op on starts already on the device.
+fn product(x: Tensor<2>, w: Tensor<3>, starts: Tensor<1, Int>) -> Tensor<2> {
     Tensor::from_dispatch(<burn::backend::Dispatch as GroupedOps>::grouped_matmul(
         x.into_dispatch(),
         w.into_dispatch(),
-        counts.to_vec(),
+        starts.into_dispatch(),
     ))
+}
+
+/// `values` as an int tensor on `device`.
+fn ints(values: &[usize], device: &burn::tensor::Device) -> Tensor<1, Int> {
+    let values: Vec<i32> = values.iter().map(|&v| v as i32).collect();
+    let n = values.len();
+    Tensor::from_data(TensorData::new(values, [n]), device)
 }
 
 #[cfg(test)]
@@ -255,7 +353,7 @@ mod tests {
         let counts = [3, 0, 5, 1];
         let x = Tensor::<2>::random([9, 6], Distribution::Normal(0.0, 1.0), &device).require_grad();
         let w = Tensor::<3>::random([4, 6, 7], Distribution::Normal(0.0, 1.0), &device).require_grad();
-        let ours = super::grouped_matmul(x.clone(), w.clone(), &counts);
+        let ours = super::grouped_matmul(x.clone(), w.clone(), &super::Groups::Counts(counts.to_vec()));
         let mut start = 0;
         let mut parts = Vec::new();
         for (g, &n) in counts.iter().enumerate() {
@@ -279,5 +377,34 @@ mod tests {
         ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
         let empty = ours.narrow(0, 1, 1).abs().max().into_scalar::<f32>();
         assert_eq!(empty, 0.0, "a group without rows gets a zero gradient");
+    }
+
+    /// Groups given by their starts, with rows past the last group's: those rows' outputs are
+    /// zero and add nothing to any gradient; an unaligned count goes through the padded path
+    /// of the CPU too (alignment 1 there, so the counts themselves).
+    #[test]
+    fn starts_leave_the_rows_past_the_groups_out() {
+        let device = Device::flex().autodiff();
+        let x = Tensor::<2>::random([10, 6], Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let w = Tensor::<3>::random([3, 6, 4], Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let starts = Tensor::<1, burn::tensor::Int>::from_ints([0, 3, 3, 8], &device);
+        let ours = super::grouped_matmul(x.clone(), w.clone(), &super::Groups::Starts(Box::new(starts)));
+        let counted = super::grouped_matmul(
+            x.clone().narrow(0, 0, 8),
+            w.clone(),
+            &super::Groups::Counts(vec![3, 0, 5]),
+        );
+        // The same products in the same order.
+        let exact = Tolerance::absolute(0.0);
+        ours.clone()
+            .narrow(0, 0, 8)
+            .to_data()
+            .assert_approx_eq::<f32>(&counted.to_data(), exact);
+        assert_eq!(ours.clone().narrow(0, 8, 2).abs().max().into_scalar::<f32>(), 0.0);
+        let grads = ours.sum().backward();
+        let past = x.grad(&grads).unwrap().narrow(0, 8, 2).abs().max().into_scalar::<f32>();
+        assert_eq!(past, 0.0, "no gradient reaches the rows past the groups");
+        let counts = super::Groups::Starts(Box::new(Tensor::from_ints([0, 3, 3, 8], &Device::flex()))).counts();
+        assert_eq!(counts, vec![3, 0, 5]);
     }
 }

@@ -1,27 +1,26 @@
 //! The grouped variant of our Hopper GEMM ([`crate::wgmma`]): one launch computes every group's
-//! product. Each group's rows are padded to a multiple of the 128 rows of a tile, so no tile
-//! straddles two groups; a table gives each tile where its A and B slices start, where its
-//! results go and how many 64-deep slices it sums (wgrad sums over its group's rows only).
-//! The pipeline, the `wgmma` chains and the TMA stores are the plain GEMM's.
+//! product. Every group starts at a multiple of the 128 rows of a tile, so no tile straddles
+//! two groups. A first small kernel writes the table of tiles on the device from the groups'
+//! starts (a tile's group: the last whose start is at most its first row), so the host needs
+//! no count: each tile's A and B slices, where its results go and how many 64-deep slices it
+//! sums (wgrad sums over its group's rows only; the tiles past the last group's rows sum none
+//! and store zeros). The pipeline, the `wgmma` chains and the TMA stores are the plain
+//! GEMM's.
 //!
-//! | product | A | B | C |
-//! |---|---|---|---|
-//! | forward `y_g = x_g · w_g` | `x` `[r, k]`, K-major | `w` as `[e·k, n]`, MN-major, from row `g·k` | `[r, n]` |
-//! | dgrad `dx_g = dy_g · w_gᵀ` | `dy` `[r, n]`, K-major | `w` as `[e·k, n]`, K-major, from row `g·k` | `[r, k]` |
-//! | wgrad `dw_g = x_gᵀ · dy_g` | `x`, MN-major, from row `start_g` | `dy`, MN-major, from row `start_g` | `[e·k, n]` |
+//! | product | A | B | C | tiles |
+//! |---|---|---|---|---|
+//! | forward `y_g = x_g · w_g` | `x` `[r, k]`, K-major | `w` as `[e·k, n]`, MN-major, from row `g·k` | `[r, n]` | the rows' × `n`'s |
+//! | dgrad `dx_g = dy_g · w_gᵀ` | `dy` `[r, n]`, K-major | `w` as `[e·k, n]`, K-major, from row `g·k` | `[r, k]` | the rows' × `k`'s |
+//! | wgrad `dw_g = x_gᵀ · dy_g` | `x`, MN-major, from row `start_g` | `dy`, MN-major, from row `start_g` | `[e·k, n]` | `e` × `k`'s × `n`'s |
 //!
 //! A dgrad tile whose columns run past its group's `k` reads the next group's weight rows
-//! into columns the store then drops (C has `k` columns). Shapes the table cannot serve (a
+//! into columns the store then drops (C has `k` columns). Shapes the kernel cannot serve (a
 //! forward `k` no multiple of 64, a wgrad `k` no multiple of 128, rows not 16-byte aligned) and
-//! dtypes other than bf16 take one product a group instead ([`crate::grouped::reference`]).
-//!
-//! Padding here costs a gather of the rows in and one out (measured: about as long as the
-//! product itself on moe-4b's shapes), so callers lay their rows out in whole tiles already
-//! ([`crate::grouped::row_alignment`]): the MoE dispatch does, and then nothing is copied.
+//! dtypes other than bf16 take one product a group instead ([`crate::grouped::reference`]),
+//! the starts read to the host.
 
 use burn::backend::Cube;
-use burn::backend::ops::{FloatTensorOps, IntTensorOps};
-use burn::tensor::{DType, FloatDType, TensorData};
+use burn::tensor::DType;
 use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
@@ -37,12 +36,94 @@ use crate::wgmma::{
     load_operand, pipeline_smem, store_tile,
 };
 
+/// Which product a launch computes: how a tile finds its operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Product {
+    Forward,
+    Dgrad,
+    Wgrad,
+}
+
 /// A tile's row of the table: A's row and k offsets, B's row and k offsets, C's row and
-/// column, and the 64-deep slices it sums.
+/// column, and the 64-deep slices it sums (none: it stores zeros).
 const FIELDS: u32 = 7;
 
-/// One row of the table (host side).
-type TileRow = [usize; FIELDS as usize];
+/// Threads a block of the table's kernel.
+const TABLE_THREADS: u32 = 256;
+
+/// The last of the `e` groups whose start is at most `row` (an empty group shares its start
+/// with the next, which is then the one).
+#[cube]
+fn group_of(starts: &Tensor<i32>, e: u32, row: u32) -> u32 {
+    let mut group = 0u32;
+    for g in 1..e {
+        if u32::cast_from(starts[g as usize]) <= row {
+            group = g;
+        }
+    }
+    group
+}
+
+/// Grid: a thread a tile. Writes tile `tile`'s row of the table from the starts. Forward and
+/// dgrad: the tiles run over 128 rows × 256 output columns (`columns` tiles a row of tiles),
+/// `k` and `n` the weight's; wgrad: over `e` groups × 128 of `k` × 256 of `n`.
+#[cube(launch_unchecked)]
+// A comptime branch, then a runtime one inside the other arm: kept apart, not `else if`.
+#[allow(clippy::too_many_arguments, clippy::collapsible_else_if)]
+fn table_kernel(
+    starts: &Tensor<i32>,
+    table: &mut Tensor<u32>,
+    tiles: u32,
+    e: u32,
+    k: u32,
+    n: u32,
+    columns: u32,
+    #[comptime] product: Product,
+) {
+    let tile = ABSOLUTE_POS as u32;
+    if tile < tiles {
+        // Forward and dgrad: a row of tiles' first row; wgrad changes it below.
+        let mut a_row = tile / columns * BLOCK_M;
+        let mut c_row = a_row;
+        let c_col = tile % columns * BLOCK_N;
+        let mut a_k0 = 0u32;
+        let mut b_row = 0u32;
+        let mut b_k0 = 0u32;
+        let mut slices = 0u32;
+        if comptime!(product == Product::Wgrad) {
+            let per_group = k / BLOCK_M * columns;
+            let g = tile / per_group;
+            let i = tile % per_group / columns * BLOCK_M;
+            let start = u32::cast_from(starts[g as usize]);
+            a_row = i;
+            a_k0 = start;
+            b_row = c_col;
+            b_k0 = start;
+            c_row = g * k + i;
+            slices = (u32::cast_from(starts[(g + 1) as usize]) - start) / BLOCK_K;
+        } else {
+            if a_row < u32::cast_from(starts[e as usize]) {
+                let g = group_of(starts, e, a_row);
+                if comptime!(product == Product::Forward) {
+                    b_row = c_col;
+                    b_k0 = g * k;
+                    slices = k / BLOCK_K;
+                } else {
+                    b_row = g * k + c_col;
+                    slices = n.div_ceil(BLOCK_K);
+                }
+            }
+        }
+        let t = (tile * FIELDS) as usize;
+        table[t] = a_row;
+        table[t + 1] = a_k0;
+        table[t + 2] = b_row;
+        table[t + 3] = b_k0;
+        table[t + 4] = c_row;
+        table[t + 5] = c_col;
+        table[t + 6] = slices;
+    }
+}
 
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
@@ -138,101 +219,6 @@ fn grouped_kernel(
     }
 }
 
-/// Each group's rows padded to whole tiles: the padded counts, and where each padded row comes
-/// from (`None`: a zero row).
-struct Padding {
-    counts: Vec<usize>,
-    source: Vec<Option<usize>>,
-}
-
-impl Padding {
-    fn of(counts: &[usize]) -> Self {
-        let tile = BLOCK_M as usize;
-        let mut source = Vec::new();
-        let mut start = 0;
-        let padded = counts
-            .iter()
-            .map(|&n| {
-                let p = n.next_multiple_of(tile);
-                source.extend((0..p).map(|j| (j < n).then_some(start + j)));
-                start += n;
-                p
-            })
-            .collect();
-        Self { counts: padded, source }
-    }
-
-    /// Whether every group already fills whole tiles.
-    fn none(&self) -> bool {
-        self.source.iter().enumerate().all(|(i, s)| *s == Some(i))
-    }
-
-    /// `x` (`[r, w]`) with its rows padded.
-    fn pad(&self, x: CubeTensor) -> CubeTensor {
-        if self.none() {
-            return rows_ready(x);
-        }
-        let (r, w) = (x.meta.shape()[0], x.meta.shape()[1]);
-        let zero = Cube::float_zeros([1, w].into(), &x.device, FloatDType::from(x.dtype));
-        let index = ints(self.source.iter().map(|s| s.unwrap_or(r) as i32).collect(), &x);
-        let extended = Cube::float_cat(vec![x, zero], 0);
-        into_contiguous(Cube::float_select(extended, 0, index))
-    }
-
-    /// The rows of `y` (padded, `[p, w]`) that hold real rows, in their order.
-    fn unpad(&self, y: CubeTensor) -> CubeTensor {
-        if self.none() {
-            return y;
-        }
-        let index = self
-            .source
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.is_some())
-            .map(|(i, _)| i as i32)
-            .collect();
-        let index = ints(index, &y);
-        Cube::float_select(y, 0, index)
-    }
-
-    /// The padded rows, all groups.
-    fn rows(&self) -> usize {
-        self.counts.iter().sum()
-    }
-
-    /// The table of a product whose tiles are 128 padded rows of a group by 256 of `columns`
-    /// output columns, in group order: `entry(group, first row, first column)` gives a tile's.
-    fn row_tiles(&self, columns: usize, entry: impl Fn(usize, usize, usize) -> TileRow) -> Vec<TileRow> {
-        let mut table = Vec::new();
-        for (g, (&p, start)) in self.counts.iter().zip(self.starts()).enumerate() {
-            for i in (0..p).step_by(BLOCK_M as usize) {
-                for j in (0..columns).step_by(BLOCK_N as usize) {
-                    table.push(entry(g, start + i, j));
-                }
-            }
-        }
-        table
-    }
-
-    /// Each group's first padded row.
-    fn starts(&self) -> Vec<usize> {
-        self.counts
-            .iter()
-            .scan(0, |at, &n| {
-                let start = *at;
-                *at += n;
-                Some(start)
-            })
-            .collect()
-    }
-}
-
-/// `values` as an int tensor on `like`'s device.
-fn ints(values: Vec<i32>, like: &CubeTensor) -> CubeTensor {
-    let n = values.len();
-    Cube::int_from_data(TensorData::new(values, [n]), &like.device)
-}
-
 /// `w` (`[e, k, n]`) seen as the `[e·k, n]` matrix of its rows, in place when its rows are
 /// contiguous and evenly spaced, whatever their pitch: CubeCL pads rows of some widths
 /// (moe-4b's 1408 bf16), and `into_contiguous` would copy those (0.34 ms for moe-4b's w1).
@@ -277,48 +263,77 @@ fn fits(tensors: [&CubeTensor; 2], widths: &[usize]) -> bool {
     tensors.iter().all(|t| t.dtype == DType::BF16) && widths.iter().all(|w| w % 8 == 0)
 }
 
-pub(crate) fn forward(x: CubeTensor, w: CubeTensor, counts: &[usize]) -> CubeTensor {
-    let [k, n] = [w.meta.shape()[1], w.meta.shape()[2]];
+/// The starts on the host, for one product a group (waits for the work before it).
+fn host_starts(starts: CubeTensor) -> Vec<usize> {
+    crate::grouped::read_starts(burn::tensor::Tensor::from_primitive::<Cube>(starts))
+}
+
+/// `starts` as the compact i32 the kernel reads.
+fn starts_ready(starts: CubeTensor) -> CubeTensor {
+    crate::rows_kernels::index_input(starts).expect("starts are a compact int tensor")
+}
+
+/// Output tiles of 256 columns across `width`.
+fn columns(width: usize) -> usize {
+    width.div_ceil(BLOCK_N as usize)
+}
+
+pub(crate) fn forward(x: CubeTensor, w: CubeTensor, starts: CubeTensor) -> CubeTensor {
+    let [e, k, n] = [w.meta.shape()[0], w.meta.shape()[1], w.meta.shape()[2]];
     if !fits([&x, &w], &[k, n]) || !k.is_multiple_of(BLOCK_K as usize) {
-        return crate::grouped::reference::forward::<Cube>(x, w, counts, per_group);
+        return crate::grouped::reference::forward::<Cube>(x, w, &host_starts(starts), per_group);
     }
-    let padding = Padding::of(counts);
-    let x = padding.pad(x);
-    let table = padding.row_tiles(n, |g, row, j| [row, 0, j, g * k, row, j, k / BLOCK_K as usize]);
-    let y = launch((x, Major::K), (rows_of(w), Major::Mn), [padding.rows(), n], table);
-    padding.unpad(y)
+    let r = x.meta.shape()[0];
+    let shape = Sizes::over_rows(r, [e, k, n], n);
+    launch(
+        (rows_ready(x), Major::K),
+        (rows_of(w), Major::Mn),
+        [r, n],
+        starts,
+        shape,
+        Product::Forward,
+    )
 }
 
-pub(crate) fn dgrad(dy: CubeTensor, w: CubeTensor, counts: &[usize]) -> CubeTensor {
-    let [k, n] = [w.meta.shape()[1], w.meta.shape()[2]];
+pub(crate) fn dgrad(dy: CubeTensor, w: CubeTensor, starts: CubeTensor) -> CubeTensor {
+    let [e, k, n] = [w.meta.shape()[0], w.meta.shape()[1], w.meta.shape()[2]];
     if !fits([&dy, &w], &[k, n]) {
-        return crate::grouped::reference::dgrad::<Cube>(dy, w, counts, per_group);
+        return crate::grouped::reference::dgrad::<Cube>(dy, w, &host_starts(starts), per_group);
     }
-    let padding = Padding::of(counts);
-    let dy = padding.pad(dy);
-    let slices = n.div_ceil(BLOCK_K as usize);
-    let table = padding.row_tiles(k, |g, row, j| [row, 0, g * k + j, 0, row, j, slices]);
-    let dx = launch((dy, Major::K), (rows_of(w), Major::K), [padding.rows(), k], table);
-    padding.unpad(dx)
+    let r = dy.meta.shape()[0];
+    let shape = Sizes::over_rows(r, [e, k, n], k);
+    launch(
+        (rows_ready(dy), Major::K),
+        (rows_of(w), Major::K),
+        [r, k],
+        starts,
+        shape,
+        Product::Dgrad,
+    )
 }
 
-pub(crate) fn wgrad(x: CubeTensor, dy: CubeTensor, counts: &[usize]) -> CubeTensor {
+pub(crate) fn wgrad(x: CubeTensor, dy: CubeTensor, starts: CubeTensor) -> CubeTensor {
     let (k, n) = (x.meta.shape()[1], dy.meta.shape()[1]);
-    let e = counts.len();
+    let e = starts.meta.shape()[0] - 1;
     if !fits([&x, &dy], &[k, n]) || !k.is_multiple_of(BLOCK_M as usize) {
-        return crate::grouped::reference::wgrad::<Cube>(x, dy, counts, per_group);
+        return crate::grouped::reference::wgrad::<Cube>(x, dy, &host_starts(starts), per_group);
     }
-    let padding = Padding::of(counts);
-    let (x, dy) = (padding.pad(x), padding.pad(dy));
-    let mut table = Vec::new();
-    for (g, (&p, start)) in padding.counts.iter().zip(padding.starts()).enumerate() {
-        for i in (0..k).step_by(BLOCK_M as usize) {
-            for j in (0..n).step_by(BLOCK_N as usize) {
-                table.push([i, start, j, start, g * k + i, j, p / BLOCK_K as usize]);
-            }
-        }
-    }
-    let dw = launch((x, Major::Mn), (dy, Major::Mn), [e * k, n], table);
+    let tiles = e * (k / BLOCK_M as usize) * columns(n);
+    let shape = Sizes {
+        e,
+        k,
+        n,
+        columns: columns(n),
+        tiles,
+    };
+    let dw = launch(
+        (rows_ready(x), Major::Mn),
+        (rows_ready(dy), Major::Mn),
+        [e * k, n],
+        starts,
+        shape,
+        Product::Wgrad,
+    );
     CubeTensor::new(
         dw.client.clone(),
         dw.handle.clone(),
@@ -328,12 +343,71 @@ pub(crate) fn wgrad(x: CubeTensor, dy: CubeTensor, counts: &[usize]) -> CubeTens
     )
 }
 
-/// Launches the grouped kernel over `table`'s tiles; the bf16 `[m, n]` result.
+/// A launch's sizes: the groups, the weight's `k` and `n`, output tiles a row of tiles, and
+/// the tiles.
+struct Sizes {
+    e: usize,
+    k: usize,
+    n: usize,
+    columns: usize,
+    tiles: usize,
+}
+
+impl Sizes {
+    /// Forward's and dgrad's: tiles over `r` rows and `width` output columns.
+    fn over_rows(r: usize, [e, k, n]: [usize; 3], width: usize) -> Self {
+        let columns = columns(width);
+        let tiles = r.div_ceil(BLOCK_M as usize) * columns;
+        Sizes {
+            e,
+            k,
+            n,
+            columns,
+            tiles,
+        }
+    }
+}
+
+/// The table of `shape`'s tiles (`[tiles · FIELDS]` u32), written on the device from the
+/// starts.
+fn tile_table(starts: CubeTensor, shape: &Sizes, product: Product) -> CubeTensor {
+    let count = shape.tiles * FIELDS as usize;
+    let table = CubeTensor::new_contiguous(
+        starts.client.clone(),
+        starts.device.clone(),
+        shape![count],
+        starts.client.empty(count * DType::U32.size()),
+        DType::U32,
+    );
+    let blocks = (shape.tiles as u32).div_ceil(TABLE_THREADS);
+    // SAFETY: a thread a tile writes its own `FIELDS` entries, below `tiles · FIELDS`; it reads
+    // starts `[0, e]` (`[e + 1]` of them, the caller's contract).
+    unsafe {
+        table_kernel::launch_unchecked(
+            &starts.client,
+            CubeCount::Static(blocks, 1, 1),
+            CubeDim::new_1d(TABLE_THREADS),
+            starts.clone().into_tensor_arg(),
+            table.clone().into_tensor_arg(),
+            shape.tiles as u32,
+            shape.e as u32,
+            shape.k as u32,
+            shape.n as u32,
+            shape.columns as u32,
+            product,
+        );
+    }
+    table
+}
+
+/// Launches the grouped kernel over `shape`'s tiles; the bf16 `[m, n]` result.
 fn launch(
     (a, a_major): (CubeTensor, Major),
     (b, b_major): (CubeTensor, Major),
     [m, n]: [usize; 2],
-    table: Vec<TileRow>,
+    starts: CubeTensor,
+    shape: Sizes,
+    product: Product,
 ) -> CubeTensor {
     let (client, device) = (a.client.clone(), a.device.clone());
     let out = CubeTensor::new_contiguous(
@@ -343,13 +417,11 @@ fn launch(
         client.empty(m * n * DType::BF16.size()),
         DType::BF16,
     );
-    let tiles = table.len() as u32;
+    let tiles = shape.tiles as u32;
     if tiles == 0 {
         return out;
     }
-    let values: Vec<u32> = table.into_iter().flatten().map(|v| v as u32).collect();
-    let count = values.len();
-    let table = Cube::int_from_data(TensorData::new(values, [count]), &device);
+    let table = tile_table(starts_ready(starts), &shape, product);
     let elem = ElemType::Float(FloatKind::BF16);
     let map = |t: CubeTensor, major: Major, rows: u32| {
         let tile_size = match major {
@@ -374,8 +446,10 @@ fn launch(
         .unwrap_or(tiles);
     let blocks = tiles.min(sms).max(1);
     // SAFETY: the maps cover exactly the operands and the output (TMA fills out-of-range boxes
-    // with zeros when loading and drops out-of-range parts when storing); every tile of the
-    // table lies inside them, and `tiles` rows of `FIELDS` u32 are in `table`.
+    // with zeros when loading and drops out-of-range parts when storing). The starts are the
+    // caller's contract (`GroupedOps`: `[e + 1]`, non-decreasing from 0, multiples of the tile,
+    // the last at most the rows), so every tile of the table lies inside them, and `tiles`
+    // rows of `FIELDS` u32 are in `table`.
     unsafe {
         grouped_kernel::launch_unchecked(
             &client,

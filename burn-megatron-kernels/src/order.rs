@@ -1,19 +1,24 @@
 //! A mixture of experts' dispatch order, [`OrderOps`]: the token copies (slot `s = token·k + j`
 //! chose expert `ids[s]`) in expert order and, within an expert, in slot order, each expert's
-//! rows followed by fillers up to a multiple of `align` (the grouped product's tile). Three
-//! index lists, one after another in one int tensor of `2r + n`:
+//! rows followed by fillers up to a multiple of `align` (the grouped product's tile). Four
+//! index lists, one after another in one int tensor of `2r + n + e + 1`:
 //!
 //! - `slots[ρ]`: the slot row `ρ` holds (a filler: `n`, one past the last);
 //! - `tokens[ρ]`: its token (a filler: its expert's first token, token 0 for an expert without
 //!   copies);
-//! - `rows[s]`: the row of slot `s` (`r`, one past the last, for a copy left out).
+//! - `rows[s]`: the row of slot `s` (`r`, one past the last, for a copy left out);
+//! - `starts[x]`: expert `x`'s first row, and `starts[e]` the end of the last expert's rows.
 //!
-//! On CUDA two kernels decide it on the device: one counts each expert's copies (which the host
-//! reads: those `e` numbers size the rows), one places them (a block an expert: each thread
-//! counts its run of slots, a scan over the block gives each thread where its copies start,
-//! a second pass writes them). The ids themselves never travel to the host. Elsewhere the host
-//! builds it ([`HostOrder`]), which is also the kernels' oracle and the order of dispatches that
-//! are decided on the host anyway (capacity, the all-gather dispatcher).
+//! `r` is the room the rows are given: decided where the ids are, it is the most the experts'
+//! padded rows can take ([`room`]), so that no count has to reach the host; the rows past
+//! `starts[e]` are fillers of no expert (slot `n`, token 0).
+//!
+//! On CUDA two kernels decide it on the device: one counts each expert's copies, one places
+//! them (a block an expert: each thread counts its run of slots, a scan over the block gives
+//! each thread where its copies start, a second pass writes them). Neither the ids nor the
+//! counts travel to the host. Elsewhere the host builds it ([`HostOrder`]), which is also the
+//! kernels' oracle and the order of dispatches that are decided on the host anyway (capacity,
+//! the all-gather dispatcher).
 //!
 //! Legend: `n` slots (`t·k`), `e` experts, `r` rows (the copies, fillers included).
 
@@ -32,11 +37,12 @@ pub trait OrderOps: Backend {
     /// `ids`: `[n]` → `[e]`
     fn expert_copies(ids: IntTensor<Self>, e: usize) -> IntTensor<Self>;
 
-    /// The order of `ids` (every value below `e`), given each expert's `copies` and `r`, the
-    /// rows they take padded to multiples of `align`: slots, tokens and rows in one tensor.
+    /// The order of `ids` (every value below `e`), given each expert's `copies`, in `r` rows
+    /// (at least the copies padded to multiples of `align`): slots, tokens, rows and starts in
+    /// one tensor.
     ///
     /// # Shapes
-    /// `ids`: `[n]`, `copies`: `[e]` → `[2r + n]`
+    /// `ids`: `[n]`, `copies`: `[e]` → `[2r + n + e + 1]`
     fn order_by_expert(
         ids: IntTensor<Self>,
         copies: IntTensor<Self>,
@@ -99,10 +105,32 @@ impl HostOrder {
         }
     }
 
-    /// Slots, tokens and rows one after another: the layout of [`OrderOps::order_by_expert`].
+    /// Slots, tokens and rows one after another, in the rows this order takes.
     pub fn concatenated(&self) -> Vec<i64> {
         [self.slots.as_slice(), &self.tokens, &self.rows].concat()
     }
+
+    /// The layout of [`OrderOps::order_by_expert`] in `r` rows (at least this order's): slots,
+    /// tokens, rows and starts, the rows past the experts' fillers of no expert.
+    pub fn laid_out(&self, r: usize) -> Vec<i64> {
+        let (used, n) = (self.slots.len(), self.rows.len());
+        assert!(r >= used, "{r} rows hold the order's {used}");
+        let mut slots = self.slots.clone();
+        slots.resize(r, n as i64);
+        let mut tokens = self.tokens.clone();
+        tokens.resize(r, 0);
+        let rows = self.rows.iter().map(|&x| if x == used as i64 { r as i64 } else { x });
+        let mut starts = starts(&self.counts);
+        starts.push(used);
+        let starts = starts.into_iter().map(|x| x as i64);
+        [slots, tokens, rows.collect(), starts.collect()].concat()
+    }
+}
+
+/// The most rows `n` copies over `e` experts take when each expert's are padded to a multiple
+/// of `align`: the room an order decided on the device is given.
+pub fn room(n: usize, e: usize, align: usize) -> usize {
+    n + e * (align.max(1) - 1)
 }
 
 /// Where each of `counts`' groups starts.
@@ -116,39 +144,30 @@ fn starts(counts: &[usize]) -> Vec<usize> {
         .collect()
 }
 
-/// An order decided where the ids are: its indices on their device, its sizes on the host.
+/// An order decided where the ids are, all of it on their device.
 #[derive(Clone, Debug)]
 pub struct DeviceOrder {
-    /// `[2r + n]`: slots, tokens and rows.
+    /// `[2r + n + e + 1]`: slots, tokens, rows and starts.
     pub indices: Tensor<1, Int>,
-    /// The rows each expert takes, fillers included.
-    pub counts: Vec<usize>,
-    /// The copies each expert takes.
-    pub copies: Vec<usize>,
+    /// `[e]`: the copies each expert takes.
+    pub copies: Tensor<1, Int>,
+    /// The rows' room, `r` ([`room`]).
+    pub rows: usize,
 }
 
 /// The order of `ids` (`[t, k]`, every value below `e`), each expert's rows padded with fillers
-/// to a multiple of `align`. Reads `e` numbers to the host, the ids never.
+/// to a multiple of `align`, in the room they may take ([`room`]). Reads nothing to the host.
 pub fn order_by_expert(ids: Tensor<2, Int>, e: usize, align: usize) -> DeviceOrder {
     let [t, k] = ids.dims();
+    let rows = room(t * k, e, align);
     let ids = ids.reshape([t * k]).into_dispatch();
     type D = burn::backend::Dispatch;
-    let copies = Tensor::<1, Int>::from_dispatch(<D as OrderOps>::expert_copies(ids.clone(), e));
-    let host: Vec<usize> = copies
-        .to_data()
-        .convert::<i64>()
-        .try_to_vec::<i64>()
-        .expect("expert copies")
-        .into_iter()
-        .map(|c| c as usize)
-        .collect();
-    let counts: Vec<usize> = host.iter().map(|c| c.next_multiple_of(align.max(1))).collect();
-    let r = counts.iter().sum();
-    let indices = <D as OrderOps>::order_by_expert(ids, copies.into_dispatch(), k, align.max(1), r);
+    let copies = <D as OrderOps>::expert_copies(ids.clone(), e);
+    let indices = <D as OrderOps>::order_by_expert(ids, copies.clone(), k, align.max(1), rows);
     DeviceOrder {
         indices: Tensor::from_dispatch(indices),
-        counts,
-        copies: host,
+        copies: Tensor::from_dispatch(copies),
+        rows,
     }
 }
 
@@ -181,10 +200,10 @@ impl OrderOps for Flex {
         copies: IntTensor<Self>,
         k: usize,
         align: usize,
-        _r: usize,
+        r: usize,
     ) -> IntTensor<Self> {
         let e = Tensor::<1, Int>::from_primitive::<Flex>(copies).dims()[0];
-        host_tensor(HostOrder::new(&host_ids(ids), k, 0..e, align).concatenated())
+        host_tensor(HostOrder::new(&host_ids(ids), k, 0..e, align).laid_out(r))
     }
 }
 
@@ -241,19 +260,34 @@ mod tests {
         assert_eq!(order.slots, vec![1, 6, 0, 3, 5, 6]);
         assert_eq!(order.tokens, vec![0, 0, 0, 1, 2, 0]);
         assert_eq!(order.rows, vec![2, 0, 6, 3, 6, 4]);
+        // In 8 rows: two more fillers, the dropped copies one past them, then the starts.
+        let laid_out = [
+            &[1, 6, 0, 3, 5, 6, 6, 6][..],
+            &[0, 0, 0, 1, 2, 0, 0, 0],
+            &[2, 0, 8, 3, 8, 4],
+            &[0, 2, 6],
+        ];
+        assert_eq!(order.laid_out(8), laid_out.concat());
     }
 
-    /// On the device's path (here the CPU's), the order of ids as a tensor: the host's, with
-    /// an expert that takes no copy.
+    /// On the device's path (here the CPU's), the order of ids as a tensor: the host's laid
+    /// out in the room of `n + e·(align − 1)` rows, with an expert that takes no copy, fillers
+    /// of no expert after the last one's and its starts after the rows.
     #[test]
     fn device_order_is_the_hosts() {
         let ids = vec![3i64, 0, 3, 1, 0, 3, 3, 1];
         let tensor = Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [4, 2]), &Device::flex());
         let got = order_by_expert(tensor, 5, 4);
         let host = HostOrder::new(&ids.iter().map(|&x| Some(x as usize)).collect::<Vec<_>>(), 2, 0..5, 4);
-        assert_eq!(got.counts, vec![4, 4, 0, 4, 0]);
-        assert_eq!(got.copies, vec![2, 2, 0, 4, 0]);
+        assert_eq!(host.counts, vec![4, 4, 0, 4, 0]);
+        assert_eq!(got.rows, 8 + 5 * 3);
+        let copies: Vec<i64> = got.copies.into_data().convert::<i64>().try_to_vec().unwrap();
+        assert_eq!(copies, vec![2, 2, 0, 4, 0]);
         let indices: Vec<i64> = got.indices.into_data().convert::<i64>().try_to_vec().unwrap();
-        assert_eq!(indices, host.concatenated());
+        assert_eq!(indices, host.laid_out(23));
+        let (r, n) = (23, 8);
+        assert_eq!(&indices[12..r], &[8; 11], "the rows past the experts' are fillers");
+        assert_eq!(&indices[r + 12..2 * r], &[0; 11]);
+        assert_eq!(&indices[2 * r + n..], &[0, 4, 8, 8, 12, 12], "the starts");
     }
 }

@@ -56,8 +56,9 @@ fn copies_kernel(ids: &Tensor<i32>, copies: &mut Tensor<i32>, n: u32) {
 
 /// Grid: a block an expert. The expert's rows start after the earlier experts' padded copies;
 /// thread `u` places the copies among slots `[u·run, (u+1)·run)` after those of the threads
-/// before it, then the block writes the fillers. `out`: slots `[0, r)`, tokens `[r, 2r)`,
-/// rows `[2r, 2r + n)`.
+/// before it, then the block writes the fillers and the expert's start; the last expert's
+/// block also the end of its rows and the fillers of no expert after them. `out`: slots
+/// `[0, r)`, tokens `[r, 2r)`, rows `[2r, 2r + n)`, starts `[2r + n, 2r + n + e + 1)`.
 #[cube(launch_unchecked)]
 // Padded counts in plain arithmetic: the form the device ran (`logs/s21/call2`).
 #[allow(clippy::too_many_arguments, clippy::manual_div_ceil)]
@@ -96,13 +97,28 @@ fn order_kernel(
     // Every copy is placed (and visible to the block) before the fillers read the first.
     sync_cube();
     let c = u32::cast_from(copies[expert as usize]);
+    let padded = (c + align - 1) / align * align;
     let mut first = 0i32;
     if c > 0 {
         first = out[(r + start) as usize];
     }
-    for j in range_stepped(c + UNIT_POS, (c + align - 1) / align * align, THREADS) {
+    for j in range_stepped(c + UNIT_POS, padded, THREADS) {
         out[(start + j) as usize] = i32::cast_from(n);
         out[(r + start + j) as usize] = first;
+    }
+    let starts = 2 * r + n;
+    if UNIT_POS == 0 {
+        out[(starts + expert) as usize] = i32::cast_from(start);
+    }
+    if expert + 1 == CUBE_COUNT_X {
+        let last = start + padded;
+        if UNIT_POS == 0 {
+            out[(starts + expert + 1) as usize] = i32::cast_from(last);
+        }
+        for j in range_stepped(last + UNIT_POS, r, THREADS) {
+            out[j as usize] = i32::cast_from(n);
+            out[(r + j) as usize] = 0i32;
+        }
     }
 }
 
@@ -136,14 +152,14 @@ pub(crate) fn copies(ids: CubeTensor, e: usize) -> CubeTensor {
 pub(crate) fn order(ids: CubeTensor, copies: CubeTensor, k: usize, align: usize, r: usize) -> CubeTensor {
     let (ids, copies) = (ints(ids), ints(copies));
     let (n, e) = (ids.meta.num_elements(), copies.meta.num_elements());
-    let out = compact_output(&ids, Shape::from([2 * r + n]), DType::I32);
-    if e == 0 || 2 * r + n == 0 {
+    let out = compact_output(&ids, Shape::from([2 * r + n + e + 1]), DType::I32);
+    if e == 0 {
         return out;
     }
     let run = n.div_ceil(THREADS as usize).max(1);
-    // SAFETY: `copies` are the ids' counts (the caller's contract) and `r` their padded sum, so
-    // every expert's rows lie in `[0, r)`, every write below `2r + n`; reads stay below `n`
-    // and `e`.
+    // SAFETY: `copies` are the ids' counts (the caller's contract) and `r` at least their padded
+    // sum, so every expert's rows lie in `[0, r)`, every write below `2r + n + e + 1`; reads stay
+    // below `n` and `e`.
     unsafe {
         order_kernel::launch_unchecked(
             &ids.client,

@@ -70,10 +70,10 @@ pub fn run(device: &Device, iters: usize) {
     );
     let rows = permute(tokens.clone(), &plan);
     report("permute", timed(device, iters, || permute(tokens.clone(), &plan)));
-    let out = moe.experts.forward(rows.clone(), &plan.counts, None);
+    let out = moe.experts.forward(rows.clone(), &plan.groups, None);
     report(
         "experts",
-        timed(device, iters, || moe.experts.forward(rows.clone(), &plan.counts, None)),
+        timed(device, iters, || moe.experts.forward(rows.clone(), &plan.groups, None)),
     );
     report(
         "unpermute",

@@ -204,7 +204,7 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
             if !value.is_finite() {
                 return Err(format!("step {step}: the loss is {value}; training stops"));
             }
-            let experts = moe::summary(&report, &ctx.groups, &device).map_err(|e| e.to_string())?;
+            let experts = moe::summary(&report, &ctx.groups).map_err(|e| e.to_string())?;
             drop(loss.backward());
             let reduced = overlap.finish(&ctx.device, dtype).map_err(|e| e.to_string())?;
             model = optim

@@ -2,12 +2,12 @@
 //! MoE blocks, each expert's token copies and the copies dropped, summed over the blocks and
 //! the whole batch.
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::Tensor;
 use burn_megatron::models::llama::MoeReport;
 use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
 
 /// ` aux_loss X … load [n₀ n₁ …] dropped D`, or nothing for a dense model. Every rank calls it.
-pub fn summary(report: &MoeReport, groups: &ProcessGroups, device: &Device) -> Result<String, CommError> {
+pub fn summary(report: &MoeReport, groups: &ProcessGroups) -> Result<String, CommError> {
     let Some(load) = report.load() else {
         return Ok(String::new());
     };
@@ -28,10 +28,15 @@ pub fn summary(report: &MoeReport, groups: &ProcessGroups, device: &Device) -> R
         let value = batch.all_reduce(sum, ReduceOp::Avg)?.into_scalar::<f64>();
         line += &format!(" {name} {value:.6}");
     }
-    let mut counts: Vec<i64> = load.per_expert.iter().map(|&n| n as i64).collect();
-    counts.push(load.dropped as i64);
-    let n = counts.len();
-    let counts = Tensor::<1, Int>::from_data(TensorData::new(counts, [n]), device);
+    // The dropped copies beside the experts', in the counts' own int type.
+    let dropped = load
+        .per_expert
+        .clone()
+        .narrow(0, 0, 1)
+        .zeros_like()
+        .add_scalar(load.dropped as i64);
+    let counts = Tensor::cat(vec![load.per_expert.clone(), dropped], 0);
+    let n = counts.dims()[0];
     let total: Vec<i64> = batch
         .all_reduce(counts, ReduceOp::Sum)?
         .into_data()

@@ -460,45 +460,73 @@ pub fn cross_entropy(h: &Harness) {
 }
 
 /// The grouped product (bf16, autodiff) against one f32 product a group on the CPU: output,
-/// rows' gradient and weights' gradient, on uneven groups (one empty, none a whole number of
-/// 128-row tiles) for the grouped kernel's shapes, and on a shape it leaves to one product a
-/// group (k no multiple of 64).
+/// rows' gradient and weights' gradient, on uneven counts (one empty, none a whole number of
+/// 128-row tiles: padded by row gathers first), on starts on the device (whole tiles, an empty
+/// group, rows past the last group's, which come out zero), and on a shape the kernel leaves
+/// to one product a group (k no multiple of 64).
 pub fn grouped_gemm(h: &Harness) {
-    use burn::tensor::Device;
-    use burn_megatron_kernels::grouped::grouped_matmul;
+    use burn::tensor::{Device, Int, TensorData};
+    use burn_megatron_kernels::grouped::{Groups, grouped_matmul};
     let device = h.device(0).autodiff();
     let cpu = Device::flex().autodiff();
-    for (counts, k, n) in [
-        (vec![130, 0, 257, 64], 256, 384),
-        (vec![128, 256, 0, 1], 128, 520),
-        (vec![5, 70, 33], 72, 40),
-    ] {
-        let (e, r) = (counts.len(), counts.iter().sum::<usize>());
+    let on = |starts: &[i64], d: &Device| {
+        Groups::Starts(Box::new(Tensor::<1, Int>::from_data(
+            TensorData::new(starts.to_vec(), [starts.len()]),
+            d,
+        )))
+    };
+    let counted = |c: &[usize]| {
+        (
+            Groups::Counts(c.to_vec()),
+            Groups::Counts(c.to_vec()),
+            c.iter().sum(),
+            c.len(),
+        )
+    };
+    let started = (
+        on(&[0, 256, 256, 640, 768], &device),
+        on(&[0, 256, 256, 640, 768], &cpu),
+        900,
+        4,
+    );
+    let cases = [
+        (counted(&[130, 0, 257, 64]), 256, 384),
+        (counted(&[128, 256, 0, 1]), 128, 520),
+        (started, 256, 384),
+        (counted(&[5, 70, 33]), 72, 40),
+    ];
+    for ((groups, cpu_groups, r, e), k, n) in cases {
         let normal = Distribution::Normal(0.0, 1.0);
         let x = Tensor::<2>::random([r, k], normal, (&device, DType::BF16));
         let w = Tensor::<3>::random([e, k, n], normal, (&device, DType::BF16)).mul_scalar(0.1);
         let dy = Tensor::<2>::random([r, n], normal, (&device, DType::BF16));
-        let run = |x: Tensor<2>, w: Tensor<3>, dy: Tensor<2>| {
+        let run = |x: Tensor<2>, w: Tensor<3>, dy: Tensor<2>, groups: &Groups| {
             let (x, w) = (x.require_grad(), w.require_grad());
-            let y = grouped_matmul(x.clone(), w.clone(), &counts);
+            let y = grouped_matmul(x.clone(), w.clone(), groups);
             let grads = (y.clone() * dy).sum().backward();
             (y.detach(), x.grad(&grads).unwrap(), w.grad(&grads).unwrap())
         };
-        let (y, dx, dw) = run(x.clone(), w.clone(), dy.clone());
+        let (y, dx, dw) = run(x.clone(), w.clone(), dy.clone(), &groups);
         let f32_cpu = |t: &Tensor<2>| t.clone().detach().cast(DType::F32).to_device(&cpu);
         let w32 = w.clone().detach().cast(DType::F32).to_device(&cpu);
-        let (ry, rdx, rdw) = run(f32_cpu(&x), w32, f32_cpu(&dy));
+        let (ry, rdx, rdw) = run(f32_cpu(&x), w32, f32_cpu(&dy), &cpu_groups);
         let back = |t: Tensor<2>| t.cast(DType::F32).to_device(&Device::flex());
         let flat = |t: Tensor<3>| back(t.reshape([e * k, n]));
+        let case = format!("{groups:?} k {k} n {n}");
         // bf16 results (2⁻⁹ relative each) of f32 sums: about 2e-3 in norm; a wrong tile, group
         // or offset is of order 1.
         for (what, ours, theirs) in [
-            ("output", back(y), back(ry)),
+            ("output", back(y.clone()), back(ry)),
             ("rows' gradient", back(dx), back(rdx)),
             ("weights' gradient", flat(dw), flat(rdw)),
         ] {
             let error = relative_error(ours, theirs);
-            assert!(error < 1e-2, "{counts:?} k {k} n {n} {what}: relative error {error}");
+            assert!(error < 1e-2, "{case} {what}: relative error {error}");
+        }
+        if let Groups::Starts(_) = groups {
+            // Exactly zero past the groups (the tiles there store zeros), whatever the memory held.
+            let past = y.narrow(0, 768, r - 768).abs().max().into_scalar::<f32>();
+            assert_eq!(past, 0.0, "{case}: the rows past the groups");
         }
     }
 }

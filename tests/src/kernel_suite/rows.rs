@@ -118,10 +118,16 @@ pub fn expert_order(h: &Harness) {
         let expected = HostOrder::new(&host, k, 0..e, align);
         let got = order_by_expert(ids, e, align);
         let case = format!("t {t} k {k} e {e} align {align}");
-        assert_eq!(got.copies, expected.copies, "{case}: copies");
-        assert_eq!(got.counts, expected.counts, "{case}: rows");
-        let indices = got.indices.into_data().convert::<i64>().try_to_vec::<i64>().unwrap();
-        assert_eq!(indices, expected.concatenated(), "{case}: slots, tokens and rows");
+        let ints = |t: Tensor<1, Int>| t.into_data().convert::<i64>().try_to_vec::<i64>().unwrap();
+        let copies: Vec<usize> = ints(got.copies).into_iter().map(|c| c as usize).collect();
+        assert_eq!(copies, expected.copies, "{case}: copies");
+        assert_eq!(got.rows, t * k + e * (align - 1), "{case}: the rows' room");
+        // Slots, tokens and rows, then the starts, in the room: fillers of no expert after the last.
+        assert_eq!(
+            ints(got.indices),
+            expected.laid_out(got.rows),
+            "{case}: slots, tokens, rows and starts"
+        );
     }
 }
 

@@ -189,7 +189,7 @@ impl AllGather {
         let tokens = gather_from_sp(tokens, ep, 0)?; // [ep·t, d]
         let weights = gather_from_sp(weights, ep, 0)?; // [ep·t, k]
         let dispatch = dispatch_host(all_ids, k, local_experts(e, ep), align, &device);
-        let counts = dispatch.counts.clone();
+        let counts = dispatch.groups.counts();
         Ok(Gathered {
             rows: permute(tokens, &dispatch),
             counts,

@@ -11,7 +11,7 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
-use burn_megatron_kernels::grouped::grouped_matmul;
+use burn_megatron_kernels::grouped::{Groups, grouped_matmul};
 use burn_megatron_kernels::swiglu::swiglu;
 
 use crate::init::{ParamInit, Shard};
@@ -67,27 +67,33 @@ impl ExpertsConfig {
 }
 
 impl Experts {
-    /// Expert `i`'s SwiGLU on the `counts[i]` rows of `x` that follow expert `i − 1`'s, every
+    /// Expert `i`'s SwiGLU on its group's rows of `x` (rows of no group come out zero), every
     /// expert in one grouped product a projection ([`grouped_matmul`]); with `pad_to`, each
-    /// expert's rows padded with zeros to that many first (fixed shapes; a zero row's output is
-    /// zero and is cut off again).
+    /// expert's rows (counted on the host) padded with zeros to that many first (fixed shapes;
+    /// a zero row's output is zero and is cut off again).
     ///
     /// # Shapes
-    /// `x`: `[Σ counts, d]` → `[Σ counts, d]`
-    pub fn forward(&self, x: Tensor<2>, counts: &[usize], pad_to: Option<usize>) -> Tensor<2> {
-        if counts.iter().all(|&n| n == 0) {
+    /// `x`: `[r, d]` → `[r, d]`
+    pub fn forward(&self, x: Tensor<2>, groups: &Groups, pad_to: Option<usize>) -> Tensor<2> {
+        if let Groups::Counts(counts) = groups
+            && counts.iter().all(|&n| n == 0)
+        {
             return x; // no rows at all
         }
-        let (rows, run) = match pad_to {
-            Some(p) => (pad(x, counts, p), counts.iter().map(|&n| n.max(p)).collect()),
-            None => (x, counts.to_vec()),
+        let (rows, run, counts) = match pad_to {
+            Some(p) => {
+                let counts = groups.counts();
+                let run = Groups::Counts(counts.iter().map(|&n| n.max(p)).collect());
+                (pad(x, &counts, p), run, counts)
+            }
+            None => (x, groups.clone(), Vec::new()),
         };
         let gate = grouped_matmul(rows.clone(), self.w1.val(), &run);
         let up = grouped_matmul(rows, self.w3.val(), &run);
         let y = grouped_matmul(swiglu(gate, up), self.w2.val(), &run);
-        match pad_to {
-            Some(_) => unpad(y, counts, &run),
-            None => y,
+        match run {
+            Groups::Counts(padded) if pad_to.is_some() => unpad(y, &counts, &padded),
+            _ => y,
         }
     }
 }

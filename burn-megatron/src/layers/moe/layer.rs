@@ -35,7 +35,7 @@ use crate::error::{ConfigError, LayerError, divisible};
 use crate::init::ParamInit;
 use crate::layers::{ParallelMlp, ParallelMlpConfig, SequenceLayout};
 use crate::plan::ExpertParallel;
-use burn_megatron_kernels::grouped::row_alignment;
+use burn_megatron_kernels::grouped::{Groups, row_alignment};
 
 #[derive(Config, Debug)]
 pub struct MoeConfig {
@@ -86,25 +86,28 @@ pub struct Moe {
 }
 
 /// The copies each expert ran on in one call, and those dropped for capacity.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Load {
-    /// The copies of this rank's tokens (whole over tp) a (global) expert took.
-    pub per_expert: Vec<usize>,
+    /// `[e]`: the copies of this rank's tokens (whole over tp) a (global) expert took, on the
+    /// device (a dropless dispatch decided there reads nothing to the host).
+    pub per_expert: Tensor<1, Int>,
+    /// The copies dropped for capacity (which decides on the host).
     pub dropped: usize,
 }
 
 impl Load {
-    /// Both calls' copies together.
+    /// The loads of two calls added.
     pub fn add(&self, other: &Load) -> Load {
         Load {
-            per_expert: self
-                .per_expert
-                .iter()
-                .zip(&other.per_expert)
-                .map(|(x, y)| x + y)
-                .collect(),
+            per_expert: self.per_expert.clone() + other.per_expert.clone(),
             dropped: self.dropped + other.dropped,
         }
+    }
+
+    /// Each expert's copies, read to the host (one copy, which waits for the work before it).
+    pub fn read(&self) -> Vec<usize> {
+        let counts: Vec<i64> = self.per_expert.to_data().convert::<i64>().try_to_vec().expect("counts");
+        counts.into_iter().map(|c| c as usize).collect()
     }
 }
 
@@ -199,13 +202,10 @@ impl Moe {
         let weights = sequence_part(copy_to_tp(routing.weights.clone(), tp)?, b, first..first + part);
         let tokens = to_experts.reshape([b * part, d]);
         let (plan, dropped, pad_to) = self.plan(experts, &weights, &tokens);
-        let load = self.whole_load(
-            Load {
-                per_expert: plan.copies.clone(),
-                dropped,
-            },
-            &tokens.device(),
-        )?;
+        let load = self.whole_load(Load {
+            per_expert: plan.copies.clone(),
+            dropped,
+        })?;
         let y = self.routed(tokens, weights, &plan, pad_to)?.reshape([b, part, d]);
         let y = match (tp.size() > 1, sharded) {
             (false, _) => y,
@@ -221,33 +221,29 @@ impl Moe {
 
     /// This etp group's copies' `load` summed with the other groups' of the tp group: the load of
     /// the tokens the rank routed. As it is at etp = tp.
-    fn whole_load(&self, load: Load, device: &Device) -> Result<Load, LayerError> {
+    fn whole_load(&self, load: Load) -> Result<Load, LayerError> {
         let (tp, etp) = (self.tp.size(), self.etp.size());
         if etp == tp {
             return Ok(load);
         }
-        let mut counts: Vec<i64> = load.per_expert.iter().map(|&c| c as i64).collect();
-        counts.push(load.dropped as i64);
-        let n = counts.len();
-        let local = Tensor::<1, Int>::from_data(TensorData::new(counts, [n]), device);
         // Each etp rank of a group counted the same copies.
-        let summed: Vec<i64> = self
+        let per_expert = self
             .tp
-            .all_reduce(local, ReduceOp::Sum)?
-            .into_data()
-            .convert::<i64>()
-            .try_to_vec()
-            .expect("counts");
-        let whole: Vec<usize> = summed.iter().map(|&c| c as usize / etp).collect();
-        Ok(Load {
-            per_expert: whole[..n - 1].to_vec(),
-            dropped: whole[n - 1],
-        })
+            .all_reduce(load.per_expert, ReduceOp::Sum)?
+            .div_scalar(etp as i64);
+        let dropped = match self.capacity {
+            // Only a capacity drops; its counts were read on the host already.
+            Some(_) => {
+                let device = per_expert.device();
+                let local = Tensor::<1, Int>::from_data(TensorData::new(vec![load.dropped as i64], [1]), &device);
+                let summed = self.tp.all_reduce(local, ReduceOp::Sum)?.into_scalar::<i64>();
+                summed as usize / etp
+            }
+            None => 0,
+        };
+        Ok(Load { per_expert, dropped })
     }
 
-    /// This rank's copies by expert (cut to the capacity, if any), the copies dropped, and the
-    /// rows each expert is padded to. At ep = 1 each expert's rows are laid out in whole tiles
-    /// of the grouped product here; over ep, where they arrive ([`exchange`](super::exchange)).
     fn plan(
         &self,
         experts: Tensor<2, Int>,
@@ -300,14 +296,16 @@ impl Moe {
     ) -> Result<Tensor<2>, LayerError> {
         let ep = &self.ep;
         if ep.size() == 1 {
-            let routed = self.experts.forward(permute(tokens, plan), &plan.counts, pad_to);
+            let routed = self.experts.forward(permute(tokens, plan), &plan.groups, pad_to);
             return Ok(unpermute(routed, weights, plan));
         }
         let align = self.alignment(&tokens, pad_to);
         Ok(match self.dispatcher {
             ExpertParallel::AllToAll => {
-                let (rows, counts, route) = AllToAll::dispatch(permute(tokens, plan), &plan.counts, ep, align)?;
-                let out = self.experts.forward(rows, &counts, pad_to);
+                // The exchange sizes its messages by the counts: read here.
+                let counts = plan.groups.counts();
+                let (rows, counts, route) = AllToAll::dispatch(permute(tokens, plan), &counts, ep, align)?;
+                let out = self.experts.forward(rows, &Groups::Counts(counts), pad_to);
                 unpermute(AllToAll::combine(out, &route, ep)?, weights, plan)
             }
             ExpertParallel::AllGather => {
@@ -316,7 +314,8 @@ impl Moe {
                     .as_deref()
                     .expect("`plan` decides on the host for the all-gather dispatcher");
                 let gathered = AllGather::dispatch(tokens, weights, kept, self.n_experts, ep, align)?;
-                let out = self.experts.forward(gathered.rows.clone(), &gathered.counts, pad_to);
+                let groups = Groups::Counts(gathered.counts.clone());
+                let out = self.experts.forward(gathered.rows.clone(), &groups, pad_to);
                 AllGather::combine(out, gathered, ep)?
             }
         })
@@ -491,8 +490,9 @@ mod tests {
                 }
                 let kept = keep.iter().filter(|&&v| v == 1.0).count();
                 assert_eq!(load.dropped, t * k - kept, "{policy:?}");
-                assert_eq!(load.per_expert.iter().sum::<usize>(), kept);
-                assert!(load.dropped > 0 && load.per_expert.iter().all(|&n| n <= 4), "{load:?}");
+                let per_expert = load.read();
+                assert_eq!(per_expert.iter().sum::<usize>(), kept);
+                assert!(load.dropped > 0 && per_expert.iter().all(|&n| n <= 4), "{load:?}");
                 let keep = Tensor::<2>::from_data(burn::tensor::TensorData::new(keep, [t, k]), &device);
                 let theirs = dense_keeping(&moe, x.clone(), Some(keep));
                 let tolerance = Tolerance::absolute(1e-5);

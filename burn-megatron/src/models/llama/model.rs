@@ -332,11 +332,7 @@ pub(crate) fn update_expert_biases<'a>(
         if moe.router.bias.is_none() {
             continue;
         }
-        let device = moe.router.weight.val().device();
-        let counts: Vec<i64> = load.per_expert.iter().map(|&n| n as i64).collect();
-        let n = counts.len();
-        let local = Tensor::<1, Int>::from_data(burn::tensor::TensorData::new(counts, [n]), &device);
-        let total = groups.grad_sync().all_reduce(local, ReduceOp::Sum)?;
+        let total = groups.grad_sync().all_reduce(load.per_expert.clone(), ReduceOp::Sum)?;
         let rate = moe.router.settings.bias_update_rate;
         moe.router = moe.router.clone().update_bias(total, rate);
     }
