@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Reads `examples/ptq --export DIR`'s compressed-tensors checkpoint without our code: each block
 linear's F8_E4M3 / I8 codes times `weight_scale` into transformers' LlamaForCausalLM (f32), each
-input through its static `input_scale` (or its own per-token scale) by a forward pre-hook, and
-prints the perplexity on the held-out tenth of the text over the windows `examples/ptq` uses.
+input through its static `input_scale` (or its own per-token scale, or one scale a tile of
+`group_size` features, the last tile ragged) by a forward pre-hook, and prints the perplexity on
+the held-out tenth of the text over the windows `examples/ptq` uses.
 
     python3 check_compressed.py DIR shakespeare.txt [--windows 64] [--seq 512]
 """
@@ -51,12 +52,21 @@ def main():
         y = y.to(torch.float8_e4m3fn).float() if fp8 else torch.round(y)
         return y * scale
 
+    def tiled(x, g):
+        n = x.shape[-1]
+        padded = torch.nn.functional.pad(x, (0, -n % g)).unflatten(-1, (-1, g))
+        scale = padded.abs().amax(-1, keepdim=True).clamp_min(1e-30) / top
+        return fake(padded, scale).flatten(-2)[..., :n]
+
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear) or name == "lm_head" or inputs is None:
             continue
         if inputs["strategy"] == "tensor":
             s = input_scales[name]
             module.register_forward_pre_hook(lambda m, x, s=s: (fake(x[0], s),))
+        elif inputs["strategy"] == "group":
+            g = inputs["group_size"]
+            module.register_forward_pre_hook(lambda m, x, g=g: (tiled(x[0], g),))
         else:
             module.register_forward_pre_hook(
                 lambda m, x: (fake(x[0], x[0].abs().amax(-1, keepdim=True).clamp_min(1e-30) / top),))

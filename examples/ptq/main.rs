@@ -6,7 +6,8 @@
 //!
 //!   ptq [--model data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | --hf DIR]
 //!       [--data data/shakespeare.txt] [--calibration 64] [--calibration-seq 256]
-//!       [--eval-windows 16] [--eval-seq 256] [--only TEXT[,TEXT…]] [--export DIR] [--device cpu|cuda]
+//!       [--eval-windows 16] [--eval-seq 256] [--only TEXT[,TEXT…]] [--export DIR [--export-row NAME]]
+//!       [--device cpu|cuda]
 //!
 //! Rows (`precision::ptq`): int8 weights per channel by the largest magnitude, a percentile or
 //! the least squared error; int4 weights in groups of 128, symmetric and with a zero point (each
@@ -15,9 +16,10 @@
 //! per token) and in FP8 (per tensor with static ranges, per channel with per-token inputs or
 //! with inputs in 1×128 tiles), each with its weights alone and with GPTQ; FP8 weights alone; NVFP4 weights, and weights and
 //! activations. `--only` keeps the rows whose name contains one of the TEXTs. `--export`
-//! writes the FP8 W8A8 model (per tensor, static max ranges) in compressed-tensors' layout (with
-//! the tokenizer, so `examples/distill --teacher-hf DIR` takes it) and loads it back: its
-//! perplexity must be the in-memory one.
+//! writes the FP8 W8A8 model (per tensor, static max ranges), or the row named by
+//! `--export-row` (a row's name as the table prints it, e.g. `w:fp8-channel-max a:fp8-tiles
+//! gptq-act-order`), in compressed-tensors' layout (with the tokenizer, so `examples/distill
+//! --teacher-hf DIR` takes it) and loads it back: its perplexity must be the in-memory one.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -43,6 +45,7 @@ struct Args {
     calibration_seq: usize,
     only: Option<String>,
     export: Option<PathBuf>,
+    export_row: Option<String>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -52,6 +55,7 @@ fn parse() -> Result<Args, String> {
         calibration_seq: 256,
         only: None,
         export: None,
+        export_row: None,
     };
     common::each_flag(|flag, value| {
         if args.shared.take(flag, ["--model", "--hf"], value)? {
@@ -62,6 +66,7 @@ fn parse() -> Result<Args, String> {
             "--calibration-seq" => args.calibration_seq = whole(flag, value()?)?,
             "--only" => args.only = Some(value()?),
             "--export" => args.export = Some(value()?.into()),
+            "--export-row" => args.export_row = Some(value()?),
             _ => return Ok(false),
         }
         Ok(true)
@@ -69,6 +74,14 @@ fn parse() -> Result<Args, String> {
     args.shared.check()?;
     if args.calibration == 0 || args.calibration_seq == 0 {
         return Err("--calibration and --calibration-seq must be at least 1".into());
+    }
+    if let Some(name) = &args.export_row {
+        if args.export.is_none() {
+            return Err("--export-row names the row --export writes: give --export DIR".into());
+        }
+        if !rows().iter().any(|row| &row.name() == name) {
+            return Err(format!("--export-row {name:?}: no row of the table has that name"));
+        }
     }
     Ok(args)
 }
@@ -312,7 +325,13 @@ fn run(args: &Args) -> Result<(), String> {
     println!("\n{:.1} s in all", begun.elapsed().as_secs_f64());
 
     if let Some(dir) = &args.export {
-        let row = export_row();
+        let row = match &args.export_row {
+            Some(name) => rows()
+                .into_iter()
+                .find(|row| &row.name() == name)
+                .expect("checked by parse"),
+            None => export_row(),
+        };
         let quantized = ptq::quantize(model.clone(), &row, &calibration, &batches).map_err(|e| e.to_string())?;
         let (in_memory, _) = evaluate(&quantized.model)?;
         let options = hf::ExportOptions::new();

@@ -41,10 +41,10 @@ fn batches(device: &Device) -> Vec<Tensor<2, Int>> {
         .collect()
 }
 
-/// The two exportable families: FP8 per tensor with static inputs (MSE ranges, after
-/// SmoothQuant), and int8 per channel with per-token inputs (rounded by GPTQ: its values are
-/// codes of the same grid, so the layout is the same).
-fn exported() -> [PtqConfig; 2] {
+/// The exportable families: FP8 per tensor with static inputs (MSE ranges, after SmoothQuant),
+/// int8 per channel with per-token inputs (rounded by GPTQ: its values are codes of the same
+/// grid, so the layout is the same), and FP8 per channel with inputs in 1×128 tiles.
+fn exported() -> [PtqConfig; 3] {
     let weights = |codes, granularity| WeightScheme::Uniform {
         codes,
         granularity,
@@ -60,6 +60,7 @@ fn exported() -> [PtqConfig; 2] {
         PtqConfig::weight_only(weights(Codes::Int8, Granularity::Channel))
             .with_activations(ActivationScheme::PerToken { codes: Codes::Int8 })
             .with_gptq(Gptq::default()),
+        PtqConfig::weight_only(weights(Codes::Fp8, Granularity::Channel)).with_activations(ActivationScheme::Fp8Tiles),
     ]
 }
 
@@ -72,7 +73,9 @@ fn logits(model: &Llama, groups: &ProcessGroups, device: &Device) -> Vec<f32> {
 }
 
 /// Each exportable scheme: the files hold the layout, and the export loaded at tp 1 and 2
-/// computes the quantized model's logits.
+/// computes the quantized model's logits; with input tiles, tp 2 splits the fixture's tiles
+/// (the attention output's 64 features, 32 a rank, the first row-parallel shard), a typed
+/// error on the forward.
 pub fn compressed_export_loads_at_any_tp(h: &Harness) {
     for (k, config) in exported().into_iter().enumerate() {
         let dir = scratch(&format!("export-{k}"));
@@ -89,7 +92,25 @@ pub fn compressed_export_loads_at_any_tp(h: &Harness) {
             })
             .remove(0);
         check_layout(&dir, &config);
-        for tp in [1, 2] {
+        let tiles = config.activations == Some(ActivationScheme::Fp8Tiles);
+        if tiles {
+            h.run(ParallelDims::tp_dp(2, 1), |ctx| {
+                let device = ctx.device.clone();
+                let (model, _) = loaded(&dir, &ctx.groups, &device, false);
+                let error = model.forward(batches(&device).remove(0)).unwrap_err();
+                assert!(
+                    matches!(
+                        error,
+                        LayerError::GroupsAcrossShards {
+                            features: 32,
+                            group: 128
+                        }
+                    ),
+                    "{error}"
+                );
+            });
+        }
+        for tp in if tiles { vec![1] } else { vec![1, 2] } {
             let reloaded = h.run(ParallelDims::tp_dp(tp, 1), |ctx| {
                 let device = ctx.device.clone();
                 let (model, _) = loaded(&dir, &ctx.groups, &device, false);
@@ -124,13 +145,17 @@ pub fn compressed_export_loads_at_any_tp(h: &Harness) {
 /// compressed-tensors' layout, read back from the files: codes `[out, in]` in `F8_E4M3` or
 /// `I8`, `weight_scale` `[1]` a tensor or `[out, 1]` a channel, `input_scale` `[1]` for
 /// static inputs only, the norms and the embedding as they were, and the scheme in
-/// `config.json`.
+/// `config.json` (dynamic inputs per token, or in groups of 128 for the tiles).
 fn check_layout(dir: &Path, config: &PtqConfig) {
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let q = file.tensor("model.layers.0.self_attn.q_proj.weight").unwrap();
     let (codes, per_channel) = match config.weights {
-        WeightScheme::Uniform { codes: Codes::Fp8, .. } => (Dtype::F8_E4M3, false),
+        WeightScheme::Uniform {
+            codes: Codes::Fp8,
+            granularity,
+            ..
+        } => (Dtype::F8_E4M3, granularity == Granularity::Channel),
         _ => (Dtype::I8, true),
     };
     assert_eq!(q.dtype(), codes);
@@ -161,8 +186,18 @@ fn check_layout(dir: &Path, config: &PtqConfig) {
         if per_channel { "channel" } else { "tensor" }
     );
     let input = &group["input_activations"];
-    assert_eq!(input["strategy"], if static_inputs { "tensor" } else { "token" });
+    let tiles = config.activations == Some(ActivationScheme::Fp8Tiles);
+    let strategy = match (static_inputs, tiles) {
+        (true, _) => "tensor",
+        (false, true) => "group",
+        (false, false) => "token",
+    };
+    assert_eq!(input["strategy"], strategy);
     assert_eq!(input["dynamic"], !static_inputs);
+    assert_eq!(
+        input["group_size"],
+        if tiles { serde_json::json!(128) } else { Value::Null }
+    );
 }
 
 /// GPTQ on the fixture, int4 with zero points in groups of 32 (plain, after AWQ, in activation
@@ -249,13 +284,13 @@ pub fn ptq_errors(h: &Harness) {
         assert_eq!(error, PtqError::GptqScheme { scheme: "nvfp4".into() });
         let plain = ptq::quantize(model.clone(), &PtqConfig::weight_only(int4), &calibration, &[]).unwrap();
         // FP8 inputs in tiles run (the fixture's 64 and 128 features hold whole tiles or one
-        // ragged one), and have no layout in the export.
-        let fp8 = WeightScheme::Uniform {
-            codes: Codes::Fp8,
+        // ragged one); with int8 weights they have no layout in the export.
+        let int8 = WeightScheme::Uniform {
+            codes: Codes::Int8,
             granularity: Granularity::Channel,
             clipping: Clipping::Max,
         };
-        let tiles = PtqConfig::weight_only(fp8).with_activations(ActivationScheme::Fp8Tiles);
+        let tiles = PtqConfig::weight_only(int8).with_activations(ActivationScheme::Fp8Tiles);
         let tiled = ptq::quantize(model, &tiles, &calibration, &[]).unwrap();
         tiled.model.forward(batches(&device)[0].clone()).unwrap();
         let dir = scratch("refused");

@@ -4,8 +4,12 @@
 //! for static activations, `input_scale` (f32, `[1]`); dequantized, `value = code · scale`. The
 //! scheme is `config.json`'s `quantization_config` (`quant_method: compressed-tensors`,
 //! `format: float-quantized | int-quantized`, one group targeting `Linear`, `lm_head` ignored).
+//! Inputs are static per tensor (`input_scale`), dynamic per token, or (FP8) dynamic in 1×128
+//! tiles of a token's features (`strategy: group`, `group_size: 128`, DeepSeek-V3's activation
+//! tiles), whose scales each call finds itself.
 
 use burn_megatron_kernels::quant::format::Minifloat;
+use burn_megatron_kernels::quant::tiles::TILE;
 use safetensors::tensor::Dtype;
 use serde_json::{Value, json};
 
@@ -31,6 +35,8 @@ pub enum Input {
     Static,
     /// With each token's own scale (dynamic).
     PerToken,
+    /// FP8 with a scale for each 1×128 tile of a token's features (dynamic).
+    Tiles,
 }
 
 fn unsupported(detail: impl ToString) -> HfError {
@@ -43,7 +49,8 @@ fn unsupported(detail: impl ToString) -> HfError {
 
 impl Compression {
     /// The layout of `config`'s quantization: int8 or FP8 weights per tensor or channel, their
-    /// inputs as they are or in the same codes, static per tensor or dynamic per token.
+    /// inputs as they are or in the same codes, static per tensor, dynamic per token, or (FP8)
+    /// dynamic in 1×128 tiles.
     pub fn of(config: &PtqConfig) -> Result<Self, HfError> {
         let WeightScheme::Uniform { codes, granularity, .. } = config.weights else {
             return Err(unsupported("NVFP4 weights have no 8-bit layout here"));
@@ -60,6 +67,7 @@ impl Compression {
             None => Input::None,
             Some(ActivationScheme::Static { codes: a, .. }) if a == codes => Input::Static,
             Some(ActivationScheme::PerToken { codes: a }) if a == codes => Input::PerToken,
+            Some(ActivationScheme::Fp8Tiles) if codes == Codes::Fp8 => Input::Tiles,
             Some(other) => {
                 return Err(unsupported(format!(
                     "activations {} with {} weights",
@@ -114,24 +122,26 @@ impl Compression {
                 amax: scale * self.codes.max(),
             },
             (Input::PerToken, _) => InputQuantizer::PerToken { codes: self.codes },
+            (Input::Tiles, _) => InputQuantizer::Fp8Tiles,
             _ => InputQuantizer::None,
         }
     }
 
     /// `config.json`'s `quantization_config`.
     pub fn to_json(&self) -> Value {
-        let args = |strategy: &str, dynamic: bool| {
+        let args = |strategy: &str, dynamic: bool, group: Option<usize>| {
             json!({
                 "num_bits": 8, "type": self.kind(), "symmetric": true, "strategy": strategy,
-                "dynamic": dynamic, "group_size": null, "block_structure": null, "actorder": null,
+                "dynamic": dynamic, "group_size": group, "block_structure": null, "actorder": null,
                 "observer": if dynamic { Value::Null } else { json!("minmax") }, "observer_kwargs": {},
             })
         };
-        let weights = args(if self.per_channel { "channel" } else { "tensor" }, false);
+        let weights = args(if self.per_channel { "channel" } else { "tensor" }, false, None);
         let input = match self.input {
             Input::None => Value::Null,
-            Input::Static => args("tensor", false),
-            Input::PerToken => args("token", true),
+            Input::Static => args("tensor", false, None),
+            Input::PerToken => args("token", true, None),
+            Input::Tiles => args("group", true, Some(TILE)),
         };
         json!({
             "quant_method": "compressed-tensors",
@@ -200,9 +210,18 @@ impl Compression {
         }
         let input = match group.get("input_activations").filter(|a| !a.is_null()) {
             None => Input::None,
-            Some(args) => match read(args, &["tensor", "token"])? {
+            Some(args) => match read(args, &["tensor", "token", "group"])? {
                 (s, false) if s == "tensor" => Input::Static,
                 (s, true) if s == "token" => Input::PerToken,
+                (s, true) if s == "group" && codes == Codes::Fp8 => {
+                    let size = args.get("group_size").and_then(Value::as_u64);
+                    if size != Some(TILE as u64) {
+                        return Err(unsupported(format!(
+                            "dynamic input groups of {size:?} features: FP8 tiles of {TILE}"
+                        )));
+                    }
+                    Input::Tiles
+                }
                 (s, d) => return Err(unsupported(format!("inputs of strategy {s} with dynamic = {d}"))),
             },
         };
@@ -273,6 +292,7 @@ mod tests {
                         clipping: Clipping::Mse,
                     }),
                     Some(ActivationScheme::PerToken { codes }),
+                    (codes == Codes::Fp8).then_some(ActivationScheme::Fp8Tiles),
                 ] {
                     let config = PtqConfig {
                         activations,
@@ -290,6 +310,8 @@ mod tests {
             PtqConfig::weight_only(weights(Codes::Int8, Granularity::Group(128))),
             PtqConfig::weight_only(WeightScheme::Nvfp4),
             PtqConfig::weight_only(weights(Codes::Fp8, Granularity::Tensor)).with_activations(ActivationScheme::Nvfp4),
+            PtqConfig::weight_only(weights(Codes::Int8, Granularity::Channel))
+                .with_activations(ActivationScheme::Fp8Tiles),
         ] {
             let error = Compression::of(&refused).unwrap_err();
             assert!(
@@ -303,6 +325,13 @@ mod tests {
                 "{error}"
             );
         }
+        // Dynamic input groups of another size than the tiles' are refused by name.
+        let tiles = PtqConfig::weight_only(weights(Codes::Fp8, Granularity::Channel))
+            .with_activations(ActivationScheme::Fp8Tiles);
+        let mut file = json!({"quantization_config": Compression::of(&tiles).unwrap().to_json()});
+        file["quantization_config"]["config_groups"]["group_0"]["input_activations"]["group_size"] = json!(64);
+        let error = Compression::from_json(&file).unwrap_err();
+        assert!(error.to_string().contains("tiles of 128"), "{error}");
         let gptq = json!({"quantization_config": {"quant_method": "gptq"}});
         let error = Compression::from_json(&gptq).unwrap_err();
         assert!(error.to_string().contains("gptq"), "{error}");
