@@ -9,6 +9,8 @@
 #         as two and four ranks while time is left.
 #   suite: (carry .gpu with gpu-suite and bench) the MoE suite, the grouped product's table
 #         (`bench --grouped` beside `grouped_peer.py`).
+#   profile: (carry .gpu with bench) moe-4b's step in pieces (`--profile`: each piece
+#         synchronized, and the host's time issuing a step from an idle GPU).
 # Logs go to $OUT (a device call brings back a few files).
 set -u
 cd "$(dirname "$0")/../../.."
@@ -38,5 +40,8 @@ case $part in
     sizes=$(grep GROUP_SIZES "$OUT/grouped.log" | sed 's/GROUP_SIZES //')
     timeout -s KILL 90 python3 examples/bench/grouped_peer.py "$sizes" > "$OUT/grouped-peer.log" 2>&1
     grep -h "GROUPED\|Error" "$OUT/grouped-peer.log" | cut -c1-300
+    ;;
+  profile)
+    run moe4b-profile 150 --preset moe-4b --steps 10 --warmup 3 --profile
     ;;
 esac
