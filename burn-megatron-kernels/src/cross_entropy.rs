@@ -17,9 +17,13 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
 use burn::tensor::Tensor;
 
-/// The backend extension behind [`partials`].
+/// The backend extension behind [`row_max`] and [`partials`].
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait CrossEntropyOps: Backend {
+    /// Each row's largest of the columns `j < valid` of `logits` `[n, c]`, `[n]` f32 (−∞ for
+    /// `valid` 0): the shift of the sums, a constant.
+    fn cross_entropy_row_max(logits: FloatTensor<Self>, valid: usize) -> FloatTensor<Self>;
+
     /// The `[n, 3]` f32 sums for `logits` `[n, c]`, `shift` `[n]` f32 and `target` `[n]` (the
     /// target's column in this slice as f32, -1 where it lies in another).
     fn cross_entropy_partials(
@@ -42,6 +46,14 @@ pub trait CrossEntropyOps: Backend {
 /// The plain tensor-op twin: the CPU path and the kernels' oracle.
 pub mod reference {
     use burn::tensor::{DType, Int, Tensor};
+
+    pub fn row_max(logits: Tensor<2>, valid: usize) -> Tensor<1> {
+        let [n, _] = logits.dims();
+        match valid {
+            0 => Tensor::full([n], f32::NEG_INFINITY, (&logits.device(), DType::F32)),
+            _ => logits.narrow(1, 0, valid).max_dim(1).cast(DType::F32).reshape([n]),
+        }
+    }
 
     pub fn partials(logits: Tensor<2>, shift: Tensor<1>, target: Tensor<1>, valid: usize) -> Tensor<2> {
         let [n, _] = logits.dims();
@@ -84,6 +96,12 @@ fn flex<const D: usize>(t: FloatTensor<Flex>) -> Tensor<D> {
 }
 
 impl CrossEntropyOps for Flex {
+    fn cross_entropy_row_max(logits: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
+        reference::row_max(flex(logits), valid)
+            .try_into_primitive::<Flex>()
+            .expect("flex")
+    }
+
     fn cross_entropy_partials(
         logits: FloatTensor<Self>,
         shift: FloatTensor<Self>,
@@ -110,6 +128,10 @@ impl CrossEntropyOps for Flex {
 
 #[cfg(feature = "cuda")]
 impl CrossEntropyOps for burn::backend::Cube {
+    fn cross_entropy_row_max(logits: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
+        crate::row_kernels::cross_entropy_row_max(logits, valid)
+    }
+
     fn cross_entropy_partials(
         logits: FloatTensor<Self>,
         shift: FloatTensor<Self>,
@@ -146,6 +168,11 @@ impl<B: Backend + CrossEntropyOps> Backward<B, 1> for PartialsBackward {
 }
 
 impl<B: Backend + CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, C> {
+    /// The inner backend's, as a constant.
+    fn cross_entropy_row_max(logits: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
+        <Self as AutodiffBackend>::from_inner(B::cross_entropy_row_max(logits.into_parts().0, valid))
+    }
+
     fn cross_entropy_partials(
         logits: FloatTensor<Self>,
         shift: FloatTensor<Self>,
@@ -186,6 +213,16 @@ impl<B: Backend + CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Au
             inner(grad),
         ))
     }
+}
+
+/// Each row's largest logit before column `valid` through [`CrossEntropyOps`], f32, not
+/// differentiated (the sums' shift).
+///
+/// # Shapes
+/// `[n, c]` → `[n]`
+pub fn row_max(logits: Tensor<2>, valid: usize) -> Tensor<1> {
+    let out = <burn::backend::Dispatch as CrossEntropyOps>::cross_entropy_row_max(logits.into_dispatch(), valid);
+    Tensor::from_dispatch(out)
 }
 
 /// The `[n, 3]` sums of the module docs through [`CrossEntropyOps`], differentiable in `logits`.
@@ -230,5 +267,19 @@ mod tests {
             .unwrap()
             .to_data()
             .assert_approx_eq::<f32>(&logits.grad(&g2).unwrap().to_data(), tolerance);
+    }
+
+    /// Each row's largest value before `valid`, written out by hand: a larger value in a padded
+    /// column is not counted, and no column at all gives −∞; an autodiff input gives a constant.
+    #[test]
+    fn row_max_skips_the_padding() {
+        let device = Device::flex().autodiff();
+        let rows = [[1.0f32, -3.0, 2.5, 9.0], [-4.0, -2.0, -7.0, 8.0]];
+        let logits = Tensor::<2>::from_data(TensorData::from(rows), &device).require_grad();
+        let max = super::row_max(logits.clone(), 3);
+        assert!(!max.is_require_grad());
+        assert_eq!(max.into_data().try_to_vec::<f32>().unwrap(), vec![2.5, -2.0]);
+        let none = super::row_max(logits, 0).into_data().try_to_vec::<f32>().unwrap();
+        assert_eq!(none, vec![f32::NEG_INFINITY; 2]);
     }
 }

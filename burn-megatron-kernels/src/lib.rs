@@ -26,6 +26,8 @@
 //! `docs/perf/kernels.md` describes each and what it measured.
 
 pub mod adamw;
+#[cfg(feature = "cuda")]
+mod amax_kernels;
 pub mod attention;
 pub mod cross_entropy;
 pub mod decode;

@@ -1,7 +1,7 @@
 //! The optimizer's CUDA kernels: the AdamW update, of a parameter in its own dtype or of fp32
-//! master weights writing the parameter's copy in the same pass, and partial reductions a block:
-//! the sums of squares of a global gradient norm (and the amax of FP8 scaling, `crate::quant`). The tensor-op twins are in [`crate::adamw::reference`] and
-//! [`crate::norm::reference`].
+//! master weights writing the parameter's copy in the same pass, and the sums of squares of a
+//! global gradient norm as partial sums a block. The tensor-op twins are in
+//! [`crate::adamw::reference`] and [`crate::norm::reference`].
 
 use burn::backend::Cube;
 use burn::backend::ops::FloatTensorOps;
@@ -12,7 +12,7 @@ use half::{bf16, f16};
 
 use crate::adamw::{AdamWStep, reference};
 use crate::elementwise::{compact_input, compact_output, launch_dims, launch_float};
-use crate::row_kernels::{block_max, block_sum, hsum};
+use crate::row_kernels::{block_sum, hsum};
 
 /// The new moments at `i`, written to `m_out` and `v_out`; returns the new parameter `p`.
 #[cube]
@@ -133,45 +133,20 @@ fn adamw_master_kernel<G: Float, P: Float, N: Size>(
 /// Vectors one block of [`partials_kernel`] reduces: 256 threads, 8 vectors each.
 const CHUNK: u32 = 2048;
 
-/// What a block of [`partials_kernel`] reduces its values to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Reduction {
-    /// `Σ x²` (a gradient norm).
-    SumOfSquares,
-    /// `max |x|`, NaN ignored (an FP8 amax).
-    MaxAbs,
-}
-
-/// Block `b` writes the reduction of vectors `[b·CHUNK, (b+1)·CHUNK)` of `x`'s first `vectors`
-/// to `partials[b]`. The length is an argument: `x` may be a view into a longer buffer (a
-/// parameter's shard of a reduce-scattered bucket), whose `len()` runs to the buffer's end.
+/// Block `b` writes `Σ x²` over vectors `[b·CHUNK, (b+1)·CHUNK)` of `x`'s first `vectors` to
+/// `partials[b]` (a gradient norm's). The length is an argument: `x` may be a view into a longer
+/// buffer (a parameter's shard of a reduce-scattered bucket), whose `len()` runs to the buffer's
+/// end.
 #[cube(launch_unchecked)]
-fn partials_kernel<F: Float, N: Size>(
-    x: &Tensor<Vector<F, N>>,
-    partials: &mut Tensor<f32>,
-    vectors: u32,
-    #[comptime] reduction: Reduction,
-) {
+fn partials_kernel<F: Float, N: Size>(x: &Tensor<Vector<F, N>>, partials: &mut Tensor<f32>, vectors: u32) {
     let start = CUBE_POS as u32 * CHUNK;
     let end = min(start + CHUNK, vectors);
     let mut acc = 0.0f32;
     for i in range_stepped(start + UNIT_POS, end, 256u32) {
         let value = Vector::<f32, N>::cast_from(x[i as usize]);
-        match comptime!(reduction) {
-            Reduction::SumOfSquares => acc += hsum(value * value),
-            Reduction::MaxAbs =>
-            {
-                #[unroll]
-                for j in 0..value.vector_size() {
-                    acc = f32::max(acc, f32::abs(value.extract(j)));
-                }
-            }
-        }
+        acc += hsum(value * value);
     }
-    let total = match comptime!(reduction) {
-        Reduction::SumOfSquares => block_sum(acc),
-        Reduction::MaxAbs => block_max(acc),
-    };
+    let total = block_sum(acc);
     if UNIT_POS == 0 {
         partials[CUBE_POS] = total;
     }
@@ -325,12 +300,12 @@ pub(crate) fn adamw_master(
 
 /// `Σ x²` over `x` as partial sums, one a block of [`partials_kernel`]: `[blocks]` in f32.
 pub(crate) fn partial_sums_of_squares(x: CubeTensor) -> CubeTensor {
-    partials(x.clone(), Reduction::SumOfSquares).unwrap_or_else(|| crate::norm::reference::sum_of_squares::<Cube>(x))
+    partials(x.clone()).unwrap_or_else(|| crate::norm::reference::sum_of_squares::<Cube>(x))
 }
 
-/// `x` reduced as `reduction` says to one partial a block of [`partials_kernel`]: `[blocks]` in
-/// f32; `None` for a dtype the kernel is not built for or an empty tensor.
-pub(crate) fn partials(x: CubeTensor, reduction: Reduction) -> Option<CubeTensor> {
+/// `Σ x²` as one partial a block of [`partials_kernel`]: `[blocks]` in f32; `None` for a dtype
+/// the kernel is not built for or an empty tensor.
+fn partials(x: CubeTensor) -> Option<CubeTensor> {
     let n = x.meta.num_elements();
     let x = float(x.dtype).then(|| compact_input(x)).flatten().filter(|_| n > 0)?;
     let vector = [8, 4, 2, 1]
@@ -350,7 +325,6 @@ pub(crate) fn partials(x: CubeTensor, reduction: Reduction) -> Option<CubeTensor
         x.clone().into_tensor_arg(),
         partials.clone().into_tensor_arg(),
         (n / vector) as u32,
-        reduction,
     );
     Some(partials)
 }

@@ -1,5 +1,5 @@
 //! The quantization CUDA kernels (`crate::quant`): FP8 with one scale a tensor from its amax
-//! (`partials_kernel`), cast and optionally transposed in one pass (the cast also takes block
+//! (`amax_kernels`), cast and optionally transposed in one pass (the cast also takes block
 //! scales: `quant_blocks`); the uniform draws of stochastic rounding.
 
 use burn::tensor::{DType, Shape};
@@ -8,6 +8,7 @@ use cubecl::prelude::*;
 use cubecl::{e4m3, e5m2};
 use half::{bf16, f16};
 
+use crate::amax_kernels::tensor_amax;
 use crate::elementwise::{compact_input, compact_output, launch_float};
 use crate::quant::format::Minifloat;
 use crate::row_kernels::block_max;
@@ -244,38 +245,6 @@ fn quantize_transposed_vectors_kernel<F: Float, N: Size>(
     }
 }
 
-/// One block: `out[0]` the largest of `count` partial amaxes (each ≥ 0).
-#[cube(launch_unchecked)]
-fn max_of_partials_kernel(partials: &Tensor<f32>, out: &mut Tensor<f32>, count: u32) {
-    let mut acc = 0.0f32;
-    for i in range_stepped(UNIT_POS, count, 256u32) {
-        acc = f32::max(acc, partials[i as usize]);
-    }
-    let total = block_max(acc);
-    if UNIT_POS == 0 {
-        out[0] = total;
-    }
-}
-
-/// The largest of a block's partial amaxes, `[1]`: one block of 256 threads (Burn's general
-/// reduction took 27 µs a call over the ~1 000 partials of a llama-1b activation, ncu).
-pub(crate) fn max_of_partials(partials: CubeTensor) -> CubeTensor {
-    let count = partials.meta.num_elements() as u32;
-    let out = compact_output(&partials, Shape::new([1]), DType::F32);
-    // SAFETY: one block; every read is below `count`, the partials' length, and one thread writes.
-    unsafe {
-        max_of_partials_kernel::launch_unchecked(
-            &partials.client,
-            CubeCount::Static(1, 1, 1),
-            CubeDim::new_1d(256),
-            partials.clone().into_tensor_arg(),
-            out.clone().into_tensor_arg(),
-            count,
-        )
-    };
-    out
-}
-
 /// Which layouts of a tensor's FP8 codes one quantization pass writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Layouts {
@@ -302,17 +271,6 @@ pub(crate) fn float_input(x: CubeTensor) -> CubeTensor {
         false => Cube::float_cast(x, burn::tensor::FloatDType::F32),
     };
     compact_input(x).expect("a row-major copy")
-}
-
-/// The largest magnitude of `x` (a compact float tensor), `[1]` f32: partial amaxes a block,
-/// then their maximum; 0 for an empty `x`.
-pub(crate) fn tensor_amax(x: CubeTensor) -> CubeTensor {
-    use burn::backend::Cube;
-    use burn::backend::ops::FloatTensorOps;
-    match crate::optim_kernels::partials(x.clone(), crate::optim_kernels::Reduction::MaxAbs) {
-        Some(partials) => max_of_partials(partials),
-        None => Cube::float_zeros(Shape::new([1]), &x.device, burn::tensor::FloatDType::F32),
-    }
 }
 
 /// `x` (`[r, c]`) quantized to `format` with one scale from its amax (current scaling), the

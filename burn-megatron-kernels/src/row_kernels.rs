@@ -269,6 +269,34 @@ pub(crate) fn backward(
     (dx, Cube::float_cast(dw, weight.dtype.into()))
 }
 
+/// Grid: one block a row. `out[row]` the largest of the row's columns before `valid` (NaN
+/// ignored; −∞ for none).
+#[cube(launch_unchecked)]
+fn ce_row_max_kernel<F: Float, N: Size>(
+    logits: &Tensor<Vector<F, N>>,
+    out: &mut Tensor<f32>,
+    columns: u32,
+    valid: u32,
+) {
+    let row = CUBE_POS;
+    let base = row * columns as usize;
+    let width = logits.vector_size().comptime() as u32;
+    let mut acc = f32::new(f32::NEG_INFINITY);
+    for c in range_stepped(UNIT_POS, columns, THREADS) {
+        let v = Vector::<f32, N>::cast_from(logits[base + c as usize]);
+        #[unroll]
+        for lane in 0..logits.vector_size() {
+            if c * width + (lane as u32) < valid {
+                acc = f32::max(acc, v.extract(lane));
+            }
+        }
+    }
+    let acc = block_max(acc);
+    if UNIT_POS == 0 {
+        out[row] = acc;
+    }
+}
+
 /// Grid: one block a row. `out[row] = (Σ exp x̃, x̃ at the target, Σ x̃)` over the columns
 /// before `valid` (`crate::cross_entropy`).
 #[cube(launch_unchecked)]
@@ -358,6 +386,36 @@ fn ce_layout(logits: &CubeTensor, shift: &CubeTensor, target: &CubeTensor) -> Op
 
 fn tensor<const D: usize>(t: CubeTensor) -> burn::tensor::Tensor<D> {
     burn::tensor::Tensor::from_primitive::<Cube>(t)
+}
+
+pub(crate) fn cross_entropy_row_max(logits: CubeTensor, valid: usize) -> CubeTensor {
+    let shape = logits.meta.shape().clone();
+    let fits = shape.num_dims() == 2
+        && matches!(logits.dtype, DType::BF16 | DType::F16 | DType::F32)
+        && valid > 0
+        && shape[0] > 0;
+    let compact = fits.then(|| compact_input(logits.clone())).flatten();
+    let Some(lc) = compact else {
+        return ce_reference::row_max(tensor(logits), valid)
+            .try_into_primitive::<Cube>()
+            .expect("cuda");
+    };
+    let (rows, columns) = (shape[0], shape[1]);
+    let vector = if columns.is_multiple_of(8) { 8 } else { 1 };
+    let out = compact_output(&lc, Shape::from([rows]), DType::F32);
+    launch_float!(
+        lc.dtype,
+        ce_row_max_kernel,
+        &lc.client,
+        CubeCount::Static(rows as u32, 1, 1),
+        CubeDim::new_1d(THREADS),
+        vector,
+        lc.clone().into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        (columns / vector) as u32,
+        valid as u32
+    );
+    out
 }
 
 pub(crate) fn cross_entropy_partials(

@@ -130,6 +130,7 @@ pub const KERNEL_TESTS: &[NamedTest] = &[
     ("kernel_suite::router_product", kernel_suite::router_product),
     ("kernel_suite::fp8_tiles", kernel_suite::fp8_tiles),
     ("kernel_suite::fp8_gemm", kernel_suite::fp8_gemm),
+    ("kernel_suite::fp8_amax", kernel_suite::fp8_amax),
     ("kernel_suite::fp8_blocks", kernel_suite::fp8_blocks),
     ("kernel_suite::fp8_blockwise_gemm", kernel_suite::fp8_blockwise_gemm),
     ("kernel_suite::quantized_linear", kernel_suite::quantized_linear),

@@ -148,6 +148,13 @@ fn quantize(t: CubeTensor, quantizer: Quantizer, amax: &Amax, operand: Operand, 
     }
 }
 
+/// The largest magnitude of `x` (NaN ignored; 0 for an empty `x`), `[1]` f32, as current
+/// scaling takes it on CUDA: one launch, however many blocks reduce it.
+pub fn amax(x: Tensor<2>) -> Tensor<1> {
+    let primitive = x.try_into_primitive::<Cube>().expect("a CUDA tensor");
+    Tensor::from_primitive::<Cube>(crate::amax_kernels::tensor_amax(primitive))
+}
+
 /// Codes in 1×128 tiles along their rows, with their scales.
 fn rows((codes, scales): (CubeTensor, CubeTensor)) -> Codes {
     Codes {

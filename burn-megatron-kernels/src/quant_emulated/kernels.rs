@@ -17,6 +17,7 @@ use cubecl::prelude::*;
 
 use super::VECTOR;
 use super::numerics::{Plan, block_scales, draws_key, fake_value, hadamard16, nv_encode};
+use crate::amax_kernels::finish_max;
 use crate::row_kernels::block_max;
 
 /// The flat index of `x`'s element `(row, column)` in the operand, whose rows are `width` long.
@@ -297,11 +298,13 @@ pub(super) fn fake_columns_kernel<F: Float, N: Size>(
 
 /// Grid: a thread one 1 × 16 block of the operand (`x` `[r, c]` is the operand, or its
 /// transpose with 8 such blocks a thread, as the quantizing kernels take them), transformed;
-/// each CUDA block's largest |value| to `partials[CUBE_POS]`.
+/// the largest |value| to `out[0]` ([`finish_max`]: one launch).
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 pub(super) fn hadamard_amax_kernel<F: Float, N: Size>(
     x: &Tensor<Vector<F, N>>,
-    partials: &mut Tensor<f32>,
+    state: &mut Tensor<Atomic<u32>>,
+    out: &mut Tensor<f32>,
     r: u32,
     c: u32,
     #[comptime] transposed: bool,
@@ -330,8 +333,5 @@ pub(super) fn hadamard_amax_kernel<F: Float, N: Size>(
             }
         }
     }
-    let total = block_max(amax);
-    if UNIT_POS == 0 {
-        partials[CUBE_POS] = total;
-    }
+    finish_max(block_max(amax), state, out);
 }

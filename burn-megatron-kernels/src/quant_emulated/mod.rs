@@ -120,7 +120,7 @@ pub(crate) fn fake_quantize(
     };
     let tensor_amax = match (nv, hadamard) {
         (true, Some(signs)) => amax(transformed_amax(&source, signs)),
-        (true, None) => amax(crate::quant_kernels::tensor_amax(source.tensor().clone())),
+        (true, None) => amax(crate::amax_kernels::tensor_amax(source.tensor().clone())),
         (false, _) => compact_output(source.tensor(), Shape::new([1]), DType::F32),
     };
     Some(match source {
@@ -187,8 +187,7 @@ fn launch_columns(x: CubeTensor, amax: CubeTensor, plan: Plan, [r, c]: [usize; 2
     out
 }
 
-/// The largest |value| of the operand transformed (`[1]`, f32): a partial a CUDA block, then
-/// their maximum.
+/// The largest |value| of the operand transformed (`[1]`, f32), in one launch.
 fn transformed_amax(source: &Source, signs: u32) -> CubeTensor {
     let x = source.tensor();
     let [r, c] = [x.meta.shape()[0], x.meta.shape()[1]];
@@ -198,10 +197,10 @@ fn transformed_amax(source: &Source, signs: u32) -> CubeTensor {
         false => r * c.div_ceil(16),
     } as u32;
     let cubes = units.div_ceil(THREADS);
-    let partials = compact_output(x, Shape::new([cubes as usize]), DType::F32);
+    let out = compact_output(x, Shape::new([1]), DType::F32);
     // SAFETY (`launch_float!`): every thread joins the block's reduction, and only those below
     // the unit count load: whole vectors of rows below `r`, at columns below `c` (a multiple of
-    // 8); one thread a block writes its partial, below `cubes`.
+    // 8); one thread of the last block writes `out`, and the state holds two words.
     launch_float!(
         x.dtype,
         hadamard_amax_kernel,
@@ -210,11 +209,12 @@ fn transformed_amax(source: &Source, signs: u32) -> CubeTensor {
         CubeDim::new_1d(THREADS),
         VECTOR as usize,
         x.clone().into_tensor_arg(),
-        partials.clone().into_tensor_arg(),
+        crate::amax_kernels::state(x).into_tensor_arg(),
+        out.clone().into_tensor_arg(),
         r as u32,
         c as u32,
         transposed,
         signs,
     );
-    crate::quant_kernels::max_of_partials(partials)
+    out
 }

@@ -9,7 +9,7 @@ use burn::config::Config;
 use burn::tensor::{DType, Int, Tensor};
 use burn_megatron_dist::mappings::reduce_from_tp;
 use burn_megatron_dist::{ProcessGroup, ProcessGroups, ReduceOp};
-use burn_megatron_kernels::cross_entropy::partials;
+use burn_megatron_kernels::cross_entropy::{partials, row_max};
 
 use crate::error::LayerError;
 
@@ -71,10 +71,7 @@ impl VocabParallelCrossEntropy {
         let valid = self.vocab_size.saturating_sub(start).min(columns);
 
         // Each row's max over the whole vocabulary: the shift of every sum, a constant.
-        let local_max = match valid {
-            0 => Tensor::full([n, 1], f32::NEG_INFINITY, (&device, DType::F32)),
-            _ => logits.clone().detach().narrow(1, 0, valid).max_dim(1).cast(DType::F32),
-        };
+        let local_max = row_max(logits.clone().detach(), valid).reshape([n, 1]);
         let max = self.tp.all_reduce(local_max, ReduceOp::Max)?; // [n, 1]
 
         // The target's column in this slice, -1 where another rank holds it.
@@ -108,11 +105,13 @@ impl VocabParallelCrossEntropy {
             None => Tensor::<1, Int>::ones([n], &device).equal_elem(1),
         };
         let token_loss = token_loss.reshape([n]).mask_fill(counted.clone().bool_not(), 0.0);
-        let count = self
-            .batch
-            .all_reduce(counted.int().sum(), ReduceOp::Sum)?
-            .into_scalar::<i64>()
-            .max(1);
-        Ok(token_loss.sum().mul_scalar(self.batch.size() as f64 / count as f64))
+        // The count stays on the device: reading it would wait for the forward pass each step.
+        let count = self.batch.all_reduce(counted.int().sum(), ReduceOp::Sum)?.clamp_min(1);
+        let scale = count
+            .float()
+            .cast(DType::F32)
+            .recip()
+            .mul_scalar(self.batch.size() as f64);
+        Ok(token_loss.sum() * scale)
     }
 }

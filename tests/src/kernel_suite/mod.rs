@@ -18,7 +18,9 @@ mod quant;
 mod rows;
 pub use decode::{decode_step, graph_replay, greedy_choice, skinny_gemm};
 pub use emulated::emulated_blocks;
-pub use quant::{fp8_blocks, fp8_blockwise_gemm, fp8_gemm, fp8_tiles, quantized_linear, shared_input, weight_codes};
+pub use quant::{
+    fp8_amax, fp8_blocks, fp8_blockwise_gemm, fp8_gemm, fp8_tiles, quantized_linear, shared_input, weight_codes,
+};
 pub use rows::{expert_order, router_product, router_top_k, row_kernels};
 
 /// ‖a − b‖ / ‖b‖ in f32.
@@ -416,10 +418,11 @@ pub fn f32_matmul(h: &Harness) {
 
 /// Cross-entropy's fused row sums and their backward against the twin in f32 with autodiff:
 /// logits in f32 and bf16, rows that take vectors of 8 and rows that do not, padded columns and
-/// targets in other slices.
+/// targets in other slices. The rows' max (the sums' shift) against Burn's, exactly (a maximum
+/// rounds nothing), also with a row's largest values in its padded columns (not counted).
 pub fn cross_entropy(h: &Harness) {
     use burn::tensor::TensorData;
-    use burn_megatron_kernels::cross_entropy::{partials, reference};
+    use burn_megatron_kernels::cross_entropy::{partials, reference, row_max};
     let device = h.device(0).autodiff();
     for dtype in [DType::F32, DType::BF16] {
         for (rows, columns, valid) in [(37, 2048, 2000), (9, 100, 100)] {
@@ -433,6 +436,26 @@ pub fn cross_entropy(h: &Harness) {
                 .narrow(1, 0, valid)
                 .max_dim(1)
                 .reshape([rows]);
+            let mut cases = vec![("logits", logits.clone().detach())];
+            if valid < columns {
+                let peak = Tensor::full([1, columns - valid], 1e4, (&device, dtype));
+                let x = logits.clone().detach().slice_assign([0..1, valid..columns], peak);
+                cases.push(("a peak in the padding", x));
+            }
+            for (what, x) in cases {
+                let expected = x
+                    .clone()
+                    .cast(DType::F32)
+                    .narrow(1, 0, valid)
+                    .max_dim(1)
+                    .reshape([rows]);
+                let got = row_max(x, valid);
+                assert_eq!(
+                    got.into_data().try_to_vec::<f32>().unwrap(),
+                    expected.into_data().try_to_vec::<f32>().unwrap(),
+                    "{dtype:?} {rows}×{columns} valid {valid}, {what}: rows' max"
+                );
+            }
             // Every third row's target lies in another slice (-1).
             let targets: Vec<f32> = (0..rows)
                 .map(|r| if r % 3 == 0 { -1.0 } else { ((r * 37) % valid) as f32 })

@@ -102,6 +102,53 @@ pub fn fp8_gemm(h: &Harness) {
     }
 }
 
+/// Current scaling's amax on CUDA (one launch, the blocks' maxima folded by atomics and written
+/// by the last block) against the host's largest magnitude, exactly: one block and ~500, vectors
+/// of 8 and single values, bf16 and f32, a NaN (ignored) and an infinity, an all-zero tensor.
+/// The launches run back to back, a large amax before smaller ones, so an accumulator left
+/// holding a value, or a ticket left counting, shows in the next.
+pub fn fp8_amax(h: &Harness) {
+    use burn::tensor::{Device, TensorData};
+    use burn_megatron_kernels::quant::fp8::amax;
+    let device = h.device(0);
+    let cpu = Device::flex();
+    for (i, (r, c)) in [(4100, 2056), (37, 13), (4100, 2056), (1, 8)].into_iter().enumerate() {
+        let mut values: Vec<f32> = Tensor::<2>::random([r, c], Distribution::Normal(0.0, 1.0), (&cpu, DType::F32))
+            .into_data()
+            .try_to_vec()
+            .expect("f32");
+        if i == 0 {
+            values[r * c - 1] = 1e6; // in the last block
+        }
+        for (case, planted) in [
+            ("plain", None),
+            ("a NaN", Some(f32::NAN)),
+            ("an infinity", Some(f32::INFINITY)),
+        ] {
+            let mut values = values.clone();
+            if let Some(v) = planted {
+                values[(r * c) / 2] = v;
+            }
+            for dtype in [DType::BF16, DType::F32] {
+                let x =
+                    Tensor::<2>::from_data(TensorData::new(values.clone(), [r, c]), (&device, DType::F32)).cast(dtype);
+                let held: Vec<f32> = x
+                    .clone()
+                    .cast(DType::F32)
+                    .to_device(&cpu)
+                    .into_data()
+                    .try_to_vec()
+                    .unwrap();
+                let expected = held.iter().filter(|v| !v.is_nan()).fold(0.0f32, |m, v| m.max(v.abs()));
+                let got = amax(x).to_device(&cpu).into_scalar::<f32>();
+                assert_eq!(got, expected, "{r}×{c} {dtype:?} {case}");
+            }
+        }
+    }
+    let zeros = Tensor::<2>::zeros([300, 520], (&device, DType::BF16));
+    assert_eq!(amax(zeros).to_device(&cpu).into_scalar::<f32>(), 0.0, "all zeros");
+}
+
 /// The blockwise recipe's other quantizers on CUDA against the host reference, bit for bit:
 /// 128×1 tiles down the columns (the codes of `xᵀ`), 128×128 blocks (both layouts), and both
 /// tilings from one read. Shapes ragged for the blocks and for the cast's vectors of 8 (37 × 13,

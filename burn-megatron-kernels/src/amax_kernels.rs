@@ -1,0 +1,136 @@
+//! A tensor's largest magnitude in one launch (FP8's current scaling takes one for every tensor
+//! it quantizes). Each block reduces its chunk, folds its maximum into an accumulator with an
+//! atomic maximum (non-negative f32 values order as their bits do), publishes it and takes a
+//! ticket; the block that takes the last ticket writes the accumulator out and leaves the
+//! accumulator and the ticket at zero for the next launch. Before, each block wrote a partial and
+//! a second launch took their maximum: a launch, ~20 µs of the host's issue time, a quantized
+//! tensor.
+//!
+//! The accumulator and the ticket outlive a launch, one pair a device and stream: a stream runs
+//! its launches in order, so no two launches hold one pair at once.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::CubeDevice;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::*;
+use cubecl_environment::stream::StreamId;
+use half::{bf16, f16};
+
+use crate::elementwise::{compact_output, launch_float};
+use crate::quant_kernels::float_input;
+use crate::row_kernels::block_max;
+
+/// Vectors a block reduces (eight of 256 threads' 16-byte loads each).
+const CHUNK: u32 = 2048;
+
+/// Folds the block's `value` (≥ 0 and not NaN, the same on every unit) into `state`'s
+/// accumulator (`state[0]`, f32 bits) and counts the block done (`state[1]`); the launch's last
+/// block writes the maximum to `out[0]` and zeroes both. Every unit of the block reaches it.
+#[cube]
+pub(crate) fn finish_max(value: f32, state: &mut Tensor<Atomic<u32>>, out: &mut Tensor<f32>) {
+    let mut last = Shared::<[u32]>::new_slice(1usize);
+    if UNIT_POS == 0 {
+        state[0].fetch_max(u32::reinterpret(value));
+    }
+    // The maximum is published before the ticket counts the block done.
+    sync_storage();
+    if UNIT_POS == 0 {
+        let done = state[1].fetch_add(1u32) + 1u32;
+        last[0] = 0u32;
+        if done == CUBE_COUNT as u32 {
+            last[0] = 1u32;
+        }
+    }
+    sync_cube();
+    if last[0] == 1u32 {
+        // Every other block's maximum was published before its ticket, which this block saw.
+        sync_storage();
+        if UNIT_POS == 0 {
+            out[0] = f32::reinterpret(state[0].exchange(0u32));
+            state[1].store(0u32);
+        }
+    }
+}
+
+/// Block `b` takes the largest |value| of vectors `[b·CHUNK, (b+1)·CHUNK)` of `x`'s first
+/// `vectors` (NaN ignored), then [`finish_max`].
+#[cube(launch_unchecked)]
+fn amax_kernel<F: Float, N: Size>(
+    x: &Tensor<Vector<F, N>>,
+    state: &mut Tensor<Atomic<u32>>,
+    out: &mut Tensor<f32>,
+    vectors: u32,
+) {
+    let start = CUBE_POS as u32 * CHUNK;
+    let end = min(start + CHUNK, vectors);
+    let mut acc = 0.0f32;
+    for i in range_stepped(start + UNIT_POS, end, 256u32) {
+        let value = Vector::<f32, N>::cast_from(x[i as usize]);
+        #[unroll]
+        for j in 0..value.vector_size() {
+            acc = f32::max(acc, f32::abs(value.extract(j)));
+        }
+    }
+    finish_max(block_max(acc), state, out);
+}
+
+/// One accumulator and ticket (`[2]` u32, zero between launches) for the launches `like`'s
+/// device takes from this stream.
+pub(crate) fn state(like: &CubeTensor) -> CubeTensor {
+    type States = Mutex<HashMap<(CubeDevice, u64), CubeTensor>>;
+    static STATES: OnceLock<States> = OnceLock::new();
+    let key = (like.device.clone(), StreamId::current().value);
+    let mut states = STATES
+        .get_or_init(Default::default)
+        .lock()
+        .expect("the amax states' lock");
+    states
+        .entry(key)
+        .or_insert_with(|| {
+            let handle = like.client.create_from_slice(&[0u8; 8]);
+            CubeTensor::new_contiguous(
+                like.client.clone(),
+                like.device.clone(),
+                Shape::new([2]),
+                handle,
+                DType::U32,
+            )
+        })
+        .clone()
+}
+
+/// The largest magnitude of `x` (any layout, a float dtype), `[1]` f32, NaN ignored; 0 for an
+/// empty `x`. One launch (a copy first for a view or another dtype).
+pub(crate) fn tensor_amax(x: CubeTensor) -> CubeTensor {
+    use burn::backend::Cube;
+    use burn::backend::ops::FloatTensorOps;
+    let n = x.meta.num_elements();
+    if n == 0 {
+        return Cube::float_zeros(Shape::new([1]), &x.device, burn::tensor::FloatDType::F32);
+    }
+    let x = float_input(x);
+    let vector = [8, 4, 2, 1]
+        .into_iter()
+        .find(|v| n.is_multiple_of(*v))
+        .expect("1 divides");
+    let blocks = ((n / vector) as u32).div_ceil(CHUNK);
+    let out = compact_output(&x, Shape::new([1]), DType::F32);
+    // SAFETY (`launch_float!`): every load is below `vectors`, whole vectors of the compact `x`;
+    // one unit of the last block writes `out`, and the state holds two words.
+    launch_float!(
+        x.dtype,
+        amax_kernel,
+        &x.client,
+        CubeCount::Static(blocks, 1, 1),
+        CubeDim::new_1d(256),
+        vector,
+        x.clone().into_tensor_arg(),
+        state(&x).into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        (n / vector) as u32,
+    );
+    out
+}
