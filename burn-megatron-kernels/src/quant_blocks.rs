@@ -161,16 +161,17 @@ fn square_scales_kernel<F: Float>(x: &Tensor<F>, scales: &mut Tensor<f32>, rows:
 
 /// Values a thread of [`tiles_both_kernel`] reads, and codes it writes, at once.
 const VECTOR: usize = 8;
-/// Bytes a row of [`tiles_both_kernel`]'s shared tile of `xᵀ`'s codes: one past 128, so the
-/// threads of a warp writing one code each (rows 8 apart) hit different banks.
-const TILE_ROW: u32 = BLOCK + 1;
 
 /// One block of 256 threads a 128 × 128 region of `x`, read once: the codes of `x` in 1×128
 /// tiles along its rows (`codes`, `row_scales` `[r, ⌈c/128⌉]`) and of `xᵀ` in 128×1 tiles down
-/// `x`'s columns (`transposed` `[c, r]`, `column_scales` `[⌈r/128⌉, c]`). Thread `t` holds
-/// vector `t % 16` (8 columns) of rows `t / 16 + 16 j`, `j < 8`: a row's amax is the max over
-/// 16 neighbouring lanes, a column's over 16 row groups through shared memory; `xᵀ`'s codes pass
-/// through shared memory so both writes are whole vectors along rows.
+/// `x`'s columns (`transposed` `[c, r]`, `column_scales` `[⌈r/128⌉, c]`). Thread `t` holds an
+/// 8 × 8 square, rows `8·(t / 16)..` and columns `8·(t % 16)..` of the region, read as vectors
+/// of 8 along the rows: a row's amax is the max over the 16 neighbouring lanes that share it, a
+/// column's over the 16 squares down the region through shared memory. Each row's 8 codes go
+/// to `codes` as a vector. Each column's 8 codes (a chunk of 8 bytes of a row of `xᵀ`) go into
+/// a shared tile of `xᵀ`'s 128 rows, at chunk `g ^ v` of the row (`g`, `v` the square's row and
+/// column of squares), so the 32 lanes of a store hit 32 banks; each warp then writes two whole
+/// rows of it, 8 bytes a lane.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn tiles_both_kernel<F: Float, N: Size>(
@@ -186,19 +187,22 @@ fn tiles_both_kernel<F: Float, N: Size>(
 ) {
     let mut partial = Shared::<[f32]>::new_slice(2048usize);
     let mut column_factor = Shared::<[f32]>::new_slice(128usize);
-    let mut tile = Shared::<[u8]>::new_slice(comptime!((BLOCK * TILE_ROW) as usize));
+    // `xᵀ`'s 128 rows of 128 codes, 32 words each.
+    let mut tile = Shared::<[u32]>::new_slice(4096usize);
     let (r0, c0) = (CUBE_POS_Y * BLOCK, CUBE_POS_X * BLOCK);
     let (v, g) = (UNIT_POS % 16, UNIT_POS / 16);
-    let c = c0 + v * 8;
+    let (r, c) = (r0 + g * 8, c0 + v * 8);
+    // Both sides are multiples of 8: a thread's square lies wholly inside `x` or outside.
+    let inside = r < rows && c < columns;
+    // Value (r + j, c + e) at 8·j + e.
     let mut held = Vector::<f32, Const<64>>::empty();
     let mut row_factors = Vector::<f32, Const<8>>::empty();
     let mut column_amax = Vector::<f32, N>::new(0.0f32);
     #[unroll]
     for j in 0..8u32 {
-        let r = r0 + g + 16 * j;
         let mut value = Vector::<f32, N>::new(0.0f32);
-        if r < rows && c < columns {
-            value = Vector::<f32, N>::cast_from(x[((r * columns + c) / 8) as usize]);
+        if inside {
+            value = Vector::<f32, N>::cast_from(x[(((r + j) * columns + c) / 8) as usize]);
         }
         let mut amax = 0.0f32;
         #[unroll]
@@ -208,15 +212,15 @@ fn tiles_both_kernel<F: Float, N: Size>(
             amax = f32::max(amax, a);
             column_amax.insert(e as usize, f32::max(column_amax.extract(e as usize), a));
         }
-        // The row's 16 threads are neighbouring lanes (a warp holds two rows).
+        // The row's 16 threads are neighbouring lanes (a warp holds two rows of squares).
         amax = f32::max(amax, plane_shuffle_xor(amax, 1u32));
         amax = f32::max(amax, plane_shuffle_xor(amax, 2u32));
         amax = f32::max(amax, plane_shuffle_xor(amax, 4u32));
         amax = f32::max(amax, plane_shuffle_xor(amax, 8u32));
         let scale = block_scale(amax, max);
         row_factors.insert(j as usize, 1.0f32 / scale);
-        if v == 0 && r < rows {
-            row_scales[(r * columns.div_ceil(BLOCK) + CUBE_POS_X) as usize] = scale;
+        if v == 0 && inside {
+            row_scales[((r + j) * columns.div_ceil(BLOCK) + CUBE_POS_X) as usize] = scale;
         }
     }
     #[unroll]
@@ -236,37 +240,61 @@ fn tiles_both_kernel<F: Float, N: Size>(
         }
     }
     sync_cube();
-    #[unroll]
-    for j in 0..8u32 {
-        let r = r0 + g + 16 * j;
-        let mut packed = Vector::<u8, N>::empty();
+    if inside {
         #[unroll]
-        for e in 0..8u32 {
-            let value = held.extract((8 * j + e) as usize);
-            packed.insert(
-                e as usize,
-                fp8_code(value * row_factors.extract(j as usize), e5m2_codes),
-            );
-            let code = fp8_code(value * column_factor[(v * 8 + e) as usize], e5m2_codes);
-            tile[((v * 8 + e) * TILE_ROW + g + 16 * j) as usize] = code;
-        }
-        if r < rows && c < columns {
-            codes[((r * columns + c) / 8) as usize] = packed;
-        }
-    }
-    sync_cube();
-    // `xᵀ`'s rows c0.. (x's columns), 128 codes each (x's rows r0..) as 16 vectors of 8.
-    #[unroll]
-    for p in 0..8u32 {
-        let at = p * 256 + UNIT_POS;
-        let (row, vector) = (at / 16, at % 16);
-        if c0 + row < columns && r0 + vector * 8 < rows {
+        for j in 0..8u32 {
             let mut packed = Vector::<u8, N>::empty();
             #[unroll]
             for e in 0..8u32 {
-                packed.insert(e as usize, tile[(row * TILE_ROW + vector * 8 + e) as usize]);
+                let value = held.extract((8 * j + e) as usize) * row_factors.extract(j as usize);
+                packed.insert(e as usize, fp8_code(value, e5m2_codes));
             }
-            transposed[(((c0 + row) * rows + r0 + vector * 8) / 8) as usize] = packed;
+            codes[(((r + j) * columns + c) / 8) as usize] = packed;
+        }
+    }
+    // Column e's codes, rows j = 0..8 of the square: two words, rows 0..4 and 4..8, low byte
+    // first. Lanes of an even square row store their first word first, of an odd one their
+    // second: the two half-warps take even and odd banks.
+    #[unroll]
+    for e in 0..8u32 {
+        let factor = column_factor[(v * 8 + e) as usize];
+        let mut low = 0u32;
+        let mut high = 0u32;
+        #[unroll]
+        for j in 0..8u32 {
+            let code = u32::cast_from(fp8_code(held.extract((8 * j + e) as usize) * factor, e5m2_codes));
+            if comptime!(j < 4) {
+                low |= code << (8 * j);
+            } else {
+                high |= code << (8 * (j - 4));
+            }
+        }
+        let chunk = (v * 8 + e) * 32 + 2 * (g ^ v);
+        let first = g & 1;
+        tile[(chunk + first) as usize] = select(first == 0, low, high);
+        tile[(chunk + 1 - first) as usize] = select(first == 0, high, low);
+    }
+    sync_cube();
+    // Warp w writes rows 16·p + 2·w and the next of `xᵀ`, 8 bytes a lane: physical chunk
+    // `lane % 16`, holding rows `8·(chunk ^ (row / 8))..` of `x`.
+    #[unroll]
+    for p in 0..8u32 {
+        let row = 16 * p + 2 * (UNIT_POS / 32) + (UNIT_POS % 32) / 16;
+        let chunk = UNIT_POS % 16;
+        let first = row & 1;
+        let a = tile[(row * 32 + 2 * chunk + first) as usize];
+        let b = tile[(row * 32 + 2 * chunk + 1 - first) as usize];
+        let low = select(first == 0, a, b);
+        let high = select(first == 0, b, a);
+        let x_row = r0 + 8 * (chunk ^ (row / 8));
+        if c0 + row < columns && x_row < rows {
+            let mut packed = Vector::<u8, N>::empty();
+            #[unroll]
+            for i in 0..4u32 {
+                packed.insert(i as usize, u8::cast_from((low >> (8 * i)) & 0xffu32));
+                packed.insert((i + 4) as usize, u8::cast_from((high >> (8 * i)) & 0xffu32));
+            }
+            transposed[(((c0 + row) * rows + x_row) / 8) as usize] = packed;
         }
     }
 }
