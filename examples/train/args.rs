@@ -65,6 +65,9 @@ pub struct Args {
     pub bf16: bool,
     /// The blocks' linear layers in a low-precision recipe (`--precision fp8-tensorwise`, …).
     pub quantized: Option<Recipe>,
+    /// The first and last blocks that keep the compute dtype's product under `quantized`
+    /// (`--bf16-blocks FIRST,LAST`); the recipe's own choice when absent.
+    pub kept_blocks: Option<(usize, usize)>,
     /// Write checkpoints on a thread of their own while training goes on.
     pub async_save: bool,
     /// Print a greedy sample every this many steps (0: never); a fifth of the run by default.
@@ -80,7 +83,8 @@ const USAGE: &str = "usage: train [--preset tiny|tiny-moe|llama-1b|moe-4b|llama-
 [--context ring|all-to-all|all-gather] [--ep N] [--etp N] \
 [--dispatcher all-to-all|all-gather] [--pp N] [--vpp V] [--microbatches M] [--layers N] [--tied] [--sp] [--steps N] \
 [--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--async-save] [--resume DIR] [--data PATH] [--tokenizer tokenizer.json] \
-[--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-tensorwise-e4m3|fp8-delayed[:LEN[:max|most-recent]]|fp8-blockwise|mxfp8|nvfp4] [--sample-every K] [--learner] \
+[--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-tensorwise-e4m3|fp8-delayed[:LEN[:max|most-recent]]|fp8-blockwise|mxfp8|nvfp4] \
+[--bf16-blocks FIRST,LAST] [--sample-every K] [--learner] \
 [--recompute none|selective|full:N|full-block:N]";
 
 impl Args {
@@ -115,6 +119,7 @@ impl Args {
             tokenizer: None,
             bf16: false,
             quantized: None,
+            kept_blocks: None,
             async_save: false,
             recompute: Recompute::None,
             sample_every: None,
@@ -166,6 +171,13 @@ impl Args {
                         recipe => Some(recipe.parse().map_err(|e| format!("--precision: {e} or default"))?),
                     }
                 }
+                "--bf16-blocks" => {
+                    let text = value()?;
+                    let (first, last) = text
+                        .split_once(',')
+                        .ok_or_else(|| format!("--bf16-blocks {text}: expected FIRST,LAST"))?;
+                    out.kept_blocks = Some((number(&flag, first)?, number(&flag, last)?));
+                }
                 "--recompute" => out.recompute = value()?.parse().map_err(|e| format!("--recompute {e}"))?,
                 "--steps" => out.steps = number(&flag, &value()?)?,
                 "--seed" => out.seed = number(&flag, &value()?)?,
@@ -204,6 +216,9 @@ impl Args {
         }
         if out.steps == 0 {
             return Err("--steps must be at least 1".into());
+        }
+        if out.kept_blocks.is_some() && out.quantized.is_none() {
+            return Err("--bf16-blocks names the blocks a --precision recipe leaves in bf16: it needs one".into());
         }
         if out.save_every.is_some() && out.save.is_none() {
             return Err("--save-every needs --save DIR".into());

@@ -29,7 +29,7 @@ use burn_megatron::layers::context::ContextLayout;
 use burn_megatron::models::llama::{LlamaConfig, preset};
 use burn_megatron::optim::{DistributedAdamWConfig, Overlap, check_lr};
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
-use burn_megatron::precision::{PrecisionPolicy, delayed};
+use burn_megatron::precision::{KeptBlocks, PrecisionPolicy, delayed};
 use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 
 use args::{Args, DeviceKind};
@@ -94,6 +94,10 @@ fn configure(args: &Args) -> Result<Job, ConfigError> {
     };
     let policy = match args.quantized {
         Some(recipe) => policy.with_gemm(burn_megatron_kernels::Gemm::Quantized(recipe)),
+        None => policy,
+    };
+    let policy = match args.kept_blocks {
+        Some((first, last)) => policy.with_kept_blocks(KeptBlocks::Count { first, last }),
         None => policy,
     };
     let config = policy.apply(plan.apply(recipe.model.clone(), dims.world_size(), recipe.seq_len)?);
@@ -361,6 +365,9 @@ mod tests {
                 "one of fp8-tensorwise, fp8-tensorwise-e4m3, fp8-delayed, fp8-blockwise, mxfp8, nvfp4 or default",
             ),
             ("--precision fp8-delayed:0", "a length of at least 1"),
+            ("--bf16-blocks 1,1", "needs one"),
+            ("--precision fp8-tensorwise --bf16-blocks 1", "expected FIRST,LAST"),
+            ("--precision fp8-tensorwise --bf16-blocks one,1", "not a number"),
             ("--init sparse", "expected full or per-shard"),
             ("--save-every 0 --save /tmp/x", "at least 1"),
             ("--save-every 5", "needs --save"),
@@ -377,6 +384,26 @@ mod tests {
                 .expect_err(flags);
             assert!(error.contains(expected), "{flags}: {error:?} does not say {expected:?}");
         }
+    }
+
+    /// `--bf16-blocks FIRST,LAST` keeps those blocks on the bf16 product under the recipe (it
+    /// overrides the recipe's own choice, NVFP4's last 15%); without it FP8 keeps none.
+    #[test]
+    fn bf16_blocks_name_the_edges() {
+        let edges = |flags: &str| {
+            let job = configure(&args(flags)).unwrap();
+            job.config.edge_blocks.map(|e| (e.first, e.last, e.gemm))
+        };
+        let bf16 = Some(burn_megatron_kernels::Gemm::Wgmma);
+        assert_eq!(edges("--dtype bf16 --precision fp8-tensorwise"), None);
+        assert_eq!(
+            edges("--dtype bf16 --precision fp8-tensorwise --bf16-blocks 1,1"),
+            bf16.map(|g| (1, 1, g))
+        );
+        assert_eq!(
+            edges("--dtype bf16 --precision nvfp4 --bf16-blocks 0,1"),
+            bf16.map(|g| (0, 1, g))
+        );
     }
 
     /// Every low-precision recipe in the blocks' linear layers (emulated on the CPU), FP8
