@@ -7,9 +7,10 @@
 //! 0.12 ms forward and 0.39 ms for a gradient on moe-4b's `[8192, 2048] · [2048, 32]` on an H200
 //! (TF32 tiles on a shape that fills few of them), on top of casting `x` to f32 and back. On
 //! CUDA each direction here is one kernel reading `x` in its own dtype (the weight's gradient
-//! two: partial sums over slices of the tokens, then their sum, in a fixed order); elsewhere
-//! the tensor-op twin ([`reference`]), which CUDA takes past 32 experts with the f32 product
-//! of [`crate::f32_matmul`] (no TF32).
+//! two: partial sums over slices of the tokens, then their sum, in a fixed order), the experts
+//! in groups of 32 (DeepSeek-style counts of 64–256 too); elsewhere the tensor-op twin
+//! ([`reference`]), which CUDA also takes for shapes past u32 indices, with the f32 product of
+//! [`crate::f32_matmul`] (no TF32).
 //!
 //! Legend: `t` tokens, `d` features, `e` experts.
 
@@ -46,7 +47,7 @@ pub trait RouterOps: Backend {
 }
 
 /// The three products in backend ops, the operands cast to f32 first, `matmul` the f32 product
-/// to use: the CPU path, the kernels' oracle, and CUDA's path past 32 experts.
+/// to use: the CPU path, the kernels' oracle, and CUDA's path for shapes the kernels do not take.
 pub mod reference {
     use burn::backend::Backend;
     use burn::backend::tensor::FloatTensor;

@@ -1,14 +1,15 @@
-//! The CUDA kernels of [`router`](crate::router): 256 threads a block, up to 32 experts, every
-//! product and sum in f32.
+//! The CUDA kernels of [`router`](crate::router): 256 threads a block, the experts in groups of
+//! 32 (a warp's lanes; any count, the last group ragged), every product and sum in f32.
 //!
-//! - logits: a block takes 32 tokens; its warps' lanes are the experts and each warp four of
-//!   the tokens; 64 features at a time of the tokens and of the weight pass through shared
-//!   memory.
+//! - logits: a block takes 32 tokens and a group; its warps' lanes are the group's experts and
+//!   each warp four of the tokens; 64 features at a time of the tokens and of the weight pass
+//!   through shared memory.
 //! - the input's gradient: a block takes 32 tokens by 256 features; each thread holds its
-//!   feature's row of the weight (32 values) and the tokens' gradients come through shared
-//!   memory.
-//! - the weight's gradient: a block takes 256 features of a slice of the tokens, each thread
-//!   its feature's 32 sums; a second kernel adds the slices' partial sums in slice order.
+//!   feature's row of the weight a group at a time (32 values) and the tokens' gradients come
+//!   through shared memory, its 32 tokens' sums in registers across the groups.
+//! - the weight's gradient: a block takes 256 features of a slice of the tokens and a group,
+//!   each thread its feature's 32 sums; a second kernel adds the slices' partial sums in slice
+//!   order.
 
 use burn::backend::Cube;
 use burn::tensor::{DType, FloatDType, Shape};
@@ -26,10 +27,10 @@ const THREADS: u32 = 256;
 const TOKENS: u32 = 32;
 /// Features a step of the logits.
 const SLICE: u32 = 64;
-/// The most experts the kernels take (a warp's lanes).
+/// Experts a group (a warp's lanes).
 const EXPERTS: u32 = 32;
 
-/// Grid: a block 32 tokens. `out[t, j] = Σ_i x[t, i] · w[i, j]`.
+/// Grid: a block 32 tokens by a group of experts. `out[t, j] = Σ_i x[t, i] · w[i, j]`.
 #[cube(launch_unchecked)]
 fn logits_kernel<F: Float>(x: &Tensor<F>, w: &Tensor<f32>, out: &mut Tensor<f32>, t: u32, d: u32, e: u32) {
     let mut xs = Shared::<[f32]>::new_slice((TOKENS * SLICE) as usize);
@@ -37,6 +38,7 @@ fn logits_kernel<F: Float>(x: &Tensor<F>, w: &Tensor<f32>, out: &mut Tensor<f32>
     let lane = UNIT_POS % 32;
     let warp = UNIT_POS / 32;
     let first = CUBE_POS_X * TOKENS;
+    let g0 = CUBE_POS_Y * EXPERTS;
     let mut acc = Array::<f32>::new(4usize);
     #[unroll]
     for r in 0..4u32 {
@@ -54,8 +56,8 @@ fn logits_kernel<F: Float>(x: &Tensor<F>, w: &Tensor<f32>, out: &mut Tensor<f32>
             xs[idx as usize] = v;
             let (row, expert) = (idx / EXPERTS, idx % EXPERTS);
             let mut u = 0.0f32;
-            if c + row < d && expert < e {
-                u = w[((c + row) * e + expert) as usize];
+            if c + row < d && g0 + expert < e {
+                u = w[((c + row) * e + g0 + expert) as usize];
             }
             ws[idx as usize] = u;
         }
@@ -72,55 +74,71 @@ fn logits_kernel<F: Float>(x: &Tensor<F>, w: &Tensor<f32>, out: &mut Tensor<f32>
     #[unroll]
     for r in 0..4u32 {
         let token = first + warp + 8 * r;
-        if token < t && lane < e {
-            out[(token * e + lane) as usize] = acc[r as usize];
+        if token < t && g0 + lane < e {
+            out[(token * e + g0 + lane) as usize] = acc[r as usize];
         }
     }
 }
 
-/// Grid: 32 tokens by 256 features a block. `dx[t, i] = Σ_j grad[t, j] · w[i, j]`.
+/// Grid: 32 tokens by 256 features a block. `dx[t, i] = Σ_j grad[t, j] · w[i, j]`, summed a
+/// group of experts at a time in expert order.
 #[cube(launch_unchecked)]
 fn dx_kernel<F: Float>(grad: &Tensor<f32>, w: &Tensor<f32>, dx: &mut Tensor<F>, t: u32, d: u32, e: u32) {
     let mut gs = Shared::<[f32]>::new_slice((TOKENS * EXPERTS) as usize);
     let first = CUBE_POS_X * TOKENS;
     let feature = CUBE_POS_Y * THREADS + UNIT_POS;
+    let mut acc = Array::<f32>::new(TOKENS as usize);
     #[unroll]
-    for q in 0..4u32 {
-        let idx = UNIT_POS + q * THREADS;
-        let (token, expert) = (idx / EXPERTS, idx % EXPERTS);
-        let mut v = 0.0f32;
-        if first + token < t && expert < e {
-            v = grad[((first + token) * e + expert) as usize];
-        }
-        gs[idx as usize] = v;
+    for token in 0..TOKENS {
+        acc[token as usize] = 0.0f32;
     }
     let mut row = Array::<f32>::new(EXPERTS as usize);
-    #[unroll]
-    for j in 0..EXPERTS {
-        let mut u = 0.0f32;
-        if feature < d && j < e {
-            u = w[(feature * e + j) as usize];
+    for g0 in range_stepped(0u32, e, EXPERTS) {
+        #[unroll]
+        for q in 0..4u32 {
+            let idx = UNIT_POS + q * THREADS;
+            let (token, expert) = (idx / EXPERTS, idx % EXPERTS);
+            let mut v = 0.0f32;
+            if first + token < t && g0 + expert < e {
+                v = grad[((first + token) * e + g0 + expert) as usize];
+            }
+            gs[idx as usize] = v;
         }
-        row[j as usize] = u;
+        #[unroll]
+        for j in 0..EXPERTS {
+            let mut u = 0.0f32;
+            if feature < d && g0 + j < e {
+                u = w[(feature * e + g0 + j) as usize];
+            }
+            row[j as usize] = u;
+        }
+        sync_cube();
+        #[unroll]
+        for token in 0..TOKENS {
+            let mut sum = acc[token as usize];
+            #[unroll]
+            for j in 0..EXPERTS {
+                sum += gs[(token * EXPERTS + j) as usize] * row[j as usize];
+            }
+            acc[token as usize] = sum;
+        }
+        sync_cube();
     }
-    sync_cube();
     if feature < d {
+        #[unroll]
         for token in 0..TOKENS {
             if first + token < t {
-                let mut acc = 0.0f32;
-                #[unroll]
-                for j in 0..EXPERTS {
-                    acc += gs[(token * EXPERTS + j) as usize] * row[j as usize];
-                }
-                dx[((first + token) * d + feature) as usize] = F::cast_from(acc);
+                dx[((first + token) * d + feature) as usize] = F::cast_from(acc[token as usize]);
             }
         }
     }
 }
 
-/// Grid: 256 features by slices of `per_slice` tokens. `partial[s, i, j] = Σ_{t in slice s}
-/// x[t, i] · grad[t, j]` (32 columns, those past `e` zero).
+/// Grid: 256 features by slices of `per_slice` tokens by groups of experts. `partial[s, i, j]
+/// = Σ_{t in slice s} x[t, i] · grad[t, j]` (`padded` columns, the groups' whole; those past `e`
+/// zero).
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 fn dw_kernel<F: Float>(
     x: &Tensor<F>,
     grad: &Tensor<f32>,
@@ -128,11 +146,13 @@ fn dw_kernel<F: Float>(
     t: u32,
     d: u32,
     e: u32,
+    padded: u32,
     per_slice: u32,
 ) {
     let mut gs = Shared::<[f32]>::new_slice((TOKENS * EXPERTS) as usize);
     let feature = CUBE_POS_X * THREADS + UNIT_POS;
     let slice = CUBE_POS_Y;
+    let g0 = CUBE_POS_Z * EXPERTS;
     let begin = min(slice * per_slice, t);
     let end = min(begin + per_slice, t);
     let mut acc = Array::<f32>::new(EXPERTS as usize);
@@ -146,8 +166,8 @@ fn dw_kernel<F: Float>(
             let idx = UNIT_POS + q * THREADS;
             let (token, expert) = (idx / EXPERTS, idx % EXPERTS);
             let mut v = 0.0f32;
-            if tile + token < end && expert < e {
-                v = grad[((tile + token) * e + expert) as usize];
+            if tile + token < end && g0 + expert < e {
+                v = grad[((tile + token) * e + g0 + expert) as usize];
             }
             gs[idx as usize] = v;
         }
@@ -168,20 +188,20 @@ fn dw_kernel<F: Float>(
     if feature < d {
         #[unroll]
         for j in 0..EXPERTS {
-            partial[((slice * d + feature) * EXPERTS + j) as usize] = acc[j as usize];
+            partial[((slice * d + feature) * padded + g0 + j) as usize] = acc[j as usize];
         }
     }
 }
 
 /// Grid: a thread an entry of `dw` (`[d, e]`): its slices' partial sums, in slice order.
 #[cube(launch_unchecked)]
-fn dw_sum_kernel(partial: &Tensor<f32>, dw: &mut Tensor<f32>, d: u32, e: u32, slices: u32) {
+fn dw_sum_kernel(partial: &Tensor<f32>, dw: &mut Tensor<f32>, d: u32, e: u32, padded: u32, slices: u32) {
     let i = ABSOLUTE_POS as u32;
     if i < d * e {
         let (feature, expert) = (i / e, i % e);
         let mut acc = 0.0f32;
         for s in 0..slices {
-            acc += partial[((s * d + feature) * EXPERTS + expert) as usize];
+            acc += partial[((s * d + feature) * padded + expert) as usize];
         }
         dw[i as usize] = acc;
     }
@@ -192,13 +212,19 @@ fn f32_input(t: CubeTensor) -> Option<CubeTensor> {
     compact_input(burn_cubecl::kernel::cast(t, DType::F32))
 }
 
+/// The experts' columns rounded up to whole groups.
+fn padded(e: usize) -> usize {
+    e.next_multiple_of(EXPERTS as usize)
+}
+
 /// Whether the kernels take `x` (`[t, d]`) and `e` experts: a float dtype they are built for,
-/// indices inside u32.
+/// indices inside u32 (the weight gradient's partial sums, at most a slice a tile of tokens, too).
 fn fits(x: &CubeTensor, e: usize) -> bool {
     let [t, d] = [x.meta.shape()[0], x.meta.shape()[1]];
+    let slices = t.div_ceil(TOKENS as usize).max(1);
     matches!(x.dtype, DType::BF16 | DType::F16 | DType::F32)
-        && e <= EXPERTS as usize
-        && (t * d.max(EXPERTS as usize)) < u32::MAX as usize
+        && (t * d.max(padded(e))) < u32::MAX as usize
+        && slices.min(264) * d * padded(e) < u32::MAX as usize
 }
 
 pub(crate) fn logits(x: CubeTensor, w: CubeTensor) -> CubeTensor {
@@ -215,7 +241,7 @@ pub(crate) fn logits(x: CubeTensor, w: CubeTensor) -> CubeTensor {
         xc.dtype,
         logits_kernel,
         &xc.client,
-        CubeCount::Static((t as u32).div_ceil(TOKENS), 1, 1),
+        CubeCount::Static((t as u32).div_ceil(TOKENS), (e as u32).div_ceil(EXPERTS), 1),
         CubeDim::new_1d(THREADS),
         xc.clone().into_tensor_arg(),
         wc.into_tensor_arg(),
@@ -233,8 +259,7 @@ pub(crate) fn dx(grad: CubeTensor, w: CubeTensor, dtype: FloatDType) -> CubeTens
     let (Some(gc), Some(wc)) = (f32_input(grad.clone()), f32_input(w.clone())) else {
         return reference::dx::<Cube>(grad, w, dtype.into(), f32_matmul);
     };
-    let fits =
-        e <= EXPERTS as usize && matches!(dtype, DType::BF16 | DType::F16 | DType::F32) && t * d < u32::MAX as usize;
+    let fits = matches!(dtype, DType::BF16 | DType::F16 | DType::F32) && t * d.max(e) < u32::MAX as usize;
     if !fits {
         return reference::dx::<Cube>(grad, w, dtype.into(), f32_matmul);
     }
@@ -273,12 +298,14 @@ pub(crate) fn dw(x: CubeTensor, grad: CubeTensor, dtype: FloatDType) -> CubeTens
     let columns = (d as u32).div_ceil(THREADS);
     let slices = (264u32.div_ceil(columns)).min((t as u32).div_ceil(TOKENS)).max(1);
     let per_slice = (t as u32).div_ceil(slices).next_multiple_of(TOKENS);
-    let partial = compact_output(&xc, Shape::from([slices as usize * d * EXPERTS as usize]), DType::F32);
+    let padded = padded(e);
+    let partial = compact_output(&xc, Shape::from([slices as usize * d * padded]), DType::F32);
+    let groups = (e as u32).div_ceil(EXPERTS);
     launch_float!(
         xc.dtype,
         dw_kernel,
         &xc.client,
-        CubeCount::Static(columns, slices, 1),
+        CubeCount::Static(columns, slices, groups),
         CubeDim::new_1d(THREADS),
         xc.clone().into_tensor_arg(),
         gc.into_tensor_arg(),
@@ -286,10 +313,11 @@ pub(crate) fn dw(x: CubeTensor, grad: CubeTensor, dtype: FloatDType) -> CubeTens
         t as u32,
         d as u32,
         e as u32,
+        padded as u32,
         per_slice
     );
     let (count, dim) = launch_dims(d * e, 1);
-    // SAFETY: a thread an entry of `out` (`d·e`, checked), reading the `slices · d · 32`
+    // SAFETY: a thread an entry of `out` (`d·e`, checked), reading the `slices · d · padded`
     // partial sums.
     unsafe {
         dw_sum_kernel::launch_unchecked(
@@ -300,6 +328,7 @@ pub(crate) fn dw(x: CubeTensor, grad: CubeTensor, dtype: FloatDType) -> CubeTens
             out.clone().into_tensor_arg(),
             d as u32,
             e as u32,
+            padded as u32,
             slices,
         );
     }

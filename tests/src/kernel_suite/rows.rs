@@ -134,8 +134,8 @@ pub fn expert_order(h: &Harness) {
 /// The router's f32 product on CUDA (`burn_megatron_kernels::router`) against the same product
 /// on the CPU (f32 operands, f32 sums), with autodiff: moe-4b's 8192 tokens of 2048 by 32
 /// experts in bf16, a ragged case (37 tokens, 100 features: no whole tile, a partial slice; 5
-/// experts: idle lanes), and f32 operands; then 40 experts, past the kernels, on the tensor-op
-/// twin.
+/// experts: idle lanes), and f32 operands; then the experts in several groups of 32: 40 (a
+/// ragged second group) and 160 in bf16 (five groups, DeepSeek-style counts).
 pub fn router_product(h: &Harness) {
     let device = h.device(0).autodiff();
     let cpu = Device::flex().autodiff();
@@ -145,6 +145,7 @@ pub fn router_product(h: &Harness) {
         (37, 100, 5, DType::BF16),
         (300, 256, 32, DType::F32),
         (64, 128, 40, DType::F32),
+        (1000, 512, 160, DType::BF16),
     ];
     for (t, d, e, dtype) in cases {
         let case = format!("t {t} d {d} e {e} {dtype:?}");
