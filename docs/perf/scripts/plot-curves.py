@@ -2,10 +2,11 @@
 """Loss curves of `train` (or `distill`) logs as one SVG (no plotting library needed), and the
 mean loss of each run over windows of 20 steps against the first run's.
 
-    python3 docs/perf/scripts/plot-curves.py OUT.svg NAME=LOG[@FIELD] [NAME=LOG[@FIELD] ...]
+    python3 docs/perf/scripts/plot-curves.py OUT.svg NAME=LOG[,LOG...][@FIELD] [NAME=... ...]
 
 FIELD is the word before the value plotted in each `step N ...` line (`loss` by default;
-`data` for distill's cross-entropy on the batch).
+`data` for distill's cross-entropy on the batch). Several logs a name (runs from several
+seeds) plot their mean at each step, over the steps all of them ran.
 """
 import sys
 
@@ -14,14 +15,18 @@ COLORS = ["#000000", "#1f77b4", "#2ca02c", "#d62728", "#9467bd", "#ff7f0e"]
 
 
 def losses(spec):
-    path, _, field = spec.partition("@")
+    paths, _, field = spec.partition("@")
     field = field or "loss"
-    values = []
-    for line in open(path):
-        if line.startswith("step "):
-            words = line.split()
-            values.append(float(words[words.index(field) + 1]))
-    return values
+    runs = []
+    for path in paths.split(","):
+        values = []
+        for line in open(path):
+            if line.startswith("step "):
+                words = line.split()
+                values.append(float(words[words.index(field) + 1]))
+        runs.append(values)
+    steps = min(len(r) for r in runs)
+    return [sum(r[i] for r in runs) / len(runs) for i in range(steps)]
 
 
 def smooth(values, k=10):
