@@ -171,6 +171,10 @@ pub const DP_MODEL_TESTS: &[NamedTest] = &[
         "model_suite::delayed_scaling_histories",
         model_suite::delayed_scaling_histories,
     ),
+    (
+        "model_suite::delayed_histories_land_on_their_layers",
+        model_suite::delayed_histories_land_on_their_layers,
+    ),
 ];
 /// The decoding tests on a model, by name: cached decoding against the full forward pass (at
 /// tp 1 and the harness's tp), and the CUDA graph's steps against the eager ones. They launch

@@ -387,6 +387,56 @@ pub fn delayed_scaling_histories(h: &Harness) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Delayed scaling at dp = 2 with the same sequence on both ranks gives every layer's history,
+/// bit for bit, as one rank does: `advance` reduces all layers' amaxes in one collective, and
+/// each must land on its own layer (a row on the wrong layer, or a layer's rows shifted, would
+/// show; `delayed_scaling_histories` checks one layer's with different data on each rank).
+pub fn delayed_histories_land_on_their_layers(h: &Harness) {
+    use burn_megatron::models::llama::{Site, linear_mut};
+    use burn_megatron::optim::DistributedAdamWConfig;
+    use burn_megatron_kernels::quant::recipe::AmaxAlgo;
+    let recipe = Recipe::Fp8Delayed {
+        history: 4,
+        algo: AmaxAlgo::Max,
+    };
+    let histories = |dp: usize| {
+        h.run(ParallelDims::tp_dp(1, dp), |ctx| {
+            let dev = ctx.device.clone().autodiff();
+            let mut model = tiny_with(h, &ctx.groups, &dev, false, Gemm::Quantized(recipe));
+            let mut optim = DistributedAdamWConfig::new().init(&ctx.groups);
+            for step in 0..2 {
+                let (ids, targets) = batch(&dev, step);
+                let loss = model
+                    .forward_loss(ids.narrow(0, 0, 1), targets.narrow(0, 0, 1))
+                    .unwrap();
+                let grads = GradientsParams::from_grads(loss.backward(), &model);
+                model = optim.step(1e-3, model.clone(), grads).unwrap().0;
+                delayed::advance(model.layers.iter_mut(), &ctx.groups).unwrap();
+            }
+            let mut all: Vec<Vec<f32>> = Vec::new();
+            for block in model.layers.iter_mut() {
+                for path in Site::ALL.iter().flat_map(|s| s.linears()) {
+                    if let Some(linear) = linear_mut(block, path)
+                        && let Some(history) = linear.amax_history
+                    {
+                        all.push(history.val().into_data().convert::<f32>().try_to_vec().unwrap());
+                    }
+                }
+            }
+            all
+        })
+    };
+    let one = histories(1).remove(0);
+    assert_eq!(one.len(), 14, "two blocks of seven delayed layers");
+    assert!(
+        one.windows(2).any(|pair| pair[0] != pair[1]),
+        "the layers' histories differ from one another"
+    );
+    for (rank, two) in histories(2).into_iter().enumerate() {
+        assert_eq!(two, one, "rank {rank} of dp = 2 against one rank");
+    }
+}
+
 /// ZeRO-1 over dp = 2 against the unsharded optimizer on one rank: the same losses for 5 steps,
 /// and half the optimizer state per rank.
 pub fn zero1_matches_unsharded(h: &Harness) {

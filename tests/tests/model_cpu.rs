@@ -31,6 +31,11 @@ mod tp2 {
     }
 
     #[test]
+    fn delayed_histories_land_on_their_layers() {
+        model_suite::delayed_histories_land_on_their_layers(&Harness::cpu(2));
+    }
+
+    #[test]
     fn grad_norm_counts_each_parameter_once() {
         model_suite::grad_norm_counts_each_parameter_once(&Harness::cpu(2));
     }
