@@ -3,8 +3,9 @@
 //!
 //!   bench [--preset llama-1b] [--tp N] [--sp] [--dp N] [--steps 10] [--warmup 3] [--profile]
 //!   bench … --pure-bf16               bf16 parameters updated in bf16 (no master weights), labelled
-//!   bench … --precision fp8-tensorwise[-e4m3]|fp8-blockwise|mxfp8|nvfp4
+//!   bench … --precision fp8-tensorwise[-e4m3]|fp8-delayed|fp8-blockwise|mxfp8|nvfp4
 //!                                     a low-precision recipe in the blocks' linear layers
+//!   bench … --bf16-blocks FIRST,LAST  the first and last blocks the recipe leaves on bf16's product
 //!   bench … --linear-gemm wgmma|burn  the linear layers' product (their config's `Gemm`; wgmma)
 //!   bench --gemm [--kernels A,B]      matmul routines on the llama GEMM shapes (gemm.rs)
 //!   bench --grouped                   the MoE grouped product on moe-4b's shapes (grouped.rs)
@@ -41,7 +42,7 @@ use burn_megatron::init::InitMode;
 use burn_megatron::layers::context::ContextLayout;
 use burn_megatron::models::llama::preset;
 use burn_megatron::plan::{ContextParallel, ParallelPlan, PipelineSchedule, TensorParallel};
-use burn_megatron::precision::PrecisionPolicy;
+use burn_megatron::precision::{KeptBlocks, PrecisionPolicy};
 use burn_megatron::recompute::Recompute;
 use burn_megatron_dist::{ParallelDims, launch};
 use burn_megatron_kernels::Gemm;
@@ -69,6 +70,9 @@ struct Args {
     kernels: Vec<GemmKernel>,
     linear_gemm: Gemm,
     recipe: Recipe,
+    /// The first and last blocks a quantized recipe leaves on bf16's product (the recipe's own
+    /// choice when absent).
+    kept_blocks: Option<(usize, usize)>,
     recompute: Recompute,
     /// Sequences a data-parallel rank, instead of the preset's.
     batch: Option<usize>,
@@ -107,6 +111,7 @@ fn parse() -> Result<Args, String> {
         kernels: GemmKernel::ALL.to_vec(),
         linear_gemm: Gemm::Wgmma,
         recipe: Recipe::Bf16,
+        kept_blocks: None,
         recompute: Recompute::None,
         batch: None,
     };
@@ -150,6 +155,13 @@ fn parse() -> Result<Args, String> {
                     other => return Err(format!("--linear-gemm {other}: expected wgmma or burn")),
                 }
             }
+            "--bf16-blocks" => {
+                let text = value()?;
+                let (first, last) = text
+                    .split_once(',')
+                    .ok_or_else(|| format!("--bf16-blocks {text}: expected FIRST,LAST"))?;
+                args.kept_blocks = Some((number(&flag, first.to_string())?, number(&flag, last.to_string())?));
+            }
             "--recompute" => args.recompute = value()?.parse().map_err(|e| format!("--recompute {e}"))?,
             "--batch" => args.batch = Some(number(&flag, value()?)?),
             "--steps" => args.steps = number(&flag, value()?)?,
@@ -170,6 +182,9 @@ fn parse() -> Result<Args, String> {
     }
     if args.pp > 1 && (args.recipe == Recipe::PureBf16 || args.profile) {
         return Err("--pp steps with the distributed optimizer and times the bubble, not the pieces: leave out --pure-bf16 and --profile".into());
+    }
+    if args.kept_blocks.is_some() && !matches!(args.recipe, Recipe::Quantized(_)) {
+        return Err("--bf16-blocks names the blocks a --precision recipe leaves in bf16: it needs one".into());
     }
     if args.recipe == Recipe::PureBf16 && args.dp > 1 {
         return Err("--pure-bf16 updates the parameters with Burn's optimizer interface, which averages no gradients: use --dp 1".into());
@@ -222,6 +237,10 @@ fn main() {
         Recipe::PureBf16 => PrecisionPolicy::pure_bf16().with_gemm(args.linear_gemm),
         Recipe::Quantized(recipe) => PrecisionPolicy::quantized(recipe),
     };
+    let policy = match args.kept_blocks {
+        Some((first, last)) => policy.with_kept_blocks(KeptBlocks::Count { first, last }),
+        None => policy,
+    };
     let shape = recipe.model.clone();
     let config = policy.apply(
         plan.apply(recipe.model.with_recompute(args.recompute), dims.world_size(), seq)
@@ -269,6 +288,10 @@ fn main() {
         Recipe::Bf16 => "bf16-fp32-master".to_string(),
         Recipe::PureBf16 => "pure-bf16".to_string(),
         Recipe::Quantized(recipe) => format!("{}-fp32-master", recipe.name()),
+    };
+    let recipe = match args.kept_blocks {
+        Some((first, last)) => format!("{recipe}-bf16-blocks-{first}-{last}"),
+        None => recipe,
     };
     let recipe = match args.recompute {
         Recompute::None => recipe,
