@@ -11,7 +11,7 @@
 
 use cubecl::prelude::*;
 
-pub(crate) use crate::wgmma_ptx::{ASource, Chain, Operands, Tile};
+pub(crate) use crate::wgmma_ptx::{ASource, Chain, Operands, Tile, settle_ptx};
 
 /// The f32 accumulator of an `m64n64` chain.
 pub(crate) type Acc64 = Vector<f32, Const<32>>;
@@ -21,6 +21,8 @@ pub(crate) type Acc128 = Vector<f32, Const<64>>;
 pub(crate) type Acc256 = Vector<f32, Const<128>>;
 /// A 64 × 64 bf16 A operand in registers: 4 k-steps of 4 bf16 pairs.
 pub(crate) type Frags64 = Vector<u32, Const<16>>;
+/// A 64 × 128 bf16 A operand in registers: 8 k-steps of 4 bf16 pairs.
+pub(crate) type Frags128 = Vector<u32, Const<32>>;
 
 /// `acc + A·B` for an `m64n256` chain with both operands in shared memory (the GEMM).
 #[cube]
@@ -59,6 +61,50 @@ pub(crate) fn chain_128(acc: &Acc128, frags: &Frags64, desc_b: u64, #[comptime] 
     let a = load::<Frags64>(frags);
     let out: Acc128;
     gpu_asm!("{body}", "// {d} {c} {a} {b}", d = out(_) out, c = in(_) old, a = in(_) a, b = in(_) desc_b);
+    out
+}
+
+/// Issues a fresh `m64n128` chain (both operands in shared memory) without waiting: the result
+/// is in flight until [`settle_128`].
+#[cube]
+pub(crate) fn issue_128_fresh(desc_a: u64, desc_b: u64, #[comptime] chain: Chain) -> Acc128 {
+    let body = comptime![chain.issue_ptx()];
+    let out: Acc128;
+    gpu_asm!("{body}", "// {d} {a} {b}", d = out(_) out, a = in(_) desc_a, b = in(_) desc_b);
+    out
+}
+
+/// Issues `acc + A·B` for an `m64n128` chain 128 deep, A from registers, without waiting: the
+/// result and `frags` are in flight until [`settle_128_wide`].
+#[cube]
+pub(crate) fn issue_128_wide(acc: &Acc128, frags: &Frags128, desc_b: u64, #[comptime] chain: Chain) -> Acc128 {
+    let body = comptime![chain.issue_ptx()];
+    let old = load::<Acc128>(acc);
+    let a = load::<Frags128>(frags);
+    let out: Acc128;
+    gpu_asm!("{body}", "// {d} {c} {a} {b}", d = out(_) out, c = in(_) old, a = in(_) a, b = in(_) desc_b);
+    out
+}
+
+/// An [`issue_128_fresh`] result, once at most `pending` issued chains are still in flight.
+#[cube]
+pub(crate) fn settle_128(x: &Acc128, #[comptime] pending: u32) -> Acc128 {
+    let body = comptime![settle_ptx(pending, 64)];
+    let old = load::<Acc128>(x);
+    let out: Acc128;
+    gpu_asm!("{body}", "// {d} {c}", d = out(_) out, c = in(_) old);
+    out
+}
+
+/// An [`issue_128_wide`] result, once at most `pending` issued chains are still in flight;
+/// `frags`, that chain's A operand, is held until then.
+#[cube]
+pub(crate) fn settle_128_wide(acc: &Acc128, frags: &Frags128, #[comptime] pending: u32) -> Acc128 {
+    let body = comptime![settle_ptx(pending, 64)];
+    let old = load::<Acc128>(acc);
+    let a = load::<Frags128>(frags);
+    let out: Acc128;
+    gpu_asm!("{body}", "// {d} {c} {a}", d = out(_) out, c = in(_) old, a = in(_) a);
     out
 }
 

@@ -106,6 +106,17 @@ impl Chain {
     /// The PTX. Without `inout` operands (`gpu_asm!` has none) the old accumulator is copied
     /// into the result registers first; ptxas folds the copies (no moves in the SASS).
     pub(crate) fn ptx(self) -> String {
+        self.text() + "wgmma.wait_group.sync.aligned 0;\n}"
+    }
+
+    /// The chain issued as one commit group and not waited for: its accumulator (and A
+    /// registers) stay in flight until a [`settle_ptx`] wait covers the group.
+    pub(crate) fn issue_ptx(self) -> String {
+        self.text() + "}"
+    }
+
+    /// Everything up to and including the commit.
+    fn text(self) -> String {
         let regs = self.n / 2;
         let mut placeholder = 1;
         let mut next = || {
@@ -160,9 +171,21 @@ impl Chain {
                 }
             }
         }
-        ptx += "wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n}";
+        ptx += "wgmma.commit_group.sync.aligned;\n";
         ptx
     }
+}
+
+/// Waits until at most `pending` issued chains are in flight, then copies operand 1's `regs`
+/// registers into the result: the chain's accumulator, read after the wait. Operands past the
+/// first input (an in-flight chain's A registers) are only held live until here, so nothing
+/// reuses their registers while the chain still reads them.
+pub(crate) fn settle_ptx(pending: u32, regs: u32) -> String {
+    let mut ptx = format!("wgmma.wait_group.sync.aligned {pending};\n");
+    for i in 0..regs {
+        ptx += &format!("mov.f32 %{i}, %{};\n", regs + i);
+    }
+    ptx
 }
 
 #[cfg(test)]
@@ -243,6 +266,31 @@ mod tests {
         assert!(ptx.contains("{%140, %141, %142, %143}, db, pt, 1, 1, 1;"));
         assert!(ptx.contains(&format!("add.s64 db, $3, {};", 3 * 2048 / 16)));
         assert!(registers(&ptx).iter().all(|&r| r < 64 + 64 + 16));
+    }
+
+    /// An issued chain commits its group and does not wait; the settle waits for the groups
+    /// past `pending`, then copies the accumulator (result `%0..`, input after it).
+    #[test]
+    fn issue_commits_and_settle_waits() {
+        let chain = Chain {
+            operands: Operands::Bf16,
+            n: 64,
+            steps: 8,
+            accumulate: false,
+            a: ASource::Smem(Tile::KMajor { rows: 128 }),
+            b: Tile::KMajor { rows: 64 },
+        };
+        let issued = chain.issue_ptx();
+        assert!(issued.ends_with("wgmma.commit_group.sync.aligned;\n}"));
+        assert!(!issued.contains("wait_group"));
+        assert_eq!(
+            chain.ptx(),
+            issued.trim_end_matches('}').to_string() + "wgmma.wait_group.sync.aligned 0;\n}"
+        );
+        let settle = settle_ptx(1, 32);
+        assert!(settle.starts_with("wgmma.wait_group.sync.aligned 1;\n"));
+        assert_eq!(settle.matches("mov.f32").count(), 32);
+        assert!(settle.contains("mov.f32 %0, %32;") && settle.contains("mov.f32 %31, %63;"));
     }
 
     /// An FP8 slice: the k32 instruction of the formats, no transpose immediates, the same

@@ -8,6 +8,7 @@
 //!   bench … --bf16-blocks FIRST,LAST  the first and last blocks the recipe leaves on bf16's product
 //!   bench … --linear-gemm wgmma|burn  the linear layers' product (their config's `Gemm`; wgmma)
 //!   bench --gemm [--kernels A,B]      matmul routines on the llama GEMM shapes (gemm.rs)
+//!   bench --attention                 flash attention's forward and backward alone (attention.rs)
 //!   bench --grouped                   the MoE grouped product on moe-4b's shapes (grouped.rs)
 //!   bench --moe-breakdown             one moe-4b MoE layer phase by phase (moe.rs)
 //!   bench --preset moe-4b [--ep N] [--etp N]   a MoE preset, its experts over ep (folded over dp,
@@ -30,6 +31,7 @@
 //! reduction after backward and the optimizer, each synchronized; and the same reduction run
 //! alone, so `hidden` is the share of it that backward hid.
 
+mod attention;
 mod gemm;
 mod grouped;
 mod moe;
@@ -65,6 +67,7 @@ struct Args {
     warmup: usize,
     profile: bool,
     gemm: bool,
+    attention: bool,
     grouped: bool,
     moe_breakdown: bool,
     kernels: Vec<GemmKernel>,
@@ -106,6 +109,7 @@ fn parse() -> Result<Args, String> {
         warmup: 3,
         profile: false,
         gemm: false,
+        attention: false,
         grouped: false,
         moe_breakdown: false,
         kernels: GemmKernel::ALL.to_vec(),
@@ -133,6 +137,7 @@ fn parse() -> Result<Args, String> {
             "--sp" => args.sp = true,
             "--profile" => args.profile = true,
             "--gemm" => args.gemm = true,
+            "--attention" => args.attention = true,
             "--grouped" => args.grouped = true,
             "--moe-breakdown" => args.moe_breakdown = true,
             "--pure-bf16" => args.recipe = Recipe::PureBf16,
@@ -199,6 +204,10 @@ fn main() {
     });
     if args.gemm {
         gemm::run(&Device::cuda(0), 10, &args.kernels);
+        return;
+    }
+    if args.attention {
+        attention::run(&Device::cuda(0), 20);
         return;
     }
     if args.grouped {

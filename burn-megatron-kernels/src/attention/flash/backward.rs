@@ -7,6 +7,9 @@ use half::bf16;
 
 use super::*;
 
+/// Stages of the backward kernels' sweeps.
+const STAGES: u32 = BACKWARD.stages;
+
 /// dQ: grid `(s / 128, h, b)`, 256 threads; sweeps the k and v tiles.
 #[cube(launch_unchecked)]
 pub(crate) fn dq_kernel(
@@ -23,8 +26,8 @@ pub(crate) fn dq_kernel(
     scale: f32,
     #[comptime] causal: bool,
 ) {
-    let s = smem();
-    let block = query_block(seq, causal);
+    let s = smem(BACKWARD);
+    let block = query_block(seq, causal, TILE);
     let (head, batch, q0, tiles) = (block.head, block.batch, block.q0, block.tiles);
     let map_q = tensor_map_address(q);
     let map_o = tensor_map_address(d_out);
@@ -32,7 +35,7 @@ pub(crate) fn dq_kernel(
     let map_v = tensor_map_address(v);
     load_block(&s, map_q, map_o, q0, head, batch, true);
     if tiles > 0 {
-        load_sweep(&s, map_k, map_v, 0, 0, head, batch);
+        load_sweep(&s, map_k, map_v, 0, 0, head, batch, BACKWARD);
     }
 
     let wg = UNIT_POS / 128;
@@ -49,10 +52,10 @@ pub(crate) fn dq_kernel(
     mbarrier_wait(s.block_full, 0);
     for t in 0..tiles {
         if t + 1 < tiles {
-            load_sweep(&s, map_k, map_v, t + 1, (t + 1) * TILE, head, batch);
+            load_sweep(&s, map_k, map_v, t + 1, (t + 1) * TILE, head, batch, BACKWARD);
         }
-        let stage = t % 2;
-        mbarrier_wait(s.full + stage * 8, (t / 2) & 1);
+        let stage = t % STAGES;
+        mbarrier_wait(s.full + stage * 8, (t / STAGES) & 1);
         let k0 = t * TILE;
         if !causal || k0 <= row0 + 63 {
             let k_tile = s.sweep_a + stage * TILE_BYTES;
@@ -66,17 +69,22 @@ pub(crate) fn dq_kernel(
                 descriptor(s.sweep_b + stage * TILE_BYTES, comptime!(SCORES.b)),
                 SCORES,
             );
-            let mut ds = Acc64::empty();
-            #[unroll]
-            for i in 0..32u32 {
-                let upper = comptime!(i % 4 < 2);
-                let p = exp2(scores.extract(i as usize) * scale_log2 - if upper { lse_a } else { lse_b });
-                let p = select(masked(row(&l, row0, i), column(&l, k0, i), seq, causal), 0.0f32, p);
-                ds.insert(
-                    i as usize,
-                    p * (d_probs.extract(i as usize) - if upper { delta_a } else { delta_b }),
-                );
+            // Only tiles reaching past the diagonal or the sequence's end pay for the mask.
+            let mut edge = k0 + TILE > seq;
+            if comptime!(causal) {
+                edge = edge || k0 + TILE - 1 > row0;
             }
+            let stats = RowStats {
+                lse_a,
+                lse_b,
+                delta_a,
+                delta_b,
+            };
+            let ds = if edge {
+                dq_scores(&scores, &d_probs, &stats, &l, row0, k0, seq, scale_log2, true, causal)
+            } else {
+                dq_scores(&scores, &d_probs, &stats, &l, row0, k0, seq, scale_log2, false, causal)
+            };
             let frags = fragments(&ds);
             acc = chain_128(&acc, &frags, descriptor(k_tile, comptime!(UPDATE.b)), UPDATE);
         }
@@ -105,7 +113,7 @@ pub(crate) fn dkdv_kernel(
     scale: f32,
     #[comptime] causal: bool,
 ) {
-    let s = smem();
+    let s = smem(BACKWARD);
     let head = CUBE_POS_Y;
     let batch = CUBE_POS_Z;
     let k0 = CUBE_POS_X * BLOCK;
@@ -122,7 +130,7 @@ pub(crate) fn dkdv_kernel(
     load_block(&s, map_k, map_v, k0, head, batch, true);
     // Sweep tiles are numbered from 0 for the pipeline; tile `t` holds queries from (first + t)·64.
     if first < tiles {
-        load_sweep(&s, map_q, map_o, 0, first * TILE, head, batch);
+        load_sweep(&s, map_q, map_o, 0, first * TILE, head, batch, BACKWARD);
     }
 
     let wg = UNIT_POS / 128;
@@ -135,10 +143,10 @@ pub(crate) fn dkdv_kernel(
     let count = tiles - min(first, tiles);
     for t in 0..count {
         if t + 1 < count {
-            load_sweep(&s, map_q, map_o, t + 1, (first + t + 1) * TILE, head, batch);
+            load_sweep(&s, map_q, map_o, t + 1, (first + t + 1) * TILE, head, batch, BACKWARD);
         }
-        let stage = t % 2;
-        mbarrier_wait(s.full + stage * 8, (t / 2) & 1);
+        let stage = t % STAGES;
+        mbarrier_wait(s.full + stage * 8, (t / STAGES) & 1);
         let q0 = (first + t) * TILE;
         // A tile of queries all before this warpgroup's first key adds nothing.
         if !causal || q0 + 63 >= row0 {
@@ -149,17 +157,16 @@ pub(crate) fn dkdv_kernel(
                 descriptor(q_tile, comptime!(SCORES.b)),
                 SCORES,
             );
-            let mut p = Acc64::empty();
-            #[unroll]
-            for i in 0..32u32 {
-                let query = column(&l, q0, i);
-                let out = masked(query, row(&l, row0, i), seq, causal);
-                let at = (stats + min(query, seq - 1)) as usize;
-                p.insert(
-                    i as usize,
-                    select(out, 0.0f32, exp2(scores.extract(i as usize) * scale_log2 - lse[at])),
-                );
+            // Only tiles reaching past the diagonal or the sequence's end pay for the mask.
+            let mut edge = q0 + TILE > seq || row0 + 64 > seq;
+            if comptime!(causal) {
+                edge = edge || row0 + 63 > q0;
             }
+            let p = if edge {
+                key_probs(&scores, lse, &l, row0, q0, stats, seq, scale_log2, true, causal)
+            } else {
+                key_probs(&scores, lse, &l, row0, q0, stats, seq, scale_log2, false, causal)
+            };
             let frags = fragments(&p);
             dv_acc = chain_128(&dv_acc, &frags, descriptor(o_tile, comptime!(UPDATE.b)), UPDATE);
             let d_probs = chain_64(
@@ -168,13 +175,19 @@ pub(crate) fn dkdv_kernel(
                 SCORES,
             );
             let mut ds = Acc64::empty();
+            let mut even = 0.0f32;
+            let mut odd = 0.0f32;
             #[unroll]
             for i in 0..32u32 {
-                let at = (stats + min(column(&l, q0, i), seq - 1)) as usize;
-                ds.insert(
-                    i as usize,
-                    p.extract(i as usize) * (d_probs.extract(i as usize) - delta[at]),
-                );
+                // Registers 4j + {0, 1} and 4j + {2, 3} share their columns (queries).
+                if comptime!(i % 4 == 0) {
+                    even = delta[(stats + min(column(&l, q0, i), seq - 1)) as usize];
+                }
+                if comptime!(i % 4 == 1) {
+                    odd = delta[(stats + min(column(&l, q0, i), seq - 1)) as usize];
+                }
+                let d = if comptime!(i % 2 == 0) { even } else { odd };
+                ds.insert(i as usize, p.extract(i as usize) * (d_probs.extract(i as usize) - d));
             }
             let frags = fragments(&ds);
             dk_acc = chain_128(&dk_acc, &frags, descriptor(q_tile, comptime!(UPDATE.b)), UPDATE);
@@ -185,6 +198,86 @@ pub(crate) fn dkdv_kernel(
     }
     store_rows(dk, &dk_acc, scale, scale, row0, head, batch, heads, seq);
     store_rows(dv, &dv_acc, 1.0f32, 1.0f32, row0, head, batch, heads, seq);
+}
+
+/// A dQ warpgroup's two rows' `lse₂` and `delta`.
+#[derive(CubeType, Clone, Copy)]
+struct RowStats {
+    lse_a: f32,
+    lse_b: f32,
+    delta_a: f32,
+    delta_b: f32,
+}
+
+/// dQ's `dS = P ∘ (dP − delta)` of a tile (keys from `k0`), `P` recomputed from the scores;
+/// zero where masked if `mask`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn dq_scores(
+    scores: &Acc64,
+    d_probs: &Acc64,
+    stats: &RowStats,
+    l: &Lane,
+    row0: u32,
+    k0: u32,
+    seq: u32,
+    scale_log2: f32,
+    #[comptime] mask: bool,
+    #[comptime] causal: bool,
+) -> Acc64 {
+    let mut ds = Acc64::empty();
+    #[unroll]
+    for i in 0..32u32 {
+        let upper = comptime!(i % 4 < 2);
+        let mut p = exp2(scores.extract(i as usize) * scale_log2 - if upper { stats.lse_a } else { stats.lse_b });
+        if comptime!(mask) {
+            p = select(masked(row(l, row0, i), column(l, k0, i), seq, causal), 0.0f32, p);
+        }
+        ds.insert(
+            i as usize,
+            p * (d_probs.extract(i as usize) - if upper { stats.delta_a } else { stats.delta_b }),
+        );
+    }
+    ds
+}
+
+/// dK/dV's probabilities of a transposed tile (keys are rows from `row0`, queries columns from
+/// `q0`), each query's `lse₂` read once; zero where masked if `mask`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn key_probs(
+    scores: &Acc64,
+    lse: &Tensor<f32>,
+    l: &Lane,
+    row0: u32,
+    q0: u32,
+    stats: u32,
+    seq: u32,
+    scale_log2: f32,
+    #[comptime] mask: bool,
+    #[comptime] causal: bool,
+) -> Acc64 {
+    let mut p = Acc64::empty();
+    let mut even = 0.0f32;
+    let mut odd = 0.0f32;
+    #[unroll]
+    for i in 0..32u32 {
+        let query = column(l, q0, i);
+        // Registers 4j + {0, 1} and 4j + {2, 3} share their columns (queries).
+        if comptime!(i % 4 == 0) {
+            even = lse[(stats + min(query, seq - 1)) as usize];
+        }
+        if comptime!(i % 4 == 1) {
+            odd = lse[(stats + min(query, seq - 1)) as usize];
+        }
+        let at = if comptime!(i % 2 == 0) { even } else { odd };
+        let mut value = exp2(scores.extract(i as usize) * scale_log2 - at);
+        if comptime!(mask) {
+            value = select(masked(query, row(l, row0, i), seq, causal), 0.0f32, value);
+        }
+        p.insert(i as usize, value);
+    }
+    p
 }
 
 /// Threads summing one row of [`delta_kernel`], each a vector of [`DELTA_VECTOR`] values.

@@ -29,12 +29,38 @@ pub(crate) use forward::forward_kernel;
 pub const HEAD_DIM: usize = 128;
 /// Rows a block owns: two warpgroups of 64.
 const BLOCK: u32 = 128;
-/// Rows of the tiles a block sweeps.
+/// Rows of the tiles the backward kernels sweep.
 const TILE: u32 = 64;
 const BLOCK_BYTES: u32 = BLOCK * 256;
-const TILE_BYTES: u32 = TILE * 256;
-/// Two block tiles, two stages of two sweep tiles, 64 bytes of barriers, 1 KiB to align.
-const SMEM_BYTES: u32 = 2 * BLOCK_BYTES + 4 * TILE_BYTES + 64 + 1024;
+
+/// How a kernel lays out its shared memory: the block tiles it keeps (1 or 2) and `stages`
+/// stages of two sweep tiles of `rows` rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Sweep {
+    blocks: u32,
+    stages: u32,
+    rows: u32,
+}
+
+impl Sweep {
+    const fn tile_bytes(self) -> u32 {
+        self.rows * 256
+    }
+
+    /// The block tiles, the stages, 64 bytes of barriers, 1 KiB to align.
+    const fn smem_bytes(self) -> u32 {
+        self.blocks * BLOCK_BYTES + 2 * self.stages * self.tile_bytes() + 64 + 1024
+    }
+}
+
+/// The backward kernels: two block tiles (q and dO, or k and v), two stages of 64-row tiles.
+const BACKWARD: Sweep = Sweep {
+    blocks: 2,
+    stages: 2,
+    rows: TILE,
+};
+/// The backward's bytes a sweep tile.
+const TILE_BYTES: u32 = BACKWARD.tile_bytes();
 /// One arrival per warp frees a stage.
 const WARPS: u32 = 8;
 
@@ -60,26 +86,27 @@ const UPDATE: Chain = Chain {
 /// Shared-memory addresses of one kernel's tiles and barriers.
 #[derive(CubeType, Clone, Copy)]
 struct Smem {
-    /// The block's two 128-row tiles.
+    /// The block's 128-row tiles (`second` only where the sweep keeps two).
     first: u32,
     second: u32,
-    /// Stage 0 of the two sweep tiles (stage 1 follows each by `TILE_BYTES`).
+    /// Stage 0 of the two sweep tiles (stage `i` follows each by `i` tiles).
     sweep_a: u32,
     sweep_b: u32,
-    /// Barriers: block tiles loaded; sweep stage loaded (2); sweep stage free (2).
+    /// Barriers: block tiles loaded; sweep stage loaded (one a stage); sweep stage free.
     block_full: u32,
     full: u32,
     empty: u32,
 }
 
 #[cube]
-fn smem() -> Smem {
-    let raw = Shared::<[u32]>::new_aligned_slice(comptime!((SMEM_BYTES / 4) as usize), 1024usize);
+fn smem(#[comptime] sweep: Sweep) -> Smem {
+    let raw = Shared::<[u32]>::new_aligned_slice(comptime!((sweep.smem_bytes() / 4) as usize), 1024usize);
+    let stages = comptime!(sweep.stages);
     let first = (generic_to_shared::<u32>(raw.as_ptr()) + 1023) & !1023u32;
     let second = first + BLOCK_BYTES;
-    let sweep_a = second + BLOCK_BYTES;
-    let sweep_b = sweep_a + 2 * TILE_BYTES;
-    let block_full = sweep_b + 2 * TILE_BYTES;
+    let sweep_a = first + comptime!(sweep.blocks * BLOCK_BYTES);
+    let sweep_b = sweep_a + comptime!(sweep.stages * sweep.tile_bytes());
+    let block_full = sweep_b + comptime!(sweep.stages * sweep.tile_bytes());
     let smem = Smem {
         first,
         second,
@@ -87,12 +114,12 @@ fn smem() -> Smem {
         sweep_b,
         block_full,
         full: block_full + 8,
-        empty: block_full + 24,
+        empty: block_full + 8 + stages * 8,
     };
     if UNIT_POS == 0 {
         mbarrier_init(smem.block_full, 1u32);
         #[unroll]
-        for s in 0..2u32 {
+        for s in 0..stages {
             mbarrier_init(smem.full + s * 8, 1u32);
             mbarrier_init(smem.empty + s * 8, WARPS);
         }
@@ -125,16 +152,18 @@ fn load_block(s: &Smem, first: u64, second: u64, row0: u32, head: u32, batch: u3
 
 /// Thread 0: sweep tile `t` (both tensors) into its stage, once the stage is free.
 #[cube]
-fn load_sweep(s: &Smem, a: u64, b: u64, t: u32, row0: u32, head: u32, batch: u32) {
+fn load_sweep(s: &Smem, a: u64, b: u64, t: u32, row0: u32, head: u32, batch: u32, #[comptime] sweep: Sweep) {
     if UNIT_POS == 0 {
-        let stage = t % 2;
-        if t >= 2 {
-            mbarrier_wait(s.empty + stage * 8, (t / 2 - 1) & 1);
+        let stages = comptime!(sweep.stages);
+        let bytes = comptime!(sweep.tile_bytes());
+        let stage = t % stages;
+        if t >= stages {
+            mbarrier_wait(s.empty + stage * 8, (t / stages - 1) & 1);
         }
         let bar = s.full + stage * 8;
-        mbarrier_expect(bar, 2 * TILE_BYTES);
-        load_rows(s.sweep_a + stage * TILE_BYTES, a, row0, head, batch, bar, TILE);
-        load_rows(s.sweep_b + stage * TILE_BYTES, b, row0, head, batch, bar, TILE);
+        mbarrier_expect(bar, comptime!(2 * sweep.tile_bytes()));
+        load_rows(s.sweep_a + stage * bytes, a, row0, head, batch, bar, sweep.rows);
+        load_rows(s.sweep_b + stage * bytes, b, row0, head, batch, bar, sweep.rows);
     }
 }
 
@@ -185,6 +214,20 @@ fn quad_max(x: f32) -> f32 {
 fn quad_sum(x: f32) -> f32 {
     let x = x + plane_shuffle_xor(x, 1u32);
     x + plane_shuffle_xor(x, 2u32)
+}
+
+/// A 64 × 128 f32 accumulator as the bf16 A operand of the next product, as [`fragments`].
+#[cube]
+fn fragments_128(p: &Acc128) -> Frags128 {
+    let mut frags = Frags128::empty();
+    #[unroll]
+    for t in 0..32u32 {
+        frags.insert(
+            t as usize,
+            pack_bf16(p.extract((2 * t) as usize), p.extract((2 * t + 1) as usize)),
+        );
+    }
+    frags
 }
 
 /// A 64 × 64 f32 accumulator as the bf16 A operand of the next product (pair `t` is register
@@ -244,7 +287,7 @@ fn scale_rows(acc: &mut Acc128, a: f32, b: f32) {
 }
 
 /// Where a query-outer block works: its head, its batch entry, its first query row (the
-/// heaviest blocks first under the causal mask) and how many 64-row key tiles it sweeps.
+/// heaviest blocks first under the causal mask) and how many `rows`-row key tiles it sweeps.
 #[derive(CubeType, Clone, Copy)]
 struct QueryBlock {
     head: u32,
@@ -254,13 +297,13 @@ struct QueryBlock {
 }
 
 #[cube]
-fn query_block(seq: u32, #[comptime] causal: bool) -> QueryBlock {
+fn query_block(seq: u32, #[comptime] causal: bool, #[comptime] rows: u32) -> QueryBlock {
     let q0 = (seq.div_ceil(BLOCK) - 1 - CUBE_POS_X) * BLOCK;
     let end = if comptime!(causal) { min(q0 + BLOCK, seq) } else { seq };
     QueryBlock {
         head: CUBE_POS_Y,
         batch: CUBE_POS_Z,
         q0,
-        tiles: end.div_ceil(TILE),
+        tiles: end.div_ceil(rows),
     }
 }

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Session 24, one H200 (carry .gpu with gpu-suite and bench, .peers (../shared/peers) and .whl
+# with torchao 0.18's wheel).
+#   ptx:  `bench --attention` with CUBECL_CUDA_DUMP_PTX, then Triton's ptxas over the kernels
+#         that issue wgmma: registers, spills and whether it serialized the wgmmas (C7513),
+#         then attn's kernel test and timings.
+#   attn: flash attention's kernel test, then its forward and backward alone beside PyTorch's
+#         SDPA backends (`bench --attention`, `examples/bench/attention_peer.py`), then llama-1b
+#         under bf16 and FP8 tensorwise, and their peers if time is left (fp32 master weights,
+#         random ids, 3 warm-up and 10 timed steps).
+# Logs go to $OUT/logs.tar.xz (a device call brings back a few files).
+set -u
+cd "$(dirname "$0")/../../.."
+. docs/perf/scripts/s6-common.sh
+part=${1:-attn}
+torchao() {
+  python3 -m pip install --quiet --no-deps --target /tmp/torchao .whl/torchao-0.18.0-*.whl
+  export PYTHONPATH=/tmp/torchao
+}
+suite() {
+  for test in "$@"; do
+    timeout -s KILL 150 bash .gpu/run.sh gpu-suite --world 1 --filter "kernel_suite::$test" > "$OUT/suite-$test.log" 2>&1
+    grep -h "FAILED\|passed\|ok (\|panicked" "$OUT/suite-$test.log" | cut -c1-600
+  done
+}
+ptxcheck() {
+  mkdir -p /tmp/ptx && rm -f /tmp/ptx/*
+  CUBECL_CUDA_DUMP_PTX=/tmp/ptx timeout -s KILL 90 bash .gpu/run.sh bench --attention > "$OUT/bench-attention.log" 2>&1
+  local ptxas
+  ptxas=$(python3 -c "import triton, os; print(os.path.dirname(triton.__file__))")/backends/nvidia/bin/ptxas
+  for f in $(grep -l wgmma /tmp/ptx/*.ptx); do
+    sed -i 's/^\.version 9\.0/.version 8.7/' "$f"
+    "$ptxas" -arch=sm_90a -v "$f" -o /dev/null 2>&1 | grep -h "entry function\|registers\|spill\|C7513\|rror" | cut -c1-300
+  done
+  (cd /tmp/ptx && tar cJf "$OUT/ptx.tar.xz" *.ptx)
+}
+case $part in
+  ptx)
+    ptxcheck
+    grep -h "ATTENTION\|panicked\|error" "$OUT/bench-attention.log" | cut -c1-400
+    suite ${TESTS:-flash_attention}
+    ;;
+  attn)
+    suite ${TESTS:-flash_attention}
+    timeout -s KILL 90 bash .gpu/run.sh bench --attention > "$OUT/bench-attention.log" 2>&1
+    grep -h "ATTENTION\|panicked\|error" "$OUT/bench-attention.log" | cut -c1-400
+    timeout -s KILL 90 python3 examples/bench/attention_peer.py > "$OUT/peer-attention.log" 2>&1
+    grep -h "ATTENTION\|Error" "$OUT/peer-attention.log" | cut -c1-400
+    run 1b-bf16 90 --preset llama-1b --steps 10 --warmup 3
+    run 1b-fp8-tensorwise 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
+    [ $SECONDS -lt 420 ] && peers 1b-compile 150 llama-1b compile
+    ;;
+esac
+(cd "$OUT" && tar cJf logs.tar.xz --remove-files -- $(ls *.log *.csv 2>/dev/null))
