@@ -6,7 +6,8 @@
 #         then attn's kernel test and timings.
 #   attn: flash attention's kernel test, then its forward and backward alone beside PyTorch's
 #         SDPA backends (`bench --attention`, `examples/bench/attention_peer.py`), then llama-1b
-#         under bf16 and FP8 tensorwise, and their peers if time is left (fp32 master weights,
+#         under bf16 beside PyTorch + compile and FP8 tensorwise beside torchao float8
+#         tensorwise + compile, and both of ours again if time is left (fp32 master weights,
 #         random ids, 3 warm-up and 10 timed steps).
 # Logs go to $OUT/logs.tar.xz (a device call brings back a few files).
 set -u
@@ -47,8 +48,12 @@ case $part in
     timeout -s KILL 90 python3 examples/bench/attention_peer.py > "$OUT/peer-attention.log" 2>&1
     grep -h "ATTENTION\|Error" "$OUT/peer-attention.log" | cut -c1-400
     run 1b-bf16 90 --preset llama-1b --steps 10 --warmup 3
+    peers 1b-compile 150 llama-1b compile
+    torchao
     run 1b-fp8-tensorwise 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
-    [ $SECONDS -lt 420 ] && peers 1b-compile 150 llama-1b compile
+    peers 1b-torchao 150 llama-1b fp8
+    [ $SECONDS -lt 430 ] && run 1b-bf16-2 90 --preset llama-1b --steps 10 --warmup 3
+    [ $SECONDS -lt 480 ] && run 1b-fp8-tensorwise-2 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
     ;;
 esac
 (cd "$OUT" && tar cJf logs.tar.xz --remove-files -- $(ls *.log *.csv 2>/dev/null))

@@ -2,11 +2,11 @@
 //! kernels (dQ sweeping kv tiles, dK/dV sweeping q tiles), so neither needs atomics. Scores
 //! and probabilities live in registers only: no O(s²) memory.
 //!
-//! A block owns 128 rows (two warpgroups of 64) of the tensor it writes and sweeps 64-row tiles
-//! of the others through a 2-stage TMA pipeline (thread 0 issues the copies one tile ahead).
-//! Every product is a `wgmma` chain ([`crate::hopper`]): scores as `m64n64` over the 128-deep
-//! head dim, the updates as `m64n128` with the probabilities (or their gradients) as the A
-//! operand straight from registers. Softmax runs in base 2 on `scale · log2(e)`-scaled scores;
+//! A block owns 128 rows (two warpgroups of 64) of the tensor it writes and sweeps tiles of the
+//! others through a TMA pipeline whose copies thread 0 issues ([`Sweep`]: the forward 128-row
+//! tiles in 3 stages, the backward 64-row tiles in 2). Every product is a `wgmma` chain
+//! ([`crate::hopper`]): scores over the 128-deep head dim, the updates as `m64n128` with the
+//! probabilities (or their gradients) as the A operand straight from registers. Softmax runs in base 2 on `scale · log2(e)`-scaled scores;
 //! the forward saves `lse₂`, each row's log₂-sum-exp₂, for the backward.
 //!
 //! Tensors: q, k, v, o, dO are `[b, h, s, 128]` views with a contiguous head dim; outputs are
