@@ -25,15 +25,18 @@ use crate::Harness;
 const SEQ: usize = 16;
 const VOCAB: usize = 99;
 
-/// The fixture directory `name` (`llama2`, `llama3`): under the crate that was built, or, where
-/// the binary runs from a copy of the checkout elsewhere (the GPU suite on the device machine),
-/// under the working directory's `tests/`.
+/// The fixture directory `name` (`llama2`, `llama3`): under the crate cargo runs the test for
+/// (its `CARGO_MANIFEST_DIR` at run time: a test binary cargo reuses may have been built in
+/// another checkout, since removed), under the crate that was built, or, where the binary runs
+/// from a copy of the checkout elsewhere (the GPU suite on the device machine), under the
+/// working directory's `tests/`.
 pub fn fixture(name: &str) -> PathBuf {
-    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf");
-    let root = match built.exists() {
-        true => built,
-        false => PathBuf::from("tests/fixtures/hf"),
-    };
+    let running = std::env::var_os("CARGO_MANIFEST_DIR").map(|dir| Path::new(&dir).join("fixtures/hf"));
+    let root = running
+        .into_iter()
+        .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hf")])
+        .find(|dir| dir.exists())
+        .unwrap_or_else(|| PathBuf::from("tests/fixtures/hf"));
     root.join(name)
 }
 

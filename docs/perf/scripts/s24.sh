@@ -4,6 +4,9 @@
 #   ptx:  `bench --attention` with CUBECL_CUDA_DUMP_PTX, then Triton's ptxas over the kernels
 #         that issue wgmma: registers, spills and whether it serialized the wgmmas (C7513),
 #         then attn's kernel test and timings.
+#   ptxall: the same ptxas report over every wgmma kernel `bench --gemm` and `bench --grouped`
+#         launch (the bf16 GEMM, the grouped GEMM), or with RECIPES a one-step llama-1b run under
+#         each (the FP8 tensorwise and blockwise GEMMs).
 #   attn: flash attention's kernel test, then its forward and backward alone beside PyTorch's
 #         SDPA backends (`bench --attention`, `examples/bench/attention_peer.py`), then llama-1b
 #         under bf16 beside PyTorch + compile and FP8 tensorwise beside torchao float8
@@ -35,7 +38,33 @@ ptxcheck() {
   done
   (cd /tmp/ptx && tar cJf "$OUT/ptx.tar.xz" *.ptx)
 }
+ptxreport() {  # every dumped kernel that issues wgmma, through Triton's ptxas
+  local ptxas
+  ptxas=$(python3 -c "import triton, os; print(os.path.dirname(triton.__file__))")/backends/nvidia/bin/ptxas
+  for f in $(grep -l wgmma /tmp/ptxall/*.ptx); do
+    sed -i 's/^\.version 9\.0/.version 8.7/' "$f"
+    "$ptxas" -arch=sm_90a -v "$f" -o /dev/null 2>&1 | grep -h "entry function\|registers\|spill\|C7513\|rror" | cut -c1-300
+  done
+}
 case $part in
+  ptxall)
+    mkdir -p /tmp/ptx /tmp/ptxall
+    # Kernels whose dumped names collide overwrite each other: keep every version seen.
+    (while true; do for f in /tmp/ptx/*.ptx; do [ -f "$f" ] && cp "$f" "/tmp/ptxall/$(md5sum "$f" | cut -c1-12).ptx"; done; sleep 0.1; done) &
+    copier=$!
+    if [ -n "${RECIPES:-}" ]; then  # the FP8 GEMMs as a short llama-1b run launches them
+      for recipe in $RECIPES; do
+        CUBECL_CUDA_DUMP_PTX=/tmp/ptx timeout -s KILL 90 bash .gpu/run.sh bench --preset llama-1b --steps 1 --warmup 1 --precision "$recipe" > "$OUT/bench-$recipe.log" 2>&1
+      done
+    else
+      CUBECL_CUDA_DUMP_PTX=/tmp/ptx timeout -s KILL 150 bash .gpu/run.sh bench --gemm > "$OUT/bench-gemm.log" 2>&1
+      CUBECL_CUDA_DUMP_PTX=/tmp/ptx timeout -s KILL 90 bash .gpu/run.sh bench --grouped > "$OUT/bench-grouped.log" 2>&1
+    fi
+    sleep 0.5; kill $copier
+    grep -h '"shape": "1b.w13.fwd"' "$OUT/bench-gemm.log" | cut -c1-250
+    ptxreport
+    (cd /tmp/ptxall && tar cJf "$OUT/ptx.tar.xz" $(grep -l wgmma *.ptx))
+    ;;
   ptx)
     ptxcheck
     grep -h "ATTENTION\|panicked\|error" "$OUT/bench-attention.log" | cut -c1-400
