@@ -20,6 +20,8 @@ const SWEEP: Sweep = Sweep {
     rows: KEYS,
 };
 const STAGES: u32 = SWEEP.stages;
+// Hopper gives a block at most 227 KiB of shared memory.
+const _: () = assert!(SWEEP.smem_bytes() <= 227 * 1024);
 const KEY_BYTES: u32 = SWEEP.tile_bytes();
 
 /// Scores of a warpgroup's 64 query rows against a 128-row key tile, over the head dim.
