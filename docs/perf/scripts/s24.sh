@@ -11,7 +11,8 @@
 #         SDPA backends (`bench --attention`, `examples/bench/attention_peer.py`), then llama-1b
 #         under bf16 beside PyTorch + compile and FP8 tensorwise beside torchao float8
 #         tensorwise + compile, and both of ours again if time is left (fp32 master weights,
-#         random ids, 3 warm-up and 10 timed steps).
+#         random ids, 3 warm-up and 10 timed steps; AGAIN=0 leaves out the second runs;
+#         PTX=1 takes the timings through ptxcheck, with its ptxas report).
 # Logs go to $OUT/logs.tar.xz (a device call brings back a few files).
 set -u
 cd "$(dirname "$0")/../../.."
@@ -72,7 +73,11 @@ case $part in
     ;;
   attn)
     suite ${TESTS:-flash_attention}
-    timeout -s KILL 90 bash .gpu/run.sh bench --attention > "$OUT/bench-attention.log" 2>&1
+    if [ "${PTX:-0}" = 1 ]; then
+      ptxcheck
+    else
+      timeout -s KILL 90 bash .gpu/run.sh bench --attention > "$OUT/bench-attention.log" 2>&1
+    fi
     grep -h "ATTENTION\|panicked\|error" "$OUT/bench-attention.log" | cut -c1-400
     timeout -s KILL 90 python3 examples/bench/attention_peer.py > "$OUT/peer-attention.log" 2>&1
     grep -h "ATTENTION\|Error" "$OUT/peer-attention.log" | cut -c1-400
@@ -81,8 +86,8 @@ case $part in
     torchao
     run 1b-fp8-tensorwise 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
     peers 1b-torchao 150 llama-1b fp8
-    [ $SECONDS -lt 430 ] && run 1b-bf16-2 90 --preset llama-1b --steps 10 --warmup 3
-    [ $SECONDS -lt 480 ] && run 1b-fp8-tensorwise-2 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
+    [ "${AGAIN:-1}" = 1 ] && [ $SECONDS -lt 430 ] && run 1b-bf16-2 90 --preset llama-1b --steps 10 --warmup 3
+    [ "${AGAIN:-1}" = 1 ] && [ $SECONDS -lt 480 ] && run 1b-fp8-tensorwise-2 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
     ;;
 esac
 (cd "$OUT" && tar cJf logs.tar.xz --remove-files -- $(ls *.log *.csv 2>/dev/null))

@@ -152,6 +152,8 @@ pub(crate) fn dkdv_kernel(
         if !causal || q0 + 63 >= row0 {
             let q_tile = s.sweep_a + stage * TILE_BYTES;
             let o_tile = s.sweep_b + stage * TILE_BYTES;
+            // Read before the product that needs them, so the loads' latency hides under it.
+            let lse_cols = column_values(lse, &l, q0, stats, seq);
             let scores = chain_64(
                 descriptor(s.first + wg * 8192, comptime!(SCORES.a_tile())),
                 descriptor(q_tile, comptime!(SCORES.b)),
@@ -163,10 +165,11 @@ pub(crate) fn dkdv_kernel(
                 edge = edge || row0 + 63 > q0;
             }
             let p = if edge {
-                key_probs(&scores, lse, &l, row0, q0, stats, seq, scale_log2, true, causal)
+                key_probs(&scores, &lse_cols, &l, row0, q0, seq, scale_log2, true, causal)
             } else {
-                key_probs(&scores, lse, &l, row0, q0, stats, seq, scale_log2, false, causal)
+                key_probs(&scores, &lse_cols, &l, row0, q0, seq, scale_log2, false, causal)
             };
+            let delta_cols = column_values(delta, &l, q0, stats, seq);
             let frags = fragments(&p);
             dv_acc = chain_128(&dv_acc, &frags, descriptor(o_tile, comptime!(UPDATE.b)), UPDATE);
             let d_probs = chain_64(
@@ -175,18 +178,9 @@ pub(crate) fn dkdv_kernel(
                 SCORES,
             );
             let mut ds = Acc64::empty();
-            let mut even = 0.0f32;
-            let mut odd = 0.0f32;
             #[unroll]
             for i in 0..32u32 {
-                // Registers 4j + {0, 1} and 4j + {2, 3} share their columns (queries).
-                if comptime!(i % 4 == 0) {
-                    even = delta[(stats + min(column(&l, q0, i), seq - 1)) as usize];
-                }
-                if comptime!(i % 4 == 1) {
-                    odd = delta[(stats + min(column(&l, q0, i), seq - 1)) as usize];
-                }
-                let d = if comptime!(i % 2 == 0) { even } else { odd };
+                let d = delta_cols.extract(comptime!(column_slot(i)) as usize);
                 ds.insert(i as usize, p.extract(i as usize) * (d_probs.extract(i as usize) - d));
             }
             let frags = fragments(&ds);
@@ -241,39 +235,50 @@ fn dq_scores(
     ds
 }
 
+/// One f32 per column this thread's accumulator registers cover: 16 of a 64-column tile.
+type Cols = Vector<f32, Const<16>>;
+
+/// The slot in [`Cols`] of accumulator register `i`'s column (registers `4j + {0, 1}` and
+/// `4j + {2, 3}` share their columns).
+const fn column_slot(i: u32) -> u32 {
+    (i / 4) * 2 + i % 2
+}
+
+/// `stat` (`lse₂` or `delta`, `[b, h, s]`, this head's rows from `stats`) at this thread's
+/// columns of the query tile from `q0`.
+#[cube]
+fn column_values(stat: &Tensor<f32>, l: &Lane, q0: u32, stats: u32, seq: u32) -> Cols {
+    let mut out = Cols::empty();
+    #[unroll]
+    for slot in 0..16u32 {
+        let query = column(l, q0, comptime!(4 * (slot / 2) + slot % 2));
+        out.insert(slot as usize, stat[(stats + min(query, seq - 1)) as usize]);
+    }
+    out
+}
+
 /// dK/dV's probabilities of a transposed tile (keys are rows from `row0`, queries columns from
-/// `q0`), each query's `lse₂` read once; zero where masked if `mask`.
+/// `q0`, whose `lse₂` `lse_cols` holds); zero where masked if `mask`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn key_probs(
     scores: &Acc64,
-    lse: &Tensor<f32>,
+    lse_cols: &Cols,
     l: &Lane,
     row0: u32,
     q0: u32,
-    stats: u32,
     seq: u32,
     scale_log2: f32,
     #[comptime] mask: bool,
     #[comptime] causal: bool,
 ) -> Acc64 {
     let mut p = Acc64::empty();
-    let mut even = 0.0f32;
-    let mut odd = 0.0f32;
     #[unroll]
     for i in 0..32u32 {
-        let query = column(l, q0, i);
-        // Registers 4j + {0, 1} and 4j + {2, 3} share their columns (queries).
-        if comptime!(i % 4 == 0) {
-            even = lse[(stats + min(query, seq - 1)) as usize];
-        }
-        if comptime!(i % 4 == 1) {
-            odd = lse[(stats + min(query, seq - 1)) as usize];
-        }
-        let at = if comptime!(i % 2 == 0) { even } else { odd };
+        let at = lse_cols.extract(comptime!(column_slot(i)) as usize);
         let mut value = exp2(scores.extract(i as usize) * scale_log2 - at);
         if comptime!(mask) {
-            value = select(masked(query, row(l, row0, i), seq, causal), 0.0f32, value);
+            value = select(masked(column(l, q0, i), row(l, row0, i), seq, causal), 0.0f32, value);
         }
         p.insert(i as usize, value);
     }
