@@ -56,7 +56,8 @@ pub(crate) fn finish_max(value: f32, state: &mut Tensor<Atomic<u32>>, out: &mut 
 }
 
 /// Block `b` takes the largest |value| of vectors `[b·CHUNK, (b+1)·CHUNK)` of `x`'s first
-/// `vectors` (NaN ignored), then [`finish_max`].
+/// `vectors` (NaN ignored), then [`finish_max`]. A whole chunk is read in one unrolled sweep, so
+/// a thread has all its loads in flight at once; the last, partial chunk in a loop.
 #[cube(launch_unchecked)]
 fn amax_kernel<F: Float, N: Size>(
     x: &Tensor<Vector<F, N>>,
@@ -65,16 +66,30 @@ fn amax_kernel<F: Float, N: Size>(
     vectors: u32,
 ) {
     let start = CUBE_POS as u32 * CHUNK;
-    let end = min(start + CHUNK, vectors);
     let mut acc = 0.0f32;
-    for i in range_stepped(start + UNIT_POS, end, 256u32) {
-        let value = Vector::<f32, N>::cast_from(x[i as usize]);
+    if start + CHUNK <= vectors {
         #[unroll]
-        for j in 0..value.vector_size() {
-            acc = f32::max(acc, f32::abs(value.extract(j)));
+        for i in 0..CHUNK / 256 {
+            acc = vector_max(acc, x[(start + UNIT_POS + i * 256) as usize]);
+        }
+    } else {
+        for i in range_stepped(start + UNIT_POS, vectors, 256u32) {
+            acc = vector_max(acc, x[i as usize]);
         }
     }
     finish_max(block_max(acc), state, out);
+}
+
+/// The largest of `acc` and `v`'s magnitudes (NaN ignored: `max` takes the other operand).
+#[cube]
+fn vector_max<F: Float, N: Size>(acc: f32, v: Vector<F, N>) -> f32 {
+    let value = Vector::<f32, N>::cast_from(v);
+    let mut acc = acc;
+    #[unroll]
+    for j in 0..value.vector_size() {
+        acc = f32::max(acc, f32::abs(value.extract(j)));
+    }
+    acc
 }
 
 /// One accumulator and ticket (`[2]` u32, zero between launches) for the launches `like`'s

@@ -136,15 +136,23 @@ const CHUNK: u32 = 2048;
 /// Block `b` writes `Σ x²` over vectors `[b·CHUNK, (b+1)·CHUNK)` of `x`'s first `vectors` to
 /// `partials[b]` (a gradient norm's). The length is an argument: `x` may be a view into a longer
 /// buffer (a parameter's shard of a reduce-scattered bucket), whose `len()` runs to the buffer's
-/// end.
+/// end. A whole chunk is read in one unrolled sweep, so a thread has all its loads in flight at
+/// once; the last, partial chunk in a loop.
 #[cube(launch_unchecked)]
 fn partials_kernel<F: Float, N: Size>(x: &Tensor<Vector<F, N>>, partials: &mut Tensor<f32>, vectors: u32) {
     let start = CUBE_POS as u32 * CHUNK;
-    let end = min(start + CHUNK, vectors);
     let mut acc = 0.0f32;
-    for i in range_stepped(start + UNIT_POS, end, 256u32) {
-        let value = Vector::<f32, N>::cast_from(x[i as usize]);
-        acc += hsum(value * value);
+    if start + CHUNK <= vectors {
+        #[unroll]
+        for i in 0..CHUNK / 256 {
+            let value = Vector::<f32, N>::cast_from(x[(start + UNIT_POS + i * 256) as usize]);
+            acc += hsum(value * value);
+        }
+    } else {
+        for i in range_stepped(start + UNIT_POS, vectors, 256u32) {
+            let value = Vector::<f32, N>::cast_from(x[i as usize]);
+            acc += hsum(value * value);
+        }
     }
     let total = block_sum(acc);
     if UNIT_POS == 0 {
