@@ -1,5 +1,5 @@
 //! `bench --gemm`: the matmul routines and Burn's own matmul on the llama GEMM shapes, in bf16,
-//! and our wgmma kernel on E4M3 codes (`Fp8Wgmma`; blockwise `Fp8Blockwise`, B in 128×128 blocks,
+//! and our wgmma kernel on E4M3 codes (`Fp8Wgmma`, `Fp8PingPong` in ping-pong; blockwise `Fp8Blockwise`, B in 128×128 blocks,
 //! and `Fp8BlockwiseRows`, B in 1×128 tiles), one `GEMM {…}` line each; `gemm_peer.py` prints the same lines for cuBLAS through PyTorch.
 //! Before timing, each routine is checked on ragged shapes with every operand layout
 //! (`CHECK {…}` lines).
@@ -13,12 +13,14 @@ use burn_megatron_kernels::quant::tiles::{quantize_squares, quantize_tiles};
 use burn_megatron_kernels::wgmma::{BScales, Schedule, fp8_blockwise_matmul, fp8_matmul};
 
 /// `(name, m, k, n, lhs transposed)`: llama-1b's MLP (8192 tokens) forward `x·W` and weight
-/// gradient `xᵀ·dy` (lhs a transposed view), its output layer, llama-8b's MLP at tp = 2 (4096
-/// tokens), and the 8192³ reference product. Input gradients `dy·Wᵀ` have the forward shapes
-/// with k and n swapped.
-pub const SHAPES: [(&str, usize, usize, usize, bool); 5] = [
+/// gradient `xᵀ·dy` (lhs a transposed view), its down projection and attention projections,
+/// its output layer, llama-8b's MLP at tp = 2 (4096 tokens), and the 8192³ reference product.
+/// Input gradients `dy·Wᵀ` have the forward shapes with k and n swapped.
+pub const SHAPES: [(&str, usize, usize, usize, bool); 7] = [
     ("1b.w13.fwd", 8192, 2048, 5632, false),
     ("1b.w13.wgrad", 2048, 8192, 5632, true),
+    ("1b.w2.fwd", 8192, 5632, 2048, false),
+    ("1b.qkvo.fwd", 8192, 2048, 2048, false),
     ("1b.out.fwd", 8192, 2048, 32768, false),
     ("8b.tp2.w13.fwd", 4096, 4096, 7168, false),
     ("square.8192", 8192, 8192, 8192, false),
@@ -130,17 +132,19 @@ pub fn run(device: &Device, iters: usize, kernels: &[GemmKernel]) {
         let (a, b) = (tiles(m), tiles(n));
         let scale = Tensor::<1>::ones([1], (device, DType::F32));
         let formats = (Minifloat::E4M3, Minifloat::E4M3);
-        let tensorwise = || {
-            fp8_matmul(
-                a.0.clone(),
-                b.0.clone(),
-                formats,
-                [scale.clone(), scale.clone()],
-                Schedule::Persistent,
-            )
-            .map_err(|e| e.to_string())
-        };
-        report_fp8("Fp8Wgmma", time(&tensorwise));
+        for (kernel, schedule) in [("Fp8Wgmma", Schedule::Persistent), ("Fp8PingPong", Schedule::PingPong)] {
+            let tensorwise = || {
+                fp8_matmul(
+                    a.0.clone(),
+                    b.0.clone(),
+                    formats,
+                    [scale.clone(), scale.clone()],
+                    schedule,
+                )
+                .map_err(|e| e.to_string())
+            };
+            report_fp8(kernel, time(&tensorwise));
+        }
         let (squares, _, square_scales) = quantize_squares(operand(n, k, false, device), Minifloat::E4M3);
         for (kernel, b, blocks) in [
             ("Fp8Blockwise", (squares, square_scales), BScales::Squares),

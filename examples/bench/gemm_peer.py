@@ -5,6 +5,8 @@ import torch
 SHAPES = [
     ("1b.w13.fwd", 8192, 2048, 5632, False),
     ("1b.w13.wgrad", 2048, 8192, 5632, True),
+    ("1b.w2.fwd", 8192, 5632, 2048, False),
+    ("1b.qkvo.fwd", 8192, 2048, 2048, False),
     ("1b.out.fwd", 8192, 2048, 32768, False),
     ("8b.tp2.w13.fwd", 4096, 4096, 7168, False),
     ("square.8192", 8192, 8192, 8192, False),

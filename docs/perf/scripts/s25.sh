@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Session 25, one H200 (carry .gpu with gpu-suite and bench, .peers (../shared/peers) and .whl
+# with torchao 0.18's wheel).
+#   gemm: the GEMM kernel tests (bf16 in every schedule, FP8 cooperative and ping-pong), then
+#         `bench --gemm --kernels Wgmma,WgmmaPingPong` with CUBECL_CUDA_DUMP_PTX and Triton's
+#         ptxas over the wgmma kernels it launched (registers, spills, C7513: serialized wgmmas),
+#         then cuBLAS on the same shapes (`examples/bench/gemm_peer.py`).
+#   rows: llama-1b under bf16 beside PyTorch + compile and FP8 tensorwise beside torchao float8
+#         tensorwise + compile (fp32 master weights, random ids, 3 warm-up and 10 timed steps),
+#         then both of ours again if time is left (AGAIN=0 leaves them out).
+# Logs go to $OUT/logs.tar.xz (a device call brings back a few files).
+set -u
+cd "$(dirname "$0")/../../.."
+. docs/perf/scripts/s6-common.sh
+part=${1:-rows}
+torchao() {
+  python3 -m pip install --quiet --no-deps --target /tmp/torchao .whl/torchao-0.18.0-*.whl
+  export PYTHONPATH=/tmp/torchao
+}
+suite() {
+  for test in "$@"; do
+    timeout -s KILL 150 bash .gpu/run.sh gpu-suite --world 1 --filter "kernel_suite::$test" > "$OUT/suite-$test.log" 2>&1
+    grep -h "FAILED\|passed\|ok (\|panicked" "$OUT/suite-$test.log" | cut -c1-600
+  done
+}
+ptxreport() {  # every dumped kernel that issues wgmma, through Triton's ptxas
+  local ptxas
+  ptxas=$(python3 -c "import triton, os; print(os.path.dirname(triton.__file__))")/backends/nvidia/bin/ptxas
+  for f in $(grep -l wgmma /tmp/ptxall/*.ptx); do
+    sed -i 's/^\.version 9\.0/.version 8.7/' "$f"
+    "$ptxas" -arch=sm_90a -v "$f" -o /dev/null 2>&1 | grep -h "entry function\|registers\|spill\|C7513\|rror" | cut -c1-300
+  done
+}
+case $part in
+  gemm)
+    suite ${TESTS:-wgmma_gemm fp8_gemm}
+    mkdir -p /tmp/ptx /tmp/ptxall
+    # Kernels whose dumped names collide overwrite each other: keep every version seen.
+    (while true; do for f in /tmp/ptx/*.ptx; do [ -f "$f" ] && cp "$f" "/tmp/ptxall/$(md5sum "$f" | cut -c1-12).ptx"; done; sleep 0.1; done) &
+    copier=$!
+    CUBECL_CUDA_DUMP_PTX=/tmp/ptx timeout -s KILL 150 bash .gpu/run.sh bench --gemm --kernels Wgmma,WgmmaPingPong > "$OUT/bench-gemm.log" 2>&1
+    sleep 0.5; kill $copier
+    grep -h 'GEMM\|CHECK.*rror\|panicked' "$OUT/bench-gemm.log" | grep -v '"kernel": "burn"' | cut -c1-250
+    timeout -s KILL 90 python3 examples/bench/gemm_peer.py > "$OUT/peer-gemm.log" 2>&1
+    grep -h 'GEMM\|Error' "$OUT/peer-gemm.log" | cut -c1-250
+    ptxreport
+    (cd /tmp/ptxall && tar cJf "$OUT/ptx.tar.xz" $(grep -l wgmma *.ptx))
+    ;;
+  rows)
+    run 1b-bf16 90 --preset llama-1b --steps 10 --warmup 3
+    peers 1b-compile 150 llama-1b compile
+    torchao
+    run 1b-fp8-tensorwise 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
+    peers 1b-torchao 150 llama-1b fp8
+    [ "${AGAIN:-1}" = 1 ] && [ $SECONDS -lt 430 ] && run 1b-bf16-2 90 --preset llama-1b --steps 10 --warmup 3
+    [ "${AGAIN:-1}" = 1 ] && [ $SECONDS -lt 480 ] && run 1b-fp8-tensorwise-2 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
+    ;;
+esac
+(cd "$OUT" && tar cJf logs.tar.xz --remove-files -- $(ls *.log *.csv 2>/dev/null))
