@@ -32,8 +32,8 @@ use half::bf16;
 
 use crate::hopper::*;
 use crate::wgmma::{
-    A_STAGE_BYTES, BLOCK_K, BLOCK_M, BLOCK_N, CONSUMER_WARPS, Major, SMEM_BYTES, STAGE_BYTES, STAGES, STAGING_BYTES,
-    k_slice, load_operand, pipeline_smem, store_tile,
+    A_STAGE_BYTES, BLOCK_K, BLOCK_M, BLOCK_N, Major, SMEM_BYTES, STAGE_BYTES, STAGES, STAGING_BYTES, k_slice,
+    load_operand, pipeline_smem, store_tile,
 };
 
 /// Which product a launch computes: how a tile finds its operands.
@@ -136,7 +136,7 @@ fn grouped_kernel(
     #[comptime] a_major: Major,
     #[comptime] b_major: Major,
 ) {
-    let (stages, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES, CONSUMER_WARPS);
+    let (stages, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES);
 
     // This block's tiles: CUBE_POS_X, then every CUBE_COUNT_X-th.
     let mine = (tiles - CUBE_POS_X).div_ceil(CUBE_COUNT_X);
@@ -211,7 +211,6 @@ fn grouped_kernel(
                 1 + consumer,
                 storer,
                 2u32,
-                false,
             );
         }
         if storer {

@@ -74,37 +74,6 @@ pub(crate) fn issue_128_fresh(desc_a: u64, desc_b: u64, #[comptime] chain: Chain
     out
 }
 
-/// Issues `acc + A·B` for two stacked `m64n128` chains ([`Chain::issue_stacked_ptx`]): A's two
-/// 64-row halves 8 KiB apart onto registers 0–63 and 64–127 of `acc`, without waiting. The
-/// result is in flight until a wait covers its group ([`wgmma_wait`], [`settle_256`]); `acc`
-/// may itself be in flight, from the chain before on the same registers (the ping-pong GEMM
-/// keeps one slice issued ahead).
-#[cube]
-pub(crate) fn issue_stacked(acc: &Acc256, desc_a: u64, desc_b: u64, #[comptime] chain: Chain) -> Acc256 {
-    let body = comptime![chain.issue_stacked_ptx(8192)];
-    let old = load::<Acc256>(acc);
-    let out: Acc256;
-    gpu_asm!("{body}", "// {d} {c} {a} {b}", d = out(_) out, c = in(_) old, a = in(_) desc_a, b = in(_) desc_b);
-    out
-}
-
-/// An [`issue_stacked`] result, once at most `pending` issued chains are still in flight.
-#[cube]
-pub(crate) fn settle_256(x: &Acc256, #[comptime] pending: u32) -> Acc256 {
-    let body = comptime![settle_ptx(pending, 128)];
-    let old = load::<Acc256>(x);
-    let out: Acc256;
-    gpu_asm!("{body}", "// {d} {c}", d = out(_) out, c = in(_) old);
-    out
-}
-
-/// Waits until at most `pending` issued chains are in flight, for what they read (shared
-/// memory) rather than their results, which only a settle hands on.
-#[cube]
-pub(crate) fn wgmma_wait(#[comptime] pending: u32) {
-    gpu_asm!("wgmma.wait_group.sync.aligned {pending};");
-}
-
 /// Issues `acc + A·B` for an `m64n128` chain 128 deep, A from registers, without waiting: the
 /// result and `frags` are in flight until [`settle_128_wide`].
 #[cube]
@@ -244,13 +213,6 @@ pub(crate) fn fence_proxy_async_shared() {
 #[cube]
 pub(crate) fn named_barrier(id: u32, #[comptime] threads: u32) {
     gpu_asm!("bar.sync {id}, {threads};", id = in(_) id);
-}
-
-/// Arrives at named barrier `id` without waiting: `threads` in all (whole warps, these and
-/// the ones that wait there with [`named_barrier`]) complete it.
-#[cube]
-pub(crate) fn named_arrive(id: u32, #[comptime] threads: u32) {
-    gpu_asm!("bar.arrive {id}, {threads};", id = in(_) id);
 }
 
 /// A 2-D bulk tensor copy from shared memory `src` to the box at `(inner, outer)` of `map`'s

@@ -30,8 +30,6 @@ use crate::quant::format::Minifloat;
 
 mod blockwise;
 mod pieces;
-mod pingpong;
-use pingpong::pingpong_kernel;
 mod tensors;
 pub use blockwise::{BScales, fp8_blockwise_gemm};
 pub(crate) use pieces::{Pipeline, load_operand, pipeline_smem, produce, store_tile, tile_position};
@@ -45,7 +43,7 @@ pub(crate) const BLOCK_N: u32 = 256;
 pub(crate) const BLOCK_K: u32 = 64;
 
 /// The k extent of a stage for `operands`: one 128-byte row.
-pub(crate) const fn block_k(operands: Operands) -> u32 {
+const fn block_k(operands: Operands) -> u32 {
     match operands {
         Operands::Bf16 => BLOCK_K,
         Operands::Fp8(..) => 2 * BLOCK_K,
@@ -104,24 +102,11 @@ pub(crate) const fn k_slice(operands: Operands, a: Major, b: Major) -> Chain {
 /// across them, so its producer loads the next tile's first slices while the consumers store the
 /// last one's results. With one block an SM (the stages take 194 KiB), `Persistent` launches one
 /// block an SM and so pays the block's start (barriers, descriptor fetch, pipeline fill) once;
-/// `TilePerBlock` launches a block a tile. `PingPong` is persistent too, but each consumer
-/// warpgroup owns whole 128 × 128 tiles, so one stores while the other multiplies
-/// (`pingpong.rs`).
+/// `TilePerBlock` launches a block a tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Schedule {
     TilePerBlock,
     Persistent,
-    PingPong,
-}
-
-impl Schedule {
-    /// Columns of C a tile has (128 rows in every schedule).
-    const fn block_n(self) -> u32 {
-        match self {
-            Schedule::PingPong => pingpong::BLOCK_N,
-            Schedule::TilePerBlock | Schedule::Persistent => BLOCK_N,
-        }
-    }
 }
 
 /// `E` the operands' element (bf16, or u8 holding FP8 codes); `scale_a[0] · scale_b[0]`
@@ -143,7 +128,7 @@ fn gemm_kernel<E: Scalar>(
     #[comptime] scaled: bool,
 ) {
     let depth = comptime!(block_k(operands));
-    let (tiles, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES, CONSUMER_WARPS);
+    let (tiles, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES);
 
     let k_tiles = k.div_ceil(depth);
     let (rows, columns) = (m.div_ceil(BLOCK_M), n.div_ceil(BLOCK_N));
@@ -204,7 +189,6 @@ fn gemm_kernel<E: Scalar>(
                 1 + consumer,
                 storer,
                 2u32,
-                false,
             );
         }
         if storer {
@@ -390,11 +374,10 @@ fn launch(
         };
         TensorMapArg::new(TiledArgs { tile_size }, t.into_tensor_arg(), elem).with_swizzle(TensorMapSwizzle::B128)
     };
-    let block_n = schedule.block_n();
-    let tiles = (m as u32).div_ceil(BLOCK_M) * (n as u32).div_ceil(block_n);
+    let tiles = (m as u32).div_ceil(BLOCK_M) * (n as u32).div_ceil(BLOCK_N);
     let blocks = match schedule {
         Schedule::TilePerBlock => tiles,
-        _ => persistent_blocks(&client, tiles),
+        Schedule::Persistent => persistent_blocks(&client, tiles),
     };
     let scaled = scales.is_some();
     // Unscaled, the kernel reads no scale: an empty one-element buffer stands in for both.
@@ -410,27 +393,47 @@ fn launch(
     });
     let c = store_map(&out);
     let (count, dim) = (CubeCount::Static(blocks, 1, 1), CubeDim::new_1d(384));
-    let (a, b) = (map(a, a_major, BLOCK_M), map(b, b_major, block_n));
+    let (a, b) = (map(a, a_major, BLOCK_M), map(b, b_major, BLOCK_N));
     let args = (m as u32, n as u32, k as u32);
-    let (scale_a, scale_b) = (scale_a.into_tensor_arg(), scale_b.into_tensor_arg());
-    // One launch for each kernel and operand element, with the same arguments.
-    macro_rules! run {
-        ($kernel:ident, $elem:ty) => {
-            $kernel::launch_unchecked::<$elem>(
-                &client, count, dim, a, b, c, scale_a, scale_b, args.0, args.1, args.2, a_major, b_major, operands,
-                scaled,
-            )
-        };
-    }
     // SAFETY: the maps cover exactly the operands and the output (TMA fills out-of-range boxes
     // with zeros when loading and drops their out-of-range parts when storing); each scale
     // holds one f32, read only when `scaled`.
     unsafe {
-        match (schedule, operands) {
-            (Schedule::PingPong, Operands::Bf16) => run!(pingpong_kernel, bf16),
-            (Schedule::PingPong, Operands::Fp8(..)) => run!(pingpong_kernel, u8),
-            (_, Operands::Bf16) => run!(gemm_kernel, bf16),
-            (_, Operands::Fp8(..)) => run!(gemm_kernel, u8),
+        match operands {
+            Operands::Bf16 => gemm_kernel::launch_unchecked::<bf16>(
+                &client,
+                count,
+                dim,
+                a,
+                b,
+                c,
+                scale_a.into_tensor_arg(),
+                scale_b.into_tensor_arg(),
+                args.0,
+                args.1,
+                args.2,
+                a_major,
+                b_major,
+                operands,
+                scaled,
+            ),
+            Operands::Fp8(..) => gemm_kernel::launch_unchecked::<u8>(
+                &client,
+                count,
+                dim,
+                a,
+                b,
+                c,
+                scale_a.into_tensor_arg(),
+                scale_b.into_tensor_arg(),
+                args.0,
+                args.1,
+                args.2,
+                a_major,
+                b_major,
+                operands,
+                scaled,
+            ),
         }
     }
     out

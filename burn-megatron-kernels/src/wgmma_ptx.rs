@@ -115,51 +115,6 @@ impl Chain {
         self.text() + "}"
     }
 
-    /// The chain for two 64-row halves of A, `apart` bytes apart in shared memory, onto two
-    /// `m64n{n}` accumulators (`%0..` and `%{n/2}..` of one result of `n` registers, the old
-    /// one after it; A's descriptor `$2`, B's `$3`), issued as one commit group and not waited
-    /// for. The halves' steps alternate, so no two neighbouring `wgmma`s wait on each other's
-    /// accumulator: one warpgroup alone keeps the tensor cores busy (the ping-pong GEMM).
-    pub(crate) fn issue_stacked_ptx(self, apart: u32) -> String {
-        let tile = self.a_tile();
-        assert!(self.accumulate, "a stacked chain adds onto its accumulators");
-        let (regs, total) = (self.n / 2, self.n);
-        let mut ptx = String::from(
-            "{\n.reg .pred pt;\n.reg .b32 one;\n.reg .b64 da, db;\nmov.b32 one, 1;\nsetp.ne.b32 pt, one, 0;\n",
-        );
-        for i in 0..total {
-            ptx += &format!("mov.f32 %{i}, %{};\n", total + i);
-        }
-        ptx += "wgmma.fence.sync.aligned;\n";
-        let flags = match self.operands {
-            Operands::Fp8(..) => {
-                assert!(
-                    tile.transposed() == 0 && self.b.transposed() == 0,
-                    "FP8 wgmma reads K-major operands only"
-                );
-                String::new()
-            }
-            Operands::Bf16 => format!(", {}, {}", tile.transposed(), self.b.transposed()),
-        };
-        for step in 0..self.steps {
-            ptx += &format!("add.s64 db, $3, {};\n", self.b.offset(step) / 16);
-            for half in 0..2 {
-                let list = (half * regs..(half + 1) * regs)
-                    .map(|r| format!("%{r}"))
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                ptx += &format!("add.s64 da, $2, {};\n", (half * apart + tile.offset(step)) / 16);
-                ptx += &format!(
-                    "wgmma.mma_async.sync.aligned.m64n{}{} {{{list}}}, da, db, pt, 1, 1{flags};\n",
-                    self.n,
-                    self.operands.suffix()
-                );
-            }
-        }
-        ptx += "wgmma.commit_group.sync.aligned;\n}";
-        ptx
-    }
-
     /// Everything up to and including the commit.
     fn text(self) -> String {
         let regs = self.n / 2;
@@ -336,38 +291,6 @@ mod tests {
         assert!(settle.starts_with("wgmma.wait_group.sync.aligned 1;\n"));
         assert_eq!(settle.matches("mov.f32").count(), 32);
         assert!(settle.contains("mov.f32 %0, %32;") && settle.contains("mov.f32 %31, %63;"));
-    }
-
-    /// A stacked slice: the two halves' `m64n128` steps alternate, each on its own 64
-    /// registers, A's lower half 8 KiB (512 descriptor units) on; one commit, no wait.
-    #[test]
-    fn stacked_halves_alternate() {
-        let chain = Chain {
-            operands: Operands::Bf16,
-            n: 128,
-            steps: 4,
-            accumulate: true,
-            a: ASource::Smem(Tile::KMajor { rows: 128 }),
-            b: Tile::MnMajor { box_bytes: 8192 },
-        };
-        let ptx = chain.issue_stacked_ptx(8192);
-        assert_eq!(ptx.matches("mov.f32").count(), 128);
-        assert!(ptx.contains("mov.f32 %0, %128;") && ptx.contains("mov.f32 %127, %255;"));
-        let steps: Vec<&str> = ptx.lines().filter(|l| l.starts_with("wgmma.mma_async")).collect();
-        assert_eq!(steps.len(), 8);
-        for (i, step) in steps.iter().enumerate() {
-            assert!(step.starts_with("wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"));
-            let first = if i % 2 == 0 { "{%0, " } else { "{%64, " };
-            let last = if i % 2 == 0 { "%63}" } else { "%127}" };
-            assert!(step.contains(first) && step.contains(last), "{step}");
-            assert!(step.ends_with("da, db, pt, 1, 1, 0, 1;"), "{step}");
-        }
-        // Step 1 of the lower half: 32 bytes along A's rows past 8 KiB; B 2 KiB a step.
-        assert!(ptx.contains(&format!("add.s64 da, $2, {};", (8192 + 32) / 16)));
-        assert!(ptx.contains(&format!("add.s64 db, $3, {};", 2048 / 16)));
-        assert!(registers(&ptx).iter().all(|&r| r < 256));
-        assert!(ptx.ends_with("wgmma.commit_group.sync.aligned;\n}"));
-        assert!(!ptx.contains("wait_group"));
     }
 
     /// An FP8 slice: the k32 instruction of the formats, no transpose immediates, the same

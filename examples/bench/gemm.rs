@@ -1,5 +1,5 @@
 //! `bench --gemm`: the matmul routines and Burn's own matmul on the llama GEMM shapes, in bf16,
-//! and our wgmma kernel on E4M3 codes (`Fp8Wgmma`, `Fp8PingPong` in ping-pong; blockwise `Fp8Blockwise`, B in 128×128 blocks,
+//! and our wgmma kernel on E4M3 codes (`Fp8Wgmma`; blockwise `Fp8Blockwise`, B in 128×128 blocks,
 //! and `Fp8BlockwiseRows`, B in 1×128 tiles), one `GEMM {…}` line each; `gemm_peer.py` prints the same lines for cuBLAS through PyTorch.
 //! Before timing, each routine is checked on ragged shapes with every operand layout
 //! (`CHECK {…}` lines).
@@ -132,19 +132,17 @@ pub fn run(device: &Device, iters: usize, kernels: &[GemmKernel]) {
         let (a, b) = (tiles(m), tiles(n));
         let scale = Tensor::<1>::ones([1], (device, DType::F32));
         let formats = (Minifloat::E4M3, Minifloat::E4M3);
-        for (kernel, schedule) in [("Fp8Wgmma", Schedule::Persistent), ("Fp8PingPong", Schedule::PingPong)] {
-            let tensorwise = || {
-                fp8_matmul(
-                    a.0.clone(),
-                    b.0.clone(),
-                    formats,
-                    [scale.clone(), scale.clone()],
-                    schedule,
-                )
-                .map_err(|e| e.to_string())
-            };
-            report_fp8(kernel, time(&tensorwise));
-        }
+        let tensorwise = || {
+            fp8_matmul(
+                a.0.clone(),
+                b.0.clone(),
+                formats,
+                [scale.clone(), scale.clone()],
+                Schedule::Persistent,
+            )
+            .map_err(|e| e.to_string())
+        };
+        report_fp8("Fp8Wgmma", time(&tensorwise));
         let (squares, _, square_scales) = quantize_squares(operand(n, k, false, device), Minifloat::E4M3);
         for (kernel, b, blocks) in [
             ("Fp8Blockwise", (squares, square_scales), BScales::Squares),

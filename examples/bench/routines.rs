@@ -1,5 +1,5 @@
 //! Every matrix-multiply routine by name, on Burn's CUDA tensors, for the GEMM study
-//! (`bench --gemm`, `docs/perf/gemm.md`): cubek's routines and our wgmma kernel's three schedules.
+//! (`bench --gemm`, `docs/perf/gemm.md`): cubek's routines and our wgmma kernel's two schedules.
 //!
 //! Burn runs one routine for every matmul (`Auto`: a single-stage WMMA kernel, or autotune
 //! over a subset when Burn's `autotune` feature is on). [`GemmKernel`] names each routine
@@ -48,12 +48,10 @@ pub enum GemmKernel {
     Wgmma,
     /// The same kernel with a block a tile ([`Schedule::TilePerBlock`]).
     WgmmaTilePerBlock,
-    /// Persistent, each consumer warpgroup on 128 × 128 tiles of its own ([`Schedule::PingPong`]).
-    WgmmaPingPong,
 }
 
 impl GemmKernel {
-    pub const ALL: [GemmKernel; 20] = [
+    pub const ALL: [GemmKernel; 19] = [
         Self::Auto,
         Self::SimpleCyclicCmma,
         Self::SimpleCyclicMma,
@@ -73,7 +71,6 @@ impl GemmKernel {
         Self::TiledCmmaTma,
         Self::Wgmma,
         Self::WgmmaTilePerBlock,
-        Self::WgmmaPingPong,
     ];
 
     /// cubek's strategy for the routine; `None` for our own kernels.
@@ -98,7 +95,7 @@ impl GemmKernel {
             Self::OrderedDoubleMma => ml(MultiLevel::OrderedDoubleMma(Inferred(Default::default()))),
             Self::TiledCmma => Strategy::Tiled(tiled::Strategy::Cmma(Inferred(CmmaStrategy::default()))),
             Self::TiledCmmaTma => Strategy::Tiled(tiled::Strategy::Cmma(Inferred(CmmaStrategy::tma()))),
-            Self::Wgmma | Self::WgmmaTilePerBlock | Self::WgmmaPingPong => return None,
+            Self::Wgmma | Self::WgmmaTilePerBlock => return None,
         })
     }
 
@@ -107,7 +104,6 @@ impl GemmKernel {
         match self {
             Self::Wgmma => Some(Schedule::Persistent),
             Self::WgmmaTilePerBlock => Some(Schedule::TilePerBlock),
-            Self::WgmmaPingPong => Some(Schedule::PingPong),
             _ => None,
         }
     }

@@ -22,8 +22,8 @@ use cubecl_cpp::cuda::ptx::tensor_map_address;
 use half::bf16;
 
 use super::{
-    CONSUMER_WARPS, Major, Pipeline, STAGING_BYTES, WgmmaError, output, persistent_blocks, pipeline_smem, produce,
-    store_map, store_tile, tile_position,
+    Major, Pipeline, STAGING_BYTES, WgmmaError, output, persistent_blocks, pipeline_smem, produce, store_map,
+    store_tile, tile_position,
 };
 use crate::hopper::*;
 use crate::quant::format::Minifloat;
@@ -96,7 +96,7 @@ fn blockwise_kernel(
     #[comptime] operands: Operands,
     #[comptime] b_scales: BScales,
 ) {
-    let (tiles, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES, CONSUMER_WARPS);
+    let (tiles, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES);
 
     let k_tiles = k.div_ceil(BLOCK);
     let (rows, columns) = (m.div_ceil(BLOCK), n.div_ceil(BLOCK));
@@ -193,7 +193,6 @@ fn blockwise_kernel(
                 1 + consumer,
                 storer,
                 1u32,
-                false,
             );
         }
         if storer {

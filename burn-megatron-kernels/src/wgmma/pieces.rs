@@ -5,7 +5,7 @@
 use cubecl::prelude::*;
 use cubecl_cpp::cuda::ptx::generic_to_shared;
 
-use super::{Major, STAGING_BYTES};
+use super::{CONSUMER_WARPS, Major, STAGING_BYTES};
 use crate::hopper::*;
 
 /// Tiles are numbered down columns of `GROUP_M` tile rows, so the blocks running at once share
@@ -117,14 +117,13 @@ pub(crate) fn produce(
 /// A GEMM block's shared memory (`smem_bytes` in all), laid out and its barriers initialized:
 /// `stages` stages of `stage_bytes` from an address aligned to the 1 KiB the 128-byte swizzle
 /// repeats over, the two consumer warpgroups' staging, then each stage's "full" barrier (the
-/// producer's arrival and its TMA bytes) and "empty" one (`arrivals`: one a warp that reads the
-/// stage). Returns `(tiles, staging, full, empty)`, shared-memory addresses.
+/// producer's arrival and its TMA bytes) and "empty" one (an arrival a consumer warp). Returns
+/// `(tiles, staging, full, empty)`, shared-memory addresses.
 #[cube]
 pub(crate) fn pipeline_smem(
     #[comptime] smem_bytes: u32,
     #[comptime] stages: u32,
     #[comptime] stage_bytes: u32,
-    #[comptime] arrivals: u32,
 ) -> (u32, u32, u32, u32) {
     let smem = Shared::<[u32]>::new_aligned_slice(comptime!((smem_bytes / 4) as usize), 1024usize);
     let raw = generic_to_shared::<u32>(smem.as_ptr());
@@ -136,7 +135,7 @@ pub(crate) fn pipeline_smem(
         #[unroll]
         for s in 0..stages {
             mbarrier_init(full + s * 8, 1u32);
-            mbarrier_init(empty + s * 8, arrivals);
+            mbarrier_init(empty + s * 8, CONSUMER_WARPS);
         }
         mbarrier_init_fence();
     }
@@ -148,9 +147,7 @@ pub(crate) fn pipeline_smem(
 /// accumulator) times `factor` at `(row0, col0)` of C, in passes of 128 columns through its
 /// staging `buffer`: every thread writes its bf16 pairs into two swizzled 64 × 64 boxes, then
 /// `storer` hands them to TMA, which writes C in whole lines and lets the warpgroup go on to its
-/// next tile while it does (`barrier`: the warpgroup's named barrier). `stacked`: `acc` is
-/// `passes` stacked `m64n128` accumulators instead ([`issue_stacked`]), the results
-/// `64 · passes` × 128, each pass 64 rows further down.
+/// next tile while it does (`barrier`: the warpgroup's named barrier).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn store_tile<N: Size>(
@@ -163,7 +160,6 @@ pub(crate) fn store_tile<N: Size>(
     barrier: u32,
     storer: bool,
     #[comptime] passes: u32,
-    #[comptime] stacked: bool,
 ) {
     // The accumulator layout of `hopper`'s module docs: row `16 · warp + lane / 4` (+ 8), the
     // column pair `8j + 2 · (lane % 4)` of each 8-column block j.
@@ -194,11 +190,8 @@ pub(crate) fn store_tile<N: Size>(
         fence_proxy_async_shared();
         named_barrier(barrier, 128u32);
         if storer {
-            // (Not mutable locals: `gpu_asm!` would get their addresses.)
-            let (down, across) = comptime!(if stacked { (pass * 64, 0) } else { (0, pass * 128) });
-            let (row, col) = (row0 + down, col0 + across);
-            tma_store_box(map, col, row, buffer);
-            tma_store_box(map, col + 64, row, buffer + 8192);
+            tma_store_box(map, col0 + pass * 128, row0, buffer);
+            tma_store_box(map, col0 + pass * 128 + 64, row0, buffer + 8192);
             bulk_commit();
         }
     }

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Session 25, one H200 (carry .gpu with gpu-suite and bench, .peers (../shared/peers) and .whl
 # with torchao 0.18's wheel).
-#   gemm: the GEMM kernel tests (bf16 in every schedule, FP8 cooperative and ping-pong), then
-#         `bench --gemm --kernels Wgmma,WgmmaPingPong` with CUBECL_CUDA_DUMP_PTX and Triton's
+#   gemm: the GEMM kernel tests (bf16 in both schedules, FP8), then
+#         `bench --gemm --kernels Wgmma` with CUBECL_CUDA_DUMP_PTX and Triton's
 #         ptxas over the wgmma kernels it launched (registers, spills, C7513: serialized wgmmas),
 #         then cuBLAS on the same shapes (`examples/bench/gemm_peer.py`).
+#   ncu:  ncu's full set on one bf16 GEMM of llama-1b's gate/up shape (the 13th `gemm_kernel`
+#         launch of `bench --gemm --kernels Wgmma`: 12 checks, then 1b.w13.fwd), the details
+#         page and the SASS with its stall samples (`ncu-gemm.ncu-rep`, `gemm-details.txt`,
+#         `gemm-sass.csv`).
 #   rows: llama-1b under bf16 beside PyTorch + compile and FP8 tensorwise beside torchao float8
 #         tensorwise + compile (fp32 master weights, random ids, 3 warm-up and 10 timed steps),
 #         then both of ours again if time is left (AGAIN=0 leaves them out).
@@ -38,13 +42,22 @@ case $part in
     # Kernels whose dumped names collide overwrite each other: keep every version seen.
     (while true; do for f in /tmp/ptx/*.ptx; do [ -f "$f" ] && cp "$f" "/tmp/ptxall/$(md5sum "$f" | cut -c1-12).ptx"; done; sleep 0.1; done) &
     copier=$!
-    CUBECL_CUDA_DUMP_PTX=/tmp/ptx timeout -s KILL 150 bash .gpu/run.sh bench --gemm --kernels Wgmma,WgmmaPingPong > "$OUT/bench-gemm.log" 2>&1
+    CUBECL_CUDA_DUMP_PTX=/tmp/ptx timeout -s KILL 150 bash .gpu/run.sh bench --gemm --kernels Wgmma > "$OUT/bench-gemm.log" 2>&1
     sleep 0.5; kill $copier
     grep -h 'GEMM\|CHECK.*rror\|panicked' "$OUT/bench-gemm.log" | grep -v '"kernel": "burn"' | cut -c1-250
     timeout -s KILL 90 python3 examples/bench/gemm_peer.py > "$OUT/peer-gemm.log" 2>&1
     grep -h 'GEMM\|Error' "$OUT/peer-gemm.log" | cut -c1-250
     ptxreport
     (cd /tmp/ptxall && tar cJf "$OUT/ptx.tar.xz" $(grep -l wgmma *.ptx))
+    ;;
+  ncu)
+    timeout -s KILL 300 ncu --set full --import-source no -k regex:gemm_kernel --launch-skip 12 --launch-count 1 \
+      -o "$OUT/ncu-gemm" bash .gpu/run.sh bench --gemm --kernels Wgmma > "$OUT/ncu-run.log" 2>&1
+    tail -3 "$OUT/ncu-run.log"
+    ncu -i "$OUT/ncu-gemm.ncu-rep" --page details > "$OUT/gemm-details.log" 2>&1
+    ncu -i "$OUT/ncu-gemm.ncu-rep" --page source --print-source sass --csv > "$OUT/gemm-sass.csv" 2>&1
+    grep -i -A3 "duration\|warp cycles per issued\|stall\|Issue Slot\|No Eligible\|Active Warps" "$OUT/gemm-details.log" | head -80
+    xz -9 "$OUT/gemm-sass.csv"
     ;;
   rows)
     run 1b-bf16 90 --preset llama-1b --steps 10 --warmup 3
