@@ -5,10 +5,11 @@
 #         `bench --gemm --kernels Wgmma` with CUBECL_CUDA_DUMP_PTX and Triton's
 #         ptxas over the wgmma kernels it launched (registers, spills, C7513: serialized wgmmas),
 #         then cuBLAS on the same shapes (`examples/bench/gemm_peer.py`).
-#   ncu:  ncu's full set on one bf16 GEMM of llama-1b's gate/up shape (the 13th `gemm_kernel`
-#         launch of `bench --gemm --kernels Wgmma`: 12 checks, then 1b.w13.fwd), the details
-#         page and the SASS with its stall samples (`ncu-gemm.ncu-rep`, `gemm-details.txt`,
-#         `gemm-sass.csv`).
+#   ncu:  ncu's full set on one GEMM launch of `bench --gemm --kernels Wgmma`, by default the
+#         13th `gemm_kernel` launch (12 checks, then bf16 1b.w13.fwd; SKIP=78 is bf16
+#         1b.qkvo.fwd, SKIP=89 its FP8 product: 11 launches a kernel and shape), the details
+#         page and the SASS with its stall samples (`NAME`, default `gemm`: `$NAME.ncu-rep`,
+#         `$NAME-details.log`, `$NAME-sass.csv.xz`).
 #   rows: llama-1b under bf16 beside PyTorch + compile and FP8 tensorwise beside torchao float8
 #         tensorwise + compile (fp32 master weights, random ids, 3 warm-up and 10 timed steps),
 #         then both of ours again if time is left (AGAIN=0 leaves them out).
@@ -51,13 +52,14 @@ case $part in
     (cd /tmp/ptxall && tar cJf "$OUT/ptx.tar.xz" $(grep -l wgmma *.ptx))
     ;;
   ncu)
-    timeout -s KILL 300 ncu --set full --import-source no -k regex:gemm_kernel --launch-skip 12 --launch-count 1 \
-      -o "$OUT/ncu-gemm" bash .gpu/run.sh bench --gemm --kernels Wgmma > "$OUT/ncu-run.log" 2>&1
-    tail -3 "$OUT/ncu-run.log"
-    ncu -i "$OUT/ncu-gemm.ncu-rep" --page details > "$OUT/gemm-details.log" 2>&1
-    ncu -i "$OUT/ncu-gemm.ncu-rep" --page source --print-source sass --csv > "$OUT/gemm-sass.csv" 2>&1
-    grep -i -A3 "duration\|warp cycles per issued\|stall\|Issue Slot\|No Eligible\|Active Warps" "$OUT/gemm-details.log" | head -80
-    xz -9 "$OUT/gemm-sass.csv"
+    name=${NAME:-gemm}
+    timeout -s KILL 300 ncu --set full --import-source no -k regex:gemm_kernel --launch-skip "${SKIP:-12}" --launch-count 1 \
+      -o "$OUT/$name" bash .gpu/run.sh bench --gemm --kernels Wgmma > "$OUT/ncu-run-$name.log" 2>&1
+    tail -3 "$OUT/ncu-run-$name.log"
+    ncu -i "$OUT/$name.ncu-rep" --page details > "$OUT/$name-details.log" 2>&1
+    ncu -i "$OUT/$name.ncu-rep" --page source --print-source sass --csv > "$OUT/$name-sass.csv" 2>&1
+    grep -E "^ +(Duration|Elapsed Cycles|SM Active Cycles|SM Frequency|Grid Size|Registers Per)" "$OUT/$name-details.log"
+    xz -9 "$OUT/$name-sass.csv"
     ;;
   rows)
     run 1b-bf16 90 --preset llama-1b --steps 10 --warmup 3
