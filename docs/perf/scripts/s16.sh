@@ -15,10 +15,6 @@ set -u
 cd "$(dirname "$0")/../../.."
 . docs/perf/scripts/s6-common.sh
 part=${1:-suite}
-torchao() {
-  python3 -m pip install --quiet --no-deps --target /tmp/torchao .whl/torchao-0.18.0-*.whl
-  export PYTHONPATH=/tmp/torchao
-}
 case $part in
   suite)
     for test in ${TESTS:-fp8_tiles fp8_blocks fp8_gemm fp8_blockwise_gemm quantized_linear shared_input wgmma_gemm grouped_gemm}; do

@@ -15,10 +15,6 @@ set -u
 cd "$(dirname "$0")/../../.."
 . docs/perf/scripts/s6-common.sh
 part=${1:-fp8}
-torchao() {
-  python3 -m pip install --quiet --no-deps --target /tmp/torchao .whl/torchao-0.18.0-*.whl
-  export PYTHONPATH=/tmp/torchao
-}
 rowwise() {  # the torchao rowwise peer, its memory sampled
   sample peer-rowwise; local smi=$!
   (cd .peers && timeout -s KILL 150 python3 peer_fp8.py --preset llama-1b --recipe rowwise > "$OUT/peers-rowwise.log" 2>&1)

@@ -18,24 +18,6 @@ set -u
 cd "$(dirname "$0")/../../.."
 . docs/perf/scripts/s6-common.sh
 part=${1:-rows}
-torchao() {
-  python3 -m pip install --quiet --no-deps --target /tmp/torchao .whl/torchao-0.18.0-*.whl
-  export PYTHONPATH=/tmp/torchao
-}
-suite() {
-  for test in "$@"; do
-    timeout -s KILL 150 bash .gpu/run.sh gpu-suite --world 1 --filter "kernel_suite::$test" > "$OUT/suite-$test.log" 2>&1
-    grep -h "FAILED\|passed\|ok (\|panicked" "$OUT/suite-$test.log" | cut -c1-600
-  done
-}
-ptxreport() {  # every dumped kernel that issues wgmma, through Triton's ptxas
-  local ptxas
-  ptxas=$(python3 -c "import triton, os; print(os.path.dirname(triton.__file__))")/backends/nvidia/bin/ptxas
-  for f in $(grep -l wgmma /tmp/ptxall/*.ptx); do
-    sed -i 's/^\.version 9\.0/.version 8.7/' "$f"
-    "$ptxas" -arch=sm_90a -v "$f" -o /dev/null 2>&1 | grep -h "entry function\|registers\|spill\|C7513\|rror" | cut -c1-300
-  done
-}
 case $part in
   gemm)
     suite ${TESTS:-wgmma_gemm fp8_gemm}
@@ -62,13 +44,7 @@ case $part in
     xz -9 "$OUT/$name-sass.csv"
     ;;
   rows)
-    run 1b-bf16 90 --preset llama-1b --steps 10 --warmup 3
-    peers 1b-compile 150 llama-1b compile
-    torchao
-    run 1b-fp8-tensorwise 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
-    peers 1b-torchao 150 llama-1b fp8
-    [ "${AGAIN:-1}" = 1 ] && [ $SECONDS -lt 430 ] && run 1b-bf16-2 90 --preset llama-1b --steps 10 --warmup 3
-    [ "${AGAIN:-1}" = 1 ] && [ $SECONDS -lt 480 ] && run 1b-fp8-tensorwise-2 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
+    llama_rows
     ;;
 esac
 (cd "$OUT" && tar cJf logs.tar.xz --remove-files -- $(ls *.log *.csv 2>/dev/null))

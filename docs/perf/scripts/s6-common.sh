@@ -1,4 +1,5 @@
-# Sourced by the session-6 row scripts: memory sampling and one bench run with its peak memory.
+# Sourced by the session scripts since session 6: memory sampling, one bench run with its peak
+# memory, the peers, torchao's wheel installed, kernel tests by name, and ptxas's report.
 sample() { nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 200 > "$OUT/mem-$1.csv" & }
 peak() { awk -F', ' '{if ($2 > m[$1]) m[$1] = $2} END {for (g in m) printf "gpu%s=%s ", g, m[g]}' "$OUT/mem-$1.csv"; }
 run() {  # NAME LIMIT ARGS...: one bench run with its memory sampled
@@ -16,4 +17,32 @@ peers() {  # NAME LIMIT PRESET WHICH: peers with their memory sampled
   kill $smi
   grep -h 'RESULT' "$OUT/peers-$name.log" | cut -c1-400
   echo "peer $name peak MiB per GPU: $(peak "peer-$name")"
+}
+torchao() {  # torchao 0.18 from the carried wheel, on PYTHONPATH
+  python3 -m pip install --quiet --no-deps --target /tmp/torchao .whl/torchao-0.18.0-*.whl
+  export PYTHONPATH=/tmp/torchao
+}
+suite() {  # TEST...: gpu-suite's kernel tests by name, one log each
+  for test in "$@"; do
+    timeout -s KILL 150 bash .gpu/run.sh gpu-suite --world 1 --filter "kernel_suite::$test" > "$OUT/suite-$test.log" 2>&1
+    grep -h "FAILED\|passed\|ok (\|panicked" "$OUT/suite-$test.log" | cut -c1-600
+  done
+}
+ptxreport() {  # [DIR]: every kernel dumped in DIR (/tmp/ptxall) that issues wgmma, through Triton's ptxas
+  local ptxas
+  ptxas=$(python3 -c "import triton, os; print(os.path.dirname(triton.__file__))")/backends/nvidia/bin/ptxas
+  for f in $(grep -l wgmma "${1:-/tmp/ptxall}"/*.ptx); do
+    sed -i 's/^\.version 9\.0/.version 8.7/' "$f"
+    "$ptxas" -arch=sm_90a -v "$f" -o /dev/null 2>&1 | grep -h "entry function\|registers\|spill\|C7513\|rror" | cut -c1-300
+  done
+}
+llama_rows() {  # llama-1b bf16 beside PyTorch + compile, FP8 tensorwise beside torchao + compile;
+  # both of ours again if time is left (AGAIN=0 leaves them out)
+  run 1b-bf16 90 --preset llama-1b --steps 10 --warmup 3
+  peers 1b-compile 150 llama-1b compile
+  torchao
+  run 1b-fp8-tensorwise 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
+  peers 1b-torchao 150 llama-1b fp8
+  [ "${AGAIN:-1}" = 1 ] && [ $SECONDS -lt 430 ] && run 1b-bf16-2 90 --preset llama-1b --steps 10 --warmup 3
+  [ "${AGAIN:-1}" = 1 ] && [ $SECONDS -lt 480 ] && run 1b-fp8-tensorwise-2 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
 }
