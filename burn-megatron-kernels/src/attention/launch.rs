@@ -64,6 +64,20 @@ fn compact(like: &CubeTensor, dims: &[usize], dtype: DType) -> CubeTensor {
     )
 }
 
+/// A compact bf16 tensor's memory as `u32` bf16 pairs (its last dim halved), for the kernels'
+/// 4-byte stores.
+fn pairs(t: &CubeTensor) -> CubeTensor {
+    let mut dims = t.meta.shape().to_vec();
+    *dims.last_mut().expect("a tensor of results") /= 2;
+    CubeTensor::new_contiguous(
+        t.client.clone(),
+        t.device.clone(),
+        Shape::from(dims),
+        t.handle.clone(),
+        DType::U32,
+    )
+}
+
 /// A TMA map of `rows` × 64 boxes over a `[b, h, s, 128]` view.
 fn map(t: &CubeTensor, rows: usize) -> TensorMapArg<Tiled> {
     TensorMapArg::new(
@@ -122,7 +136,7 @@ pub(super) fn forward(
             map(&q, 128),
             map(&k, 128),
             map(&v, 128),
-            out.clone().into_tensor_arg(),
+            pairs(&out).into_tensor_arg(),
             lse.clone().into_tensor_arg(),
             s as u32,
             h as u32,
@@ -201,7 +215,7 @@ pub(super) fn backward(
             map(&v, 64),
             lse.clone().into_tensor_arg(),
             delta.clone().into_tensor_arg(),
-            dq.clone().into_tensor_arg(),
+            pairs(&dq).into_tensor_arg(),
             s as u32,
             h as u32,
             scale_log2(scale),
@@ -218,8 +232,8 @@ pub(super) fn backward(
             map(&grad, 64),
             lse.into_tensor_arg(),
             delta.into_tensor_arg(),
-            dk.clone().into_tensor_arg(),
-            dv.clone().into_tensor_arg(),
+            pairs(&dk).into_tensor_arg(),
+            pairs(&dv).into_tensor_arg(),
             s as u32,
             h as u32,
             scale_log2(scale),

@@ -61,7 +61,7 @@ pub(crate) fn forward_kernel(
     q: &TensorMap<bf16, Tiled>,
     k: &TensorMap<bf16, Tiled>,
     v: &TensorMap<bf16, Tiled>,
-    out: &mut Tensor<bf16>,
+    out: &mut Tensor<u32>,
     lse: &mut Tensor<f32>,
     seq: u32,
     heads: u32,
