@@ -1,4 +1,6 @@
-"""cuBLAS through PyTorch on the shapes of examples/bench/gemm.rs, printing the same GEMM lines."""
+"""cuBLAS through PyTorch on the shapes of examples/bench/gemm.rs, printing the same GEMM lines:
+bf16 (`cublas`), and E4M3 codes with one scale each, `a` row-major and `b` column-major as
+`torch._scaled_mm` takes them, bf16 out (`cublas-fp8`, beside `bench --gemm`'s `Fp8Wgmma`)."""
 import json
 import torch
 
@@ -12,17 +14,33 @@ SHAPES = [
     ("square.8192", 8192, 8192, 8192, False),
 ]
 
+
+def timed(product, iters=20):
+    """Seconds a call, the mean of `iters` after 3 warm-up calls."""
+    for _ in range(3):
+        product()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        product()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def report(name, m, k, n, kernel, seconds):
+    print("GEMM " + json.dumps({"shape": name, "m": m, "k": k, "n": n, "kernel": kernel, "us": round(seconds * 1e6, 1), "tflops": round(2 * m * n * k / seconds / 1e12, 1)}))
+
+
 for name, m, k, n, transposed in SHAPES:
     lhs = torch.randn(k, m, device="cuda", dtype=torch.bfloat16).t() if transposed else torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     rhs = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):
-        lhs @ rhs
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    iters = 20
-    start.record()
-    for _ in range(iters):
-        lhs @ rhs
-    end.record()
-    torch.cuda.synchronize()
-    seconds = start.elapsed_time(end) / 1e3 / iters
-    print("GEMM " + json.dumps({"shape": name, "m": m, "k": k, "n": n, "kernel": "cublas", "us": round(seconds * 1e6, 1), "tflops": round(2 * m * n * k / seconds / 1e12, 1)}))
+    report(name, m, k, n, "cublas", timed(lambda: lhs @ rhs))
+    try:
+        a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()
+        one = torch.tensor(1.0, device="cuda")
+        fp8 = lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16)
+        report(name, m, k, n, "cublas-fp8", timed(fp8))
+    except Exception as error:  # an API change shows as a line, the bf16 figures stand
+        print("GEMM " + json.dumps({"shape": name, "kernel": "cublas-fp8", "error": repr(error)[:300]}))
