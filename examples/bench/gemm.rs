@@ -15,8 +15,11 @@ use burn_megatron_kernels::wgmma::{BScales, Schedule, fp8_blockwise_matmul, fp8_
 /// `(name, m, k, n, lhs transposed)`: llama-1b's MLP (8192 tokens) forward `x·W` and weight
 /// gradient `xᵀ·dy` (lhs a transposed view), its down projection and attention projections,
 /// its output layer, llama-8b's MLP at tp = 2 (4096 tokens), and the 8192³ reference product.
-/// Input gradients `dy·Wᵀ` have the forward shapes with k and n swapped.
-pub const SHAPES: [(&str, usize, usize, usize, bool); 7] = [
+/// Input gradients `dy·Wᵀ` have the forward shapes with k and n swapped. Then the products of
+/// llama-1b's projections fused side by side (q, k and v: 6144 columns; gate and up: 11264):
+/// forward, input gradient and weight gradient, beside the attention projections' weight
+/// gradient alone.
+pub const SHAPES: [(&str, usize, usize, usize, bool); 14] = [
     ("1b.w13.fwd", 8192, 2048, 5632, false),
     ("1b.w13.wgrad", 2048, 8192, 5632, true),
     ("1b.w2.fwd", 8192, 5632, 2048, false),
@@ -24,6 +27,13 @@ pub const SHAPES: [(&str, usize, usize, usize, bool); 7] = [
     ("1b.out.fwd", 8192, 2048, 32768, false),
     ("8b.tp2.w13.fwd", 4096, 4096, 7168, false),
     ("square.8192", 8192, 8192, 8192, false),
+    ("1b.qkvo.wgrad", 2048, 8192, 2048, true),
+    ("1b.qkv.fwd", 8192, 2048, 6144, false),
+    ("1b.qkv.dgrad", 8192, 6144, 2048, false),
+    ("1b.qkv.wgrad", 2048, 8192, 6144, true),
+    ("1b.w13cat.fwd", 8192, 2048, 11264, false),
+    ("1b.w13cat.dgrad", 8192, 11264, 2048, false),
+    ("1b.w13cat.wgrad", 2048, 8192, 11264, true),
 ];
 
 /// `(m, k, n)` that fill no tile: m and n ragged for 128 × 256 blocks, k for 64-deep slices (a

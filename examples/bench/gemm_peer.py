@@ -12,6 +12,13 @@ SHAPES = [
     ("1b.out.fwd", 8192, 2048, 32768, False),
     ("8b.tp2.w13.fwd", 4096, 4096, 7168, False),
     ("square.8192", 8192, 8192, 8192, False),
+    ("1b.qkvo.wgrad", 2048, 8192, 2048, True),
+    ("1b.qkv.fwd", 8192, 2048, 6144, False),
+    ("1b.qkv.dgrad", 8192, 6144, 2048, False),
+    ("1b.qkv.wgrad", 2048, 8192, 6144, True),
+    ("1b.w13cat.fwd", 8192, 2048, 11264, False),
+    ("1b.w13cat.dgrad", 8192, 11264, 2048, False),
+    ("1b.w13cat.wgrad", 2048, 8192, 11264, True),
 ]
 
 

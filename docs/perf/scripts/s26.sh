@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Session 26, one H200 (carry .gpu with gpu-suite and bench, .peers (../shared/peers) and .whl
+# with torchao 0.18's wheel).
+#   gemm: `bench --gemm --kernels Wgmma` (bf16 and FP8 on every shape, the fused projections'
+#         included), then cuBLAS on the same shapes, bf16 and FP8 (`examples/bench/gemm_peer.py`).
+#   fused: the kernel tests of the packed ops and of what they changed (flash attention's
+#         stores, RoPE), then the rows below.
+#   ab:   llama-1b bf16 and FP8 tensorwise, the projections fused and apart in turn, twice, then
+#         bf16 both ways with `--profile`: needs a bench built at the fused projections' commit
+#         with `fused::fusable` returning false when APART is set (a one-line local change).
+#   rows: llama-1b under bf16 beside PyTorch + compile and FP8 tensorwise beside torchao float8
+#         tensorwise + compile (fp32 master weights, random ids, 3 warm-up and 10 timed steps),
+#         then both of ours again if time is left (AGAIN=0 leaves them out).
+# Logs go to $OUT/logs.tar.xz (a device call brings back a few files).
+set -u
+cd "$(dirname "$0")/../../.."
+. docs/perf/scripts/s6-common.sh
+part=${1:-rows}
+case $part in
+  gemm)
+    [ -n "${TESTS:-}" ] && suite $TESTS
+    timeout -s KILL 200 bash .gpu/run.sh bench --gemm --kernels Wgmma > "$OUT/bench-gemm.log" 2>&1
+    grep -h 'GEMM\|CHECK.*rror\|panicked' "$OUT/bench-gemm.log" | grep -v '"kernel": "burn"' | cut -c1-250
+    timeout -s KILL 120 python3 examples/bench/gemm_peer.py > "$OUT/peer-gemm.log" 2>&1
+    grep -h 'GEMM\|Error' "$OUT/peer-gemm.log" | cut -c1-250
+    ;;
+  fused)
+    suite ${TESTS:-packed_attention_heads swiglu_packed_halves flash_attention rope swiglu}
+    llama_rows
+    ;;
+  ab)
+    for i in 1 2; do
+      run fused-bf16-$i 90 --preset llama-1b --steps 10 --warmup 3
+      APART=1 run apart-bf16-$i 90 --preset llama-1b --steps 10 --warmup 3
+      run fused-fp8-$i 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
+      APART=1 run apart-fp8-$i 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
+    done
+    run fused-bf16-profile 90 --preset llama-1b --steps 10 --warmup 3 --profile
+    APART=1 run apart-bf16-profile 90 --preset llama-1b --steps 10 --warmup 3 --profile
+    ;;
+  rows)
+    llama_rows
+    ;;
+esac
+(cd "$OUT" && tar cJf logs.tar.xz --remove-files -- $(ls *.log *.csv 2>/dev/null))
