@@ -162,105 +162,6 @@ pub(crate) fn swiglu_backward(a: CubeTensor, b: CubeTensor, grad: CubeTensor) ->
     (da, db)
 }
 
-/// SwiGLU of `y = [a | b]`: output vector `i` of row `r` reads `a` at `r·2f + i` and `b` at
-/// `r·2f + f + i` (`half` is `f` in vectors).
-#[cube(launch_unchecked)]
-fn swiglu_packed_kernel<F: Float, N: Size>(y: &Tensor<Vector<F, N>>, out: &mut Tensor<Vector<F, N>>, half: u32) {
-    let i = ABSOLUTE_POS as u32;
-    if (i as usize) < out.len() {
-        let at = (i / half) * 2 * half + i % half;
-        let x = Vector::<f32, N>::cast_from(y[at as usize]);
-        out[i as usize] = Vector::cast_from(x * sigmoid(x) * Vector::<f32, N>::cast_from(y[(at + half) as usize]));
-    }
-}
-
-/// The gradient of `y = [a | b]`, laid out as `y`.
-#[cube(launch_unchecked)]
-fn swiglu_packed_backward_kernel<F: Float, N: Size>(
-    y: &Tensor<Vector<F, N>>,
-    grad: &Tensor<Vector<F, N>>,
-    dy: &mut Tensor<Vector<F, N>>,
-    half: u32,
-) {
-    let i = ABSOLUTE_POS as u32;
-    if (i as usize) < grad.len() {
-        let at = (i / half) * 2 * half + i % half;
-        let x = Vector::<f32, N>::cast_from(y[at as usize]);
-        let u = Vector::<f32, N>::cast_from(y[(at + half) as usize]);
-        let g = Vector::<f32, N>::cast_from(grad[i as usize]);
-        let s = sigmoid(x);
-        let one = Vector::new(1.0f32);
-        dy[at as usize] = Vector::cast_from(g * u * s * (one + x * (one - s)));
-        dy[(at + half) as usize] = Vector::cast_from(g * x * s);
-    }
-}
-
-/// `y`'s last dim, halved: the packed SwiGLU's `f`.
-fn packed_half(y: &CubeTensor) -> usize {
-    y.meta.shape()[y.meta.shape().num_dims() - 1] / 2
-}
-
-/// 8 elements a thread where each half's rows allow it (16-byte bf16 loads), else 1.
-fn packed_vector(half: usize) -> usize {
-    if half.is_multiple_of(8) { 8 } else { 1 }
-}
-
-pub(crate) fn swiglu_packed(y: CubeTensor) -> CubeTensor {
-    let half = packed_half(&y);
-    let fits = float_like(&y, &y) && half > 0;
-    let Some(y) = fits.then(|| compact_input(y.clone())).flatten() else {
-        return reference::forward_packed::<Cube>(y);
-    };
-    let mut shape = y.meta.shape().clone();
-    let last = shape.num_dims() - 1;
-    shape[last] = half;
-    let out = compact_output(&y, shape, y.dtype);
-    let vector = packed_vector(half);
-    let (count, dim) = launch_dims(out.meta.num_elements(), vector);
-    launch_float!(
-        y.dtype,
-        swiglu_packed_kernel,
-        &y.client,
-        count,
-        dim,
-        vector,
-        y.clone().into_tensor_arg(),
-        out.clone().into_tensor_arg(),
-        (half / vector) as u32
-    );
-    out
-}
-
-pub(crate) fn swiglu_packed_backward(y: CubeTensor, grad: CubeTensor) -> CubeTensor {
-    let half = packed_half(&y);
-    let fits = float_like(&y, &y)
-        && grad.dtype == y.dtype
-        && half > 0
-        && grad.meta.num_elements() * 2 == y.meta.num_elements();
-    let (Some(y), Some(grad)) = (
-        fits.then(|| compact_input(y.clone())).flatten(),
-        compact_input(grad.clone()),
-    ) else {
-        return reference::backward_packed::<Cube>(y, grad);
-    };
-    let dy = compact_output(&y, y.meta.shape().clone(), y.dtype);
-    let vector = packed_vector(half);
-    let (count, dim) = launch_dims(grad.meta.num_elements(), vector);
-    launch_float!(
-        y.dtype,
-        swiglu_packed_backward_kernel,
-        &y.client,
-        count,
-        dim,
-        vector,
-        y.clone().into_tensor_arg(),
-        grad.into_tensor_arg(),
-        dy.clone().into_tensor_arg(),
-        (half / vector) as u32
-    );
-    dy
-}
-
 /// RoPE: one thread a vector of the first half of a row and its partner in the second. `x` and
 /// `out` are read and written through their strides (`[b, h, s]`, in vectors; head dim
 /// contiguous); `count` is the number of threads, half the vectors.
@@ -367,18 +268,6 @@ pub(crate) fn rope(x: CubeTensor, cos: CubeTensor, sin: CubeTensor, inverse: boo
         ),
         false => compact_output(&x, shape.clone(), x.dtype),
     };
-    rope_into(&x, cos_c, sin_c, inverse, &out);
-    out
-}
-
-/// RoPE of `x` written into `out` (`x` itself for a rotation in place: each thread reads its
-/// two values before it writes them): both `[b, h, s, d]` views of one shape with the head dim
-/// contiguous and their other strides multiples of the vector (8 where `d/2` allows), the
-/// tables compact f32 `[≥ s, d/2]`, the dtype a float.
-pub(crate) fn rope_into(x: &CubeTensor, cos: CubeTensor, sin: CubeTensor, inverse: bool, out: &CubeTensor) {
-    let shape = x.meta.shape().clone();
-    let half = shape[3] / 2;
-    let vector = [8, 4, 2, 1].into_iter().find(|v| half % v == 0).expect("1 divides");
     let in_vectors = |t: &CubeTensor| {
         let stride = |i: usize| (t.meta.strides()[i] / vector) as u32;
         Strides3Launch::new(stride(0), stride(1), stride(2))
@@ -394,15 +283,16 @@ pub(crate) fn rope_into(x: &CubeTensor, cos: CubeTensor, sin: CubeTensor, invers
         dim,
         vector,
         x.clone().into_tensor_arg(),
-        cos.into_tensor_arg(),
-        sin.into_tensor_arg(),
+        cos_c.into_tensor_arg(),
+        sin_c.into_tensor_arg(),
         out.clone().into_tensor_arg(),
-        in_vectors(x),
-        in_vectors(out),
+        in_vectors(&x),
+        in_vectors(&out),
         threads as u32,
         shape[1] as u32,
-        shape[2] as u32,
+        s as u32,
         (half / vector) as u32,
         sign,
     );
+    out
 }

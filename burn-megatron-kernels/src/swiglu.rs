@@ -2,16 +2,11 @@
 //! one elementwise kernel each way (the backward reads a, b and the gradient once and writes
 //! both input gradients); elsewhere the plain tensor-op twin, [`reference`]. Both compute in
 //! f32 and round once to the inputs' dtype.
-//!
-//! [`swiglu_packed`] takes `a` and `b` side by side in one tensor, as one product of the gate
-//! and up projections' weights side by side makes them, and gives its gradient the same way:
-//! no slice of the product, whose gradient Burn would build as a zero tensor of the whole
-//! product for each half and their sum.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
 use burn::tensor::Tensor;
@@ -28,12 +23,6 @@ pub trait SwigluOps: Backend {
         b: FloatTensor<Self>,
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
-
-    /// `silu(a) ∘ b` of `y = [a | b]`, its two halves along the last dim.
-    fn swiglu_packed(y: FloatTensor<Self>) -> FloatTensor<Self>;
-
-    /// The gradient of `y = [a | b]` given the output's: `[da | db]`.
-    fn swiglu_packed_backward(y: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
 /// The plain tensor-op twin, on any backend's primitives: the CPU path and the kernels' oracle.
@@ -76,34 +65,6 @@ pub mod reference {
         let db = B::float_mul(grad, B::float_mul(a, s));
         (B::float_cast(da, dtype), B::float_cast(db, dtype))
     }
-
-    /// `y`'s two halves along its last dim.
-    fn halves<B: Backend>(y: FloatTensor<B>) -> (FloatTensor<B>, FloatTensor<B>) {
-        let shape = y.shape();
-        let (last, f) = (shape.num_dims() - 1, shape[shape.num_dims() - 1] / 2);
-        let half = |start: usize| {
-            let slices: Vec<burn::tensor::Slice> = (0..=last)
-                .map(|d| match d == last {
-                    true => burn::tensor::Slice::from(start..start + f),
-                    false => burn::tensor::Slice::from(0..shape[d]),
-                })
-                .collect();
-            B::float_slice(y.clone(), &slices)
-        };
-        (half(0), half(f))
-    }
-
-    pub fn forward_packed<B: Backend>(y: FloatTensor<B>) -> FloatTensor<B> {
-        let (a, b) = halves::<B>(y);
-        forward::<B>(a, b)
-    }
-
-    pub fn backward_packed<B: Backend>(y: FloatTensor<B>, grad: FloatTensor<B>) -> FloatTensor<B> {
-        let last = y.shape().num_dims() - 1;
-        let (a, b) = halves::<B>(y);
-        let (da, db) = backward::<B>(a, b, grad);
-        B::float_cat(vec![da, db], last)
-    }
 }
 
 impl SwigluOps for Flex {
@@ -117,14 +78,6 @@ impl SwigluOps for Flex {
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         reference::backward::<Flex>(a, b, grad)
-    }
-
-    fn swiglu_packed(y: FloatTensor<Self>) -> FloatTensor<Self> {
-        reference::forward_packed::<Flex>(y)
-    }
-
-    fn swiglu_packed_backward(y: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
-        reference::backward_packed::<Flex>(y, grad)
     }
 }
 
@@ -140,14 +93,6 @@ impl SwigluOps for burn::backend::Cube {
         grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         crate::elementwise::swiglu_backward(a, b, grad)
-    }
-
-    fn swiglu_packed(y: FloatTensor<Self>) -> FloatTensor<Self> {
-        crate::elementwise::swiglu_packed(y)
-    }
-
-    fn swiglu_packed_backward(y: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
-        crate::elementwise::swiglu_packed_backward(y, grad)
     }
 }
 
@@ -167,18 +112,6 @@ impl<B: Backend + SwigluOps> Backward<B, 2> for SwigluBackward {
                 grads.register::<B>(node.id, grad);
             }
         }
-    }
-}
-
-#[derive(Debug)]
-struct SwigluPackedBackward;
-
-impl<B: Backend + SwigluOps> Backward<B, 1> for SwigluPackedBackward {
-    type State = FloatTensor<B>;
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let y = ops.state;
-        unary::<B, _>(ops.parents, ops.node, grads, |grad| B::swiglu_packed_backward(y, grad));
     }
 }
 
@@ -208,23 +141,6 @@ impl<B: Backend + SwigluOps, C: CheckpointStrategy> SwigluOps for Autodiff<B, C>
             <Self as AutodiffBackend>::from_inner(db),
         )
     }
-
-    fn swiglu_packed(y: FloatTensor<Self>) -> FloatTensor<Self> {
-        match SwigluPackedBackward.prepare::<C>([y.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => {
-                let y = y.into_parts().0;
-                let out = B::swiglu_packed(y.clone());
-                prep.finish(y, out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::swiglu_packed(y.into_parts().0)),
-        }
-    }
-
-    /// The inner backend's backward, as a constant (no second-order gradients).
-    fn swiglu_packed_backward(y: FloatTensor<Self>, grad: FloatTensor<Self>) -> FloatTensor<Self> {
-        let dy = B::swiglu_packed_backward(y.into_parts().0, grad.into_parts().0);
-        <Self as AutodiffBackend>::from_inner(dy)
-    }
 }
 
 /// `silu(a) ∘ b` through [`SwigluOps`], differentiable.
@@ -236,15 +152,6 @@ pub fn swiglu<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
         a.into_dispatch(),
         b.into_dispatch(),
     ))
-}
-
-/// `silu(a) ∘ b` of `y = [a | b]` (its halves along the last dim) through [`SwigluOps`],
-/// differentiable: `y`'s gradient is `[da | db]`.
-///
-/// # Shapes
-/// `[.., 2f]` → `[.., f]`
-pub fn swiglu_packed<const D: usize>(y: Tensor<D>) -> Tensor<D> {
-    Tensor::from_dispatch(<burn::backend::Dispatch as SwigluOps>::swiglu_packed(y.into_dispatch()))
 }
 
 #[cfg(test)]
@@ -275,27 +182,5 @@ mod tests {
                 .to_data()
                 .assert_approx_eq::<f32>(&x.grad(&g2).unwrap().to_data(), tolerance);
         }
-    }
-
-    /// The packed form is the two-input one on `y`'s halves: the same values, and `y`'s
-    /// gradient is the two inputs' side by side.
-    #[test]
-    fn packed_is_the_halves_with_gradients() {
-        let device = Device::flex().autodiff();
-        let y = Tensor::<3>::random([2, 5, 14], Distribution::Normal(0.0, 2.0), &device).require_grad();
-        let ours = super::swiglu_packed(y.clone());
-        let theirs = silu(y.clone().narrow(2, 0, 7)) * y.clone().narrow(2, 7, 7);
-        // f32 both ways, the derivative written out instead of chained: a few ulps.
-        let tolerance = Tolerance::absolute(1e-5);
-        ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
-        let weights = Tensor::<3>::random([2, 5, 7], Distribution::Normal(0.0, 1.0), &device);
-        let (g1, g2) = (
-            (ours * weights.clone()).sum().backward(),
-            (theirs * weights).sum().backward(),
-        );
-        y.grad(&g1)
-            .unwrap()
-            .to_data()
-            .assert_approx_eq::<f32>(&y.grad(&g2).unwrap().to_data(), tolerance);
     }
 }

@@ -117,11 +117,6 @@ pub const KERNEL_TESTS: &[NamedTest] = &[
     ("kernel_suite::wgmma_gemm", kernel_suite::wgmma_gemm),
     ("kernel_suite::flash_attention", kernel_suite::flash_attention),
     ("kernel_suite::swiglu", kernel_suite::swiglu),
-    ("kernel_suite::swiglu_packed_halves", kernel_suite::swiglu_packed_halves),
-    (
-        "kernel_suite::packed_attention_heads",
-        kernel_suite::packed_attention_heads,
-    ),
     ("kernel_suite::rms_norm", kernel_suite::rms_norm),
     ("kernel_suite::rope", kernel_suite::rope),
     ("kernel_suite::adamw", kernel_suite::adamw),

@@ -91,7 +91,7 @@ fn map(t: &CubeTensor, rows: usize) -> TensorMapArg<Tiled> {
 }
 
 /// `[b, s, h, d]` storage seen as `[b, h, s, d]`.
-pub(super) fn heads_view(t: CubeTensor) -> CubeTensor {
+fn heads_view(t: CubeTensor) -> CubeTensor {
     Cube::float_swap_dims(t, 1, 2)
 }
 
@@ -174,62 +174,6 @@ pub(super) fn backward(
             return (primitive(dq), primitive(dk), primitive(dv));
         }
     };
-    let (dq, dk, dv) = (
-        compact(&q, &[b, s, h, d], DType::BF16),
-        compact(&q, &[b, s, h, d], DType::BF16),
-        compact(&q, &[b, s, h, d], DType::BF16),
-    );
-    let own = |t: &CubeTensor| Dest {
-        tensor: t.clone(),
-        heads: h,
-        first: 0,
-    };
-    backward_into(
-        [b, h, s],
-        q,
-        k,
-        v,
-        out,
-        lse,
-        grad,
-        causal,
-        scale,
-        [own(&dq), own(&dk), own(&dv)],
-    );
-    (heads_view(dq), heads_view(dk), heads_view(dv))
-}
-
-/// Where one of the backward's gradients goes: heads `first..first + h` of each token's row of
-/// `heads` in `tensor`, a compact `[b, s, heads, d]` bf16 tensor (or its memory seen another
-/// way): the gradient's own tensor (`heads` = h, `first` 0) or the packed `[q | k | v]`
-/// gradient of [`super::packed`].
-pub(super) struct Dest {
-    pub tensor: CubeTensor,
-    pub heads: usize,
-    pub first: usize,
-}
-
-impl Dest {
-    fn rows(&self) -> flash::RowsLaunch {
-        flash::RowsLaunch::new(self.heads as u32, self.first as u32)
-    }
-}
-
-/// The backward kernels on inputs [`check`] took (`[b, h, s]` their dims), each gradient
-/// stored where its [`Dest`] says.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn backward_into(
-    [b, h, s]: [usize; 3],
-    q: CubeTensor,
-    k: CubeTensor,
-    v: CubeTensor,
-    out: CubeTensor,
-    lse: CubeTensor,
-    grad: CubeTensor,
-    causal: bool,
-    scale: f32,
-    [dq, dk, dv]: [Dest; 3],
-) {
     let (q, k, v, grad, out) = (
         tma_ready(q),
         tma_ready(k),
@@ -238,6 +182,11 @@ pub(super) fn backward_into(
         tma_ready(out),
     );
     let delta = compact(&q, &[b, h, s], DType::F32);
+    let (dq, dk, dv) = (
+        compact(&q, &[b, s, h, d], DType::BF16),
+        compact(&q, &[b, s, h, d], DType::BF16),
+        compact(&q, &[b, s, h, d], DType::BF16),
+    );
     let rows = (b * h * s) as u32;
     let client = q.client.clone();
     // SAFETY: every kernel checks its rows against s (the delta kernel against b·h·s; its
@@ -266,8 +215,7 @@ pub(super) fn backward_into(
             map(&v, 64),
             lse.clone().into_tensor_arg(),
             delta.clone().into_tensor_arg(),
-            pairs(&dq.tensor).into_tensor_arg(),
-            dq.rows(),
+            pairs(&dq).into_tensor_arg(),
             s as u32,
             h as u32,
             scale_log2(scale),
@@ -284,10 +232,8 @@ pub(super) fn backward_into(
             map(&grad, 64),
             lse.into_tensor_arg(),
             delta.into_tensor_arg(),
-            pairs(&dk.tensor).into_tensor_arg(),
-            pairs(&dv.tensor).into_tensor_arg(),
-            dk.rows(),
-            dv.rows(),
+            pairs(&dk).into_tensor_arg(),
+            pairs(&dv).into_tensor_arg(),
             s as u32,
             h as u32,
             scale_log2(scale),
@@ -295,4 +241,5 @@ pub(super) fn backward_into(
             causal,
         );
     }
+    (heads_view(dq), heads_view(dk), heads_view(dv))
 }

@@ -11,14 +11,10 @@
 mod flash;
 #[cfg(feature = "cuda")]
 mod launch;
-pub mod packed;
-#[cfg(feature = "cuda")]
-mod packed_launch;
 pub mod reference;
 
 #[cfg(feature = "cuda")]
 pub use launch::{Unsupported, supports};
-pub use packed::packed_attention;
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;

@@ -15,7 +15,6 @@ use burn_megatron_kernels::Gemm;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, SharedInput};
 use super::context::{ContextLayout, context_attention};
-use super::fused;
 use super::rope::{Rope, RopeScaling};
 use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
 use super::sequence::SequenceLayout;
@@ -175,11 +174,8 @@ impl ParallelAttention {
     /// # Shapes
     /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        let heads = self.heads();
-        match self.project(x)? {
-            Qkv::Packed(y) => attend_packed(&self.wo, heads, y),
-            Qkv::Apart(q, k, v) => attend(&self.wo, heads, q, k, v),
-        }
+        let (q, k, v) = self.project(x)?;
+        attend(&self.wo, self.heads(), q, k, v)
     }
 
     /// This rank's tokens' positions: `0..s`, or its chunks' under context parallelism.
@@ -198,34 +194,24 @@ impl ParallelAttention {
     }
 
     /// [`forward`](Self::forward), the core attention and the output projection run again in
-    /// backward (selective recomputation, `crate::recompute`): q, k and v are kept (the packed
-    /// product, or each), the attention's own state and its output are not.
+    /// backward (selective recomputation, `crate::recompute`): q, k and v are kept, the
+    /// attention's own state and its output are not.
     pub fn forward_recomputed(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+        let (q, k, v) = self.project(x)?;
         let heads = self.heads();
-        match self.project(x)? {
-            Qkv::Packed(y) => recompute(&self.wo, vec![y], move |wo, mut y| {
-                attend_packed(wo, heads.clone(), y.pop().expect("the packed q, k, v"))
-            }),
-            Qkv::Apart(q, k, v) => recompute(&self.wo, vec![q, k, v], move |wo, mut qkv| {
-                let (v, k) = (qkv.pop().expect("q, k, v"), qkv.pop().expect("q, k, v"));
-                attend(wo, heads.clone(), qkv.pop().expect("q, k, v"), k, v)
-            }),
-        }
+        recompute(&self.wo, vec![q, k, v], move |wo, mut qkv| {
+            let (v, k) = (qkv.pop().expect("q, k, v"), qkv.pop().expect("q, k, v"));
+            attend(wo, heads.clone(), qkv.pop().expect("q, k, v"), k, v)
+        })
     }
 
-    /// q, k and v: one product of the three weights (RoPE then in the attention op) where the
-    /// layers allow it ([`fused`]) and the sequence is whole on this rank, else one product each
-    /// with RoPE applied.
-    fn project(&self, x: Tensor<3>) -> Result<Qkv, LayerError> {
+    /// q `[b, h, s, k]`, k and v `[b, g, s, k]`, with RoPE on q and k.
+    fn project(&self, x: Tensor<3>) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), LayerError> {
         // One mapping for q, k and v, which share the input.
         let x = match self.sequence {
             SequenceLayout::Sharded => gather_from_sp(x, &self.tp, 1)?,
             SequenceLayout::Whole => copy_to_tp(x, &self.tp)?,
         };
-        let all = [&self.wq, &self.wk, &self.wv];
-        if self.cp.size() == 1 && fused::fusable(&all) {
-            return Ok(Qkv::Packed(fused::fused_forward(&all, x)?));
-        }
         let [b, s, _] = x.dims();
         let heads = |y: Tensor<3>, n: usize| y.reshape([b, s, n, self.head_dim]).swap_dims(1, 2);
         // The three read one input: quantized once where their products quantize it.
@@ -234,27 +220,17 @@ impl ParallelAttention {
         let q = self.rope(heads(project(&self.wq)?, self.n_heads));
         let k = self.rope(heads(project(&self.wk)?, self.n_kv_heads));
         let v = heads(project(&self.wv)?, self.n_kv_heads);
-        Ok(Qkv::Apart(q, k, v))
+        Ok((q, k, v))
     }
 
     fn heads(&self) -> Heads {
-        let (cos, sin) = self.rope.tables();
         Heads {
             n_heads: self.n_heads,
             n_kv_heads: self.n_kv_heads,
             head_dim: self.head_dim,
             context: (self.cp.size() > 1).then(|| (self.context, self.cp.clone())),
-            tables: [cos, sin],
         }
     }
-}
-
-/// q, k and v: one token's row of `h` query, then `g` key, then `g` value heads
-/// (`[b, s, (h + 2g)·k]`, one product's, RoPE not yet applied), or each `[b, heads, s, k]` with
-/// RoPE applied.
-enum Qkv {
-    Packed(Tensor<3>),
-    Apart(Tensor<4>, Tensor<4>, Tensor<4>),
 }
 
 /// This rank's head counts, and the context-parallel group its sequence is split over.
@@ -264,8 +240,6 @@ struct Heads {
     n_kv_heads: usize,
     head_dim: usize,
     context: Option<(ContextParallel, ProcessGroup)>,
-    /// RoPE's `(cos, sin)` tables, for the packed attention.
-    tables: [Tensor<2>; 2],
 }
 
 /// The core attention and the output projection.
@@ -294,17 +268,6 @@ fn attend(
     wo.forward(out)
 }
 
-/// [`attend`] on one packed q, k, v row a token (RoPE applied in the attention op, positions
-/// `0..s`).
-///
-/// # Shapes
-/// `[b, s, (h + 2g)·k]` → `[b, s, d]` (`[b, s/tp, d]` with sequence parallelism)
-fn attend_packed(wo: &RowParallelLinear, heads: Heads, y: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-    let [cos, sin] = heads.tables;
-    let out = burn_megatron_kernels::attention::packed_attention(y, cos, sin, heads.n_heads, heads.n_kv_heads, true);
-    wo.forward(out) // [b, s, h·k]
-}
-
 /// Each kv head serves `h/g` query heads, in Hugging Face's order.
 ///
 /// # Shapes
@@ -314,7 +277,18 @@ fn repeat_kv(x: Tensor<4>, heads: &Heads) -> Tensor<4> {
 }
 
 /// Each of `x`'s kv heads `repeat` times in a row: query head `h` reads kv head `h / repeat`.
-pub(crate) use burn_megatron_kernels::attention::packed::reference::repeat_heads;
+///
+/// # Shapes
+/// `[b, g, s, k]` → `[b, g·repeat, s, k]`
+pub(crate) fn repeat_heads(x: Tensor<4>, repeat: usize) -> Tensor<4> {
+    if repeat == 1 {
+        return x;
+    }
+    let [b, g, s, k] = x.dims();
+    x.unsqueeze_dim::<5>(2)
+        .repeat_dim(2, repeat)
+        .reshape([b, g * repeat, s, k])
+}
 
 #[cfg(test)]
 mod tests {
@@ -326,8 +300,7 @@ mod tests {
 
     /// At tp = 1 the layer is plain causal attention with GQA and half-split RoPE, written out
     /// here by hand: scores `q·kᵀ/√k`, positions after the query masked, softmax, `·v`, `wo`.
-    /// The same output and the same gradients of the input and of every weight (the layer runs
-    /// q, k and v as one product and the packed attention op; this, one product each).
+    /// The same output and the same gradients of the input and of every weight.
     #[test]
     fn matches_causal_attention_written_out() {
         let dev = Device::flex().autodiff();

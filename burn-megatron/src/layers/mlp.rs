@@ -13,7 +13,6 @@ use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, SharedInput};
-use super::fused;
 use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
 use super::sequence::SequenceLayout;
 use crate::error::{LayerError, divisible};
@@ -89,71 +88,38 @@ impl ParallelMlp {
     /// # Shapes
     /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        down(&self.w2, self.project(x)?)
+        let (gate, up) = self.project(x)?;
+        down(&self.w2, gate, up)
     }
 
     /// [`forward`](Self::forward), the SwiGLU and the down projection run again in backward
     /// (selective recomputation, `crate::recompute`): the SwiGLU's output is kept by nobody.
     pub fn forward_recomputed(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        recompute(&self.w2, self.project(x)?.into_vec(), |w2, kept| {
-            down(w2, GateUp::from_vec(kept))
+        let (gate, up) = self.project(x)?;
+        recompute(&self.w2, vec![gate, up], |w2, mut gate_up| {
+            let up = gate_up.pop().expect("gate and up");
+            down(w2, gate_up.pop().expect("gate and up"), up)
         })
     }
 
-    /// The gate and up projections: one product of both weights where the layers allow it
-    /// ([`fused`]), else one product each.
-    fn project(&self, x: Tensor<3>) -> Result<GateUp, LayerError> {
+    /// The gate and up projections, each `[b, s, f/tp]`.
+    fn project(&self, x: Tensor<3>) -> Result<(Tensor<3>, Tensor<3>), LayerError> {
         let x = match self.sequence {
             SequenceLayout::Sharded => gather_from_sp(x, &self.tp, 1)?,
             SequenceLayout::Whole => copy_to_tp(x, &self.tp)?,
         };
-        let both = [&self.w1, &self.w3];
-        if fused::fusable(&both) {
-            return Ok(GateUp::Packed(fused::fused_forward(&both, x)?));
-        }
         // Both read one input: quantized once where their products quantize it.
         let shared = Some(Arc::new(SharedInput::default()));
-        Ok(GateUp::Apart(
+        Ok((
             self.w1.forward_sharing(x.clone(), shared.as_ref())?,
             self.w3.forward_sharing(x, shared.as_ref())?,
         ))
     }
 }
 
-/// The gate and up projections' outputs, `[b, s, f/tp]` each: side by side in one tensor
-/// (`[b, s, 2f/tp]`, one product's) or apart.
-enum GateUp {
-    Packed(Tensor<3>),
-    Apart(Tensor<3>, Tensor<3>),
-}
-
-impl GateUp {
-    fn into_vec(self) -> Vec<Tensor<3>> {
-        match self {
-            Self::Packed(y) => vec![y],
-            Self::Apart(gate, up) => vec![gate, up],
-        }
-    }
-
-    /// What [`into_vec`](Self::into_vec) gave.
-    fn from_vec(mut v: Vec<Tensor<3>>) -> Self {
-        match v.len() {
-            1 => Self::Packed(v.pop().expect("one tensor")),
-            _ => {
-                let up = v.pop().expect("gate and up");
-                Self::Apart(v.pop().expect("gate and up"), up)
-            }
-        }
-    }
-}
-
 /// `w2(silu(gate) ⊙ up)`.
-fn down(w2: &RowParallelLinear, gate_up: GateUp) -> Result<Tensor<3>, LayerError> {
-    let hidden = match gate_up {
-        GateUp::Packed(y) => burn_megatron_kernels::swiglu::swiglu_packed(y),
-        GateUp::Apart(gate, up) => burn_megatron_kernels::swiglu::swiglu(gate, up),
-    };
-    w2.forward(hidden) // [b, s, f/tp] → [b, s, d]
+fn down(w2: &RowParallelLinear, gate: Tensor<3>, up: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+    w2.forward(burn_megatron_kernels::swiglu::swiglu(gate, up)) // [b, s, f/tp] → [b, s, d]
 }
 
 #[cfg(test)]
@@ -165,8 +131,7 @@ mod tests {
     use crate::init::{InitMode, ParamInit};
 
     /// At tp = 1 the block is `w2(silu(x·w1) ⊙ x·w3)` written out: the same output and the same
-    /// gradients of the input and of every weight (the block runs the gate and up projections as
-    /// one product and the packed SwiGLU; this, one product each).
+    /// gradients of the input and of every weight.
     #[test]
     fn matches_swiglu_written_out() {
         let dev = Device::flex().autodiff();

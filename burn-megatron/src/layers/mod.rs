@@ -5,7 +5,6 @@ pub mod column;
 pub mod context;
 pub mod cross_entropy;
 pub mod embedding;
-pub mod fused;
 pub mod mlp;
 pub mod moe;
 pub mod norm;

@@ -1,7 +1,7 @@
 //! burn-megatron-kernels' CUDA kernels against their references, on one GPU (`gpu-suite`): the
 //! wgmma GEMM and flash attention, forward and backward, on ragged shapes and every operand
 //! layout they read; the FP8 kernels and quantized products in `quant.rs`, the emulated
-//! recipes' block kernels in `emulated.rs`; the packed SwiGLU and attention in `packed.rs`; the decoding step's
+//! recipes' block kernels in `emulated.rs`; the decoding step's
 //! kernels and a CUDA graph of them in `decode.rs`.
 
 use burn::tensor::module::attention as burn_attention;
@@ -14,12 +14,10 @@ use crate::Harness;
 
 mod decode;
 mod emulated;
-mod packed;
 mod quant;
 mod rows;
 pub use decode::{decode_step, graph_replay, greedy_choice, skinny_gemm};
 pub use emulated::emulated_blocks;
-pub use packed::{packed_attention_heads, swiglu_packed_halves};
 pub use quant::{
     fp8_amax, fp8_blocks, fp8_blockwise_gemm, fp8_gemm, fp8_tiles, quantized_linear, shared_input, weight_codes,
 };

@@ -20,7 +20,6 @@ pub(crate) fn dq_kernel(
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
     dq: &mut Tensor<u32>,
-    dq_rows: Rows,
     seq: u32,
     heads: u32,
     scale_log2: f32,
@@ -93,7 +92,7 @@ pub(crate) fn dq_kernel(
             mbarrier_arrive(s.empty + stage * 8);
         }
     }
-    store_rows(dq, &acc, scale, scale, row0, head, batch, dq_rows, seq);
+    store_rows(dq, &acc, scale, scale, row0, head, batch, heads, seq);
 }
 
 /// dK and dV: grid `(s / 128, h, b)`, 256 threads; each block owns 128 key rows and sweeps the
@@ -108,8 +107,6 @@ pub(crate) fn dkdv_kernel(
     delta: &Tensor<f32>,
     dk: &mut Tensor<u32>,
     dv: &mut Tensor<u32>,
-    dk_rows: Rows,
-    dv_rows: Rows,
     seq: u32,
     heads: u32,
     scale_log2: f32,
@@ -193,8 +190,8 @@ pub(crate) fn dkdv_kernel(
             mbarrier_arrive(s.empty + stage * 8);
         }
     }
-    store_rows(dk, &dk_acc, scale, scale, row0, head, batch, dk_rows, seq);
-    store_rows(dv, &dv_acc, 1.0f32, 1.0f32, row0, head, batch, dv_rows, seq);
+    store_rows(dk, &dk_acc, scale, scale, row0, head, batch, heads, seq);
+    store_rows(dv, &dv_acc, 1.0f32, 1.0f32, row0, head, batch, heads, seq);
 }
 
 /// A dQ warpgroup's two rows' `lse₂` and `delta`.

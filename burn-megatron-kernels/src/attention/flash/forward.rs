@@ -151,17 +151,7 @@ pub(crate) fn forward_kernel(
     let sum_b = quad_sum(rows.sum_b);
     let inv_a = select(sum_a > 0.0f32, 1.0f32 / sum_a, 0.0f32);
     let inv_b = select(sum_b > 0.0f32, 1.0f32 / sum_b, 0.0f32);
-    store_rows(
-        out,
-        &acc,
-        inv_a,
-        inv_b,
-        row0,
-        head,
-        batch,
-        Rows { heads, first: 0u32 },
-        seq,
-    );
+    store_rows(out, &acc, inv_a, inv_b, row0, head, batch, heads, seq);
     if UNIT_POS.is_multiple_of(4) {
         let at = (batch * heads + head) * seq;
         if row0 + l.row_a < seq {

@@ -252,15 +252,6 @@ fn masked(q: u32, k: u32, seq: u32, #[comptime] causal: bool) -> bool {
 }
 
 /// Writes a warpgroup's 64 × 128 result `acc · factor` into `[b, s, h, 128]` rows from `row0`,
-/// Where a kernel stores its results: head `first + head` of each token's row of `heads` heads
-/// (`[b, s, heads, d]` memory: the results' own compact layout, `first` 0, or a row of packed
-/// `[q | k | v]` heads, whose gradient the packed attention writes in place).
-#[derive(CubeType, CubeLaunch, Clone, Copy)]
-pub(crate) struct Rows {
-    heads: u32,
-    first: u32,
-}
-
 /// `out` seen as bf16 pairs (`u32`): each thread's two neighbouring columns in one 4-byte store,
 /// so a warp's store writes 16 contiguous bytes of each of 8 rows (2-byte stores had touched
 /// the same sectors twice as often).
@@ -273,7 +264,7 @@ fn store_rows(
     row0: u32,
     head: u32,
     batch: u32,
-    rows: Rows,
+    heads: u32,
     seq: u32,
 ) {
     let l = lane();
@@ -283,8 +274,7 @@ fn store_rows(
         let r = row(&l, row0, i);
         let factor = if comptime!(i % 4 < 2) { factor_a } else { factor_b };
         if r < seq {
-            let at = ((batch * seq + r) * rows.heads + rows.first + head) * comptime!(HEAD_DIM as u32 / 2)
-                + column(&l, 0u32, i) / 2;
+            let at = ((batch * seq + r) * heads + head) * comptime!(HEAD_DIM as u32 / 2) + column(&l, 0u32, i) / 2;
             let (lo, hi) = (acc.extract(i as usize), acc.extract(comptime!((i + 1) as usize)));
             out[at as usize] = pack_bf16(lo * factor, hi * factor);
         }
