@@ -8,6 +8,10 @@
 #   ab:   llama-1b bf16 and FP8 tensorwise, the projections fused and apart in turn, twice, then
 #         bf16 both ways with `--profile`: needs a bench built at the fused projections' commit
 #         with `fused::fusable` returning false when APART is set (a one-line local change).
+#   curves: (carry .gpu with shakespeare.txt.xz: xz of what scripts/fetch-shakespeare.sh writes)
+#         PyTorch's llama-1b on the plays under bf16 and under torchao float8 tensorwise, from
+#         each of SEEDS (default 1–6), on the windows `train` draws
+#         (`examples/bench/fp8_curves_peer.py`): the FP8 gap beside ours (`fp8.md`).
 #   rows: llama-1b under bf16 beside PyTorch + compile and FP8 tensorwise beside torchao float8
 #         tensorwise + compile (fp32 master weights, random ids, 3 warm-up and 10 timed steps),
 #         then both of ours again if time is left (AGAIN=0 leaves them out).
@@ -37,6 +41,13 @@ case $part in
     done
     run fused-bf16-profile 90 --preset llama-1b --steps 10 --warmup 3 --profile
     APART=1 run apart-bf16-profile 90 --preset llama-1b --steps 10 --warmup 3 --profile
+    ;;
+  curves)
+    mkdir -p data && xz -dc .gpu/shakespeare.txt.xz > data/shakespeare.txt
+    torchao
+    timeout -s KILL 560 python3 examples/bench/fp8_curves_peer.py --data data/shakespeare.txt \
+      --seeds ${SEEDS:-1 2 3 4 5 6} --budget 480 > "$OUT/curves-peer.log" 2>&1
+    grep -v '^LOSSES' "$OUT/curves-peer.log" | cut -c1-300
     ;;
   rows)
     llama_rows
