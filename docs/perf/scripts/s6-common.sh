@@ -1,14 +1,22 @@
 # Sourced by the session scripts since session 6: memory sampling, one bench run with its peak
 # memory, the peers, torchao's wheel installed, kernel tests by name, and ptxas's report.
-sample() { nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 200 > "$OUT/mem-$1.csv" & }
+# Every 200 ms: memory used, and (since session 26) the SM clock, power drawn and utilization.
+sample() { nvidia-smi --query-gpu=index,memory.used,clocks.sm,power.draw,utilization.gpu --format=csv,noheader,nounits -lms 200 > "$OUT/mem-$1.csv" & }
 peak() { awk -F', ' '{if ($2 > m[$1]) m[$1] = $2} END {for (g in m) printf "gpu%s=%s ", g, m[g]}' "$OUT/mem-$1.csv"; }
+busy() {  # NAME: the median SM clock (MHz) and mean power (W) over the samples with the GPU busy
+  local f="$OUT/mem-$1.csv"
+  local clock power
+  clock=$(awk -F', ' 'NF >= 5 && $5 >= 90 {print $3}' "$f" | sort -n | awk '{c[NR] = $1} END {if (NR) print c[int((NR + 1) / 2)]}')
+  power=$(awk -F', ' 'NF >= 5 && $5 >= 90 {p += $4; n++} END {if (n) printf "%.0f W over %d samples", p / n, n}' "$f")
+  [ -n "$clock" ] && echo "busy: median SM clock $clock MHz, mean power $power"
+}
 run() {  # NAME LIMIT ARGS...: one bench run with its memory sampled
   local name=$1 limit=$2; shift 2
   sample "$name"; local smi=$!
   timeout -s KILL "$limit" bash .gpu/run.sh bench "$@" > "$OUT/bench-$name.log" 2>&1
   kill $smi
   grep -h 'RESULT\|PROFILE\|panicked\|error' "$OUT/bench-$name.log" | cut -c1-400
-  echo "$name peak MiB per GPU: $(peak "$name")"
+  echo "$name peak MiB per GPU: $(peak "$name"); $(busy "$name")"
 }
 peers() {  # NAME LIMIT PRESET WHICH: peers with their memory sampled
   local name=$1 limit=$2; shift 2
@@ -16,7 +24,7 @@ peers() {  # NAME LIMIT PRESET WHICH: peers with their memory sampled
   (cd .peers && PEER_TIMEOUT=$((limit - 5)) timeout -s KILL "$limit" bash run_peers.sh "$@" > "$OUT/peers-$name.log" 2>&1)
   kill $smi
   grep -h 'RESULT' "$OUT/peers-$name.log" | cut -c1-400
-  echo "peer $name peak MiB per GPU: $(peak "peer-$name")"
+  echo "peer $name peak MiB per GPU: $(peak "peer-$name"); $(busy "peer-$name")"
 }
 torchao() {  # torchao 0.18 from the carried wheel, on PYTHONPATH
   python3 -m pip install --quiet --no-deps --target /tmp/torchao .whl/torchao-0.18.0-*.whl
