@@ -87,7 +87,11 @@ const BOTH: Layouts = Layouts {
 fn on_codes(recipe: Recipe, k: usize) -> bool {
     let fp8 = matches!(
         recipe,
-        Recipe::Fp8Tensorwise | Recipe::Fp8TensorwiseE4m3 | Recipe::Fp8Delayed { .. } | Recipe::Fp8Blockwise
+        Recipe::Fp8Tensorwise
+            | Recipe::Fp8TensorwisePromoted
+            | Recipe::Fp8TensorwiseE4m3
+            | Recipe::Fp8Delayed { .. }
+            | Recipe::Fp8Blockwise
     );
     fp8 && k.is_multiple_of(16)
 }
@@ -214,6 +218,32 @@ fn gemm(a: Codes, b: Codes, formats: (Minifloat, Minifloat), dtype: DType) -> Cu
     }
 }
 
+/// [`gemm`] of `recipe`'s `pass` product: where the recipe promotes that product's partial sums
+/// ([`Recipe::promotes`]), tensorwise codes go to the blockwise GEMM as 1×128 tiles that all
+/// share the tensor's scale (a broadcast view, no copy), which adds each 128-deep slice's
+/// partial sums into f32.
+fn gemm_in(
+    pass: Pass,
+    recipe: Recipe,
+    a: Codes,
+    b: Codes,
+    formats: (Minifloat, Minifloat),
+    dtype: DType,
+) -> CubeTensor {
+    let tiles = |c: Codes| match c.scales {
+        Scales::Tensor(scale) => {
+            let (m, k) = (c.codes.meta.shape()[0], c.codes.meta.shape()[1]);
+            let scale = Cube::float_reshape(scale, [1, 1].into());
+            rows((c.codes, Cube::float_expand(scale, [m, k.div_ceil(128)].into())))
+        }
+        scales => Codes { codes: c.codes, scales },
+    };
+    match recipe.promotes(pass) {
+        true => gemm(tiles(a), tiles(b), formats, dtype),
+        false => gemm(a, b, formats, dtype),
+    }
+}
+
 /// A forward input's codes as [`SharedInput`](super::product::SharedInput) keeps them, with
 /// the amax they were scaled from (for the products that reuse them to record).
 #[derive(Clone, Debug)]
@@ -288,7 +318,14 @@ impl QuantOps for Cube {
         let dtype = a.dtype;
         let a = quantize(a, qa, &amax, Operand { pass, a: true }, DIRECT);
         let b = quantize(b, qb, &amax, Operand { pass, a: false }, DIRECT);
-        gemm(asked(a.direct), asked(b.direct), (qa.format, qb.format), dtype)
+        gemm_in(
+            pass,
+            recipe,
+            asked(a.direct),
+            asked(b.direct),
+            (qa.format, qb.format),
+            dtype,
+        )
     }
 }
 
@@ -383,7 +420,9 @@ impl QuantGrads for Cube {
             None => values,
         };
         let kept = [kept(&qa_codes, a_values), kept(&qb_codes, b_values)];
-        let out = gemm(
+        let out = gemm_in(
+            Pass::Forward,
+            recipe,
             asked(qa_codes.direct),
             asked(qb_codes.direct),
             (qa.format, qb.format),
@@ -421,7 +460,7 @@ impl QuantGrads for Cube {
                     Some(shared) => asked(shared.direct.clone()),
                     None => asked(quantize(grad.clone(), dgrad_a, &amax, dgrad_operand, DIRECT).direct),
                 };
-                gemm(g, b, (dgrad_a.format, dgrad_b.format), dtype)
+                gemm_in(Pass::Dgrad, recipe, g, b, (dgrad_a.format, dgrad_b.format), dtype)
             }
         });
         let db = a.map(|a| match a {
@@ -434,7 +473,7 @@ impl QuantGrads for Cube {
                 // `dbᵀ = aᵀ · grad`, `[k, m] · [m, n]`: the product in a weight's own layout
                 // (`b` is `wᵀ`), handed back as the `[n, k]` view, so the transpose taking it
                 // to the weight costs no copy (ncu: 53 µs a layer for llama-1b's).
-                let transposed = gemm(a, g, (wgrad_b.format, wgrad_a.format), dtype);
+                let transposed = gemm_in(Pass::Wgrad, recipe, a, g, (wgrad_b.format, wgrad_a.format), dtype);
                 Cube::float_transpose(transposed)
             }
         });

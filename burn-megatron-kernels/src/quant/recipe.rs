@@ -12,6 +12,7 @@
 //! | recipe | forward x, w | dgrad dy, w | wgrad dy, x |
 //! |---|---|---|---|
 //! | [`Recipe::Fp8Tensorwise`] | E4M3 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor |
+//! | [`Recipe::Fp8TensorwisePromoted`] | E4M3 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor |
 //! | [`Recipe::Fp8TensorwiseE4m3`] | E4M3 tensor, E4M3 tensor | E4M3 tensor, E4M3 tensor | E4M3 tensor, E4M3 tensor |
 //! | [`Recipe::Fp8Delayed`] | E4M3 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor |
 //! | [`Recipe::Fp8Blockwise`] | E4M3 1×128, E4M3 128×128 | E4M3 1×128, E4M3 128×128 | E4M3 1×128, E4M3 1×128 |
@@ -19,7 +20,11 @@
 //! | [`Recipe::Nvfp4`] | E2M1 NV 1×16, NV 16×16 | E2M1 NV 1×16 stochastic, NV 16×16 | E2M1 NV 1×16 stochastic + RHT, NV 1×16 + RHT |
 //!
 //! - Tensorwise: Transformer Engine's current scaling (one scale from this call's amax), hybrid
-//!   (E5M2 gradients, the default) or E4M3 throughout.
+//!   (E5M2 gradients, the default) or E4M3 throughout. Promoted: the hybrid recipe with the two
+//!   gradient products adding their partial sums into f32 after every 128-deep slice of k
+//!   ([`Recipe::promotes`]; Transformer Engine's `use_split_accumulator`, torchao's
+//!   `use_fast_accum=False` for them), where Hopper's FP8 `wgmma` would accumulate all of k with
+//!   its fewer bits; the forward keeps the fast accumulation, as both of those do.
 //! - Delayed: Transformer Engine's delayed scaling, hybrid: each tensor's scale from the amax
 //!   history its layer keeps (the largest, or the most recent), this call's amax recorded for
 //!   later steps. The products quantize as tensorwise does; the history is the layer's
@@ -117,6 +122,9 @@ pub enum AmaxAlgo {
 pub enum Recipe {
     /// FP8, per-tensor current scaling, E4M3 forward and E5M2 gradients.
     Fp8Tensorwise,
+    /// [`Recipe::Fp8Tensorwise`] with the gradient products' partial sums promoted into f32
+    /// after every 128-deep slice of k ([`Recipe::promotes`]).
+    Fp8TensorwisePromoted,
     /// FP8, per-tensor current scaling, E4M3 forward and gradients.
     Fp8TensorwiseE4m3,
     /// FP8, per-tensor delayed scaling over the last `history` steps' amaxes, E4M3 forward and
@@ -138,8 +146,9 @@ impl Recipe {
     };
 
     /// Every recipe, in the order of the table above.
-    pub const ALL: [Recipe; 6] = [
+    pub const ALL: [Recipe; 7] = [
         Recipe::Fp8Tensorwise,
+        Recipe::Fp8TensorwisePromoted,
         Recipe::Fp8TensorwiseE4m3,
         Recipe::FP8_DELAYED,
         Recipe::Fp8Blockwise,
@@ -151,6 +160,7 @@ impl Recipe {
     pub fn name(self) -> &'static str {
         match self {
             Recipe::Fp8Tensorwise => "fp8-tensorwise",
+            Recipe::Fp8TensorwisePromoted => "fp8-tensorwise-promoted",
             Recipe::Fp8TensorwiseE4m3 => "fp8-tensorwise-e4m3",
             Recipe::Fp8Delayed { .. } => "fp8-delayed",
             Recipe::Fp8Blockwise => "fp8-blockwise",
@@ -165,8 +175,10 @@ impl Recipe {
         use Minifloat::{E2M1, E4M3, E5M2};
         let q = Quantizer::new;
         match (self, pass) {
-            (Recipe::Fp8Tensorwise, Pass::Forward) => (q(E4M3, Tensor), q(E4M3, Tensor)),
-            (Recipe::Fp8Tensorwise, _) => (q(E5M2, Tensor), q(E4M3, Tensor)),
+            (Recipe::Fp8Tensorwise | Recipe::Fp8TensorwisePromoted, Pass::Forward) => {
+                (q(E4M3, Tensor), q(E4M3, Tensor))
+            }
+            (Recipe::Fp8Tensorwise | Recipe::Fp8TensorwisePromoted, _) => (q(E5M2, Tensor), q(E4M3, Tensor)),
             (Recipe::Fp8TensorwiseE4m3, _) => (q(E4M3, Tensor), q(E4M3, Tensor)),
             (Recipe::Fp8Delayed { .. }, Pass::Forward) => (q(E4M3, Tensor), q(E4M3, Tensor)),
             (Recipe::Fp8Delayed { .. }, _) => (q(E5M2, Tensor), q(E4M3, Tensor)),
@@ -179,6 +191,20 @@ impl Recipe {
                 q(E2M1, Nv { rows: 1 }).stochastic().hadamard(),
                 q(E2M1, Nv { rows: 1 }).hadamard(),
             ),
+        }
+    }
+}
+
+impl Recipe {
+    /// Whether `pass`'s product adds its partial sums into f32 after every 128-deep slice of k
+    /// rather than accumulating all of k in the tensor cores' accumulator (blockwise: every
+    /// product, each slice scaled apart; promoted tensorwise: the gradient products). The CPU's
+    /// products are f32 throughout either way.
+    pub fn promotes(self, pass: Pass) -> bool {
+        match self {
+            Recipe::Fp8Blockwise => true,
+            Recipe::Fp8TensorwisePromoted => pass != Pass::Forward,
+            _ => false,
         }
     }
 }
@@ -240,5 +266,24 @@ mod tests {
             })
         );
         assert!("fp8-delayed:0".parse::<Recipe>().is_err() && "fp8-delayed:4:mean".parse::<Recipe>().is_err());
+    }
+
+    /// Promoted tensorwise quantizes every operand as tensorwise does and promotes exactly its
+    /// gradient products; blockwise promotes every product, the others none.
+    #[test]
+    fn promotion_is_the_gradient_products_of_promoted_tensorwise() {
+        for pass in [Pass::Forward, Pass::Dgrad, Pass::Wgrad] {
+            assert_eq!(
+                Recipe::Fp8TensorwisePromoted.operands(pass),
+                Recipe::Fp8Tensorwise.operands(pass)
+            );
+            assert_eq!(Recipe::Fp8TensorwisePromoted.promotes(pass), pass != Pass::Forward);
+            assert!(Recipe::Fp8Blockwise.promotes(pass));
+            for recipe in Recipe::ALL {
+                if !matches!(recipe, Recipe::Fp8TensorwisePromoted | Recipe::Fp8Blockwise) {
+                    assert!(!recipe.promotes(pass), "{recipe:?} {pass:?}");
+                }
+            }
+        }
     }
 }

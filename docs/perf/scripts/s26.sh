@@ -12,6 +12,10 @@
 #         PyTorch's llama-1b on the plays under bf16 and under torchao float8 tensorwise, from
 #         each of SEEDS (default 1–6), on the windows `train` draws
 #         (`examples/bench/fp8_curves_peer.py`): the FP8 gap beside ours (`fp8.md`).
+#   promoted: (carry .gpu with gpu-suite, bench, train and shakespeare.txt.xz; not yet run) every
+#         recipe's product on CUDA against the CPU (`kernel_suite::quantized_linear`, the promoted
+#         recipe's included), then our llama-1b on the plays under fp8-tensorwise-promoted from
+#         each of SEEDS (default 1–6), as `s23.sh curves` trains the others, then one bench row.
 #   rows: llama-1b under bf16 beside PyTorch + compile and FP8 tensorwise beside torchao float8
 #         tensorwise + compile (fp32 master weights, random ids, 3 warm-up and 10 timed steps),
 #         then both of ours again if time is left (AGAIN=0 leaves them out).
@@ -48,6 +52,20 @@ case $part in
     timeout -s KILL 560 python3 examples/bench/fp8_curves_peer.py --data data/shakespeare.txt \
       --seeds ${SEEDS:-1 2 3 4 5 6} --budget 480 > "$OUT/curves-peer.log" 2>&1
     grep -v '^LOSSES' "$OUT/curves-peer.log" | cut -c1-300
+    ;;
+  promoted)
+    suite quantized_linear
+    mkdir -p data && xz -dc .gpu/shakespeare.txt.xz > data/shakespeare.txt
+    for seed in ${SEEDS:-1 2 3 4 5 6}; do
+      [ $SECONDS -gt 470 ] && { echo "no time left for seed $seed"; continue; }
+      log="$OUT/train-fp8-tensorwise-promoted-seed$seed.log"
+      timeout -s KILL 100 bash .gpu/run.sh train --preset llama-1b --device cuda --dtype bf16 \
+        --init per-shard --precision fp8-tensorwise-promoted --data data/shakespeare.txt --steps 300 --batch 1 \
+        --lr 3e-4 --sample-every 0 --seed "$seed" > "$log" 2>&1
+      echo "fp8-tensorwise-promoted seed $seed: $(grep -c '^step' "$log") steps, last 20 mean $(grep '^step' "$log" | tail -n 20 \
+        | awk '{for (i = 1; i < NF; i++) if ($i == "loss") s += $(i + 1)} END {printf "%.4f", s / NR}')"
+    done
+    [ $SECONDS -lt 520 ] && run 1b-fp8-tensorwise-promoted 60 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise-promoted
     ;;
   rows)
     llama_rows
