@@ -23,7 +23,8 @@ MASK = (1 << 64) - 1
 
 
 def window_start(step, index, seq, n):
-    """`Corpus::window`'s start for sequence `index` of `step` (u64 arithmetic)."""
+    """`Corpus::window`'s start for sequence `index` of `step` (u64 arithmetic; pinned against
+    the Rust by `examples/train/data.rs`'s `window_starts_match_the_peer_script`)."""
     h = ((step * 0x9E3779B97F4A7C15) & MASK) ^ ((index * 0xBF58476D1CE4E5B9) & MASK)
     h ^= h >> 29
     return h % (n - seq - 1)

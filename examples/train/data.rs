@@ -173,6 +173,23 @@ mod tests {
         }
     }
 
+    /// The windows' starts for the plays' length (`scripts/fetch-shakespeare.sh`'s file and
+    /// its newline), as `examples/bench/fp8_curves_peer.py` computes them in Python to train
+    /// PyTorch on the same windows: a change here must change it too.
+    #[test]
+    fn window_starts_match_the_peer_script() {
+        let corpus = Corpus::bytes(vec![0; 5_057_199]);
+        let start = |step, index| {
+            let window = corpus.window(step, index, 2048);
+            (window.as_ptr() as usize - corpus.tokens.as_ptr() as usize) / std::mem::size_of::<u32>()
+        };
+        let starts: Vec<usize> = [(1, 0), (2, 0), (3, 0), (300, 0), (1, 1), (1, 2)]
+            .into_iter()
+            .map(|(step, index)| start(step, index))
+            .collect();
+        assert_eq!(starts, [5_042_190, 3_865_897, 266_110, 2_458_737, 1_977_699, 1_320_467]);
+    }
+
     #[test]
     fn reads_a_directory_of_text() {
         let dir = std::env::temp_dir().join(format!("burn-megatron-data-{}", std::process::id()));
