@@ -146,6 +146,20 @@ pub(crate) fn descriptor(smem_addr: u32, #[comptime] tile: Tile) -> u64 {
     u64::cast_from((smem_addr >> 4) & 0x3FFF) | comptime!(tile.descriptor_bits())
 }
 
+/// Lowers this warpgroup's registers to `count` a thread (`setmaxnreg.dec`), returning the rest
+/// to the block's pool; every thread of the warpgroup runs it.
+#[cube]
+pub(crate) fn release_registers(#[comptime] count: u32) {
+    gpu_asm!("setmaxnreg.dec.sync.aligned.u32 {count};");
+}
+
+/// Raises this warpgroup's registers to `count` a thread (`setmaxnreg.inc`), waiting until the
+/// pool holds them; every thread of the warpgroup runs it.
+#[cube]
+pub(crate) fn claim_registers(#[comptime] count: u32) {
+    gpu_asm!("setmaxnreg.inc.sync.aligned.u32 {count};");
+}
+
 #[cube]
 pub(crate) fn mbarrier_init(bar: u32, #[comptime] count: u32) {
     gpu_asm!("mbarrier.init.shared::cta.b64 [{bar}], {count};", bar = in(_) bar);

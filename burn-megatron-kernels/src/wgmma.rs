@@ -3,8 +3,9 @@
 //! itself; `docs/perf/gemm.md` says what it allows, and the measurements).
 //!
 //! `C[m, n] = A[m, k] · B[k, n]`, bf16 in, f32 accumulation, bf16 out; or FP8 in ([`fp8_gemm`]:
-//! E4M3 or E5M2 codes, both operands K-major, a per-tensor scale applied as the results leave),
-//! whose 128-deep slices take the bytes of bf16's 64-deep ones. A block computes 128 × 256
+//! E4M3 or E5M2 codes, both operands K-major, a per-tensor scale applied as the results leave,
+//! the partial sums kept in `wgmma`'s accumulator or promoted into f32 every slice
+//! ([`Accumulation`])), whose 128-deep slices take the bytes of bf16's 64-deep ones. A block computes 128 × 256
 //! tiles of C, one after another ([`Schedule`]), in an L2-friendly order ([`GROUP_M`]). Each of
 //! its `STAGES` shared-memory stages holds a 64-deep slice of A and of B with the 128-byte
 //! swizzle, each K-major or MN-major as the operand lies in memory ([`Major`]), so plain and
@@ -96,6 +97,56 @@ pub(crate) const fn k_slice(operands: Operands, a: Major, b: Major) -> Chain {
     }
 }
 
+/// How an FP8 product adds up its k: `wgmma`'s own accumulator for the whole of k (`Fast`), or
+/// each 128-deep slice multiplied into a fresh one whose partial sums are then added into f32
+/// registers (`Promoted`: Transformer Engine's split accumulator, cuBLAS without fast
+/// accumulation). Hopper's FP8 `wgmma` adds its products with fewer bits than f32 (DeepSeek-V3
+/// measured about 14), which over a long k loses what promotion keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Accumulation {
+    Fast,
+    Promoted,
+}
+
+/// Registers a thread of the producer warpgroup keeps when the consumers promote; each consumer
+/// takes [`PROMOTING_REGISTERS`]: 128 × 40 + 256 × 232 of the 65 536 an SM has.
+const PRODUCER_REGISTERS: u32 = 40;
+/// A promoting consumer's registers: its 128-register tile accumulator, the 64 of a half's
+/// fresh one, and the addresses and loop state (the fast kernel's consumers need 154 of the 168
+/// that 384 threads leave each, so promotion needs the producer's spare ones).
+const PROMOTING_REGISTERS: u32 = 232;
+
+/// A fresh 128-column chain over a 128-deep slice of FP8 codes, both operands K-major tiles of
+/// 128 rows: the promoted GEMM's halves and the blockwise GEMM's slices.
+pub(crate) const fn fresh_slice(operands: Operands) -> Chain {
+    Chain {
+        operands,
+        n: 128,
+        steps: 4,
+        accumulate: false,
+        a: ASource::Smem(Tile::KMajor { rows: 128 }),
+        b: Tile::KMajor { rows: 128 },
+    }
+}
+
+/// `acc` plus one stage's slice, promoted: each 128-column half of B's 256 rows (16 KiB apart
+/// in the stage, a whole number of the swizzle's 1 KiB atoms) multiplied into a fresh
+/// accumulator, then added into the half's 64 registers of `acc` (`hopper`'s layout: columns
+/// `128h..128h+127` are registers `64h..64h+63` of an `m64n256` accumulator).
+#[cube]
+fn promote_slice(acc: &mut Acc256, desc_a: u64, b_tile: u32, #[comptime] operands: Operands) {
+    #[unroll]
+    for half in 0..2u32 {
+        let desc_b = descriptor(b_tile + half * 16384, comptime!(Tile::KMajor { rows: 128 }));
+        let part = chain_128_fresh(desc_a, desc_b, comptime!(fresh_slice(operands)));
+        #[unroll]
+        for r in 0..64u32 {
+            let at = (half * 64 + r) as usize;
+            acc.insert(at, acc.extract(at) + part.extract(r as usize));
+        }
+    }
+}
+
 /// How tiles are handed to blocks.
 ///
 /// A block runs its tiles one after another, keeping its pipeline's stage and parity count
@@ -110,7 +161,7 @@ pub enum Schedule {
 }
 
 /// `E` the operands' element (bf16, or u8 holding FP8 codes); `scale_a[0] · scale_b[0]`
-/// multiplies the results when `scaled`.
+/// multiplies the results when `scaled`; FP8 codes may promote ([`Accumulation`]).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn gemm_kernel<E: Scalar>(
@@ -126,7 +177,9 @@ fn gemm_kernel<E: Scalar>(
     #[comptime] b_major: Major,
     #[comptime] operands: Operands,
     #[comptime] scaled: bool,
+    #[comptime] accumulation: Accumulation,
 ) {
+    let promoted = comptime!(accumulation == Accumulation::Promoted);
     let depth = comptime!(block_k(operands));
     let (tiles, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES);
 
@@ -136,9 +189,13 @@ fn gemm_kernel<E: Scalar>(
     let mine = (rows * columns - CUBE_POS_X).div_ceil(CUBE_COUNT_X);
     let warpgroup = UNIT_POS / 128;
 
-    // No `setmaxnreg` split between producer and consumers: the consumers need 154 registers,
-    // under the 168 that 384 threads leave each (measured: the split changed no timing).
+    // Fast, no `setmaxnreg` split between producer and consumers: the consumers need 154
+    // registers, under the 168 that 384 threads leave each (measured: the split changed no
+    // timing). Promoting, they need more, which the producer hands over.
     if warpgroup == 0 {
+        if comptime!(promoted) {
+            release_registers(PRODUCER_REGISTERS);
+        }
         if UNIT_POS == 0 {
             let pipeline = comptime!(Pipeline {
                 block_m: BLOCK_M,
@@ -154,6 +211,9 @@ fn gemm_kernel<E: Scalar>(
             produce(maps, tiles, full, empty, mine, k_tiles, (rows, columns), pipeline);
         }
     } else {
+        if comptime!(promoted) {
+            claim_registers(PROMOTING_REGISTERS);
+        }
         let consumer = warpgroup - 1;
         let buffer = staging + consumer * STAGING_BYTES;
         // One thread a warpgroup issues its stores.
@@ -173,8 +233,13 @@ fn gemm_kernel<E: Scalar>(
                 let tile = tiles + stage * STAGE_BYTES;
                 // This warpgroup's 64 rows of A start 8 KiB into the stage in either layout.
                 let desc_a = descriptor(tile + consumer * 8192, comptime!(a_major.tile(BLOCK_M)));
-                let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
-                acc = chain_256(&acc, desc_a, desc_b, comptime!(k_slice(operands, a_major, b_major)));
+                match comptime!(accumulation) {
+                    Accumulation::Fast => {
+                        let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
+                        acc = chain_256(&acc, desc_a, desc_b, comptime!(k_slice(operands, a_major, b_major)));
+                    }
+                    Accumulation::Promoted => promote_slice(&mut acc, desc_a, tile + A_STAGE_BYTES, operands),
+                }
                 if UNIT_POS.is_multiple_of(32) {
                     mbarrier_arrive(empty + stage * 8);
                 }
@@ -282,7 +347,7 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, schedule: Schedule) -> Result<Cube
 /// codes of `formats.0`, `b` `[n, k]` codes of `formats.1` (both K-major, as FP8 `wgmma` reads
 /// them), as u8; `scales` (each `[1]`, f32, on the device: the operands' dequantization
 /// scales) multiply the f32 accumulators as they leave (per-tensor scaling), so their product
-/// costs no launch of its own.
+/// costs no launch of its own; `accumulation` says how the partial sums along k add up.
 ///
 /// # Shapes
 /// `[m, k]`, `[n, k]`, `[1]` and `[1]` → `[m, n]`
@@ -292,6 +357,7 @@ pub fn fp8_gemm(
     formats: (Minifloat, Minifloat),
     scales: [CubeTensor; 2],
     schedule: Schedule,
+    accumulation: Accumulation,
 ) -> Result<CubeTensor, WgmmaError> {
     let fp8 = |f: Minifloat| matches!(f, Minifloat::E4M3 | Minifloat::E5M2);
     if a.dtype != DType::U8 || b.dtype != DType::U8 || !fp8(formats.0) || !fp8(formats.1) {
@@ -308,7 +374,7 @@ pub fn fp8_gemm(
         [(a, Major::K), (b, Major::K)],
         [m, n, k],
         Operands::Fp8(formats.0, formats.1),
-        Some(scales),
+        Some((scales, accumulation)),
         schedule,
     ))
 }
@@ -352,12 +418,13 @@ pub(crate) fn persistent_blocks(client: &cubecl::client::Client, tiles: u32) -> 
     )
 }
 
-/// Launches the kernel on operands already laid out for it; the bf16 `[m, n]` result.
+/// Launches the kernel on operands already laid out for it; the bf16 `[m, n]` result. FP8
+/// codes come with their scales and accumulation.
 fn launch(
     [(a, a_major), (b, b_major)]: [(CubeTensor, Major); 2],
     [m, n, k]: [usize; 3],
     operands: Operands,
-    scales: Option<[CubeTensor; 2]>,
+    scales: Option<([CubeTensor; 2], Accumulation)>,
     schedule: Schedule,
 ) -> CubeTensor {
     let out = output(&a, m, n);
@@ -380,6 +447,10 @@ fn launch(
         Schedule::Persistent => persistent_blocks(&client, tiles),
     };
     let scaled = scales.is_some();
+    let (scales, accumulation) = match scales {
+        Some((scales, accumulation)) => (Some(scales), accumulation),
+        None => (None, Accumulation::Fast),
+    };
     // Unscaled, the kernel reads no scale: an empty one-element buffer stands in for both.
     let [scale_a, scale_b] = scales.unwrap_or_else(|| {
         let empty = CubeTensor::new_contiguous(
@@ -416,6 +487,7 @@ fn launch(
                 b_major,
                 operands,
                 scaled,
+                accumulation,
             ),
             Operands::Fp8(..) => gemm_kernel::launch_unchecked::<u8>(
                 &client,
@@ -433,6 +505,7 @@ fn launch(
                 b_major,
                 operands,
                 scaled,
+                accumulation,
             ),
         }
     }

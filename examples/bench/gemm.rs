@@ -1,6 +1,7 @@
 //! `bench --gemm`: the matmul routines and Burn's own matmul on the llama GEMM shapes, in bf16,
-//! and our wgmma kernel on E4M3 codes (`Fp8Wgmma`; blockwise `Fp8Blockwise`, B in 128×128 blocks,
-//! and `Fp8BlockwiseRows`, B in 1×128 tiles), one `GEMM {…}` line each; `gemm_peer.py` prints the same lines for cuBLAS through PyTorch.
+//! and our wgmma kernel on E4M3 codes (`Fp8Wgmma`; `Fp8WgmmaPromoted`, its partial sums
+//! promoted every slice; blockwise `Fp8Blockwise`, B in 128×128 blocks, and `Fp8BlockwiseRows`,
+//! B in 1×128 tiles), one `GEMM {…}` line each; `gemm_peer.py` prints the same lines for cuBLAS through PyTorch.
 //! Before timing, each routine is checked on ragged shapes with every operand layout
 //! (`CHECK {…}` lines).
 
@@ -10,7 +11,7 @@ use crate::routines::{GemmKernel, matmul};
 use burn::tensor::{DType, Device, Tensor};
 use burn_megatron_kernels::quant::format::Minifloat;
 use burn_megatron_kernels::quant::tiles::{quantize_squares, quantize_tiles};
-use burn_megatron_kernels::wgmma::{BScales, Schedule, fp8_blockwise_matmul, fp8_matmul};
+use burn_megatron_kernels::wgmma::{Accumulation, BScales, Schedule, fp8_blockwise_matmul, fp8_matmul};
 
 /// `(name, m, k, n, lhs transposed)`: llama-1b's MLP (8192 tokens) forward `x·W` and weight
 /// gradient `xᵀ·dy` (lhs a transposed view), its down projection and attention projections,
@@ -142,17 +143,24 @@ pub fn run(device: &Device, iters: usize, kernels: &[GemmKernel]) {
         let (a, b) = (tiles(m), tiles(n));
         let scale = Tensor::<1>::ones([1], (device, DType::F32));
         let formats = (Minifloat::E4M3, Minifloat::E4M3);
-        let tensorwise = || {
-            fp8_matmul(
-                a.0.clone(),
-                b.0.clone(),
-                formats,
-                [scale.clone(), scale.clone()],
-                Schedule::Persistent,
-            )
-            .map_err(|e| e.to_string())
-        };
-        report_fp8("Fp8Wgmma", time(&tensorwise));
+        for (kernel, accumulation) in [
+            ("Fp8Wgmma", Accumulation::Fast),
+            ("Fp8WgmmaPromoted", Accumulation::Promoted),
+        ] {
+            let tensorwise = || {
+                let scales = [scale.clone(), scale.clone()];
+                fp8_matmul(
+                    a.0.clone(),
+                    b.0.clone(),
+                    formats,
+                    scales,
+                    Schedule::Persistent,
+                    accumulation,
+                )
+                .map_err(|e| e.to_string())
+            };
+            report_fp8(kernel, time(&tensorwise));
+        }
         let (squares, _, square_scales) = quantize_squares(operand(n, k, false, device), Minifloat::E4M3);
         for (kernel, b, blocks) in [
             ("Fp8Blockwise", (squares, square_scales), BScales::Squares),

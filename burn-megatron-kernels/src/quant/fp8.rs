@@ -29,7 +29,7 @@ use super::recipe::{Blocks, Pass, Quantizer, Recipe};
 use crate::elementwise::is_compact;
 use crate::quant_blocks::{quantize_row_tiles, quantize_squares, quantize_tiles, quantize_tiles_both};
 use crate::quant_kernels::{Fp8Codes, Layouts, quantize_tensor};
-use crate::wgmma::BScales;
+use crate::wgmma::{Accumulation, BScales};
 
 /// How an operand's FP8 codes (`[rows, k]`, K-major) are scaled; each a dequantization factor.
 #[derive(Clone, Debug)]
@@ -196,12 +196,13 @@ fn tensorwise(
 }
 
 /// `q(a) · q(b)ᵀ` from the codes (`[m, k]`, `[n, k]`) and their scales, in `dtype`: the
-/// tensorwise GEMM for one scale each, the blockwise GEMM for 1×128 tiles of `a`.
-fn gemm(a: Codes, b: Codes, formats: (Minifloat, Minifloat), dtype: DType) -> CubeTensor {
+/// tensorwise GEMM for one scale each (accumulating as asked), the blockwise GEMM for 1×128
+/// tiles of `a`.
+fn gemm(a: Codes, b: Codes, formats: (Minifloat, Minifloat), accumulation: Accumulation, dtype: DType) -> CubeTensor {
     let schedule = crate::wgmma::Schedule::Persistent;
     let out = match (a.scales, b.scales) {
         (Scales::Tensor(sa), Scales::Tensor(sb)) => {
-            crate::wgmma::fp8_gemm(a.codes, b.codes, formats, [sa, sb], schedule)
+            crate::wgmma::fp8_gemm(a.codes, b.codes, formats, [sa, sb], schedule, accumulation)
         }
         (Scales::Rows(sa), Scales::Squares(sb)) => {
             crate::wgmma::fp8_blockwise_gemm((a.codes, sa), (b.codes, sb), BScales::Squares, formats)
@@ -218,10 +219,9 @@ fn gemm(a: Codes, b: Codes, formats: (Minifloat, Minifloat), dtype: DType) -> Cu
     }
 }
 
-/// [`gemm`] of `recipe`'s `pass` product: where the recipe promotes that product's partial sums
-/// ([`Recipe::promotes`]), tensorwise codes go to the blockwise GEMM as 1×128 tiles that all
-/// share the tensor's scale (a broadcast view, no copy), which adds each 128-deep slice's
-/// partial sums into f32.
+/// [`gemm`] of `recipe`'s `pass` product: tensorwise codes promote their partial sums where the
+/// recipe says so ([`Recipe::promotes`]); block scales change every slice, so the blockwise GEMM
+/// always promotes.
 fn gemm_in(
     pass: Pass,
     recipe: Recipe,
@@ -230,18 +230,11 @@ fn gemm_in(
     formats: (Minifloat, Minifloat),
     dtype: DType,
 ) -> CubeTensor {
-    let tiles = |c: Codes| match c.scales {
-        Scales::Tensor(scale) => {
-            let (m, k) = (c.codes.meta.shape()[0], c.codes.meta.shape()[1]);
-            let scale = Cube::float_reshape(scale, [1, 1].into());
-            rows((c.codes, Cube::float_expand(scale, [m, k.div_ceil(128)].into())))
-        }
-        scales => Codes { codes: c.codes, scales },
+    let accumulation = match recipe.promotes(pass) {
+        true => Accumulation::Promoted,
+        false => Accumulation::Fast,
     };
-    match recipe.promotes(pass) {
-        true => gemm(tiles(a), tiles(b), formats, dtype),
-        false => gemm(a, b, formats, dtype),
-    }
+    gemm(a, b, formats, accumulation, dtype)
 }
 
 /// A forward input's codes as [`SharedInput`](super::product::SharedInput) keeps them, with

@@ -22,8 +22,8 @@ use cubecl_cpp::cuda::ptx::tensor_map_address;
 use half::bf16;
 
 use super::{
-    Major, Pipeline, STAGING_BYTES, WgmmaError, output, persistent_blocks, pipeline_smem, produce, store_map,
-    store_tile, tile_position,
+    Major, Pipeline, STAGING_BYTES, WgmmaError, fresh_slice, output, persistent_blocks, pipeline_smem, produce,
+    store_map, store_tile, tile_position,
 };
 use crate::hopper::*;
 use crate::quant::format::Minifloat;
@@ -57,18 +57,6 @@ pub enum BScales {
     Squares,
     /// One scale a row and 128-deep slice: `[n, ⌈k / 128⌉]`.
     Rows,
-}
-
-/// A consumer's slice: four `m64n128k32` steps into a fresh accumulator.
-const fn slice_chain(operands: Operands) -> Chain {
-    Chain {
-        operands,
-        n: BLOCK,
-        steps: 4,
-        accumulate: false,
-        a: ASource::Smem(Tile::KMajor { rows: BLOCK }),
-        b: Tile::KMajor { rows: BLOCK },
-    }
 }
 
 /// The scale at `(row, slice)` of a scale tensor with these strides (a transposed view reads
@@ -144,7 +132,7 @@ fn blockwise_kernel(
                 // This warpgroup's 64 rows of A start 8 KiB into the stage.
                 let desc_a = descriptor(tile + consumer * 8192, comptime!(Tile::KMajor { rows: BLOCK }));
                 let desc_b = descriptor(tile + OPERAND_BYTES, comptime!(Tile::KMajor { rows: BLOCK }));
-                let part = chain_128_fresh(desc_a, desc_b, comptime!(slice_chain(operands)));
+                let part = chain_128_fresh(desc_a, desc_b, comptime!(fresh_slice(operands)));
                 if UNIT_POS.is_multiple_of(32) {
                     mbarrier_arrive(empty + stage * 8);
                 }

@@ -3,7 +3,7 @@
 use burn::backend::Cube;
 use burn_cubecl::tensor::CubeTensor;
 
-use super::{BScales, Schedule, WgmmaError, fp8_blockwise_gemm, fp8_gemm, gemm};
+use super::{Accumulation, BScales, Schedule, WgmmaError, fp8_blockwise_gemm, fp8_gemm, gemm};
 use crate::quant::format::Minifloat;
 
 /// [`gemm`] on Burn tensors (CUDA, without autodiff): for the kernel suite and the GEMM study.
@@ -31,13 +31,19 @@ pub fn fp8_matmul(
     formats: (Minifloat, Minifloat),
     [scale_a, scale_b]: [burn::tensor::Tensor<1>; 2],
     schedule: Schedule,
+    accumulation: Accumulation,
 ) -> Result<burn::tensor::Tensor<2>, WgmmaError> {
     let a: CubeTensor = a.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
     let b: CubeTensor = b.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda)?;
     let cuda = |t: burn::tensor::Tensor<1>| t.try_into_primitive::<Cube>().map_err(|_| WgmmaError::NotCuda);
     let scales = [cuda(scale_a)?, cuda(scale_b)?];
     Ok(burn::tensor::Tensor::from_primitive::<Cube>(fp8_gemm(
-        a, b, formats, scales, schedule,
+        a,
+        b,
+        formats,
+        scales,
+        schedule,
+        accumulation,
     )?))
 }
 

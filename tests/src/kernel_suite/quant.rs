@@ -45,61 +45,82 @@ pub fn fp8_tiles(h: &Harness) {
     }
 }
 
-/// The FP8 wgmma GEMM against the CPU's f32 product of the dequantized operands: E4M3 · E4M3
-/// and E4M3 · E5M2, tensorwise scales from each operand's amax, on shapes that fill no tile
-/// (m and n ragged for 128 × 256 blocks, k a multiple of 16 but not of the 128-deep slice, a k
-/// shorter than one slice) and one with more tiles than SMs.
+/// The FP8 wgmma GEMM, with fast and with promoted accumulation, against the CPU's f32 product
+/// of the dequantized operands: E4M3 · E4M3 and E4M3 · E5M2, tensorwise scales from each
+/// operand's amax, on shapes that fill no tile (m and n ragged for 128 × 256 blocks, k a
+/// multiple of 16 but not of the 128-deep slice, a k shorter than one slice) and one with more
+/// tiles than SMs. Then a long k of positive values, where the sum grows far past each step's
+/// addends: `wgmma`'s own accumulator drops their low bits at every step, the promoted kernel
+/// only within a 128-deep slice.
 pub fn fp8_gemm(h: &Harness) {
+    use burn_megatron_kernels::quant::format::Minifloat;
+    use burn_megatron_kernels::wgmma::Accumulation;
+    let pairs = [(Minifloat::E4M3, Minifloat::E4M3), (Minifloat::E4M3, Minifloat::E5M2)];
+    for accumulation in [Accumulation::Fast, Accumulation::Promoted] {
+        for formats in pairs {
+            for shape in [(300, 256, 520), (129, 2064, 257), (64, 32, 40), (4100, 256, 2000)] {
+                let error = fp8_gemm_error(h, formats, shape, accumulation, Distribution::Normal(0.0, 1.0));
+                // Products of FP8 values are exact in f32 and their sums reorder within ulps;
+                // the output is rounded to bf16 (2⁻⁹ relative each): about 2e-3 in norm. A
+                // wrong tile, half, scale or layout is of order 1.
+                assert!(
+                    error < 1e-2,
+                    "{accumulation:?} {formats:?} {shape:?}: relative error {error}"
+                );
+            }
+        }
+    }
+    let long = |accumulation| {
+        let uniform = Distribution::Uniform(0.0, 1.0);
+        fp8_gemm_error(h, pairs[0], (256, 16384, 256), accumulation, uniform)
+    };
+    let (fast, promoted) = (long(Accumulation::Fast), long(Accumulation::Promoted));
+    println!("fp8_gemm: k = 16384 of positive values, relative error fast {fast:.2e}, promoted {promoted:.2e}");
+    // Promoted, each 128-deep slice's partial sum (about 32) loses its low bits against itself
+    // only, and what remains is the bf16 output's rounding (2⁻⁹ at most, about 1.1e-3 in norm).
+    // Fast, the same bits go against a sum of up to 4096: dozens of times more.
+    assert!(promoted < 2.5e-3, "promoted accumulation: relative error {promoted}");
+    assert!(promoted < fast, "promoted {promoted} is no closer than fast {fast}");
+}
+
+/// The relative error of one FP8 product on CUDA against the CPU's f32 product of the same
+/// dequantized operands, drawn from `distribution`.
+fn fp8_gemm_error(
+    h: &Harness,
+    formats: (
+        burn_megatron_kernels::quant::format::Minifloat,
+        burn_megatron_kernels::quant::format::Minifloat,
+    ),
+    (m, k, n): (usize, usize, usize),
+    accumulation: burn_megatron_kernels::wgmma::Accumulation,
+    distribution: Distribution,
+) -> f32 {
     use burn::tensor::{Device, Int, TensorData};
     use burn_megatron_kernels::quant::format::Minifloat;
     use burn_megatron_kernels::quant::scaling::{Scaling, amax, quantize, quantize_scale};
-    use burn_megatron_kernels::wgmma::fp8_matmul;
+    use burn_megatron_kernels::wgmma::{Schedule, fp8_matmul};
     let device = h.device(0);
     let cpu = Device::flex();
-    let host = |rows: usize, cols: usize| -> Vec<f32> {
-        Tensor::<2>::random([rows, cols], Distribution::Normal(0.0, 1.0), (&cpu, DType::F32))
+    let host = |rows: usize| -> Vec<f32> {
+        Tensor::<2>::random([rows, k], distribution, (&cpu, DType::F32))
             .into_data()
             .try_to_vec()
             .expect("f32")
     };
-    for formats in [(Minifloat::E4M3, Minifloat::E4M3), (Minifloat::E4M3, Minifloat::E5M2)] {
-        for (m, k, n) in [(300, 256, 520), (129, 2064, 257), (64, 32, 40), (4100, 256, 2000)] {
-            let (a, b) = (host(m, k), host(n, k));
-            let quantized = |x: &[f32], rows: usize, format: Minifloat| {
-                let scale = quantize_scale(format, amax(x), 0);
-                let q = quantize(x, [rows, k], format, Scaling::Tensor { quantize_scale: scale }, None);
-                let codes =
-                    Tensor::<2, Int>::from_data(TensorData::new(q.codes.clone(), [rows, k]), (&device, DType::U8));
-                let values = Tensor::<2>::from_data(TensorData::new(q.dequantize(), [rows, k]), &cpu);
-                (codes, values, q.scales[0])
-            };
-            let (a_codes, a_values, a_scale) = quantized(&a, m, formats.0);
-            let (b_codes, b_values, b_scale) = quantized(&b, n, formats.1);
-            let scale = |x: f32| Tensor::<1>::from_data(TensorData::new(vec![x], [1]), (&device, DType::F32));
-            let out = fp8_matmul(
-                a_codes,
-                b_codes,
-                formats,
-                [scale(a_scale), scale(b_scale)],
-                burn_megatron_kernels::wgmma::Schedule::Persistent,
-            )
-            .expect("an FP8 product");
-            let expected = a_values.matmul(b_values.transpose());
-            let out = out.to_device(&cpu);
-            // Products of FP8 values are exact in f32 and their sums reorder within ulps; the
-            // output is rounded to bf16 (2⁻⁹ relative each): about 2e-3 in norm. A wrong tile,
-            // scale or layout is of order 1.
-            let error = relative_error(out.clone(), expected.clone());
-            let norms = (
-                out.cast(DType::F32).square().sum().sqrt().into_scalar::<f32>(),
-                expected.square().sum().sqrt().into_scalar::<f32>(),
-            );
-            assert!(
-                error < 1e-2,
-                "{formats:?} {m}×{k}×{n}: relative error {error}, norms {norms:?}"
-            );
-        }
-    }
+    let quantized = |x: &[f32], rows: usize, format: Minifloat| {
+        let scale = quantize_scale(format, amax(x), 0);
+        let q = quantize(x, [rows, k], format, Scaling::Tensor { quantize_scale: scale }, None);
+        let codes = Tensor::<2, Int>::from_data(TensorData::new(q.codes.clone(), [rows, k]), (&device, DType::U8));
+        let values = Tensor::<2>::from_data(TensorData::new(q.dequantize(), [rows, k]), &cpu);
+        (codes, values, q.scales[0])
+    };
+    let (a_codes, a_values, a_scale) = quantized(&host(m), m, formats.0);
+    let (b_codes, b_values, b_scale) = quantized(&host(n), n, formats.1);
+    let scale = |x: f32| Tensor::<1>::from_data(TensorData::new(vec![x], [1]), (&device, DType::F32));
+    let scales = [scale(a_scale), scale(b_scale)];
+    let out =
+        fp8_matmul(a_codes, b_codes, formats, scales, Schedule::Persistent, accumulation).expect("an FP8 product");
+    relative_error(out.to_device(&cpu), a_values.matmul(b_values.transpose()))
 }
 
 /// Current scaling's amax on CUDA (one launch, the blocks' maxima folded by atomics and written
