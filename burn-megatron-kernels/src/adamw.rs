@@ -50,9 +50,11 @@ pub trait AdamWOps: Backend {
         step: AdamWStep,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
-    /// `(master, moment_1, moment_2, parameter)` after one step of f32 master weights: the
-    /// gradient in any float dtype, multiplied by `clip` (`[1]`, f32), the new parameter the
-    /// new master value in `dtype`.
+    /// `(master, moment_1, moment_2, parameter, squares)` after one step of f32 master weights:
+    /// the gradient in any float dtype, multiplied by `clip` (`[1]`, f32), the new parameter the
+    /// new master value in `dtype`; `squares` (`[1]`, f32) plus the gradient's `Σ g²` before
+    /// clipping (a global norm's share, from the same read of the gradient).
+    #[allow(clippy::too_many_arguments)]
     fn adamw_master_update(
         master: FloatTensor<Self>,
         grad: FloatTensor<Self>,
@@ -61,6 +63,7 @@ pub trait AdamWOps: Backend {
         step: AdamWStep,
         clip: FloatTensor<Self>,
         dtype: FloatDType,
+        squares: FloatTensor<Self>,
     ) -> MasterUpdate<Self>;
 }
 
@@ -102,8 +105,9 @@ pub mod reference {
         (B::float_cast(param, dtype), m, v)
     }
 
-    /// The update of f32 master weights from a gradient multiplied by `clip` (`[1]`), and their
-    /// copy in `dtype`.
+    /// The update of f32 master weights from a gradient multiplied by `clip` (`[1]`), their
+    /// copy in `dtype`, and `squares` plus the gradient's `Σ g²` before clipping.
+    #[allow(clippy::too_many_arguments)]
     pub fn master_update<B: Backend>(
         master: FloatTensor<B>,
         grad: FloatTensor<B>,
@@ -112,8 +116,15 @@ pub mod reference {
         step: AdamWStep,
         clip: FloatTensor<B>,
         dtype: FloatDType,
+        squares: FloatTensor<B>,
     ) -> super::MasterUpdate<B> {
         let grad = B::float_cast(grad, FloatDType::F32);
+        let n = grad.shape().num_elements();
+        let flat = B::float_reshape(grad.clone(), [n].into());
+        let squares = B::float_add(
+            B::float_cast(squares, FloatDType::F32),
+            B::float_sum(B::float_mul(flat.clone(), flat)),
+        );
         let clip = B::float_expand(B::float_cast(clip, FloatDType::F32), grad.shape());
         let grad = B::float_mul(grad, clip);
         let (master, moment_1, moment_2) = update::<B>(B::float_cast(master, FloatDType::F32), grad, m, v, step);
@@ -122,20 +133,22 @@ pub mod reference {
             master,
             moment_1,
             moment_2,
+            squares,
         }
     }
 }
 
 /// The new parameter and moments.
 type Update<B> = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
-/// One step's new f32 master weights and moments, and the parameter's copy of the master
-/// weights in its own dtype.
+/// One step's new f32 master weights and moments, the parameter's copy of the master
+/// weights in its own dtype, and the running sum of squares with this gradient's added.
 #[derive(ExtensionType)]
 pub struct MasterUpdate<B: Backend> {
     pub master: FloatTensor<B>,
     pub moment_1: FloatTensor<B>,
     pub moment_2: FloatTensor<B>,
     pub param: FloatTensor<B>,
+    pub squares: FloatTensor<B>,
 }
 
 impl AdamWOps for Flex {
@@ -157,8 +170,9 @@ impl AdamWOps for Flex {
         step: AdamWStep,
         clip: FloatTensor<Self>,
         dtype: FloatDType,
+        squares: FloatTensor<Self>,
     ) -> MasterUpdate<Self> {
-        reference::master_update::<Flex>(master, grad, m, v, step, clip, dtype)
+        reference::master_update::<Flex>(master, grad, m, v, step, clip, dtype, squares)
     }
 }
 
@@ -182,8 +196,9 @@ impl AdamWOps for burn::backend::Cube {
         step: AdamWStep,
         clip: FloatTensor<Self>,
         dtype: FloatDType,
+        squares: FloatTensor<Self>,
     ) -> MasterUpdate<Self> {
-        crate::optim_kernels::adamw_master(master, grad, m, v, step, clip, dtype)
+        crate::optim_kernels::adamw_master(master, grad, m, v, step, clip, dtype, squares)
     }
 }
 
@@ -210,15 +225,26 @@ impl<B: Backend + AdamWOps, C: CheckpointStrategy> AdamWOps for Autodiff<B, C> {
         step: AdamWStep,
         clip: FloatTensor<Self>,
         dtype: FloatDType,
+        squares: FloatTensor<Self>,
     ) -> MasterUpdate<Self> {
         let inner = |t: FloatTensor<Self>| t.into_parts().0;
-        let new = B::adamw_master_update(inner(master), inner(grad), inner(m), inner(v), step, inner(clip), dtype);
+        let new = B::adamw_master_update(
+            inner(master),
+            inner(grad),
+            inner(m),
+            inner(v),
+            step,
+            inner(clip),
+            dtype,
+            inner(squares),
+        );
         let outer = |t| <Self as AutodiffBackend>::from_inner(t);
         MasterUpdate {
             master: outer(new.master),
             moment_1: outer(new.moment_1),
             moment_2: outer(new.moment_2),
             param: outer(new.param),
+            squares: outer(new.squares),
         }
     }
 }
@@ -248,13 +274,25 @@ pub fn adamw_step<const D: usize>(
     )
 }
 
-/// One AdamW step of f32 master weights through [`AdamWOps`]: the new master weights and f32
-/// moments, and the new value in `dtype` for the model. `clip` (f32, on the device: a global
-/// norm's clipping factor, 1 without clipping, read by the kernel rather than the host)
-/// multiplies the gradient.
+/// One step of [`adamw_master_step`]: the new master weights and f32 moments, the new value in
+/// the model's dtype, and the running sum of squares with the step's gradient added.
+#[derive(Clone, Debug)]
+pub struct MasterStep<const D: usize> {
+    pub master: Tensor<D>,
+    pub moment_1: Tensor<D>,
+    pub moment_2: Tensor<D>,
+    pub param: Tensor<D>,
+    pub squares: Tensor<1>,
+}
+
+/// One AdamW step of f32 master weights through [`AdamWOps`]. `clip` (f32, on the device: a
+/// global norm's clipping factor, 1 without clipping, read by the kernel rather than the host)
+/// multiplies the gradient; `squares` (f32) comes back with the gradient's `Σ g²` before
+/// clipping added, from the same read (a global norm without a pass of its own).
 ///
 /// # Shapes
-/// all four of one shape; `clip` `[1]`
+/// all four of one shape; `clip` and `squares` `[1]`
+#[allow(clippy::too_many_arguments)]
 pub fn adamw_master_step<const D: usize>(
     master: Tensor<D>,
     grad: Tensor<D>,
@@ -263,7 +301,8 @@ pub fn adamw_master_step<const D: usize>(
     step: AdamWStep,
     clip: Tensor<1>,
     dtype: FloatDType,
-) -> (Tensor<D>, Tensor<D>, Tensor<D>, Tensor<D>) {
+    squares: Tensor<1>,
+) -> MasterStep<D> {
     let new = <burn::backend::Dispatch as AdamWOps>::adamw_master_update(
         master.into_dispatch(),
         grad.into_dispatch(),
@@ -272,13 +311,15 @@ pub fn adamw_master_step<const D: usize>(
         step,
         clip.into_dispatch(),
         dtype,
+        squares.into_dispatch(),
     );
-    (
-        Tensor::from_dispatch(new.master),
-        Tensor::from_dispatch(new.moment_1),
-        Tensor::from_dispatch(new.moment_2),
-        Tensor::from_dispatch(new.param),
-    )
+    MasterStep {
+        master: Tensor::from_dispatch(new.master),
+        moment_1: Tensor::from_dispatch(new.moment_1),
+        moment_2: Tensor::from_dispatch(new.moment_2),
+        param: Tensor::from_dispatch(new.param),
+        squares: Tensor::from_dispatch(new.squares),
+    }
 }
 
 #[cfg(test)]

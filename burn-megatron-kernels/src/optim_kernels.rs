@@ -106,7 +106,10 @@ fn adamw_kernel<F: Float, N: Size>(
 
 /// One AdamW step of fp32 master weights: gradient in `G`, master weights and moments in f32,
 /// the model's copy of the new value written in `P` in the same pass; the gradient multiplied by
-/// `clip[0]` first (a global norm's clipping factor, computed on the device).
+/// `clip[0]` first (a global norm's clipping factor, computed on the device). A grid of at most
+/// [`MASTER_BLOCKS`] blocks strides over the vectors; each block's `Σ g²` (before clipping) goes to
+/// `partials`, and the launch's last block (by `ticket`, as [`finish_max`](crate::amax_kernels))
+/// writes `squares_out[0] = squares[0] + Σ partials`, summed in one order every run.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn adamw_master_kernel<G: Float, P: Float, N: Size>(
@@ -119,16 +122,55 @@ fn adamw_master_kernel<G: Float, P: Float, N: Size>(
     m_out: &mut Tensor<Vector<f32, N>>,
     v_out: &mut Tensor<Vector<f32, N>>,
     param_out: &mut Tensor<Vector<P, N>>,
+    squares: &Tensor<f32>,
+    squares_out: &mut Tensor<f32>,
+    partials: &mut Tensor<f32>,
+    ticket: &mut Tensor<Atomic<u32>>,
     s: AdamScalars,
 ) {
-    let i = ABSOLUTE_POS;
-    if i < master_out.len() {
-        let g = Vector::<f32, N>::cast_from(grad[i]) * Vector::new(clip[0]);
-        let p = adam(i, master[i], g, m, v, m_out, v_out, &s);
+    let vectors = master_out.len() as u32;
+    let stride = CUBE_COUNT as u32 * 256u32;
+    let mut sum = 0.0f32;
+    for i in range_stepped(ABSOLUTE_POS as u32, vectors, stride) {
+        let i = i as usize;
+        let raw = Vector::<f32, N>::cast_from(grad[i]);
+        sum += hsum(raw * raw);
+        let p = adam(i, master[i], raw * Vector::new(clip[0]), m, v, m_out, v_out, &s);
         master_out[i] = p;
         param_out[i] = Vector::cast_from(p);
     }
+    let total = block_sum(sum);
+    let mut last = Shared::<[u32]>::new_slice(1usize);
+    if UNIT_POS == 0 {
+        partials[CUBE_POS] = total;
+    }
+    // The partial is published before the ticket counts the block done.
+    sync_storage();
+    if UNIT_POS == 0 {
+        let done = ticket[1].fetch_add(1u32) + 1u32;
+        last[0] = 0u32;
+        if done == CUBE_COUNT as u32 {
+            last[0] = 1u32;
+        }
+    }
+    sync_cube();
+    if last[0] == 1u32 {
+        sync_storage();
+        let mut all = 0.0f32;
+        for b in range_stepped(UNIT_POS, CUBE_COUNT as u32, 256u32) {
+            all += partials[b as usize];
+        }
+        let all = block_sum(all);
+        if UNIT_POS == 0 {
+            squares_out[0] = squares[0] + all;
+            ticket[1].store(0u32);
+        }
+    }
 }
+
+/// The most blocks of [`adamw_master_kernel`]: enough to keep every SM's loads in flight, few
+/// enough that the last block sums their partials in one sweep.
+const MASTER_BLOCKS: u32 = 1024;
 
 /// Vectors one block of [`partials_kernel`] reduces: 256 threads, 8 vectors each.
 const CHUNK: u32 = 2048;
@@ -252,22 +294,28 @@ pub(crate) fn adamw_master(
     step: AdamWStep,
     clip: CubeTensor,
     dtype: FloatDType,
+    squares: CubeTensor,
 ) -> crate::adamw::MasterUpdate<Cube> {
     let param_dtype = DType::from(dtype);
     let fits = float(grad.dtype)
         && float(param_dtype)
-        && clip.dtype == DType::F32
-        && clip.meta.num_elements() == 1
+        && [&clip, &squares]
+            .iter()
+            .all(|t| t.dtype == DType::F32 && t.meta.num_elements() == 1)
         && [&master, &m, &v].iter().all(|t| t.dtype == DType::F32)
-        && [&grad, &m, &v].iter().all(|t| t.meta.shape() == master.meta.shape());
+        && [&grad, &m, &v].iter().all(|t| t.meta.shape() == master.meta.shape())
+        && master.meta.num_elements() > 0;
     let inputs = (
         compact_input(master.clone()),
         compact_input(grad.clone()),
         compact_input(m.clone()),
         compact_input(v.clone()),
+        compact_input(squares.clone()),
     );
-    let (true, Some(pc), Some(gc), Some(mc), Some(vc)) = (fits, inputs.0, inputs.1, inputs.2, inputs.3) else {
-        return crate::adamw::reference::master_update::<Cube>(master, grad, m, v, step, clip, dtype);
+    let (true, Some(pc), Some(gc), Some(mc), Some(vc), Some(sc)) =
+        (fits, inputs.0, inputs.1, inputs.2, inputs.3, inputs.4)
+    else {
+        return crate::adamw::reference::master_update::<Cube>(master, grad, m, v, step, clip, dtype, squares);
     };
     let shape = pc.meta.shape().clone();
     let (master_out, m_out, v_out, param_out) = (
@@ -278,14 +326,17 @@ pub(crate) fn adamw_master(
     );
     let len = pc.meta.num_elements();
     let vector = moment_vector(len);
-    let (count, dim) = launch_dims(len, vector);
+    let blocks = ((len / vector) as u32).div_ceil(256).min(MASTER_BLOCKS);
+    let squares_out = compact_output(&pc, Shape::new([1]), DType::F32);
+    // Every block writes its partial: nothing to zero.
+    let partials = compact_output(&pc, Shape::new([blocks as usize]), DType::F32);
     launch_grad_param!(
         gc.dtype,
         param_dtype,
         adamw_master_kernel,
         &pc.client,
-        count,
-        dim,
+        CubeCount::Static(blocks, 1, 1),
+        CubeDim::new_1d(256),
         vector,
         pc.clone().into_tensor_arg(),
         gc.clone().into_tensor_arg(),
@@ -296,6 +347,10 @@ pub(crate) fn adamw_master(
         m_out.clone().into_tensor_arg(),
         v_out.clone().into_tensor_arg(),
         param_out.clone().into_tensor_arg(),
+        sc.into_tensor_arg(),
+        squares_out.clone().into_tensor_arg(),
+        partials.into_tensor_arg(),
+        crate::amax_kernels::state(&pc).into_tensor_arg(),
         adam_scalars!(step),
     );
     crate::adamw::MasterUpdate {
@@ -303,6 +358,7 @@ pub(crate) fn adamw_master(
         moment_1: m_out,
         moment_2: v_out,
         param: param_out,
+        squares: squares_out,
     }
 }
 

@@ -1,10 +1,9 @@
 //! Row kernels, a block of 256 threads a row (vectors of 8 along the row where it allows, a
-//! shuffle-and-shared-memory sum): RMSNorm's forward and `dx`, with a column-sum kernel for its
-//! `dw` that leaves one partial row per 64 input rows, summed after; cross-entropy's row sums,
-//! with an elementwise kernel for their backward.
+//! shuffle-and-shared-memory sum): RMSNorm's forward, and its backward taking `dx` and a partial
+//! `dw` a block of rows from one read of the row, the partials summed by a column-sum kernel;
+//! cross-entropy's row sums, with an elementwise kernel for their backward.
 
 use burn::backend::Cube;
-use burn::backend::ops::FloatTensorOps;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
@@ -16,8 +15,17 @@ use crate::rms_norm::reference;
 
 /// Threads a block: 8 warps.
 const THREADS: u32 = 256;
-/// Input rows a `dw` block sums.
-const DW_ROWS: u32 = 64;
+/// Rows a block of [`backward_kernel`] takes: few enough that a step's 8192 rows make four
+/// blocks an SM, so loads stay in flight.
+const BACKWARD_ROWS: u32 = 16;
+/// The most vectors of a row one thread of [`backward_kernel`] holds (hidden 8192 in vectors of
+/// 8); wider rows take the tensor ops.
+const MAX_SLOTS: usize = 4;
+/// Column vectors a block of [`column_sum_kernel`] sums, and its lanes down the rows.
+const SUM_COLUMNS: u32 = 32;
+const SUM_LANES: u32 = 8;
+/// Rows a lane of [`column_sum_kernel`] loads at once.
+const SUM_UNROLL: u32 = 8;
 
 #[cube]
 pub(crate) fn hsum<N: Size>(v: Vector<f32, N>) -> f32 {
@@ -90,55 +98,111 @@ fn forward_kernel<F: Float, N: Size>(
     }
 }
 
-/// Grid: one block a row; `dx = rstd · (g∘w − x̂ · mean(g∘w∘x̂))`.
+/// Grid: a block [`BACKWARD_ROWS`] rows, each thread `slots` vectors of a row (vectors
+/// `UNIT_POS + j·256`). For each row, `dx = rstd · (g∘w − x̂ · mean(g∘w∘x̂))` with `x̂ = x · rstd`;
+/// and the block's `Σ g∘x̂` over its rows to `partial[block]` (`dw`'s share, summed by
+/// [`column_sum_kernel`]). One read of `x` and `g` gives both gradients.
 #[cube(launch_unchecked)]
-fn dx_kernel<F: Float, N: Size>(
+#[allow(clippy::too_many_arguments)]
+fn backward_kernel<F: Float, N: Size>(
     x: &Tensor<Vector<F, N>>,
     weight: &Tensor<Vector<F, N>>,
     rstd: &Tensor<f32>,
     grad: &Tensor<Vector<F, N>>,
     dx: &mut Tensor<Vector<F, N>>,
-    columns: u32,
-    width: f32,
-) {
-    let base = CUBE_POS * columns as usize;
-    let r = Vector::<f32, N>::new(rstd[CUBE_POS]);
-    let mut dot = 0.0f32;
-    for c in range_stepped(UNIT_POS, columns, THREADS) {
-        let i = base + c as usize;
-        let gw = Vector::<f32, N>::cast_from(grad[i]) * Vector::<f32, N>::cast_from(weight[c as usize]);
-        dot += hsum(gw * Vector::<f32, N>::cast_from(x[i]) * r);
-    }
-    let mean = Vector::<f32, N>::new(block_sum(dot) / width);
-    for c in range_stepped(UNIT_POS, columns, THREADS) {
-        let i = base + c as usize;
-        let gw = Vector::<f32, N>::cast_from(grad[i]) * Vector::<f32, N>::cast_from(weight[c as usize]);
-        dx[i] = Vector::cast_from(r * (gw - Vector::<f32, N>::cast_from(x[i]) * r * mean));
-    }
-}
-
-/// Grid `(columns / 256, rows / 64)`: `partial[row block, c] = Σ g ∘ x · rstd` over 64 rows.
-#[cube(launch_unchecked)]
-fn dw_kernel<F: Float, N: Size>(
-    x: &Tensor<Vector<F, N>>,
-    rstd: &Tensor<f32>,
-    grad: &Tensor<Vector<F, N>>,
     partial: &mut Tensor<Vector<f32, N>>,
     columns: u32,
     rows: u32,
+    width: f32,
+    #[comptime] slots: usize,
 ) {
-    let c = CUBE_POS_X * THREADS + UNIT_POS;
-    if c < columns {
-        let first = CUBE_POS_Y * DW_ROWS;
-        let last = min(first + DW_ROWS, rows);
-        let mut sum = Vector::<f32, N>::new(0.0f32);
-        for r in first..last {
-            let i = (r * columns + c) as usize;
-            sum += Vector::<f32, N>::cast_from(grad[i])
-                * Vector::<f32, N>::cast_from(x[i])
-                * Vector::new(rstd[r as usize]);
+    let zero = Vector::<f32, N>::new(0.0f32);
+    let mut w = Array::<Vector<f32, N>>::new(slots);
+    let mut dw = Array::<Vector<f32, N>>::new(slots);
+    let mut g = Array::<Vector<f32, N>>::new(slots);
+    let mut normed = Array::<Vector<f32, N>>::new(slots);
+    #[unroll]
+    for j in 0..slots {
+        let c = UNIT_POS + j as u32 * THREADS;
+        w[j] = zero;
+        if c < columns {
+            w[j] = Vector::<f32, N>::cast_from(weight[c as usize]);
         }
-        partial[(CUBE_POS_Y * columns + c) as usize] = sum;
+        dw[j] = zero;
+    }
+    let first = CUBE_POS as u32 * BACKWARD_ROWS;
+    let last = min(first + BACKWARD_ROWS, rows);
+    for row in first..last {
+        let base = row * columns;
+        let r = Vector::<f32, N>::new(rstd[row as usize]);
+        let mut dot = 0.0f32;
+        #[unroll]
+        for j in 0..slots {
+            let c = UNIT_POS + j as u32 * THREADS;
+            g[j] = zero;
+            normed[j] = zero;
+            if c < columns {
+                g[j] = Vector::<f32, N>::cast_from(grad[(base + c) as usize]);
+                normed[j] = Vector::<f32, N>::cast_from(x[(base + c) as usize]) * r;
+            }
+            dot += hsum(g[j] * w[j] * normed[j]);
+        }
+        let mean = Vector::<f32, N>::new(block_sum(dot) / width);
+        // The next row's sum writes the shared partials every thread has just read.
+        sync_cube();
+        #[unroll]
+        for j in 0..slots {
+            let c = UNIT_POS + j as u32 * THREADS;
+            if c < columns {
+                dx[(base + c) as usize] = Vector::cast_from(r * (g[j] * w[j] - normed[j] * mean));
+                dw[j] += g[j] * normed[j];
+            }
+        }
+    }
+    #[unroll]
+    for j in 0..slots {
+        let c = UNIT_POS + j as u32 * THREADS;
+        if c < columns {
+            partial[(CUBE_POS as u32 * columns + c) as usize] = dw[j];
+        }
+    }
+}
+
+/// Grid: a block [`SUM_COLUMNS`] vectors of columns, 8 lanes of threads down the rows of
+/// `partial` (`[parts, columns]`); `out[c] = Σ partial[·, c]` in `F`, each lane's rows summed in
+/// order, the lanes in order: the same sum every run.
+#[cube(launch_unchecked)]
+fn column_sum_kernel<F: Float, N: Size>(
+    partial: &Tensor<Vector<f32, N>>,
+    out: &mut Tensor<Vector<F, N>>,
+    columns: u32,
+    parts: u32,
+) {
+    let mut lanes = Shared::<[Vector<f32, N>]>::new_slice(THREADS as usize);
+    let (column, lane) = (UNIT_POS % SUM_COLUMNS, UNIT_POS / SUM_COLUMNS);
+    let c = CUBE_POS as u32 * SUM_COLUMNS + column;
+    let mut sum = Vector::<f32, N>::new(0.0f32);
+    if c < columns {
+        for start in range_stepped(lane, parts, SUM_LANES * SUM_UNROLL) {
+            // The chunk's loads are issued together.
+            #[unroll]
+            for i in 0..SUM_UNROLL {
+                let part = start + i * SUM_LANES;
+                if part < parts {
+                    sum += partial[(part * columns + c) as usize];
+                }
+            }
+        }
+    }
+    lanes[UNIT_POS as usize] = sum;
+    sync_cube();
+    if lane == 0 && c < columns {
+        let mut total = lanes[column as usize];
+        #[unroll]
+        for l in 1..SUM_LANES {
+            total += lanes[(l * SUM_COLUMNS + column) as usize];
+        }
+        out[c as usize] = Vector::cast_from(total);
     }
 }
 
@@ -216,57 +280,55 @@ pub(crate) fn backward(
     if gc.dtype != xc.dtype {
         return reference::backward::<Cube>(x, weight, rstd, grad);
     }
-    let client = xc.client.clone();
     let vectors = (columns / vector) as u32;
+    let slots = (vectors as usize).div_ceil(THREADS as usize);
+    if slots > MAX_SLOTS {
+        return reference::backward::<Cube>(x, weight, rstd, grad);
+    }
+    let client = xc.client.clone();
     let dx = compact_output(&xc, xc.meta.shape().clone(), xc.dtype);
-    let row_blocks = (rows as u32).div_ceil(DW_ROWS);
-    let partial = compact_output(&xc, Shape::from([row_blocks as usize, columns]), DType::F32);
-    let dim = CubeDim::new_1d(THREADS);
-    let dx_args = (
+    let parts = (rows as u32).div_ceil(BACKWARD_ROWS);
+    let partial = compact_output(&xc, Shape::from([parts as usize, columns]), DType::F32);
+    let args = (
         xc.clone().into_tensor_arg(),
         wc.into_tensor_arg(),
-        rc.clone().into_tensor_arg(),
-        gc.clone().into_tensor_arg(),
-        dx.clone().into_tensor_arg(),
-    );
-    launch_float!(
-        xc.dtype,
-        dx_kernel,
-        &client,
-        CubeCount::Static(rows as u32, 1, 1),
-        dim,
-        vector,
-        dx_args.0,
-        dx_args.1,
-        dx_args.2,
-        dx_args.3,
-        dx_args.4,
-        vectors,
-        columns as f32
-    );
-    let dw_count = CubeCount::Static(vectors.div_ceil(THREADS), row_blocks, 1);
-    let dw_args = (
-        xc.clone().into_tensor_arg(),
         rc.into_tensor_arg(),
         gc.into_tensor_arg(),
+        dx.clone().into_tensor_arg(),
         partial.clone().into_tensor_arg(),
     );
     launch_float!(
         xc.dtype,
-        dw_kernel,
+        backward_kernel,
         &client,
-        dw_count,
-        dim,
+        CubeCount::Static(parts, 1, 1),
+        CubeDim::new_1d(THREADS),
         vector,
-        dw_args.0,
-        dw_args.1,
-        dw_args.2,
-        dw_args.3,
+        args.0,
+        args.1,
+        args.2,
+        args.3,
+        args.4,
+        args.5,
         vectors,
-        rows as u32
+        rows as u32,
+        columns as f32,
+        slots
     );
-    let dw = Cube::float_reshape(Cube::float_sum_dim(partial, 0), Shape::from([columns]));
-    (dx, Cube::float_cast(dw, weight.dtype.into()))
+    let dw = compact_output(&xc, Shape::from([columns]), xc.dtype);
+    launch_float!(
+        xc.dtype,
+        column_sum_kernel,
+        &client,
+        CubeCount::Static(vectors.div_ceil(SUM_COLUMNS), 1, 1),
+        CubeDim::new_1d(THREADS),
+        vector,
+        partial.into_tensor_arg(),
+        dw.clone().into_tensor_arg(),
+        vectors,
+        parts
+    );
+    (dx, dw)
 }
 
 /// Grid: one block a row. `out[row]` the largest of the row's columns before `valid` (NaN

@@ -254,16 +254,29 @@ impl DistributedAdamW {
     ) -> Result<(M, StepReport), CommError> {
         self.stage_copies(&model)?;
         let dtypes: Vec<DType> = param_values(&model).iter().map(|p| p.value.dtype()).collect();
-        let norm = self.global_norm(&shards)?;
-        // `max / (norm + 1e-6)` where the norm passes `max`, else 1 (a NaN norm too; always
-        // without clipping), as a device tensor the update kernel reads.
-        let clip = norm.clone().map(|norm| match self.config.max_grad_norm {
-            Some(max) => {
-                let factor = norm.clone().add_scalar(1e-6).recip().mul_scalar(max);
-                factor.ones_like().mask_where(norm.greater_elem(max), factor)
-            }
-            None => norm.ones_like(),
+        let Some(device) = shards.first().map(|s| s.device()) else {
+            // No parameters here: nothing to update, and no norm.
+            self.step += 1;
+            return Ok((model, StepReport { norm: None }));
+        };
+        // Clipping needs the norm before the update: a pass of its own over the gradients.
+        // Without, the update kernels add each gradient's squares as they read it.
+        let clipping = self.config.max_grad_norm.map(|max| -> Result<_, CommError> {
+            let local = [false, true].map(|expert| {
+                let counted = (0..shards.len()).filter(|&i| self.norm_class(i) == Some(expert));
+                sum_of_squares(counted.map(|i| shards[i].clone()).collect(), &device)
+            });
+            let norm = self.global_norm(Tensor::cat(local.to_vec(), 0))?;
+            // `max / (norm + 1e-6)` where the norm passes `max`, else 1 (a NaN norm too), as a
+            // device tensor the update kernel reads.
+            let factor = norm.clone().add_scalar(1e-6).recip().mul_scalar(max);
+            let clip = factor.ones_like().mask_where(norm.clone().greater_elem(max), factor);
+            Ok((norm, clip))
         });
+        let (norm, clip) = match clipping.transpose()? {
+            Some((norm, clip)) => (Some(norm), clip),
+            None => (None, Tensor::ones([1], (&device, DType::F32))),
+        };
         self.step += 1;
         if self.states.is_empty() {
             self.states = self.first_states(&model);
@@ -278,30 +291,44 @@ impl DistributedAdamW {
             time: self.step as u32,
             grad_scale: 1.0,
         };
+        // The squares the updates add up: dense, experts, and those the norm does not count.
+        let mut squares = [(); 3].map(|_| Tensor::<1>::zeros([1], (&device, DType::F32)));
         // The new values in the parameters' dtype, gathered back whole under ZeRO-1; none for a
         // parameter gradients do not train (every rank skips the same ones).
         let mut values = Vec::with_capacity(self.states.len());
-        for (i, ((state, grad), dtype)) in self.states.iter_mut().zip(shards).zip(dtypes).enumerate() {
+        for (i, (grad, dtype)) in shards.into_iter().zip(dtypes).enumerate() {
             if !self.infos[i].trainable {
                 values.push(None);
                 continue;
             }
-            let value;
-            (state.master, state.m, state.v, value) = adamw_master_step(
+            let sum = match self.norm_class(i) {
+                Some(false) => 0,
+                Some(true) => 1,
+                None => 2,
+            };
+            let state = &mut self.states[i];
+            let new = adamw_master_step(
                 state.master.clone(),
                 grad,
                 state.m.clone(),
                 state.v.clone(),
                 step,
-                clip.clone().expect("a norm where there are gradients"),
+                clip.clone(),
                 FloatDType::from(dtype),
+                squares[sum].clone(),
             );
+            (state.master, state.m, state.v, squares[sum]) = (new.master, new.moment_1, new.moment_2, new.squares);
             let group = &self.grad_groups[i].group;
             values.push(Some(match self.config.zero1 && group.size() > 1 {
-                true => group.all_gather(value, 0)?,
-                false => value,
+                true => group.all_gather(new.param, 0)?,
+                false => new.param,
             }));
         }
+        let [dense, experts, _] = squares;
+        let norm = match norm {
+            Some(norm) => norm,
+            None => self.global_norm(Tensor::cat(vec![dense, experts], 0))?,
+        };
         let infos = &self.infos;
         let model = map_params(model, &mut |index, old, dims| match infos[index].trainable {
             true => {
@@ -312,50 +339,38 @@ impl DistributedAdamW {
             // Not trained by gradients (a router's selection bias): as it was.
             false => old,
         });
-        Ok((model, StepReport { norm }))
+        Ok((model, StepReport { norm: Some(norm) }))
     }
 
-    /// √(Σ g²) over every rank, each parameter counted once: tp-replicated parameters count on
-    /// tp rank 0 only; dp shards are disjoint only under ZeRO-1; experts differ over etp and ep,
-    /// and a pipeline's stages over pp (a parameter several stages hold counts on the first).
-    /// `[1]` on the device, none without parameters.
-    fn global_norm(&self, shards: &[Tensor<1>]) -> Result<Option<Tensor<1>>, CommError> {
-        let (tp, groups) = (&self.groups.tp, &self.groups);
-        let device = shards.first().map(|s| s.device());
-        let Some(device) = device else { return Ok(None) };
+    /// Where parameter `index`'s squares count in the global norm: `Some(expert)` (dense or
+    /// expert), or none where another rank or stage counts them (tp-replicated parameters count
+    /// on tp rank 0 only; a parameter several pipeline stages hold, on the first) or gradients do
+    /// not train it.
+    fn norm_class(&self, index: usize) -> Option<bool> {
+        let info = &self.infos[index];
         let copies = self.copies.as_ref().expect("found by step_reduced");
-        let counted = |expert: bool| -> Vec<Tensor<1>> {
-            shards
-                .iter()
-                .zip(&self.infos)
-                .enumerate()
-                .filter(|(i, (_, info))| {
-                    info.trainable
-                        && info.expert == expert
-                        && (info.tp_split || tp.group_rank() == 0)
-                        && copies.counted_here(*i)
-                })
-                .map(|(_, (shard, _))| shard.clone())
-                .collect()
-        };
-        let (dense, experts) = (counted(false), counted(true));
-        let has_experts = !experts.is_empty();
+        let counted =
+            info.trainable && (info.tp_split || self.groups.tp.group_rank() == 0) && copies.counted_here(index);
+        counted.then_some(info.expert)
+    }
+
+    /// √(Σ g²) over every rank from this rank's `[dense, experts]` sums of squares, each
+    /// parameter counted once ([`norm_class`](Self::norm_class)): dp shards are disjoint only
+    /// under ZeRO-1; experts differ over etp and ep, and a pipeline's stages over pp. `[1]` on
+    /// the device.
+    fn global_norm(&self, local: Tensor<1>) -> Result<Tensor<1>, CommError> {
+        let (tp, groups) = (&self.groups.tp, &self.groups);
+        let has_experts = (0..self.infos.len()).any(|i| self.norm_class(i) == Some(true));
         let dp = groups.grad_sync();
         let zero1 = self.config.zero1 && dp.size() > 1;
         let etp_is_tp = groups.etp.size() == tp.size();
         let mut total = match etp_is_tp {
             // Both reduce over tp, in one call: [dense, experts].
-            true => tp.all_reduce(
-                Tensor::cat(
-                    vec![sum_of_squares(dense, &device), sum_of_squares(experts, &device)],
-                    0,
-                ),
-                ReduceOp::Sum,
-            )?,
+            true => tp.all_reduce(local, ReduceOp::Sum)?,
             false => Tensor::cat(
                 vec![
-                    tp.all_reduce(sum_of_squares(dense, &device), ReduceOp::Sum)?,
-                    groups.etp.all_reduce(sum_of_squares(experts, &device), ReduceOp::Sum)?,
+                    tp.all_reduce(local.clone().narrow(0, 0, 1), ReduceOp::Sum)?,
+                    groups.etp.all_reduce(local.narrow(0, 1, 1), ReduceOp::Sum)?,
                 ],
                 0,
             ),
@@ -379,7 +394,7 @@ impl DistributedAdamW {
         if self.groups.pp.size() > 1 {
             total = self.groups.pp.all_reduce(total, ReduceOp::Sum)?;
         }
-        Ok(Some(total.sum().sqrt()))
+        Ok(total.sum().sqrt())
     }
 
     /// fp32 master copies of the current values (this rank's shard under ZeRO-1) and zero

@@ -10,10 +10,10 @@ busy() {  # NAME: the median SM clock (MHz) and mean power (W) over the samples 
   power=$(awk -F', ' 'NF >= 5 && $5 >= 90 {p += $4; n++} END {if (n) printf "%.0f W over %d samples", p / n, n}' "$f")
   [ -n "$clock" ] && echo "busy: median SM clock $clock MHz, mean power $power"
 }
-run() {  # NAME LIMIT ARGS...: one bench run with its memory sampled
+run() {  # NAME LIMIT ARGS...: one bench run (the binary $BENCH, default bench) with its memory sampled
   local name=$1 limit=$2; shift 2
   sample "$name"; local smi=$!
-  timeout -s KILL "$limit" bash .gpu/run.sh bench "$@" > "$OUT/bench-$name.log" 2>&1
+  timeout -s KILL "$limit" bash .gpu/run.sh "${BENCH:-bench}" "$@" > "$OUT/bench-$name.log" 2>&1
   kill $smi
   grep -h 'RESULT\|PROFILE\|panicked\|error' "$OUT/bench-$name.log" | cut -c1-400
   echo "$name peak MiB per GPU: $(peak "$name"); $(busy "$name")"
