@@ -7,7 +7,8 @@
 //! tensor.
 //!
 //! The accumulator and the ticket outlive a launch, one pair a device and stream: a stream runs
-//! its launches in order, so no two launches hold one pair at once.
+//! its launches in order, so no two launches hold one pair at once. The AdamW master kernel counts
+//! its blocks on the same ticket ([`last_block`]) to sum the global norm's partials.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -26,32 +27,42 @@ use crate::row_kernels::block_max;
 /// Vectors a block reduces (eight of 256 threads' 16-byte loads each).
 const CHUNK: u32 = 2048;
 
-/// Folds the block's `value` (≥ 0 and not NaN, the same on every unit) into `state`'s
-/// accumulator (`state[0]`, f32 bits) and counts the block done (`state[1]`); the launch's last
-/// block writes the maximum to `out[0]` and zeroes both. Every unit of the block reaches it.
+/// Counts the block done on `state[1]` once its writes are published, and tells every unit of
+/// it whether it was the launch's last; the last sees every other block's writes, and leaves
+/// `state[1]` at zero for the next launch. Every unit of the block reaches it.
 #[cube]
-pub(crate) fn finish_max(value: f32, state: &mut Tensor<Atomic<u32>>, out: &mut Tensor<f32>) {
+pub(crate) fn last_block(state: &mut Tensor<Atomic<u32>>) -> bool {
     let mut last = Shared::<[u32]>::new_slice(1usize);
-    if UNIT_POS == 0 {
-        state[0].fetch_max(u32::reinterpret(value));
-    }
-    // The maximum is published before the ticket counts the block done.
+    // The block's writes are published before its ticket counts it done.
     sync_storage();
     if UNIT_POS == 0 {
         let done = state[1].fetch_add(1u32) + 1u32;
         last[0] = 0u32;
         if done == CUBE_COUNT as u32 {
             last[0] = 1u32;
+            state[1].store(0u32);
         }
     }
     sync_cube();
-    if last[0] == 1u32 {
-        // Every other block's maximum was published before its ticket, which this block saw.
+    let is_last = last[0] == 1u32;
+    if is_last {
+        // Every other block's writes were published before its ticket, which this block saw.
         sync_storage();
-        if UNIT_POS == 0 {
-            out[0] = f32::reinterpret(state[0].exchange(0u32));
-            state[1].store(0u32);
-        }
+    }
+    is_last
+}
+
+/// Folds the block's `value` (≥ 0 and not NaN, the same on every unit) into `state`'s
+/// accumulator (`state[0]`, f32 bits); the launch's last block ([`last_block`]) writes the
+/// maximum to `out[0]` and zeroes the accumulator. Every unit of the block reaches it.
+#[cube]
+pub(crate) fn finish_max(value: f32, state: &mut Tensor<Atomic<u32>>, out: &mut Tensor<f32>) {
+    if UNIT_POS == 0 {
+        state[0].fetch_max(u32::reinterpret(value));
+    }
+    let last = last_block(state);
+    if last && UNIT_POS == 0 {
+        out[0] = f32::reinterpret(state[0].exchange(0u32));
     }
 }
 

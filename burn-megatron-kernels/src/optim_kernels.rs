@@ -11,6 +11,7 @@ use cubecl::prelude::*;
 use half::{bf16, f16};
 
 use crate::adamw::{AdamWStep, reference};
+use crate::amax_kernels::last_block;
 use crate::elementwise::{compact_input, compact_output, launch_dims, launch_float};
 use crate::row_kernels::{block_sum, hsum};
 
@@ -108,7 +109,7 @@ fn adamw_kernel<F: Float, N: Size>(
 /// the model's copy of the new value written in `P` in the same pass; the gradient multiplied by
 /// `clip[0]` first (a global norm's clipping factor, computed on the device). A grid of at most
 /// [`MASTER_BLOCKS`] blocks strides over the vectors; each block's `Σ g²` (before clipping) goes to
-/// `partials`, and the launch's last block (by `ticket`, as [`finish_max`](crate::amax_kernels))
+/// `partials`, and the launch's last block (by `ticket`: [`last_block`])
 /// writes `squares_out[0] = squares[0] + Σ partials`, summed in one order every run.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
@@ -140,22 +141,10 @@ fn adamw_master_kernel<G: Float, P: Float, N: Size>(
         param_out[i] = Vector::cast_from(p);
     }
     let total = block_sum(sum);
-    let mut last = Shared::<[u32]>::new_slice(1usize);
     if UNIT_POS == 0 {
         partials[CUBE_POS] = total;
     }
-    // The partial is published before the ticket counts the block done.
-    sync_storage();
-    if UNIT_POS == 0 {
-        let done = ticket[1].fetch_add(1u32) + 1u32;
-        last[0] = 0u32;
-        if done == CUBE_COUNT as u32 {
-            last[0] = 1u32;
-        }
-    }
-    sync_cube();
-    if last[0] == 1u32 {
-        sync_storage();
+    if last_block(ticket) {
         let mut all = 0.0f32;
         for b in range_stepped(UNIT_POS, CUBE_COUNT as u32, 256u32) {
             all += partials[b as usize];
@@ -163,7 +152,6 @@ fn adamw_master_kernel<G: Float, P: Float, N: Size>(
         let all = block_sum(all);
         if UNIT_POS == 0 {
             squares_out[0] = squares[0] + all;
-            ticket[1].store(0u32);
         }
     }
 }
@@ -286,6 +274,7 @@ macro_rules! launch_grad_param {
 }
 
 /// The new master weights, moments and the parameter's copy in `dtype`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn adamw_master(
     master: CubeTensor,
     grad: CubeTensor,

@@ -9,6 +9,9 @@
 #   ab:   (carry .gpu with bench and bench-old, the same code before these two changes) the
 #         two builds alternating in one call on llama-1b, FP8 promoted and bf16, then each
 #         once with `--profile`.
+#   ticket: (carry .gpu with gpu-suite and bench) after the amax kernels and the AdamW master
+#         kernel share one ticket helper (`last_block`): their kernel tests, and FP8 promoted
+#         once more.
 # Logs go to $OUT/logs.tar.xz.
 set -u
 cd "$(dirname "$0")/../../.."
@@ -38,6 +41,10 @@ case $part in
     done
     [ $SECONDS -lt 450 ] && BENCH=bench run fp8-new-profile 70 $fp8 --profile
     [ $SECONDS -lt 510 ] && BENCH=bench-old run fp8-old-profile 70 $fp8 --profile
+    ;;
+  ticket)
+    suite fp8_amax emulated_blocks adamw_master quantized_linear
+    run 1b-fp8-tensorwise-promoted 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise-promoted
     ;;
 esac
 (cd "$OUT" && tar cJf logs.tar.xz --remove-files -- $(ls *.log *.csv 2>/dev/null))
