@@ -66,8 +66,8 @@ pub(crate) fn finish_max(value: f32, state: &mut Tensor<Atomic<u32>>, out: &mut 
     }
 }
 
-/// Block `b` takes the largest |value| of vectors `[b·CHUNK, (b+1)·CHUNK)` of `x`'s first
-/// `vectors` (NaN ignored), then [`finish_max`]. A whole chunk is read in one unrolled sweep, so
+/// The largest |value| of `x`'s first `vectors` (NaN ignored), its chunks of [`CHUNK`] vectors
+/// strided over the grid, then [`finish_max`]. A whole chunk is read in one unrolled sweep, so
 /// a thread has all its loads in flight at once; the last, partial chunk in a loop.
 #[cube(launch_unchecked)]
 fn amax_kernel<F: Float, N: Size>(
@@ -76,24 +76,38 @@ fn amax_kernel<F: Float, N: Size>(
     out: &mut Tensor<f32>,
     vectors: u32,
 ) {
-    let start = CUBE_POS as u32 * CHUNK;
     let mut acc = 0.0f32;
-    if start + CHUNK <= vectors {
-        #[unroll]
-        for i in 0..CHUNK / 256 {
-            acc = vector_max(acc, x[(start + UNIT_POS + i * 256) as usize]);
-        }
-    } else {
-        for i in range_stepped(start + UNIT_POS, vectors, 256u32) {
-            acc = vector_max(acc, x[i as usize]);
+    for start in range_stepped(CUBE_POS as u32 * CHUNK, vectors, CUBE_COUNT as u32 * CHUNK) {
+        if start + CHUNK <= vectors {
+            #[unroll]
+            for i in 0..CHUNK / 256 {
+                acc = vector_max(acc, x[(start + UNIT_POS + i * 256) as usize]);
+            }
+        } else {
+            for i in range_stepped(start + UNIT_POS, vectors, 256u32) {
+                acc = vector_max(acc, x[i as usize]);
+            }
         }
     }
     finish_max(block_max(acc), state, out);
 }
 
+/// Blocks of 256 threads for a launch of `units` of work that folds one maximum a block
+/// ([`finish_max`]): at most four an SM, so the blocks' closing fences and atomics are few, and
+/// a launch runs in about one wave.
+pub(crate) fn folding_blocks(like: &CubeTensor, units: u32) -> u32 {
+    let sms = like
+        .client
+        .properties()
+        .hardware
+        .num_streaming_multiprocessors
+        .unwrap_or(256);
+    units.clamp(1, 4 * sms)
+}
+
 /// The largest of `acc` and `v`'s magnitudes (NaN ignored: `max` takes the other operand).
 #[cube]
-fn vector_max<F: Float, N: Size>(acc: f32, v: Vector<F, N>) -> f32 {
+pub(crate) fn vector_max<F: Float, N: Size>(acc: f32, v: Vector<F, N>) -> f32 {
     let value = Vector::<f32, N>::cast_from(v);
     let mut acc = acc;
     #[unroll]
@@ -106,9 +120,15 @@ fn vector_max<F: Float, N: Size>(acc: f32, v: Vector<F, N>) -> f32 {
 /// One accumulator and ticket (`[2]` u32, zero between launches) for the launches `like`'s
 /// device takes from this stream.
 pub(crate) fn state(like: &CubeTensor) -> CubeTensor {
-    type States = Mutex<HashMap<(CubeDevice, u64), CubeTensor>>;
+    state_at(like, 0)
+}
+
+/// The `index`-th of this stream's accumulators and tickets ([`state`]), for a launch that
+/// takes several maxima (one each).
+pub(crate) fn state_at(like: &CubeTensor, index: u8) -> CubeTensor {
+    type States = Mutex<HashMap<(CubeDevice, u64, u8), CubeTensor>>;
     static STATES: OnceLock<States> = OnceLock::new();
-    let key = (like.device.clone(), StreamId::current().value);
+    let key = (like.device.clone(), StreamId::current().value, index);
     let mut states = STATES
         .get_or_init(Default::default)
         .lock()
@@ -142,7 +162,7 @@ pub(crate) fn tensor_amax(x: CubeTensor) -> CubeTensor {
         .into_iter()
         .find(|v| n.is_multiple_of(*v))
         .expect("1 divides");
-    let blocks = ((n / vector) as u32).div_ceil(CHUNK);
+    let blocks = folding_blocks(&x, ((n / vector) as u32).div_ceil(CHUNK));
     let out = compact_output(&x, Shape::new([1]), DType::F32);
     // SAFETY (`launch_float!`): every load is below `vectors`, whole vectors of the compact `x`;
     // one unit of the last block writes `out`, and the state holds two words.

@@ -42,6 +42,8 @@ pub mod grouped;
 mod grouped_kernel;
 #[cfg(feature = "cuda")]
 mod hopper;
+#[cfg(feature = "cuda")]
+mod known_amax;
 pub mod linear;
 #[cfg(any(feature = "cuda", test))]
 mod mma_ptx;

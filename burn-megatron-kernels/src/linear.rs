@@ -39,6 +39,17 @@ pub enum Gemm {
     Quantized(Recipe),
 }
 
+impl Gemm {
+    /// Whether `pass`'s product scales its `a` operand (the forward's input, the gradients'
+    /// output gradient) by that tensor's amax: the FP8 tensorwise and delayed recipes, whose
+    /// casts can take the amax noted by the kernel that wrote the tensor
+    /// ([`crate::quant::notes::NoteAmaxes`]).
+    pub fn scales_by_tensor_amax(self, pass: crate::quant::recipe::Pass) -> bool {
+        use crate::quant::recipe::Blocks;
+        matches!(self, Gemm::Quantized(recipe) if recipe.operands(pass).0.blocks == Blocks::Tensor)
+    }
+}
+
 /// The backend extension behind [`gemm`] and [`linear`].
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait GemmOps: Backend {

@@ -273,7 +273,8 @@ pub(crate) fn float_input(x: CubeTensor) -> CubeTensor {
     compact_input(x).expect("a row-major copy")
 }
 
-/// `x` (`[r, c]`) quantized to `format` with one scale from its amax (current scaling), the
+/// `x` (`[r, c]`) quantized to `format` with one scale from its amax (current scaling: the one
+/// noted by the kernel that wrote `x`, `known_amax`, else one pass of its own), the
 /// amax (`[1]`) passed through `reduce` first (over the ranks holding pieces of the tensor),
 /// which may also give a kept amax (`[1]`, delayed scaling) to scale by where it is above zero:
 /// one amax pass, then one cast writing the codes in each of `layouts` (`[r, c]`, `[c, r]`: the
@@ -287,7 +288,9 @@ pub(crate) fn quantize_tensor(
     let x = float_input(x);
     let dims = x.meta.shape().clone();
     let (r, c) = (dims[0], dims[1]);
-    let (amax, kept) = reduce(tensor_amax(x.clone()));
+    // The amax the kernel that wrote `x` took, where it was asked to (SwiGLU's results).
+    let local = crate::known_amax::take(&x).unwrap_or_else(|| tensor_amax(x.clone()));
+    let (amax, kept) = reduce(local);
     let delayed = kept.is_some();
     // Without a kept amax the kernels never read it: the call's own stands in.
     let kept = kept.unwrap_or_else(|| amax.clone());

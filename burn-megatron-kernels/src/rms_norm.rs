@@ -3,7 +3,9 @@
 //! kernel for the weight's gradient ([`crate::row_kernels`]); elsewhere the tensor-op twin,
 //! [`reference`]. Both normalize in f32, round to the input's dtype, then scale by the weight in
 //! that dtype (Burn's and Hugging Face's order), and keep `rstd = 1/√(mean(x²) + ε)` per row
-//! (f32, the input's shape with a last dim of 1) for the backward.
+//! (f32, the input's shape with a last dim of 1) for the backward. Where an FP8 tensorwise
+//! product quantizes the output next, the CUDA kernel leaves each row's largest magnitude for its
+//! amax ([`NoteAmaxes`]).
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -13,14 +15,18 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
 use burn::tensor::Tensor;
 
+use crate::quant::notes::NoteAmaxes;
+
 /// The backend extension behind [`rms_norm`].
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait RmsNormOps: Backend {
-    /// `(y, rstd)` for `x` `[.., c]` and `weight` `[c]`.
+    /// `(y, rstd)` for `x` `[.., c]` and `weight` `[c]`; `y`'s amax noted where
+    /// `notes.output` asks (the input gradient's never is: the residual stream takes it).
     fn rms_norm(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         epsilon: f32,
+        notes: NoteAmaxes,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
     /// The gradients of `x` and `weight` given the output's.
@@ -93,6 +99,7 @@ impl RmsNormOps for Flex {
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         epsilon: f32,
+        _: NoteAmaxes,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         reference::forward::<Flex>(x, weight, epsilon)
     }
@@ -113,8 +120,9 @@ impl RmsNormOps for burn::backend::Cube {
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         epsilon: f32,
+        notes: NoteAmaxes,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        crate::row_kernels::forward(x, weight, epsilon)
+        crate::row_kernels::forward(x, weight, epsilon, notes.output)
     }
 
     fn rms_norm_backward(
@@ -152,10 +160,11 @@ impl<B: Backend + RmsNormOps, C: CheckpointStrategy> RmsNormOps for Autodiff<B, 
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         epsilon: f32,
+        notes: NoteAmaxes,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let nodes = [x.node(), weight.node()];
         let (x, weight) = (x.into_parts().0, weight.into_parts().0);
-        let (y, rstd) = B::rms_norm(x.clone(), weight.clone(), epsilon);
+        let (y, rstd) = B::rms_norm(x.clone(), weight.clone(), epsilon, notes);
         let rstd_out = <Self as AutodiffBackend>::from_inner(rstd.clone());
         let y = match RmsNormBackward.prepare::<C>(nodes).compute_bound().stateful() {
             OpsKind::Tracked(prep) => prep.finish((x, weight, rstd), y),
@@ -185,7 +194,14 @@ impl<B: Backend + RmsNormOps, C: CheckpointStrategy> RmsNormOps for Autodiff<B, 
 /// # Shapes
 /// `[.., c]`, `[c]` → `[.., c]`
 pub fn rms_norm<const D: usize>(x: Tensor<D>, weight: Tensor<1>, epsilon: f32) -> Tensor<D> {
-    let (y, _) = <burn::backend::Dispatch as RmsNormOps>::rms_norm(x.into_dispatch(), weight.into_dispatch(), epsilon);
+    rms_norm_noting(x, weight, epsilon, NoteAmaxes::default())
+}
+
+/// [`rms_norm`], its output's amax taken as it is written where `notes.output` asks (CUDA), for
+/// the FP8 tensorwise cast that quantizes it next.
+pub fn rms_norm_noting<const D: usize>(x: Tensor<D>, weight: Tensor<1>, epsilon: f32, notes: NoteAmaxes) -> Tensor<D> {
+    let (y, _) =
+        <burn::backend::Dispatch as RmsNormOps>::rms_norm(x.into_dispatch(), weight.into_dispatch(), epsilon, notes);
     Tensor::from_dispatch(y)
 }
 

@@ -2,7 +2,8 @@
 //! Megatron's layout) as a backend extension, [`RopeOps`], with its own backward (the inverse
 //! rotation of the gradient): on CUDA one elementwise kernel that reads any `[b, h, s, d]` view
 //! with a contiguous head dim; elsewhere the tensor-op twin, [`reference`]. Both rotate in f32
-//! and round once.
+//! and round once. Where FP8 tensorwise products quantize the input's gradient next (q's and k's
+//! projections), the CUDA kernel leaves its blocks' maxima for its amax ([`NoteAmaxes`]).
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -12,12 +13,21 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Flex, backend_extension};
 use burn::tensor::Tensor;
 
+use crate::quant::notes::NoteAmaxes;
+
 /// The backend extension behind [`rope`].
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait RopeOps: Backend {
     /// `x` rotated for positions `0..s` by the `[≥ s, d/2]` f32 tables: `(x₁, x₂) →
-    /// (x₁cos − x₂sin, x₂cos + x₁sin)`, or by the inverse rotation when `inverse`.
-    fn rope(x: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>, inverse: bool) -> FloatTensor<Self>;
+    /// (x₁cos − x₂sin, x₂cos + x₁sin)`, or by the inverse rotation when `inverse`; amaxes
+    /// noted as `notes` says.
+    fn rope(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        inverse: bool,
+        notes: NoteAmaxes,
+    ) -> FloatTensor<Self>;
 }
 
 /// The plain tensor-op twin: the CPU path and the kernel's oracle.
@@ -41,7 +51,13 @@ pub mod reference {
 }
 
 impl RopeOps for Flex {
-    fn rope(x: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>, inverse: bool) -> FloatTensor<Self> {
+    fn rope(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        inverse: bool,
+        _: NoteAmaxes,
+    ) -> FloatTensor<Self> {
         let table = |t| Tensor::<2>::from_primitive::<Flex>(t);
         reference::rope(Tensor::from_primitive::<Flex>(x), table(cos), table(sin), inverse)
             .try_into_primitive::<Flex>()
@@ -51,13 +67,20 @@ impl RopeOps for Flex {
 
 #[cfg(feature = "cuda")]
 impl RopeOps for burn::backend::Cube {
-    fn rope(x: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>, inverse: bool) -> FloatTensor<Self> {
-        crate::elementwise::rope(x, cos, sin, inverse)
+    fn rope(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        inverse: bool,
+        notes: NoteAmaxes,
+    ) -> FloatTensor<Self> {
+        crate::elementwise::rope(x, cos, sin, inverse, notes.output)
     }
 }
 
+/// Whether the backward notes the input gradient's amax.
 #[derive(Debug)]
-struct RopeBackward;
+struct RopeBackward(bool);
 
 impl<B: Backend + RopeOps> Backward<B, 1> for RopeBackward {
     /// The tables and the direction.
@@ -66,19 +89,33 @@ impl<B: Backend + RopeOps> Backward<B, 1> for RopeBackward {
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let (cos, sin, inverse) = ops.state;
         // A rotation's transpose is its inverse.
-        unary::<B, _>(ops.parents, ops.node, grads, |grad| B::rope(grad, cos, sin, !inverse));
+        let notes = NoteAmaxes::output(self.0);
+        unary::<B, _>(ops.parents, ops.node, grads, |grad| {
+            B::rope(grad, cos, sin, !inverse, notes)
+        });
     }
 }
 
 impl<B: Backend + RopeOps, C: CheckpointStrategy> RopeOps for Autodiff<B, C> {
-    fn rope(x: FloatTensor<Self>, cos: FloatTensor<Self>, sin: FloatTensor<Self>, inverse: bool) -> FloatTensor<Self> {
+    fn rope(
+        x: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        inverse: bool,
+        notes: NoteAmaxes,
+    ) -> FloatTensor<Self> {
         let (cos, sin) = (cos.into_parts().0, sin.into_parts().0);
-        match RopeBackward.prepare::<C>([x.node()]).compute_bound().stateful() {
+        let forward = NoteAmaxes::output(notes.output);
+        match RopeBackward(notes.input_grads)
+            .prepare::<C>([x.node()])
+            .compute_bound()
+            .stateful()
+        {
             OpsKind::Tracked(prep) => {
-                let out = B::rope(x.into_parts().0, cos.clone(), sin.clone(), inverse);
+                let out = B::rope(x.into_parts().0, cos.clone(), sin.clone(), inverse, forward);
                 prep.finish((cos, sin, inverse), out)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::rope(x.into_parts().0, cos, sin, inverse)),
+            OpsKind::UnTracked(prep) => prep.finish(B::rope(x.into_parts().0, cos, sin, inverse, forward)),
         }
     }
 }
@@ -89,11 +126,19 @@ impl<B: Backend + RopeOps, C: CheckpointStrategy> RopeOps for Autodiff<B, C> {
 /// # Shapes
 /// `[b, h, s, d]`, `[≥ s, d/2]` × 2 → `[b, h, s, d]`
 pub fn rope(x: Tensor<4>, cos: Tensor<2>, sin: Tensor<2>) -> Tensor<4> {
+    rope_noting(x, cos, sin, NoteAmaxes::default())
+}
+
+/// [`rope`], the amaxes `notes` names taken as they are written (CUDA): the output's, or the
+/// input gradient's (q's and k's projections' output gradients), for the FP8 tensorwise casts
+/// that quantize them next.
+pub fn rope_noting(x: Tensor<4>, cos: Tensor<2>, sin: Tensor<2>, notes: NoteAmaxes) -> Tensor<4> {
     Tensor::from_dispatch(<burn::backend::Dispatch as RopeOps>::rope(
         x.into_dispatch(),
         cos.into_dispatch(),
         sin.into_dispatch(),
         false,
+        notes,
     ))
 }
 

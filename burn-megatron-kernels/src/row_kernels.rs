@@ -9,8 +9,10 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use half::{bf16, f16};
 
+use crate::amax_kernels::vector_max;
 use crate::cross_entropy::reference as ce_reference;
 use crate::elementwise::{compact_input, compact_output, launch_float};
+use crate::known_amax;
 use crate::rms_norm::reference;
 
 /// Threads a block: 8 warps.
@@ -71,16 +73,20 @@ fn block_reduce(x: f32, #[comptime] max: bool) -> f32 {
     total
 }
 
-/// Grid: one block a row. `columns` counts vectors, `width` elements.
+/// Grid: one block a row. `columns` counts vectors, `width` elements. With `note`, the row's
+/// largest |y| (as written, NaN ignored) to `maxima[row]` (`known_amax`).
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 fn forward_kernel<F: Float, N: Size>(
     x: &Tensor<Vector<F, N>>,
     weight: &Tensor<Vector<F, N>>,
     y: &mut Tensor<Vector<F, N>>,
     rstd: &mut Tensor<f32>,
+    maxima: &mut Tensor<f32>,
     columns: u32,
     width: f32,
     epsilon: f32,
+    #[comptime] note: bool,
 ) {
     let base = CUBE_POS * columns as usize;
     let mut squares = 0.0f32;
@@ -89,12 +95,23 @@ fn forward_kernel<F: Float, N: Size>(
         squares += hsum(v * v);
     }
     let r = 1.0f32 / (block_sum(squares) / width + epsilon).sqrt();
+    let mut top = 0.0f32;
     for c in range_stepped(UNIT_POS, columns, THREADS) {
         let v = Vector::<f32, N>::cast_from(x[base + c as usize]);
-        y[base + c as usize] = Vector::<F, N>::cast_from(v * Vector::new(r)) * weight[c as usize];
+        let out = Vector::<F, N>::cast_from(v * Vector::new(r)) * weight[c as usize];
+        y[base + c as usize] = out;
+        if note {
+            top = vector_max(top, out);
+        }
     }
     if UNIT_POS == 0 {
         rstd[CUBE_POS] = r;
+    }
+    if note {
+        let top = block_max(top);
+        if UNIT_POS == 0 {
+            maxima[CUBE_POS] = top;
+        }
     }
 }
 
@@ -226,7 +243,9 @@ fn row_shape(x: &CubeTensor) -> Shape {
     Shape::from(dims)
 }
 
-pub(crate) fn forward(x: CubeTensor, weight: CubeTensor, epsilon: f32) -> (CubeTensor, CubeTensor) {
+/// RMSNorm's `(y, rstd)`; with `note`, `y`'s rows' maxima noted for the cast that quantizes it
+/// ([`known_amax`]).
+pub(crate) fn forward(x: CubeTensor, weight: CubeTensor, epsilon: f32, note: bool) -> (CubeTensor, CubeTensor) {
     let (Some((rows, columns, vector)), Some(xc), Some(wc)) = (
         layout(&x, &weight),
         compact_input(x.clone()),
@@ -237,11 +256,14 @@ pub(crate) fn forward(x: CubeTensor, weight: CubeTensor, epsilon: f32) -> (CubeT
     let y = compact_output(&xc, xc.meta.shape().clone(), xc.dtype);
     let rstd = compact_output(&xc, row_shape(&xc), DType::F32);
     let count = CubeCount::Static(rows as u32, 1, 1);
+    // Without a note the kernel never writes the maxima.
+    let maxima = compact_output(&xc, Shape::new([if note { rows } else { 1 }]), DType::F32);
     let args = (
         xc.clone().into_tensor_arg(),
         wc.into_tensor_arg(),
         y.clone().into_tensor_arg(),
         rstd.clone().into_tensor_arg(),
+        maxima.clone().into_tensor_arg(),
     );
     launch_float!(
         xc.dtype,
@@ -254,10 +276,15 @@ pub(crate) fn forward(x: CubeTensor, weight: CubeTensor, epsilon: f32) -> (CubeT
         args.1,
         args.2,
         args.3,
+        args.4,
         (columns / vector) as u32,
         columns as f32,
-        epsilon
+        epsilon,
+        note
     );
+    if note {
+        known_amax::record_maxima(&y, maxima);
+    }
     (y, rstd)
 }
 

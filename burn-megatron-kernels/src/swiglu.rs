@@ -1,7 +1,9 @@
 //! SwiGLU, `silu(a) ∘ b`, as a backend extension, [`SwigluOps`], with its own backward: on CUDA
 //! one elementwise kernel each way (the backward reads a, b and the gradient once and writes
 //! both input gradients); elsewhere the plain tensor-op twin, [`reference`]. Both compute in
-//! f32 and round once to the inputs' dtype.
+//! f32 and round once to the inputs' dtype. Where FP8 tensorwise products quantize a result next,
+//! the CUDA kernels take its amax as they write it ([`NoteAmaxes`]), which spares the cast its own
+//! pass over the tensor.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -11,17 +13,20 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
 use burn::tensor::Tensor;
 
+use crate::quant::notes::NoteAmaxes;
+
 /// The backend extension behind [`swiglu`].
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait SwigluOps: Backend {
-    /// `silu(a) ∘ b`; `a` and `b` of one shape.
-    fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self>;
+    /// `silu(a) ∘ b`; `a` and `b` of one shape. `notes` as [`NoteAmaxes`] says.
+    fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>, notes: NoteAmaxes) -> FloatTensor<Self>;
 
-    /// The gradients of `a` and `b` given the output's.
+    /// The gradients of `a` and `b` given the output's, their amaxes noted with `note`.
     fn swiglu_backward(
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
         grad: FloatTensor<Self>,
+        note: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
@@ -68,7 +73,7 @@ pub mod reference {
 }
 
 impl SwigluOps for Flex {
-    fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>, _: NoteAmaxes) -> FloatTensor<Self> {
         reference::forward::<Flex>(a, b)
     }
 
@@ -76,6 +81,7 @@ impl SwigluOps for Flex {
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
         grad: FloatTensor<Self>,
+        _: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         reference::backward::<Flex>(a, b, grad)
     }
@@ -83,21 +89,23 @@ impl SwigluOps for Flex {
 
 #[cfg(feature = "cuda")]
 impl SwigluOps for burn::backend::Cube {
-    fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
-        crate::elementwise::swiglu(a, b)
+    fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>, notes: NoteAmaxes) -> FloatTensor<Self> {
+        crate::elementwise::swiglu(a, b, notes.output)
     }
 
     fn swiglu_backward(
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
         grad: FloatTensor<Self>,
+        note: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        crate::elementwise::swiglu_backward(a, b, grad)
+        crate::elementwise::swiglu_backward(a, b, grad, note)
     }
 }
 
+/// Whether the backward notes its gradients' amaxes.
 #[derive(Debug)]
-struct SwigluBackward;
+struct SwigluBackward(bool);
 
 impl<B: Backend + SwigluOps> Backward<B, 2> for SwigluBackward {
     type State = (FloatTensor<B>, FloatTensor<B>);
@@ -106,7 +114,7 @@ impl<B: Backend + SwigluOps> Backward<B, 2> for SwigluBackward {
         let [node_a, node_b] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         let (a, b) = ops.state;
-        let (da, db) = B::swiglu_backward(a, b, grad);
+        let (da, db) = B::swiglu_backward(a, b, grad, self.0);
         for (node, grad) in [(node_a, da), (node_b, db)] {
             if let Some(node) = node {
                 grads.register::<B>(node.id, grad);
@@ -116,15 +124,19 @@ impl<B: Backend + SwigluOps> Backward<B, 2> for SwigluBackward {
 }
 
 impl<B: Backend + SwigluOps, C: CheckpointStrategy> SwigluOps for Autodiff<B, C> {
-    fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
+    fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>, notes: NoteAmaxes) -> FloatTensor<Self> {
         let nodes = [a.node(), b.node()];
         let (a, b) = (a.into_parts().0, b.into_parts().0);
-        match SwigluBackward.prepare::<C>(nodes).compute_bound().stateful() {
+        match SwigluBackward(notes.input_grads)
+            .prepare::<C>(nodes)
+            .compute_bound()
+            .stateful()
+        {
             OpsKind::Tracked(prep) => {
-                let out = B::swiglu(a.clone(), b.clone());
+                let out = B::swiglu(a.clone(), b.clone(), notes);
                 prep.finish((a, b), out)
             }
-            OpsKind::UnTracked(prep) => prep.finish(B::swiglu(a, b)),
+            OpsKind::UnTracked(prep) => prep.finish(B::swiglu(a, b, notes)),
         }
     }
 
@@ -133,9 +145,10 @@ impl<B: Backend + SwigluOps, C: CheckpointStrategy> SwigluOps for Autodiff<B, C>
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
         grad: FloatTensor<Self>,
+        note: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let inner = |t: FloatTensor<Self>| t.into_parts().0;
-        let (da, db) = B::swiglu_backward(inner(a), inner(b), inner(grad));
+        let (da, db) = B::swiglu_backward(inner(a), inner(b), inner(grad), note);
         (
             <Self as AutodiffBackend>::from_inner(da),
             <Self as AutodiffBackend>::from_inner(db),
@@ -148,9 +161,16 @@ impl<B: Backend + SwigluOps, C: CheckpointStrategy> SwigluOps for Autodiff<B, C>
 /// # Shapes
 /// `a` and `b` of one shape → that shape
 pub fn swiglu<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> Tensor<D> {
+    swiglu_noting(a, b, NoteAmaxes::default())
+}
+
+/// [`swiglu`], the amaxes of the results `notes` names taken as they are written (CUDA), for the
+/// FP8 tensorwise casts that quantize them next.
+pub fn swiglu_noting<const D: usize>(a: Tensor<D>, b: Tensor<D>, notes: NoteAmaxes) -> Tensor<D> {
     Tensor::from_dispatch(<burn::backend::Dispatch as SwigluOps>::swiglu(
         a.into_dispatch(),
         b.into_dispatch(),
+        notes,
     ))
 }
 

@@ -131,6 +131,7 @@ pub const KERNEL_TESTS: &[NamedTest] = &[
     ("kernel_suite::fp8_tiles", kernel_suite::fp8_tiles),
     ("kernel_suite::fp8_gemm", kernel_suite::fp8_gemm),
     ("kernel_suite::fp8_amax", kernel_suite::fp8_amax),
+    ("kernel_suite::amax_notes", kernel_suite::amax_notes),
     ("kernel_suite::fp8_blocks", kernel_suite::fp8_blocks),
     ("kernel_suite::fp8_blockwise_gemm", kernel_suite::fp8_blockwise_gemm),
     ("kernel_suite::quantized_linear", kernel_suite::quantized_linear),

@@ -155,8 +155,16 @@ fn quantize(t: CubeTensor, quantizer: Quantizer, amax: &Amax, operand: Operand, 
 /// The largest magnitude of `x` (NaN ignored; 0 for an empty `x`), `[1]` f32, as current
 /// scaling takes it on CUDA: one launch, however many blocks reduce it.
 pub fn amax(x: Tensor<2>) -> Tensor<1> {
-    let primitive = x.try_into_primitive::<Cube>().expect("a CUDA tensor");
+    let primitive = x.inner().try_into_primitive::<Cube>().expect("a CUDA tensor");
     Tensor::from_primitive::<Cube>(crate::amax_kernels::tensor_amax(primitive))
+}
+
+/// The amax the kernel that wrote `x` took for the FP8 cast that quantizes it next
+/// ([`crate::quant::notes::NoteAmaxes`]), `[1]` f32, taken: that cast then takes its own. `None` where
+/// none is noted.
+pub fn take_noted_amax<const D: usize>(x: &Tensor<D>) -> Option<Tensor<1>> {
+    let primitive = x.clone().inner().try_into_primitive::<Cube>().expect("a CUDA tensor");
+    crate::known_amax::take(&primitive).map(Tensor::from_primitive::<Cube>)
 }
 
 /// Codes in 1×128 tiles along their rows, with their scales.

@@ -4,13 +4,14 @@
 //! quantization emulated in tensor ops on any device ([`fake`]); FP8 in 1×128 tiles on device
 //! tensors ([`tiles`]), fused on CUDA; the quantized product of a linear layer with its
 //! gradients ([`product`]), on FP8 codes on CUDA (`fp8`); delayed scaling's amax histories
-//! ([`history`]).
+//! ([`history`]); the amaxes fused kernels take as they write a tensor ([`notes`]).
 
 pub mod fake;
 pub mod format;
 #[cfg(feature = "cuda")]
 pub mod fp8;
 pub mod history;
+pub mod notes;
 pub mod product;
 pub mod recipe;
 pub mod scaling;

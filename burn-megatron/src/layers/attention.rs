@@ -12,6 +12,8 @@ use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
+use burn_megatron_kernels::quant::notes::NoteAmaxes;
+use burn_megatron_kernels::quant::recipe::Pass;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, SharedInput};
 use super::context::{ContextLayout, context_attention};
@@ -178,10 +180,18 @@ impl ParallelAttention {
         attend(&self.wo, self.heads(), q, k, v)
     }
 
-    /// This rank's tokens' positions: `0..s`, or its chunks' under context parallelism.
-    fn rope(&self, x: Tensor<4>) -> Tensor<4> {
+    /// This rank's tokens' positions: `0..s`, or its chunks' under context parallelism. With
+    /// `note_grad` (and whole sequences) the backward notes the input gradient's amax for `w`'s
+    /// FP8 tensorwise products.
+    fn rope(&self, x: Tensor<4>, w: &ColumnParallelLinear) -> Tensor<4> {
         match self.cp.size() {
-            1 => self.rope.apply(x),
+            1 => {
+                let notes = NoteAmaxes {
+                    output: false,
+                    input_grads: w.gemm.scales_by_tensor_amax(Pass::Dgrad),
+                };
+                self.rope.apply_noting(x, notes)
+            }
             _ => {
                 let layout = ContextLayout::new(&self.cp);
                 let l = x.dims()[2] / 2;
@@ -191,6 +201,13 @@ impl ParallelAttention {
                 Tensor::cat(vec![early, late], 2)
             }
         }
+    }
+
+    /// Whether its input's amax is worth noting where it is written (q, k and v's products
+    /// scale it by its tensor's amax: FP8 tensorwise), and the input reaches them as it is
+    /// (whole sequences: a sequence-parallel input is gathered first).
+    pub fn notes_input(&self) -> bool {
+        self.sequence == SequenceLayout::Whole && self.wq.gemm.scales_by_tensor_amax(Pass::Forward)
     }
 
     /// [`forward`](Self::forward), the core attention and the output projection run again in
@@ -217,8 +234,8 @@ impl ParallelAttention {
         // The three read one input: quantized once where their products quantize it.
         let shared = Some(Arc::new(SharedInput::default()));
         let project = |w: &ColumnParallelLinear| w.forward_sharing(x.clone(), shared.as_ref());
-        let q = self.rope(heads(project(&self.wq)?, self.n_heads));
-        let k = self.rope(heads(project(&self.wk)?, self.n_kv_heads));
+        let q = self.rope(heads(project(&self.wq)?, self.n_heads), &self.wq);
+        let k = self.rope(heads(project(&self.wk)?, self.n_kv_heads), &self.wk);
         let v = heads(project(&self.wv)?, self.n_kv_heads);
         Ok((q, k, v))
     }

@@ -11,6 +11,9 @@ use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
+use burn_megatron_kernels::quant::notes::NoteAmaxes;
+use burn_megatron_kernels::quant::recipe::Pass;
+use burn_megatron_kernels::swiglu::swiglu_noting;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, SharedInput};
 use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
@@ -89,17 +92,36 @@ impl ParallelMlp {
     /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
         let (gate, up) = self.project(x)?;
-        down(&self.w2, gate, up)
+        down(&self.w2, gate, up, self.notes())
     }
 
     /// [`forward`](Self::forward), the SwiGLU and the down projection run again in backward
     /// (selective recomputation, `crate::recompute`): the SwiGLU's output is kept by nobody.
     pub fn forward_recomputed(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
         let (gate, up) = self.project(x)?;
-        recompute(&self.w2, vec![gate, up], |w2, mut gate_up| {
+        let notes = self.notes();
+        recompute(&self.w2, vec![gate, up], move |w2, mut gate_up| {
             let up = gate_up.pop().expect("gate and up");
-            down(w2, gate_up.pop().expect("gate and up"), up)
+            down(w2, gate_up.pop().expect("gate and up"), up, notes)
         })
+    }
+
+    /// Whether its input's amax is worth noting where it is written (the gate's and up
+    /// projection's products scale it by its tensor's amax: FP8 tensorwise), and the input
+    /// reaches them as it is (whole sequences: a sequence-parallel input is gathered first).
+    pub fn notes_input(&self) -> bool {
+        self.sequence == SequenceLayout::Whole && self.w1.gemm.scales_by_tensor_amax(Pass::Forward)
+    }
+
+    /// The SwiGLU results whose amaxes its kernels take for the FP8 casts that quantize them
+    /// next: the down projection's input, the gate's and up projection's output gradients.
+    fn notes(&self) -> NoteAmaxes {
+        NoteAmaxes {
+            output: self.w2.gemm.scales_by_tensor_amax(Pass::Forward),
+            input_grads: [&self.w1, &self.w3]
+                .iter()
+                .all(|w| w.gemm.scales_by_tensor_amax(Pass::Dgrad)),
+        }
     }
 
     /// The gate and up projections, each `[b, s, f/tp]`.
@@ -118,8 +140,8 @@ impl ParallelMlp {
 }
 
 /// `w2(silu(gate) ⊙ up)`.
-fn down(w2: &RowParallelLinear, gate: Tensor<3>, up: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-    w2.forward(burn_megatron_kernels::swiglu::swiglu(gate, up)) // [b, s, f/tp] → [b, s, d]
+fn down(w2: &RowParallelLinear, gate: Tensor<3>, up: Tensor<3>, notes: NoteAmaxes) -> Result<Tensor<3>, LayerError> {
+    w2.forward(swiglu_noting(gate, up, notes)) // [b, s, f/tp] → [b, s, d]
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@ use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::copy_to_tp;
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
+use burn_megatron_kernels::quant::notes::NoteAmaxes;
+use burn_megatron_kernels::rms_norm::rms_norm_noting;
 
 use super::sequence::SequenceLayout;
 
@@ -53,14 +55,21 @@ impl RmsNorm {
     /// # Shapes
     /// `[.., d_model]` → `[.., d_model]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Result<Tensor<D>, LayerError> {
+        self.forward_noting(x, false)
+    }
+
+    /// [`forward`](Self::forward); with `note`, the output's amax taken as it is written on CUDA,
+    /// for the FP8 tensorwise products that read it next (`ParallelAttention::notes_input`).
+    pub fn forward_noting<const D: usize>(&self, x: Tensor<D>, note: bool) -> Result<Tensor<D>, LayerError> {
         let weight = match self.sequence {
             SequenceLayout::Sharded => copy_to_tp(self.weight.val(), &self.tp)?,
             SequenceLayout::Whole => self.weight.val(),
         };
-        Ok(burn_megatron_kernels::rms_norm::rms_norm(
+        Ok(rms_norm_noting(
             x,
             weight,
             self.epsilon as f32,
+            NoteAmaxes::output(note),
         ))
     }
 }

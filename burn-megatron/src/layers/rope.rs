@@ -5,6 +5,7 @@
 
 use burn::config::Config;
 use burn::tensor::{Device, Tensor};
+use burn_megatron_kernels::quant::notes::NoteAmaxes;
 
 /// How the inverse frequencies `θ^(-2i/k)` are scaled for contexts longer than the training
 /// one (Hugging Face's `rope_type`, computed as transformers' `ROPE_INIT_FUNCTIONS` do).
@@ -104,8 +105,14 @@ impl Rope {
     /// # Shapes
     /// `[b, heads, s, head_dim]` → the same
     pub fn apply(&self, x: Tensor<4>) -> Tensor<4> {
+        self.apply_noting(x, NoteAmaxes::default())
+    }
+
+    /// [`apply`](Self::apply), the amaxes `notes` names taken as they are written on CUDA (the
+    /// input gradient's, for an FP8 tensorwise projection before it).
+    pub fn apply_noting(&self, x: Tensor<4>, notes: NoteAmaxes) -> Tensor<4> {
         // One kernel each way on CUDA (burn_megatron_kernels::rope), f32 rotation.
-        burn_megatron_kernels::rope::rope(x, self.cos.clone(), self.sin.clone())
+        burn_megatron_kernels::rope::rope_noting(x, self.cos.clone(), self.sin.clone(), notes)
     }
 
     /// Rotates `x` for positions `start..start + s` (decoding after a cache of `start`).

@@ -19,7 +19,8 @@ mod rows;
 pub use decode::{decode_step, graph_replay, greedy_choice, skinny_gemm};
 pub use emulated::emulated_blocks;
 pub use quant::{
-    fp8_amax, fp8_blocks, fp8_blockwise_gemm, fp8_gemm, fp8_tiles, quantized_linear, shared_input, weight_codes,
+    amax_notes, fp8_amax, fp8_blocks, fp8_blockwise_gemm, fp8_gemm, fp8_tiles, quantized_linear, shared_input,
+    weight_codes,
 };
 pub use rows::{expert_order, router_product, router_top_k, row_kernels};
 

@@ -124,7 +124,8 @@ fn fp8_gemm_error(
 }
 
 /// Current scaling's amax on CUDA (one launch, the blocks' maxima folded by atomics and written
-/// by the last block) against the host's largest magnitude, exactly: one block and ~500, vectors
+/// by the last block) against the host's largest magnitude, exactly: one block, ~500, and blocks
+/// that stride over two chunks each (a thousand chunks, more than the four blocks an SM), vectors
 /// of 8 and single values, bf16 and f32, a NaN (ignored) and an infinity, an all-zero tensor.
 /// The launches run back to back, a large amax before smaller ones, so an accumulator left
 /// holding a value, or a ticket left counting, shows in the next.
@@ -133,7 +134,7 @@ pub fn fp8_amax(h: &Harness) {
     use burn_megatron_kernels::quant::fp8::amax;
     let device = h.device(0);
     let cpu = Device::flex();
-    for (i, (r, c)) in [(4100, 2056), (37, 13), (4100, 2056), (1, 8)].into_iter().enumerate() {
+    for (i, (r, c)) in [(4100, 4104), (37, 13), (4100, 2056), (1, 8)].into_iter().enumerate() {
         let mut values: Vec<f32> = Tensor::<2>::random([r, c], Distribution::Normal(0.0, 1.0), (&cpu, DType::F32))
             .into_data()
             .try_to_vec()
@@ -168,6 +169,91 @@ pub fn fp8_amax(h: &Harness) {
     }
     let zeros = Tensor::<2>::zeros([300, 520], (&device, DType::BF16));
     assert_eq!(amax(zeros).to_device(&cpu).into_scalar::<f32>(), 0.0, "all zeros");
+}
+
+/// The kernels that note the amaxes of what they write (`NoteAmaxes`), against the amax pass
+/// over the same tensors, exactly, in bf16 and f32: SwiGLU's output and both input gradients (a
+/// tensor of many vectors a thread, one of vectors of 8 and one of single values), RMSNorm's
+/// output (its rows' maxima), and RoPE's input gradient in the `[b, s, h, d]` memory of a
+/// projection's heads (its blocks' maxima, the note on that memory as the product reads it). An
+/// FP8 tensorwise product on a noted output takes the note and equals, bit for bit, the product
+/// on an un-noted output of the same values; nothing is noted where nothing was asked.
+pub fn amax_notes(h: &Harness) {
+    use burn_megatron_kernels::quant::fp8::{amax, take_noted_amax};
+    use burn_megatron_kernels::quant::notes::NoteAmaxes;
+    use burn_megatron_kernels::quant::product::product;
+    use burn_megatron_kernels::quant::recipe::Recipe;
+    use burn_megatron_kernels::rms_norm::rms_norm_noting;
+    use burn_megatron_kernels::rope::rope_noting;
+    use burn_megatron_kernels::swiglu::{swiglu, swiglu_noting};
+    let device = h.device(0).autodiff();
+    let cpu = burn::tensor::Device::flex();
+    let scalar = |t: Tensor<1>| t.to_device(&cpu).into_scalar::<f32>();
+    let notes = NoteAmaxes {
+        output: true,
+        input_grads: true,
+    };
+    let noted = |t: &Tensor<2>, case: &str| {
+        let amax_noted = take_noted_amax(t).unwrap_or_else(|| panic!("{case}: an amax is noted"));
+        assert_eq!(scalar(amax_noted), scalar(amax(t.clone().detach())), "{case}");
+        assert!(take_noted_amax(t).is_none(), "{case}: a note is taken once");
+    };
+    for dtype in [DType::BF16, DType::F32] {
+        let input = |dims: [usize; 3]| {
+            Tensor::<3>::random(dims, Distribution::Normal(0.0, 2.0), (&device, dtype))
+                .detach()
+                .require_grad()
+        };
+        let flat = |t: Tensor<3>| {
+            let [b, s, c] = t.dims();
+            t.reshape([b * s, c])
+        };
+        for dims in [[2, 2048, 4104], [2, 37, 256], [3, 5, 101]] {
+            let case = format!("SwiGLU {dtype:?} {dims:?}");
+            let (a, b) = (input(dims), input(dims));
+            let out = swiglu_noting(a.clone(), b.clone(), notes);
+            noted(&flat(out.clone()), &format!("{case}: output"));
+            let weights = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), (&device, dtype));
+            let grads = (out * weights).sum().backward();
+            for (name, x) in [("da", &a), ("db", &b)] {
+                noted(&flat(x.grad(&grads).expect("a gradient")), &format!("{case}: {name}"));
+            }
+            let plain = swiglu(a.clone().detach(), b.clone().detach());
+            assert!(
+                take_noted_amax(&plain).is_none(),
+                "{case}: nothing asked, nothing noted"
+            );
+            if dims[2] % 16 == 0 {
+                let w = Tensor::<2>::random([64, dims[2]], Distribution::Normal(0.0, 0.05), (&device, dtype));
+                let recipe = Recipe::Fp8Tensorwise;
+                let noted = flat(swiglu_noting(a.clone().detach(), b.clone().detach(), notes));
+                let on_noted = product(noted.clone(), w.clone(), recipe, None);
+                assert!(take_noted_amax(&noted).is_none(), "{case}: the product took the note");
+                let on_plain = product(flat(plain), w, recipe, None);
+                on_noted.into_data().assert_eq(&on_plain.into_data(), true);
+            }
+        }
+        for dims in [[2, 37, 2048], [3, 5, 100]] {
+            let case = format!("RMSNorm {dtype:?} {dims:?}");
+            let w = Tensor::<1>::random([dims[2]], Distribution::Normal(1.0, 0.5), (&device, dtype));
+            noted(&flat(rms_norm_noting(input(dims), w, 1e-5, notes)), &case);
+        }
+        let (b, s, heads, d) = (2, 100, 4, 64);
+        let (cos, sin) = (
+            Tensor::<2>::random([s, d / 2], Distribution::Normal(0.0, 1.0), (&device, DType::F32)),
+            Tensor::<2>::random([s, d / 2], Distribution::Normal(0.0, 1.0), (&device, DType::F32)),
+        );
+        let x = Tensor::<4>::random([b, s, heads, d], Distribution::Normal(0.0, 2.0), (&device, dtype))
+            .detach()
+            .require_grad();
+        // As in the attention layer: q's heads a `[b, h, s, d]` view of `[b, s, h, d]` memory,
+        // and the gradient reaching RoPE in that memory too (as flash attention writes dQ).
+        let rotated = rope_noting(x.clone().swap_dims(1, 2), cos, sin, notes).swap_dims(1, 2);
+        let weights = Tensor::<4>::random([b, s, heads, d], Distribution::Normal(0.0, 1.0), (&device, dtype));
+        let grads = (rotated * weights).sum().backward();
+        let dx = x.grad(&grads).expect("a gradient").reshape([b * s, heads * d]);
+        noted(&dx, &format!("RoPE {dtype:?}: the input gradient"));
+    }
 }
 
 /// The blockwise recipe's other quantizers on CUDA against the host reference, bit for bit:

@@ -256,7 +256,9 @@ impl LlamaBlock {
 
     /// [`forward`](Self::forward), a MoE block adding its router losses and load to `report`.
     pub fn forward_report(&self, x: Tensor<3>, report: &mut MoeReport) -> Result<Tensor<3>, LayerError> {
-        let attention = self.attention_norm.forward(x.clone())?;
+        let attention = self
+            .attention_norm
+            .forward_noting(x.clone(), self.attention.notes_input())?;
         let attention = match self.selective {
             true => self.attention.forward_recomputed(attention)?,
             false => self.attention.forward(attention)?,
@@ -267,7 +269,8 @@ impl LlamaBlock {
     /// The second half of the block: `x` plus the feed-forward (dense or MoE, reporting to
     /// `report`) of its norm.
     pub(crate) fn feed_forward(&self, x: Tensor<3>, report: &mut MoeReport) -> Result<Tensor<3>, LayerError> {
-        let h = self.mlp_norm.forward(x.clone())?;
+        let note = self.mlp.as_ref().is_some_and(|mlp| mlp.notes_input());
+        let h = self.mlp_norm.forward_noting(x.clone(), note)?;
         let y = match (&self.mlp, &self.moe) {
             (_, Some(moe)) => {
                 let (y, routing, load) = moe.forward(h)?;
