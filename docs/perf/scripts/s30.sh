@@ -11,6 +11,7 @@
 #   final: (carry .gpu with gpu-suite and bench, .peers and .whl) the kernel tests of the notes
 #          (SwiGLU, RMSNorm's output and RoPE's input gradient) and of the kernels they changed,
 #          ncu on one steady FP8-promoted step, FP8 promoted beside torchao (ours twice), bf16.
+#   rows:  (carry .gpu with bench, .peers and .whl) FP8 promoted beside torchao again, ours twice.
 #   suites: (carry .gpu with gpu-suite) the model suite on one GPU (ranks as threads: FP8 at tp 2,
 #          delayed scaling) and the quantized products' kernel tests, on the final build.
 # Logs go to $OUT/logs.tar.xz.
@@ -46,6 +47,12 @@ case $part in
     peers 1b-torchao 150 llama-1b fp8
     [ $SECONDS -lt 480 ] && run 1b-fp8-tensorwise-promoted-2 90 $fp8
     [ $SECONDS -lt 530 ] && run 1b-bf16 60 --preset llama-1b --steps 10 --warmup 3
+    ;;
+  rows)
+    torchao
+    run 1b-fp8-tensorwise-promoted 90 $fp8
+    peers 1b-torchao 150 llama-1b fp8
+    run 1b-fp8-tensorwise-promoted-2 90 $fp8
     ;;
   suites)
     timeout -s KILL 300 bash .gpu/run.sh gpu-suite --one-gpu --filter model_suite > "$OUT/suite-model.log" 2>&1
