@@ -288,7 +288,7 @@ pub(crate) fn quantize_tensor(
     let x = float_input(x);
     let dims = x.meta.shape().clone();
     let (r, c) = (dims[0], dims[1]);
-    // The amax the kernel that wrote `x` took, where it was asked to (SwiGLU's results).
+    // The amax the kernel that wrote `x` took, where it was asked to (SwiGLU, RMSNorm, RoPE).
     let local = crate::known_amax::take(&x).unwrap_or_else(|| tensor_amax(x.clone()));
     let (amax, kept) = reduce(local);
     let delayed = kept.is_some();
