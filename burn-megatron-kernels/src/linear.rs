@@ -202,6 +202,29 @@ mod tests {
         }
     }
 
+    /// The products whose casts may take a noted amax: every operand `a` of the tensorwise and
+    /// delayed recipes, none of the block recipes' (their scales come from blocks) nor bf16's.
+    #[test]
+    fn tensor_amax_scaled_products() {
+        use crate::quant::recipe::{Pass, Recipe};
+        for recipe in Recipe::ALL {
+            let tensorwise = matches!(
+                recipe,
+                Recipe::Fp8Tensorwise
+                    | Recipe::Fp8TensorwisePromoted
+                    | Recipe::Fp8TensorwiseE4m3
+                    | Recipe::Fp8Delayed { .. }
+            );
+            for pass in [Pass::Forward, Pass::Dgrad, Pass::Wgrad] {
+                let gemm = super::Gemm::Quantized(recipe);
+                assert_eq!(gemm.scales_by_tensor_amax(pass), tensorwise, "{recipe:?} {pass:?}");
+            }
+        }
+        for gemm in [super::Gemm::Burn, super::Gemm::Wgmma] {
+            assert!(!gemm.scales_by_tensor_amax(Pass::Forward));
+        }
+    }
+
     fn check(kind: super::Gemm) {
         let device = Device::flex().autodiff();
         let x = Tensor::<3>::random([2, 5, 7], Distribution::Normal(0.0, 1.0), &device).require_grad();

@@ -152,6 +152,42 @@ mod tests {
     use super::*;
     use crate::init::{InitMode, ParamInit};
 
+    /// SwiGLU notes its amaxes only for FP8 tensorwise products, and the block's norm its output's
+    /// only where the input reaches the products as it is (not gathered from sequence shards).
+    #[test]
+    fn notes_only_for_tensorwise_products() {
+        use burn_megatron_kernels::quant::recipe::Recipe;
+        let dev = Device::flex();
+        let init = ParamInit::new(1, InitMode::Full);
+        let mlp = |gemm: Gemm, sequence: SequenceLayout| {
+            ParallelMlpConfig::new(16, 24)
+                .with_gemm(gemm)
+                .with_sequence(sequence)
+                .init(&dev, &ProcessGroups::single(), &init, "m")
+                .unwrap()
+        };
+        let fp8 = Gemm::Quantized(Recipe::Fp8TensorwisePromoted);
+        let all = NoteAmaxes {
+            output: true,
+            input_grads: true,
+        };
+        assert_eq!(mlp(fp8, SequenceLayout::Whole).notes(), all);
+        assert!(mlp(fp8, SequenceLayout::Whole).notes_input());
+        assert!(!mlp(fp8, SequenceLayout::Sharded).notes_input());
+        for gemm in [
+            Gemm::Wgmma,
+            Gemm::Quantized(Recipe::Fp8Blockwise),
+            Gemm::Quantized(Recipe::Mxfp8),
+        ] {
+            assert_eq!(
+                mlp(gemm, SequenceLayout::Whole).notes(),
+                NoteAmaxes::default(),
+                "{gemm:?}"
+            );
+            assert!(!mlp(gemm, SequenceLayout::Whole).notes_input(), "{gemm:?}");
+        }
+    }
+
     /// At tp = 1 the block is `w2(silu(x·w1) ⊙ x·w3)` written out: the same output and the same
     /// gradients of the input and of every weight.
     #[test]
