@@ -50,10 +50,12 @@ pub trait AdamWOps: Backend {
         step: AdamWStep,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
-    /// `(master, moment_1, moment_2, parameter, squares)` after one step of f32 master weights:
-    /// the gradient in any float dtype, multiplied by `clip` (`[1]`, f32), the new parameter the
-    /// new master value in `dtype`; `squares` (`[1]`, f32) plus the gradient's `Σ g²` before
-    /// clipping (a global norm's share, from the same read of the gradient).
+    /// `(master, moment_1, moment_2, parameter, squares, amax)` after one step of f32 master
+    /// weights: the gradient in any float dtype, multiplied by `clip` (`[1]`, f32), the new
+    /// parameter the new master value in `dtype`; `squares` (`[1]`, f32) plus the gradient's
+    /// `Σ g²` before clipping (a global norm's share, from the same read of the gradient); `amax`
+    /// (`[1]`, f32) the new parameter's largest magnitude (NaN ignored; 0 when empty), for the FP8
+    /// casts that read it next.
     #[allow(clippy::too_many_arguments)]
     fn adamw_master_update(
         master: FloatTensor<Self>,
@@ -128,20 +130,38 @@ pub mod reference {
         let clip = B::float_expand(B::float_cast(clip, FloatDType::F32), grad.shape());
         let grad = B::float_mul(grad, clip);
         let (master, moment_1, moment_2) = update::<B>(B::float_cast(master, FloatDType::F32), grad, m, v, step);
+        let param = B::float_cast(master.clone(), dtype);
         super::MasterUpdate {
-            param: B::float_cast(master.clone(), dtype),
+            amax: amax::<B>(param.clone()),
+            param,
             master,
             moment_1,
             moment_2,
             squares,
         }
     }
+
+    /// The largest |x| (NaN ignored; 0 when empty), `[1]` f32.
+    fn amax<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
+        let device = x.device();
+        let n = x.shape().num_elements();
+        let zero = B::float_zeros([1].into(), &device, FloatDType::F32);
+        if n == 0 {
+            return zero;
+        }
+        let x = B::float_reshape(B::float_cast(x, FloatDType::F32), [n].into());
+        let bools = burn::backend::get_device_settings::<B>(&device).bool_dtype;
+        let nan = B::float_is_nan(x.clone(), bools);
+        let magnitudes = B::float_mask_fill(B::float_abs(x), nan, Scalar::from(0.0f32));
+        B::float_max(B::float_cat(vec![magnitudes, zero], 0))
+    }
 }
 
 /// The new parameter and moments.
 type Update<B> = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
 /// One step's new f32 master weights and moments, the parameter's copy of the master
-/// weights in its own dtype, and the running sum of squares with this gradient's added.
+/// weights in its own dtype, the running sum of squares with this gradient's added, and the
+/// copy's amax.
 #[derive(ExtensionType)]
 pub struct MasterUpdate<B: Backend> {
     pub master: FloatTensor<B>,
@@ -149,6 +169,7 @@ pub struct MasterUpdate<B: Backend> {
     pub moment_2: FloatTensor<B>,
     pub param: FloatTensor<B>,
     pub squares: FloatTensor<B>,
+    pub amax: FloatTensor<B>,
 }
 
 impl AdamWOps for Flex {
@@ -245,6 +266,7 @@ impl<B: Backend + AdamWOps, C: CheckpointStrategy> AdamWOps for Autodiff<B, C> {
             moment_2: outer(new.moment_2),
             param: outer(new.param),
             squares: outer(new.squares),
+            amax: outer(new.amax),
         }
     }
 }
@@ -275,7 +297,8 @@ pub fn adamw_step<const D: usize>(
 }
 
 /// One step of [`adamw_master_step`]: the new master weights and f32 moments, the new value in
-/// the model's dtype, and the running sum of squares with the step's gradient added.
+/// the model's dtype, the running sum of squares with the step's gradient added, and the new
+/// value's largest magnitude (`[1]`, f32, NaN ignored), taken as it was written.
 #[derive(Clone, Debug)]
 pub struct MasterStep<const D: usize> {
     pub master: Tensor<D>,
@@ -283,6 +306,7 @@ pub struct MasterStep<const D: usize> {
     pub moment_2: Tensor<D>,
     pub param: Tensor<D>,
     pub squares: Tensor<1>,
+    pub amax: Tensor<1>,
 }
 
 /// One AdamW step of f32 master weights through [`AdamWOps`]. `clip` (f32, on the device: a
@@ -319,6 +343,7 @@ pub fn adamw_master_step<const D: usize>(
         moment_2: Tensor::from_dispatch(new.moment_2),
         param: Tensor::from_dispatch(new.param),
         squares: Tensor::from_dispatch(new.squares),
+        amax: Tensor::from_dispatch(new.amax),
     }
 }
 
@@ -359,5 +384,45 @@ mod tests {
         // f32 both ways, the same formula in another order: a few ulps of values of order 1.
         ours.to_data()
             .assert_approx_eq::<f32>(&theirs.to_data(), Tolerance::absolute(1e-5));
+    }
+
+    /// The master step's amax is the largest magnitude of the copy as written (bf16 here),
+    /// a NaN left out; an empty parameter's is 0.
+    #[test]
+    fn master_step_takes_the_copys_amax() {
+        use burn::tensor::TensorData;
+        let device = Device::flex();
+        let step = AdamWStep {
+            lr: 1e-1,
+            beta_1: 0.9,
+            beta_2: 0.999,
+            epsilon: 1e-8,
+            weight_decay: 0.0,
+            time: 1,
+            grad_scale: 1.0,
+        };
+        let f32s = |v: Vec<f32>| Tensor::<1>::from_data(TensorData::new(v.clone(), [v.len()]), (&device, DType::F32));
+        let amax_of = |master: Vec<f32>, grad: Vec<f32>| {
+            let zeros = f32s(vec![0.0; master.len()]);
+            let new = adamw_master_step(
+                f32s(master),
+                f32s(grad),
+                zeros.clone(),
+                zeros,
+                step,
+                f32s(vec![1.0]),
+                FloatDType::BF16,
+                f32s(vec![0.0]),
+            );
+            let copy: Vec<f32> = new.param.cast(DType::F32).into_data().try_to_vec().unwrap();
+            (new.amax.into_scalar::<f32>(), copy)
+        };
+        // The first step moves each value by lr against its gradient's sign.
+        let (amax, copy) = amax_of(vec![0.5, -3.0, 2.0], vec![1.0, 1.0, f32::NAN]);
+        assert!(copy[2].is_nan());
+        assert_eq!(amax, copy[1].abs());
+        // −3.1 in bf16: within half its step there (2⁻⁷).
+        assert!((amax - 3.1).abs() <= 2f32.powi(-7), "{amax}");
+        assert_eq!(amax_of(vec![], vec![]).0, 0.0);
     }
 }

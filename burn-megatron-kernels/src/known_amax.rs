@@ -11,9 +11,16 @@
 //! holds), so a hit is always the amax of the values the cast reads. A thread keeps the last
 //! [`KEPT`] notes; older ones are dropped (a tensor that went elsewhere, e.g. gathered over tp
 //! before its product).
+//!
+//! A parameter's amax is kept apart ([`keep_parameter`]): the optimizer's update takes it as it
+//! writes the new value, and every cast of that value reads it (the forward's, again at each
+//! microbatch or validation pass), so it is not taken away. It stays until the same parameter's
+//! next value replaces it, or its owner forgets it ([`forget_parameters`]); a note whose value
+//! nobody else holds any more (a model dropped without its optimizer) is dropped as the notes
+//! grow.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use burn_cubecl::tensor::CubeTensor;
 
@@ -29,8 +36,20 @@ enum Noted {
     Maxima(CubeTensor),
 }
 
+/// A parameter's place: its owner (an optimizer) and its index there.
+pub(crate) type ParameterKey = (u64, usize);
+
+/// The parameters' notes: each value with its amax (`[1]`, f32), and how many notes the map
+/// held after it last dropped those nobody else holds.
+#[derive(Default)]
+struct Parameters {
+    notes: HashMap<ParameterKey, (CubeTensor, CubeTensor)>,
+    swept: usize,
+}
+
 thread_local! {
     static NOTES: RefCell<VecDeque<(CubeTensor, Noted)>> = const { RefCell::new(VecDeque::new()) };
+    static PARAMETERS: RefCell<Parameters> = RefCell::new(Parameters::default());
 }
 
 fn note(tensor: &CubeTensor, noted: Noted) {
@@ -54,13 +73,39 @@ pub(crate) fn record_maxima(tensor: &CubeTensor, maxima: CubeTensor) {
     note(tensor, Noted::Maxima(maxima));
 }
 
+/// Keeps `amax` (`[1]`, f32, on `value`'s stream) as the largest magnitude of parameter `key`'s
+/// new, compact `value`, in place of its last one.
+pub(crate) fn keep_parameter(key: ParameterKey, value: &CubeTensor, amax: CubeTensor) {
+    PARAMETERS.with_borrow_mut(|parameters| {
+        parameters.notes.insert(key, (value.clone(), amax));
+        // Held by the map alone (`can_mut`: no other handle to the memory): the parameter is gone.
+        if parameters.notes.len() > 2 * parameters.swept.max(32) {
+            parameters.notes.retain(|_, (value, _)| !value.can_mut());
+            parameters.swept = parameters.notes.len();
+        }
+    });
+}
+
+/// Drops the notes of `owner`'s parameters.
+pub(crate) fn forget_parameters(owner: u64) {
+    PARAMETERS.with_borrow_mut(|parameters| parameters.notes.retain(|&(o, _), _| o != owner));
+}
+
 /// The amax noted for `tensor` (the same memory, offset, element count and dtype, both
-/// compact: a reshape of the noted tensor is the same tensor), removed from the notes.
+/// compact: a reshape of the noted tensor is the same tensor): a kernel's, removed from the
+/// notes, or a parameter's, kept for its next cast.
 pub(crate) fn take(tensor: &CubeTensor) -> Option<CubeTensor> {
     let noted = NOTES.with_borrow_mut(|notes| {
         let at = notes.iter().position(|(noted, _)| same_values(noted, tensor))?;
         notes.remove(at).map(|(_, noted)| noted)
-    })?;
+    });
+    let Some(noted) = noted else {
+        return PARAMETERS.with_borrow(|parameters| {
+            let mut kept = parameters.notes.values();
+            kept.find(|(value, _)| same_values(value, tensor))
+                .map(|(_, amax)| amax.clone())
+        });
+    };
     Some(match noted {
         Noted::Amax(amax) => amax,
         Noted::Maxima(maxima) => crate::amax_kernels::tensor_amax(maxima),

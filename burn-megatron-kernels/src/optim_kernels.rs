@@ -11,9 +11,9 @@ use cubecl::prelude::*;
 use half::{bf16, f16};
 
 use crate::adamw::{AdamWStep, reference};
-use crate::amax_kernels::last_block;
+use crate::amax_kernels::{last_block, vector_max};
 use crate::elementwise::{compact_input, compact_output, launch_dims, launch_float};
-use crate::row_kernels::{block_sum, hsum};
+use crate::row_kernels::{block_max, block_sum, hsum};
 
 /// The new moments at `i`, written to `m_out` and `v_out`; returns the new parameter `p`.
 #[cube]
@@ -109,8 +109,9 @@ fn adamw_kernel<F: Float, N: Size>(
 /// the model's copy of the new value written in `P` in the same pass; the gradient multiplied by
 /// `clip[0]` first (a global norm's clipping factor, computed on the device). A grid of at most
 /// [`MASTER_BLOCKS`] blocks strides over the vectors; each block's `Σ g²` (before clipping) goes to
-/// `partials`, and the launch's last block (by `ticket`: [`last_block`])
-/// writes `squares_out[0] = squares[0] + Σ partials`, summed in one order every run.
+/// `partials`, and the largest |parameter| it wrote (as written, NaN ignored) to `peaks`; the
+/// launch's last block (by `ticket`: [`last_block`]) writes `squares_out[0] = squares[0] +
+/// Σ partials`, summed in one order every run, and `amax[0] = max peaks`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn adamw_master_kernel<G: Float, P: Float, N: Size>(
@@ -126,32 +127,43 @@ fn adamw_master_kernel<G: Float, P: Float, N: Size>(
     squares: &Tensor<f32>,
     squares_out: &mut Tensor<f32>,
     partials: &mut Tensor<f32>,
+    peaks: &mut Tensor<f32>,
+    amax: &mut Tensor<f32>,
     ticket: &mut Tensor<Atomic<u32>>,
     s: AdamScalars,
 ) {
     let vectors = master_out.len() as u32;
     let stride = CUBE_COUNT as u32 * 256u32;
     let mut sum = 0.0f32;
+    let mut peak = 0.0f32;
     for i in range_stepped(ABSOLUTE_POS as u32, vectors, stride) {
         let i = i as usize;
         let raw = Vector::<f32, N>::cast_from(grad[i]);
         sum += hsum(raw * raw);
         let p = adam(i, master[i], raw * Vector::new(clip[0]), m, v, m_out, v_out, &s);
         master_out[i] = p;
-        param_out[i] = Vector::cast_from(p);
+        let written = Vector::<P, N>::cast_from(p);
+        param_out[i] = written;
+        peak = vector_max(peak, written);
     }
     let total = block_sum(sum);
+    let top = block_max(peak);
     if UNIT_POS == 0 {
         partials[CUBE_POS] = total;
+        peaks[CUBE_POS] = top;
     }
     if last_block(ticket) {
         let mut all = 0.0f32;
+        let mut highest = 0.0f32;
         for b in range_stepped(UNIT_POS, CUBE_COUNT as u32, 256u32) {
             all += partials[b as usize];
+            highest = f32::max(highest, peaks[b as usize]);
         }
         let all = block_sum(all);
+        let highest = block_max(highest);
         if UNIT_POS == 0 {
             squares_out[0] = squares[0] + all;
+            amax[0] = highest;
         }
     }
 }
@@ -316,9 +328,13 @@ pub(crate) fn adamw_master(
     let len = pc.meta.num_elements();
     let vector = moment_vector(len);
     let blocks = ((len / vector) as u32).div_ceil(256).min(MASTER_BLOCKS);
-    let squares_out = compact_output(&pc, Shape::new([1]), DType::F32);
-    // Every block writes its partial: nothing to zero.
+    let (squares_out, amax) = (
+        compact_output(&pc, Shape::new([1]), DType::F32),
+        compact_output(&pc, Shape::new([1]), DType::F32),
+    );
+    // Every block writes its partial and peak: nothing to zero.
     let partials = compact_output(&pc, Shape::new([blocks as usize]), DType::F32);
+    let peaks = compact_output(&pc, Shape::new([blocks as usize]), DType::F32);
     launch_grad_param!(
         gc.dtype,
         param_dtype,
@@ -339,6 +355,8 @@ pub(crate) fn adamw_master(
         sc.into_tensor_arg(),
         squares_out.clone().into_tensor_arg(),
         partials.into_tensor_arg(),
+        peaks.into_tensor_arg(),
+        amax.clone().into_tensor_arg(),
         crate::amax_kernels::state(&pc).into_tensor_arg(),
         adam_scalars!(step),
     );
@@ -348,6 +366,7 @@ pub(crate) fn adamw_master(
         moment_2: v_out,
         param: param_out,
         squares: squares_out,
+        amax,
     }
 }
 

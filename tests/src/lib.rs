@@ -177,6 +177,13 @@ pub const DP_MODEL_TESTS: &[NamedTest] = &[
         model_suite::delayed_histories_land_on_their_layers,
     ),
 ];
+/// The data-parallel model tests of what only CUDA does (ranks as threads only, as
+/// [`DP_MODEL_TESTS`]).
+#[cfg(feature = "cuda")]
+pub const CUDA_DP_MODEL_TESTS: &[NamedTest] = &[(
+    "model_suite::optimizer_keeps_weight_amaxes",
+    model_suite::optimizer_keeps_weight_amaxes,
+)];
 /// The decoding tests on a model, by name: cached decoding against the full forward pass (at
 /// tp 1 and the harness's tp), and the CUDA graph's steps against the eager ones. They launch
 /// their own layouts, so they run with ranks as threads only.

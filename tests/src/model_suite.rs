@@ -485,6 +485,40 @@ pub fn zero1_matches_unsharded(h: &Harness) {
     }
 }
 
+/// On CUDA the optimizer keeps each new parameter value's amax, taken as its update writes it,
+/// for the FP8 casts that read the value next: after a step every parameter's kept amax is the
+/// amax pass's over the value the model holds, bit for bit, unsharded at dp 1 and under ZeRO-1 at
+/// dp 2 (each shard's reduced over the group); a cast reads it without taking it, and the notes
+/// go with the optimizer.
+#[cfg(feature = "cuda")]
+pub fn optimizer_keeps_weight_amaxes(h: &Harness) {
+    use burn_megatron::optim::DistributedAdamWConfig;
+    use burn_megatron_kernels::quant::fp8::{amax, take_noted_amax};
+    for (dp, zero1) in [(1, false), (2, true)] {
+        h.run(ParallelDims::tp_dp(1, dp), |ctx| {
+            let dev = ctx.device.clone().autodiff();
+            let model = tiny(h, &ctx.groups, &dev, false);
+            let mut optim = DistributedAdamWConfig::new().with_zero1(zero1).init(&ctx.groups);
+            let (ids, targets) = batch(&dev, 0);
+            let grads = GradientsParams::from_grads(model.forward_loss(ids, targets).unwrap().backward(), &model);
+            let model = optim.step(3e-3, model.clone(), grads).unwrap().0;
+            let bits = |t: Tensor<1>| t.into_scalar::<f32>().to_bits();
+            let values = param_values(&model);
+            for (i, p) in values.iter().enumerate() {
+                let case = format!("dp {dp}, parameter {i} {:?}", p.dims);
+                let kept = take_noted_amax(&p.value).unwrap_or_else(|| panic!("{case}: an amax is kept"));
+                let n = p.value.dims()[0];
+                assert_eq!(bits(kept), bits(amax(p.value.clone().reshape([1, n]))), "{case}");
+                assert!(take_noted_amax(&p.value).is_some(), "{case}: kept for the next cast");
+            }
+            drop(optim);
+            for p in &values {
+                assert!(take_noted_amax(&p.value).is_none(), "dropped with the optimizer");
+            }
+        });
+    }
+}
+
 /// The global gradient norm at tp with SP (and at dp = 2 with ZeRO-1) equals the norm of the
 /// single-device gradients: each parameter counted once.
 pub fn grad_norm_counts_each_parameter_once(h: &Harness) {

@@ -11,6 +11,7 @@ use burn::tensor::{DType, FloatDType, Tensor};
 use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
 use burn_megatron_kernels::adamw::{AdamWStep, adamw_master_step};
 use burn_megatron_kernels::norm::sum_of_squares;
+use burn_megatron_kernels::quant::notes::{forget_parameter_amaxes, keep_parameter_amax};
 
 use super::buckets::{BucketConfig, GradGroup, GradReducer, Reduction, pad};
 use crate::params::{ParamInfo, map_params, param_infos, param_values, take_grads};
@@ -85,10 +86,14 @@ pub struct DistributedAdamW {
     copies: Option<StageCopies>,
     states: Vec<State>,
     step: u64,
+    /// This optimizer among the process's, for the amaxes it keeps of the values it writes
+    /// ([`keep_parameter_amax`]).
+    owner: u64,
 }
 
 impl DistributedAdamWConfig {
     pub fn init(&self, groups: &ProcessGroups) -> DistributedAdamW {
+        static OWNERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         DistributedAdamW {
             config: self.clone(),
             groups: groups.clone(),
@@ -97,7 +102,16 @@ impl DistributedAdamWConfig {
             copies: None,
             states: Vec::new(),
             step: 0,
+            owner: OWNERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
+    }
+}
+
+/// The amaxes kept for the FP8 casts (on the thread that stepped; another thread's are dropped
+/// once their parameters are).
+impl Drop for DistributedAdamW {
+    fn drop(&mut self) {
+        forget_parameter_amaxes(self.owner);
     }
 }
 
@@ -244,8 +258,11 @@ impl DistributedAdamW {
     /// One update of `model` from gradients already reduced by [`reducer`](Self::reducer):
     /// one flat tensor a parameter in any float dtype, in traversal order (this rank's shard
     /// under ZeRO-1). One kernel a parameter updates the fp32 master weights and moments and
-    /// writes the parameter's new value in its dtype. A parameter gradients do not train
-    /// ([`ParamInfo::trainable`]) keeps its value, and its state is not stepped.
+    /// writes the parameter's new value in its dtype, taking its amax as it writes: kept with the
+    /// value for the FP8 casts of the next forward pass, which then skip their own pass over the
+    /// weight ([`keep_parameter_amax`]; a ZeRO-1 shard's reduced over its group). A parameter
+    /// gradients do not train ([`ParamInfo::trainable`]) keeps its value, and its state is not
+    /// stepped.
     pub fn step_reduced<M: Module>(
         &mut self,
         lr: f64,
@@ -293,12 +310,14 @@ impl DistributedAdamW {
         };
         // The squares the updates add up: dense, experts, and those the norm does not count.
         let mut squares = [(); 3].map(|_| Tensor::<1>::zeros([1], (&device, DType::F32)));
-        // The new values in the parameters' dtype, gathered back whole under ZeRO-1; none for a
-        // parameter gradients do not train (every rank skips the same ones).
+        // The new values in the parameters' dtype, gathered back whole under ZeRO-1, and their
+        // amaxes; none for a parameter gradients do not train (every rank skips the same ones).
         let mut values = Vec::with_capacity(self.states.len());
+        let mut amaxes = Vec::with_capacity(self.states.len());
         for (i, (grad, dtype)) in shards.into_iter().zip(dtypes).enumerate() {
             if !self.infos[i].trainable {
                 values.push(None);
+                amaxes.push(None);
                 continue;
             }
             let sum = match self.norm_class(i) {
@@ -318,28 +337,51 @@ impl DistributedAdamW {
                 squares[sum].clone(),
             );
             (state.master, state.m, state.v, squares[sum]) = (new.master, new.moment_1, new.moment_2, new.squares);
-            let group = &self.grad_groups[i].group;
-            values.push(Some(match self.config.zero1 && group.size() > 1 {
-                true => group.all_gather(new.param, 0)?,
-                false => new.param,
+            values.push(Some(match self.sharded_over(i) {
+                Some(group) => group.all_gather(new.param, 0)?,
+                None => new.param,
             }));
+            amaxes.push(Some(new.amax));
         }
+        self.reduce_sharded_amaxes(&mut amaxes)?;
         let [dense, experts, _] = squares;
         let norm = match norm {
             Some(norm) => norm,
             None => self.global_norm(Tensor::cat(vec![dense, experts], 0))?,
         };
-        let infos = &self.infos;
+        let (infos, owner) = (&self.infos, self.owner);
         let model = map_params(model, &mut |index, old, dims| match infos[index].trainable {
             true => {
                 let n: usize = dims.iter().product();
                 let value = values[index].clone().expect("a trained parameter's new value");
-                value.narrow(0, 0, n).to_device(&old.device())
+                let value = value.narrow(0, 0, n).to_device(&old.device());
+                let amax = amaxes[index].clone().expect("a trained parameter's amax");
+                keep_parameter_amax(owner, index, &value, amax);
+                value
             }
             // Not trained by gradients (a router's selection bias): as it was.
             false => old,
         });
         Ok((model, StepReport { norm: Some(norm) }))
+    }
+
+    /// Makes each ZeRO-1 shard's amax its whole parameter's: the largest over the shard's group,
+    /// one all-reduce for the dense parameters' and one for the experts'.
+    fn reduce_sharded_amaxes(&self, amaxes: &mut [Option<Tensor<1>>]) -> Result<(), CommError> {
+        for expert in [false, true] {
+            let sharded: Vec<usize> = (0..amaxes.len())
+                .filter(|&i| amaxes[i].is_some() && self.infos[i].expert == expert && self.sharded_over(i).is_some())
+                .collect();
+            let Some(group) = sharded.first().and_then(|&i| self.sharded_over(i)) else {
+                continue;
+            };
+            let local = Tensor::cat(sharded.iter().filter_map(|&i| amaxes[i].clone()).collect(), 0);
+            let whole = group.all_reduce(local, ReduceOp::Max)?;
+            for (k, &i) in sharded.iter().enumerate() {
+                amaxes[i] = Some(whole.clone().narrow(0, k, 1));
+            }
+        }
+        Ok(())
     }
 
     /// Where parameter `index`'s squares count in the global norm: `Some(expert)` (dense or

@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use burn::tensor::DType;
 use burn_megatron_tests::{
-    COMM_TESTS, CONTEXT_TESTS, DECODE_TESTS, DP_MODEL_TESTS, HF_TESTS, Harness, KERNEL_TESTS, LAYER_TESTS,
-    MAPPING_TESTS, MODEL_TESTS, MOE_LAYER_TESTS, MOE_TESTS, NamedTest, PIPELINE_TESTS,
+    COMM_TESTS, CONTEXT_TESTS, CUDA_DP_MODEL_TESTS, DECODE_TESTS, DP_MODEL_TESTS, HF_TESTS, Harness, KERNEL_TESTS,
+    LAYER_TESTS, MAPPING_TESTS, MODEL_TESTS, MOE_LAYER_TESTS, MOE_TESTS, NamedTest, PIPELINE_TESTS,
 };
 
 fn main() {
@@ -50,6 +50,7 @@ fn main() {
     let model_f32: &[NamedTest] = MODEL_TESTS;
     let model_bf16: &[NamedTest] = &MODEL_TESTS[..1];
     let dp_model: &[NamedTest] = if rank.is_none() { DP_MODEL_TESTS } else { &[] };
+    let cuda_dp_model: &[NamedTest] = if rank.is_none() { CUDA_DP_MODEL_TESTS } else { &[] };
     let moe_f32: &[NamedTest] = if rank.is_none() { MOE_TESTS } else { &[] };
     let moe_bf16: &[NamedTest] = if rank.is_none() {
         &MOE_TESTS[..MOE_LAYER_TESTS]
@@ -76,6 +77,7 @@ fn main() {
         // 20 AdamW steps in bf16 drift apart by more than a meaningful tolerance: f32 only.
         .chain(model_bf16.iter().map(|t| ("bf16 ", &bf16, t)))
         .chain(dp_model.iter().map(|t| ("f32 ", &f32, t)))
+        .chain(cuda_dp_model.iter().map(|t| ("f32 ", &f32, t)))
         .chain(moe_f32.iter().map(|t| ("f32 ", &f32, t)))
         // The layer in bf16; 20 steps drift as the dense model's do: f32 only.
         .chain(moe_bf16.iter().map(|t| ("bf16 ", &bf16, t)))
