@@ -118,7 +118,9 @@ fn forward_kernel<F: Float, N: Size>(
 /// Grid: a block [`BACKWARD_ROWS`] rows, each thread `slots` vectors of a row (vectors
 /// `UNIT_POS + j·256`). For each row, `dx = rstd · (g∘w − x̂ · mean(g∘w∘x̂))` with `x̂ = x · rstd`;
 /// and the block's `Σ g∘x̂` over its rows to `partial[block]` (`dw`'s share, summed by
-/// [`column_sum_kernel`]). One read of `x` and `g` gives both gradients.
+/// [`column_sum_kernel`]). One read of `x` and `g` gives both gradients. With `add`, `dx` is
+/// `residual` plus that (the residual stream's gradient, summed in f32 and rounded once); with
+/// `note`, the block's largest |dx| (as written, NaN ignored) to `maxima[block]`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn backward_kernel<F: Float, N: Size>(
@@ -126,12 +128,16 @@ fn backward_kernel<F: Float, N: Size>(
     weight: &Tensor<Vector<F, N>>,
     rstd: &Tensor<f32>,
     grad: &Tensor<Vector<F, N>>,
+    residual: &Tensor<Vector<F, N>>,
     dx: &mut Tensor<Vector<F, N>>,
     partial: &mut Tensor<Vector<f32, N>>,
+    maxima: &mut Tensor<f32>,
     columns: u32,
     rows: u32,
     width: f32,
     #[comptime] slots: usize,
+    #[comptime] add: bool,
+    #[comptime] note: bool,
 ) {
     let zero = Vector::<f32, N>::new(0.0f32);
     let mut w = Array::<Vector<f32, N>>::new(slots);
@@ -149,6 +155,7 @@ fn backward_kernel<F: Float, N: Size>(
     }
     let first = CUBE_POS as u32 * BACKWARD_ROWS;
     let last = min(first + BACKWARD_ROWS, rows);
+    let mut top = 0.0f32;
     for row in first..last {
         let base = row * columns;
         let r = Vector::<f32, N>::new(rstd[row as usize]);
@@ -171,9 +178,24 @@ fn backward_kernel<F: Float, N: Size>(
         for j in 0..slots {
             let c = UNIT_POS + j as u32 * THREADS;
             if c < columns {
-                dx[(base + c) as usize] = Vector::cast_from(r * (g[j] * w[j] - normed[j] * mean));
+                let at = (base + c) as usize;
+                let mut value = r * (g[j] * w[j] - normed[j] * mean);
+                if comptime!(add) {
+                    value += Vector::<f32, N>::cast_from(residual[at]);
+                }
+                let written = Vector::<F, N>::cast_from(value);
+                dx[at] = written;
+                if comptime!(note) {
+                    top = vector_max(top, written);
+                }
                 dw[j] += g[j] * normed[j];
             }
+        }
+    }
+    if comptime!(note) {
+        let top = block_max(top);
+        if UNIT_POS == 0 {
+            maxima[CUBE_POS] = top;
         }
     }
     #[unroll]
@@ -288,12 +310,17 @@ pub(crate) fn forward(x: CubeTensor, weight: CubeTensor, epsilon: f32, note: boo
     (y, rstd)
 }
 
+/// RMSNorm's `(dx, dw)`; `dx` plus `residual` where given (one rounding), its amax noted for the
+/// cast that quantizes it where `note` ([`known_amax`]: one maximum a block of rows).
 pub(crate) fn backward(
     x: CubeTensor,
     weight: CubeTensor,
     rstd: CubeTensor,
     grad: CubeTensor,
+    residual: Option<CubeTensor>,
+    note: bool,
 ) -> (CubeTensor, CubeTensor) {
+    let twin = |x, weight, rstd, grad, residual| reference::backward::<Cube>(x, weight, rstd, grad, residual);
     let inputs = (
         layout(&x, &weight),
         compact_input(x.clone()),
@@ -302,27 +329,41 @@ pub(crate) fn backward(
         compact_input(grad.clone()),
     );
     let (Some((rows, columns, vector)), Some(xc), Some(wc), Some(rc), Some(gc)) = inputs else {
-        return reference::backward::<Cube>(x, weight, rstd, grad);
+        return twin(x, weight, rstd, grad, residual);
     };
-    if gc.dtype != xc.dtype {
-        return reference::backward::<Cube>(x, weight, rstd, grad);
+    let residual_c = residual.clone().map(compact_input);
+    let residual_fits = match &residual_c {
+        None => true,
+        Some(r) => r
+            .as_ref()
+            .is_some_and(|r| r.dtype == xc.dtype && r.meta.shape() == xc.meta.shape()),
+    };
+    if gc.dtype != xc.dtype || !residual_fits {
+        return twin(x, weight, rstd, grad, residual);
     }
     let vectors = (columns / vector) as u32;
     let slots = (vectors as usize).div_ceil(THREADS as usize);
     if slots > MAX_SLOTS {
-        return reference::backward::<Cube>(x, weight, rstd, grad);
+        return twin(x, weight, rstd, grad, residual);
     }
     let client = xc.client.clone();
     let dx = compact_output(&xc, xc.meta.shape().clone(), xc.dtype);
     let parts = (rows as u32).div_ceil(BACKWARD_ROWS);
     let partial = compact_output(&xc, Shape::from([parts as usize, columns]), DType::F32);
+    // Without a note the kernel never writes the maxima; without a residual `grad` stands in
+    // (never read).
+    let maxima = compact_output(&xc, Shape::new([if note { parts as usize } else { 1 }]), DType::F32);
+    let add = residual_c.is_some();
+    let residual = residual_c.flatten().unwrap_or_else(|| gc.clone());
     let args = (
         xc.clone().into_tensor_arg(),
         wc.into_tensor_arg(),
         rc.into_tensor_arg(),
         gc.into_tensor_arg(),
+        residual.into_tensor_arg(),
         dx.clone().into_tensor_arg(),
         partial.clone().into_tensor_arg(),
+        maxima.clone().into_tensor_arg(),
     );
     launch_float!(
         xc.dtype,
@@ -337,11 +378,18 @@ pub(crate) fn backward(
         args.3,
         args.4,
         args.5,
+        args.6,
+        args.7,
         vectors,
         rows as u32,
         columns as f32,
-        slots
+        slots,
+        add,
+        note
     );
+    if note {
+        known_amax::record_maxima(&dx, maxima);
+    }
     let dw = compact_output(&xc, Shape::from([columns]), xc.dtype);
     launch_float!(
         xc.dtype,

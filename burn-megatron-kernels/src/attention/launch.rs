@@ -108,12 +108,15 @@ fn scale_log2(scale: f32) -> f32 {
     scale * core::f32::consts::LOG2_E
 }
 
+/// With `note`, the output's amax is noted for the FP8 cast that quantizes it next
+/// (`known_amax`, on its memory as one row: the output projection reads it `[b·s, h·d]`).
 pub(super) fn forward(
     q: CubeTensor,
     k: CubeTensor,
     v: CubeTensor,
     causal: bool,
     scale: f32,
+    note: bool,
 ) -> (CubeTensor, CubeTensor) {
     let [b, h, s, d] = match check(&q, &k, &v) {
         Ok(dims) => dims,
@@ -125,9 +128,12 @@ pub(super) fn forward(
     let (q, k, v) = (tma_ready(q), tma_ready(k), tma_ready(v));
     let out = compact(&q, &[b, s, h, d], DType::BF16);
     let lse = compact(&q, &[b, h, s], DType::F32);
+    let blocks = s.div_ceil(128) * h * b;
+    // A maximum a warp (8 a block); one unused word without a note.
+    let maxima = compact(&q, &[if note { 8 * blocks } else { 1 }], DType::F32);
     let count = CubeCount::Static(s.div_ceil(128) as u32, h as u32, b as u32);
     // SAFETY: the maps cover exactly q, k and v (TMA fills rows past s with zeros); every store
-    // is checked against s.
+    // is checked against s; with a note each warp writes its own of the `8 · blocks` maxima.
     unsafe {
         flash::forward_kernel::launch_unchecked(
             &q.client,
@@ -138,11 +144,16 @@ pub(super) fn forward(
             map(&v, 128),
             pairs(&out).into_tensor_arg(),
             lse.clone().into_tensor_arg(),
+            maxima.clone().into_tensor_arg(),
             s as u32,
             h as u32,
             scale_log2(scale),
             causal,
+            note,
         );
+    }
+    if note {
+        crate::known_amax::record_maxima(&crate::known_amax::flat(&out), maxima);
     }
     (heads_view(out), lse)
 }

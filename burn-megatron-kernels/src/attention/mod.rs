@@ -27,7 +27,9 @@ use burn::tensor::Tensor;
 /// The backend extension behind [`attention`].
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait AttentionOps: Backend {
-    /// `softmax(q·kᵀ·scale [+ causal mask]) · v` and each row's `lse₂` (f32).
+    /// `softmax(q·kᵀ·scale [+ causal mask]) · v` and each row's `lse₂` (f32); with `note`, the
+    /// output's amax noted for the FP8 cast that quantizes it next where the kernel takes it
+    /// (CUDA's flash kernel: [`crate::quant::notes`]).
     ///
     /// # Shapes
     /// `[b, h, s, d]` × 3 → `[b, h, s, d]`, `[b, h, s]`
@@ -37,6 +39,7 @@ pub trait AttentionOps: Backend {
         v: FloatTensor<Self>,
         causal: bool,
         scale: f32,
+        note: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
     /// The gradients of q, k and v, given the forward's output and `lse₂` and the output's
@@ -61,6 +64,7 @@ impl AttentionOps for Flex {
         v: FloatTensor<Self>,
         causal: bool,
         scale: f32,
+        _note: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let t = |x| Tensor::<4>::from_primitive::<Flex>(x);
         let (out, lse) = reference::forward(t(q), t(k), t(v), causal, scale);
@@ -96,8 +100,9 @@ impl AttentionOps for burn::backend::Cube {
         v: FloatTensor<Self>,
         causal: bool,
         scale: f32,
+        note: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        launch::forward(q, k, v, causal, scale)
+        launch::forward(q, k, v, causal, scale, note)
     }
 
     fn attention_backward(
@@ -149,10 +154,11 @@ impl<B: Backend + AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff
         v: FloatTensor<Self>,
         causal: bool,
         scale: f32,
+        note: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let nodes = [q.node(), k.node(), v.node()];
         let (q, k, v) = (q.into_parts().0, k.into_parts().0, v.into_parts().0);
-        let (out, lse) = B::attention_forward(q.clone(), k.clone(), v.clone(), causal, scale);
+        let (out, lse) = B::attention_forward(q.clone(), k.clone(), v.clone(), causal, scale, note);
         // `lse₂` leaves as a constant: nothing differentiates through it.
         let lse_out = <Self as AutodiffBackend>::from_inner(lse.clone());
         let out = match AttentionBackward.prepare::<C>(nodes).compute_bound().stateful() {
@@ -195,6 +201,16 @@ impl<B: Backend + AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff
 /// # Shapes
 /// `[b, h, s, d]` × 3 → `[b, h, s, d]`
 pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool) -> Tensor<4> {
+    attention_noting(q, k, v, causal, false)
+}
+
+/// [`attention`]; with `note`, the output's amax noted where it is written (CUDA's flash
+/// kernel) for the FP8 tensorwise cast of the product that reads it next
+/// ([`crate::quant::notes`]): its `[b, s, h·d]` rows (the output with its dims swapped back).
+///
+/// # Shapes
+/// `[b, h, s, d]` × 3 → `[b, h, s, d]`
+pub fn attention_noting(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool, note: bool) -> Tensor<4> {
     let scale = (q.dims()[3] as f32).sqrt().recip();
     let (out, _) = <burn::backend::Dispatch as AttentionOps>::attention_forward(
         q.into_dispatch(),
@@ -202,6 +218,7 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool) -> Tens
         v.into_dispatch(),
         causal,
         scale,
+        note,
     );
     Tensor::from_dispatch(out)
 }
@@ -219,6 +236,7 @@ pub fn attention_parts(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool, s
         v.into_dispatch(),
         causal,
         scale,
+        false,
     );
     (Tensor::from_dispatch(out), Tensor::from_dispatch(lse))
 }

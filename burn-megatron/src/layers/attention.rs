@@ -210,6 +210,13 @@ impl ParallelAttention {
         self.sequence == SequenceLayout::Whole && self.wq.gemm.scales_by_tensor_amax(Pass::Forward)
     }
 
+    /// Whether its output's gradient is worth noting where it is written: the output
+    /// projection's gradient products scale it by its tensor's amax, and it reaches them as it
+    /// is (whole sequences: a sequence-parallel output's gradient is gathered first).
+    pub fn notes_output_grad(&self) -> bool {
+        self.sequence == SequenceLayout::Whole && self.wo.gemm.scales_by_tensor_amax(Pass::Dgrad)
+    }
+
     /// [`forward`](Self::forward), the core attention and the output projection run again in
     /// backward (selective recomputation, `crate::recompute`): q, k and v are kept, the
     /// attention's own state and its output are not.
@@ -277,8 +284,10 @@ fn attend(
         Some((context, cp)) => context_attention(q, k, v, *context, cp)?,
         None => {
             let (k, v) = (repeat_kv(k, &heads), repeat_kv(v, &heads)); // [b, h, s, k]
-            // Flash attention on CUDA (bf16, head dim 128); the f32 reference elsewhere.
-            burn_megatron_kernels::attention::attention(q, k, v, true) // [b, h, s, k]
+            // Flash attention on CUDA (bf16, head dim 128); the f32 reference elsewhere. It
+            // takes its output's amax where the output projection's cast scales by it.
+            let note = wo.gemm.scales_by_tensor_amax(Pass::Forward);
+            burn_megatron_kernels::attention::attention_noting(q, k, v, true, note) // [b, h, s, k]
         }
     };
     let out = out.swap_dims(1, 2).reshape([b, s, heads.n_heads * heads.head_dim]);

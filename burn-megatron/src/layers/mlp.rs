@@ -113,6 +113,13 @@ impl ParallelMlp {
         self.sequence == SequenceLayout::Whole && self.w1.gemm.scales_by_tensor_amax(Pass::Forward)
     }
 
+    /// Whether its output's gradient is worth noting where it is written: the down projection's
+    /// gradient products scale it by its tensor's amax, and it reaches them as it is (whole
+    /// sequences).
+    pub fn notes_output_grad(&self) -> bool {
+        self.sequence == SequenceLayout::Whole && self.w2.gemm.scales_by_tensor_amax(Pass::Dgrad)
+    }
+
     /// The SwiGLU results whose amaxes its kernels take for the FP8 casts that quantize them
     /// next: the down projection's input, the gate's and up projection's output gradients.
     fn notes(&self) -> NoteAmaxes {

@@ -6,7 +6,7 @@ use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::copy_to_tp;
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
-use burn_megatron_kernels::rms_norm::rms_norm_noting;
+use burn_megatron_kernels::rms_norm::{ResidualLink, rms_norm_linked, rms_norm_noting};
 
 use super::sequence::SequenceLayout;
 
@@ -61,16 +61,34 @@ impl RmsNorm {
     /// [`forward`](Self::forward); with `note`, the output's amax taken as it is written on CUDA,
     /// for the FP8 tensorwise products that read it next (`ParallelAttention::notes_input`).
     pub fn forward_noting<const D: usize>(&self, x: Tensor<D>, note: bool) -> Result<Tensor<D>, LayerError> {
-        let weight = match self.sequence {
-            SequenceLayout::Sharded => copy_to_tp(self.weight.val(), &self.tp)?,
-            SequenceLayout::Whole => self.weight.val(),
-        };
         Ok(rms_norm_noting(
             x,
-            weight,
+            self.weight()?,
             self.epsilon as f32,
             NoteAmaxes::output(note),
         ))
+    }
+
+    /// The norm of a residual stream `x` whose branch, computed from this output, goes back into
+    /// `x` through `burn_megatron_kernels::rms_norm::residual_add` with the same `link`: the
+    /// backward adds the stream's gradient into `x`'s as it writes it. `notes` as the kernels take
+    /// them: the output's amax, and the input gradient's (the stream's, for the previous block's
+    /// products).
+    pub fn forward_linked<const D: usize>(
+        &self,
+        x: Tensor<D>,
+        notes: NoteAmaxes,
+        link: &ResidualLink,
+    ) -> Result<Tensor<D>, LayerError> {
+        Ok(rms_norm_linked(x, self.weight()?, self.epsilon as f32, notes, link))
+    }
+
+    /// The weight as this rank's rows see it (sequence parallelism: its gradient summed over tp).
+    fn weight(&self) -> Result<Tensor<1>, LayerError> {
+        Ok(match self.sequence {
+            SequenceLayout::Sharded => copy_to_tp(self.weight.val(), &self.tp)?,
+            SequenceLayout::Whole => self.weight.val(),
+        })
     }
 }
 

@@ -6,7 +6,7 @@
 
 use burn::tensor::module::attention as burn_attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{DType, Distribution, Tensor};
+use burn::tensor::{DType, Distribution, Tensor, TensorData};
 use burn_megatron_kernels::attention::attention;
 use burn_megatron_kernels::wgmma::{Schedule, WgmmaError, matmul};
 
@@ -169,8 +169,12 @@ pub fn swiglu(h: &Harness) {
 /// Fused RMSNorm against the formula in f32 with autodiff: values and the gradients of the input
 /// and the weight, in f32 and bf16, on rows that take vectors of 8 and rows that do not, rows a
 /// backward thread holds one and two vectors of, a row count no multiple of the backward's 16
-/// rows a block, and a row too wide for the backward kernel (the tensor ops take it).
+/// rows a block, and a row too wide for the backward kernel (the tensor ops take it). Linked to a
+/// residual add (`h = x + y`), the backward's `dx` with the stream's gradient added in the kernel
+/// against the same formula's.
 pub fn rms_norm(h: &Harness) {
+    use burn_megatron_kernels::quant::notes::NoteAmaxes;
+    use burn_megatron_kernels::rms_norm::{ResidualLink, residual_add, rms_norm_linked};
     let device = h.device(0).autodiff();
     for dtype in [DType::F32, DType::BF16] {
         for dims in [[2, 37, 2048], [3, 100, 100], [2, 19, 4096], [1, 3, 8200]] {
@@ -197,6 +201,20 @@ pub fn rms_norm(h: &Harness) {
             // dw sums 3 to 300 rows of bf16 products: a little more rounding than the rest.
             let error = relative_error(w.grad(&g1).unwrap(), w32.grad(&g2).unwrap());
             assert!(error < 2.0 * tolerance(dtype), "{case}: dw relative error {error}");
+            // The residual stream: `h = x + rms_norm(x)`, x's gradient from both.
+            let link = ResidualLink::default();
+            let y = rms_norm_linked(x.clone(), w.clone(), 1e-5, NoteAmaxes::default(), &link);
+            let ours = residual_add(x.clone(), y, &link);
+            let y32 =
+                x32.clone() / x32.clone().square().mean_dim(2).add_scalar(1e-5).sqrt() * w32.clone().unsqueeze::<3>();
+            let theirs = x32.clone() + y32;
+            let weights = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), (&device, DType::F32));
+            let (g1, g2) = (
+                (ours.cast(DType::F32) * weights.clone()).sum().backward(),
+                (theirs * weights).sum().backward(),
+            );
+            let error = relative_error(x.grad(&g1).unwrap(), x32.grad(&g2).unwrap());
+            assert!(error < tolerance(dtype), "{case}: linked dx relative error {error}");
         }
     }
 }
@@ -294,11 +312,15 @@ pub fn adamw(h: &Harness) {
 /// the f32 twin: gradients in bf16 and f32, copies in bf16 and f32, lengths that take vectors of
 /// 4, one that takes none and one whose grid strides four times; the bf16 gradients scaled by a
 /// clipping factor other than 1. The running sum of squares against the f64 sum of the
-/// gradients (before clipping) on the host.
+/// gradients (before clipping) on the host; the copy's amax, taken as it is written, against the
+/// amax pass over the copy, bit for bit (a NaN in the copy ignored by both).
 pub fn adamw_master(h: &Harness) {
     use burn::tensor::FloatDType;
     use burn_megatron_kernels::adamw::{adamw_master_step, reference};
+    use burn_megatron_kernels::quant::fp8::amax;
     let device = h.device(0);
+    let bits = |t: Tensor<1>| t.into_scalar::<f32>().to_bits();
+    let amax_pass = |t: &Tensor<1>| amax(t.clone().reshape([1, t.dims()[0]]));
     for (grad_dtype, param_dtype) in [
         (DType::BF16, DType::BF16),
         (DType::F32, DType::BF16),
@@ -310,6 +332,7 @@ pub fn adamw_master(h: &Harness) {
             let mut ours = (master.clone(), zeros.clone(), zeros.clone(), master.clone());
             let mut twin = (master, zeros.clone(), zeros);
             let mut squares = Tensor::<1>::zeros([1], (&device, DType::F32));
+            let mut copy_amax = squares.clone();
             let mut expected = 0.0f64;
             // A factor that is no power of two, so that a factor left out or applied twice shows.
             let clip = (grad_dtype == DType::BF16).then_some(0.3f32);
@@ -334,7 +357,7 @@ pub fn adamw_master(h: &Harness) {
                     squares,
                 );
                 ours = (new.master, new.moment_1, new.moment_2, new.param);
-                squares = new.squares;
+                (squares, copy_amax) = (new.squares, new.amax);
                 let grad = grad.cast(DType::F32).mul_scalar(clip.unwrap_or(1.0));
                 let (p, m, v) = reference::update::<burn::backend::Dispatch>(
                     twin.0.into_dispatch(),
@@ -350,6 +373,7 @@ pub fn adamw_master(h: &Harness) {
                 );
             }
             let case = format!("grad {grad_dtype:?} param {param_dtype:?} n {n} clip {clip:?}");
+            assert_eq!(bits(copy_amax), bits(amax_pass(&ours.3)), "{case}: the copy's amax");
             // The same f32 formula in both: a few ulps of values of order 1.
             for (what, a, b) in [
                 ("master", &ours.0, &twin.0),
@@ -372,6 +396,27 @@ pub fn adamw_master(h: &Harness) {
                 "{case}: sum of squares {squares} against {expected}"
             );
         }
+        // A NaN gradient makes a NaN parameter: the amax leaves it out, as the pass does.
+        let n = 4_200_000;
+        let master = Tensor::<1>::random([n], Distribution::Normal(0.0, 1.0), (&device, DType::F32));
+        let nan = Tensor::<1>::from_data(TensorData::new(vec![f32::NAN], [1]), (&device, DType::F32));
+        let grad = master.clone().slice_assign(1234..1235, nan).cast(grad_dtype);
+        let new = adamw_master_step(
+            master.clone(),
+            grad,
+            master.zeros_like(),
+            master.zeros_like(),
+            adam_step(1),
+            Tensor::<1>::ones([1], (&device, DType::F32)),
+            FloatDType::from(param_dtype),
+            Tensor::<1>::zeros([1], (&device, DType::F32)),
+        );
+        let case = format!("grad {grad_dtype:?} param {param_dtype:?}, a NaN");
+        assert!(
+            new.param.clone().is_nan().any().into_scalar::<bool>(),
+            "{case}: a NaN copy"
+        );
+        assert_eq!(bits(new.amax), bits(amax_pass(&new.param)), "{case}: the copy's amax");
     }
 }
 

@@ -174,16 +174,19 @@ pub fn fp8_amax(h: &Harness) {
 /// The kernels that note the amaxes of what they write (`NoteAmaxes`), against the amax pass
 /// over the same tensors, exactly, in bf16 and f32: SwiGLU's output and both input gradients (a
 /// tensor of many vectors a thread, one of vectors of 8 and one of single values), RMSNorm's
-/// output (its rows' maxima), and RoPE's input gradient in the `[b, s, h, d]` memory of a
-/// projection's heads (its blocks' maxima, the note on that memory as the product reads it). An
+/// output (its rows' maxima) and, linked to a residual add, its input gradient (its blocks'
+/// maxima), and RoPE's input gradient in the `[b, s, h, d]` memory of a
+/// projection's heads (its blocks' maxima, the note on that memory as the product reads it),
+/// flash attention's output as the output projection reads it (its warps' maxima). An
 /// FP8 tensorwise product on a noted output takes the note and equals, bit for bit, the product
 /// on an un-noted output of the same values; nothing is noted where nothing was asked.
 pub fn amax_notes(h: &Harness) {
+    use burn_megatron_kernels::attention::attention_noting;
     use burn_megatron_kernels::quant::fp8::{amax, take_noted_amax};
     use burn_megatron_kernels::quant::notes::NoteAmaxes;
     use burn_megatron_kernels::quant::product::product;
     use burn_megatron_kernels::quant::recipe::Recipe;
-    use burn_megatron_kernels::rms_norm::rms_norm_noting;
+    use burn_megatron_kernels::rms_norm::{ResidualLink, residual_add, rms_norm_linked, rms_norm_noting};
     use burn_megatron_kernels::rope::rope_noting;
     use burn_megatron_kernels::swiglu::{swiglu, swiglu_noting};
     let device = h.device(0).autodiff();
@@ -236,7 +239,14 @@ pub fn amax_notes(h: &Harness) {
         for dims in [[2, 37, 2048], [3, 5, 100]] {
             let case = format!("RMSNorm {dtype:?} {dims:?}");
             let w = Tensor::<1>::random([dims[2]], Distribution::Normal(1.0, 0.5), (&device, dtype));
-            noted(&flat(rms_norm_noting(input(dims), w, 1e-5, notes)), &case);
+            noted(&flat(rms_norm_noting(input(dims), w.clone(), 1e-5, notes)), &case);
+            // Linked to the residual add: the input gradient (the stream's added) noted too.
+            let (x, link) = (input(dims), ResidualLink::default());
+            let y = rms_norm_linked(x.clone(), w, 1e-5, notes, &link);
+            noted(&flat(y.clone()), &case);
+            let weights = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), (&device, dtype));
+            let grads = (residual_add(x.clone(), y, &link) * weights).sum().backward();
+            noted(&flat(x.grad(&grads).expect("a gradient")), &format!("{case}: dx"));
         }
         let (b, s, heads, d) = (2, 100, 4, 64);
         let (cos, sin) = (
@@ -253,6 +263,21 @@ pub fn amax_notes(h: &Harness) {
         let grads = (rotated * weights).sum().backward();
         let dx = x.grad(&grads).expect("a gradient").reshape([b * s, heads * d]);
         noted(&dx, &format!("RoPE {dtype:?}: the input gradient"));
+    }
+    // Flash attention's output (bf16, heads of 128), as the output projection reads it: its
+    // `[b, s, h, d]` memory as `[b·s, h·d]` rows; a sequence that ends inside a block.
+    for s in [200, 1024] {
+        let (b, heads, d) = (2, 4, 128);
+        let qkv = || Tensor::<4>::random([b, heads, s, d], Distribution::Normal(0.0, 1.0), (&device, DType::BF16));
+        let (q, k, v) = (qkv(), qkv(), qkv());
+        let rows = |t: Tensor<4>| t.swap_dims(1, 2).reshape([b * s, heads * d]);
+        let out = attention_noting(q.clone(), k.clone(), v.clone(), true, true);
+        noted(&rows(out), &format!("attention s {s}: the output"));
+        let plain = rows(attention_noting(q, k, v, true, false));
+        assert!(
+            take_noted_amax(&plain).is_none(),
+            "attention s {s}: nothing asked, nothing noted"
+        );
     }
 }
 

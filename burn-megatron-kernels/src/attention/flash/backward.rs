@@ -92,7 +92,7 @@ pub(crate) fn dq_kernel(
             mbarrier_arrive(s.empty + stage * 8);
         }
     }
-    store_rows(dq, &acc, scale, scale, row0, head, batch, heads, seq);
+    store_rows(dq, &acc, scale, scale, row0, head, batch, heads, seq, false);
 }
 
 /// dK and dV: grid `(s / 128, h, b)`, 256 threads; each block owns 128 key rows and sweeps the
@@ -190,8 +190,8 @@ pub(crate) fn dkdv_kernel(
             mbarrier_arrive(s.empty + stage * 8);
         }
     }
-    store_rows(dk, &dk_acc, scale, scale, row0, head, batch, heads, seq);
-    store_rows(dv, &dv_acc, 1.0f32, 1.0f32, row0, head, batch, heads, seq);
+    store_rows(dk, &dk_acc, scale, scale, row0, head, batch, heads, seq, false);
+    store_rows(dv, &dv_acc, 1.0f32, 1.0f32, row0, head, batch, heads, seq, false);
 }
 
 /// A dQ warpgroup's two rows' `lse₂` and `delta`.

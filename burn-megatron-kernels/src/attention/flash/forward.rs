@@ -55,18 +55,22 @@ struct RowState {
     alpha_b: f32,
 }
 
-/// Grid `(s / 128, h, b)`, 256 threads.
+/// Grid `(s / 128, h, b)`, 256 threads. With `note`, each warp's largest magnitude of the
+/// output (as written, NaN ignored) to `maxima[8 · block + warp]`: no wait at the block's end.
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_kernel(
     q: &TensorMap<bf16, Tiled>,
     k: &TensorMap<bf16, Tiled>,
     v: &TensorMap<bf16, Tiled>,
     out: &mut Tensor<u32>,
     lse: &mut Tensor<f32>,
+    maxima: &mut Tensor<f32>,
     seq: u32,
     heads: u32,
     scale_log2: f32,
     #[comptime] causal: bool,
+    #[comptime] note: bool,
 ) {
     let s = smem(SWEEP);
     let block = query_block(seq, causal, KEYS);
@@ -151,7 +155,7 @@ pub(crate) fn forward_kernel(
     let sum_b = quad_sum(rows.sum_b);
     let inv_a = select(sum_a > 0.0f32, 1.0f32 / sum_a, 0.0f32);
     let inv_b = select(sum_b > 0.0f32, 1.0f32 / sum_b, 0.0f32);
-    store_rows(out, &acc, inv_a, inv_b, row0, head, batch, heads, seq);
+    let peak = store_rows(out, &acc, inv_a, inv_b, row0, head, batch, heads, seq, note);
     if UNIT_POS.is_multiple_of(4) {
         let at = (batch * heads + head) * seq;
         if row0 + l.row_a < seq {
@@ -159,6 +163,12 @@ pub(crate) fn forward_kernel(
         }
         if row0 + l.row_b < seq {
             lse[(at + row0 + l.row_b) as usize] = rows.max_b + log2(sum_b);
+        }
+    }
+    if comptime!(note) {
+        let warp = plane_max(peak);
+        if UNIT_POS_PLANE == 0 {
+            maxima[CUBE_POS * 8 + PLANE_POS as usize] = warp;
         }
     }
 }

@@ -254,8 +254,10 @@ fn masked(q: u32, k: u32, seq: u32, #[comptime] causal: bool) -> bool {
 /// Writes a warpgroup's 64 × 128 result `acc · factor` into `[b, s, h, 128]` rows from `row0`,
 /// `out` seen as bf16 pairs (`u32`): each thread's two neighbouring columns in one 4-byte store,
 /// so a warp's store writes 16 contiguous bytes of each of 8 rows (2-byte stores had touched
-/// the same sectors twice as often).
+/// the same sectors twice as often). With `note`, returns the largest magnitude the thread wrote
+/// (as written, NaN ignored; 0 without `note`).
 #[cube]
+#[allow(clippy::too_many_arguments)]
 fn store_rows(
     out: &mut Tensor<u32>,
     acc: &Acc128,
@@ -266,8 +268,10 @@ fn store_rows(
     batch: u32,
     heads: u32,
     seq: u32,
-) {
+    #[comptime] note: bool,
+) -> f32 {
     let l = lane();
+    let mut peak = 0.0f32;
     #[unroll]
     for pair in 0..32u32 {
         let i = comptime!(2 * pair);
@@ -276,9 +280,19 @@ fn store_rows(
         if r < seq {
             let at = ((batch * seq + r) * heads + head) * comptime!(HEAD_DIM as u32 / 2) + column(&l, 0u32, i) / 2;
             let (lo, hi) = (acc.extract(i as usize), acc.extract(comptime!((i + 1) as usize)));
-            out[at as usize] = pack_bf16(lo * factor, hi * factor);
+            let packed = pack_bf16(lo * factor, hi * factor);
+            out[at as usize] = packed;
+            if comptime!(note) {
+                // Each bf16 half as the f32 of the same value (its bits in the upper half).
+                let (low, high) = (
+                    f32::reinterpret(packed << 16u32),
+                    f32::reinterpret(packed & 0xFFFF0000u32),
+                );
+                peak = f32::max(peak, f32::max(f32::abs(low), f32::abs(high)));
+            }
         }
     }
+    peak
 }
 
 #[cube]

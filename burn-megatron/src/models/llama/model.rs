@@ -21,6 +21,8 @@ use crate::precision::EdgeBlocks;
 use crate::precision::ptq::InputQuantizer;
 use crate::recompute::Recompute;
 use burn_megatron_kernels::Gemm;
+use burn_megatron_kernels::quant::notes::NoteAmaxes;
+use burn_megatron_kernels::rms_norm::{ResidualLink, residual_add};
 
 /// Where the output layer's weight comes from.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -255,22 +257,34 @@ impl LlamaBlock {
     }
 
     /// [`forward`](Self::forward), a MoE block adding its router losses and load to `report`.
+    ///
+    /// Each half adds its branch to the residual stream linked to the norm it read
+    /// (`RmsNorm::forward_linked`): the norm's backward adds the stream's gradient into its own.
+    /// The stream's gradient at the block's input is the previous block's down projection's
+    /// output gradient; this block's stands in for it in whether to note its amax.
     pub fn forward_report(&self, x: Tensor<3>, report: &mut MoeReport) -> Result<Tensor<3>, LayerError> {
-        let attention = self
-            .attention_norm
-            .forward_noting(x.clone(), self.attention.notes_input())?;
+        let link = ResidualLink::default();
+        let notes = NoteAmaxes {
+            output: self.attention.notes_input(),
+            input_grads: self.mlp.as_ref().is_some_and(|mlp| mlp.notes_output_grad()),
+        };
+        let attention = self.attention_norm.forward_linked(x.clone(), notes, &link)?;
         let attention = match self.selective {
             true => self.attention.forward_recomputed(attention)?,
             false => self.attention.forward(attention)?,
         };
-        self.feed_forward(x + attention, report)
+        self.feed_forward(residual_add(x, attention, &link), report)
     }
 
     /// The second half of the block: `x` plus the feed-forward (dense or MoE, reporting to
     /// `report`) of its norm.
     pub(crate) fn feed_forward(&self, x: Tensor<3>, report: &mut MoeReport) -> Result<Tensor<3>, LayerError> {
-        let note = self.mlp.as_ref().is_some_and(|mlp| mlp.notes_input());
-        let h = self.mlp_norm.forward_noting(x.clone(), note)?;
+        let link = ResidualLink::default();
+        let notes = NoteAmaxes {
+            output: self.mlp.as_ref().is_some_and(|mlp| mlp.notes_input()),
+            input_grads: self.attention.notes_output_grad(),
+        };
+        let h = self.mlp_norm.forward_linked(x.clone(), notes, &link)?;
         let y = match (&self.mlp, &self.moe) {
             (_, Some(moe)) => {
                 let (y, routing, load) = moe.forward(h)?;
@@ -282,7 +296,7 @@ impl LlamaBlock {
             (Some(mlp), None) => mlp.forward(h)?,
             (None, None) => unreachable!("a block has an MLP or a mixture of experts"),
         };
-        Ok(x + y)
+        Ok(residual_add(x, y, &link))
     }
 }
 
