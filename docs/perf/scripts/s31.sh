@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Session 31, one GPU:
+#   check:  (carry .gpu with gpu-suite and bench, .peers and .whl) the kernel tests of the amaxes
+#           taken by the AdamW master kernel and by flash attention's forward (and of the kernels
+#           they changed), the optimizer's kept amaxes on a model (dp 1, ZeRO-1 at dp 2), ncu on
+#           one steady FP8-promoted step (`s15.sh steady`), then llama-1b under
+#           fp8-tensorwise-promoted beside torchao float8 tensorwise + compile (bf16 compute, fp32
+#           master weights, random ids, 3 warm-up and 10 timed steps), ours twice.
+#   fused:  (carry .gpu with gpu-suite and bench, .peers and .whl) the same after RMSNorm's
+#           backward adds the residual stream's gradient (and notes its amax) and flash attention
+#           notes its warps' maxima: the kernel tests of both, the model tests on one GPU, ncu on
+#           one steady FP8-promoted step, FP8 promoted beside torchao (ours twice), bf16 once.
+#   rows:   (carry .gpu with bench, .peers and .whl) FP8 promoted beside torchao, ours twice, and
+#           bf16 once.
+#   suites: (carry .gpu with gpu-suite) the model suite on one GPU (ranks as threads: FP8 at tp 2,
+#           delayed scaling), the data-parallel model tests and the quantized products' kernel
+#           tests.
+# Logs go to $OUT/logs.tar.xz.
+set -u
+cd "$(dirname "$0")/../../.."
+. docs/perf/scripts/s6-common.sh
+part=${1:-check}
+fp8="--preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise-promoted"
+model() {  # FILTER NAME LIMIT: gpu-suite's tests matching FILTER on one GPU, ranks as threads
+  timeout -s KILL "$3" bash .gpu/run.sh gpu-suite --one-gpu --filter "$1" > "$OUT/suite-$2.log" 2>&1
+  grep -h "FAILED\|passed\|ok (\|panicked" "$OUT/suite-$2.log" | cut -c1-600
+}
+case $part in
+  check)
+    suite adamw_master amax_notes flash_attention
+    model optimizer_keeps_weight_amaxes kept-amaxes 150
+    RECIPES=fp8-tensorwise-promoted bash docs/perf/scripts/s15.sh steady
+    torchao
+    run 1b-fp8-tensorwise-promoted 90 $fp8
+    peers 1b-torchao 150 llama-1b fp8
+    [ $SECONDS -lt 500 ] && run 1b-fp8-tensorwise-promoted-2 90 $fp8
+    ;;
+  fused)
+    suite rms_norm amax_notes flash_attention
+    model model_suite models 200
+    RECIPES=fp8-tensorwise-promoted bash docs/perf/scripts/s15.sh steady
+    torchao
+    run 1b-fp8-tensorwise-promoted 90 $fp8
+    peers 1b-torchao 150 llama-1b fp8
+    [ $SECONDS -lt 480 ] && run 1b-fp8-tensorwise-promoted-2 90 $fp8
+    [ $SECONDS -lt 530 ] && run 1b-bf16 60 --preset llama-1b --steps 10 --warmup 3
+    ;;
+  rows)
+    torchao
+    run 1b-fp8-tensorwise-promoted 90 $fp8
+    peers 1b-torchao 150 llama-1b fp8
+    run 1b-fp8-tensorwise-promoted-2 90 $fp8
+    [ $SECONDS -lt 500 ] && run 1b-bf16 70 --preset llama-1b --steps 10 --warmup 3
+    ;;
+  suites)
+    model model_suite models 360
+    suite quantized_linear weight_codes shared_input fp8_amax
+    ;;
+esac
+(cd "$OUT" && tar cJf logs.tar.xz --remove-files -- $(ls *.log *.csv 2>/dev/null))
