@@ -10,8 +10,13 @@
 #           backward adds the residual stream's gradient (and notes its amax) and flash attention
 #           notes its warps' maxima: the kernel tests of both, the model tests on one GPU, ncu on
 #           one steady FP8-promoted step, FP8 promoted beside torchao (ours twice), bf16 once.
-#   rows:   (carry .gpu with bench, .peers and .whl) FP8 promoted beside torchao, ours twice, and
-#           bf16 once.
+#   rows:   (carry .gpu with bench, .peers and .whl) FP8 promoted beside torchao (ours twice), and
+#           bf16 beside PyTorch + compile.
+#   curves: (carry .gpu with train and shakespeare.txt.xz: xz of what scripts/fetch-shakespeare.sh
+#           writes) llama-1b trained 300 steps on the plays under bf16 and fp8-tensorwise-promoted
+#           from each of SEEDS' initializations (default 1 to 6), as `s23.sh curves` trains them
+#           (batch 1 × 2048, lr 3e-4), the two recipes alternating: bf16's baseline and the FP8
+#           runs on one GPU model and today's code.
 #   suites: (carry .gpu with gpu-suite) the model suite on one GPU (ranks as threads: FP8 at tp 2,
 #           delayed scaling), the data-parallel model tests and the quantized products' kernel
 #           tests.
@@ -50,7 +55,22 @@ case $part in
     run 1b-fp8-tensorwise-promoted 90 $fp8
     peers 1b-torchao 150 llama-1b fp8
     run 1b-fp8-tensorwise-promoted-2 90 $fp8
-    [ $SECONDS -lt 500 ] && run 1b-bf16 70 --preset llama-1b --steps 10 --warmup 3
+    run 1b-bf16 70 --preset llama-1b --steps 10 --warmup 3
+    [ $SECONDS -lt 430 ] && peers 1b-compile 150 llama-1b compile
+    ;;
+  curves)
+    mkdir -p data && xz -dc .gpu/shakespeare.txt.xz > data/shakespeare.txt
+    for seed in ${SEEDS:-1 2 3 4 5 6}; do
+      for precision in default fp8-tensorwise-promoted; do
+        [ $SECONDS -gt 520 ] && { echo "no time left for $precision seed $seed"; continue; }
+        log="$OUT/train-$precision-seed$seed.log"
+        timeout -s KILL 75 bash .gpu/run.sh train --preset llama-1b --device cuda --dtype bf16 \
+          --init per-shard --precision "$precision" --data data/shakespeare.txt --steps 300 --batch 1 \
+          --lr 3e-4 --sample-every 0 --seed "$seed" > "$log" 2>&1
+        echo "$precision seed $seed: $(grep -c '^step' "$log") steps, last 20 mean $(grep '^step' "$log" | tail -n 20 \
+          | awk '{for (i = 1; i < NF; i++) if ($i == "loss") s += $(i + 1)} END {printf "%.4f", s / NR}'); $(tail -n 2 "$log" | head -n 1 | cut -c1-80)"
+      done
+    done
     ;;
   suites)
     model model_suite models 360
