@@ -48,6 +48,7 @@ pub mod linear;
 #[cfg(any(feature = "cuda", test))]
 mod mma_ptx;
 pub mod norm;
+pub mod norm_link;
 #[cfg(feature = "cuda")]
 mod optim_kernels;
 pub mod order;

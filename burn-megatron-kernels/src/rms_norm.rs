@@ -7,12 +7,10 @@
 //! product quantizes the output next, the CUDA kernel leaves each row's largest magnitude for its
 //! amax ([`NoteAmaxes`]).
 //!
-//! A pre-norm block normalizes its residual stream `x` and adds a branch computed from the
-//! result back to it: `h = x + f(rms_norm(x))`. `x`'s gradient is then the sum of `h`'s and the
-//! norm's input gradient, which autodiff would add in a pass of its own. Linked by a
-//! [`ResidualLink`] ([`rms_norm_linked`], [`residual_add`]), the add hands `h`'s gradient to the
-//! norm's backward, whose kernel adds it as it writes `dx` (one read, one rounding) and can take
-//! the sum's amax for the FP8 casts of the previous block's products that read it next.
+//! Linked ([`rms_norm_linked`], [`crate::norm_link`]), the backward also adds the gradients the
+//! ops around the norm hand it: the residual stream's into the input gradient, the output's
+//! later readers' into the output gradient, each read once by the kernel instead of summed by
+//! autodiff in a pass of its own.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -21,44 +19,22 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
 use burn::tensor::Tensor;
-use std::sync::{Arc, Mutex};
 
+use crate::norm_link::{FanOut, NormLink, fan_out_use_tracked, leave_on_output, residual_add_tracked};
 use crate::quant::notes::NoteAmaxes;
-
-/// Where a residual add ([`residual_add`]) hands its input's gradient to the backward of the
-/// RMSNorm of the same input ([`rms_norm_linked`]), which adds it to the gradient it writes. The
-/// norm's backward runs after the add's (the branch the add sums is computed from the norm's
-/// output), so the gradient is always handed over before it is taken; where the norm is not
-/// differentiated (an untracked input) the add registers the gradient itself.
-#[derive(Clone, Debug, Default)]
-pub struct ResidualLink(Arc<Mutex<Linked>>);
-
-#[derive(Debug, Default)]
-struct Linked {
-    /// A differentiated norm will take the gradient.
-    norm: bool,
-    /// The gradient handed over, a backend's float primitive.
-    grad: Option<Box<dyn std::any::Any + Send>>,
-}
-
-impl ResidualLink {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Linked> {
-        self.0.lock().expect("a residual link's lock")
-    }
-}
 
 /// The backend extension behind [`rms_norm`].
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait RmsNormOps: Backend {
     /// `(y, rstd)` for `x` `[.., c]` and `weight` `[c]`; `y`'s amax noted where
-    /// `notes.output` asks, the input gradient's where `notes.input_grads` does; the gradient
-    /// `link`'s residual add hands over added to the input gradient.
+    /// `notes.output` asks, the input gradient's where `notes.input_grads` does; the gradients
+    /// handed over through `link` added in the backward.
     fn rms_norm(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         epsilon: f32,
         notes: NoteAmaxes,
-        link: Option<ResidualLink>,
+        link: Option<NormLink>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
     /// The gradients of `x` (its amax noted where `note`) and of `weight` given the output's.
@@ -70,19 +46,24 @@ pub trait RmsNormOps: Backend {
         note: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
-    /// [`rms_norm_backward`](Self::rms_norm_backward) with `residual` added to `x`'s gradient
-    /// (in f32, rounded once).
-    fn rms_norm_backward_adding(
+    /// [`rms_norm_backward`](Self::rms_norm_backward) with what `link` holds (this backend's
+    /// float primitives, taken out of it) added: its readers' gradients to `grad`, the residual
+    /// stream's to `x`'s gradient (in f32, rounded once).
+    fn rms_norm_backward_linked(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
         grad: FloatTensor<Self>,
-        residual: FloatTensor<Self>,
+        link: NormLink,
         note: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
-    /// `x + branch`; differentiated, `x`'s gradient goes to `link`'s norm.
-    fn residual_add(x: FloatTensor<Self>, branch: FloatTensor<Self>, link: ResidualLink) -> FloatTensor<Self>;
+    /// `x + branch`; differentiated, `x`'s gradient goes to `link`'s norm
+    /// ([`crate::norm_link::residual_add`]).
+    fn residual_add(x: FloatTensor<Self>, branch: FloatTensor<Self>, link: NormLink) -> FloatTensor<Self>;
+
+    /// `x` for one of `fan`'s readers ([`crate::norm_link::fan_out`]).
+    fn fan_out_use(x: FloatTensor<Self>, fan: FanOut) -> FloatTensor<Self>;
 }
 
 /// The plain tensor-op twin, on any backend's primitives: the CPU path and the kernels' oracle.
@@ -118,19 +99,23 @@ pub mod reference {
     }
 
     /// With `x̂ = x · rstd` and `gw = g ∘ w`: `dx = rstd · (gw − x̂ · mean(gw ∘ x̂))` (plus
-    /// `residual`, in f32), `dw = Σ_rows g ∘ x̂`.
+    /// `residual`), `dw = Σ_rows g ∘ x̂`, where `g` is `grad` plus `uses` (all in f32).
     pub fn backward<B: Backend>(
         x: FloatTensor<B>,
         weight: FloatTensor<B>,
         rstd: FloatTensor<B>,
         grad: FloatTensor<B>,
+        uses: Vec<FloatTensor<B>>,
         residual: Option<FloatTensor<B>>,
     ) -> (FloatTensor<B>, FloatTensor<B>) {
         let (dtype, weight_dtype) = (FloatDType::from(x.dtype()), FloatDType::from(weight.dtype()));
         let shape = x.shape();
         let last = shape.num_dims() - 1;
         let columns = shape[last];
-        let (x, weight, grad) = (f32::<B>(x), f32::<B>(broadcast::<B>(weight, last + 1)), f32::<B>(grad));
+        let (x, weight) = (f32::<B>(x), f32::<B>(broadcast::<B>(weight, last + 1)));
+        let grad = uses
+            .into_iter()
+            .fold(f32::<B>(grad), |g, u| B::float_add(g, f32::<B>(u)));
         let normed = B::float_mul(x, rstd.clone());
         let gw = B::float_mul(grad.clone(), weight);
         let mean = B::float_mean_dim(B::float_mul(gw.clone(), normed.clone()), last);
@@ -152,7 +137,7 @@ impl RmsNormOps for Flex {
         weight: FloatTensor<Self>,
         epsilon: f32,
         _: NoteAmaxes,
-        _: Option<ResidualLink>,
+        _: Option<NormLink>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         reference::forward::<Flex>(x, weight, epsilon)
     }
@@ -164,23 +149,28 @@ impl RmsNormOps for Flex {
         grad: FloatTensor<Self>,
         _: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        reference::backward::<Flex>(x, weight, rstd, grad, None)
+        reference::backward::<Flex>(x, weight, rstd, grad, Vec::new(), None)
     }
 
-    fn rms_norm_backward_adding(
+    fn rms_norm_backward_linked(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
         grad: FloatTensor<Self>,
-        residual: FloatTensor<Self>,
+        link: NormLink,
         _: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        reference::backward::<Flex>(x, weight, rstd, grad, Some(residual))
+        let handed = link.lock().take::<FloatTensor<Self>>();
+        reference::backward::<Flex>(x, weight, rstd, grad, handed.uses, handed.residual)
     }
 
-    fn residual_add(x: FloatTensor<Self>, branch: FloatTensor<Self>, _: ResidualLink) -> FloatTensor<Self> {
+    fn residual_add(x: FloatTensor<Self>, branch: FloatTensor<Self>, _: NormLink) -> FloatTensor<Self> {
         use burn::backend::ops::FloatTensorOps;
         Flex::float_add(x, branch)
+    }
+
+    fn fan_out_use(x: FloatTensor<Self>, _: FanOut) -> FloatTensor<Self> {
+        x
     }
 }
 
@@ -191,7 +181,7 @@ impl RmsNormOps for burn::backend::Cube {
         weight: FloatTensor<Self>,
         epsilon: f32,
         notes: NoteAmaxes,
-        _: Option<ResidualLink>,
+        _: Option<NormLink>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         crate::row_kernels::forward(x, weight, epsilon, notes.output)
     }
@@ -203,23 +193,28 @@ impl RmsNormOps for burn::backend::Cube {
         grad: FloatTensor<Self>,
         note: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        crate::row_kernels::backward(x, weight, rstd, grad, None, note)
+        crate::row_kernels::backward(x, weight, rstd, grad, Vec::new(), None, note)
     }
 
-    fn rms_norm_backward_adding(
+    fn rms_norm_backward_linked(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
         grad: FloatTensor<Self>,
-        residual: FloatTensor<Self>,
+        link: NormLink,
         note: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        crate::row_kernels::backward(x, weight, rstd, grad, Some(residual), note)
+        let handed = link.lock().take::<FloatTensor<Self>>();
+        crate::row_kernels::backward(x, weight, rstd, grad, handed.uses, handed.residual, note)
     }
 
-    fn residual_add(x: FloatTensor<Self>, branch: FloatTensor<Self>, _: ResidualLink) -> FloatTensor<Self> {
+    fn residual_add(x: FloatTensor<Self>, branch: FloatTensor<Self>, _: NormLink) -> FloatTensor<Self> {
         use burn::backend::ops::FloatTensorOps;
         Self::float_add(x, branch)
+    }
+
+    fn fan_out_use(x: FloatTensor<Self>, _: FanOut) -> FloatTensor<Self> {
+        x
     }
 }
 
@@ -227,26 +222,16 @@ impl RmsNormOps for burn::backend::Cube {
 struct RmsNormBackward;
 
 impl<B: Backend + RmsNormOps> Backward<B, 2> for RmsNormBackward {
-    /// x, the weight and rstd; whether to note the input gradient's amax, and where a residual
-    /// add hands over its input's gradient.
-    type State = (
-        FloatTensor<B>,
-        FloatTensor<B>,
-        FloatTensor<B>,
-        bool,
-        Option<ResidualLink>,
-    );
+    /// x, the weight and rstd; whether to note the input gradient's amax, and where the ops
+    /// around the norm hand it gradients.
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, bool, Option<NormLink>);
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_x, node_weight] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         let (x, weight, rstd, note, link) = ops.state;
-        let residual = link.and_then(|link| link.lock().grad.take());
-        let (dx, dw) = match residual {
-            Some(r) => {
-                let residual = *r.downcast::<FloatTensor<B>>().expect("the residual add's gradient");
-                B::rms_norm_backward_adding(x, weight, rstd, grad, residual, note)
-            }
+        let (dx, dw) = match link {
+            Some(link) => B::rms_norm_backward_linked(x, weight, rstd, grad, link, note),
             None => B::rms_norm_backward(x, weight, rstd, grad, note),
         };
         for (node, grad) in [(node_x, dx), (node_weight, dw)] {
@@ -263,21 +248,22 @@ impl<B: Backend + RmsNormOps, C: CheckpointStrategy> RmsNormOps for Autodiff<B, 
         weight: FloatTensor<Self>,
         epsilon: f32,
         notes: NoteAmaxes,
-        link: Option<ResidualLink>,
+        link: Option<NormLink>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let x_tracked = x.is_tracked();
         let nodes = [x.node(), weight.node()];
         let (x, weight) = (x.into_parts().0, weight.into_parts().0);
         let (y, rstd) = B::rms_norm(x.clone(), weight.clone(), epsilon, notes, None);
         let rstd_out = <Self as AutodiffBackend>::from_inner(rstd.clone());
         let y = match RmsNormBackward.prepare::<C>(nodes).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
-                // Only a differentiated input takes the add's gradient.
-                let link = link.filter(|_| x_tracked);
                 if let Some(link) = &link {
                     link.lock().norm = true;
                 }
-                prep.finish((x, weight, rstd, notes.input_grads, link), y)
+                let y = prep.finish((x, weight, rstd, notes.input_grads, link.clone()), y);
+                if let Some(link) = link {
+                    leave_on_output(y.id(), link);
+                }
+                y
             }
             OpsKind::UnTracked(prep) => prep.finish(y),
         };
@@ -300,55 +286,36 @@ impl<B: Backend + RmsNormOps, C: CheckpointStrategy> RmsNormOps for Autodiff<B, 
         )
     }
 
-    fn rms_norm_backward_adding(
+    /// What `link` holds are this backend's tensors: handed on as the inner backend's.
+    fn rms_norm_backward_linked(
         x: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
         grad: FloatTensor<Self>,
-        residual: FloatTensor<Self>,
+        link: NormLink,
         note: bool,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let inner = |t: FloatTensor<Self>| t.into_parts().0;
-        let (dx, dw) =
-            B::rms_norm_backward_adding(inner(x), inner(weight), inner(rstd), inner(grad), inner(residual), note);
+        let handed = link.lock().take::<FloatTensor<Self>>();
+        let inner_link = NormLink::default();
+        {
+            let mut linked = inner_link.lock();
+            linked.residual = handed.residual.map(|r| Box::new(inner(r)) as _);
+            linked.uses = handed.uses.into_iter().map(|u| Box::new(inner(u)) as _).collect();
+        }
+        let (dx, dw) = B::rms_norm_backward_linked(inner(x), inner(weight), inner(rstd), inner(grad), inner_link, note);
         (
             <Self as AutodiffBackend>::from_inner(dx),
             <Self as AutodiffBackend>::from_inner(dw),
         )
     }
 
-    fn residual_add(x: FloatTensor<Self>, branch: FloatTensor<Self>, link: ResidualLink) -> FloatTensor<Self> {
-        let nodes = [x.node(), branch.node()];
-        let (x, branch) = (x.into_parts().0, branch.into_parts().0);
-        let sum = B::float_add(x, branch);
-        match ResidualBackward.prepare::<C>(nodes).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish(link, sum),
-            OpsKind::UnTracked(prep) => prep.finish(sum),
-        }
+    fn residual_add(x: FloatTensor<Self>, branch: FloatTensor<Self>, link: NormLink) -> FloatTensor<Self> {
+        residual_add_tracked::<B, C>(x, branch, link)
     }
-}
 
-#[derive(Debug)]
-struct ResidualBackward;
-
-impl<B: Backend> Backward<B, 2> for ResidualBackward {
-    type State = ResidualLink;
-
-    /// The sum's gradient is the branch's, and `x`'s: handed to the linked norm where one is
-    /// differentiated (it adds it to its own), else registered here.
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_x, node_branch] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
-        if let Some(node) = node_branch {
-            grads.register::<B>(node.id, grad.clone());
-        }
-        if let Some(node) = node_x {
-            let mut linked = ops.state.lock();
-            match linked.norm && linked.grad.is_none() {
-                true => linked.grad = Some(Box::new(grad)),
-                false => grads.register::<B>(node.id, grad),
-            }
-        }
+    fn fan_out_use(x: FloatTensor<Self>, fan: FanOut) -> FloatTensor<Self> {
+        fan_out_use_tracked::<B, C>(x, fan)
     }
 }
 
@@ -366,15 +333,16 @@ pub fn rms_norm_noting<const D: usize>(x: Tensor<D>, weight: Tensor<1>, epsilon:
     norm(x, weight, epsilon, notes, None)
 }
 
-/// [`rms_norm_noting`] of a residual stream `x`, linked to the [`residual_add`] that adds a
-/// branch computed from this norm's output back to `x`: the norm's backward adds the add's
-/// gradient into `x`'s as it writes it, and notes the sum's amax where `notes.input_grads` asks.
+/// [`rms_norm_noting`] linked to the ops around it ([`crate::norm_link`]): the backward adds the
+/// gradients they hand it (the residual stream's, through `link`; its output's later readers',
+/// through [`crate::norm_link::fan_out`]) and notes the input gradient's amax where
+/// `notes.input_grads` asks.
 pub fn rms_norm_linked<const D: usize>(
     x: Tensor<D>,
     weight: Tensor<1>,
     epsilon: f32,
     notes: NoteAmaxes,
-    link: &ResidualLink,
+    link: &NormLink,
 ) -> Tensor<D> {
     norm(x, weight, epsilon, notes, Some(link.clone()))
 }
@@ -384,7 +352,7 @@ fn norm<const D: usize>(
     weight: Tensor<1>,
     epsilon: f32,
     notes: NoteAmaxes,
-    link: Option<ResidualLink>,
+    link: Option<NormLink>,
 ) -> Tensor<D> {
     let (y, _) = <burn::backend::Dispatch as RmsNormOps>::rms_norm(
         x.into_dispatch(),
@@ -394,20 +362,6 @@ fn norm<const D: usize>(
         link,
     );
     Tensor::from_dispatch(y)
-}
-
-/// `x + branch`, where `branch` is computed from the output of `x`'s [`rms_norm_linked`] with
-/// the same `link`: `x`'s gradient then reaches `x` through that norm's backward, added by its
-/// kernel, instead of by a pass of its own.
-///
-/// # Shapes
-/// both of one shape
-pub fn residual_add<const D: usize>(x: Tensor<D>, branch: Tensor<D>, link: &ResidualLink) -> Tensor<D> {
-    Tensor::from_dispatch(<burn::backend::Dispatch as RmsNormOps>::residual_add(
-        x.into_dispatch(),
-        branch.into_dispatch(),
-        link.clone(),
-    ))
 }
 
 #[cfg(test)]
@@ -449,7 +403,8 @@ mod tests {
     /// gradient is the same.
     #[test]
     fn linked_residual_matches_the_plain_sum() {
-        use super::{ResidualLink, residual_add, rms_norm_linked};
+        use super::rms_norm_linked;
+        use crate::norm_link::{NormLink, residual_add};
         use crate::quant::notes::NoteAmaxes;
         let device = Device::flex().autodiff();
         let leaf = |dims: [usize; 3], mean: f64| {
@@ -458,7 +413,7 @@ mod tests {
         let (x, v) = (leaf([2, 5, 12], 0.0), leaf([2, 5, 12], 1.0));
         let w = Tensor::<1>::random([12], Distribution::Normal(1.0, 0.5), &device).require_grad();
         let weights = Tensor::<3>::random([2, 5, 12], Distribution::Normal(0.0, 1.0), &device);
-        let link = ResidualLink::default();
+        let link = NormLink::default();
         let linked = residual_add(
             x.clone(),
             rms_norm_linked(x.clone(), w.clone(), 1e-5, NoteAmaxes::default(), &link) * v.clone(),
@@ -470,6 +425,7 @@ mod tests {
             (linked * weights.clone()).sum().backward(),
             (plain * weights.clone()).sum().backward(),
         );
+        assert_eq!(link.lock().taken, 1, "the stream's gradient went through the link");
         for (name, t) in [("x", &x), ("v", &v)] {
             let (a, b) = (t.grad(&g1).unwrap(), t.grad(&g2).unwrap());
             assert_eq!(a.to_data(), b.to_data(), "{name}'s gradient");
@@ -480,10 +436,75 @@ mod tests {
             "w's gradient"
         );
         let untracked = x.clone().detach();
-        let link = ResidualLink::default();
+        let link = NormLink::default();
         let y = rms_norm_linked(untracked.clone(), w.clone(), 1e-5, NoteAmaxes::default(), &link) * v.clone();
         let g = (residual_add(untracked, y, &link) * weights).sum().backward();
         let (a, b) = (v.grad(&g).unwrap(), v.grad(&g2).unwrap());
         assert_eq!(a.to_data(), b.to_data(), "v's gradient with x untracked");
+    }
+
+    /// The whole half-block with the norm's output read by three products through `fan_out` (as
+    /// q, k and v read it), `h = x + Σᵢ fan_out(rms_norm(x))ᵢ ∘ vᵢ`, against the plain norm read
+    /// three times: the same output, and every gradient within f32 rounding (the readers'
+    /// gradients summed in another order than autodiff's). A fan-out of a tensor no linked norm
+    /// wrote is plain handles: gradients summed by autodiff, bit for bit.
+    #[test]
+    fn fanned_out_readers_match_the_plain_sum() {
+        use super::rms_norm_linked;
+        use crate::norm_link::{NormLink, fan_out, residual_add};
+        use crate::quant::notes::NoteAmaxes;
+        let device = Device::flex().autodiff();
+        let leaf = |dims: [usize; 3], mean: f64| {
+            Tensor::<3>::random(dims, Distribution::Normal(mean, 1.0), &device).require_grad()
+        };
+        let x = leaf([2, 5, 12], 0.0);
+        let vs = [leaf([2, 5, 12], 1.0), leaf([2, 5, 12], -1.0), leaf([2, 5, 12], 0.5)];
+        let w = Tensor::<1>::random([12], Distribution::Normal(1.0, 0.5), &device).require_grad();
+        let weights = Tensor::<3>::random([2, 5, 12], Distribution::Normal(0.0, 1.0), &device);
+        let branch = |readers: Vec<Tensor<3>>| {
+            let mut terms = readers.into_iter().zip(&vs).map(|(r, v)| r * v.clone());
+            let first = terms.next().expect("three readers");
+            terms.fold(first, |sum, t| sum + t)
+        };
+        let link = NormLink::default();
+        let y = rms_norm_linked(x.clone(), w.clone(), 1e-5, NoteAmaxes::default(), &link);
+        let linked = residual_add(x.clone(), branch(fan_out(y, 3)), &link);
+        let y = super::rms_norm(x.clone(), w.clone(), 1e-5);
+        let plain = x.clone() + branch(vec![y; 3]);
+        linked.to_data().assert_eq(&plain.to_data(), true);
+        let (g1, g2) = (
+            (linked * weights.clone()).sum().backward(),
+            (plain * weights.clone()).sum().backward(),
+        );
+        // The stream's gradient and two of the three readers' went through the link.
+        assert_eq!(link.lock().taken, 3, "gradients the norm took");
+        // Sums of three f32 terms of order 1 in another order: an ulp or two.
+        let tolerance = Tolerance::absolute(1e-5);
+        for (name, a, b) in [
+            ("x", x.grad(&g1), x.grad(&g2)),
+            ("v0", vs[0].grad(&g1), vs[0].grad(&g2)),
+            ("v2", vs[2].grad(&g1), vs[2].grad(&g2)),
+        ] {
+            let (a, b) = (a.unwrap(), b.unwrap());
+            a.to_data().assert_approx_eq::<f32>(&b.to_data(), tolerance);
+            assert!(
+                a.abs().sum().into_scalar::<f32>() > 0.0,
+                "{name}'s gradient is not zero"
+            );
+        }
+        w.grad(&g1)
+            .unwrap()
+            .to_data()
+            .assert_approx_eq::<f32>(&w.grad(&g2).unwrap().to_data(), tolerance);
+        let (fanned, copies) = (branch(fan_out(x.clone(), 3)), branch(vec![x.clone(); 3]));
+        let (g1, g2) = (
+            (fanned * weights.clone()).sum().backward(),
+            (copies * weights).sum().backward(),
+        );
+        assert_eq!(
+            x.grad(&g1).unwrap().to_data(),
+            x.grad(&g2).unwrap().to_data(),
+            "plain handles"
+        );
     }
 }

@@ -118,9 +118,11 @@ fn forward_kernel<F: Float, N: Size>(
 /// Grid: a block [`BACKWARD_ROWS`] rows, each thread `slots` vectors of a row (vectors
 /// `UNIT_POS + j·256`). For each row, `dx = rstd · (g∘w − x̂ · mean(g∘w∘x̂))` with `x̂ = x · rstd`;
 /// and the block's `Σ g∘x̂` over its rows to `partial[block]` (`dw`'s share, summed by
-/// [`column_sum_kernel`]). One read of `x` and `g` gives both gradients. With `add`, `dx` is
-/// `residual` plus that (the residual stream's gradient, summed in f32 and rounded once); with
-/// `note`, the block's largest |dx| (as written, NaN ignored) to `maxima[block]`.
+/// [`column_sum_kernel`]). One read of `x` and `g` gives both gradients. `g` is `grad` plus
+/// `more` (0 to 2) of `more_a`, `more_b` (the output's other readers' gradients); with `add`,
+/// `dx` is `residual` plus the above (the residual stream's gradient); all summed in f32 and
+/// rounded once. With `note`, the block's largest |dx| (as written, NaN ignored) to
+/// `maxima[block]`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn backward_kernel<F: Float, N: Size>(
@@ -128,6 +130,8 @@ fn backward_kernel<F: Float, N: Size>(
     weight: &Tensor<Vector<F, N>>,
     rstd: &Tensor<f32>,
     grad: &Tensor<Vector<F, N>>,
+    more_a: &Tensor<Vector<F, N>>,
+    more_b: &Tensor<Vector<F, N>>,
     residual: &Tensor<Vector<F, N>>,
     dx: &mut Tensor<Vector<F, N>>,
     partial: &mut Tensor<Vector<f32, N>>,
@@ -136,6 +140,7 @@ fn backward_kernel<F: Float, N: Size>(
     rows: u32,
     width: f32,
     #[comptime] slots: usize,
+    #[comptime] more: u32,
     #[comptime] add: bool,
     #[comptime] note: bool,
 ) {
@@ -166,7 +171,14 @@ fn backward_kernel<F: Float, N: Size>(
             g[j] = zero;
             normed[j] = zero;
             if c < columns {
-                g[j] = Vector::<f32, N>::cast_from(grad[(base + c) as usize]);
+                let at = (base + c) as usize;
+                g[j] = Vector::<f32, N>::cast_from(grad[at]);
+                if comptime!(more > 0) {
+                    g[j] += Vector::<f32, N>::cast_from(more_a[at]);
+                }
+                if comptime!(more > 1) {
+                    g[j] += Vector::<f32, N>::cast_from(more_b[at]);
+                }
                 normed[j] = Vector::<f32, N>::cast_from(x[(base + c) as usize]) * r;
             }
             dot += hsum(g[j] * w[j] * normed[j]);
@@ -310,17 +322,28 @@ pub(crate) fn forward(x: CubeTensor, weight: CubeTensor, epsilon: f32, note: boo
     (y, rstd)
 }
 
-/// RMSNorm's `(dx, dw)`; `dx` plus `residual` where given (one rounding), its amax noted for the
-/// cast that quantizes it where `note` ([`known_amax`]: one maximum a block of rows).
+/// RMSNorm's `(dx, dw)` from the output gradient `grad` plus `uses`, `dx` plus `residual` where
+/// given (one rounding), its amax noted for the cast that quantizes it where `note`
+/// ([`known_amax`]: one maximum a block of rows).
 pub(crate) fn backward(
     x: CubeTensor,
     weight: CubeTensor,
     rstd: CubeTensor,
     grad: CubeTensor,
+    uses: Vec<CubeTensor>,
     residual: Option<CubeTensor>,
     note: bool,
 ) -> (CubeTensor, CubeTensor) {
-    let twin = |x, weight, rstd, grad, residual| reference::backward::<Cube>(x, weight, rstd, grad, residual);
+    use burn::backend::ops::FloatTensorOps;
+    // The kernel reads two more output gradients at most: any further ones are added first.
+    let (mut uses, more) = (uses, Vec::new());
+    let more = match uses.len() > 2 {
+        true => uses.split_off(2),
+        false => more,
+    };
+    let grad = more.into_iter().fold(grad, Cube::float_add);
+    let twin =
+        |x, weight, rstd, grad, uses, residual| reference::backward::<Cube>(x, weight, rstd, grad, uses, residual);
     let inputs = (
         layout(&x, &weight),
         compact_input(x.clone()),
@@ -329,37 +352,45 @@ pub(crate) fn backward(
         compact_input(grad.clone()),
     );
     let (Some((rows, columns, vector)), Some(xc), Some(wc), Some(rc), Some(gc)) = inputs else {
-        return twin(x, weight, rstd, grad, residual);
+        return twin(x, weight, rstd, grad, uses, residual);
     };
-    let residual_c = residual.clone().map(compact_input);
-    let residual_fits = match &residual_c {
-        None => true,
-        Some(r) => r
-            .as_ref()
-            .is_some_and(|r| r.dtype == xc.dtype && r.meta.shape() == xc.meta.shape()),
+    let like_x =
+        |t: &CubeTensor| compact_input(t.clone()).filter(|t| t.dtype == xc.dtype && t.meta.shape() == xc.meta.shape());
+    let uses_c: Option<Vec<CubeTensor>> = uses.iter().map(like_x).collect();
+    let residual_c = residual.as_ref().map(like_x);
+    let (Some(uses_c), true, true) = (
+        uses_c,
+        residual_c.as_ref().is_none_or(Option::is_some),
+        gc.dtype == xc.dtype,
+    ) else {
+        return twin(x, weight, rstd, grad, uses, residual);
     };
-    if gc.dtype != xc.dtype || !residual_fits {
-        return twin(x, weight, rstd, grad, residual);
-    }
     let vectors = (columns / vector) as u32;
     let slots = (vectors as usize).div_ceil(THREADS as usize);
     if slots > MAX_SLOTS {
-        return twin(x, weight, rstd, grad, residual);
+        return twin(x, weight, rstd, grad, uses, residual);
     }
     let client = xc.client.clone();
     let dx = compact_output(&xc, xc.meta.shape().clone(), xc.dtype);
     let parts = (rows as u32).div_ceil(BACKWARD_ROWS);
     let partial = compact_output(&xc, Shape::from([parts as usize, columns]), DType::F32);
-    // Without a note the kernel never writes the maxima; without a residual `grad` stands in
-    // (never read).
+    // Without a note the kernel never writes the maxima; `grad` stands in for the gradients not
+    // given (never read).
     let maxima = compact_output(&xc, Shape::new([if note { parts as usize } else { 1 }]), DType::F32);
-    let add = residual_c.is_some();
+    let (more, add) = (uses_c.len() as u32, residual_c.is_some());
+    let mut uses = uses_c.into_iter();
+    let (more_a, more_b) = (
+        uses.next().unwrap_or_else(|| gc.clone()),
+        uses.next().unwrap_or_else(|| gc.clone()),
+    );
     let residual = residual_c.flatten().unwrap_or_else(|| gc.clone());
     let args = (
         xc.clone().into_tensor_arg(),
         wc.into_tensor_arg(),
         rc.into_tensor_arg(),
         gc.into_tensor_arg(),
+        more_a.into_tensor_arg(),
+        more_b.into_tensor_arg(),
         residual.into_tensor_arg(),
         dx.clone().into_tensor_arg(),
         partial.clone().into_tensor_arg(),
@@ -380,10 +411,13 @@ pub(crate) fn backward(
         args.5,
         args.6,
         args.7,
+        args.8,
+        args.9,
         vectors,
         rows as u32,
         columns as f32,
         slots,
+        more,
         add,
         note
     );

@@ -12,6 +12,7 @@ use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
+use burn_megatron_kernels::norm_link::fan_out;
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
 use burn_megatron_kernels::quant::recipe::Pass;
 
@@ -238,12 +239,14 @@ impl ParallelAttention {
         };
         let [b, s, _] = x.dims();
         let heads = |y: Tensor<3>, n: usize| y.reshape([b, s, n, self.head_dim]).swap_dims(1, 2);
-        // The three read one input: quantized once where their products quantize it.
+        // The three read one input: quantized once where their products quantize it, their
+        // gradients summed by the norm that wrote it where it is a linked norm's output.
         let shared = Some(Arc::new(SharedInput::default()));
-        let project = |w: &ColumnParallelLinear| w.forward_sharing(x.clone(), shared.as_ref());
-        let q = self.rope(heads(project(&self.wq)?, self.n_heads), &self.wq);
-        let k = self.rope(heads(project(&self.wk)?, self.n_kv_heads), &self.wk);
-        let v = heads(project(&self.wv)?, self.n_kv_heads);
+        let [xq, xk, xv]: [Tensor<3>; 3] = fan_out(x, 3).try_into().expect("three readers");
+        let project = |w: &ColumnParallelLinear, x| w.forward_sharing(x, shared.as_ref());
+        let q = self.rope(heads(project(&self.wq, xq)?, self.n_heads), &self.wq);
+        let k = self.rope(heads(project(&self.wk, xk)?, self.n_kv_heads), &self.wk);
+        let v = heads(project(&self.wv, xv)?, self.n_kv_heads);
         Ok((q, k, v))
     }
 

@@ -11,6 +11,7 @@ use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
+use burn_megatron_kernels::norm_link::fan_out;
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
 use burn_megatron_kernels::quant::recipe::Pass;
 use burn_megatron_kernels::swiglu::swiglu_noting;
@@ -137,11 +138,13 @@ impl ParallelMlp {
             SequenceLayout::Sharded => gather_from_sp(x, &self.tp, 1)?,
             SequenceLayout::Whole => copy_to_tp(x, &self.tp)?,
         };
-        // Both read one input: quantized once where their products quantize it.
+        // Both read one input: quantized once where their products quantize it, their gradients
+        // summed by the norm that wrote it where it is a linked norm's output.
         let shared = Some(Arc::new(SharedInput::default()));
+        let [x1, x3]: [Tensor<3>; 2] = fan_out(x, 2).try_into().expect("two readers");
         Ok((
-            self.w1.forward_sharing(x.clone(), shared.as_ref())?,
-            self.w3.forward_sharing(x, shared.as_ref())?,
+            self.w1.forward_sharing(x1, shared.as_ref())?,
+            self.w3.forward_sharing(x3, shared.as_ref())?,
         ))
     }
 }

@@ -170,11 +170,13 @@ pub fn swiglu(h: &Harness) {
 /// and the weight, in f32 and bf16, on rows that take vectors of 8 and rows that do not, rows a
 /// backward thread holds one and two vectors of, a row count no multiple of the backward's 16
 /// rows a block, and a row too wide for the backward kernel (the tensor ops take it). Linked to a
-/// residual add (`h = x + y`), the backward's `dx` with the stream's gradient added in the kernel
-/// against the same formula's.
+/// residual add and read by three readers (`h = x + y/2 + y/4 + y`, the readers through
+/// `fan_out`), the backward's `dx` with the stream's and two readers' gradients added in the
+/// kernel against the same formula's.
 pub fn rms_norm(h: &Harness) {
+    use burn_megatron_kernels::norm_link::{NormLink, fan_out, residual_add};
     use burn_megatron_kernels::quant::notes::NoteAmaxes;
-    use burn_megatron_kernels::rms_norm::{ResidualLink, residual_add, rms_norm_linked};
+    use burn_megatron_kernels::rms_norm::rms_norm_linked;
     let device = h.device(0).autodiff();
     for dtype in [DType::F32, DType::BF16] {
         for dims in [[2, 37, 2048], [3, 100, 100], [2, 19, 4096], [1, 3, 8200]] {
@@ -201,13 +203,14 @@ pub fn rms_norm(h: &Harness) {
             // dw sums 3 to 300 rows of bf16 products: a little more rounding than the rest.
             let error = relative_error(w.grad(&g1).unwrap(), w32.grad(&g2).unwrap());
             assert!(error < 2.0 * tolerance(dtype), "{case}: dw relative error {error}");
-            // The residual stream: `h = x + rms_norm(x)`, x's gradient from both.
-            let link = ResidualLink::default();
+            // The residual stream: `h = x + (y/2 + y/4 + y)`, x's gradient from all four.
+            let link = NormLink::default();
             let y = rms_norm_linked(x.clone(), w.clone(), 1e-5, NoteAmaxes::default(), &link);
-            let ours = residual_add(x.clone(), y, &link);
+            let [a, b, c]: [Tensor<3>; 3] = fan_out(y, 3).try_into().expect("three readers");
+            let ours = residual_add(x.clone(), a.mul_scalar(0.5) + b.mul_scalar(0.25) + c, &link);
             let y32 =
                 x32.clone() / x32.clone().square().mean_dim(2).add_scalar(1e-5).sqrt() * w32.clone().unsqueeze::<3>();
-            let theirs = x32.clone() + y32;
+            let theirs = x32.clone() + y32.mul_scalar(1.75);
             let weights = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), (&device, DType::F32));
             let (g1, g2) = (
                 (ours.cast(DType::F32) * weights.clone()).sum().backward(),

@@ -182,11 +182,12 @@ pub fn fp8_amax(h: &Harness) {
 /// on an un-noted output of the same values; nothing is noted where nothing was asked.
 pub fn amax_notes(h: &Harness) {
     use burn_megatron_kernels::attention::attention_noting;
+    use burn_megatron_kernels::norm_link::{NormLink, residual_add};
     use burn_megatron_kernels::quant::fp8::{amax, take_noted_amax};
     use burn_megatron_kernels::quant::notes::NoteAmaxes;
     use burn_megatron_kernels::quant::product::product;
     use burn_megatron_kernels::quant::recipe::Recipe;
-    use burn_megatron_kernels::rms_norm::{ResidualLink, residual_add, rms_norm_linked, rms_norm_noting};
+    use burn_megatron_kernels::rms_norm::{rms_norm_linked, rms_norm_noting};
     use burn_megatron_kernels::rope::rope_noting;
     use burn_megatron_kernels::swiglu::{swiglu, swiglu_noting};
     let device = h.device(0).autodiff();
@@ -241,7 +242,7 @@ pub fn amax_notes(h: &Harness) {
             let w = Tensor::<1>::random([dims[2]], Distribution::Normal(1.0, 0.5), (&device, dtype));
             noted(&flat(rms_norm_noting(input(dims), w.clone(), 1e-5, notes)), &case);
             // Linked to the residual add: the input gradient (the stream's added) noted too.
-            let (x, link) = (input(dims), ResidualLink::default());
+            let (x, link) = (input(dims), NormLink::default());
             let y = rms_norm_linked(x.clone(), w, 1e-5, notes, &link);
             noted(&flat(y.clone()), &case);
             let weights = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), (&device, dtype));

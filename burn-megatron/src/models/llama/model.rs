@@ -21,8 +21,8 @@ use crate::precision::EdgeBlocks;
 use crate::precision::ptq::InputQuantizer;
 use crate::recompute::Recompute;
 use burn_megatron_kernels::Gemm;
+use burn_megatron_kernels::norm_link::{NormLink, residual_add};
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
-use burn_megatron_kernels::rms_norm::{ResidualLink, residual_add};
 
 /// Where the output layer's weight comes from.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -263,7 +263,7 @@ impl LlamaBlock {
     /// The stream's gradient at the block's input is the previous block's down projection's
     /// output gradient; this block's stands in for it in whether to note its amax.
     pub fn forward_report(&self, x: Tensor<3>, report: &mut MoeReport) -> Result<Tensor<3>, LayerError> {
-        let link = ResidualLink::default();
+        let link = NormLink::default();
         let notes = NoteAmaxes {
             output: self.attention.notes_input(),
             input_grads: self.mlp.as_ref().is_some_and(|mlp| mlp.notes_output_grad()),
@@ -279,7 +279,7 @@ impl LlamaBlock {
     /// The second half of the block: `x` plus the feed-forward (dense or MoE, reporting to
     /// `report`) of its norm.
     pub(crate) fn feed_forward(&self, x: Tensor<3>, report: &mut MoeReport) -> Result<Tensor<3>, LayerError> {
-        let link = ResidualLink::default();
+        let link = NormLink::default();
         let notes = NoteAmaxes {
             output: self.mlp.as_ref().is_some_and(|mlp| mlp.notes_input()),
             input_grads: self.attention.notes_output_grad(),
