@@ -10,6 +10,10 @@
 #           backward adds the residual stream's gradient (and notes its amax) and flash attention
 #           notes its warps' maxima: the kernel tests of both, the model tests on one GPU, ncu on
 #           one steady FP8-promoted step, FP8 promoted beside torchao (ours twice), bf16 once.
+#   final:  (carry .gpu with gpu-suite and bench, .peers and .whl) the same after the products
+#           that share a norm's output hand their gradients to its backward (`fan_out`): the
+#           norm's kernel tests, the model tests on one GPU, FP8 promoted beside torchao (ours
+#           twice), bf16, then ncu on one steady FP8-promoted step if time is left.
 #   rows:   (carry .gpu with bench, .peers and .whl) FP8 promoted beside torchao (ours twice), and
 #           bf16 beside PyTorch + compile.
 #   curves: (carry .gpu with train and shakespeare.txt.xz: xz of what scripts/fetch-shakespeare.sh
@@ -49,6 +53,16 @@ case $part in
     peers 1b-torchao 150 llama-1b fp8
     [ $SECONDS -lt 480 ] && run 1b-fp8-tensorwise-promoted-2 90 $fp8
     [ $SECONDS -lt 530 ] && run 1b-bf16 60 --preset llama-1b --steps 10 --warmup 3
+    ;;
+  final)
+    suite rms_norm amax_notes
+    model model_suite models 200
+    torchao
+    run 1b-fp8-tensorwise-promoted 90 $fp8
+    peers 1b-torchao 150 llama-1b fp8
+    run 1b-fp8-tensorwise-promoted-2 90 $fp8
+    [ $SECONDS -lt 380 ] && run 1b-bf16 60 --preset llama-1b --steps 10 --warmup 3
+    [ $SECONDS -lt 400 ] && RECIPES=fp8-tensorwise-promoted bash docs/perf/scripts/s15.sh steady
     ;;
   rows)
     torchao
