@@ -207,3 +207,118 @@ pub fn fan_out<const D: usize>(x: Tensor<D>, n: usize) -> Vec<Tensor<D>> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, Distribution, Tensor, Tolerance};
+
+    use super::{NormLink, fan_out, residual_add};
+    use crate::quant::notes::NoteAmaxes;
+    use crate::rms_norm::{rms_norm, rms_norm_linked};
+
+    /// A pre-norm block's half, `h = x + (rms_norm(x) ∘ v)`, with the norm linked to the residual
+    /// add against the same written with a plain norm and `+`: the same output and, bit for bit
+    /// (f32: the norm's gradient and the stream's added once, in either order), the gradients of
+    /// `x`, the weight and `v`. With `x` untracked the add keeps nothing for the norm, and `v`'s
+    /// gradient is the same.
+    #[test]
+    fn linked_residual_matches_the_plain_sum() {
+        let device = Device::flex().autodiff();
+        let leaf = |dims: [usize; 3], mean: f64| {
+            Tensor::<3>::random(dims, Distribution::Normal(mean, 1.0), &device).require_grad()
+        };
+        let (x, v) = (leaf([2, 5, 12], 0.0), leaf([2, 5, 12], 1.0));
+        let w = Tensor::<1>::random([12], Distribution::Normal(1.0, 0.5), &device).require_grad();
+        let weights = Tensor::<3>::random([2, 5, 12], Distribution::Normal(0.0, 1.0), &device);
+        let link = NormLink::default();
+        let linked = residual_add(
+            x.clone(),
+            rms_norm_linked(x.clone(), w.clone(), 1e-5, NoteAmaxes::default(), &link) * v.clone(),
+            &link,
+        );
+        let plain = x.clone() + rms_norm(x.clone(), w.clone(), 1e-5) * v.clone();
+        linked.to_data().assert_eq(&plain.to_data(), true);
+        let (g1, g2) = (
+            (linked * weights.clone()).sum().backward(),
+            (plain * weights.clone()).sum().backward(),
+        );
+        assert_eq!(link.lock().taken, 1, "the stream's gradient went through the link");
+        for (name, t) in [("x", &x), ("v", &v)] {
+            let (a, b) = (t.grad(&g1).unwrap(), t.grad(&g2).unwrap());
+            assert_eq!(a.to_data(), b.to_data(), "{name}'s gradient");
+        }
+        assert_eq!(
+            w.grad(&g1).unwrap().to_data(),
+            w.grad(&g2).unwrap().to_data(),
+            "w's gradient"
+        );
+        let untracked = x.clone().detach();
+        let link = NormLink::default();
+        let y = rms_norm_linked(untracked.clone(), w.clone(), 1e-5, NoteAmaxes::default(), &link) * v.clone();
+        let g = (residual_add(untracked, y, &link) * weights).sum().backward();
+        let (a, b) = (v.grad(&g).unwrap(), v.grad(&g2).unwrap());
+        assert_eq!(a.to_data(), b.to_data(), "v's gradient with x untracked");
+    }
+
+    /// The whole half-block with the norm's output read by three products through `fan_out` (as
+    /// q, k and v read it), `h = x + Σᵢ fan_out(rms_norm(x))ᵢ ∘ vᵢ`, against the plain norm read
+    /// three times: the same output, and every gradient within f32 rounding (the readers'
+    /// gradients summed in another order than autodiff's). A fan-out of a tensor no linked norm
+    /// wrote is plain handles: gradients summed by autodiff, bit for bit.
+    #[test]
+    fn fanned_out_readers_match_the_plain_sum() {
+        let device = Device::flex().autodiff();
+        let leaf = |dims: [usize; 3], mean: f64| {
+            Tensor::<3>::random(dims, Distribution::Normal(mean, 1.0), &device).require_grad()
+        };
+        let x = leaf([2, 5, 12], 0.0);
+        let vs = [leaf([2, 5, 12], 1.0), leaf([2, 5, 12], -1.0), leaf([2, 5, 12], 0.5)];
+        let w = Tensor::<1>::random([12], Distribution::Normal(1.0, 0.5), &device).require_grad();
+        let weights = Tensor::<3>::random([2, 5, 12], Distribution::Normal(0.0, 1.0), &device);
+        let branch = |readers: Vec<Tensor<3>>| {
+            let mut terms = readers.into_iter().zip(&vs).map(|(r, v)| r * v.clone());
+            let first = terms.next().expect("three readers");
+            terms.fold(first, |sum, t| sum + t)
+        };
+        let link = NormLink::default();
+        let y = rms_norm_linked(x.clone(), w.clone(), 1e-5, NoteAmaxes::default(), &link);
+        let linked = residual_add(x.clone(), branch(fan_out(y, 3)), &link);
+        let y = rms_norm(x.clone(), w.clone(), 1e-5);
+        let plain = x.clone() + branch(vec![y; 3]);
+        linked.to_data().assert_eq(&plain.to_data(), true);
+        let (g1, g2) = (
+            (linked * weights.clone()).sum().backward(),
+            (plain * weights.clone()).sum().backward(),
+        );
+        // The stream's gradient and two of the three readers' went through the link.
+        assert_eq!(link.lock().taken, 3, "gradients the norm took");
+        // Sums of three f32 terms of order 1 in another order: an ulp or two.
+        let tolerance = Tolerance::absolute(1e-5);
+        for (name, a, b) in [
+            ("x", x.grad(&g1), x.grad(&g2)),
+            ("v0", vs[0].grad(&g1), vs[0].grad(&g2)),
+            ("v2", vs[2].grad(&g1), vs[2].grad(&g2)),
+        ] {
+            let (a, b) = (a.unwrap(), b.unwrap());
+            a.to_data().assert_approx_eq::<f32>(&b.to_data(), tolerance);
+            assert!(
+                a.abs().sum().into_scalar::<f32>() > 0.0,
+                "{name}'s gradient is not zero"
+            );
+        }
+        w.grad(&g1)
+            .unwrap()
+            .to_data()
+            .assert_approx_eq::<f32>(&w.grad(&g2).unwrap().to_data(), tolerance);
+        let (fanned, copies) = (branch(fan_out(x.clone(), 3)), branch(vec![x.clone(); 3]));
+        let (g1, g2) = (
+            (fanned * weights.clone()).sum().backward(),
+            (copies * weights).sum().backward(),
+        );
+        assert_eq!(
+            x.grad(&g1).unwrap().to_data(),
+            x.grad(&g2).unwrap().to_data(),
+            "plain handles"
+        );
+    }
+}
