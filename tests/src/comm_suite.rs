@@ -160,17 +160,29 @@ pub fn deferred_collectives(h: &Harness) {
     });
 }
 
-/// Even all-to-all (split dim 1, gather dim 0) and uneven all-to-all (rank r sends r+j+1 rows
-/// to rank j).
+/// Even all-to-all over every pairing of split and concat dims (the parts consecutive memory
+/// or not, on either side), and uneven all-to-all: rank r sends r+j+1 rows to rank j, then
+/// entries of an inner dim with some ranks sent none.
 pub fn all_to_all_even_and_uneven(h: &Harness) {
     h.run(h.tp_world(), |ctx| {
         let g = &ctx.groups.tp;
         let (n, r) = (g.size(), g.group_rank());
         let dev = &ctx.device;
         let block = |from: usize| small_ints([2, 3 * n], 10 * from as i64, dev, DType::BF16);
-        let got = g.all_to_all(block(r), 1, 0).unwrap();
-        let expected = Tensor::cat((0..n).map(|from| block(from).narrow(1, 3 * r, 3)).collect(), 0);
-        assert_exact(&got, &expected, "even all_to_all");
+        let mine = |from: usize, dim: usize| block(from).narrow(dim, 3 * r, 3);
+        let even = [(1, 0, "split inner, concat outer"), (1, 1, "both inner")];
+        for (split, concat, what) in even {
+            let got = g.all_to_all(block(r), split, concat).unwrap();
+            let expected = Tensor::cat((0..n).map(|from| mine(from, split)).collect(), concat);
+            assert_exact(&got, &expected, &format!("even all_to_all, {what}"));
+        }
+        let column = |from: usize| small_ints([3 * n, 2], 10 * from as i64, dev, DType::F32);
+        let got = g.all_to_all(column(r), 0, 1).unwrap();
+        let expected = Tensor::cat((0..n).map(|from| column(from).narrow(0, 3 * r, 3)).collect(), 1);
+        assert_exact(&got, &expected, "even all_to_all, split outer, concat inner");
+        let got = g.all_to_all(column(r), 0, 0).unwrap();
+        let expected = Tensor::cat((0..n).map(|from| column(from).narrow(0, 3 * r, 3)).collect(), 0);
+        assert_exact(&got, &expected, "even all_to_all, both outer");
 
         let splits = |from: usize| (0..n).map(|to| from + to + 1).collect::<Vec<_>>();
         let rows = |from: usize| small_ints([splits(from).iter().sum(), 2], 20 * from as i64, dev, DType::F32);
@@ -184,6 +196,26 @@ pub fn all_to_all_even_and_uneven(h: &Harness) {
             0,
         );
         assert_exact(&got, &expected, "uneven all_to_all");
+
+        // Along dim 1 of [2, Σ, 3] integers; from rank `from` to rank `to`, none when the sum is odd.
+        let splits = |from: usize| (0..n).map(|to| (from + to + 1) % 2 * (to + 2)).collect::<Vec<_>>();
+        let entries = |from: usize| {
+            let total = splits(from).iter().sum::<usize>();
+            Tensor::<1, Int>::arange(0..(6 * total) as i64, dev).reshape([2, total, 3]) + 1000 * from as i64
+        };
+        let (got, recv) = g.all_to_all_uneven(entries(r), 1, &splits(r)).unwrap();
+        assert_eq!(recv, (0..n).map(|from| splits(from)[r]).collect::<Vec<_>>());
+        let offset = |from: usize| splits(from)[..r].iter().sum::<usize>();
+        let parts: Vec<_> = (0..n)
+            .filter(|&from| recv[from] > 0)
+            .map(|from| entries(from).narrow(1, offset(from), recv[from]))
+            .collect();
+        let got = int_values(got);
+        let expected = match parts.is_empty() {
+            true => vec![],
+            false => int_values(Tensor::cat(parts, 1)),
+        };
+        assert_eq!(got, expected, "uneven all_to_all of an inner dim, some parts empty");
     });
 }
 

@@ -91,9 +91,10 @@ pub trait Transport: Send + Sync + Debug {
     fn all_gather(&self, x: Payload) -> Result<Payload, CommError>;
     /// `[o, size·n, i]` → `[o, n, i]`: this rank's part of the reduction.
     fn reduce_scatter(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError>;
-    /// Sends `chunks[j]` to group rank `j`; returns the chunk each rank sent here, in group-rank
-    /// order. Chunk sizes may differ (MoE token routing).
-    fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError>;
+    /// `[o, Σ send, i]` → `[o, Σ recv, i]`: sends `send[j]` consecutive entries of dim 1 to
+    /// group rank `j`, and lays what each rank sent here out in group-rank order, one buffer
+    /// (`recv[j]` entries from rank `j`). Sizes may differ (MoE token routing) or be zero.
+    fn all_to_all(&self, x: Payload, send: &[usize], recv: &[usize]) -> Result<Payload, CommError>;
     /// The root's tensor, on every rank.
     fn broadcast(&self, x: Payload, root: usize) -> Result<Payload, CommError>;
     /// Sends to one group rank. It may return before the data has left: a transport that

@@ -66,9 +66,22 @@ impl Payload {
         each!(self, t => t.to_device(device))
     }
 
-    /// A slice of dim 1.
+    /// A slice of dim 1; an empty range gives an empty payload of the same kind and dtype.
     pub fn narrow(self, range: Range<usize>) -> Self {
+        if range.is_empty() {
+            let [o, _, i] = self.dims();
+            let options = (&self.device(), self.dtype());
+            return match self {
+                Payload::Float(_) => Payload::Float(Tensor::zeros([o, 0, i], options)),
+                Payload::Int(_) => Payload::Int(Tensor::zeros([o, 0, i], options)),
+            };
+        }
         each!(self, t => t.narrow(1, range.start, range.len()))
+    }
+
+    /// `[a, b, i]` → `[b, a, i]` (a strided view until something lays it out).
+    pub fn swap_outer(self) -> Self {
+        each!(self, t => t.swap_dims(0, 1))
     }
 
     /// Element-wise sum; both payloads have the same variant.
@@ -121,4 +134,12 @@ impl Payload {
             Payload::Float(_) => panic!("expected an integer payload"),
         }
     }
+}
+
+/// The consecutive ranges of dim 1 that `sizes` cut it into, in order.
+pub(crate) fn split_points(sizes: &[usize]) -> impl Iterator<Item = Range<usize>> + '_ {
+    sizes.iter().scan(0, |start, &n| {
+        *start += n;
+        Some(*start - n..*start)
+    })
 }

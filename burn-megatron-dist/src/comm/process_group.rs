@@ -202,20 +202,39 @@ impl ProcessGroup {
         if self.size() == 1 {
             return Ok(x);
         }
-        let part = n / self.size();
-        let chunks: Vec<_> = (0..self.size())
-            .map(|j| x.clone().narrow(split_dim, j * part, part))
-            .collect();
+        let size = self.size();
         let mut chunk_shape = x.shape();
-        chunk_shape[split_dim] = part;
-        let recv_dims = vec![view_dims(&chunk_shape, concat_dim); self.size()];
+        chunk_shape[split_dim] /= size;
+        let mut out_shape = chunk_shape.clone();
+        out_shape[concat_dim] *= size;
+        let m = chunk_shape.num_elements();
         let autodiff = x.device().is_autodiff();
-        let received = self.exchange_chunks(chunks, concat_dim, recv_dims)?;
-        let parts = received
-            .into_iter()
-            .map(|p| unview(p, chunk_shape.clone(), autodiff))
-            .collect();
-        Ok(Tensor::cat(parts, concat_dim))
+        // Rank j's part is the j-th entry of one `[1, size, m]` buffer. Where nothing precedes
+        // the split dim, the parts are consecutive memory already; otherwise one copy.
+        let send = match outer(&x.shape(), split_dim) {
+            1 => reshape_any(x, [1, size, m]),
+            _ => {
+                let part = chunk_shape[split_dim];
+                let parts = (0..size)
+                    .map(|j| reshape_any(x.clone().narrow(split_dim, j * part, part), [1, 1, m]))
+                    .collect();
+                Tensor::cat(parts, 1)
+            }
+        };
+        let even = vec![1; size];
+        let received = self.transport.all_to_all(view(send, 1), &even, &even)?;
+        let received: Tensor<3, K> = unview(received, [1, size, m].into(), autodiff);
+        // Rank j's part goes j-th along the concat dim: where nothing precedes it, that is the
+        // buffer as it arrived; otherwise one copy.
+        Ok(match outer(&out_shape, concat_dim) {
+            1 => reshape_any(received, out_shape.dims::<D>()),
+            _ => {
+                let parts = (0..size)
+                    .map(|j| reshape_any(received.clone().narrow(1, j, 1), chunk_shape.dims::<D>()))
+                    .collect();
+                Tensor::cat(parts, concat_dim)
+            }
+        })
     }
 
     /// Sends `send_splits[j]` consecutive entries of `dim` to group rank `j`, and concatenates
@@ -251,32 +270,11 @@ impl ProcessGroup {
         if self.size() == 1 {
             return Ok((x, recv_splits));
         }
-        let shape_with = |n: usize| {
-            let mut s = x.shape();
-            s[dim] = n;
-            s
-        };
-        // One chunk a peer, empty ones included (`split_with_sizes` leaves those out).
-        let chunks = send_splits
-            .iter()
-            .scan(0, |start, &n| {
-                let chunk = match n {
-                    0 => Tensor::zeros(shape_with(0), (&x.device(), x.dtype())),
-                    _ => x.clone().narrow(dim, *start, n),
-                };
-                *start += n;
-                Some(chunk)
-            })
-            .collect();
-        let recv_dims = recv_splits.iter().map(|&n| view_dims(&shape_with(n), dim)).collect();
+        let mut shape = x.shape();
+        shape[dim] = recv_splits.iter().sum();
         let autodiff = x.device().is_autodiff();
-        let received = self.exchange_chunks(chunks, dim, recv_dims)?;
-        let parts: Vec<_> = received
-            .into_iter()
-            .zip(&recv_splits)
-            .map(|(p, &n)| unview(p, shape_with(n), autodiff))
-            .collect();
-        Ok((Tensor::cat(parts, dim), recv_splits))
+        let out = self.transport.all_to_all(view(x, dim), send_splits, &recv_splits)?;
+        Ok((unview(out, shape, autodiff), recv_splits))
     }
 
     /// The root's `x`, on every rank.
@@ -367,16 +365,6 @@ impl ProcessGroup {
         Ok(records)
     }
 
-    fn exchange_chunks<const D: usize, K: Numeric>(
-        &self,
-        chunks: Vec<Tensor<D, K>>,
-        dim: usize,
-        recv_dims: Vec<[usize; 3]>,
-    ) -> Result<Vec<Payload>, CommError> {
-        let chunks = chunks.into_iter().map(|c| view(c, dim)).collect();
-        self.transport.all_to_all(chunks, recv_dims)
-    }
-
     fn p2p(&self, collective: Collective, peer: usize) -> Result<u64, CommError> {
         if peer >= self.size() || peer == self.group_rank() {
             let detail = format!("peer {peer} must be another rank of a group of {}", self.size());
@@ -453,9 +441,12 @@ impl<const D: usize, K: Numeric> InFlight<D, K> {
 /// `[outer, n, inner]` around `dim`.
 fn view_dims(shape: &Shape, dim: usize) -> [usize; 3] {
     let dims = shape.as_slice();
-    let outer = dims[..dim].iter().product();
-    let inner = dims[dim + 1..].iter().product();
-    [outer, dims[dim], inner]
+    [outer(shape, dim), dims[dim], dims[dim + 1..].iter().product()]
+}
+
+/// The number of elements before `dim` (the product of the dims that precede it).
+fn outer(shape: &Shape, dim: usize) -> usize {
+    shape.as_slice()[..dim].iter().product()
 }
 
 /// The transport's rank-3 view of `x` around `dim`, without autodiff: a plain collective is

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use burn::tensor::Device;
 
+use super::payload::split_points;
 use super::{Collective, Payload, ProcessGroup, ReduceOp, Transport};
 use crate::error::CommError;
 
@@ -379,19 +380,20 @@ impl Transport for InProcessTransport {
         Ok(reduce(parts, op))
     }
 
-    fn all_to_all(&self, chunks: Vec<Payload>, _recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
-        let device = chunks[0].device();
+    fn all_to_all(&self, x: Payload, send: &[usize], _recv: &[usize]) -> Result<Payload, CommError> {
+        let device = x.device();
+        let chunks = split_points(send).map(|range| x.clone().narrow(range)).collect();
         let values = self.meet_data(Collective::AllToAll, Value::Many(chunks))?;
-        Ok(values
+        let me = self.group_rank;
+        let parts = values
             .into_iter()
             .enumerate()
             .map(|(j, v)| match v {
-                Value::Many(mut chunks) => {
-                    self.move_to(chunks.swap_remove(self.group_rank), &device, j != self.group_rank)
-                }
+                Value::Many(mut chunks) => self.move_to(chunks.swap_remove(me), &device, j != me),
                 other => panic!("expected chunks, got {other:?}"),
             })
-            .collect())
+            .collect();
+        Ok(Payload::cat(parts))
     }
 
     fn broadcast(&self, x: Payload, root: usize) -> Result<Payload, CommError> {

@@ -5,6 +5,7 @@
 use cudarc::nccl::result as nccl;
 
 use super::{NcclComm, PendingSend, Wait, check, contiguous, nccl_op, numel};
+use crate::comm::payload::split_points;
 use crate::comm::{Collective, Payload, ReduceOp, Ticket};
 use crate::error::CommError;
 
@@ -62,37 +63,70 @@ impl NcclComm {
         Ok((out, ticket))
     }
 
-    pub(crate) fn all_to_all(
-        &self,
-        chunks: Vec<Payload>,
-        recv_dims: Vec<[usize; 3]>,
-    ) -> Result<Vec<Payload>, CommError> {
+    /// `[o, Σ send, i]` → `[o, Σ recv, i]` in one output buffer: each rank's entries are
+    /// received straight into their place by grouped sends and receives, this rank's own part
+    /// included (NCCL copies it), so nothing is concatenated after. With `o > 1` an entry of
+    /// dim 1 is not one run of memory: the input is laid out `[Σ send, o, i]` first and the
+    /// output, received that way, is viewed back.
+    pub(crate) fn all_to_all(&self, x: Payload, send: &[usize], recv: &[usize]) -> Result<Payload, CommError> {
         let c = Collective::AllToAll;
-        let ty = self.nccl_type(c, chunks[0].dtype())?;
-        let outs: Vec<Payload> = recv_dims.iter().map(|&d| self.output_like(&chunks[0], d)).collect();
-        let me = self.group_rank;
-        let sends: Vec<&Payload> = chunks.iter().collect();
-        let recvs: Vec<&Payload> = outs.iter().collect();
-        let counts: Vec<(usize, usize)> = (0..self.size).map(|j| (numel(&chunks[j]), numel(&outs[j]))).collect();
-        self.run(c, &sends, &recvs, Wait::Now, |comm, inp, outp, s| unsafe {
-            // Safety: each send and receive buffer holds the counted elements.
-            check(nccl::group_start())?;
-            for (j, &(send, recv)) in counts.iter().enumerate() {
-                if j == me {
-                    continue;
-                }
-                if send > 0 {
-                    check(nccl::send(inp[j] as _, send, ty, j as i32, comm, s))?;
-                }
-                if recv > 0 {
-                    check(nccl::recv(outp[j] as _, recv, ty, j as i32, comm, s))?;
-                }
+        let ty = self.nccl_type(c, x.dtype())?;
+        let [o, _, i] = x.dims();
+        let total = recv.iter().sum();
+        let (x, out) = match o {
+            1 => {
+                let out = self.output_like(&x, [1, total, i]);
+                (x, out)
             }
-            check(nccl::group_end())
+            _ => {
+                let out = self.output_like(&x, [total, o, i]);
+                (x.swap_outer(), out)
+            }
+        };
+        // Elements, and bytes, an entry of dim 1.
+        let unit = o * i;
+        let entry_bytes = (unit * x.dtype().size()) as u64;
+        let offsets =
+            |sizes: &[usize]| -> Vec<u64> { split_points(sizes).map(|r| r.start as u64 * entry_bytes).collect() };
+        let (send_at, recv_at) = (offsets(send), offsets(recv));
+        // An empty side has no buffer to hand NCCL (and posts nothing).
+        let inputs: Vec<&Payload> = [&x].into_iter().filter(|p| numel(p) > 0).collect();
+        let outputs: Vec<&Payload> = [&out].into_iter().filter(|p| numel(p) > 0).collect();
+        self.run(c, &inputs, &outputs, Wait::Now, |comm, inp, outp, s| unsafe {
+            // Safety: rank j's part starts `send_at[j]` bytes into the input (`recv_at[j]` into the
+            // output) and holds `send[j]` (`recv[j]`) entries of `unit` elements; a side with no
+            // entries posts nothing, so an empty buffer's missing pointer is never read.
+            check(nccl::group_start())?;
+            let posted = (0..self.size).try_for_each(|j| {
+                if send[j] * unit > 0 {
+                    check(nccl::send(
+                        (inp[0] + send_at[j]) as _,
+                        send[j] * unit,
+                        ty,
+                        j as i32,
+                        comm,
+                        s,
+                    ))?;
+                }
+                if recv[j] * unit > 0 {
+                    check(nccl::recv(
+                        (outp[0] + recv_at[j]) as _,
+                        recv[j] * unit,
+                        ty,
+                        j as i32,
+                        comm,
+                        s,
+                    ))?;
+                }
+                Ok(())
+            });
+            // The group is closed whatever happened inside it.
+            posted.and(check(nccl::group_end()))
         })?;
-        let mut outs = outs;
-        outs[me] = chunks[me].clone();
-        Ok(outs)
+        Ok(match o {
+            1 => out,
+            _ => out.swap_outer(),
+        })
     }
 
     pub(crate) fn broadcast(&self, x: Payload, root: usize) -> Result<Payload, CommError> {

@@ -211,14 +211,15 @@ impl Transport for NcclThreadsTransport {
         Ok((out.to_device(&device), ticket))
     }
 
-    fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
-        if let Some(nccl) = self.nccl(Collective::AllToAll, &chunks[0])? {
-            return nccl.all_to_all(chunks, recv_dims);
+    fn all_to_all(&self, x: Payload, send: &[usize], recv: &[usize]) -> Result<Payload, CommError> {
+        if let Some(nccl) = self.nccl(Collective::AllToAll, &x)? {
+            return nccl.all_to_all(x, send, recv);
         }
-        let device = chunks[0].device();
-        let chunks = chunks.into_iter().map(Self::staged).collect();
-        let received = self.rendezvous.all_to_all(chunks, recv_dims)?;
-        Ok(received.into_iter().map(|p| p.to_device(&device)).collect())
+        let device = x.device();
+        Ok(self
+            .rendezvous
+            .all_to_all(Self::staged(x), send, recv)?
+            .to_device(&device))
     }
 
     fn broadcast(&self, x: Payload, root: usize) -> Result<Payload, CommError> {

@@ -166,8 +166,8 @@ impl Transport for NcclTransport {
         self.comm.reduce_scatter(x, op, Wait::Now).map(|(out, _)| out)
     }
 
-    fn all_to_all(&self, chunks: Vec<Payload>, recv_dims: Vec<[usize; 3]>) -> Result<Vec<Payload>, CommError> {
-        self.comm.all_to_all(chunks, recv_dims)
+    fn all_to_all(&self, x: Payload, send: &[usize], recv: &[usize]) -> Result<Payload, CommError> {
+        self.comm.all_to_all(x, send, recv)
     }
 
     fn broadcast(&self, x: Payload, root: usize) -> Result<Payload, CommError> {
