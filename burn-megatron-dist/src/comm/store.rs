@@ -3,7 +3,8 @@
 //! Global rank 0 serves it at `MASTER_ADDR:MASTER_PORT`; every rank keeps one connection. It
 //! carries the NCCL unique ids, the agreement records of every collective and the headers of
 //! point-to-point messages, so those checks never touch the GPU. A value set for `readers`
-//! readers is dropped after the last one has read it.
+//! readers is dropped after the last one has read it. A gather (every rank's value for one key,
+//! as the agreement check needs) is one round trip: the server answers once all have come.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -13,14 +14,27 @@ use std::time::{Duration, Instant};
 
 const SET: u8 = 1;
 const GET: u8 = 2;
+const GATHER: u8 = 3;
 const FOUND: u8 = 0;
 const ABSENT: u8 = 1;
 
 #[derive(Default)]
 struct Table {
-    /// key → (value, reads left; 0 keeps it forever)
-    entries: Mutex<HashMap<String, (Vec<u8>, u32)>>,
+    entries: Mutex<Entries>,
     changed: Condvar,
+}
+
+#[derive(Default)]
+struct Entries {
+    /// key → (value, reads left; 0 keeps it forever)
+    values: HashMap<String, (Vec<u8>, u32)>,
+    gathers: HashMap<String, Gathering>,
+}
+
+/// One gather: each member's value once it came, and how many members have taken the whole.
+struct Gathering {
+    values: Vec<Option<Vec<u8>>>,
+    taken: usize,
 }
 
 /// The server half, run by global rank 0 on a background thread.
@@ -62,9 +76,30 @@ fn serve(mut stream: TcpStream, table: &Table) {
                 SET => {
                     let readers = read_u32(&mut stream)?;
                     let value = read_bytes(&mut stream)?;
-                    table.entries.lock().expect("store").insert(key, (value, readers));
+                    table
+                        .entries
+                        .lock()
+                        .expect("store")
+                        .values
+                        .insert(key, (value, readers));
                     table.changed.notify_all();
                     stream.write_all(&[FOUND])
+                }
+                GATHER => {
+                    let (index, members) = (read_u32(&mut stream)? as usize, read_u32(&mut stream)? as usize);
+                    let timeout = Duration::from_millis(read_u64(&mut stream)?);
+                    let value = read_bytes(&mut stream)?;
+                    match gather(table, key, index, members, value, timeout)? {
+                        Ok(values) => {
+                            stream.write_all(&[FOUND])?;
+                            values.iter().try_for_each(|v| write_bytes(&mut stream, v))
+                        }
+                        Err(missing) => {
+                            stream.write_all(&[ABSENT])?;
+                            let missing: Vec<u8> = missing.iter().flat_map(|&m| (m as u32).to_le_bytes()).collect();
+                            write_bytes(&mut stream, &missing)
+                        }
+                    }
                 }
                 GET => {
                     let timeout = Duration::from_millis(read_u64(&mut stream)?);
@@ -90,12 +125,12 @@ fn wait_for(table: &Table, key: &str, timeout: Duration) -> Option<Vec<u8>> {
     let deadline = Instant::now() + timeout;
     let mut entries = table.entries.lock().expect("store");
     loop {
-        if let Some((value, readers)) = entries.get_mut(key) {
+        if let Some((value, readers)) = entries.values.get_mut(key) {
             let value = value.clone();
             if *readers > 0 {
                 *readers -= 1;
                 if *readers == 0 {
-                    entries.remove(key);
+                    entries.values.remove(key);
                 }
             }
             return Some(value);
@@ -103,6 +138,50 @@ fn wait_for(table: &Table, key: &str, timeout: Duration) -> Option<Vec<u8>> {
         let now = Instant::now();
         if now >= deadline {
             return None;
+        }
+        entries = table.changed.wait_timeout(entries, deadline - now).expect("store").0;
+    }
+}
+
+/// Leaves member `index`'s value under `key` and waits for all `members`' values: returns them
+/// in member order, or the members still missing at the deadline. The entry goes once every
+/// member has taken it.
+fn gather(
+    table: &Table,
+    key: String,
+    index: usize,
+    members: usize,
+    value: Vec<u8>,
+    timeout: Duration,
+) -> io::Result<Result<Vec<Vec<u8>>, Vec<usize>>> {
+    let deadline = Instant::now() + timeout;
+    let mut entries = table.entries.lock().expect("store");
+    let gathering = entries.gathers.entry(key.clone()).or_insert_with(|| Gathering {
+        values: vec![None; members],
+        taken: 0,
+    });
+    if index >= members || gathering.values.len() != members {
+        let detail = format!(
+            "gather {key}: member {index} of {members}, but it has {}",
+            gathering.values.len()
+        );
+        return Err(io::Error::new(io::ErrorKind::InvalidData, detail));
+    }
+    gathering.values[index] = Some(value);
+    table.changed.notify_all();
+    loop {
+        let Gathering { values, taken } = entries.gathers.get_mut(&key).expect("open gather");
+        if values.iter().all(Option::is_some) {
+            let all = values.iter().map(|v| v.clone().expect("present")).collect();
+            *taken += 1;
+            if *taken == members {
+                entries.gathers.remove(&key);
+            }
+            return Ok(Ok(all));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(Err((0..members).filter(|&m| values[m].is_none()).collect()));
         }
         entries = table.changed.wait_timeout(entries, deadline - now).expect("store").0;
     }
@@ -162,6 +241,39 @@ impl StoreClient {
     }
 }
 
+impl StoreClient {
+    /// Leaves this member's `value` under `key` and returns every member's, in member order,
+    /// in one round trip; `Err` holds the members whose value had not come within `timeout`.
+    pub fn gather(
+        &self,
+        key: &str,
+        index: usize,
+        members: usize,
+        value: &[u8],
+        timeout: Duration,
+    ) -> io::Result<Result<Vec<Vec<u8>>, Vec<usize>>> {
+        let mut stream = self.stream.lock().expect("store connection");
+        stream.write_all(&[GATHER])?;
+        write_bytes(&mut *stream, key.as_bytes())?;
+        stream.write_all(&(index as u32).to_le_bytes())?;
+        stream.write_all(&(members as u32).to_le_bytes())?;
+        stream.write_all(&(timeout.as_micros().div_ceil(1000) as u64).to_le_bytes())?;
+        write_bytes(&mut *stream, value)?;
+        match read_u8(&mut *stream)? {
+            FOUND => Ok(Ok((0..members)
+                .map(|_| read_bytes(&mut *stream))
+                .collect::<io::Result<_>>()?)),
+            _ => {
+                let missing = read_bytes(&mut *stream)?;
+                Ok(Err(missing
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize)
+                    .collect()))
+            }
+        }
+    }
+}
+
 fn read_u8(r: &mut impl Read) -> io::Result<u8> {
     let mut b = [0; 1];
     r.read_exact(&mut b)?;
@@ -210,6 +322,34 @@ mod tests {
         a.set("kept", b"x", 0).unwrap();
         assert_eq!(a.get("kept", Duration::ZERO).unwrap(), Some(b"x".to_vec()));
         assert_eq!(a.get("kept", Duration::ZERO).unwrap(), Some(b"x".to_vec()));
+    }
+
+    #[test]
+    fn a_gather_answers_every_member_once_all_came() {
+        let server = StoreServer::start("127.0.0.1:0").unwrap();
+        let connect = || StoreClient::connect(server.address(), Duration::from_secs(5)).unwrap();
+        let members = 3;
+        let ranks: Vec<_> = (0..members)
+            .map(|m| {
+                let client = connect();
+                std::thread::spawn(move || {
+                    // The last member comes late: the others wait for it.
+                    if m == members - 1 {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    client
+                        .gather("g", m, members, &[m as u8; 2], Duration::from_secs(5))
+                        .unwrap()
+                })
+            })
+            .collect();
+        for rank in ranks {
+            assert_eq!(rank.join().unwrap(), Ok(vec![vec![0, 0], vec![1, 1], vec![2, 2]]));
+        }
+        // Taken by all three: the key is free for the next gather.
+        let a = connect();
+        let missing = a.gather("g", 0, 2, b"again", Duration::from_millis(100)).unwrap();
+        assert_eq!(missing, Err(vec![1]), "a member that never came is named");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! caught on the host, by name, before any NCCL call is made.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use burn::tensor::Device;
 
@@ -107,39 +107,20 @@ impl Transport for NcclTransport {
         self.comm.label()
     }
 
+    /// One round trip to the store, which answers once every rank's record is there.
     fn exchange(&self, collective: Collective, seq: u64, record: Vec<u8>) -> Result<Vec<Vec<u8>>, CommError> {
-        let me = self.group_rank();
-        let key = |r: usize| format!("{}/check/{seq}/{r}", self.namespace);
-        let fail = |e| self.store_error(collective, e);
-        self.store
-            .set(&key(me), &record, (self.size - 1) as u32)
-            .map_err(fail)?;
-        let deadline = Instant::now() + self.timeout;
-        let mut records = Vec::with_capacity(self.size);
-        for r in 0..self.size {
-            if r == me {
-                records.push(record.clone());
-                continue;
-            }
-            let wait = deadline.saturating_duration_since(Instant::now());
-            match self.store.get(&key(r), wait).map_err(fail)? {
-                Some(bytes) => records.push(bytes),
-                None => {
-                    let missing = (r..self.size)
-                        .filter(|&j| j != me)
-                        .filter(|&j| j == r || matches!(self.store.get(&key(j), Duration::ZERO), Ok(None)))
-                        .collect();
-                    return Err(CommError::Timeout {
-                        group: self.label().to_string(),
-                        collective: collective.name(),
-                        seq,
-                        timeout: self.timeout,
-                        missing,
-                    });
-                }
-            }
-        }
-        Ok(records)
+        let key = format!("{}/check/{seq}", self.namespace);
+        let gathered = self
+            .store
+            .gather(&key, self.group_rank(), self.size, &record, self.timeout)
+            .map_err(|e| self.store_error(collective, e))?;
+        gathered.map_err(|missing| CommError::Timeout {
+            group: self.label().to_string(),
+            collective: collective.name(),
+            seq,
+            timeout: self.timeout,
+            missing,
+        })
     }
 
     fn all_reduce(&self, x: Payload, op: ReduceOp) -> Result<Payload, CommError> {
