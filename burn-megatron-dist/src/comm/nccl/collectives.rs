@@ -98,25 +98,12 @@ impl NcclComm {
             // entries posts nothing, so an empty buffer's missing pointer is never read.
             check(nccl::group_start())?;
             let posted = (0..self.size).try_for_each(|j| {
-                if send[j] * unit > 0 {
-                    check(nccl::send(
-                        (inp[0] + send_at[j]) as _,
-                        send[j] * unit,
-                        ty,
-                        j as i32,
-                        comm,
-                        s,
-                    ))?;
+                let (sent, received) = (send[j] * unit, recv[j] * unit);
+                if sent > 0 {
+                    check(nccl::send((inp[0] + send_at[j]) as _, sent, ty, j as i32, comm, s))?;
                 }
-                if recv[j] * unit > 0 {
-                    check(nccl::recv(
-                        (outp[0] + recv_at[j]) as _,
-                        recv[j] * unit,
-                        ty,
-                        j as i32,
-                        comm,
-                        s,
-                    ))?;
+                if received > 0 {
+                    check(nccl::recv((outp[0] + recv_at[j]) as _, received, ty, j as i32, comm, s))?;
                 }
                 Ok(())
             });
