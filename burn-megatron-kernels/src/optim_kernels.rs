@@ -285,7 +285,10 @@ macro_rules! launch_grad_param {
     };
 }
 
-/// The new master weights, moments and the parameter's copy in `dtype`.
+/// The new master weights, moments and the parameter's copy in `dtype`. Where nothing else
+/// holds the master weights and both moments (the optimizer hands its state over), they are
+/// updated in place, as PyTorch's fused AdamW does: the state keeps its memory from step to
+/// step, rather than 12 bytes a parameter allocated and freed each step among the activations'.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn adamw_master(
     master: CubeTensor,
@@ -298,6 +301,9 @@ pub(crate) fn adamw_master(
     squares: CubeTensor,
 ) -> crate::adamw::MasterUpdate<Cube> {
     let param_dtype = DType::from(dtype);
+    // Asked before the clones below. In place is sound: each thread reads an element's state
+    // before it writes the element, and no other thread touches it.
+    let in_place = master.can_mut() && m.can_mut() && v.can_mut();
     let fits = float(grad.dtype)
         && float(param_dtype)
         && [&clip, &squares]
@@ -319,12 +325,21 @@ pub(crate) fn adamw_master(
         return crate::adamw::reference::master_update::<Cube>(master, grad, m, v, step, clip, dtype, squares);
     };
     let shape = pc.meta.shape().clone();
-    let (master_out, m_out, v_out, param_out) = (
-        compact_output(&pc, shape.clone(), DType::F32),
-        compact_output(&pc, shape.clone(), DType::F32),
-        compact_output(&pc, shape.clone(), DType::F32),
-        compact_output(&pc, shape, param_dtype),
-    );
+    let param_out = compact_output(&pc, shape.clone(), param_dtype);
+    // The outputs' arguments: aliases of the kernel's inputs 0 (master), 3 and 4 (the moments)
+    // in place, else new tensors.
+    let (master_out, m_out, v_out) = match in_place {
+        true => (pc.clone(), mc.clone(), vc.clone()),
+        false => (
+            compact_output(&pc, shape.clone(), DType::F32),
+            compact_output(&pc, shape.clone(), DType::F32),
+            compact_output(&pc, shape, DType::F32),
+        ),
+    };
+    let out_arg = |t: &CubeTensor, input: usize| match in_place {
+        true => t.as_tensor_alias(input),
+        false => t.clone().into_tensor_arg(),
+    };
     let len = pc.meta.num_elements();
     let vector = moment_vector(len);
     let blocks = ((len / vector) as u32).div_ceil(256).min(MASTER_BLOCKS);
@@ -348,9 +363,9 @@ pub(crate) fn adamw_master(
         clip.into_tensor_arg(),
         mc.clone().into_tensor_arg(),
         vc.clone().into_tensor_arg(),
-        master_out.clone().into_tensor_arg(),
-        m_out.clone().into_tensor_arg(),
-        v_out.clone().into_tensor_arg(),
+        out_arg(&master_out, 0),
+        out_arg(&m_out, 3),
+        out_arg(&v_out, 4),
         param_out.clone().into_tensor_arg(),
         sc.into_tensor_arg(),
         squares_out.clone().into_tensor_arg(),

@@ -314,8 +314,12 @@ impl DistributedAdamW {
         // amaxes; none for a parameter gradients do not train (every rank skips the same ones).
         let mut values = Vec::with_capacity(self.states.len());
         let mut amaxes = Vec::with_capacity(self.states.len());
-        for (i, (grad, dtype)) in shards.into_iter().zip(dtypes).enumerate() {
+        // Each state is handed to its update whole, held nowhere else, so the kernel updates it
+        // in place (a checkpoint still holding a copy makes it write anew).
+        let states = std::mem::take(&mut self.states);
+        for (i, ((grad, dtype), state)) in shards.into_iter().zip(dtypes).zip(states).enumerate() {
             if !self.infos[i].trainable {
+                self.states.push(state);
                 values.push(None);
                 amaxes.push(None);
                 continue;
@@ -325,23 +329,30 @@ impl DistributedAdamW {
                 Some(true) => 1,
                 None => 2,
             };
-            let state = &mut self.states[i];
             let new = adamw_master_step(
-                state.master.clone(),
+                state.master,
                 grad,
-                state.m.clone(),
-                state.v.clone(),
+                state.m,
+                state.v,
                 step,
                 clip.clone(),
                 FloatDType::from(dtype),
                 squares[sum].clone(),
             );
-            (state.master, state.m, state.v, squares[sum]) = (new.master, new.moment_1, new.moment_2, new.squares);
-            values.push(Some(match self.sharded_over(i) {
-                Some(group) => group.all_gather(new.param, 0)?,
-                None => new.param,
-            }));
+            self.states.push(State {
+                master: new.master,
+                m: new.moment_1,
+                v: new.moment_2,
+            });
+            squares[sum] = new.squares;
+            values.push(Some(new.param));
             amaxes.push(Some(new.amax));
+        }
+        // Every state has stepped before anything can fail: the whole values under ZeRO-1.
+        for (i, value) in values.iter_mut().enumerate() {
+            if let (Some(group), Some(shard)) = (self.sharded_over(i), value.as_ref()) {
+                *value = Some(group.all_gather(shard.clone(), 0)?);
+            }
         }
         self.reduce_sharded_amaxes(&mut amaxes)?;
         let [dense, experts, _] = squares;
