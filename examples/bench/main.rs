@@ -30,10 +30,16 @@
 //! `--profile` adds a `PROFILE {…}` line: forward, backward, the wait for the data-parallel
 //! reduction after backward and the optimizer, each synchronized; and the same reduction run
 //! alone, so `hidden` is the share of it that backward hid.
+//!
+//! After the timed steps, one more step prints a `MEMORY {…}` line at its start and after each
+//! piece: CubeCL's pools on rank 0's device, what the tensors hold beside what the pools reserve,
+//! pool by pool (memory.rs). `peak_mem_gib` is the largest reservation (the CUDA context and
+//! what the driver keeps outside the pools are not in it; nvidia-smi sees those too).
 
 mod attention;
 mod gemm;
 mod grouped;
+mod memory;
 mod moe;
 mod pipeline;
 mod routines;
@@ -271,7 +277,7 @@ fn main() {
                 ", \"pp\": {}, \"vpp\": {}, \"microbatches\": {microbatches}, \"bubble_predicted\": {:.3}, \"bubble_measured\": {:.3}",
                 args.pp, args.vpp, run.bubble_predicted, run.bubble_measured
             );
-            return (run.step_s, run.loss, None, bubble);
+            return (run.step_s, run.loss, None, bubble, Vec::new());
         }
         let model = config
             .init(&device, &ctx.groups, &policy.init(0, InitMode::PerShard))
@@ -281,10 +287,10 @@ fn main() {
         let shard = |x| layout.shard(x, 1).unwrap_or_else(|e| panic!("{e}"));
         let batch = (shard(whole.0), shard(whole.1));
         let run = timing::run(&ctx, model, batch, policy, args.warmup, args.steps, args.profile);
-        (run.step_s, run.loss, run.profile, String::new())
+        (run.step_s, run.loss, run.profile, String::new(), run.memory)
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    let (step_s, loss, profile, pipeline) = &results[0];
+    let (step_s, loss, profile, pipeline, marks) = &results[0];
     let (step_s, loss) = (*step_s, *loss);
     let gpus = args.tp * args.dp * args.cp * args.pp;
     let params = matmul_params(&shape) as f64;
@@ -313,8 +319,15 @@ fn main() {
             args.preset, args.tp, args.dp
         );
     }
+    for mark in marks {
+        println!("{}", mark.line());
+    }
+    let peak = match marks.is_empty() {
+        true => "null".to_string(),
+        false => format!("{:.2}", memory::peak_gib(marks)),
+    };
     println!(
-        "RESULT {{\"peer\": \"burn-megatron\", \"recipe\": \"{recipe}\", \"preset\": \"{}\", \"batch\": {}, \"seq\": {seq}, \"tp\": {}, \"cp\": {}, \"dp\": {}, \"ep\": {}, \"gpus\": {gpus}, \"step_ms\": {:.1}, \"tokens_per_s\": {:.0}, \"tflops_per_gpu\": {:.1}, \"mfu\": {:.3}, \"peak_mem_gib\": null, \"loss\": {:.4}{pipeline}}}",
+        "RESULT {{\"peer\": \"burn-megatron\", \"recipe\": \"{recipe}\", \"preset\": \"{}\", \"batch\": {}, \"seq\": {seq}, \"tp\": {}, \"cp\": {}, \"dp\": {}, \"ep\": {}, \"gpus\": {gpus}, \"step_ms\": {:.1}, \"tokens_per_s\": {:.0}, \"tflops_per_gpu\": {:.1}, \"mfu\": {:.3}, \"peak_mem_gib\": {peak}, \"loss\": {:.4}{pipeline}}}",
         args.preset,
         batch * args.dp,
         args.tp,

@@ -9,6 +9,8 @@ use burn_megatron::optim::{DistributedAdamW, DistributedAdamWConfig, FusedAdamWC
 use burn_megatron::precision::{MasterWeights, PrecisionPolicy};
 use burn_megatron_dist::RankContext;
 
+use crate::memory::Mark;
+
 /// The peers' learning rate (../shared/BENCHMARKS.md).
 const LR: f64 = 1e-4;
 
@@ -20,6 +22,9 @@ pub struct Run {
     pub loss: f64,
     /// `"forward_ms": …` fields of the PROFILE line, when asked for.
     pub profile: Option<String>,
+    /// The pools once the model is built, after the first step, and at the start of one more
+    /// step and after each of its pieces.
+    pub memory: Vec<Mark>,
 }
 
 /// The optimizer a precision policy's master weights call for.
@@ -38,6 +43,9 @@ struct Pieces {
     backward: f64,
     reduce_wait: f64,
     optimizer: f64,
+    /// With `mark`, the pools after each piece.
+    mark: bool,
+    marks: Vec<Mark>,
 }
 
 struct Trainer<'a> {
@@ -53,10 +61,13 @@ impl Trainer<'_> {
         let ctx = self.ctx;
         let sync = || ctx.device.sync().expect("sync");
         let mut clock = Instant::now();
-        let mut lap = |pieces: &mut Option<&mut Pieces>, field: fn(&mut Pieces) -> &mut f64| {
+        let mut lap = |pieces: &mut Option<&mut Pieces>, label, field: fn(&mut Pieces) -> &mut f64| {
             if let Some(p) = pieces.as_deref_mut() {
                 sync();
                 *field(p) += clock.elapsed().as_secs_f64();
+                if p.mark {
+                    p.marks.push(Mark::take(label, &ctx.device));
+                }
                 clock = Instant::now();
             }
         };
@@ -69,31 +80,31 @@ impl Trainer<'_> {
                 let loss = tapped
                     .forward_loss(self.ids.clone(), self.targets.clone())
                     .expect("forward");
-                lap(&mut pieces, |p| &mut p.forward);
+                lap(&mut pieces, "after forward", |p| &mut p.forward);
                 let reported = group
                     .all_reduce(loss.clone().detach(), burn_megatron_dist::ReduceOp::Avg)
                     .expect("loss");
                 drop(loss.backward());
-                lap(&mut pieces, |p| &mut p.backward);
+                lap(&mut pieces, "after backward", |p| &mut p.backward);
                 let reduced = overlap
                     .finish(&ctx.device, burn::tensor::DType::BF16)
                     .expect("reduction");
-                lap(&mut pieces, |p| &mut p.reduce_wait);
+                lap(&mut pieces, "after reduce wait", |p| &mut p.reduce_wait);
                 let mut model = optim.step_reduced(LR, model, reduced).expect("step").0;
                 // Delayed FP8 scaling's histories move with the step, as in training.
                 burn_megatron::precision::delayed::advance(model.layers.iter_mut(), &ctx.groups).expect("amax history");
-                lap(&mut pieces, |p| &mut p.optimizer);
+                lap(&mut pieces, "after optimizer", |p| &mut p.optimizer);
                 (model, reported)
             }
             Optimizer::Pure(optim) => {
                 let loss = model
                     .forward_loss(self.ids.clone(), self.targets.clone())
                     .expect("forward");
-                lap(&mut pieces, |p| &mut p.forward);
+                lap(&mut pieces, "after forward", |p| &mut p.forward);
                 let grads = GradientsParams::from_grads(loss.backward(), &model);
-                lap(&mut pieces, |p| &mut p.backward);
+                lap(&mut pieces, "after backward", |p| &mut p.backward);
                 let model = optim.step(LR, model, grads);
-                lap(&mut pieces, |p| &mut p.optimizer);
+                lap(&mut pieces, "after optimizer", |p| &mut p.optimizer);
                 (model, loss.detach())
             }
         }
@@ -148,11 +159,16 @@ pub fn run(
         ids,
         targets,
     };
+    // The pools once the model is built, and after the first step (kernels compiled and tuned).
+    let mut memory = vec![Mark::take("model built", &ctx.device)];
     for i in 0..warmup {
         let start = Instant::now();
         let (next, loss) = trainer.step(model, None);
         model = next;
         let loss = loss.into_scalar::<f32>();
+        if i == 0 {
+            memory.push(Mark::take("after the first step", &ctx.device));
+        }
         if ctx.global_rank == 0 {
             eprintln!("warmup {i}: {:.1} s, loss {loss}", start.elapsed().as_secs_f64());
         }
@@ -170,6 +186,14 @@ pub fn run(
     let loss = last.map_or(0.0, |loss| loss.into_scalar::<f64>());
     ctx.device.sync().expect("sync");
     let step_s = start.elapsed().as_secs_f64() / steps as f64;
+    // One more step, the pools read at its start and after each piece.
+    let mut marked = Pieces {
+        mark: true,
+        marks: vec![Mark::take("step start", &ctx.device)],
+        ..Pieces::default()
+    };
+    model = trainer.step(model, Some(&mut marked)).0;
+    memory.append(&mut marked.marks);
     let profile = profile.then(|| {
         let mut pieces = Pieces::default();
         for _ in 0..steps {
@@ -198,5 +222,10 @@ pub fn run(
             ms(issue)
         )
     });
-    Run { step_s, loss, profile }
+    Run {
+        step_s,
+        loss,
+        profile,
+        memory,
+    }
 }
