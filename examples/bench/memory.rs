@@ -14,20 +14,26 @@ const GIB: f64 = (1u64 << 30) as f64;
 pub struct Mark {
     label: &'static str,
     report: MemoryReport,
-    /// `total - free` by the driver, in bytes.
-    device_used: Option<u64>,
+    /// `total - free` by the driver, and the context's stack a thread (the local memory the
+    /// driver reserves for every thread the device can hold; it grows to the largest a launched
+    /// kernel needed, and stays), in bytes.
+    driver: Option<(u64, u64)>,
+}
+
+/// A tensor on `device`, for its CubeCL client.
+fn probe(device: &Device) -> CubeTensor {
+    Tensor::<1>::zeros([1], device)
+        .try_into_primitive::<Cube>()
+        .unwrap_or_else(|_| panic!("bench's memory marks read CUDA pools"))
 }
 
 impl Mark {
     /// Every stream's pools on `device`, read once the queued work has run.
     pub fn take(label: &'static str, device: &Device) -> Self {
-        let probe: CubeTensor = Tensor::<1>::zeros([1], device)
-            .try_into_primitive::<Cube>()
-            .unwrap_or_else(|_| panic!("bench's memory marks read CUDA pools"));
         Self {
             label,
-            report: probe.client.memory_report(MemoryScope::Device),
-            device_used: device_used(device),
+            report: probe(device).client.memory_report(MemoryScope::Device),
+            driver: driver_counts(device),
         }
     }
 
@@ -54,27 +60,30 @@ impl Mark {
             })
             .collect();
         format!(
-            "MEMORY {{\"at\": \"{}\", \"in_use_gib\": {:.2}, \"reserved_gib\": {:.2}, \"device_used_gib\": {}, \"allocations\": {}, \"pools\": [{}]}}",
+            "MEMORY {{\"at\": \"{}\", \"in_use_gib\": {:.2}, \"reserved_gib\": {:.2}, \"device_used_gib\": {}, \"stack_bytes_a_thread\": {}, \"allocations\": {}, \"pools\": [{}]}}",
             self.label,
             usage.bytes_in_use as f64 / GIB,
             usage.bytes_reserved as f64 / GIB,
-            self.device_used
-                .map_or("null".into(), |b| format!("{:.2}", b as f64 / GIB)),
+            self.driver
+                .map_or("null".into(), |(used, _)| format!("{:.2}", used as f64 / GIB)),
+            self.driver.map_or("null".into(), |(_, stack)| stack.to_string()),
             usage.number_allocs,
             pools.join(", ")
         )
     }
 }
 
-/// The device memory in use by the driver's count, on `device`'s primary context (CubeCL's).
-fn device_used(device: &Device) -> Option<u64> {
+/// The device memory in use by the driver's count and the stack a thread, on `device`'s primary
+/// context (CubeCL's).
+fn driver_counts(device: &Device) -> Option<(u64, u64)> {
     let DispatchDevice::Cube(burn_cubecl::cubecl::Device::Cuda(cuda)) = device.as_dispatch() else {
         return None;
     };
     let context = cudarc::driver::CudaContext::new(cuda.index).ok()?;
     context.bind_to_thread().ok()?;
     let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
-    Some((total - free) as u64)
+    let stack = cudarc::driver::result::ctx::get_limit(cudarc::driver::sys::CUlimit::CU_LIMIT_STACK_SIZE).ok()?;
+    Some(((total - free) as u64, stack as u64))
 }
 
 /// One pool as JSON: its kind and page size, what it holds and reserves, its pages now and at

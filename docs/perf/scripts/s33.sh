@@ -8,6 +8,9 @@
 #   lmem:   (carry .gpu with bench) where the device memory outside CubeCL's pools goes: llama-1b
 #           bf16 with the driver's count beside the pools at each MEMORY mark, every kernel's PTX
 #           dumped, and ptxas's stack frame (local memory a thread) for each, largest first.
+#   flush:  (carry .gpu with bench) llama-1b bf16 and FP8 promoted once the optimizer step flushes
+#           the device (CubeCL frees the pages its pools gave back only at a flush): the driver's
+#           count at each MEMORY mark should be the pools' plus the context's ~0.6 GiB.
 #   rows:   FP8 promoted beside torchao float8 + compile, bf16 beside PyTorch + compile (fp32
 #           master weights, random ids, 3 warm-up and 10 timed steps), with memory.
 # Logs go to $OUT.
@@ -50,6 +53,10 @@ case $part in
         /bytes stack frame/ {print $1, name, f}'
     done | sort -rn | head -25 | tee "$OUT/stack-frames.txt"
     (cd /tmp/ptxall && tar cJf "$OUT/ptx.tar.xz" *.ptx)
+    ;;
+  flush)
+    run 1b-bf16-flush 70 $bf16; memory 1b-bf16-flush | cut -c1-160
+    run 1b-fp8-flush 90 $fp8; memory 1b-fp8-flush | cut -c1-160
     ;;
   rows)
     torchao
