@@ -12,7 +12,9 @@
 #           the device (CubeCL frees the pages its pools gave back only at a flush): the driver's
 #           count at each MEMORY mark should be the pools' plus the context's ~0.6 GiB.
 #   rows:   FP8 promoted beside torchao float8 + compile, bf16 beside PyTorch + compile (fp32
-#           master weights, random ids, 3 warm-up and 10 timed steps), with memory.
+#           master weights, random ids, 3 warm-up and 10 timed steps), with memory: each of our
+#           runs' MEMORY marks (at, tensors, pools, driver) and nvidia-smi's peak; with the
+#           optimizer step's flush the driver's count should sit ~0.6 GiB over the pools.
 # Logs go to $OUT.
 set -u
 cd "$(dirname "$0")/../../.."
@@ -60,9 +62,9 @@ case $part in
     ;;
   rows)
     torchao
-    run 1b-fp8-tensorwise-promoted 90 $fp8
+    run 1b-fp8-tensorwise-promoted 90 $fp8; memory 1b-fp8-tensorwise-promoted | cut -c1-160
     peers 1b-torchao 150 llama-1b fp8
-    run 1b-bf16 70 $bf16
+    run 1b-bf16 70 $bf16; memory 1b-bf16 | cut -c1-160
     [ $SECONDS -lt 430 ] && peers 1b-compile 150 llama-1b compile
     ;;
 esac
