@@ -104,6 +104,7 @@ impl Trainer<'_> {
                 let grads = GradientsParams::from_grads(loss.backward(), &model);
                 lap(&mut pieces, "after backward", |p| &mut p.backward);
                 let model = optim.step(LR, model, grads);
+                burn_megatron::optim::release_freed_pages(&ctx.device);
                 lap(&mut pieces, "after optimizer", |p| &mut p.optimizer);
                 (model, loss.detach())
             }

@@ -373,14 +373,7 @@ impl DistributedAdamW {
             // Not trained by gradients (a router's selection bias): as it was.
             false => old,
         });
-        // CubeCL 0.11's CUDA storage only queues the pages its pools give back
-        // (`GpuStorage::dealloc`) and frees them at a flush (`GpuStorage::flush`, reached through
-        // `Client::flush`), which nothing else in a step calls: without one, every page the pools
-        // outgrew while the first step grew them stays allocated (11.2 GiB beside llama-1b's 23.2
-        // GiB of pools, docs/perf/llama.md). With nothing queued it waits for nothing (the pools
-        // stop giving pages back once grown); a device that failed reports it at the next read,
-        // as every queued launch does.
-        device.flush().ok();
+        super::release_freed_pages(&device);
         Ok((model, StepReport { norm: Some(norm) }))
     }
 

@@ -1,6 +1,8 @@
 //! AdamW as a Burn [`Optimizer`] whose step is one fused kernel a parameter on CUDA
 //! (`burn_megatron_kernels::adamw`), with f32 moments. A drop-in for Burn's `AdamWConfig` where
-//! a model trains without the distributed optimizer (Burn's `Learner`, the benchmarks).
+//! a model trains without the distributed optimizer (Burn's `Learner`, the benchmarks). Burn's
+//! optimizers step one tensor at a time, with no end of step: a loop of its own calls
+//! [`release_freed_pages`](super::release_freed_pages) after each step.
 
 use burn::config::Config;
 use burn::optim::{AdaptiveMomentumState, LearningRate, ModuleOptimizer, Optimizer};

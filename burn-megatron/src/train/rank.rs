@@ -85,6 +85,7 @@ impl<'a, M: LearnerModel> RankTrainer<'a, M> {
             None => {
                 learner.optimizer_step(grads_params(&self.model, reduced));
                 self.model = learner.model();
+                crate::optim::release_freed_pages(&s.device);
             }
         }
         if let Some(update) = &s.after_step {
