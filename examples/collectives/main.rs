@@ -1,8 +1,10 @@
-//! Collective bandwidth on CUDA devices, one `RESULT {…}` line per operation and size, with the
-//! keys of `peer_collectives.py` (`time_us`, `busbw_gbps`) so the two run side by side.
+//! Collective bandwidth, one `RESULT {…}` line per operation and size, with the keys of
+//! `peer_collectives.py` (`time_us`, `busbw_gbps`) so the two run side by side.
 //!
 //!   cargo run --release --example collectives --features cuda               ranks as threads
 //!   cargo run --release --example collectives --features cuda -- --processes  one process a GPU
+//!   cargo run --release --example collectives -- --cpu [--gpus N]            ranks as threads on
+//!                                                                            the CPU
 //!
 //! `--processes` starts one copy of this program per GPU with torchrun's variables; a copy
 //! started by torchrun itself (RANK set) runs as that rank. `--gpus N` picks how many GPUs
@@ -11,6 +13,11 @@
 //! the mean of 20 calls queued back to back between two synchronizations. The peer times one
 //! call by CUDA events on its stream, which leave out the host's synchronization; CubeCL has no
 //! events on its streams, so the second figure is the one that leaves out the same.
+//!
+//! `--cpu` runs the ranks as threads on the CPU through the in-process transport, at 8 bytes, 64
+//! KiB and 1 MiB: the smallest size is what every call costs the host whatever it moves (the
+//! call-record check and the data's rendezvous), the part of a GPU call's fixed cost that ranks
+//! as threads pay on the host.
 
 use std::process::Command;
 use std::time::Instant;
@@ -18,7 +25,10 @@ use std::time::Instant;
 use burn::tensor::{DType, Device, Distribution, Tensor};
 use burn_megatron_dist::{ParallelDims, ProcessGroup, RankContext, ReduceOp, launch};
 
-const SIZES_MIB: [usize; 4] = [1, 16, 256, 1024];
+/// The GPU sizes, in bytes: 1 MiB, 16 MiB, 256 MiB and 1 GiB.
+const SIZES: [usize; 4] = [1 << 20, 16 << 20, 256 << 20, 1 << 30];
+/// The CPU sizes: the fixed cost of a call, then 64 KiB and 1 MiB.
+const CPU_SIZES: [usize; 3] = [8, 64 << 10, 1 << 20];
 const WARMUP: usize = 5;
 const RUNS: usize = 20;
 
@@ -35,12 +45,30 @@ fn main() {
         spawn_processes(gpus);
         return;
     }
-    let transport = if std::env::var_os("RANK").is_some() {
-        "nccl"
-    } else {
-        "cubecl"
+    let dims = ParallelDims::tp_dp(gpus, 1);
+    let run = match args.iter().any(|a| a == "--cpu") {
+        true => launch(dims, |_| Device::flex(), |ctx| bench(&ctx, "in-process", &CPU_SIZES)),
+        false => launch(dims, gpu, |ctx| {
+            let transport = match std::env::var_os("RANK") {
+                Some(_) => "nccl",
+                None => "cubecl",
+            };
+            bench(&ctx, transport, &SIZES)
+        }),
     };
-    launch(ParallelDims::tp_dp(gpus, 1), Device::cuda, |ctx| bench(&ctx, transport)).unwrap_or_else(|e| panic!("{e}"));
+    run.unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Rank `i`'s GPU.
+#[cfg(feature = "cuda")]
+fn gpu(i: usize) -> Device {
+    Device::cuda(i)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu(_: usize) -> Device {
+    eprintln!("a build without the `cuda` feature runs the collectives with --cpu only");
+    std::process::exit(2);
 }
 
 /// Starts one copy of this program per GPU, as torchrun would, and waits for them.
@@ -68,12 +96,13 @@ fn spawn_processes(gpus: usize) {
 /// One collective to time: a call on the bench's tensors.
 type Collective<'a> = Box<dyn Fn() -> Tensor<1> + 'a>;
 
-fn bench(ctx: &RankContext, transport: &str) {
+fn bench(ctx: &RankContext, transport: &str, sizes: &[usize]) {
     let group = &ctx.groups.tp;
     let n = group.size();
-    for mib in SIZES_MIB {
-        let mut numel = mib * (1 << 20) / 2;
-        numel -= numel % n;
+    for &bytes in sizes {
+        // At least one bf16 value a rank.
+        let numel = (bytes / 2).max(n);
+        let numel = numel - numel % n;
         let x = Tensor::<1>::random([numel], Distribution::Default, (&ctx.device, DType::BF16));
         let shard = x.clone().narrow(0, 0, numel / n);
         let ops: [(&str, f64, Collective<'_>); 4] = [
