@@ -31,10 +31,12 @@
 //! reduction after backward and the optimizer, each synchronized; and the same reduction run
 //! alone, so `hidden` is the share of it that backward hid.
 //!
-//! After the timed steps, one more step prints a `MEMORY {…}` line at its start and after each
-//! piece: CubeCL's pools on rank 0's device, what the tensors hold beside what the pools reserve,
-//! pool by pool (memory.rs). `peak_mem_gib` is the largest reservation (the CUDA context and
-//! what the driver keeps outside the pools are not in it; nvidia-smi sees those too).
+//! `MEMORY {…}` lines show rank 0's device: CubeCL's pools, what the tensors hold beside what the
+//! pools reserve, pool by pool, and the driver's count (memory.rs). They come once the model is
+//! built, after the first step, then at the start and after each piece of one more step (a
+//! pipeline stage: after the timed steps). `peak_mem_gib` is the largest reservation of any
+//! rank's pools; the CUDA context and what the driver keeps outside the pools are not in it,
+//! and nvidia-smi sees those too.
 
 mod attention;
 mod gemm;
@@ -277,7 +279,7 @@ fn main() {
                 ", \"pp\": {}, \"vpp\": {}, \"microbatches\": {microbatches}, \"bubble_predicted\": {:.3}, \"bubble_measured\": {:.3}",
                 args.pp, args.vpp, run.bubble_predicted, run.bubble_measured
             );
-            return (run.step_s, run.loss, None, bubble, Vec::new());
+            return (run.step_s, run.loss, None, bubble, run.memory);
         }
         let model = config
             .init(&device, &ctx.groups, &policy.init(0, InitMode::PerShard))
@@ -322,9 +324,14 @@ fn main() {
     for mark in marks {
         println!("{}", mark.line());
     }
+    // The most any rank's pools reserved: stages and ranks differ (the last stage holds the
+    // logits).
     let peak = match marks.is_empty() {
         true => "null".to_string(),
-        false => format!("{:.2}", memory::peak_gib(marks)),
+        false => format!(
+            "{:.2}",
+            results.iter().map(|r| memory::peak_gib(&r.4)).fold(0.0, f64::max)
+        ),
     };
     println!(
         "RESULT {{\"peer\": \"burn-megatron\", \"recipe\": \"{recipe}\", \"preset\": \"{}\", \"batch\": {}, \"seq\": {seq}, \"tp\": {}, \"cp\": {}, \"dp\": {}, \"ep\": {}, \"gpus\": {gpus}, \"step_ms\": {:.1}, \"tokens_per_s\": {:.0}, \"tflops_per_gpu\": {:.1}, \"mfu\": {:.3}, \"peak_mem_gib\": {peak}, \"loss\": {:.4}{pipeline}}}",

@@ -17,6 +17,8 @@ use burn_megatron::plan::pipeline::simulate::simulate;
 use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron_dist::{RankContext, ReduceOp};
 
+use crate::memory::Mark;
+
 /// The peers' learning rate (../shared/BENCHMARKS.md).
 const LR: f64 = 1e-4;
 
@@ -29,6 +31,8 @@ pub struct PipelineRun {
     /// The schedule's bubble on paper, and the stages' mean idle share of a synchronized step.
     pub bubble_predicted: f64,
     pub bubble_measured: f64,
+    /// This stage's pools once it is built, after the first step and after the timed steps.
+    pub memory: Vec<Mark>,
 }
 
 /// Warm-up and timed steps of this rank's stage of `config` under `plan` over `microbatches`;
@@ -94,11 +98,15 @@ pub fn run(
         let loss = ctx.groups.grad_sync().all_reduce(loss, ReduceOp::Avg).expect("loss");
         loss.into_scalar::<f64>()
     };
+    let mut memory = vec![Mark::take("stage built", &ctx.device)];
     for i in 0..warmup {
         let start = Instant::now();
         let report;
         (stage, report) = step(stage, Timing::Off);
         let loss = reported(report.loss);
+        if i == 0 {
+            memory.push(Mark::take("after the first step", &ctx.device));
+        }
         if ctx.global_rank == 0 {
             eprintln!("warmup {i}: {:.1} s, loss {loss}", start.elapsed().as_secs_f64());
         }
@@ -113,6 +121,7 @@ pub fn run(
     }
     ctx.device.sync().expect("sync");
     let step_s = start.elapsed().as_secs_f64() / steps as f64;
+    memory.push(Mark::take("after the timed steps", &ctx.device));
     let loss = reported(last);
     // One more step, each forward and backward synchronized: the stages' idle share.
     let (_, report) = step(stage, Timing::Synchronized);
@@ -123,5 +132,6 @@ pub fn run(
         loss,
         bubble_predicted,
         bubble_measured,
+        memory,
     }
 }
