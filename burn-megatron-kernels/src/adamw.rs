@@ -271,7 +271,9 @@ impl<B: Backend + AdamWOps, C: CheckpointStrategy> AdamWOps for Autodiff<B, C> {
     }
 }
 
-/// One AdamW step of `param` through [`AdamWOps`]: the new parameter and f32 moments.
+/// One AdamW step of `param` through [`AdamWOps`]: the new parameter and f32 moments. On CUDA
+/// they are written where the old ones were when nothing else holds those (the caller handed
+/// them over), as PyTorch's fused AdamW does.
 ///
 /// # Shapes
 /// all four of one shape

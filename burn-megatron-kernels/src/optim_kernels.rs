@@ -212,6 +212,17 @@ fn float(dtype: DType) -> bool {
     matches!(dtype, DType::BF16 | DType::F16 | DType::F32)
 }
 
+/// An output's kernel argument: updating in place, an alias of the kernel's input `input` (which
+/// `t` is); else its own memory.
+fn output_arg(t: &CubeTensor, in_place: bool, input: usize) -> TensorArg {
+    match in_place {
+        true => t.as_tensor_alias(input),
+        false => t.clone().into_tensor_arg(),
+    }
+}
+
+/// The new parameter and moments; in place where nothing else holds the parameter and both
+/// moments, as [`adamw_master`]'s state is.
 pub(crate) fn adamw(
     param: CubeTensor,
     grad: CubeTensor,
@@ -219,6 +230,8 @@ pub(crate) fn adamw(
     v: CubeTensor,
     step: AdamWStep,
 ) -> (CubeTensor, CubeTensor, CubeTensor) {
+    // Asked before the clones below; sound for the reason `adamw_master` gives.
+    let in_place = param.can_mut() && m.can_mut() && v.can_mut();
     let fits = float(param.dtype)
         && m.dtype == DType::F32
         && v.dtype == DType::F32
@@ -237,11 +250,16 @@ pub(crate) fn adamw(
         return reference::update::<Cube>(param, grad, m, v, step);
     };
     let shape = pc.meta.shape().clone();
-    let (param_out, m_out, v_out) = (
-        compact_output(&pc, shape.clone(), pc.dtype),
-        compact_output(&pc, shape.clone(), DType::F32),
-        compact_output(&pc, shape, DType::F32),
-    );
+    // The outputs' arguments: aliases of the kernel's inputs 0 (the parameter), 2 and 3 (the
+    // moments) in place, else new tensors.
+    let (param_out, m_out, v_out) = match in_place {
+        true => (pc.clone(), mc.clone(), vc.clone()),
+        false => (
+            compact_output(&pc, shape.clone(), pc.dtype),
+            compact_output(&pc, shape.clone(), DType::F32),
+            compact_output(&pc, shape, DType::F32),
+        ),
+    };
     let len = pc.meta.num_elements();
     let vector = moment_vector(len);
     let (count, dim) = launch_dims(len, vector);
@@ -254,11 +272,11 @@ pub(crate) fn adamw(
         vector,
         pc.clone().into_tensor_arg(),
         gc.into_tensor_arg(),
-        mc.into_tensor_arg(),
-        vc.into_tensor_arg(),
-        param_out.clone().into_tensor_arg(),
-        m_out.clone().into_tensor_arg(),
-        v_out.clone().into_tensor_arg(),
+        mc.clone().into_tensor_arg(),
+        vc.clone().into_tensor_arg(),
+        output_arg(&param_out, in_place, 0),
+        output_arg(&m_out, in_place, 2),
+        output_arg(&v_out, in_place, 3),
         adam_scalars!(step),
     );
     (param_out, m_out, v_out)
@@ -336,10 +354,6 @@ pub(crate) fn adamw_master(
             compact_output(&pc, shape, DType::F32),
         ),
     };
-    let out_arg = |t: &CubeTensor, input: usize| match in_place {
-        true => t.as_tensor_alias(input),
-        false => t.clone().into_tensor_arg(),
-    };
     let len = pc.meta.num_elements();
     let vector = moment_vector(len);
     let blocks = ((len / vector) as u32).div_ceil(256).min(MASTER_BLOCKS);
@@ -363,9 +377,9 @@ pub(crate) fn adamw_master(
         clip.into_tensor_arg(),
         mc.clone().into_tensor_arg(),
         vc.clone().into_tensor_arg(),
-        out_arg(&master_out, 0),
-        out_arg(&m_out, 3),
-        out_arg(&v_out, 4),
+        output_arg(&master_out, in_place, 0),
+        output_arg(&m_out, in_place, 3),
+        output_arg(&v_out, in_place, 4),
         param_out.clone().into_tensor_arg(),
         sc.into_tensor_arg(),
         squares_out.clone().into_tensor_arg(),

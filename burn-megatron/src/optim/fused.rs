@@ -1,6 +1,7 @@
 //! AdamW as a Burn [`Optimizer`] whose step is one fused kernel a parameter on CUDA
 //! (`burn_megatron_kernels::adamw`), with f32 moments. A drop-in for Burn's `AdamWConfig` where
-//! a model trains without the distributed optimizer (Burn's `Learner`, the benchmarks). Burn's
+//! a model trains without the distributed optimizer (Burn's `Learner`, the benchmarks). The
+//! kernel updates a parameter and its moments in place when nothing else holds them. Burn's
 //! optimizers step one tensor at a time, with no end of step: a loop of its own calls
 //! [`release_freed_pages`](super::release_freed_pages) after each step.
 

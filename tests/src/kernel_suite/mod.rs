@@ -276,7 +276,9 @@ fn adam_step(time: u32) -> burn_megatron_kernels::adamw::AdamWStep {
 }
 
 /// Three fused AdamW steps against the update written in f32 tensor ops, for f32 and bf16
-/// parameters, on lengths that take vectors of 4 and one that takes none.
+/// parameters, on lengths that take vectors of 4 and one that takes none. Step 1 writes new
+/// tensors (the twin holds the same zero moments); steps 2 and 3 update the parameter and the
+/// moments in place (the previous step's outputs, held by nothing else).
 pub fn adamw(h: &Harness) {
     use burn_megatron_kernels::adamw::adamw_step;
     let device = h.device(0);
