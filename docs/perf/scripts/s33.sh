@@ -20,22 +20,19 @@ set -u
 cd "$(dirname "$0")/../../.."
 . docs/perf/scripts/s6-common.sh
 part=${1:-memory}
-bf16="--preset llama-1b --steps 10 --warmup 3"
-fp8="$bf16 --precision fp8-tensorwise-promoted"
 model() {  # FILTER NAME LIMIT: gpu-suite's tests matching FILTER on one GPU, ranks as threads
   timeout -s KILL "$3" bash .gpu/run.sh gpu-suite --one-gpu --filter "$1" > "$OUT/suite-$2.log" 2>&1
   grep -h "FAILED\|passed\|ok (\|panicked" "$OUT/suite-$2.log" | cut -c1-600
 }
-memory() { grep -h '^MEMORY' "$OUT/bench-$1.log" | cut -c1-1500; }
 case $part in
   memory)
     suite adamw_master
     model adamw_steps_match adamw 120
     model zero1_matches_unsharded zero1 120
     model optimizer_keeps_weight_amaxes kept-amaxes 120
-    run 1b-bf16 70 $bf16; memory 1b-bf16
-    export TEMP_ADAMW_COPY=1; run 1b-bf16-copy 70 $bf16; memory 1b-bf16-copy; unset TEMP_ADAMW_COPY
-    run 1b-fp8-tensorwise-promoted 90 $fp8; memory 1b-fp8-tensorwise-promoted
+    run 1b-bf16 70 $bf16; memory 1b-bf16 1500
+    export TEMP_ADAMW_COPY=1; run 1b-bf16-copy 70 $bf16; memory 1b-bf16-copy 1500; unset TEMP_ADAMW_COPY
+    run 1b-fp8-tensorwise-promoted 90 $fp8; memory 1b-fp8-tensorwise-promoted 1500
     ;;
   lmem)
     mkdir -p /tmp/ptx /tmp/ptxall
@@ -43,7 +40,7 @@ case $part in
     (while true; do for f in /tmp/ptx/*.ptx; do [ -f "$f" ] && cp "$f" "/tmp/ptxall/$(md5sum "$f" | cut -c1-12).ptx"; done; sleep 0.1; done) &
     copier=$!
     export CUBECL_CUDA_DUMP_PTX=/tmp/ptx
-    run 1b-bf16-ptx 120 $bf16; memory 1b-bf16-ptx
+    run 1b-bf16-ptx 120 $bf16; memory 1b-bf16-ptx 1500
     unset CUBECL_CUDA_DUMP_PTX
     sleep 0.5; kill $copier
     ptxas=$(python3 -c "import triton, os; print(os.path.dirname(triton.__file__))")/backends/nvidia/bin/ptxas
@@ -57,14 +54,14 @@ case $part in
     (cd /tmp/ptxall && tar cJf "$OUT/ptx.tar.xz" *.ptx)
     ;;
   flush)
-    run 1b-bf16-flush 70 $bf16; memory 1b-bf16-flush | cut -c1-160
-    run 1b-fp8-flush 90 $fp8; memory 1b-fp8-flush | cut -c1-160
+    run 1b-bf16-flush 70 $bf16; memory 1b-bf16-flush
+    run 1b-fp8-flush 90 $fp8; memory 1b-fp8-flush
     ;;
   rows)
     torchao
-    run 1b-fp8-tensorwise-promoted 90 $fp8; memory 1b-fp8-tensorwise-promoted | cut -c1-160
+    run 1b-fp8-tensorwise-promoted 90 $fp8; memory 1b-fp8-tensorwise-promoted
     peers 1b-torchao 150 llama-1b fp8
-    run 1b-bf16 70 $bf16; memory 1b-bf16 | cut -c1-160
+    run 1b-bf16 70 $bf16; memory 1b-bf16
     [ $SECONDS -lt 430 ] && peers 1b-compile 150 llama-1b compile
     ;;
 esac

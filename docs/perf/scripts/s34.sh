@@ -16,9 +16,6 @@ set -u
 cd "$(dirname "$0")/../../.."
 . docs/perf/scripts/s6-common.sh
 part=${1:-first}
-bf16="--preset llama-1b --steps 10 --warmup 3"
-fp8="$bf16 --precision fp8-tensorwise-promoted"
-memory() { grep -h '^MEMORY' "$OUT/bench-$1.log" | cut -c1-160; }
 ladder() {  # RECOMPUTE BATCH...: a rung a batch, stopped at the first that fails
   local r=$1; shift
   for batch in "$@"; do

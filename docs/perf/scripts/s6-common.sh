@@ -1,6 +1,10 @@
 # Sourced by the session scripts since session 6: memory sampling, one bench run with its peak
 # memory, the peers, torchao's wheel installed, kernel tests by name, and ptxas's report.
 # Every 200 ms: memory used, and (since session 26) the SM clock, power drawn and utilization.
+# Since session 33: llama-1b's bench arguments on the peers' recipe, and a run's MEMORY lines.
+bf16="--preset llama-1b --steps 10 --warmup 3"
+fp8="$bf16 --precision fp8-tensorwise-promoted"
+memory() { grep -h '^MEMORY' "$OUT/bench-$1.log" | cut -c1-"${2:-160}"; }  # NAME [WIDTH]
 sample() { nvidia-smi --query-gpu=index,memory.used,clocks.sm,power.draw,utilization.gpu --format=csv,noheader,nounits -lms 200 > "$OUT/mem-$1.csv" & }
 peak() { awk -F', ' '{if ($2 > m[$1]) m[$1] = $2} END {for (g in m) printf "gpu%s=%s ", g, m[g]}' "$OUT/mem-$1.csv"; }
 busy() {  # NAME: the median SM clock (MHz) and mean power (W) over the samples with the GPU busy
