@@ -105,6 +105,7 @@ pub fn run(
         (stage, report) = step(stage, Timing::Off);
         let loss = reported(report.loss);
         if i == 0 {
+            crate::timing::check_first_loss(loss as f32, config.embedding.vocab_size);
             memory.push(Mark::take("after the first step", &ctx.device));
         }
         if ctx.global_rank == 0 {

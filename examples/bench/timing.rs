@@ -140,6 +140,24 @@ impl Trainer<'_> {
     }
 }
 
+/// Stops the benchmark when the first step's loss is not what a freshly initialized model gives
+/// on uniform random ids, about `ln vocab` (its logits are near zero): such a step did not run
+/// as written. Past the device's memory, CubeCL 0.11 has been seen to leave a step unrun with no
+/// error at any read, the loss reading 0 (docs/perf/recompute.md), and the timed steps then
+/// "run" many times faster than the device can.
+pub fn check_first_loss(loss: f32, vocab: usize) {
+    let expected = (vocab as f32).ln();
+    // Initialized at std 0.02, the logits are a few hundredths: the loss is within a few
+    // percent of ln V (10.8 against 10.4 for llama-1b). Half of ln V either way leaves room for
+    // any preset and still catches a step that left its loss unwritten.
+    if !(loss.is_finite() && (loss - expected).abs() <= 0.5 * expected) {
+        panic!(
+            "the first step's loss is {loss}, where a fresh model on uniform ids gives about ln {vocab} = {expected:.2}: \
+             the step did not run as written (past the device's memory, CubeCL reports no error; docs/perf/recompute.md)"
+        );
+    }
+}
+
 /// Warm-up, timed steps and (with `profile`) the synchronized pieces of as many more steps.
 pub fn run(
     ctx: &RankContext,
@@ -162,12 +180,14 @@ pub fn run(
     };
     // The pools once the model is built, and after the first step (kernels compiled and tuned).
     let mut memory = vec![Mark::take("model built", &ctx.device)];
+    let vocab = model.embedding.vocab_size;
     for i in 0..warmup {
         let start = Instant::now();
         let (next, loss) = trainer.step(model, None);
         model = next;
         let loss = loss.into_scalar::<f32>();
         if i == 0 {
+            check_first_loss(loss, vocab);
             memory.push(Mark::take("after the first step", &ctx.device));
         }
         if ctx.global_rank == 0 {
