@@ -107,8 +107,8 @@ fn adamw_kernel<F: Float, N: Size>(
 
 /// One AdamW step of fp32 master weights: gradient in `G`, master weights and moments in f32,
 /// the model's copy of the new value written in `P` in the same pass; the gradient multiplied by
-/// `clip[0]` first (a global norm's clipping factor, computed on the device). A grid of at most
-/// [`MASTER_BLOCKS`] blocks strides over the vectors; each block's `Σ g²` (before clipping) goes to
+/// `clip[0]` first (a global norm's clipping factor, computed on the device). A grid of
+/// [`master_blocks`] blocks strides over the vectors; each block's `Σ g²` (before clipping) goes to
 /// `partials`, and the largest |parameter| it wrote (as written, NaN ignored) to `peaks`; the
 /// launch's last block (by `ticket`: [`last_block`]) writes `squares_out[0] = squares[0] +
 /// Σ partials`, summed in one order every run, and `amax[0] = max peaks`.
@@ -168,9 +168,21 @@ fn adamw_master_kernel<G: Float, P: Float, N: Size>(
     }
 }
 
-/// The most blocks of [`adamw_master_kernel`]: enough to keep every SM's loads in flight, few
-/// enough that the last block sums their partials in one sweep.
-const MASTER_BLOCKS: u32 = 1024;
+/// The blocks of [`adamw_master_kernel`] for `vectors`: one a [`MASTER_SWEEP`] vectors, at most
+/// [`MASTER_BLOCKS`]. Many short blocks, not one wave of long ones: a grid of equal shares that
+/// does not fit the SMs at once (1 024 blocks where the kernel's registers leave room for fewer)
+/// runs its last blocks as a second, mostly idle wave, while short blocks queue and keep every
+/// SM full to the end.
+fn master_blocks(vectors: usize) -> u32 {
+    (vectors as u32).div_ceil(MASTER_SWEEP).min(MASTER_BLOCKS)
+}
+
+/// Vectors a block of [`adamw_master_kernel`] updates, eight a thread, short of the cap.
+const MASTER_SWEEP: u32 = 8 * 256;
+
+/// The most blocks of [`adamw_master_kernel`]: the last block sums their partials, 64 a thread
+/// at most; past it (tensors over 2²⁵ vectors) each thread takes more than eight.
+const MASTER_BLOCKS: u32 = 16384;
 
 /// Vectors one block of [`partials_kernel`] reduces: 256 threads, 8 vectors each.
 const CHUNK: u32 = 2048;
@@ -356,7 +368,7 @@ pub(crate) fn adamw_master(
     };
     let len = pc.meta.num_elements();
     let vector = moment_vector(len);
-    let blocks = ((len / vector) as u32).div_ceil(256).min(MASTER_BLOCKS);
+    let blocks = master_blocks(len / vector);
     let (squares_out, amax) = (
         compact_output(&pc, Shape::new([1]), DType::F32),
         compact_output(&pc, Shape::new([1]), DType::F32),
