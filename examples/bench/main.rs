@@ -39,6 +39,7 @@
 //! and nvidia-smi sees those too.
 
 mod attention;
+mod failures;
 mod gemm;
 mod grouped;
 mod memory;
@@ -206,6 +207,7 @@ fn parse() -> Result<Args, String> {
 }
 
 fn main() {
+    failures::install();
     let args = parse().unwrap_or_else(|message| {
         eprintln!("{message}");
         std::process::exit(2);

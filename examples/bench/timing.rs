@@ -144,7 +144,8 @@ impl Trainer<'_> {
 /// on uniform random ids, about `ln vocab` (its logits are near zero): such a step did not run
 /// as written. Past the device's memory, CubeCL 0.11 has been seen to leave a step unrun with no
 /// error at any read, the loss reading 0 (docs/perf/recompute.md), and the timed steps then
-/// "run" many times faster than the device can.
+/// "run" many times faster than the device can. The failed launches' log lines
+/// ([`crate::failures`]) stop the bench first where CubeCL logs them.
 pub fn check_first_loss(loss: f32, vocab: usize) {
     let expected = (vocab as f32).ln();
     // Initialized at std 0.02, the logits are a few hundredths: the loss is within a few
@@ -153,7 +154,8 @@ pub fn check_first_loss(loss: f32, vocab: usize) {
     if !(loss.is_finite() && (loss - expected).abs() <= 0.5 * expected) {
         panic!(
             "the first step's loss is {loss}, where a fresh model on uniform ids gives about ln {vocab} = {expected:.2}: \
-             the step did not run as written (past the device's memory, CubeCL reports no error; docs/perf/recompute.md)"
+             the step did not run as written (past the device's memory, a read may return what no launch wrote; \
+             docs/perf/recompute.md)"
         );
     }
 }
@@ -186,12 +188,13 @@ pub fn run(
         let (next, loss) = trainer.step(model, None);
         model = next;
         let loss = loss.into_scalar::<f32>();
+        if ctx.global_rank == 0 {
+            eprintln!("warmup {i}: {:.1} s, loss {loss}", start.elapsed().as_secs_f64());
+        }
+        crate::failures::check(&format!("warm-up step {i}"));
         if i == 0 {
             check_first_loss(loss, vocab);
             memory.push(Mark::take("after the first step", &ctx.device));
-        }
-        if ctx.global_rank == 0 {
-            eprintln!("warmup {i}: {:.1} s, loss {loss}", start.elapsed().as_secs_f64());
         }
     }
     ctx.device.sync().expect("sync");
@@ -206,6 +209,7 @@ pub fn run(
     }
     let loss = last.map_or(0.0, |loss| loss.into_scalar::<f64>());
     ctx.device.sync().expect("sync");
+    crate::failures::check("the timed steps");
     let step_s = start.elapsed().as_secs_f64() / steps as f64;
     // One more step, the pools read at its start and after each piece.
     let mut marked = Pieces {
