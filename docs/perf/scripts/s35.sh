@@ -59,10 +59,6 @@ EOF
     oom
     ;;
   rows)
-    torchao
-    run 1b-fp8 90 $fp8; memory 1b-fp8
-    peers 1b-torchao 150 llama-1b fp8
-    run 1b-bf16 70 $bf16; memory 1b-bf16
-    [ $SECONDS -lt 430 ] && peers 1b-compile 150 llama-1b compile
+    rows
     ;;
 esac

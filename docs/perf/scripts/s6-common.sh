@@ -58,3 +58,10 @@ llama_rows() {  # llama-1b bf16 beside PyTorch + compile, FP8 tensorwise beside 
   [ "${AGAIN:-1}" = 1 ] && [ $SECONDS -lt 430 ] && run 1b-bf16-2 90 --preset llama-1b --steps 10 --warmup 3
   [ "${AGAIN:-1}" = 1 ] && [ $SECONDS -lt 480 ] && run 1b-fp8-tensorwise-2 90 --preset llama-1b --steps 10 --warmup 3 --precision fp8-tensorwise
 }
+rows() {  # FP8 promoted beside torchao float8 + compile, bf16 beside PyTorch + compile (since session 34)
+  torchao
+  run 1b-fp8 90 $fp8; memory 1b-fp8
+  peers 1b-torchao 150 llama-1b fp8
+  run 1b-bf16 70 $bf16; memory 1b-bf16
+  [ $SECONDS -lt 430 ] && peers 1b-compile 150 llama-1b compile
+}
