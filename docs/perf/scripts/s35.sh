@@ -4,6 +4,7 @@
 #           over more blocks: their kernel tests; ncu's times, registers and DRAM throughput for
 #           those two kernels over four steps; the bf16 and FP8 rows alone; then `oom`.
 #   again:  (after logs/s35/call1) the ncu part of `check` and an `oom` run; the rows on an H200.
+#   h200:   on an H200 only, the ncu part of `check` and the rows.
 #   oom:    llama-1b at batch 56, past the H200's memory (its first step printed loss 0 and no
 #           error in logs/s34/call3): our GEMM and Burn's.
 #   rows:   FP8 promoted beside torchao float8 + compile, bf16 beside PyTorch + compile.
@@ -57,6 +58,13 @@ case $part in
     optim
     oom wgmma
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && rows
+    ;;
+  h200)
+    # On an H200 only: the two kernels' ncu (against logs/s34's 8.12 ms of AdamW a step), then
+    # the rows.
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || { echo "not an H200"; exit 0; }
+    optim
+    rows
     ;;
   check)
     suite adamw_master adamw rms_norm
