@@ -4,6 +4,7 @@
 #           over more blocks: their kernel tests; ncu's times, registers and DRAM throughput for
 #           those two kernels over four steps; the bf16 and FP8 rows alone; then `oom`.
 #   again:  (after logs/s35/call1) the ncu part of `check` and an `oom` run; the rows on an H200.
+#   pairs:  the AdamW master step two vectors a turn: its tests, ncu; the rows on an H200.
 #   h200:   on an H200 only, the ncu part of `check` and the rows.
 #   oom:    llama-1b at batch 56, past the H200's memory (its first step printed loss 0 and no
 #           error in logs/s34/call3): our GEMM and Burn's.
@@ -57,6 +58,13 @@ case $part in
     # The ncu part of `check` and one `oom` run (bench's failure log), then the rows on an H200.
     optim
     oom wgmma
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && rows
+    ;;
+  pairs)
+    # The AdamW master step loading two vectors a turn: its kernel tests and ncu; the rows on an
+    # H200.
+    suite adamw_master adamw
+    optim
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && rows
     ;;
   h200)
