@@ -36,6 +36,7 @@ mod decode_kernels;
 #[cfg(feature = "cuda")]
 mod elementwise;
 pub mod f32_matmul;
+pub mod failures;
 pub mod graph;
 pub mod grouped;
 #[cfg(feature = "cuda")]

@@ -39,7 +39,6 @@
 //! and nvidia-smi sees those too.
 
 mod attention;
-mod failures;
 mod gemm;
 mod grouped;
 mod memory;
@@ -207,7 +206,9 @@ fn parse() -> Result<Args, String> {
 }
 
 fn main() {
-    failures::install();
+    if let Err(e) = burn_megatron_kernels::failures::watch() {
+        eprintln!("{e}");
+    }
     let args = parse().unwrap_or_else(|message| {
         eprintln!("{message}");
         std::process::exit(2);

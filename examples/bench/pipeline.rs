@@ -104,7 +104,7 @@ pub fn run(
         let report;
         (stage, report) = step(stage, Timing::Off);
         let loss = reported(report.loss);
-        crate::failures::check(&format!("warm-up step {i}"));
+        crate::timing::check_failures(&format!("warm-up step {i}"));
         if i == 0 {
             crate::timing::check_first_loss(loss as f32, config.embedding.vocab_size);
             memory.push(Mark::take("after the first step", &ctx.device));

@@ -140,12 +140,20 @@ impl Trainer<'_> {
     }
 }
 
+/// Stops the benchmark, naming `when`, once CubeCL has logged a launch it could not run
+/// (`burn_megatron_kernels::failures`).
+pub fn check_failures(when: &str) {
+    if let Err(failure) = burn_megatron_kernels::failures::check() {
+        panic!("by {when}: {failure}");
+    }
+}
+
 /// Stops the benchmark when the first step's loss is not what a freshly initialized model gives
 /// on uniform random ids, about `ln vocab` (its logits are near zero): such a step did not run
 /// as written. Past the device's memory, CubeCL 0.11 has been seen to leave a step unrun with no
 /// error at any read, the loss reading 0 (docs/perf/recompute.md), and the timed steps then
 /// "run" many times faster than the device can. The failed launches' log lines
-/// ([`crate::failures`]) stop the bench first where CubeCL logs them.
+/// ([`check_failures`]) stop the bench first where CubeCL logs them.
 pub fn check_first_loss(loss: f32, vocab: usize) {
     let expected = (vocab as f32).ln();
     // Initialized at std 0.02, the logits are a few hundredths: the loss is within a few
@@ -191,7 +199,7 @@ pub fn run(
         if ctx.global_rank == 0 {
             eprintln!("warmup {i}: {:.1} s, loss {loss}", start.elapsed().as_secs_f64());
         }
-        crate::failures::check(&format!("warm-up step {i}"));
+        check_failures(&format!("warm-up step {i}"));
         if i == 0 {
             check_first_loss(loss, vocab);
             memory.push(Mark::take("after the first step", &ctx.device));
@@ -209,7 +217,7 @@ pub fn run(
     }
     let loss = last.map_or(0.0, |loss| loss.into_scalar::<f64>());
     ctx.device.sync().expect("sync");
-    crate::failures::check("the timed steps");
+    check_failures("the timed steps");
     let step_s = start.elapsed().as_secs_f64() / steps as f64;
     // One more step, the pools read at its start and after each piece.
     let mut marked = Pieces {

@@ -31,6 +31,7 @@ use burn_megatron::optim::{DistributedAdamWConfig, Overlap, check_lr};
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::precision::{KeptBlocks, PrecisionPolicy, delayed};
 use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
+use burn_megatron_kernels::failures;
 
 use args::{Args, DeviceKind};
 use data::Corpus;
@@ -174,6 +175,10 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
         ),
         None => (corpus.encode("\n417+385="), corpus.encode("\n")[0]),
     };
+    // CubeCL reports a launch it could not run (past the device's memory) only to a logger.
+    // Refused where a logger is installed already (an earlier run in this process: ours), which
+    // then keeps CubeCL's lines.
+    let _ = failures::watch();
     let dims = plan.dims;
     let results = launch(dims, device_of, |ctx| -> Result<Vec<f64>, String> {
         let device = ctx.device.clone().autodiff();
@@ -205,6 +210,7 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
                 .all_reduce(loss.clone().detach(), ReduceOp::Avg)
                 .map_err(|e| e.to_string())?;
             let value = reported.into_scalar::<f64>();
+            failures::check().map_err(|e| format!("step {step}: {e}; training stops"))?;
             if !value.is_finite() {
                 return Err(format!("step {step}: the loss is {value}; training stops"));
             }
