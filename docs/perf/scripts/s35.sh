@@ -4,6 +4,7 @@
 #           over more blocks: their kernel tests; ncu's times, registers and DRAM throughput for
 #           those two kernels over four steps; the bf16 and FP8 rows alone; then `oom`.
 #   again:  (after logs/s35/call1) the ncu part of `check` and an `oom` run; the rows on an H200.
+#   watch:  the failures' watch in the kernels crate: bench and train past the device's memory.
 #   pairs:  the AdamW master step two vectors a turn: its tests, ncu; the rows on an H200.
 #   h200:   on an H200 only, the ncu part of `check` and the rows.
 #   oom:    llama-1b at batch 56, past the H200's memory (its first step printed loss 0 and no
@@ -59,6 +60,15 @@ case $part in
     optim
     oom wgmma
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && rows
+    ;;
+  watch)
+    # (carry .gpu with bench and train) The failures' watch moved into the kernels crate: bench
+    # at batch 56 again, and train's own loop past the device's memory (batch 64 on the H100's
+    # 80 GB, 72 on an H200's 141).
+    oom wgmma
+    timeout -s KILL 150 bash .gpu/run.sh train --preset llama-1b --device cuda --batch 72 --steps 2 --sample-every 0 \
+      > "$OUT/train-oom.log" 2>&1
+    echo "== train oom: rc $?"; grep -v 'reclaiming\|^No backtrace' "$OUT/train-oom.log" | cut -c1-300 | tail -8
     ;;
   pairs)
     # The AdamW master step loading two vectors a turn: its kernel tests and ncu; the rows on an
