@@ -154,6 +154,13 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
         DeviceKind::Cpu => Device::flex(),
         DeviceKind::Cuda => cuda(local),
     };
+    // CubeCL reports a launch it could not run (past the device's memory) only to a logger;
+    // the loops below check it after each step's loss. Refused where a logger is installed
+    // already (an earlier run in this process: ours), which then keeps CubeCL's lines. Burn's
+    // Learner installs its own, which writes them to its application log.
+    if !args.learner {
+        let _ = failures::watch();
+    }
     if args.pp > 1 && !args.learner {
         return pipeline::run(args, &plan, &config, &corpus, &init, device_of, (per_rank, seq, batch));
     }
@@ -175,10 +182,6 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
         ),
         None => (corpus.encode("\n417+385="), corpus.encode("\n")[0]),
     };
-    // CubeCL reports a launch it could not run (past the device's memory) only to a logger.
-    // Refused where a logger is installed already (an earlier run in this process: ours), which
-    // then keeps CubeCL's lines.
-    let _ = failures::watch();
     let dims = plan.dims;
     let results = launch(dims, device_of, |ctx| -> Result<Vec<f64>, String> {
         let device = ctx.device.clone().autodiff();

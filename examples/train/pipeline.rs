@@ -132,6 +132,7 @@ pub fn run(
                 .all_reduce(loss, ReduceOp::Avg)
                 .map_err(|e| e.to_string())?;
             let value = reported.into_scalar::<f64>();
+            burn_megatron_kernels::failures::check().map_err(|e| format!("step {step}: {e}; training stops"))?;
             if !value.is_finite() {
                 return Err(format!("step {step}: the loss is {value}; training stops"));
             }
