@@ -216,6 +216,13 @@ pub(crate) fn st_shared_u32(addr: u32, value: u32) {
     gpu_asm!("st.shared.b32 [{addr}], {value};", addr = in(_) addr, value = in(_) value);
 }
 
+/// Stores two f32 (8 bytes) at a shared-memory address.
+#[cube]
+pub(crate) fn st_shared_v2_f32(addr: u32, a: f32, b: f32) {
+    let (a, b) = (load::<f32>(&a), load::<f32>(&b));
+    gpu_asm!("st.shared.v2.f32 [{addr}], {{{a}, {b}}};", addr = in(_) addr, a = in(_) a, b = in(_) b);
+}
+
 /// Makes this thread's shared-memory writes visible to the TMA engine (the async proxy).
 #[cube]
 pub(crate) fn fence_proxy_async_shared() {
@@ -235,6 +242,17 @@ pub(crate) fn named_barrier(id: u32, #[comptime] threads: u32) {
 pub(crate) fn tma_store_box(map: u64, inner: u32, outer: u32, src: u32) {
     gpu_asm!(
         "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [{map}, {{{inner}, {outer}}}], [{src}];",
+        map = in(_) map, inner = in(_) inner, outer = in(_) outer, src = in(_) src,
+    );
+}
+
+/// Adds the f32 box at `src` in shared memory into the box at `(inner, outer)` of `map`'s tensor
+/// (a 2-D bulk tensor reduction, atomic element by element), in this thread's current bulk group;
+/// out-of-range parts of the box are left alone.
+#[cube]
+pub(crate) fn tma_reduce_add_box(map: u64, inner: u32, outer: u32, src: u32) {
+    gpu_asm!(
+        "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [{map}, {{{inner}, {outer}}}], [{src}];",
         map = in(_) map, inner = in(_) inner, outer = in(_) outer, src = in(_) src,
     );
 }

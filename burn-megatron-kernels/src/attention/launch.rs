@@ -90,6 +90,19 @@ fn map(t: &CubeTensor, rows: usize) -> TensorMapArg<Tiled> {
     .with_swizzle(TensorMapSwizzle::B128)
 }
 
+/// A TMA map of 64-row × 32-column boxes over dQ's f32 sums `[b·h·s, 128]`, which the backward
+/// adds its partials into.
+fn sums_map(sums: &CubeTensor) -> TensorMapArg<Tiled> {
+    TensorMapArg::new(
+        TiledArgs {
+            tile_size: shape![64, 32],
+        },
+        sums.clone().into_tensor_arg(),
+        ElemType::Float(FloatKind::F32),
+    )
+    .with_swizzle(TensorMapSwizzle::B128)
+}
+
 /// `[b, s, h, d]` storage seen as `[b, h, s, d]`.
 fn heads_view(t: CubeTensor) -> CubeTensor {
     Cube::float_swap_dims(t, 1, 2)
@@ -198,11 +211,15 @@ pub(super) fn backward(
         compact(&q, &[b, s, h, d], DType::BF16),
         compact(&q, &[b, s, h, d], DType::BF16),
     );
+    // dQ's f32 sums, which every key block of a query row adds into (zeroed by the delta kernel).
+    let sums = compact(&q, &[b * h * s, d], DType::F32);
     let rows = (b * h * s) as u32;
     let client = q.client.clone();
-    // SAFETY: every kernel checks its rows against s (the delta kernel against b·h·s; its
-    // inputs' strides are multiples of its vectors, `tma_ready`); the maps cover exactly their
-    // tensors.
+    // SAFETY: every kernel checks its rows against s (the delta kernel, which zeroes the sums
+    // before the backward adds into them, against b·h·s; the dQ conversion against the sums'
+    // length; their inputs' strides are multiples of their vectors, `tma_ready`, and the sums
+    // are compact); the maps cover exactly their tensors, and TMA leaves what a box reaches
+    // past the sums alone.
     unsafe {
         flash::delta_kernel::launch_unchecked(
             &client,
@@ -212,30 +229,13 @@ pub(super) fn backward(
             out.into_tensor_arg(),
             grad.clone().into_tensor_arg(),
             delta.clone().into_tensor_arg(),
+            sums.clone().into_tensor_arg(),
             s as u32,
             h as u32,
         );
-        let count = CubeCount::Static(s.div_ceil(128) as u32, h as u32, b as u32);
-        flash::dq_kernel::launch_unchecked(
+        flash::dqkv_kernel::launch_unchecked(
             &client,
-            count.clone(),
-            CubeDim::new_1d(256),
-            map(&q, 128),
-            map(&grad, 128),
-            map(&k, 64),
-            map(&v, 64),
-            lse.clone().into_tensor_arg(),
-            delta.clone().into_tensor_arg(),
-            pairs(&dq).into_tensor_arg(),
-            s as u32,
-            h as u32,
-            scale_log2(scale),
-            scale,
-            causal,
-        );
-        flash::dkdv_kernel::launch_unchecked(
-            &client,
-            count,
+            CubeCount::Static(s.div_ceil(128) as u32, h as u32, b as u32),
             CubeDim::new_1d(256),
             map(&k, 128),
             map(&v, 128),
@@ -243,6 +243,7 @@ pub(super) fn backward(
             map(&grad, 64),
             lse.into_tensor_arg(),
             delta.into_tensor_arg(),
+            sums_map(&sums),
             pairs(&dk).into_tensor_arg(),
             pairs(&dv).into_tensor_arg(),
             s as u32,
@@ -250,6 +251,17 @@ pub(super) fn backward(
             scale_log2(scale),
             scale,
             causal,
+        );
+        flash::dq_out_kernel::launch_unchecked(
+            &client,
+            CubeCount::Static((rows * (d / flash::DQ_VECTOR) as u32).div_ceil(256), 1, 1),
+            CubeDim::new_1d(256),
+            flash::DQ_VECTOR,
+            sums.into_tensor_arg(),
+            dq.clone().into_tensor_arg(),
+            s as u32,
+            h as u32,
+            scale,
         );
     }
     (heads_view(dq), heads_view(dk), heads_view(dv))

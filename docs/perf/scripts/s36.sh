@@ -6,6 +6,10 @@
 #           Per run: the busy samples' clock quartiles, mean and top power, top temperatures, and
 #           how often each clock-event reason was active.
 #   watch:  (s35.sh watch) bench and train past the device's memory stop on CubeCL's failures.
+#   fused:  (carry .gpu with gpu-suite and bench) the backward as one kernel, dQ added by TMA
+#           reductions: its kernel tests, flash attention alone, and 40 llama-1b steps.
+#   ab:     (carry .gpu with bench0, the bench of 693a92f, and bench) the step before and after,
+#           alternating, and PyTorch + compile.
 # Logs go to $OUT.
 set -u
 cd "$(dirname "$0")/../../.."
@@ -37,9 +41,9 @@ print(f"{sys.argv[2]}: {len(busy)} busy samples; SM clock p10/p50/p90 {q(0.1)}/{
       f"memory temp max {max(r[4] for r in busy)} C; reasons: {share}")
 EOF
 }
-ours() {  # NAME
+ours() {  # NAME: 40 llama-1b steps of $BENCH (default bench)
   dense "$1"; local smi=$!
-  timeout -s KILL 120 bash .gpu/run.sh bench $bf16 --steps 40 > "$OUT/bench-$1.log" 2>&1
+  timeout -s KILL 120 bash .gpu/run.sh "${BENCH:-bench}" $bf16 --steps 40 > "$OUT/bench-$1.log" 2>&1
   kill $smi; grep -h 'RESULT\|panicked' "$OUT/bench-$1.log" | cut -c1-300; report "$1"
 }
 compiled() {  # NAME
@@ -57,5 +61,22 @@ case $part in
     ;;
   watch)
     bash docs/perf/scripts/s35.sh watch
+    ;;
+  fused)
+    suite flash_attention
+    timeout -s KILL 120 bash .gpu/run.sh bench --attention > "$OUT/attention.log" 2>&1
+    grep -v '^MEMORY' "$OUT/attention.log" | grep -i 'attention\|panicked\|error' | cut -c1-300
+    ours fused-1
+    ;;
+  ab)
+    for b in bench0 bench; do
+      timeout -s KILL 90 bash .gpu/run.sh $b --attention > "$OUT/attention-$b.log" 2>&1
+      echo "$b: $(grep -h '^ATTENTION' "$OUT/attention-$b.log" | cut -c1-200 | tr '\n' ' ')"
+    done
+    BENCH=bench0 ours before-1
+    ours after-1
+    compiled compile-1
+    [ $SECONDS -lt 420 ] && BENCH=bench0 ours before-2
+    [ $SECONDS -lt 480 ] && ours after-2
     ;;
 esac

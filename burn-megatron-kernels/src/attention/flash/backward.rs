@@ -1,5 +1,5 @@
-//! The backward kernels: `delta`, then dQ (sweeping key and value tiles) and dK + dV (sweeping
-//! query and output-gradient tiles).
+//! The backward kernels: `delta`, then dQ, dK and dV in one kernel sweeping query and
+//! output-gradient tiles (dQ added into f32 sums by TMA reductions), then dQ's sums as bf16.
 
 use cubecl::prelude::*;
 use cubecl_cpp::cuda::ptx::tensor_map_address;
@@ -10,101 +10,40 @@ use super::*;
 /// Stages of the backward kernels' sweeps.
 const STAGES: u32 = BACKWARD.stages;
 
-/// dQ: grid `(s / 128, h, b)`, 256 threads; sweeps the k and v tiles.
-#[cube(launch_unchecked)]
-pub(crate) fn dq_kernel(
-    q: &TensorMap<bf16, Tiled>,
-    d_out: &TensorMap<bf16, Tiled>,
-    k: &TensorMap<bf16, Tiled>,
-    v: &TensorMap<bf16, Tiled>,
-    lse: &Tensor<f32>,
-    delta: &Tensor<f32>,
-    dq: &mut Tensor<u32>,
-    seq: u32,
-    heads: u32,
-    scale_log2: f32,
-    scale: f32,
-    #[comptime] causal: bool,
-) {
-    let s = smem(BACKWARD);
-    let block = query_block(seq, causal, TILE);
-    let (head, batch, q0, tiles) = (block.head, block.batch, block.q0, block.tiles);
-    let map_q = tensor_map_address(q);
-    let map_o = tensor_map_address(d_out);
-    let map_k = tensor_map_address(k);
-    let map_v = tensor_map_address(v);
-    load_block(&s, map_q, map_o, q0, head, batch, true);
-    if tiles > 0 {
-        load_sweep(&s, map_k, map_v, 0, 0, head, batch, BACKWARD);
-    }
+/// The dQ product: dS (128 keys × 64 queries, read MN-major: A is queries × keys) times the
+/// block's k tile read MN-major (rows are the keys), for one warpgroup's 64 of the head dim.
+const DQ: Chain = Chain {
+    operands: Operands::Bf16,
+    n: 64,
+    steps: BLOCK / 16,
+    accumulate: false,
+    a: ASource::Smem(Tile::MnMajor { box_bytes: DS_BYTES }),
+    b: Tile::MnMajor {
+        box_bytes: BLOCK_BYTES / 2,
+    },
+};
+// Hopper gives a block at most 227 KiB of shared memory.
+const _: () = assert!(BACKWARD.smem_bytes() <= 227 * 1024);
 
-    let wg = UNIT_POS / 128;
-    let row0 = q0 + wg * 64;
-    let l = lane();
-    let stats = (batch * heads + head) * seq;
-    let ra = (stats + min(row0 + l.row_a, seq - 1)) as usize;
-    let rb = (stats + min(row0 + l.row_b, seq - 1)) as usize;
-    let lse_a = lse[ra];
-    let lse_b = lse[rb];
-    let delta_a = delta[ra];
-    let delta_b = delta[rb];
-    let mut acc = Acc128::zeroed();
-    mbarrier_wait(s.block_full, 0);
-    for t in 0..tiles {
-        if t + 1 < tiles {
-            load_sweep(&s, map_k, map_v, t + 1, (t + 1) * TILE, head, batch, BACKWARD);
-        }
-        let stage = t % STAGES;
-        mbarrier_wait(s.full + stage * 8, (t / STAGES) & 1);
-        let k0 = t * TILE;
-        if !causal || k0 <= row0 + 63 {
-            let k_tile = s.sweep_a + stage * TILE_BYTES;
-            let scores = chain_64(
-                descriptor(s.first + wg * 8192, comptime!(SCORES.a_tile())),
-                descriptor(k_tile, comptime!(SCORES.b)),
-                SCORES,
-            );
-            let d_probs = chain_64(
-                descriptor(s.second + wg * 8192, comptime!(SCORES.a_tile())),
-                descriptor(s.sweep_b + stage * TILE_BYTES, comptime!(SCORES.b)),
-                SCORES,
-            );
-            // Only tiles reaching past the diagonal or the sequence's end pay for the mask.
-            let mut edge = k0 + TILE > seq;
-            if comptime!(causal) {
-                edge = edge || k0 + TILE - 1 > row0;
-            }
-            let stats = RowStats {
-                lse_a,
-                lse_b,
-                delta_a,
-                delta_b,
-            };
-            let ds = if edge {
-                dq_scores(&scores, &d_probs, &stats, &l, row0, k0, seq, scale_log2, true, causal)
-            } else {
-                dq_scores(&scores, &d_probs, &stats, &l, row0, k0, seq, scale_log2, false, causal)
-            };
-            let frags = fragments(&ds);
-            acc = chain_128(&acc, &frags, descriptor(k_tile, comptime!(UPDATE.b)), UPDATE);
-        }
-        if UNIT_POS.is_multiple_of(32) {
-            mbarrier_arrive(s.empty + stage * 8);
-        }
-    }
-    store_rows(dq, &acc, scale, scale, row0, head, batch, heads, seq, false);
-}
-
-/// dK and dV: grid `(s / 128, h, b)`, 256 threads; each block owns 128 key rows and sweeps the
-/// q and dO tiles. Works on the transposed scores `K·Qᵀ`, so rows are keys, columns queries.
+/// dQ, dK and dV: grid `(s / 128, h, b)`, 256 threads; each block owns 128 key rows and sweeps
+/// the q and dO tiles. Works on the transposed scores `K·Qᵀ`, so rows are keys, columns queries.
+/// Each tile's dS goes through shared memory to both warpgroups; each multiplies it by its half
+/// of the block's k into a 64 × 64 dQ partial, which TMA adds into `dq` (f32 `[b·h·s, 128]`,
+/// zeroed by the delta kernel; unscaled). A warpgroup multiplies tile `t`'s dS after its own
+/// products of tile `t + 1`, so neither waits for the other in lockstep: with a barrier between
+/// the warpgroups every tile (both multiplying at once, then both in the softmax at once) the
+/// kernel took 643 µs a llama-1b layer where this takes 602 (the two kernels before, 620: one
+/// H100, `logs/s36`).
 #[cube(launch_unchecked)]
-pub(crate) fn dkdv_kernel(
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dqkv_kernel(
     k: &TensorMap<bf16, Tiled>,
     v: &TensorMap<bf16, Tiled>,
     q: &TensorMap<bf16, Tiled>,
     d_out: &TensorMap<bf16, Tiled>,
     lse: &Tensor<f32>,
     delta: &Tensor<f32>,
+    dq: &mut TensorMap<f32, Tiled>,
     dk: &mut Tensor<u32>,
     dv: &mut Tensor<u32>,
     seq: u32,
@@ -127,16 +66,42 @@ pub(crate) fn dkdv_kernel(
     let map_v = tensor_map_address(v);
     let map_q = tensor_map_address(q);
     let map_o = tensor_map_address(d_out);
+    let map_dq = store_map_address(dq);
     load_block(&s, map_k, map_v, k0, head, batch, true);
     // Sweep tiles are numbered from 0 for the pipeline; tile `t` holds queries from (first + t)·64.
     if first < tiles {
         load_sweep(&s, map_q, map_o, 0, first * TILE, head, batch, BACKWARD);
     }
 
+    // dS tile `t` sits in buffer `t % 2`: full once both warpgroups wrote their halves, empty once
+    // both multiplied it.
+    let ds_full = s.empty + STAGES * 8;
+    let ds_empty = ds_full + 16;
+    if UNIT_POS == 0 {
+        #[unroll]
+        for b in 0..2u32 {
+            mbarrier_init(ds_full + b * 8, 256u32);
+            mbarrier_init(ds_empty + b * 8, 256u32);
+        }
+        mbarrier_init_fence();
+    }
+    sync_cube();
+
     let wg = UNIT_POS / 128;
     let row0 = k0 + wg * 64;
     let l = lane();
     let stats = (batch * heads + head) * seq;
+    let partial = s.scratch + comptime!(2 * DS_BYTES) + wg * PARTIAL_BYTES;
+    // One thread a warpgroup hands its partials to TMA.
+    let storer = UNIT_POS.is_multiple_of(128);
+    let dq_out = DqOut {
+        k_half: s.first + wg * comptime!(BLOCK_BYTES / 2),
+        partial,
+        map: map_dq,
+        row0: stats + first * TILE,
+        wg,
+        storer,
+    };
     let mut dk_acc = Acc128::zeroed();
     let mut dv_acc = Acc128::zeroed();
     mbarrier_wait(s.block_full, 0);
@@ -148,7 +113,8 @@ pub(crate) fn dkdv_kernel(
         let stage = t % STAGES;
         mbarrier_wait(s.full + stage * 8, (t / STAGES) & 1);
         let q0 = (first + t) * TILE;
-        // A tile of queries all before this warpgroup's first key adds nothing.
+        let mut ds_frags = Frags64::zeroed();
+        // A tile of queries all before this warpgroup's first key adds nothing: its dS is zero.
         if !causal || q0 + 63 >= row0 {
             let q_tile = s.sweep_a + stage * TILE_BYTES;
             let o_tile = s.sweep_b + stage * TILE_BYTES;
@@ -183,56 +149,115 @@ pub(crate) fn dkdv_kernel(
                 let d = delta_cols.extract(comptime!(column_slot(i)) as usize);
                 ds.insert(i as usize, p.extract(i as usize) * (d_probs.extract(i as usize) - d));
             }
-            let frags = fragments(&ds);
-            dk_acc = chain_128(&dk_acc, &frags, descriptor(q_tile, comptime!(UPDATE.b)), UPDATE);
+            ds_frags = fragments(&ds);
+            dk_acc = chain_128(&dk_acc, &ds_frags, descriptor(q_tile, comptime!(UPDATE.b)), UPDATE);
         }
         if UNIT_POS.is_multiple_of(32) {
             mbarrier_arrive(s.empty + stage * 8);
         }
+        // The buffer's last tile (t − 2) multiplied by both warpgroups.
+        let buffer = t % 2;
+        if t >= 2 {
+            mbarrier_wait(ds_empty + buffer * 8, (t / 2 - 1) & 1);
+        }
+        store_ds(s.scratch + buffer * DS_BYTES, &ds_frags, &l, wg);
+        fence_proxy_async_shared();
+        mbarrier_arrive(ds_full + buffer * 8);
+        if t >= 1 {
+            add_dq(&s, &dq_out, t - 1, ds_full, ds_empty, &l);
+        }
+    }
+    if count >= 1 {
+        add_dq(&s, &dq_out, count - 1, ds_full, ds_empty, &l);
+    }
+    if storer {
+        bulk_wait();
     }
     store_rows(dk, &dk_acc, scale, scale, row0, head, batch, heads, seq, false);
     store_rows(dv, &dv_acc, 1.0f32, 1.0f32, row0, head, batch, heads, seq, false);
 }
 
-/// A dQ warpgroup's two rows' `lse₂` and `delta`.
+/// Where a warpgroup's dQ partials go: its half of the block's k tile (the product's B), its
+/// staging buffer, the sums' map, the sums' row of sweep tile 0, and whether it stores.
 #[derive(CubeType, Clone, Copy)]
-struct RowStats {
-    lse_a: f32,
-    lse_b: f32,
-    delta_a: f32,
-    delta_b: f32,
+struct DqOut {
+    k_half: u32,
+    partial: u32,
+    map: u64,
+    row0: u32,
+    wg: u32,
+    storer: bool,
 }
 
-/// dQ's `dS = P ∘ (dP − delta)` of a tile (keys from `k0`), `P` recomputed from the scores;
-/// zero where masked if `mask`.
+/// dQ of sweep tile `u`: once both halves of its dS are in, this warpgroup's half of the head
+/// dim over the block's 128 keys, added into the sums.
+#[cube]
+fn add_dq(s: &Smem, out: &DqOut, u: u32, ds_full: u32, ds_empty: u32, l: &Lane) {
+    let buffer = u % 2;
+    mbarrier_wait(ds_full + buffer * 8, (u / 2) & 1);
+    let partial_dq = chain_64(
+        descriptor(s.scratch + buffer * DS_BYTES, comptime!(DQ.a_tile())),
+        descriptor(out.k_half, comptime!(DQ.b)),
+        DQ,
+    );
+    mbarrier_arrive(ds_empty + buffer * 8);
+    add_partial(
+        &partial_dq,
+        out.partial,
+        out.map,
+        out.row0 + u * TILE,
+        out.wg,
+        out.storer,
+        l,
+    );
+}
+
+/// Writes a warpgroup's 64 key rows of a dS tile (bf16 pairs, as its fragments hold them) into
+/// `tile`: 128 key rows of 64 queries, 128 bytes each, with the 128-byte swizzle TMA would give
+/// (16-byte chunk `c` of row `r` at chunk `c ^ (r % 8)`), so the dQ product reads it MN-major.
+#[cube]
+fn store_ds(tile: u32, frags: &Frags64, l: &Lane, wg: u32) {
+    #[unroll]
+    for pair in 0..16u32 {
+        let i = comptime!(2 * pair);
+        let key = row(l, wg * 64, i);
+        // This pair's queries are `8 · (i / 4) + l.col + {0, 1}`: chunk `i / 4`, byte `2 · l.col`.
+        let chunk = comptime!(i / 4) ^ (key % 8);
+        st_shared_u32(tile + key * 128 + chunk * 16 + l.col * 2, frags.extract(pair as usize));
+    }
+}
+
+/// Adds a warpgroup's 64 × 64 dQ partial into rows `row0` and columns `64 · wg` onward of the f32
+/// dQ through `buffer`: two swizzled 64 × 32 boxes, each handed to a TMA reduction by `storer`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn dq_scores(
-    scores: &Acc64,
-    d_probs: &Acc64,
-    stats: &RowStats,
-    l: &Lane,
-    row0: u32,
-    k0: u32,
-    seq: u32,
-    scale_log2: f32,
-    #[comptime] mask: bool,
-    #[comptime] causal: bool,
-) -> Acc64 {
-    let mut ds = Acc64::empty();
+fn add_partial(acc: &Acc64, buffer: u32, map: u64, row0: u32, wg: u32, storer: bool, l: &Lane) {
+    // The buffer is free again once the last reduction from it has read it.
+    if storer {
+        bulk_wait_read();
+    }
+    named_barrier(2 + wg, 128u32);
     #[unroll]
-    for i in 0..32u32 {
-        let upper = comptime!(i % 4 < 2);
-        let mut p = exp2(scores.extract(i as usize) * scale_log2 - if upper { stats.lse_a } else { stats.lse_b });
-        if comptime!(mask) {
-            p = select(masked(row(l, row0, i), column(l, k0, i), seq, causal), 0.0f32, p);
-        }
-        ds.insert(
-            i as usize,
-            p * (d_probs.extract(i as usize) - if upper { stats.delta_a } else { stats.delta_b }),
+    for pair in 0..16u32 {
+        let i = comptime!(2 * pair);
+        let r = row(l, 0u32, i);
+        let c = column(l, 0u32, i);
+        // Box `c / 32`, 128-byte rows of 32 f32, chunks of 4 swizzled as TMA's.
+        let cc = c % 32;
+        let chunk = (cc / 4) ^ (r % 8);
+        st_shared_v2_f32(
+            buffer + (c / 32) * comptime!(PARTIAL_BYTES / 2) + r * 128 + chunk * 16 + (cc % 4) * 4,
+            acc.extract(i as usize),
+            acc.extract(comptime!((i + 1) as usize)),
         );
     }
-    ds
+    fence_proxy_async_shared();
+    named_barrier(2 + wg, 128u32);
+    if storer {
+        tma_reduce_add_box(map, wg * 64, row0, buffer);
+        tma_reduce_add_box(map, wg * 64 + 32, row0, buffer + comptime!(PARTIAL_BYTES / 2));
+        bulk_commit();
+    }
 }
 
 /// One f32 per column this thread's accumulator registers cover: 16 of a 64-column tile.
@@ -293,12 +318,14 @@ pub(crate) const DELTA_VECTOR: usize = 8;
 /// `delta = rowsum(dO ∘ O)` in f32 over the `[b, h, s, 128]` views (head dim contiguous, other
 /// strides multiples of 8), into a compact `[b, h, s]`: sixteen neighbouring threads a row, each
 /// reading 16 bytes of both (a warp reads two whole rows of each at once), summed by shuffles
-/// within the sixteen. Launched with vectors of [`DELTA_VECTOR`].
+/// within the sixteen; also zeroes the row's dQ sums (`[b·h·s, 128]` f32). Launched with vectors
+/// of [`DELTA_VECTOR`].
 #[cube(launch_unchecked)]
 pub(crate) fn delta_kernel<N: Size>(
     out: &Tensor<Vector<bf16, N>>,
     d_out: &Tensor<Vector<bf16, N>>,
     delta: &mut Tensor<f32>,
+    sums: &mut Tensor<Vector<f32, N>>,
     seq: u32,
     heads: u32,
 ) {
@@ -315,6 +342,8 @@ pub(crate) fn delta_kernel<N: Size>(
         let product = Vector::<f32, N>::cast_from(out[o / DELTA_VECTOR + lane])
             * Vector::<f32, N>::cast_from(d_out[g / DELTA_VECTOR + lane]);
         sum = crate::row_kernels::hsum(product);
+        // dQ's sums for this row start at zero: its 128 values, a vector a lane.
+        sums[(r * DELTA_LANES) as usize + lane] = Vector::<f32, N>::new(0.0f32);
     }
     sum += plane_shuffle_xor(sum, 1u32);
     sum += plane_shuffle_xor(sum, 2u32);
@@ -322,5 +351,29 @@ pub(crate) fn delta_kernel<N: Size>(
     sum += plane_shuffle_xor(sum, 8u32);
     if r < delta.len() as u32 && lane == 0 {
         delta[r as usize] = sum;
+    }
+}
+
+/// f32 values a thread of [`dq_out_kernel`] converts (two 16-byte loads, one 16-byte store).
+pub(crate) const DQ_VECTOR: usize = 8;
+
+/// `dq · scale` from the f32 `[b, h, s, 128]` sums the backward added into, as bf16 `[b, s, h,
+/// 128]` (what the attention layer reshapes next). Launched with vectors of [`DQ_VECTOR`].
+#[cube(launch_unchecked)]
+pub(crate) fn dq_out_kernel<N: Size>(
+    sums: &Tensor<Vector<f32, N>>,
+    out: &mut Tensor<Vector<bf16, N>>,
+    seq: u32,
+    heads: u32,
+    scale: f32,
+) {
+    let at = ABSOLUTE_POS as u32;
+    if at < sums.len() as u32 {
+        let per_row = comptime!((HEAD_DIM / DQ_VECTOR) as u32);
+        let (r, part) = (at / per_row, at % per_row);
+        let (bh, pos) = (r / seq, r % seq);
+        let (batch, head) = (bh / heads, bh % heads);
+        let to = ((batch * seq + pos) * heads + head) * per_row + part;
+        out[to as usize] = Vector::<bf16, N>::cast_from(sums[at as usize] * Vector::<f32, N>::new(scale));
     }
 }

@@ -18,6 +18,7 @@ const SWEEP: Sweep = Sweep {
     blocks: 1,
     stages: 3,
     rows: KEYS,
+    scratch: 0,
 };
 const STAGES: u32 = SWEEP.stages;
 // Hopper gives a block at most 227 KiB of shared memory.

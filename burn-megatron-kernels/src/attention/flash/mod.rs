@@ -1,6 +1,7 @@
-//! Flash attention on Hopper for head dim 128, bf16: the forward, and the backward as two
-//! kernels (dQ sweeping kv tiles, dK/dV sweeping q tiles), so neither needs atomics. Scores
-//! and probabilities live in registers only: no O(s²) memory.
+//! Flash attention on Hopper for head dim 128, bf16: the forward, and the backward as one
+//! kernel sweeping q tiles for a block of keys, writing dK and dV and adding its share of dQ
+//! into f32 sums (TMA reductions), five products a tile. Scores and probabilities live in
+//! registers (dS also in shared memory, for dQ): no O(s²) memory.
 //!
 //! A block owns 128 rows (two warpgroups of 64) of the tensor it writes and sweeps tiles of the
 //! others through a TMA pipeline whose copies thread 0 issues ([`Sweep`]: the forward 128-row
@@ -21,7 +22,7 @@ use crate::hopper::*;
 mod backward;
 mod forward;
 
-pub(crate) use backward::{DELTA_LANES, DELTA_VECTOR, delta_kernel, dkdv_kernel, dq_kernel};
+pub(crate) use backward::{DELTA_LANES, DELTA_VECTOR, DQ_VECTOR, delta_kernel, dq_out_kernel, dqkv_kernel};
 pub(crate) use forward::forward_kernel;
 
 /// The head dim these kernels take.
@@ -32,13 +33,14 @@ const BLOCK: u32 = 128;
 const TILE: u32 = 64;
 const BLOCK_BYTES: u32 = BLOCK * 256;
 
-/// How a kernel lays out its shared memory: the block tiles it keeps (1 or 2) and `stages`
-/// stages of two sweep tiles of `rows` rows.
+/// How a kernel lays out its shared memory: the block tiles it keeps (1 or 2), `stages` stages
+/// of two sweep tiles of `rows` rows, and `scratch` bytes of its own (multiples of 1 KiB).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Sweep {
     blocks: u32,
     stages: u32,
     rows: u32,
+    scratch: u32,
 }
 
 impl Sweep {
@@ -46,17 +48,23 @@ impl Sweep {
         self.rows * 256
     }
 
-    /// The block tiles, the stages, 64 bytes of barriers, 1 KiB to align.
+    /// The block tiles, the stages, the scratch, 128 bytes of barriers, 1 KiB to align.
     const fn smem_bytes(self) -> u32 {
-        self.blocks * BLOCK_BYTES + 2 * self.stages * self.tile_bytes() + 64 + 1024
+        self.blocks * BLOCK_BYTES + 2 * self.stages * self.tile_bytes() + self.scratch + 128 + 1024
     }
 }
 
-/// The backward kernels: two block tiles (q and dO, or k and v), two stages of 64-row tiles.
+/// dS of a block's 128 keys against a 64-query tile, bf16 (the dQ product's A operand).
+const DS_BYTES: u32 = BLOCK * TILE * 2;
+/// A warpgroup's dQ partial on its way out: 64 queries × 64 columns of f32.
+const PARTIAL_BYTES: u32 = TILE * 64 * 4;
+/// The backward: two block tiles (k and v), two stages of 64-row tiles (q and dO); scratch for
+/// two dS tiles (one being written while the other is read) and the two warpgroups' dQ partials.
 const BACKWARD: Sweep = Sweep {
     blocks: 2,
     stages: 2,
     rows: TILE,
+    scratch: 2 * DS_BYTES + 2 * PARTIAL_BYTES,
 };
 /// The backward's bytes a sweep tile.
 const TILE_BYTES: u32 = BACKWARD.tile_bytes();
@@ -91,6 +99,8 @@ struct Smem {
     /// Stage 0 of the two sweep tiles (stage `i` follows each by `i` tiles).
     sweep_a: u32,
     sweep_b: u32,
+    /// The kernel's own bytes.
+    scratch: u32,
     /// Barriers: block tiles loaded; sweep stage loaded (one a stage); sweep stage free.
     block_full: u32,
     full: u32,
@@ -105,12 +115,14 @@ fn smem(#[comptime] sweep: Sweep) -> Smem {
     let second = first + BLOCK_BYTES;
     let sweep_a = first + comptime!(sweep.blocks * BLOCK_BYTES);
     let sweep_b = sweep_a + comptime!(sweep.stages * sweep.tile_bytes());
-    let block_full = sweep_b + comptime!(sweep.stages * sweep.tile_bytes());
+    let scratch = sweep_b + comptime!(sweep.stages * sweep.tile_bytes());
+    let block_full = scratch + comptime!(sweep.scratch);
     let smem = Smem {
         first,
         second,
         sweep_a,
         sweep_b,
+        scratch,
         block_full,
         full: block_full + 8,
         empty: block_full + 8 + stages * 8,
