@@ -252,6 +252,27 @@ mod tests {
     /// A from registers: 4 fragment registers a step after the two accumulators, B MN-major
     /// (transposed flag 1, 2 KiB a step).
     #[test]
+    fn mn_major_operands_are_read_transposed() {
+        // Attention's dQ: dS stored keys × queries is A (queries × keys) read MN-major, the k
+        // tile stored keys × head dim is B read MN-major.
+        let chain = Chain {
+            operands: Operands::Bf16,
+            n: 64,
+            steps: 8,
+            accumulate: false,
+            a: ASource::Smem(Tile::MnMajor { box_bytes: 16384 }),
+            b: Tile::MnMajor { box_bytes: 16384 },
+        };
+        let ptx = chain.ptx();
+        // Both transpose flags set on every step: scale-d, scale-a, scale-b, then tnspA, tnspB.
+        assert_eq!(ptx.matches(", 1, 1, 1, 1;").count(), 8);
+        // A k-step is 16 rows of 128 bytes, 2 KiB, on both operands.
+        assert!(ptx.contains(&format!("add.s64 da, $1, {};", 7 * 2048 / 16)));
+        assert!(ptx.contains(&format!("add.s64 db, $2, {};", 7 * 2048 / 16)));
+        assert!(registers(&ptx).iter().all(|&r| r < 32));
+    }
+
+    #[test]
     fn register_operands_follow_the_accumulators() {
         let chain = Chain {
             operands: Operands::Bf16,
