@@ -13,28 +13,31 @@ use burn_megatron_kernels::quant::format::Minifloat;
 use burn_megatron_kernels::quant::tiles::{quantize_squares, quantize_tiles};
 use burn_megatron_kernels::wgmma::{Accumulation, BScales, Schedule, fp8_blockwise_matmul, fp8_matmul};
 
-/// `(name, m, k, n, lhs transposed)`: llama-1b's MLP (8192 tokens) forward `x·W` and weight
+/// `(name, m, k, n, lhs transposed, rhs transposed)`: llama-1b's MLP (8192 tokens) forward `x·W` and weight
 /// gradient `xᵀ·dy` (lhs a transposed view), its down projection and attention projections,
 /// its output layer, llama-8b's MLP at tp = 2 (4096 tokens), and the 8192³ reference product.
 /// Input gradients `dy·Wᵀ` have the forward shapes with k and n swapped. Then the products of
 /// llama-1b's projections fused side by side (q, k and v: 6144 columns; gate and up: 11264):
 /// forward, input gradient and weight gradient, beside the attention projections' weight
-/// gradient alone.
-pub const SHAPES: [(&str, usize, usize, usize, bool); 14] = [
-    ("1b.w13.fwd", 8192, 2048, 5632, false),
-    ("1b.w13.wgrad", 2048, 8192, 5632, true),
-    ("1b.w2.fwd", 8192, 5632, 2048, false),
-    ("1b.qkvo.fwd", 8192, 2048, 2048, false),
-    ("1b.out.fwd", 8192, 2048, 32768, false),
-    ("8b.tp2.w13.fwd", 4096, 4096, 7168, false),
-    ("square.8192", 8192, 8192, 8192, false),
-    ("1b.qkvo.wgrad", 2048, 8192, 2048, true),
-    ("1b.qkv.fwd", 8192, 2048, 6144, false),
-    ("1b.qkv.dgrad", 8192, 6144, 2048, false),
-    ("1b.qkv.wgrad", 2048, 8192, 6144, true),
-    ("1b.w13cat.fwd", 8192, 2048, 11264, false),
-    ("1b.w13cat.dgrad", 8192, 11264, 2048, false),
-    ("1b.w13cat.wgrad", 2048, 8192, 11264, true),
+/// gradient alone. Last, two input gradients as the layers run them: `dy·Wᵀ` with `W` stored
+/// `[in, out]`, so B a transposed view (K-major), where the rows above read B MN-major.
+pub const SHAPES: [(&str, usize, usize, usize, bool, bool); 16] = [
+    ("1b.w13.fwd", 8192, 2048, 5632, false, false),
+    ("1b.w13.wgrad", 2048, 8192, 5632, true, false),
+    ("1b.w2.fwd", 8192, 5632, 2048, false, false),
+    ("1b.qkvo.fwd", 8192, 2048, 2048, false, false),
+    ("1b.out.fwd", 8192, 2048, 32768, false, false),
+    ("8b.tp2.w13.fwd", 4096, 4096, 7168, false, false),
+    ("square.8192", 8192, 8192, 8192, false, false),
+    ("1b.qkvo.wgrad", 2048, 8192, 2048, true, false),
+    ("1b.qkv.fwd", 8192, 2048, 6144, false, false),
+    ("1b.qkv.dgrad", 8192, 6144, 2048, false, false),
+    ("1b.qkv.wgrad", 2048, 8192, 6144, true, false),
+    ("1b.w13cat.fwd", 8192, 2048, 11264, false, false),
+    ("1b.w13cat.dgrad", 8192, 11264, 2048, false, false),
+    ("1b.w13cat.wgrad", 2048, 8192, 11264, true, false),
+    ("1b.w13.dgrad", 8192, 5632, 2048, false, true),
+    ("1b.qkvo.dgrad", 8192, 2048, 2048, false, true),
 ];
 
 /// `(m, k, n)` that fill no tile: m and n ragged for 128 × 256 blocks, k for 64-deep slices (a
@@ -91,8 +94,8 @@ fn check(device: &Device, kernels: &[GemmKernel]) {
 
 pub fn run(device: &Device, iters: usize, kernels: &[GemmKernel]) {
     check(device, kernels);
-    for (name, m, k, n, transposed) in SHAPES {
-        let (lhs, rhs) = (operand(m, k, transposed, device), operand(k, n, false, device));
+    for (name, m, k, n, lhs_t, rhs_t) in SHAPES {
+        let (lhs, rhs) = (operand(m, k, lhs_t, device), operand(k, n, rhs_t, device));
         let reference = lhs.clone().matmul(rhs.clone());
         let flops = 2.0 * (m * n * k) as f64;
         let time = |f: &dyn Fn() -> Result<Tensor<2>, String>| -> Result<(f64, Tensor<2>), String> {
@@ -149,15 +152,8 @@ pub fn run(device: &Device, iters: usize, kernels: &[GemmKernel]) {
         ] {
             let tensorwise = || {
                 let scales = [scale.clone(), scale.clone()];
-                fp8_matmul(
-                    a.0.clone(),
-                    b.0.clone(),
-                    formats,
-                    scales,
-                    Schedule::Persistent,
-                    accumulation,
-                )
-                .map_err(|e| e.to_string())
+                let schedule = Schedule::Persistent;
+                fp8_matmul(a.0.clone(), b.0.clone(), formats, scales, schedule, accumulation).map_err(|e| e.to_string())
             };
             report_fp8(kernel, time(&tensorwise));
         }

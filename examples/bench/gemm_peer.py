@@ -5,20 +5,22 @@ import json
 import torch
 
 SHAPES = [
-    ("1b.w13.fwd", 8192, 2048, 5632, False),
-    ("1b.w13.wgrad", 2048, 8192, 5632, True),
-    ("1b.w2.fwd", 8192, 5632, 2048, False),
-    ("1b.qkvo.fwd", 8192, 2048, 2048, False),
-    ("1b.out.fwd", 8192, 2048, 32768, False),
-    ("8b.tp2.w13.fwd", 4096, 4096, 7168, False),
-    ("square.8192", 8192, 8192, 8192, False),
-    ("1b.qkvo.wgrad", 2048, 8192, 2048, True),
-    ("1b.qkv.fwd", 8192, 2048, 6144, False),
-    ("1b.qkv.dgrad", 8192, 6144, 2048, False),
-    ("1b.qkv.wgrad", 2048, 8192, 6144, True),
-    ("1b.w13cat.fwd", 8192, 2048, 11264, False),
-    ("1b.w13cat.dgrad", 8192, 11264, 2048, False),
-    ("1b.w13cat.wgrad", 2048, 8192, 11264, True),
+    ("1b.w13.fwd", 8192, 2048, 5632, False, False),
+    ("1b.w13.wgrad", 2048, 8192, 5632, True, False),
+    ("1b.w2.fwd", 8192, 5632, 2048, False, False),
+    ("1b.qkvo.fwd", 8192, 2048, 2048, False, False),
+    ("1b.out.fwd", 8192, 2048, 32768, False, False),
+    ("8b.tp2.w13.fwd", 4096, 4096, 7168, False, False),
+    ("square.8192", 8192, 8192, 8192, False, False),
+    ("1b.qkvo.wgrad", 2048, 8192, 2048, True, False),
+    ("1b.qkv.fwd", 8192, 2048, 6144, False, False),
+    ("1b.qkv.dgrad", 8192, 6144, 2048, False, False),
+    ("1b.qkv.wgrad", 2048, 8192, 6144, True, False),
+    ("1b.w13cat.fwd", 8192, 2048, 11264, False, False),
+    ("1b.w13cat.dgrad", 8192, 11264, 2048, False, False),
+    ("1b.w13cat.wgrad", 2048, 8192, 11264, True, False),
+    ("1b.w13.dgrad", 8192, 5632, 2048, False, True),
+    ("1b.qkvo.dgrad", 8192, 2048, 2048, False, True),
 ]
 
 
@@ -39,9 +41,9 @@ def report(name, m, k, n, kernel, seconds):
     print("GEMM " + json.dumps({"shape": name, "m": m, "k": k, "n": n, "kernel": kernel, "us": round(seconds * 1e6, 1), "tflops": round(2 * m * n * k / seconds / 1e12, 1)}))
 
 
-for name, m, k, n, transposed in SHAPES:
-    lhs = torch.randn(k, m, device="cuda", dtype=torch.bfloat16).t() if transposed else torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    rhs = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+for name, m, k, n, lhs_t, rhs_t in SHAPES:
+    lhs = torch.randn(k, m, device="cuda", dtype=torch.bfloat16).t() if lhs_t else torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    rhs = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t() if rhs_t else torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     report(name, m, k, n, "cublas", timed(lambda: lhs @ rhs))
     try:
         a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)

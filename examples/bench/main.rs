@@ -214,7 +214,7 @@ fn main() {
         std::process::exit(2);
     });
     if args.gemm {
-        gemm::run(&Device::cuda(0), 10, &args.kernels);
+        gemm::run(&Device::cuda(0), 30, &args.kernels);
         return;
     }
     if args.attention {
