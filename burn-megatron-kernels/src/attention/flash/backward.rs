@@ -53,9 +53,10 @@ pub(crate) fn dqkv_kernel(
     #[comptime] causal: bool,
 ) {
     let s = smem(BACKWARD);
-    let head = CUBE_POS_Y;
-    let batch = CUBE_POS_Z;
-    let k0 = CUBE_POS_X * BLOCK;
+    // Heaviest first: the first key blocks see the most queries under the causal mask.
+    let at = place();
+    let (head, batch) = (at.head, at.batch);
+    let k0 = at.rank * BLOCK;
     // Under the causal mask the queries before this block's first key see none of its keys.
     let mut first = 0u32;
     if comptime!(causal) {
