@@ -8,7 +8,19 @@
 #   again:  (as pairs, the pairs' kernel now its own launch, the lone one without a cluster
 #           attribute) bench0's GEMM beside bench's two schedules and cuBLAS, then the step
 #           before and after, alternating, and both with --profile.
-#   suite:  (carry .gpu with gpu-suite and bench) the GEMM kernel tests, both schedules.
+#   order:  (carry .gpu with bench0 and bench) attention's blocks heaviest first over groups of
+#           16 heads: bench --attention before and after beside FA2 and cuDNN (attention_peer.py),
+#           then the llama-1b step before and after, alternating, and PyTorch + compile.
+#   final:  (carry .gpu with gpu-suite and bench, .peers, .whl) with the group of heads sized to
+#           about 256 blocks: flash attention's kernel tests, bench --attention, then the rows
+#           beside the peers (s6-common's rows: FP8 promoted beside torchao float8 + compile,
+#           bf16 beside PyTorch + compile) and 40 bf16 steps with the clocks sampled.
+#   lag:    (carry .gpu with bench) the GEMM's second consumer started one or two slices behind
+#           the first, so the two warpgroups' stores stop coinciding: bench --gemm, twice in
+#           opposite orders.
+#   rows:   (carry .gpu with gpu-suite and bench, .peers, .whl) context parallelism's tests on
+#           one GPU (two ranks as threads: attention split over ranks against one rank's), then
+#           the rows beside the peers and 40 bf16 steps, as final.
 # pairs and again ran a build with `Schedule::PersistentPairs` (`WgmmaPairs`), removed after
 # call 2 (`logs/s37/README.md`); with today's bench, name the kernels: gemm bench Wgmma.
 # Logs go to $OUT.
@@ -64,8 +76,42 @@ print("cublas", " ".join("%s=%s" % (r["shape"], r["tflops"]) for r in rows))'
       [ $SECONDS -lt 480 ] && BENCH=$b run profile-$b 60 $bf16 --profile
     done
     ;;
-  suite)
-    suite wgmma_gemm fp8_gemm
-    gemm
+  order)
+    nvidia-smi --query-gpu=name,power.limit --format=csv,noheader
+    for b in bench0 bench; do
+      timeout -s KILL 90 bash .gpu/run.sh $b --attention > "$OUT/attention-$b.log" 2>&1
+      grep -h '^ATTENTION' "$OUT/attention-$b.log" | sed "s/^/$b /" | cut -c1-260
+    done
+    timeout -s KILL 120 python3 examples/bench/attention_peer.py > "$OUT/attention-peer.log" 2>&1
+    grep -h '^ATTENTION' "$OUT/attention-peer.log" | cut -c1-260
+    for b in bench0 bench; do
+      BENCH=$b ours "$b-1"
+      grep -h '^warmup' "$OUT/bench-$b-1.log" | tr '\n' ' '; echo
+    done
+    compiled compile-1
+    for b in bench0 bench; do
+      [ $SECONDS -lt 500 ] && BENCH=$b ours "$b-2"
+    done
+    ;;
+  lag)
+    nvidia-smi --query-gpu=name,power.limit --format=csv,noheader
+    gemm bench Wgmma,WgmmaLag1,WgmmaLag2
+    cp "$OUT/gemm-bench.log" "$OUT/gemm-first.log"
+    gemm bench WgmmaLag2,WgmmaLag1,Wgmma
+    ;;
+  rows)
+    nvidia-smi --query-gpu=name,power.limit --format=csv,noheader
+    timeout -s KILL 150 bash .gpu/run.sh gpu-suite --one-gpu --world 2 --filter context_suite > "$OUT/suite-context.log" 2>&1
+    grep -h "FAILED\|passed\|ok (\|panicked" "$OUT/suite-context.log" | cut -c1-300
+    rows
+    [ $SECONDS -lt 500 ] && ours bf16-40
+    ;;
+  final)
+    nvidia-smi --query-gpu=name,power.limit --format=csv,noheader
+    suite flash_attention
+    timeout -s KILL 90 bash .gpu/run.sh bench --attention > "$OUT/attention-bench.log" 2>&1
+    grep -h '^ATTENTION' "$OUT/attention-bench.log" | cut -c1-260
+    rows
+    [ $SECONDS -lt 500 ] && ours bf16-40
     ;;
 esac
