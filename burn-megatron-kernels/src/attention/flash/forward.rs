@@ -188,9 +188,11 @@ fn free_tile(s: &Smem, map_k: u64, map_v: u64, t: u32, head: u32, batch: u32, ti
 }
 
 /// Folds a 64 × 128 tile of raw scores (keys from `k0`) into the rows' running max and sum and
-/// returns its probabilities (f32); `rows.alpha_*` is then the factor
-/// the accumulator's rows need before this tile's update. Only tiles that reach past the
-/// diagonal or the sequence's end pay for the mask.
+/// returns its probabilities (f32); `rows.alpha_*` is then the factor the accumulator's rows need
+/// before this tile's update. The max is taken over the raw scores (the scale is positive, so
+/// it commutes) and each probability is `exp2(score · scale − base)`, one fused multiply-add
+/// before the exponential. Only tiles that reach past the diagonal or the sequence's end pay for
+/// the mask.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn softmax_tile(
@@ -208,9 +210,9 @@ fn softmax_tile(
         edge = edge || k0 + KEYS - 1 > row0;
     }
     let mut x = if edge {
-        scaled(scores, l, row0, k0, seq, scale_log2, true, causal)
+        raw_scores(scores, l, row0, k0, seq, true, causal)
     } else {
-        scaled(scores, l, row0, k0, seq, scale_log2, false, causal)
+        raw_scores(scores, l, row0, k0, seq, false, causal)
     };
     let neg_inf = f32::new(f32::NEG_INFINITY);
     let mut tile_a = neg_inf;
@@ -223,8 +225,8 @@ fn softmax_tile(
             tile_b = max(tile_b, x.extract(i as usize))
         }
     }
-    let new_a = max(rows.max_a, quad_max(tile_a));
-    let new_b = max(rows.max_b, quad_max(tile_b));
+    let new_a = max(rows.max_a, quad_max(tile_a) * scale_log2);
+    let new_b = max(rows.max_b, quad_max(tile_b) * scale_log2);
     // A row with nothing unmasked yet keeps a zero base, so exp2(-inf - base) = 0.
     let base_a = select(new_a == neg_inf, 0.0f32, new_a);
     let base_b = select(new_b == neg_inf, 0.0f32, new_b);
@@ -236,7 +238,8 @@ fn softmax_tile(
     let mut sum_b = 0.0f32;
     #[unroll]
     for i in 0..64u32 {
-        let p = exp2(x.extract(i as usize) - if comptime!(i % 4 < 2) { base_a } else { base_b });
+        let base = if comptime!(i % 4 < 2) { base_a } else { base_b };
+        let p = exp2(x.extract(i as usize) * scale_log2 - base);
         x.insert(i as usize, p);
         if comptime!(i % 4 < 2) { sum_a += p } else { sum_b += p }
     }
@@ -245,23 +248,22 @@ fn softmax_tile(
     x
 }
 
-/// The tile's scores times `scale · log₂ e`, `-inf` where masked if `mask`.
+/// The tile's raw scores, `-inf` where masked if `mask`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn scaled(
+fn raw_scores(
     scores: &Acc128,
     l: &Lane,
     row0: u32,
     k0: u32,
     seq: u32,
-    scale_log2: f32,
     #[comptime] mask: bool,
     #[comptime] causal: bool,
 ) -> Acc128 {
     let mut x = Acc128::empty();
     #[unroll]
     for i in 0..64u32 {
-        let value = scores.extract(i as usize) * scale_log2;
+        let value = scores.extract(i as usize);
         if comptime!(mask) {
             let out = masked(row(l, row0, i), column(l, k0, i), seq, causal);
             x.insert(i as usize, select(out, f32::new(f32::NEG_INFINITY), value));
