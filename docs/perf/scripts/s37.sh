@@ -21,6 +21,10 @@
 #   rows:   (carry .gpu with gpu-suite and bench, .peers, .whl) context parallelism's tests on
 #           one GPU (two ranks as threads: attention split over ranks against one rank's), then
 #           the rows beside the peers and 40 bf16 steps, as final.
+#   fold:   (carry .gpu with bench0, the bench of 9eed5a0, and bench) the forward's softmax with
+#           the scale folded into the exponential's argument (max over the raw scores):
+#           bench --attention and the llama-1b step, before and after alternating, twice each.
+#   foldtest: (carry .gpu2 with gpu-suite, .gpu2/run.sh) flash attention's kernel tests.
 # pairs and again ran a build with `Schedule::PersistentPairs` (`WgmmaPairs`), removed after
 # call 2 (`logs/s37/README.md`); with today's bench, name the kernels: gemm bench Wgmma.
 # Logs go to $OUT.
@@ -105,6 +109,25 @@ print("cublas", " ".join("%s=%s" % (r["shape"], r["tflops"]) for r in rows))'
     grep -h "FAILED\|passed\|ok (\|panicked" "$OUT/suite-context.log" | cut -c1-300
     rows
     [ $SECONDS -lt 500 ] && ours bf16-40
+    ;;
+  fold)
+    nvidia-smi --query-gpu=name,power.limit --format=csv,noheader
+    for i in 1 2; do
+      for b in bench0 bench; do
+        timeout -s KILL 90 bash .gpu/run.sh $b --attention > "$OUT/attention-$b-$i.log" 2>&1
+        grep -h '^ATTENTION' "$OUT/attention-$b-$i.log" | sed "s/^/$b /" | cut -c1-200
+      done
+    done
+    for i in 1 2; do
+      for b in bench0 bench; do
+        BENCH=$b ours "$b-$i"
+        [ $i = 1 ] && { grep -h '^warmup' "$OUT/bench-$b-$i.log" | tr '\n' ' '; echo; }
+      done
+    done
+    ;;
+  foldtest)
+    timeout -s KILL 150 bash .gpu2/run.sh gpu-suite --world 1 --filter kernel_suite::flash_attention > "$OUT/suite-flash.log" 2>&1
+    grep -h "FAILED\|passed\|ok (\|panicked" "$OUT/suite-flash.log" | cut -c1-600
     ;;
   final)
     nvidia-smi --query-gpu=name,power.limit --format=csv,noheader
