@@ -25,6 +25,8 @@
 #           the scale folded into the exponential's argument (max over the raw scores):
 #           bench --attention and the llama-1b step, before and after alternating, twice each.
 #   foldtest: (carry .gpu2 with gpu-suite, .gpu2/run.sh) flash attention's kernel tests.
+#   pair:   (as fold, bench0 the bench of b1c51b8) the backward's dV update and dP issued
+#           together and waited for once; foldtest for its kernel tests.
 # pairs and again ran a build with `Schedule::PersistentPairs` (`WgmmaPairs`), removed after
 # call 2 (`logs/s37/README.md`); with today's bench, name the kernels: gemm bench Wgmma.
 # Logs go to $OUT.
@@ -110,7 +112,7 @@ print("cublas", " ".join("%s=%s" % (r["shape"], r["tflops"]) for r in rows))'
     rows
     [ $SECONDS -lt 500 ] && ours bf16-40
     ;;
-  fold)
+  fold|pair)
     nvidia-smi --query-gpu=name,power.limit --format=csv,noheader
     for i in 1 2; do
       for b in bench0 bench; do
