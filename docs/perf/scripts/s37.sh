@@ -28,7 +28,9 @@
 #   pair:   (as fold, bench0 the bench of b1c51b8) the backward's dV update and dP issued
 #           together and waited for once; foldtest for its kernel tests.
 # pairs and again ran a build with `Schedule::PersistentPairs` (`WgmmaPairs`), removed after
-# call 2 (`logs/s37/README.md`); with today's bench, name the kernels: gemm bench Wgmma.
+# call 2, lag one with `WgmmaLag1`/`WgmmaLag2` and pair one with the backward's paired chains,
+# both removed after their calls (`logs/s37/README.md`); with today's bench, name the kernels
+# (gemm bench Wgmma) and compare builds as fold does.
 # Logs go to $OUT.
 set -u
 cd "$(dirname "$0")/../../.."
