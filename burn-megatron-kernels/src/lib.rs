@@ -11,6 +11,8 @@
 //! - [`rms_norm`], [`swiglu`], [`rope`]: the fused row and elementwise ops of a Llama block.
 //! - [`decode`]: one decoding step's KV-cache append and attention, with the position on the
 //!   device; [`graph`]: such a step captured into a CUDA graph and replayed.
+//! - [`embedding`]: token embedding lookups with ids outside the table reading zero rows (a
+//!   vocabulary-parallel rank's), and a gradient that sorts the positions by token.
 //! - [`rows`]: row gathers whose gradient is a gather, and the weighted sum of each token's
 //!   expert outputs (a mixture of experts' permutations).
 //! - [`order`]: a mixture of experts' dispatch order (copies by expert, fillers to the grouped
@@ -35,6 +37,9 @@ pub mod decode;
 mod decode_kernels;
 #[cfg(feature = "cuda")]
 mod elementwise;
+pub mod embedding;
+#[cfg(feature = "cuda")]
+mod embedding_kernels;
 pub mod f32_matmul;
 pub mod failures;
 pub mod graph;

@@ -14,7 +14,7 @@ const THREADS: u32 = 256;
 /// The sum of `x` over the block's threads up to this one (in `UNIT_POS` order), or with
 /// `total` over all of them: a scan in shared memory, eight rounds of doubling strides.
 #[cube]
-fn block_scan(x: u32, #[comptime] total: bool) -> u32 {
+pub(crate) fn block_scan(x: u32, #[comptime] total: bool) -> u32 {
     let mut scan = Shared::<[u32]>::new_slice(THREADS as usize);
     let unit = UNIT_POS as usize;
     scan[unit] = x;

@@ -13,7 +13,7 @@ use crate::row_kernels::{block_sum, hsum};
 use crate::rows::reference;
 
 /// Threads a block: 8 warps.
-const THREADS: u32 = 256;
+pub(crate) const THREADS: u32 = 256;
 
 /// Grid: one block an output row. `out[i] = x[index[i]]`, a zero row where `index[i] ≥ rows`.
 #[cube(launch_unchecked)]
@@ -145,7 +145,7 @@ fn combine_dw_kernel<F: Float, N: Size>(
 }
 
 /// `t` compact, its float dtype one the kernels take.
-fn float_input(t: &CubeTensor) -> Option<CubeTensor> {
+pub(crate) fn float_input(t: &CubeTensor) -> Option<CubeTensor> {
     matches!(t.dtype, DType::BF16 | DType::F16 | DType::F32)
         .then(|| compact_input(t.clone()))
         .flatten()
@@ -162,11 +162,11 @@ fn f32_input(t: CubeTensor) -> Option<CubeTensor> {
 }
 
 /// 8 elements a thread where the row allows (16-byte bf16 loads), else 1.
-fn vector(columns: usize) -> usize {
+pub(crate) fn vector(columns: usize) -> usize {
     if columns.is_multiple_of(8) { 8 } else { 1 }
 }
 
-fn rows_grid(rows: usize) -> (CubeCount, CubeDim) {
+pub(crate) fn rows_grid(rows: usize) -> (CubeCount, CubeDim) {
     (CubeCount::Static(rows as u32, 1, 1), CubeDim::new_1d(THREADS))
 }
 

@@ -125,6 +125,7 @@ pub const KERNEL_TESTS: &[NamedTest] = &[
     ("kernel_suite::f32_matmul", kernel_suite::f32_matmul),
     ("kernel_suite::grouped_gemm", kernel_suite::grouped_gemm),
     ("kernel_suite::row_kernels", kernel_suite::row_kernels),
+    ("kernel_suite::embedding_kernels", kernel_suite::embedding_kernels),
     ("kernel_suite::router_top_k", kernel_suite::router_top_k),
     ("kernel_suite::expert_order", kernel_suite::expert_order),
     ("kernel_suite::router_product", kernel_suite::router_product),

@@ -5,10 +5,10 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Embedding;
-use burn::tensor::module::embedding;
 use burn::tensor::{Device, Int, Tensor};
 use burn_megatron_dist::mappings::{reduce_from_tp, reduce_scatter_to_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
+use burn_megatron_kernels::embedding::embedding_rows;
 
 use super::sequence::SequenceLayout;
 
@@ -112,18 +112,12 @@ impl VocabParallelEmbedding {
     /// `[b, s]` token ids → `[b, s, d]`, or `[b, s/tp, d]` with sequence parallelism.
     pub fn forward(&self, ids: Tensor<2, Int>) -> Result<Tensor<3>, LayerError> {
         let [rows, d] = self.weight.dims();
-        let start = (self.tp.group_rank() * rows) as i64;
-        let end = start + rows as i64;
         let [b, s] = ids.dims();
-        // Tokens held by another rank look up row 0 and are zeroed after the lookup.
-        let elsewhere = ids
-            .clone()
-            .lower_elem(start)
-            .bool_or(ids.clone().greater_equal_elem(end));
-        let local = ids.sub_scalar(start).mask_fill(elsewhere.clone(), 0);
-        let partial = embedding(self.weight.val(), local); // [b, s, d]
-        let mask = elsewhere.unsqueeze_dim::<3>(2).expand([b, s, d]);
-        let partial = partial.mask_fill(mask, 0.0);
+        // This rank holds the ids [start, start + rows): another rank's fall outside the local
+        // table, read zero rows and send no gradient.
+        let start = (self.tp.group_rank() * rows) as i64;
+        let local = ids.sub_scalar(start).reshape([b * s]);
+        let partial = embedding_rows(self.weight.val(), local).reshape([b, s, d]);
         Ok(match self.sequence {
             SequenceLayout::Sharded => reduce_scatter_to_sp(partial, &self.tp, 1)?,
             SequenceLayout::Whole => reduce_from_tp(partial, &self.tp)?,

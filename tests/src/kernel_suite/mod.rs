@@ -22,7 +22,7 @@ pub use quant::{
     amax_notes, fp8_amax, fp8_blocks, fp8_blockwise_gemm, fp8_gemm, fp8_tiles, quantized_linear, shared_input,
     weight_codes,
 };
-pub use rows::{expert_order, router_product, router_top_k, row_kernels};
+pub use rows::{embedding_kernels, expert_order, router_product, router_top_k, row_kernels};
 
 /// ‖a − b‖ / ‖b‖ in f32.
 fn relative_error<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {

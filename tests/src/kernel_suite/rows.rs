@@ -3,10 +3,12 @@
 //! dispatch of 300 tokens' 4 copies over 8 experts (one expert empty, fillers up to 128 rows,
 //! copies dropped), on rows of 2048 (vectors of 8) and of 36 (single elements), in f32 and bf16.
 //! With them, the router's top k on CUDA against the CPU's on scores full of ties, and the
-//! dispatch order the CUDA kernels decide against the host's, and the router's f32 product.
+//! dispatch order the CUDA kernels decide against the host's, and the router's f32 product;
+//! and the token embedding's rows and gradient against Burn's `embedding`.
 
-use burn::tensor::{DType, Device, Distribution, Int, Tensor};
+use burn::tensor::{DType, Device, Distribution, Int, Tensor, TensorData};
 use burn_megatron::layers::moe::dispatch::{dispatch_host, permute, unpermute};
+use burn_megatron_kernels::embedding::embedding_rows;
 use burn_megatron_kernels::order::{HostOrder, order_by_expert};
 use burn_megatron_kernels::router::logits;
 use burn_megatron_kernels::rows::gather_rows;
@@ -80,6 +82,80 @@ pub fn row_kernels(h: &Harness) {
         let ours = gather_rows(small.clone(), index.clone(), readers);
         let theirs = with_zero(f32(&small), d).select(0, index);
         assert_eq!(relative_error(ours, theirs), 0.0, "{case}: the zero row");
+    }
+}
+
+/// Token embedding lookups on CUDA (`burn_megatron_kernels::embedding`) against Burn's
+/// `embedding` on the same device in f32, differentiated by autodiff (its `select_assign` adds
+/// each position's row in position order): llama-1b's table (32 768 rows of 2048, vectors of 8:
+/// 16 whole tiles of the scan) and a ragged one (5003 rows of 36: three tiles, the last ending
+/// inside a thread's run), 8192 positions of which half read one token (a bucket of
+/// 4096, not a multiple of the sum's four), the rest random, with ids below and past the table
+/// (another rank's, reading zero rows); in f32 and bf16.
+pub fn embedding_kernels(h: &Harness) {
+    let device = h.device(0).autodiff();
+    let m = 8192;
+    for (n, d, dtype) in [
+        (32768, 2048, DType::BF16),
+        (32768, 2048, DType::F32),
+        (5003, 36, DType::BF16),
+    ] {
+        let case = format!("{n}×{d} {dtype:?}");
+        let draws = Tensor::<1>::random([m], Distribution::Uniform(-0.01, 1.01), (&device, DType::F32));
+        let mut ids: Vec<i64> = draws
+            .to_data()
+            .convert::<f32>()
+            .try_to_vec::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(|u| (u * n as f32).floor() as i64)
+            .collect();
+        for (i, id) in ids.iter_mut().enumerate() {
+            if i % 2 == 1 && i != m - 1 {
+                *id = 7;
+            }
+        }
+        ids[m - 1] = 7;
+        let inside: Vec<i64> = (0..m as i64)
+            .filter(|&i| (0..n as i64).contains(&ids[i as usize]))
+            .collect();
+        let outside: Vec<i64> = (0..m as i64)
+            .filter(|&i| !(0..n as i64).contains(&ids[i as usize]))
+            .collect();
+        assert!(!outside.is_empty(), "{case}: some ids outside the table");
+        let kept: Vec<i64> = inside.iter().map(|&i| ids[i as usize]).collect();
+        let ints = |v: Vec<i64>| {
+            let len = v.len();
+            Tensor::<1, Int>::from_data(TensorData::new(v, [len]), &device)
+        };
+        let weight = Tensor::<2>::random([n, d], Distribution::Normal(0.0, 1.0), (&device, dtype)).require_grad();
+        let reference = weight.clone().cast(DType::F32).detach().require_grad();
+        let ours = embedding_rows(weight.clone(), ints(ids.clone()));
+        let kept_rows = kept.len();
+        let theirs = burn::tensor::module::embedding(reference.clone(), ints(kept).reshape([1, kept_rows]))
+            .reshape([kept_rows, d]);
+        // Copies: exact; the rows of ids outside the table are zero.
+        let inside_rows = ours.clone().cast(DType::F32).select(0, ints(inside.clone()));
+        assert_eq!(relative_error(inside_rows, theirs.clone()), 0.0, "{case}: rows");
+        let zeros = ours
+            .clone()
+            .cast(DType::F32)
+            .select(0, ints(outside))
+            .abs()
+            .sum()
+            .into_scalar::<f32>();
+        assert_eq!(zeros, 0.0, "{case}: rows of ids outside the table");
+        let dy = Tensor::<2>::random([m, d], Distribution::Normal(0.0, 1.0), (&device, dtype)).detach();
+        let grads = (ours.cast(DType::F32) * dy.clone().cast(DType::F32)).sum().backward();
+        let dy_kept = dy.cast(DType::F32).select(0, ints(inside));
+        let grads_ref = (theirs * dy_kept).sum().backward();
+        let (ours, theirs) = (weight.grad(&grads).unwrap(), reference.grad(&grads_ref).unwrap());
+        let error = relative_error(ours, theirs);
+        // Both add the same f32 values (the output's gradient is exact in bf16) in position order,
+        // up to 4096 of them a row: a few f32 ulps of the sum at most; bf16 rounds the f32 sum
+        // once (2⁻⁹ relative).
+        let bound = if dtype == DType::F32 { 1e-6 } else { tolerance(dtype) };
+        assert!(error <= bound, "{case}: the table's gradient {error}");
     }
 }
 
