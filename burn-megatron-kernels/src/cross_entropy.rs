@@ -4,36 +4,29 @@
 //! dtype. No `[tokens, vocab]` f32 tensor exists on either pass. The tensor-parallel reductions
 //! of those `[tokens, 3]` sums stay with the caller (`VocabParallelCrossEntropy`).
 //!
-//! With `x̃ = x − shift` (the rows' global max, a constant) over the columns `j < valid` (the
-//! slice's real vocabulary; padded columns take no part), the sums are
-//! `(Σ exp x̃_j, x̃_t if the target t is in this slice else 0, Σ x̃_j)`, and the gradient of a
-//! row is `g₀·exp x̃_j + g₁·[j = t] + g₂` on those columns, 0 on the padded ones.
+//! Over the columns `j < valid` (the slice's real vocabulary; padded columns take no part), with
+//! `m` the row's max there (a constant: −∞ where `valid` is 0) and `x̃ = x − m`, one pass gives
+//! `(m, Σ exp x̃_j, x̃_t if the target t is in this slice else 0, Σ x̃_j)`, and the gradient of a
+//! row is `g₀·exp x̃_j + g₁·[j = t] + g₂` on those columns, 0 on the padded ones (`g₀…g₂` the
+//! three sums' gradients). The caller moves each slice's sums onto the rows' global max.
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, TensorMetadata, backend_extension};
 use burn::tensor::Tensor;
 
-/// The backend extension behind [`row_max`] and [`partials`].
+/// The backend extension behind [`partials`].
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait CrossEntropyOps: Backend {
-    /// Each row's largest of the columns `j < valid` of `logits` `[n, c]`, `[n]` f32 (−∞ for
-    /// `valid` 0): the shift of the sums, a constant.
-    fn cross_entropy_row_max(logits: FloatTensor<Self>, valid: usize) -> FloatTensor<Self>;
+    /// The `[n, 4]` f32 max and sums of the module docs for `logits` `[n, c]` and `target` `[n]`
+    /// (the target's column in this slice as f32, -1 where it lies in another).
+    fn cross_entropy_partials(logits: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self>;
 
-    /// The `[n, 3]` f32 sums for `logits` `[n, c]`, `shift` `[n]` f32 and `target` `[n]` (the
-    /// target's column in this slice as f32, -1 where it lies in another).
-    fn cross_entropy_partials(
-        logits: FloatTensor<Self>,
-        shift: FloatTensor<Self>,
-        target: FloatTensor<Self>,
-        valid: usize,
-    ) -> FloatTensor<Self>;
-
-    /// The logits' gradient given the sums' gradient `grad` `[n, 3]`.
+    /// The logits' gradient given the output's `grad` `[n, 4]` (column 0, the max's, ignored),
+    /// `shift` `[n]` the max the sums were taken under.
     fn cross_entropy_partials_backward(
         logits: FloatTensor<Self>,
         shift: FloatTensor<Self>,
@@ -55,7 +48,15 @@ pub mod reference {
         }
     }
 
-    pub fn partials(logits: Tensor<2>, shift: Tensor<1>, target: Tensor<1>, valid: usize) -> Tensor<2> {
+    /// The row's max, then the sums shifted by it.
+    pub fn partials(logits: Tensor<2>, target: Tensor<1>, valid: usize) -> Tensor<2> {
+        let max = row_max(logits.clone().detach(), valid);
+        let sums = shifted(logits, max.clone(), target, valid);
+        Tensor::cat(vec![max.unsqueeze_dim::<2>(1), sums], 1)
+    }
+
+    /// `(Σ exp x̃, x̃ at the target or 0, Σ x̃)` with `x̃ = x − shift`.
+    fn shifted(logits: Tensor<2>, shift: Tensor<1>, target: Tensor<1>, valid: usize) -> Tensor<2> {
         let [n, _] = logits.dims();
         if valid == 0 {
             return Tensor::zeros([n, 3], (&logits.device(), DType::F32));
@@ -85,7 +86,7 @@ pub mod reference {
             .expand([n, c]);
         let padded = columns.clone().greater_equal_elem(valid as i64);
         let is_target = columns.equal(target.int().unsqueeze_dim::<2>(1).expand([n, c]));
-        let g = |i: usize| grad.clone().narrow(1, i, 1);
+        let g = |i: usize| grad.clone().narrow(1, i + 1, 1);
         let d = x.exp() * g(0) + is_target.float().cast(DType::F32) * g(1) + g(2);
         d.mask_fill(padded, 0.0).cast(dtype)
     }
@@ -96,19 +97,8 @@ fn flex<const D: usize>(t: FloatTensor<Flex>) -> Tensor<D> {
 }
 
 impl CrossEntropyOps for Flex {
-    fn cross_entropy_row_max(logits: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
-        reference::row_max(flex(logits), valid)
-            .try_into_primitive::<Flex>()
-            .expect("flex")
-    }
-
-    fn cross_entropy_partials(
-        logits: FloatTensor<Self>,
-        shift: FloatTensor<Self>,
-        target: FloatTensor<Self>,
-        valid: usize,
-    ) -> FloatTensor<Self> {
-        reference::partials(flex(logits), flex(shift), flex(target), valid)
+    fn cross_entropy_partials(logits: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
+        reference::partials(flex(logits), flex(target), valid)
             .try_into_primitive::<Flex>()
             .expect("flex")
     }
@@ -128,17 +118,8 @@ impl CrossEntropyOps for Flex {
 
 #[cfg(feature = "cuda")]
 impl CrossEntropyOps for burn::backend::Cube {
-    fn cross_entropy_row_max(logits: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
-        crate::row_kernels::cross_entropy_row_max(logits, valid)
-    }
-
-    fn cross_entropy_partials(
-        logits: FloatTensor<Self>,
-        shift: FloatTensor<Self>,
-        target: FloatTensor<Self>,
-        valid: usize,
-    ) -> FloatTensor<Self> {
-        crate::row_kernels::cross_entropy_partials(logits, shift, target, valid)
+    fn cross_entropy_partials(logits: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
+        crate::row_kernels::cross_entropy_partials(logits, target, valid)
     }
 
     fn cross_entropy_partials_backward(
@@ -156,7 +137,7 @@ impl CrossEntropyOps for burn::backend::Cube {
 struct PartialsBackward;
 
 impl<B: Backend + CrossEntropyOps> Backward<B, 1> for PartialsBackward {
-    /// The logits, the shift, the targets and the valid width.
+    /// The logits, the rows' max (the sums' shift), the targets and the valid width.
     type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, usize);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -168,18 +149,8 @@ impl<B: Backend + CrossEntropyOps> Backward<B, 1> for PartialsBackward {
 }
 
 impl<B: Backend + CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Autodiff<B, C> {
-    /// The inner backend's, as a constant.
-    fn cross_entropy_row_max(logits: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
-        <Self as AutodiffBackend>::from_inner(B::cross_entropy_row_max(logits.into_parts().0, valid))
-    }
-
-    fn cross_entropy_partials(
-        logits: FloatTensor<Self>,
-        shift: FloatTensor<Self>,
-        target: FloatTensor<Self>,
-        valid: usize,
-    ) -> FloatTensor<Self> {
-        let (shift, target) = (shift.into_parts().0, target.into_parts().0);
+    fn cross_entropy_partials(logits: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
+        let target = target.into_parts().0;
         match PartialsBackward
             .prepare::<C>([logits.node()])
             .compute_bound()
@@ -187,12 +158,12 @@ impl<B: Backend + CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Au
         {
             OpsKind::Tracked(prep) => {
                 let logits = logits.into_parts().0;
-                let out = B::cross_entropy_partials(logits.clone(), shift.clone(), target.clone(), valid);
-                prep.finish((logits, shift, target, valid), out)
+                let out = B::cross_entropy_partials(logits.clone(), target.clone(), valid);
+                let n = out.shape()[0];
+                let max = B::float_slice(out.clone(), &[(..).into(), (0..1).into()]);
+                prep.finish((logits, B::float_reshape(max, [n].into()), target, valid), out)
             }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::cross_entropy_partials(logits.into_parts().0, shift, target, valid))
-            }
+            OpsKind::UnTracked(prep) => prep.finish(B::cross_entropy_partials(logits.into_parts().0, target, valid)),
         }
     }
 
@@ -215,24 +186,14 @@ impl<B: Backend + CrossEntropyOps, C: CheckpointStrategy> CrossEntropyOps for Au
     }
 }
 
-/// Each row's largest logit before column `valid` through [`CrossEntropyOps`], f32, not
-/// differentiated (the sums' shift).
+/// The `[n, 4]` max and sums of the module docs through [`CrossEntropyOps`], in one pass over
+/// the logits, differentiable in `logits` through the sums (the max is a constant).
 ///
 /// # Shapes
-/// `[n, c]` → `[n]`
-pub fn row_max(logits: Tensor<2>, valid: usize) -> Tensor<1> {
-    let out = <burn::backend::Dispatch as CrossEntropyOps>::cross_entropy_row_max(logits.into_dispatch(), valid);
-    Tensor::from_dispatch(out)
-}
-
-/// The `[n, 3]` sums of the module docs through [`CrossEntropyOps`], differentiable in `logits`.
-///
-/// # Shapes
-/// `[n, c]`, `[n]`, `[n]` → `[n, 3]`
-pub fn partials(logits: Tensor<2>, shift: Tensor<1>, target: Tensor<1>, valid: usize) -> Tensor<2> {
+/// `[n, c]`, `[n]` → `[n, 4]`
+pub fn partials(logits: Tensor<2>, target: Tensor<1>, valid: usize) -> Tensor<2> {
     let out = <burn::backend::Dispatch as CrossEntropyOps>::cross_entropy_partials(
         logits.into_dispatch(),
-        shift.into_dispatch(),
         target.into_dispatch(),
         valid,
     );
@@ -244,20 +205,19 @@ mod tests {
     use burn::tensor::{DType, Device, Distribution, Tensor, TensorData, Tolerance};
 
     /// On the CPU the extension's backward is the derivative autodiff finds for the twin's
-    /// forward: the same sums and the same logit gradients, with a padded column and a target in
-    /// another slice.
+    /// forward: the same max and sums and the same logit gradients (a weight on the max column
+    /// too, which sends nothing back), with a padded column and a target in another slice.
     #[test]
     fn backward_matches_autodiff() {
         let device = Device::flex().autodiff();
         let logits = Tensor::<2>::random([4, 6], Distribution::Normal(0.0, 2.0), &device).require_grad();
-        let shift = logits.clone().detach().max_dim(1).reshape([4]);
         let target = Tensor::<1>::from_data(TensorData::from([2.0f32, -1.0, 0.0, 4.0]), &device);
-        let ours = super::partials(logits.clone(), shift.clone(), target.clone(), 5);
-        let theirs = super::reference::partials(logits.clone(), shift, target, 5);
+        let ours = super::partials(logits.clone(), target.clone(), 5);
+        let theirs = super::reference::partials(logits.clone(), target, 5);
         // f32 both ways, the same sums: ulps.
         let tolerance = Tolerance::absolute(1e-5);
         ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
-        let weights = Tensor::<2>::random([4, 3], Distribution::Normal(0.0, 1.0), &device).cast(DType::F32);
+        let weights = Tensor::<2>::random([4, 4], Distribution::Normal(0.0, 1.0), &device).cast(DType::F32);
         let (g1, g2) = (
             (ours * weights.clone()).sum().backward(),
             (theirs * weights).sum().backward(),
@@ -269,17 +229,21 @@ mod tests {
             .assert_approx_eq::<f32>(&logits.grad(&g2).unwrap().to_data(), tolerance);
     }
 
-    /// Each row's largest value before `valid`, written out by hand: a larger value in a padded
-    /// column is not counted, and no column at all gives −∞; an autodiff input gives a constant.
+    /// Each row's max before `valid`, written out by hand: a larger value in a padded column is
+    /// not counted; no column at all gives −∞ and zero sums.
     #[test]
-    fn row_max_skips_the_padding() {
-        let device = Device::flex().autodiff();
+    fn max_skips_the_padding() {
+        let device = Device::flex();
         let rows = [[1.0f32, -3.0, 2.5, 9.0], [-4.0, -2.0, -7.0, 8.0]];
-        let logits = Tensor::<2>::from_data(TensorData::from(rows), &device).require_grad();
-        let max = super::row_max(logits.clone(), 3);
-        assert!(!max.is_require_grad());
-        assert_eq!(max.into_data().try_to_vec::<f32>().unwrap(), vec![2.5, -2.0]);
-        let none = super::row_max(logits, 0).into_data().try_to_vec::<f32>().unwrap();
-        assert_eq!(none, vec![f32::NEG_INFINITY; 2]);
+        let logits = Tensor::<2>::from_data(TensorData::from(rows), &device);
+        let target = Tensor::<1>::from_data(TensorData::from([0.0f32, -1.0]), &device);
+        let max = |valid| {
+            let out = super::partials(logits.clone(), target.clone(), valid);
+            out.narrow(1, 0, 1).into_data().try_to_vec::<f32>().unwrap()
+        };
+        assert_eq!(max(3), vec![2.5, -2.0]);
+        assert_eq!(max(0), vec![f32::NEG_INFINITY; 2]);
+        let none = super::partials(logits.clone(), target.clone(), 0).narrow(1, 1, 3);
+        assert_eq!(none.into_data().try_to_vec::<f32>().unwrap(), vec![0.0; 6]);
     }
 }

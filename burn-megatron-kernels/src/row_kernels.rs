@@ -12,6 +12,7 @@ use half::{bf16, f16};
 use crate::amax_kernels::vector_max;
 use crate::cross_entropy::reference as ce_reference;
 use crate::elementwise::{compact_input, compact_output, launch_float};
+use crate::hopper::exp2;
 use crate::known_amax;
 use crate::rms_norm::reference;
 
@@ -442,40 +443,16 @@ pub(crate) fn backward(
     (dx, dw)
 }
 
-/// Grid: one block a row. `out[row]` the largest of the row's columns before `valid` (NaN
-/// ignored; −∞ for none).
-#[cube(launch_unchecked)]
-fn ce_row_max_kernel<F: Float, N: Size>(
-    logits: &Tensor<Vector<F, N>>,
-    out: &mut Tensor<f32>,
-    columns: u32,
-    valid: u32,
-) {
-    let row = CUBE_POS;
-    let base = row * columns as usize;
-    let width = logits.vector_size().comptime() as u32;
-    let mut acc = f32::new(f32::NEG_INFINITY);
-    for c in range_stepped(UNIT_POS, columns, THREADS) {
-        let v = Vector::<f32, N>::cast_from(logits[base + c as usize]);
-        #[unroll]
-        for lane in 0..logits.vector_size() {
-            if c * width + (lane as u32) < valid {
-                acc = f32::max(acc, v.extract(lane));
-            }
-        }
-    }
-    let acc = block_max(acc);
-    if UNIT_POS == 0 {
-        out[row] = acc;
-    }
-}
+/// `log₂ e`: `exp(x) = 2^(x·log₂ e)`, the exponential `ex2.approx` gives.
+const LOG2_E: f32 = std::f32::consts::LOG2_E;
 
-/// Grid: one block a row. `out[row] = (Σ exp x̃, x̃ at the target, Σ x̃)` over the columns
-/// before `valid` (`crate::cross_entropy`).
+/// Grid: one block a row. `out[row] = (m, Σ exp x̃, x̃ at the target, Σ x̃)` over the columns
+/// before `valid`, `x̃ = x − m` with `m` the row's max there (`crate::cross_entropy`): one pass,
+/// each thread keeping its own max and its sum under it (rescaled when the max rises, once a
+/// vector), the block's combined at the end. NaN is not ignored: a NaN logit makes the sums NaN.
 #[cube(launch_unchecked)]
 fn ce_partials_kernel<F: Float, N: Size>(
     logits: &Tensor<Vector<F, N>>,
-    shift: &Tensor<f32>,
     target: &Tensor<f32>,
     out: &mut Tensor<f32>,
     columns: u32,
@@ -483,38 +460,81 @@ fn ce_partials_kernel<F: Float, N: Size>(
 ) {
     let row = CUBE_POS;
     let base = row * columns as usize;
-    let s = shift[row];
     let t = i32::cast_from(target[row]);
     let width = logits.vector_size().comptime() as u32;
+    let mut m = f32::new(f32::NEG_INFINITY);
     let mut sum_exp = 0.0f32;
     let mut picked = 0.0f32;
     let mut real = 0.0f32;
     for c in range_stepped(UNIT_POS, columns, THREADS) {
-        let v = Vector::<f32, N>::cast_from(logits[base + c as usize]) - Vector::new(s);
-        #[unroll]
-        for lane in 0..logits.vector_size() {
-            let column = c * width + lane as u32;
-            let x = v.extract(lane);
-            if column < valid {
-                sum_exp += x.exp();
+        let v = Vector::<f32, N>::cast_from(logits[base + c as usize]);
+        if (c + 1) * width <= valid {
+            // A whole vector of real columns: one rescale at most.
+            let mut top = v.extract(0usize);
+            #[unroll]
+            for lane in 1..logits.vector_size() {
+                top = f32::max(top, v.extract(lane));
+            }
+            if top > m {
+                sum_exp *= exp2((m - top) * LOG2_E);
+                m = top;
+            }
+            #[unroll]
+            for lane in 0..logits.vector_size() {
+                let x = v.extract(lane);
+                sum_exp += exp2((x - m) * LOG2_E);
                 real += x;
-                if i32::cast_from(column) == t {
-                    picked += x;
+                if i32::cast_from(c * width + lane as u32) == t {
+                    picked = x;
+                }
+            }
+        } else {
+            #[unroll]
+            for lane in 0..logits.vector_size() {
+                let column = c * width + lane as u32;
+                let x = v.extract(lane);
+                if column < valid {
+                    // The sum rescaled where x raises the max (never from −∞ to −∞: no NaN).
+                    if x > m {
+                        sum_exp *= exp2((m - x) * LOG2_E);
+                        m = x;
+                    }
+                    sum_exp += exp2((x - m) * LOG2_E);
+                    real += x;
+                    if i32::cast_from(column) == t {
+                        picked = x;
+                    }
                 }
             }
         }
     }
-    let sum_exp = block_sum(sum_exp);
+    let top = block_max(m);
+    // A thread that saw no real column has m = −∞ and nothing to add.
+    let mut mine = 0.0f32;
+    if m > f32::new(f32::NEG_INFINITY) {
+        mine = sum_exp * exp2((m - top) * LOG2_E);
+    }
+    let sum_exp = block_sum(mine);
     let picked = block_sum(picked);
     let real = block_sum(real);
     if UNIT_POS == 0 {
-        out[row * 3] = sum_exp;
-        out[row * 3 + 1] = picked;
-        out[row * 3 + 2] = real;
+        let mut shifted_target = 0.0f32;
+        let mut shifted_real = 0.0f32;
+        if t >= 0 && (t as u32) < valid {
+            shifted_target = picked - top;
+        }
+        if valid > 0 {
+            shifted_real = real - valid as f32 * top;
+        }
+        out[row * 4] = top;
+        out[row * 4 + 1] = sum_exp;
+        out[row * 4 + 2] = shifted_target;
+        out[row * 4 + 3] = shifted_real;
     }
 }
 
-/// `dlogits = g₀·exp x̃ + g₁·[j = t] + g₂` before `valid`, 0 after; one thread a vector.
+/// `dlogits = g₀·exp x̃ + g₁·[j = t] + g₂` before `valid`, 0 after, `(g₀, g₁, g₂)` the sums'
+/// gradients (columns 1–3 of `grad`; the max, column 0, is a constant); one thread a vector.
 #[cube(launch_unchecked)]
 fn ce_backward_kernel<F: Float, N: Size>(
     logits: &Tensor<Vector<F, N>>,
@@ -531,7 +551,7 @@ fn ce_backward_kernel<F: Float, N: Size>(
         let c = (i % columns as usize) as u32;
         let width = logits.vector_size().comptime() as u32;
         let t = i32::cast_from(target[row]);
-        let (g0, g1, g2) = (grad[row * 3], grad[row * 3 + 1], grad[row * 3 + 2]);
+        let (g0, g1, g2) = (grad[row * 4 + 1], grad[row * 4 + 2], grad[row * 4 + 3]);
         let v = Vector::<f32, N>::cast_from(logits[i]) - Vector::new(shift[row]);
         let mut d = Vector::<f32, N>::empty();
         #[unroll]
@@ -561,72 +581,32 @@ fn tensor<const D: usize>(t: CubeTensor) -> burn::tensor::Tensor<D> {
     burn::tensor::Tensor::from_primitive::<Cube>(t)
 }
 
-pub(crate) fn cross_entropy_row_max(logits: CubeTensor, valid: usize) -> CubeTensor {
+pub(crate) fn cross_entropy_partials(logits: CubeTensor, target: CubeTensor, valid: usize) -> CubeTensor {
     let shape = logits.meta.shape().clone();
     let fits = shape.num_dims() == 2
         && matches!(logits.dtype, DType::BF16 | DType::F16 | DType::F32)
-        && valid > 0
+        && target.dtype == DType::F32
+        && target.meta.num_elements() == shape[0]
         && shape[0] > 0;
-    let compact = fits.then(|| compact_input(logits.clone())).flatten();
-    let Some(lc) = compact else {
-        return ce_reference::row_max(tensor(logits), valid)
+    let inputs = (compact_input(logits.clone()), compact_input(target.clone()));
+    let (true, Some(lc), Some(tc)) = (fits, inputs.0, inputs.1) else {
+        return ce_reference::partials(tensor(logits), tensor(target), valid)
             .try_into_primitive::<Cube>()
             .expect("cuda");
     };
     let (rows, columns) = (shape[0], shape[1]);
     let vector = if columns.is_multiple_of(8) { 8 } else { 1 };
-    let out = compact_output(&lc, Shape::from([rows]), DType::F32);
+    let out = compact_output(&lc, Shape::from([rows, 4]), DType::F32);
     launch_float!(
         lc.dtype,
-        ce_row_max_kernel,
+        ce_partials_kernel,
         &lc.client,
         CubeCount::Static(rows as u32, 1, 1),
         CubeDim::new_1d(THREADS),
         vector,
         lc.clone().into_tensor_arg(),
-        out.clone().into_tensor_arg(),
-        (columns / vector) as u32,
-        valid as u32
-    );
-    out
-}
-
-pub(crate) fn cross_entropy_partials(
-    logits: CubeTensor,
-    shift: CubeTensor,
-    target: CubeTensor,
-    valid: usize,
-) -> CubeTensor {
-    let inputs = (
-        ce_layout(&logits, &shift, &target),
-        compact_input(logits.clone()),
-        compact_input(shift.clone()),
-        compact_input(target.clone()),
-    );
-    let (Some((rows, columns, vector)), Some(lc), Some(sc), Some(tc)) = inputs else {
-        return ce_reference::partials(tensor(logits), tensor(shift), tensor(target), valid)
-            .try_into_primitive::<Cube>()
-            .expect("cuda");
-    };
-    let out = compact_output(&lc, Shape::from([rows, 3]), DType::F32);
-    let count = CubeCount::Static(rows as u32, 1, 1);
-    let args = (
-        lc.clone().into_tensor_arg(),
-        sc.into_tensor_arg(),
         tc.into_tensor_arg(),
         out.clone().into_tensor_arg(),
-    );
-    launch_float!(
-        lc.dtype,
-        ce_partials_kernel,
-        &lc.client,
-        count,
-        CubeDim::new_1d(THREADS),
-        vector,
-        args.0,
-        args.1,
-        args.2,
-        args.3,
         (columns / vector) as u32,
         valid as u32
     );
@@ -652,7 +632,7 @@ pub(crate) fn cross_entropy_backward(
             .try_into_primitive::<Cube>()
             .expect("cuda");
     };
-    if gc.dtype != DType::F32 || gc.meta.num_elements() != rows * 3 {
+    if gc.dtype != DType::F32 || gc.meta.num_elements() != rows * 4 {
         return ce_reference::backward(tensor(logits), tensor(shift), tensor(target), valid, tensor(grad))
             .try_into_primitive::<Cube>()
             .expect("cuda");

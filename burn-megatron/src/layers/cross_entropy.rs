@@ -9,7 +9,7 @@ use burn::config::Config;
 use burn::tensor::{DType, Int, Tensor};
 use burn_megatron_dist::mappings::reduce_from_tp;
 use burn_megatron_dist::{ProcessGroup, ProcessGroups, ReduceOp};
-use burn_megatron_kernels::cross_entropy::{partials, row_max};
+use burn_megatron_kernels::cross_entropy::partials;
 
 use crate::error::LayerError;
 
@@ -70,10 +70,6 @@ impl VocabParallelCrossEntropy {
         // Padded vocabulary columns take no part.
         let valid = self.vocab_size.saturating_sub(start).min(columns);
 
-        // Each row's max over the whole vocabulary: the shift of every sum, a constant.
-        let local_max = row_max(logits.clone().detach(), valid).reshape([n, 1]);
-        let max = self.tp.all_reduce(local_max, ReduceOp::Max)?; // [n, 1]
-
         // The target's column in this slice, -1 where another rank holds it.
         let targets = targets.reshape([n]);
         let here = targets
@@ -83,19 +79,31 @@ impl VocabParallelCrossEntropy {
         let column = targets
             .clone()
             .sub_scalar(start as i64)
-            .mask_fill(here.bool_not(), -1)
+            .mask_fill(here.clone().bool_not(), -1)
             .float()
             .cast(DType::F32);
 
-        // This slice's sums in one pass over the logits, with no f32 copy of them
-        // (burn_megatron_kernels::cross_entropy), then summed over the slices.
-        let sums = partials(logits, max.reshape([n]), column, valid); // [n, 3]
-        let log_sum_exp = reduce_from_tp(sums.clone().narrow(1, 0, 1), &self.tp)?.log(); // [n, 1]
-        let target_logit = reduce_from_tp(sums.clone().narrow(1, 1, 1), &self.tp)?; // [n, 1]
+        // This slice's row max and its sums under it in one pass over the logits, with no f32
+        // copy of them (burn_megatron_kernels::cross_entropy).
+        let sums = partials(logits, column, valid); // [n, 4]
+        // Each slice's sums moved onto the rows' max over the whole vocabulary, by constants:
+        // Σ exp scales by exp(m − max), each shifted logit moves by m − max (−∞ on a slice with
+        // no real column, whose sums are zero and which holds no target).
+        let local_max = sums.clone().narrow(1, 0, 1).detach(); // [n, 1]
+        let max = self.tp.all_reduce(local_max.clone(), ReduceOp::Max)?;
+        let shift = local_max - max; // [n, 1], ≤ 0
+        let sum_exp = sums.clone().narrow(1, 1, 1) * shift.clone().exp();
+        let log_sum_exp = reduce_from_tp(sum_exp, &self.tp)?.log(); // [n, 1]
+        let target_shift = shift.clone().mask_fill(here.bool_not().reshape([n, 1]), 0.0);
+        let target_logit = reduce_from_tp(sums.clone().narrow(1, 2, 1) + target_shift, &self.tp)?; // [n, 1]
         let mut token_loss = log_sum_exp.clone() - target_logit; // [n, 1]
 
         if self.label_smoothing > 0.0 {
-            let mean_logit = reduce_from_tp(sums.narrow(1, 2, 1), &self.tp)?.div_scalar(self.vocab_size as f64);
+            let real = match valid {
+                0 => sums.narrow(1, 3, 1),
+                _ => sums.narrow(1, 3, 1) + shift.mul_scalar(valid as f64),
+            };
+            let mean_logit = reduce_from_tp(real, &self.tp)?.div_scalar(self.vocab_size as f64);
             let smooth = log_sum_exp - mean_logit;
             token_loss = token_loss.mul_scalar(1.0 - self.label_smoothing) + smooth.mul_scalar(self.label_smoothing);
         }

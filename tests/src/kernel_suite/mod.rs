@@ -508,26 +508,26 @@ pub fn f32_matmul(h: &Harness) {
     assert!(error < 1e-5, "batched q·kᵀ: relative error {error}");
 }
 
-/// Cross-entropy's fused row sums and their backward against the twin in f32 with autodiff:
-/// logits in f32 and bf16, rows that take vectors of 8 and rows that do not, padded columns and
-/// targets in other slices. The rows' max (the sums' shift) against Burn's, exactly (a maximum
-/// rounds nothing), also with a row's largest values in its padded columns (not counted).
+/// The cross-entropy's one pass over the logits (`burn_megatron_kernels::cross_entropy`) against
+/// its tensor-op twin on the same f32 values, with autodiff: the rows' max exactly (a maximum
+/// rounds nothing, a larger value in the padded columns left out), the sums, and the logits'
+/// gradient, in f32 and bf16, on rows that take vectors of 8 with padded columns (2000 of 2048
+/// real: the last vectors part real, part padding) and rows that do not (100), targets in other
+/// slices.
 pub fn cross_entropy(h: &Harness) {
     use burn::tensor::TensorData;
-    use burn_megatron_kernels::cross_entropy::{partials, reference, row_max};
+    use burn_megatron_kernels::cross_entropy::{partials, reference};
     let device = h.device(0).autodiff();
     for dtype in [DType::F32, DType::BF16] {
         for (rows, columns, valid) in [(37, 2048, 2000), (9, 100, 100)] {
             let logits = Tensor::<2>::random([rows, columns], Distribution::Normal(0.0, 3.0), (&device, dtype))
                 .detach()
                 .require_grad();
-            let shift = logits
-                .clone()
-                .detach()
-                .cast(DType::F32)
-                .narrow(1, 0, valid)
-                .max_dim(1)
-                .reshape([rows]);
+            // Every third row's target lies in another slice (-1).
+            let targets: Vec<f32> = (0..rows)
+                .map(|r| if r % 3 == 0 { -1.0 } else { ((r * 37) % valid) as f32 })
+                .collect();
+            let target = Tensor::<1>::from_data(TensorData::new(targets, [rows]), (&device, DType::F32));
             let mut cases = vec![("logits", logits.clone().detach())];
             if valid < columns {
                 let peak = Tensor::full([1, columns - valid], 1e4, (&device, dtype));
@@ -541,26 +541,22 @@ pub fn cross_entropy(h: &Harness) {
                     .narrow(1, 0, valid)
                     .max_dim(1)
                     .reshape([rows]);
-                let got = row_max(x, valid);
+                let got = partials(x, target.clone(), valid).narrow(1, 0, 1).reshape([rows]);
                 assert_eq!(
                     got.into_data().try_to_vec::<f32>().unwrap(),
                     expected.into_data().try_to_vec::<f32>().unwrap(),
                     "{dtype:?} {rows}×{columns} valid {valid}, {what}: rows' max"
                 );
             }
-            // Every third row's target lies in another slice (-1).
-            let targets: Vec<f32> = (0..rows)
-                .map(|r| if r % 3 == 0 { -1.0 } else { ((r * 37) % valid) as f32 })
-                .collect();
-            let target = Tensor::<1>::from_data(TensorData::new(targets, [rows]), (&device, DType::F32));
-            let ours = partials(logits.clone(), shift.clone(), target.clone(), valid);
+            let ours = partials(logits.clone(), target.clone(), valid);
             let logits32 = f32_leaf(&logits);
-            let theirs = reference::partials(logits32.clone(), shift, target, valid);
+            let theirs = reference::partials(logits32.clone(), target, valid);
             let case = format!("{dtype:?} {rows}×{columns} valid {valid}");
-            // Sums of up to 2048 f32 terms read from the same values: ulps of the sums.
+            // Sums of up to 2048 f32 terms read from the same values, in another order, each
+            // exponential from `ex2.approx` (2 ulp) against `exp`: ulps of the sums.
             let error = relative_error(ours.clone(), theirs.clone());
-            assert!(error < 1e-4, "{case}: sums relative error {error}");
-            let weights = Tensor::<2>::random([rows, 3], Distribution::Normal(0.0, 1.0), (&device, DType::F32));
+            assert!(error < 1e-4, "{case}: max and sums relative error {error}");
+            let weights = Tensor::<2>::random([rows, 4], Distribution::Normal(0.0, 1.0), (&device, DType::F32));
             let (g1, g2) = (
                 (ours * weights.clone()).sum().backward(),
                 (theirs * weights).sum().backward(),
