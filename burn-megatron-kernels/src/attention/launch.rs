@@ -171,6 +171,31 @@ pub(super) fn forward(
     (heads_view(out), lse)
 }
 
+/// RoPE's `[≥ s, d/2]` f32 tables, whose rotation the backward undoes on dQ and dK as it writes
+/// them (`super::rotary`).
+pub(super) struct Tables {
+    pub cos: CubeTensor,
+    pub sin: CubeTensor,
+}
+
+impl Tables {
+    /// Compact tables of 64 columns covering `s` positions, which the kernels index as laid out;
+    /// `None` where they are not (the caller rotates apart).
+    fn for_kernels(&self, s: usize) -> Option<(CubeTensor, CubeTensor)> {
+        let fits = |t: &CubeTensor| {
+            t.dtype == DType::F32
+                && t.meta.shape().num_dims() == 2
+                && t.meta.shape()[0] >= s
+                && t.meta.shape()[1] == HEAD_DIM / 2
+                && t.meta.strides()[0] == HEAD_DIM / 2
+                && t.meta.strides()[1] == 1
+        };
+        (fits(&self.cos) && fits(&self.sin)).then(|| (self.cos.clone(), self.sin.clone()))
+    }
+}
+
+/// The gradients of q, k and v; with `tables`, of q and k before the rotation the tables give
+/// (q and k are the rotated ones the forward read).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn backward(
     q: CubeTensor,
@@ -181,7 +206,17 @@ pub(super) fn backward(
     grad: CubeTensor,
     causal: bool,
     scale: f32,
+    tables: Option<&Tables>,
 ) -> (CubeTensor, CubeTensor, CubeTensor) {
+    let fused = tables.map(|t| t.for_kernels(q.meta.shape()[2]));
+    if let Some(None) = fused {
+        // Tables the kernels cannot index: the plain backward, then the inverse rotation apart.
+        let tables = tables.expect("tables");
+        let (dq, dk, dv) = backward(q, k, v, out, lse, grad, causal, scale, None);
+        let unrotate = |x| crate::elementwise::rope(x, tables.cos.clone(), tables.sin.clone(), true, false);
+        return (unrotate(dq), unrotate(dk), dv);
+    }
+    let rotation = fused.flatten();
     let [b, h, s, d] = match check(&q, &k, &v).and_then(|dims| check(&out, &grad, &out).map(|_| dims)) {
         Ok(dims) => dims,
         Err(_) => {
@@ -195,7 +230,14 @@ pub(super) fn backward(
                 causal,
                 scale,
             );
-            return (primitive(dq), primitive(dk), primitive(dv));
+            let (dq, dk, dv) = (primitive(dq), primitive(dk), primitive(dv));
+            return match tables {
+                Some(t) => {
+                    let unrotate = |x| crate::elementwise::rope(x, t.cos.clone(), t.sin.clone(), true, false);
+                    (unrotate(dq), unrotate(dk), dv)
+                }
+                None => (dq, dk, dv),
+            };
         }
     };
     let (q, k, v, grad, out) = (
@@ -215,6 +257,9 @@ pub(super) fn backward(
     let sums = compact(&q, &[b * h * s, d], DType::F32);
     let rows = (b * h * s) as u32;
     let client = q.client.clone();
+    // Without a rotation the kernels never read the tables: the sums stand in.
+    let unrotate = rotation.is_some();
+    let (cos, sin) = rotation.unwrap_or_else(|| (sums.clone(), sums.clone()));
     // SAFETY: every kernel checks its rows against s (the delta kernel, which zeroes the sums
     // before the backward adds into them, against b·h·s; the dQ conversion against the sums'
     // length; their inputs' strides are multiples of their vectors, `tma_ready`, and the sums
@@ -246,22 +291,28 @@ pub(super) fn backward(
             sums_map(&sums),
             pairs(&dk).into_tensor_arg(),
             pairs(&dv).into_tensor_arg(),
+            cos.clone().into_tensor_arg(),
+            sin.clone().into_tensor_arg(),
             s as u32,
             h as u32,
             scale_log2(scale),
             scale,
             causal,
+            unrotate,
         );
         flash::dq_out_kernel::launch_unchecked(
             &client,
-            CubeCount::Static((rows * (d / flash::DQ_VECTOR) as u32).div_ceil(256), 1, 1),
+            CubeCount::Static((rows * (d / 2 / flash::DQ_VECTOR) as u32).div_ceil(256), 1, 1),
             CubeDim::new_1d(256),
             flash::DQ_VECTOR,
             sums.into_tensor_arg(),
+            cos.into_tensor_arg(),
+            sin.into_tensor_arg(),
             dq.clone().into_tensor_arg(),
             s as u32,
             h as u32,
             scale,
+            unrotate,
         );
     }
     (heads_view(dq), heads_view(dk), heads_view(dv))

@@ -12,9 +12,11 @@ mod flash;
 #[cfg(feature = "cuda")]
 mod launch;
 pub mod reference;
+pub mod rotary;
 
 #[cfg(feature = "cuda")]
 pub use launch::{Unsupported, supports};
+pub use rotary::{RotaryAttentionOps, rotary_attention};
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -115,7 +117,7 @@ impl AttentionOps for burn::backend::Cube {
         causal: bool,
         scale: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        launch::backward(q, k, v, out, lse, grad, causal, scale)
+        launch::backward(q, k, v, out, lse, grad, causal, scale, None)
     }
 }
 

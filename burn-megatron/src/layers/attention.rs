@@ -230,7 +230,8 @@ impl ParallelAttention {
         })
     }
 
-    /// q `[b, h, s, k]`, k and v `[b, g, s, k]`, with RoPE on q and k.
+    /// q `[b, h, s, k]`, k and v `[b, g, s, k]`, with RoPE on q and k unless the attention op
+    /// rotates them ([`rotates_in_attention`](Self::rotates_in_attention)).
     fn project(&self, x: Tensor<3>) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), LayerError> {
         // One mapping for q, k and v, which share the input.
         let x = match self.sequence {
@@ -244,10 +245,27 @@ impl ParallelAttention {
         let shared = Some(Arc::new(SharedInput::default()));
         let [xq, xk, xv]: [Tensor<3>; 3] = fan_out(x, 3).try_into().expect("three readers");
         let project = |w: &ColumnParallelLinear, x| w.forward_sharing(x, shared.as_ref());
-        let q = self.rope(heads(project(&self.wq, xq)?, self.n_heads), &self.wq);
-        let k = self.rope(heads(project(&self.wk, xk)?, self.n_kv_heads), &self.wk);
+        let (q, k) = (
+            heads(project(&self.wq, xq)?, self.n_heads),
+            heads(project(&self.wk, xk)?, self.n_kv_heads),
+        );
         let v = heads(project(&self.wv, xv)?, self.n_kv_heads);
-        Ok((q, k, v))
+        match self.rotates_in_attention() {
+            true => Ok((q, k, v)),
+            false => Ok((self.rope(q, &self.wq), self.rope(k, &self.wk), v)),
+        }
+    }
+
+    /// Whether the attention op rotates q and k itself (`rotary_attention`, whose backward
+    /// writes their gradients through RoPE's inverse as they leave the flash kernels): whole
+    /// sequences on this rank (context parallelism rotates each chunk at its own positions) and
+    /// no FP8 tensorwise product of q or k noting its input gradient's amax as RoPE's backward
+    /// writes it.
+    fn rotates_in_attention(&self) -> bool {
+        self.cp.size() == 1
+            && ![&self.wq, &self.wk]
+                .iter()
+                .any(|w| w.gemm.scales_by_tensor_amax(Pass::Dgrad))
     }
 
     fn heads(&self) -> Heads {
@@ -256,6 +274,7 @@ impl ParallelAttention {
             n_kv_heads: self.n_kv_heads,
             head_dim: self.head_dim,
             context: (self.cp.size() > 1).then(|| (self.context, self.cp.clone())),
+            rope: self.rotates_in_attention().then(|| self.rope.clone()),
         }
     }
 }
@@ -267,9 +286,11 @@ struct Heads {
     n_kv_heads: usize,
     head_dim: usize,
     context: Option<(ContextParallel, ProcessGroup)>,
+    /// RoPE's tables where the attention op rotates q and k itself.
+    rope: Option<Rope>,
 }
 
-/// The core attention and the output projection.
+/// The core attention (RoPE on q and k first where `heads.rope` says) and the output projection.
 ///
 /// # Shapes
 /// q `[b, h, s, k]`, k and v `[b, g, s, k]` → `[b, s, d]` (`[b, s/tp, d]` with sequence
@@ -290,7 +311,13 @@ fn attend(
             // Flash attention on CUDA (bf16, head dim 128); the f32 reference elsewhere. It
             // takes its output's amax where the output projection's cast scales by it.
             let note = wo.gemm.scales_by_tensor_amax(Pass::Forward);
-            burn_megatron_kernels::attention::attention_noting(q, k, v, true, note) // [b, h, s, k]
+            match &heads.rope {
+                Some(rope) => {
+                    let (cos, sin) = rope.tables();
+                    burn_megatron_kernels::attention::rotary_attention(q, k, v, cos, sin, true, note)
+                }
+                None => burn_megatron_kernels::attention::attention_noting(q, k, v, true, note),
+            } // [b, h, s, k]
         }
     };
     let out = out.swap_dims(1, 2).reshape([b, s, heads.n_heads * heads.head_dim]);

@@ -7,7 +7,8 @@
 use burn::tensor::module::attention as burn_attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Distribution, Tensor, TensorData};
-use burn_megatron_kernels::attention::attention;
+use burn_megatron_kernels::attention::{attention, rotary_attention};
+use burn_megatron_kernels::rope::reference::rope as rope_reference;
 use burn_megatron_kernels::wgmma::{Schedule, WgmmaError, matmul};
 
 use crate::Harness;
@@ -79,7 +80,9 @@ pub fn wgmma_gemm(h: &Harness) {
 
 /// Flash attention (bf16, head dim 128, the layer's `[b, s, h, d]` storage seen as
 /// `[b, h, s, d]`) against Burn's attention in f32 differentiated by autodiff: outputs and the
-/// gradients of q, k and v, with and without the causal mask, on lengths that fill no tile. A
+/// gradients of q, k and v, with and without the causal mask, on lengths that fill no tile; and
+/// the same with RoPE on q and k inside the op (`rotary_attention`, whose backward unrotates dQ
+/// and dK as the kernels write them) against RoPE in f32 tensor ops before Burn's attention. A
 /// head dim of 64 goes to the reference path and must match too.
 pub fn flash_attention(h: &Harness) {
     let device = h.device(0).autodiff();
@@ -94,7 +97,10 @@ pub fn flash_attention(h: &Harness) {
         (16, 6, 257, 128),
     ];
     for (b, heads, s, d) in shapes {
-        for causal in [false, true] {
+        // Tables three positions longer than the sequence: the kernels index them by position.
+        let angles = Tensor::<2>::random([s + 3, d / 2], Distribution::Uniform(0.0, 6.0), (&device, DType::F32));
+        let (cos, sin) = (angles.clone().cos(), angles.sin());
+        for (causal, rotary) in [(false, false), (true, false), (false, true), (true, true)] {
             let input = || {
                 Tensor::<4>::random([b, s, heads, d], Distribution::Normal(0.0, 1.0), (&device, DType::BF16))
                     .swap_dims(1, 2)
@@ -102,18 +108,27 @@ pub fn flash_attention(h: &Harness) {
                     .require_grad()
             };
             let (q, k, v) = (input(), input(), input());
-            let out = attention(q.clone(), k.clone(), v.clone(), causal);
+            let out = match rotary {
+                true => rotary_attention(q.clone(), k.clone(), v.clone(), cos.clone(), sin.clone(), causal, false),
+                false => attention(q.clone(), k.clone(), v.clone(), causal),
+            };
             let f32 = |t: &Tensor<4>| t.clone().cast(DType::F32).detach().require_grad();
             let (q32, k32, v32) = (f32(&q), f32(&k), f32(&v));
+            // RoPE in f32 tensor ops, differentiated by autodiff with the attention.
+            let rotate = |x: &Tensor<4>| match rotary {
+                true => rope_reference(x.clone(), cos.clone(), sin.clone(), false),
+                false => x.clone(),
+            };
             let options = AttentionModuleOptions {
                 scale: None,
                 softcap: None,
                 is_causal: causal,
             };
-            let expected = burn_attention(q32.clone(), k32.clone(), v32.clone(), None, None, options);
-            let case = format!("b {b} h {heads} s {s} d {d} causal {causal}");
+            let expected = burn_attention(rotate(&q32), rotate(&k32), v32.clone(), None, None, options);
+            let case = format!("b {b} h {heads} s {s} d {d} causal {causal} rotary {rotary}");
             // bf16 inputs in both; ours rounds the probabilities and the output to bf16 (2⁻⁸
-            // relative each): a few 1e-3 in norm. A wrong tile, mask or layout is of order 1.
+            // relative each), and rotated q and k to bf16: a few 1e-3 in norm. A wrong tile,
+            // mask, layout or rotation is of order 1.
             let error = relative_error(out.clone(), expected.clone());
             assert!(error < 2e-2, "{case}: output relative error {error}");
             let weights = Tensor::<4>::random([b, heads, s, d], Distribution::Normal(0.0, 1.0), (&device, DType::F32));

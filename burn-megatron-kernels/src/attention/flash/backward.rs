@@ -25,7 +25,8 @@ const DQ: Chain = Chain {
 // Hopper gives a block at most 227 KiB of shared memory.
 const _: () = assert!(BACKWARD.smem_bytes() <= 227 * 1024);
 
-/// dQ, dK and dV: grid `(s / 128, h, b)`, 256 threads; each block owns 128 key rows and sweeps
+/// dQ, dK and dV: grid `(s / 128, h, b)`, 256 threads (with `unrotate`, dK leaves through the
+/// inverse of RoPE's rotation, [`store_rows_unrotated`]); each block owns 128 key rows and sweeps
 /// the q and dO tiles. Works on the transposed scores `K·Qᵀ`, so rows are keys, columns queries.
 /// Each tile's dS goes through shared memory to both warpgroups; each multiplies it by its half
 /// of the block's k into a 64 × 64 dQ partial, which TMA adds into `dq` (f32 `[b·h·s, 128]`,
@@ -46,11 +47,14 @@ pub(crate) fn dqkv_kernel(
     dq: &mut TensorMap<f32, Tiled>,
     dk: &mut Tensor<u32>,
     dv: &mut Tensor<u32>,
+    cos: &Tensor<f32>,
+    sin: &Tensor<f32>,
     seq: u32,
     heads: u32,
     scale_log2: f32,
     scale: f32,
     #[comptime] causal: bool,
+    #[comptime] unrotate: bool,
 ) {
     let s = smem(BACKWARD);
     // Heaviest first: the first key blocks see the most queries under the causal mask.
@@ -174,7 +178,11 @@ pub(crate) fn dqkv_kernel(
     if storer {
         bulk_wait();
     }
-    store_rows(dk, &dk_acc, scale, scale, row0, head, batch, heads, seq, false);
+    if comptime!(unrotate) {
+        store_rows_unrotated(dk, &dk_acc, scale, cos, sin, row0, head, batch, heads, seq);
+    } else {
+        store_rows(dk, &dk_acc, scale, scale, row0, head, batch, heads, seq, false);
+    }
     store_rows(dv, &dv_acc, 1.0f32, 1.0f32, row0, head, batch, heads, seq, false);
 }
 
@@ -211,6 +219,50 @@ fn add_dq(s: &Smem, out: &DqOut, u: u32, ds_full: u32, ds_empty: u32, l: &Lane) 
         out.storer,
         l,
     );
+}
+
+/// A warpgroup's 64 rows of dK (`acc`, times `factor`) through the inverse of RoPE's rotation at
+/// each key's position, as bf16 pairs into `[b, s, h, 128]`: columns `j` and `j + 64` (registers
+/// `i` and `i + 32` of the same thread) rotated in f32 by `cos`/`sin` (`[≥ s, 64]` f32) before
+/// the one rounding. The gradient of the keys before RoPE, where a kernel of its own had read
+/// and written dK again.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_rows_unrotated(
+    out: &mut Tensor<u32>,
+    acc: &Acc128,
+    factor: f32,
+    cos: &Tensor<f32>,
+    sin: &Tensor<f32>,
+    row0: u32,
+    head: u32,
+    batch: u32,
+    heads: u32,
+    seq: u32,
+) {
+    let l = lane();
+    let half = comptime!(HEAD_DIM as u32 / 2);
+    #[unroll]
+    for pair in 0..16u32 {
+        let i = comptime!(2 * pair);
+        let r = row(&l, row0, i);
+        if r < seq {
+            let c = column(&l, 0u32, i);
+            let t = r * half + c;
+            let a0 = acc.extract(i as usize) * factor;
+            let a1 = acc.extract(comptime!((i + 1) as usize)) * factor;
+            let b0 = acc.extract(comptime!((i + 32) as usize)) * factor;
+            let b1 = acc.extract(comptime!((i + 33) as usize)) * factor;
+            let c0 = cos[t as usize];
+            let c1 = cos[(t + 1) as usize];
+            let s0 = sin[t as usize];
+            let s1 = sin[(t + 1) as usize];
+            // The pair index of column `c`; its partner `c + 64` is 32 pairs on.
+            let at = ((batch * seq + r) * heads + head) * half + c / 2;
+            out[at as usize] = pack_bf16(a0 * c0 + b0 * s0, a1 * c1 + b1 * s1);
+            out[(at + half / 2) as usize] = pack_bf16(b0 * c0 - a0 * s0, b1 * c1 - a1 * s1);
+        }
+    }
 }
 
 /// Writes a warpgroup's 64 key rows of a dS tile (bf16 pairs, as its fragments hold them) into
@@ -355,26 +407,46 @@ pub(crate) fn delta_kernel<N: Size>(
     }
 }
 
-/// f32 values a thread of [`dq_out_kernel`] converts (two 16-byte loads, one 16-byte store).
+/// f32 values a thread of [`dq_out_kernel`] converts in each half of a row (two 16-byte loads,
+/// one 16-byte store, each half).
 pub(crate) const DQ_VECTOR: usize = 8;
 
 /// `dq · scale` from the f32 `[b, h, s, 128]` sums the backward added into, as bf16 `[b, s, h,
-/// 128]` (what the attention layer reshapes next). Launched with vectors of [`DQ_VECTOR`].
+/// 128]` (what the attention layer reshapes next); with `unrotate`, through the inverse of
+/// RoPE's rotation at each query's position (`cos`/`sin`, `[≥ s, 64]` f32; unread without it).
+/// A thread takes vector `j` of a row's first half and its partner `j + 64 / N` of the second.
+/// Launched with vectors of [`DQ_VECTOR`].
 #[cube(launch_unchecked)]
 pub(crate) fn dq_out_kernel<N: Size>(
     sums: &Tensor<Vector<f32, N>>,
+    cos: &Tensor<Vector<f32, N>>,
+    sin: &Tensor<Vector<f32, N>>,
     out: &mut Tensor<Vector<bf16, N>>,
     seq: u32,
     heads: u32,
     scale: f32,
+    #[comptime] unrotate: bool,
 ) {
     let at = ABSOLUTE_POS as u32;
-    if at < sums.len() as u32 {
-        let per_row = comptime!((HEAD_DIM / DQ_VECTOR) as u32);
-        let (r, part) = (at / per_row, at % per_row);
+    let half = comptime!((HEAD_DIM / 2 / DQ_VECTOR) as u32);
+    if at < sums.len() as u32 / 2 {
+        let (r, part) = (at / half, at % half);
         let (bh, pos) = (r / seq, r % seq);
         let (batch, head) = (bh / heads, bh % heads);
-        let to = ((batch * seq + pos) * heads + head) * per_row + part;
-        out[to as usize] = Vector::<bf16, N>::cast_from(sums[at as usize] * Vector::<f32, N>::new(scale));
+        let from = r * 2 * half + part;
+        let to = ((batch * seq + pos) * heads + head) * 2 * half + part;
+        let factor = Vector::<f32, N>::new(scale);
+        let x1 = sums[from as usize] * factor;
+        let x2 = sums[(from + half) as usize] * factor;
+        if comptime!(unrotate) {
+            let table = (pos * half + part) as usize;
+            let c = cos[table];
+            let s = sin[table];
+            out[to as usize] = Vector::<bf16, N>::cast_from(x1 * c + x2 * s);
+            out[(to + half) as usize] = Vector::<bf16, N>::cast_from(x2 * c - x1 * s);
+        } else {
+            out[to as usize] = Vector::<bf16, N>::cast_from(x1);
+            out[(to + half) as usize] = Vector::<bf16, N>::cast_from(x2);
+        }
     }
 }

@@ -1,0 +1,322 @@
+//! Attention over queries and keys that RoPE rotates first, as one op differentiable in the
+//! unrotated q and k: [`RotaryAttentionOps`]. The forward rotates q and k ([`crate::rope`]) and
+//! runs [`AttentionOps`]'s attention; on CUDA the backward's kernels write dQ and dK through the
+//! inverse rotation as they leave (dK's store from registers, dQ's conversion from its f32
+//! sums), where RoPE's own backward read and wrote both once more. Elsewhere, and for tables the
+//! kernels cannot index, the same rotations run apart.
+//!
+//! Legend: `b` batch, `h` heads, `s` sequence, `d` head dim.
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::tensor::Tensor;
+
+use super::AttentionOps;
+use crate::quant::notes::NoteAmaxes;
+use crate::rope::RopeOps;
+
+/// The backend extension behind [`rotary_attention`].
+#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
+pub trait RotaryAttentionOps: Backend {
+    /// q and k rotated for positions `0..s` by the `[≥ s, d/2]` f32 tables, then
+    /// [`AttentionOps::attention_forward`]: the output, each row's `lse₂`, and the rotated q and k
+    /// (what the backward reads).
+    ///
+    /// # Shapes
+    /// `[b, h, s, d]` × 3, `[≥ s, d/2]` × 2 → `[b, h, s, d]`, `[b, h, s]`, `[b, h, s, d]` × 2
+    #[allow(clippy::too_many_arguments)]
+    fn rotary_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+        note: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    );
+
+    /// The gradients of the unrotated q and k, and of v, given the rotated q and k, the
+    /// forward's output and `lse₂`, and the output's gradient.
+    #[allow(clippy::too_many_arguments)]
+    fn rotary_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+}
+
+/// The forward as two rotations and the attention, on any backend that has both.
+#[allow(clippy::too_many_arguments)]
+fn rotate_then_attend<B: RopeOps + AttentionOps>(
+    q: FloatTensor<B>,
+    k: FloatTensor<B>,
+    v: FloatTensor<B>,
+    cos: FloatTensor<B>,
+    sin: FloatTensor<B>,
+    causal: bool,
+    scale: f32,
+    note: bool,
+) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
+    let rotate = |x| B::rope(x, cos.clone(), sin.clone(), false, NoteAmaxes::default());
+    let (q, k) = (rotate(q), rotate(k));
+    let (out, lse) = B::attention_forward(q.clone(), k.clone(), v, causal, scale, note);
+    (out, lse, q, k)
+}
+
+impl RotaryAttentionOps for Flex {
+    fn rotary_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+        note: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        rotate_then_attend::<Self>(q, k, v, cos, sin, causal, scale, note)
+    }
+
+    fn rotary_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (dq, dk, dv) = Self::attention_backward(q, k, v, out, lse, grad, causal, scale);
+        // A rotation's transpose is its inverse.
+        let unrotate = |x| Self::rope(x, cos.clone(), sin.clone(), true, NoteAmaxes::default());
+        (unrotate(dq), unrotate(dk), dv)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl RotaryAttentionOps for burn::backend::Cube {
+    fn rotary_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+        note: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        rotate_then_attend::<Self>(q, k, v, cos, sin, causal, scale, note)
+    }
+
+    fn rotary_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let tables = super::launch::Tables { cos, sin };
+        super::launch::backward(q, k, v, out, lse, grad, causal, scale, Some(&tables))
+    }
+}
+
+#[derive(Debug)]
+struct RotaryAttentionBackward;
+
+/// The rotated q and k, v, the output and `lse₂`, the tables, the mask and the scale.
+type State<B> = (
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    FloatTensor<B>,
+    bool,
+    f32,
+);
+
+impl<B: Backend + RotaryAttentionOps> Backward<B, 3> for RotaryAttentionBackward {
+    type State = State<B>;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_q, node_k, node_v] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (q, k, v, out, lse, cos, sin, causal, scale) = ops.state;
+        let (dq, dk, dv) = B::rotary_attention_backward(q, k, v, out, lse, grad, cos, sin, causal, scale);
+        for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
+impl<B: Backend + RotaryAttentionOps, C: CheckpointStrategy> RotaryAttentionOps for Autodiff<B, C> {
+    fn rotary_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+        note: bool,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let nodes = [q.node(), k.node(), v.node()];
+        let inner = |t: FloatTensor<Self>| t.into_parts().0;
+        let (cos, sin, v) = (inner(cos), inner(sin), inner(v));
+        let (out, lse, q, k) = B::rotary_attention_forward(
+            inner(q),
+            inner(k),
+            v.clone(),
+            cos.clone(),
+            sin.clone(),
+            causal,
+            scale,
+            note,
+        );
+        // `lse₂` and the rotated q and k leave as constants: nothing differentiates through them.
+        let outer = |t| <Self as AutodiffBackend>::from_inner(t);
+        let (lse_out, q_out, k_out) = (outer(lse.clone()), outer(q.clone()), outer(k.clone()));
+        let out = match RotaryAttentionBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((q, k, v, out.clone(), lse, cos, sin, causal, scale), out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        };
+        (out, lse_out, q_out, k_out)
+    }
+
+    /// The inner backend's backward, as constants (no second-order gradients).
+    fn rotary_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        causal: bool,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let inner = |t: FloatTensor<Self>| t.into_parts().0;
+        let (dq, dk, dv) = B::rotary_attention_backward(
+            inner(q),
+            inner(k),
+            inner(v),
+            inner(out),
+            inner(lse),
+            inner(grad),
+            inner(cos),
+            inner(sin),
+            causal,
+            scale,
+        );
+        let outer = |t| <Self as AutodiffBackend>::from_inner(t);
+        (outer(dq), outer(dk), outer(dv))
+    }
+}
+
+/// `attention(rope(q), rope(k), v)` through [`RotaryAttentionOps`], differentiable in q, k (as
+/// they are before the rotation) and v; with `note`, the output's amax noted as
+/// [`super::attention_noting`] does. The tables are `cos` and `sin` of each position's angles
+/// ([`crate::rope::rope`]'s), constants.
+///
+/// # Shapes
+/// `[b, h, s, d]` × 3, `[≥ s, d/2]` × 2 → `[b, h, s, d]`
+pub fn rotary_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    cos: Tensor<2>,
+    sin: Tensor<2>,
+    causal: bool,
+    note: bool,
+) -> Tensor<4> {
+    let scale = (q.dims()[3] as f32).sqrt().recip();
+    let (out, ..) = <burn::backend::Dispatch as RotaryAttentionOps>::rotary_attention_forward(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        v.into_dispatch(),
+        cos.into_dispatch(),
+        sin.into_dispatch(),
+        causal,
+        scale,
+        note,
+    );
+    Tensor::from_dispatch(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, Distribution, Tensor, Tolerance};
+
+    use crate::attention::reference;
+
+    /// On the CPU: RoPE and attention written in tensor ops and differentiated by Burn's
+    /// autodiff give the same output and the same gradients of the unrotated q and k, and of v.
+    #[test]
+    fn matches_rope_then_attention_in_tensor_ops() {
+        let device = Device::flex().autodiff();
+        let input = || Tensor::<4>::random([2, 3, 7, 8], Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let (q, k, v) = (input(), input(), input());
+        let angles = Tensor::<2>::random([9, 4], Distribution::Uniform(0.0, 6.0), &device);
+        let (cos, sin) = (angles.clone().cos(), angles.sin());
+        let ours = super::rotary_attention(q.clone(), k.clone(), v.clone(), cos.clone(), sin.clone(), true, false);
+        let rotate = |x: &Tensor<4>| crate::rope::reference::rope(x.clone(), cos.clone(), sin.clone(), false);
+        let (theirs, _) = reference::forward(rotate(&q), rotate(&k), v.clone(), true, (8f32).sqrt().recip());
+        // The same f32 operations in another order (the backward's softmax from lse₂): ulps of
+        // values of order 1.
+        let tolerance = Tolerance::absolute(1e-5);
+        ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
+        let weights = Tensor::<4>::random([2, 3, 7, 8], Distribution::Normal(0.0, 1.0), &device);
+        let (g1, g2) = (
+            (ours * weights.clone()).sum().backward(),
+            (theirs * weights).sum().backward(),
+        );
+        for x in [&q, &k, &v] {
+            let (a, b) = (x.grad(&g1).unwrap(), x.grad(&g2).unwrap());
+            a.to_data().assert_approx_eq::<f32>(&b.to_data(), tolerance);
+        }
+    }
+}

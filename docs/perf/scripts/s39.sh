@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Session 39, one GPU:
+#   test:   (carry .gpu2 with gpu-suite and bench, .gpu2/run.sh) attention with RoPE inside the op
+#           (`rotary_attention`: dQ and dK unrotated as the backward's kernels write them): the
+#           flash kernels' test with and without it, RoPE's kernel test, the attention layer at
+#           tp 1 and at tp 2 on one GPU (ranks as threads), the transformers fixtures (f32: the
+#           reference path, RoPE apart), the model's AdamW steps; then ncu's times of the
+#           attention's and RoPE's kernels over one bench step.
+#   ab:     (carry .gpu with bench0, the bench of 28211ea, and bench; .peers) the llama-1b step
+#           before and after, alternating, 40 timed steps each with the clocks sampled, and
+#           PyTorch + compile between; then the rows (s6-common's: FP8 promoted beside torchao
+#           float8 + compile, bf16 beside PyTorch + compile) if time is left.
+# Logs go to $OUT, packed into one $OUT/logs.tgz at the end (the device tool returns a few files).
+set -u
+trap 'tar czf /tmp/logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/logs.tgz "$OUT/"' EXIT
+cd "$(dirname "$0")/../../.."
+. docs/perf/scripts/s6-common.sh
+part=${1:-test}
+suite2() {  # LOG ARGS...: one gpu-suite run from .gpu2
+  local log=$1; shift
+  timeout -s KILL 150 bash .gpu2/run.sh gpu-suite "$@" > "$OUT/suite-$log.log" 2>&1
+  echo "-- $log: rc $?"; grep -h "FAILED\|passed\|ok (\|panicked" "$OUT/suite-$log.log" | cut -c1-600
+}
+case $part in
+  test)
+    for test in kernel_suite::flash_attention kernel_suite::rope layer_suite::attention \
+      hf_suite::llama2_matches_transformers hf_suite::llama3_matches_transformers model_suite::adamw_steps_match; do
+      suite2 "${test#*::}" --world 1 --filter "$test"
+    done
+    suite2 attention-tp2 --one-gpu --world 2 --filter layer_suite::attention
+    timeout -s KILL 200 ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum \
+      -k regex:'rope|dqkv|dq_out|delta_kernel|forward_kernel' \
+      bash .gpu2/run.sh bench --preset llama-1b --steps 1 --warmup 1 > "$OUT/ncu-attention.csv" 2>&1
+    grep gpu__time_duration "$OUT/ncu-attention.csv" | awk -F'","' '{print $5, $NF}' | tr -d '"' |
+      awk '{n[$1]++; t[$1] += $NF} END {for (k in n) printf "%s: %d launches, %.1f us\n", k, n[k], t[k] / 1000}'
+    rm -f "$OUT/ncu-attention.csv"
+    ;;
+  ab)
+    for round in 1 2; do
+      [ $SECONDS -lt 470 ] && BENCH=bench0 ours "before-$round"
+      [ $SECONDS -lt 500 ] && ours "after-$round"
+      [ $round = 1 ] && [ $SECONDS -lt 420 ] && compiled compile
+    done
+    [ $SECONDS -lt 300 ] && rows
+    ;;
+esac
