@@ -136,7 +136,7 @@ fn grouped_kernel(
     #[comptime] a_major: Major,
     #[comptime] b_major: Major,
 ) {
-    let (stages, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES);
+    let (stages, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES, 2 * STAGING_BYTES);
 
     // This block's tiles: CUBE_POS_X, then every CUBE_COUNT_X-th.
     let mine = (tiles - CUBE_POS_X).div_ceil(CUBE_COUNT_X);

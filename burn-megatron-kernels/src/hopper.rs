@@ -269,6 +269,13 @@ pub(crate) fn bulk_wait_read() {
     gpu_asm!("cp.async.bulk.wait_group.read 0;");
 }
 
+/// Waits until every bulk group of this thread but the last committed has finished reading its
+/// shared memory (double-buffered stores: the other buffer is free).
+#[cube]
+pub(crate) fn bulk_wait_read_but_last() {
+    gpu_asm!("cp.async.bulk.wait_group.read 1;");
+}
+
 /// Waits until every bulk group of this thread is complete, its writes done.
 #[cube]
 pub(crate) fn bulk_wait() {

@@ -8,7 +8,8 @@
 //! - [`f32_matmul`]: f32 products kept in f32 on CUDA, where Burn's matmul would round to TF32.
 //! - [`grouped`]: a mixture of experts' grouped product (one weight a group of rows) and its
 //!   backward; on CUDA one launch of the wgmma GEMM's grouped variant.
-//! - [`rms_norm`], [`swiglu`], [`rope`]: the fused row and elementwise ops of a Llama block.
+//! - [`rms_norm`], [`swiglu`], [`rope`]: the fused row and elementwise ops of a Llama block;
+//!   [`gated`]: a SwiGLU MLP's gate and up products with the SwiGLU in one GEMM.
 //! - [`decode`]: one decoding step's KV-cache append and attention, with the position on the
 //!   device; [`graph`]: such a step captured into a CUDA graph and replayed.
 //! - [`embedding`]: token embedding lookups with ids outside the table reading zero rows (a
@@ -42,6 +43,7 @@ pub mod embedding;
 mod embedding_kernels;
 pub mod f32_matmul;
 pub mod failures;
+pub mod gated;
 pub mod graph;
 pub mod grouped;
 #[cfg(feature = "cuda")]

@@ -118,21 +118,33 @@ impl<B: Backend + GemmOps> Backward<B, 2> for GemmBackward {
 
 impl<B: Backend + GemmOps, C: CheckpointStrategy> GemmOps for Autodiff<B, C> {
     fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, kind: Gemm) -> FloatTensor<Self> {
-        let (lhs_tracked, rhs_tracked) = (lhs.is_tracked(), rhs.is_tracked());
-        match GemmBackward
-            .prepare::<C>([lhs.node(), rhs.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(mut prep) => {
-                // Each operand is kept for the other's gradient.
-                let lhs_state = rhs_tracked.then(|| prep.checkpoint(&lhs));
-                let rhs_state = lhs_tracked.then(|| prep.checkpoint(&rhs));
-                let out = B::gemm(lhs.into_parts().0, rhs.into_parts().0, kind);
-                prep.finish((lhs_state, rhs_state, kind), out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::gemm(lhs.into_parts().0, rhs.into_parts().0, kind)),
+        let out = B::gemm(lhs.clone().into_parts().0, rhs.clone().into_parts().0, kind);
+        gemm_node::<B, C>(lhs, rhs, kind, out)
+    }
+}
+
+/// `out`, the inner backend's `lhs · rhs` with `kind` (computed by the caller, perhaps in one
+/// kernel with other results: [`crate::gated`]), as the output of a product node whose
+/// gradients are [`GemmOps::gemm`]'s.
+pub(crate) fn gemm_node<B: Backend + GemmOps, C: CheckpointStrategy>(
+    lhs: FloatTensor<Autodiff<B, C>>,
+    rhs: FloatTensor<Autodiff<B, C>>,
+    kind: Gemm,
+    out: FloatTensor<B>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let (lhs_tracked, rhs_tracked) = (lhs.is_tracked(), rhs.is_tracked());
+    match GemmBackward
+        .prepare::<C>([lhs.node(), rhs.node()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(mut prep) => {
+            // Each operand is kept for the other's gradient.
+            let lhs_state = rhs_tracked.then(|| prep.checkpoint(&lhs));
+            let rhs_state = lhs_tracked.then(|| prep.checkpoint(&rhs));
+            prep.finish((lhs_state, rhs_state, kind), out)
         }
+        OpsKind::UnTracked(prep) => prep.finish(out),
     }
 }
 

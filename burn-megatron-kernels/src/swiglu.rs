@@ -125,19 +125,8 @@ impl<B: Backend + SwigluOps> Backward<B, 2> for SwigluBackward {
 
 impl<B: Backend + SwigluOps, C: CheckpointStrategy> SwigluOps for Autodiff<B, C> {
     fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>, notes: NoteAmaxes) -> FloatTensor<Self> {
-        let nodes = [a.node(), b.node()];
-        let (a, b) = (a.into_parts().0, b.into_parts().0);
-        match SwigluBackward(notes.input_grads)
-            .prepare::<C>(nodes)
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => {
-                let out = B::swiglu(a.clone(), b.clone(), notes);
-                prep.finish((a, b), out)
-            }
-            OpsKind::UnTracked(prep) => prep.finish(B::swiglu(a, b, notes)),
-        }
+        let out = B::swiglu(a.clone().into_parts().0, b.clone().into_parts().0, notes);
+        swiglu_node::<B, C>(a, b, notes.input_grads, out)
     }
 
     /// The inner backend's backward, as constants (no second-order gradients).
@@ -153,6 +142,22 @@ impl<B: Backend + SwigluOps, C: CheckpointStrategy> SwigluOps for Autodiff<B, C>
             <Self as AutodiffBackend>::from_inner(da),
             <Self as AutodiffBackend>::from_inner(db),
         )
+    }
+}
+
+/// `out`, the inner backend's `silu(a) ∘ b` (computed by the caller, perhaps in the epilogue
+/// of the products that wrote `a` and `b`: [`crate::gated`]), as the output of a SwiGLU node
+/// whose backward is [`SwigluOps::swiglu_backward`] (noting its gradients' amaxes with `note`).
+pub(crate) fn swiglu_node<B: Backend + SwigluOps, C: CheckpointStrategy>(
+    a: FloatTensor<Autodiff<B, C>>,
+    b: FloatTensor<Autodiff<B, C>>,
+    note: bool,
+    out: FloatTensor<B>,
+) -> FloatTensor<Autodiff<B, C>> {
+    let nodes = [a.node(), b.node()];
+    match SwigluBackward(note).prepare::<C>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((a.into_parts().0, b.into_parts().0), out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
     }
 }
 

@@ -30,9 +30,11 @@ use crate::hopper::*;
 use crate::quant::format::Minifloat;
 
 mod blockwise;
+mod gated;
 mod pieces;
 mod tensors;
 pub use blockwise::{BScales, fp8_blockwise_gemm};
+pub use gated::gated_gemm;
 pub(crate) use pieces::{Pipeline, load_operand, pipeline_smem, produce, store_tile, tile_position};
 pub use tensors::{fp8_blockwise_matmul, fp8_matmul, matmul};
 
@@ -181,7 +183,7 @@ fn gemm_kernel<E: Scalar>(
 ) {
     let promoted = comptime!(accumulation == Accumulation::Promoted);
     let depth = comptime!(block_k(operands));
-    let (tiles, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES);
+    let (tiles, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES, 2 * STAGING_BYTES);
 
     let k_tiles = k.div_ceil(depth);
     let (rows, columns) = (m.div_ceil(BLOCK_M), n.div_ceil(BLOCK_N));
@@ -206,8 +208,10 @@ fn gemm_kernel<E: Scalar>(
                 stage_bytes: STAGE_BYTES,
                 a_major,
                 b_major,
+                split_b: false,
             });
-            let maps = (tensor_map_address(a), tensor_map_address(b));
+            let b = tensor_map_address(b);
+            let maps = (tensor_map_address(a), b, b);
             produce(maps, tiles, full, empty, mine, k_tiles, (rows, columns), pipeline);
         }
     } else {

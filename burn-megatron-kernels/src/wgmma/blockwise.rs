@@ -48,6 +48,7 @@ const PIPELINE: Pipeline = Pipeline {
     stage_bytes: STAGE_BYTES,
     a_major: Major::K,
     b_major: Major::K,
+    split_b: false,
 };
 
 /// How B's codes are scaled.
@@ -84,7 +85,7 @@ fn blockwise_kernel(
     #[comptime] operands: Operands,
     #[comptime] b_scales: BScales,
 ) {
-    let (tiles, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES);
+    let (tiles, staging, full, empty) = pipeline_smem(SMEM_BYTES, STAGES, STAGE_BYTES, 2 * STAGING_BYTES);
 
     let k_tiles = k.div_ceil(BLOCK);
     let (rows, columns) = (m.div_ceil(BLOCK), n.div_ceil(BLOCK));
@@ -93,7 +94,8 @@ fn blockwise_kernel(
 
     if warpgroup == 0 {
         if UNIT_POS == 0 {
-            let maps = (tensor_map_address(a), tensor_map_address(b));
+            let b = tensor_map_address(b);
+            let maps = (tensor_map_address(a), b, b);
             produce(maps, tiles, full, empty, mine, k_tiles, (rows, columns), PIPELINE);
         }
     } else {

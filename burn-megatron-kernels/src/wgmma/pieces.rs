@@ -5,7 +5,7 @@
 use cubecl::prelude::*;
 use cubecl_cpp::cuda::ptx::generic_to_shared;
 
-use super::{CONSUMER_WARPS, Major, STAGING_BYTES};
+use super::{CONSUMER_WARPS, Major};
 use crate::hopper::*;
 
 /// Tiles are numbered down columns of `GROUP_M` tile rows, so the blocks running at once share
@@ -60,16 +60,20 @@ pub(crate) struct Pipeline {
     pub stage_bytes: u32,
     pub a_major: Major,
     pub b_major: Major,
+    /// B's stage filled from two maps, `block_n / 2` rows each at the same columns (the gated
+    /// GEMM's gate and up weights, `super::gated`), else from the first.
+    pub split_b: bool,
 }
 
 /// The producer thread's loop: this block's `mine` tiles (the `CUBE_POS_X`-th, then every
 /// `CUBE_COUNT_X`-th, in [`tile_position`]'s order), each slice of their `k_tiles` loaded by TMA
 /// into the next stage once the consumers have freed it (the block's slice count so far picks
-/// the stage and its round, across tiles).
+/// the stage and its round, across tiles). `maps`: A's, B's, and B's second half's where
+/// [`Pipeline::split_b`] says (otherwise unread).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn produce(
-    maps: (u64, u64),
+    maps: (u64, u64, u64),
     tiles: u32,
     full: u32,
     empty: u32,
@@ -101,35 +105,59 @@ pub(crate) fn produce(
                 block_m,
                 comptime!(p.a_major),
             );
-            load_operand(
-                tile + a_bytes,
-                maps.1,
-                kt * depth,
-                column * block_n,
-                bar,
-                block_n,
-                comptime!(p.b_major),
-            );
+            if comptime!(p.split_b) {
+                // A 128-byte row a B row of the slice: the second half's rows follow the first's.
+                let half = comptime!(block_n / 2);
+                load_operand(
+                    tile + a_bytes,
+                    maps.1,
+                    kt * depth,
+                    column * half,
+                    bar,
+                    half,
+                    comptime!(p.b_major),
+                );
+                load_operand(
+                    tile + a_bytes + comptime!(half * 128),
+                    maps.2,
+                    kt * depth,
+                    column * half,
+                    bar,
+                    half,
+                    comptime!(p.b_major),
+                );
+            } else {
+                load_operand(
+                    tile + a_bytes,
+                    maps.1,
+                    kt * depth,
+                    column * block_n,
+                    bar,
+                    block_n,
+                    comptime!(p.b_major),
+                );
+            }
         }
     }
 }
 
 /// A GEMM block's shared memory (`smem_bytes` in all), laid out and its barriers initialized:
 /// `stages` stages of `stage_bytes` from an address aligned to the 1 KiB the 128-byte swizzle
-/// repeats over, the two consumer warpgroups' staging, then each stage's "full" barrier (the
-/// producer's arrival and its TMA bytes) and "empty" one (an arrival a consumer warp). Returns
-/// `(tiles, staging, full, empty)`, shared-memory addresses.
+/// repeats over, the consumer warpgroups' staging (`staging_bytes` for both), then each stage's
+/// "full" barrier (the producer's arrival and its TMA bytes) and "empty" one (an arrival a
+/// consumer warp). Returns `(tiles, staging, full, empty)`, shared-memory addresses.
 #[cube]
 pub(crate) fn pipeline_smem(
     #[comptime] smem_bytes: u32,
     #[comptime] stages: u32,
     #[comptime] stage_bytes: u32,
+    #[comptime] staging_bytes: u32,
 ) -> (u32, u32, u32, u32) {
     let smem = Shared::<[u32]>::new_aligned_slice(comptime!((smem_bytes / 4) as usize), 1024usize);
     let raw = generic_to_shared::<u32>(smem.as_ptr());
     let tiles = (raw + 1023) & !1023u32;
     let staging = tiles + stages * stage_bytes;
-    let full = staging + 2 * STAGING_BYTES;
+    let full = staging + staging_bytes;
     let empty = full + stages * 8;
     if UNIT_POS == 0 {
         #[unroll]
@@ -145,9 +173,8 @@ pub(crate) fn pipeline_smem(
 
 /// Stores a consumer warpgroup's 64 × `128 · passes` results (`acc`, an `m64n{128 · passes}`
 /// accumulator) times `factor` at `(row0, col0)` of C, in passes of 128 columns through its
-/// staging `buffer`: every thread writes its bf16 pairs into two swizzled 64 × 64 boxes, then
-/// `storer` hands them to TMA, which writes C in whole lines and lets the warpgroup go on to its
-/// next tile while it does (`barrier`: the warpgroup's named barrier).
+/// staging `buffer` ([`stage_pass`], [`send_pass`]): TMA writes C in whole lines and lets the
+/// warpgroup go on to its next tile while it does (`barrier`: the warpgroup's named barrier).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn store_tile<N: Size>(
@@ -161,38 +188,72 @@ pub(crate) fn store_tile<N: Size>(
     storer: bool,
     #[comptime] passes: u32,
 ) {
+    #[unroll]
+    for pass in 0..passes {
+        stage_pass(acc, factor, buffer, barrier, storer, pass, false);
+        send_pass(map, col0 + pass * 128, row0, buffer, barrier, storer);
+    }
+}
+
+/// Writes 128 columns of a consumer warpgroup's results (`acc`'s registers from `64 · pass`,
+/// times `factor`) into its staging `buffer` as bf16 pairs, two swizzled 64 × 64 boxes, once
+/// the stores from it before have read it ([`free_buffer`]).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stage_pass<N: Size>(
+    acc: &Vector<f32, N>,
+    factor: f32,
+    buffer: u32,
+    barrier: u32,
+    storer: bool,
+    #[comptime] pass: u32,
+    #[comptime] double: bool,
+) {
     // The accumulator layout of `hopper`'s module docs: row `16 · warp + lane / 4` (+ 8), the
     // column pair `8j + 2 · (lane % 4)` of each 8-column block j.
     let lane = UNIT_POS % 32;
     let warp = (UNIT_POS % 128) / 32;
+    free_buffer(barrier, storer, double);
     #[unroll]
-    for pass in 0..passes {
-        // The buffer is free again once the last stores from it have read it.
-        if storer {
+    for jj in 0..16u32 {
+        #[unroll]
+        for half in 0..2u32 {
+            let r = warp * 16 + lane / 4 + half * 8;
+            // The 128-byte swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8).
+            let chunk = (jj % 8) ^ (r % 8);
+            let addr = buffer + (jj / 8) * 8192 + r * 128 + chunk * 16 + (lane % 4) * 4;
+            let reg = comptime!((4 * (16 * pass + jj) + 2 * half) as usize);
+            st_shared_u32(
+                addr,
+                pack_bf16(acc.extract(reg) * factor, acc.extract(reg + 1) * factor),
+            );
+        }
+    }
+}
+
+/// Waits until a warpgroup's staging buffer is free: the stores from it before have read it
+/// (`storer`'s bulk groups; with `double` buffers, all but the last, which read the other one).
+#[cube]
+pub(crate) fn free_buffer(barrier: u32, storer: bool, #[comptime] double: bool) {
+    if storer {
+        if comptime!(double) {
+            bulk_wait_read_but_last();
+        } else {
             bulk_wait_read();
         }
-        named_barrier(barrier, 128u32);
-        #[unroll]
-        for jj in 0..16u32 {
-            #[unroll]
-            for half in 0..2u32 {
-                let r = warp * 16 + lane / 4 + half * 8;
-                // The 128-byte swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8).
-                let chunk = (jj % 8) ^ (r % 8);
-                let addr = buffer + (jj / 8) * 8192 + r * 128 + chunk * 16 + (lane % 4) * 4;
-                let reg = comptime!((4 * (16 * pass + jj) + 2 * half) as usize);
-                st_shared_u32(
-                    addr,
-                    pack_bf16(acc.extract(reg) * factor, acc.extract(reg + 1) * factor),
-                );
-            }
-        }
-        fence_proxy_async_shared();
-        named_barrier(barrier, 128u32);
-        if storer {
-            tma_store_box(map, col0 + pass * 128, row0, buffer);
-            tma_store_box(map, col0 + pass * 128 + 64, row0, buffer + 8192);
-            bulk_commit();
-        }
+    }
+    named_barrier(barrier, 128u32);
+}
+
+/// Hands a staged 64 × 128 pass to TMA (`storer`), to `(row0, col0)` of `map`'s tensor, once the
+/// whole warpgroup has written it.
+#[cube]
+pub(crate) fn send_pass(map: u64, col0: u32, row0: u32, buffer: u32, barrier: u32, storer: bool) {
+    fence_proxy_async_shared();
+    named_barrier(barrier, 128u32);
+    if storer {
+        tma_store_box(map, col0, row0, buffer);
+        tma_store_box(map, col0 + 64, row0, buffer + 8192);
+        bulk_commit();
     }
 }

@@ -204,6 +204,19 @@ impl ColumnParallelLinear {
     ///
     /// # Shapes
     /// as [`forward`](Self::forward)
+    /// The product when this layer's forward is exactly `x · weight` on its input as given: no
+    /// mapping over tp, bias, input quantizer or output gather, and no quantized recipe (which
+    /// quantizes its operands first). A caller fusing the product with others computes it
+    /// itself then (`burn_megatron_kernels::gated`).
+    pub fn plain_product(&self) -> Option<Gemm> {
+        let plain = self.bias.is_none()
+            && self.input == ColumnInput::InRegion
+            && self.output == ColumnOutput::Sharded
+            && matches!(self.input_quantizer, InputQuantizer::None)
+            && !matches!(self.gemm, Gemm::Quantized(_));
+        plain.then_some(self.gemm)
+    }
+
     pub fn forward_sharing<const D: usize>(
         &self,
         x: Tensor<D>,

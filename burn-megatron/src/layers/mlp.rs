@@ -11,6 +11,7 @@ use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
+use burn_megatron_kernels::gated::gated_projection;
 use burn_megatron_kernels::norm_link::fan_out;
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
 use burn_megatron_kernels::quant::recipe::Pass;
@@ -92,8 +93,24 @@ impl ParallelMlp {
     /// # Shapes
     /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        let (gate, up) = self.project(x)?;
-        down(&self.w2, gate, up, self.notes())
+        let Some(gemm) = self.gated_product() else {
+            let (gate, up) = self.project(x)?;
+            return down(&self.w2, gate, up, self.notes());
+        };
+        // Both read one input, their gradients summed by the norm that wrote it where it is a
+        // linked norm's output.
+        let [x1, x3]: [Tensor<3>; 2] = fan_out(self.map_input(x)?, 2).try_into().expect("two readers");
+        let h = gated_projection(x1, x3, self.w1.weight.val(), self.w3.weight.val(), gemm);
+        self.w2.forward(h) // [b, s, f/tp] → [b, s, d]
+    }
+
+    /// The gate's and up projection's product where both are plain and alike and the SwiGLU
+    /// notes no amax: then one op computes both and the SwiGLU (`gated_projection`, on CUDA one
+    /// GEMM with the SwiGLU in its epilogue, where a kernel of its own had read both products
+    /// again).
+    fn gated_product(&self) -> Option<Gemm> {
+        let gemm = self.w1.plain_product()?;
+        (self.w3.plain_product() == Some(gemm) && self.notes() == NoteAmaxes::default()).then_some(gemm)
     }
 
     /// [`forward`](Self::forward), the SwiGLU and the down projection run again in backward
@@ -132,12 +149,18 @@ impl ParallelMlp {
         }
     }
 
-    /// The gate and up projections, each `[b, s, f/tp]`.
-    fn project(&self, x: Tensor<3>) -> Result<(Tensor<3>, Tensor<3>), LayerError> {
-        let x = match self.sequence {
+    /// The input as every rank's products read it: gathered from sequence shards, or entering
+    /// the tensor-parallel region.
+    fn map_input(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+        Ok(match self.sequence {
             SequenceLayout::Sharded => gather_from_sp(x, &self.tp, 1)?,
             SequenceLayout::Whole => copy_to_tp(x, &self.tp)?,
-        };
+        })
+    }
+
+    /// The gate and up projections, each `[b, s, f/tp]`.
+    fn project(&self, x: Tensor<3>) -> Result<(Tensor<3>, Tensor<3>), LayerError> {
+        let x = self.map_input(x)?;
         // Both read one input: quantized once where their products quantize it, their gradients
         // summed by the norm that wrote it where it is a linked norm's output.
         let shared = Some(Arc::new(SharedInput::default()));
