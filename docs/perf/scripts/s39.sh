@@ -5,7 +5,7 @@
 #           flash kernels' test with and without it, RoPE's kernel test, the attention layer at
 #           tp 1 and at tp 2 on one GPU (ranks as threads), the transformers fixtures (f32: the
 #           reference path, RoPE apart), the model's AdamW steps; then ncu's times of the
-#           attention's and RoPE's kernels over one bench step.
+#           attention's and RoPE's kernels over three bench steps.
 #   gated:  (carry .gpu2 with gpu-suite and bench) the gate and up projections and the SwiGLU in
 #           one GEMM (`gated_projection`): its kernel test, the GEMM's, the MLP layer at tp 1 and
 #           at tp 2 on one GPU, the model's AdamW steps; then ncu's times of the GEMMs and the
@@ -40,9 +40,9 @@ case $part in
     timeout -s KILL 200 ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum \
       -k regex:'rope|dqkv|dq_out|delta_kernel|forward_kernel' \
       bash .gpu2/run.sh bench --preset llama-1b --steps 1 --warmup 1 > "$OUT/ncu-attention.csv" 2>&1
-    grep gpu__time_duration "$OUT/ncu-attention.csv" | awk -F'","' '{print $5, $NF}' | tr -d '"' |
-      awk '{n[$1]++; t[$1] += $NF} END {for (k in n) printf "%s: %d launches, %.1f us\n", k, n[k], t[k] / 1000}'
-    rm -f "$OUT/ncu-attention.csv"
+    # (call1 ran an awk here that read each time without its unit; ncu_table.py since.)
+    python3 docs/perf/scripts/ncu_table.py "$OUT/ncu-attention.csv" "$OUT/steady-attention.txt" "$OUT/ordered-attention.txt"
+    cat "$OUT/steady-attention.txt"; rm -f "$OUT/ncu-attention.csv"
     ;;
   gated | gated-tests)
     for test in kernel_suite::gated_gemm ${MORE:-kernel_suite::wgmma_gemm kernel_suite::swiglu} layer_suite::mlp \
