@@ -117,8 +117,8 @@ fn gated_kernel(
     }
 }
 
-/// [`stage_pass`]'s layout (double-buffered) for `silu(g) ∘ u`, `g` and `u` the accumulator's registers `r` and
-/// `r + 64` rounded to bf16 first (what was stored of them).
+/// [`stage_pass`]'s layout (double-buffered) for `silu(g) ∘ u`, `g` and `u` the accumulator's
+/// registers `r` and `r + 64` rounded to bf16 first (what was stored of them).
 #[cube]
 fn stage_swiglu<N: Size>(acc: &Vector<f32, N>, buffer: u32, barrier: u32, storer: bool) {
     let lane = UNIT_POS % 32;
