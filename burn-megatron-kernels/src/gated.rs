@@ -1,24 +1,34 @@
-//! A SwiGLU MLP's gated projection, `silu(x · w_gate) ∘ (x · w_up)`, as a backend extension,
-//! [`GatedOps`]: on CUDA with bf16 operands one wgmma GEMM computes both products and the
-//! SwiGLU in its epilogue ([`crate::wgmma::gated_gemm`]); elsewhere, and for what that kernel
-//! does not take, the two products ([`GemmOps`]) and the SwiGLU ([`SwigluOps`]) apart.
+//! A SwiGLU MLP's three products, `(silu(x · w_gate) ∘ (x · w_up)) · w_down`, as a backend
+//! extension, [`GatedOps`]. On CUDA with bf16 operands:
+//! - forward, one wgmma GEMM computes both the gate's and the up projection's products and the
+//!   SwiGLU in its epilogue ([`crate::wgmma::gated_gemm`]), then the down projection;
+//! - backward, the down projection's data gradient runs with the SwiGLU's backward in its
+//!   epilogue ([`crate::wgmma::gated_dgrad`]), so the SwiGLU's output gradient is never
+//!   written.
 //!
-//! Under autodiff the one kernel's three results become the outputs of the same three nodes the
-//! ops apart would make (two products, then the SwiGLU over them), so the backward is theirs:
-//! the SwiGLU's kernel, then each product's two gradient GEMMs.
+//! Elsewhere, and for what those kernels do not take, the products ([`GemmOps`]) and the
+//! SwiGLU ([`SwigluOps`]) apart.
 //!
-//! Legend: `m` rows (tokens), `k` input features, `n` output features of each product.
+//! Under autodiff the gate's and up projection's results are the outputs of the product nodes
+//! the ops apart would make ([`gemm_node`]), and the down projection's output that of a node
+//! with three parents (both and the down weight) whose backward is [`GatedOps::gated_down_backward`]
+//! and the down weight's gradient.
+//!
+//! Legend: `m` rows (tokens), `k` input features, `n` hidden features, `o` output features.
 
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Flex, backend_extension};
 use burn::tensor::Tensor;
 
 use crate::linear::{Gemm, GemmOps, gemm_node};
 use crate::quant::notes::NoteAmaxes;
-use crate::swiglu::{SwigluOps, swiglu_node};
+use crate::swiglu::SwigluOps;
 
-/// The backend extension behind [`gated_projection`].
+/// The backend extension behind [`gated_mlp`].
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait GatedOps: Backend {
     /// `(silu(g) ∘ u, g, u)` for `g = x_gate · w_gate` and `u = x_up · w_up` with `kind`:
@@ -34,6 +44,32 @@ pub trait GatedOps: Backend {
         w_up: FloatTensor<Self>,
         kind: Gemm,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// `(silu(x_gate · w_gate) ∘ (x_up · w_up)) · w_down` with `kind`.
+    ///
+    /// # Shapes
+    /// `[m, k]` × 2, `[k, n]` × 2, `[n, o]` → `[m, o]`
+    fn gated_mlp(
+        x_gate: FloatTensor<Self>,
+        x_up: FloatTensor<Self>,
+        w_gate: FloatTensor<Self>,
+        w_up: FloatTensor<Self>,
+        w_down: FloatTensor<Self>,
+        kind: Gemm,
+    ) -> FloatTensor<Self>;
+
+    /// The gradients of `gate` and `up` through `(silu(gate) ∘ up) · w_down`, given its output's
+    /// gradient `grad`, with `kind`.
+    ///
+    /// # Shapes
+    /// `[m, o]`, `[n, o]`, `[m, n]` × 2 → `[m, n]` × 2
+    fn gated_down_backward(
+        grad: FloatTensor<Self>,
+        w_down: FloatTensor<Self>,
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        kind: Gemm,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
 }
 
 /// The two products and the SwiGLU, each its own op.
@@ -48,6 +84,18 @@ fn apart<B: GemmOps + SwigluOps>(
     (B::swiglu(gate.clone(), up.clone(), NoteAmaxes::default()), gate, up)
 }
 
+/// The down projection's data gradient, then the SwiGLU's backward, each its own op.
+fn down_backward_apart<B: GemmOps + SwigluOps>(
+    grad: FloatTensor<B>,
+    w_down: FloatTensor<B>,
+    gate: FloatTensor<B>,
+    up: FloatTensor<B>,
+    kind: Gemm,
+) -> (FloatTensor<B>, FloatTensor<B>) {
+    let hidden_grad = B::gemm(grad, B::float_transpose(w_down), kind);
+    B::swiglu_backward(gate, up, hidden_grad, false)
+}
+
 impl GatedOps for Flex {
     fn gated_projection(
         x_gate: FloatTensor<Self>,
@@ -57,6 +105,28 @@ impl GatedOps for Flex {
         kind: Gemm,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
         apart::<Self>(x_gate, x_up, w_gate, w_up, kind)
+    }
+
+    fn gated_mlp(
+        x_gate: FloatTensor<Self>,
+        x_up: FloatTensor<Self>,
+        w_gate: FloatTensor<Self>,
+        w_up: FloatTensor<Self>,
+        w_down: FloatTensor<Self>,
+        kind: Gemm,
+    ) -> FloatTensor<Self> {
+        let (hidden, ..) = Self::gated_projection(x_gate, x_up, w_gate, w_up, kind);
+        Self::gemm(hidden, w_down, kind)
+    }
+
+    fn gated_down_backward(
+        grad: FloatTensor<Self>,
+        w_down: FloatTensor<Self>,
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        kind: Gemm,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        down_backward_apart::<Self>(grad, w_down, gate, up, kind)
     }
 }
 
@@ -75,6 +145,60 @@ impl GatedOps for burn::backend::Cube {
         };
         fused.unwrap_or_else(|| apart::<Self>(x_gate, x_up, w_gate, w_up, kind))
     }
+
+    fn gated_mlp(
+        x_gate: FloatTensor<Self>,
+        x_up: FloatTensor<Self>,
+        w_gate: FloatTensor<Self>,
+        w_up: FloatTensor<Self>,
+        w_down: FloatTensor<Self>,
+        kind: Gemm,
+    ) -> FloatTensor<Self> {
+        let (hidden, ..) = Self::gated_projection(x_gate, x_up, w_gate, w_up, kind);
+        Self::gemm(hidden, w_down, kind)
+    }
+
+    fn gated_down_backward(
+        grad: FloatTensor<Self>,
+        w_down: FloatTensor<Self>,
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        kind: Gemm,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let fused = match kind {
+            Gemm::Wgmma => crate::wgmma::gated_dgrad(grad.clone(), w_down.clone(), gate.clone(), up.clone()),
+            Gemm::Burn | Gemm::Quantized(_) => None,
+        };
+        fused.unwrap_or_else(|| down_backward_apart::<Self>(grad, w_down, gate, up, kind))
+    }
+}
+
+/// The down projection of a SwiGLU: its parents the gate's and up projection's products and the
+/// down weight.
+#[derive(Debug)]
+struct GatedDownBackward;
+
+impl<B: Backend + GatedOps + GemmOps> Backward<B, 3> for GatedDownBackward {
+    /// The gate's and up projection's products, the SwiGLU of them, the down weight, the product.
+    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, Gemm);
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_gate, node_up, node_down] = ops.parents;
+        let grad = grads.consume::<B>(&ops.node);
+        let (gate, up, hidden, w_down, kind) = ops.state;
+        if let Some(node) = node_down {
+            // d w_down = hiddenᵀ · d out: [n, m] · [m, o]
+            grads.register::<B>(node.id, B::gemm(B::float_transpose(hidden), grad.clone(), kind));
+        }
+        if node_gate.is_some() || node_up.is_some() {
+            let (d_gate, d_up) = B::gated_down_backward(grad, w_down, gate, up, kind);
+            for (node, grad) in [(node_gate, d_gate), (node_up, d_up)] {
+                if let Some(node) = node {
+                    grads.register::<B>(node.id, grad);
+                }
+            }
+        }
+    }
 }
 
 impl<B: Backend + GatedOps + GemmOps + SwigluOps, C: CheckpointStrategy> GatedOps for Autodiff<B, C> {
@@ -89,38 +213,75 @@ impl<B: Backend + GatedOps + GemmOps + SwigluOps, C: CheckpointStrategy> GatedOp
         let (out, gate, up) = B::gated_projection(inner(&x_gate), inner(&x_up), inner(&w_gate), inner(&w_up), kind);
         let gate = gemm_node::<B, C>(x_gate, w_gate, kind, gate);
         let up = gemm_node::<B, C>(x_up, w_up, kind, up);
-        let out = swiglu_node::<B, C>(gate.clone(), up.clone(), false, out);
+        let out = crate::swiglu::swiglu_node::<B, C>(gate.clone(), up.clone(), false, out);
         (out, gate, up)
+    }
+
+    fn gated_mlp(
+        x_gate: FloatTensor<Self>,
+        x_up: FloatTensor<Self>,
+        w_gate: FloatTensor<Self>,
+        w_up: FloatTensor<Self>,
+        w_down: FloatTensor<Self>,
+        kind: Gemm,
+    ) -> FloatTensor<Self> {
+        let inner = |t: &FloatTensor<Self>| t.clone().into_parts().0;
+        let (hidden, gate, up) = B::gated_projection(inner(&x_gate), inner(&x_up), inner(&w_gate), inner(&w_up), kind);
+        let w_down_inner = inner(&w_down);
+        let out = B::gemm(hidden.clone(), w_down_inner.clone(), kind);
+        let gate_node = gemm_node::<B, C>(x_gate, w_gate, kind, gate.clone());
+        let up_node = gemm_node::<B, C>(x_up, w_up, kind, up.clone());
+        let nodes = [gate_node.node(), up_node.node(), w_down.node()];
+        match GatedDownBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => prep.finish((gate, up, hidden, w_down_inner, kind), out),
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+
+    /// The inner backend's backward, as constants (no second-order gradients).
+    fn gated_down_backward(
+        grad: FloatTensor<Self>,
+        w_down: FloatTensor<Self>,
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        kind: Gemm,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let inner = |t: FloatTensor<Self>| t.into_parts().0;
+        let (d_gate, d_up) = B::gated_down_backward(inner(grad), inner(w_down), inner(gate), inner(up), kind);
+        let outer = |t| <Self as burn::backend::AutodiffBackend>::from_inner(t);
+        (outer(d_gate), outer(d_up))
     }
 }
 
-/// `silu(x_gate · w_gate) ∘ (x_up · w_up)` over the last dim, through [`GatedOps`],
+/// `(silu(x_gate · w_gate) ∘ (x_up · w_up)) · w_down` over the last dim, through [`GatedOps`],
 /// differentiable; `x_gate` and `x_up` hold the same values (one input's two readers: a linked
 /// norm's [`crate::norm_link::fan_out`]). `kind` is a bf16 product's (the quantized recipes
 /// multiply apart, [`crate::linear::linear`]).
 ///
 /// # Shapes
-/// `[.., k]` × 2, `[k, n]` × 2 → `[.., n]`
-pub fn gated_projection<const D: usize>(
+/// `[.., k]` × 2, `[k, n]` × 2, `[n, o]` → `[.., o]`
+pub fn gated_mlp<const D: usize>(
     x_gate: Tensor<D>,
     x_up: Tensor<D>,
     w_gate: Tensor<2>,
     w_up: Tensor<2>,
+    w_down: Tensor<2>,
     kind: Gemm,
 ) -> Tensor<D> {
     let mut dims = x_gate.dims();
     let k = dims[D - 1];
     let rows = dims[..D - 1].iter().product();
-    let n = w_up.dims()[1];
+    let o = w_down.dims()[1];
     let flat = |x: Tensor<D>| x.reshape([rows, k]).into_dispatch();
-    let (out, ..) = <burn::backend::Dispatch as GatedOps>::gated_projection(
+    let out = <burn::backend::Dispatch as GatedOps>::gated_mlp(
         flat(x_gate),
         flat(x_up),
         w_gate.into_dispatch(),
         w_up.into_dispatch(),
+        w_down.into_dispatch(),
         kind,
     );
-    dims[D - 1] = n;
+    dims[D - 1] = o;
     Tensor::<2>::from_dispatch(out).reshape(dims)
 }
 
@@ -131,29 +292,62 @@ mod tests {
 
     use crate::linear::Gemm;
 
-    /// On the CPU: `silu(x·w1) ∘ (x·w3)` in Burn's ops differentiated by autodiff gives the same
-    /// output and the same gradients of the input (both readers' summed) and both weights.
+    /// On the CPU: `(silu(x·w1) ∘ (x·w3)) · w2` in Burn's ops differentiated by autodiff gives the
+    /// same output and the same gradients of the input (both readers' summed) and the three
+    /// weights.
     #[test]
     fn matches_burn_with_gradients() {
         let device = Device::flex().autodiff();
         let leaf = |dims: [usize; 2]| Tensor::<2>::random(dims, Distribution::Normal(0.0, 1.0), &device).require_grad();
         let x = Tensor::<3>::random([2, 5, 6], Distribution::Normal(0.0, 1.0), &device).require_grad();
-        let (w1, w3) = (leaf([6, 7]), leaf([6, 7]));
-        let ours = super::gated_projection(x.clone(), x.clone(), w1.clone(), w3.clone(), Gemm::Wgmma);
-        let theirs = silu(x.clone().matmul(w1.clone().unsqueeze())) * x.clone().matmul(w3.clone().unsqueeze());
-        // The same f32 products and SwiGLU, summed in another order perhaps: a few ulps.
-        let tolerance = Tolerance::absolute(1e-5);
+        let (w1, w3, w2) = (leaf([6, 7]), leaf([6, 7]), leaf([7, 4]));
+        let ours = super::gated_mlp(x.clone(), x.clone(), w1.clone(), w3.clone(), w2.clone(), Gemm::Wgmma);
+        let hidden = silu(x.clone().matmul(w1.clone().unsqueeze())) * x.clone().matmul(w3.clone().unsqueeze());
+        let theirs = hidden.matmul(w2.clone().unsqueeze());
+        // The same f32 products and SwiGLU, summed in another order perhaps: a few ulps of
+        // values of order 10.
+        let tolerance = Tolerance::absolute(1e-4);
         ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
-        let weights = Tensor::<3>::random([2, 5, 7], Distribution::Normal(0.0, 1.0), &device);
+        let weights = Tensor::<3>::random([2, 5, 4], Distribution::Normal(0.0, 1.0), &device);
         let (g1, g2) = (
             (ours * weights.clone()).sum().backward(),
             (theirs * weights).sum().backward(),
         );
         let same = |a: Tensor<3>, b: Tensor<3>| a.to_data().assert_approx_eq::<f32>(&b.to_data(), tolerance);
         same(x.grad(&g1).unwrap(), x.grad(&g2).unwrap());
-        for w in [&w1, &w3] {
+        for w in [&w1, &w3, &w2] {
             let (a, b) = (w.grad(&g1).unwrap(), w.grad(&g2).unwrap());
             a.to_data().assert_approx_eq::<f32>(&b.to_data(), tolerance);
         }
+    }
+
+    /// Only the tracked parents get gradients: with the up and down weights frozen the gate's
+    /// is what it is with all three trained, and the frozen ones have none.
+    #[test]
+    fn frozen_weights_get_none() {
+        let device = Device::flex().autodiff();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let x = Tensor::<2>::random([3, 6], normal, &device);
+        let w1 = Tensor::<2>::random([6, 5], normal, &device).require_grad();
+        let (w3, w2) = (
+            Tensor::<2>::random([6, 5], normal, &device),
+            Tensor::<2>::random([5, 4], normal, &device),
+        );
+        let mlp = |w3: &Tensor<2>, w2: &Tensor<2>| {
+            super::gated_mlp(x.clone(), x.clone(), w1.clone(), w3.clone(), w2.clone(), Gemm::Burn)
+                .sum()
+                .backward()
+        };
+        let frozen = mlp(&w3, &w2);
+        let (w3_t, w2_t) = (w3.clone().require_grad(), w2.clone().require_grad());
+        let trained = mlp(&w3_t, &w2_t);
+        assert!(w3.grad(&frozen).is_none() && w2.grad(&frozen).is_none());
+        assert!(w3_t.grad(&trained).is_some() && w2_t.grad(&trained).is_some());
+        // The same ops on the same values: equal.
+        let tolerance = Tolerance::absolute(1e-6);
+        w1.grad(&frozen)
+            .unwrap()
+            .to_data()
+            .assert_approx_eq::<f32>(&w1.grad(&trained).unwrap().to_data(), tolerance);
     }
 }

@@ -131,6 +131,14 @@ pub(crate) fn tanh_approx(x: f32) -> f32 {
     out
 }
 
+/// 1 / x (`rcp.approx`: 1 ulp; 1 / inf gives 0).
+#[cube]
+pub(crate) fn recip_approx(x: f32) -> f32 {
+    let out: f32;
+    gpu_asm!("rcp.approx.ftz.f32 {out}, {x};", out = out(_) out, x = in(_) x, options(pure, nomem));
+    out
+}
+
 /// log₂ x (`lg2.approx`).
 #[cube]
 pub(crate) fn log2(x: f32) -> f32 {
@@ -222,6 +230,14 @@ pub(crate) fn store_map_address<T: CubePrimitive>(map: &mut TensorMap<T, Tiled>)
 pub(crate) fn st_shared_u32(addr: u32, value: u32) {
     let value = load::<u32>(&value);
     gpu_asm!("st.shared.b32 [{addr}], {value};", addr = in(_) addr, value = in(_) value);
+}
+
+/// Loads 4 bytes from a shared-memory address.
+#[cube]
+pub(crate) fn ld_shared_u32(addr: u32) -> u32 {
+    let out: u32;
+    gpu_asm!("ld.shared.b32 {out}, [{addr}];", out = out(_) out, addr = in(_) addr);
+    out
 }
 
 /// Stores two f32 (8 bytes) at a shared-memory address.

@@ -31,10 +31,12 @@ use crate::quant::format::Minifloat;
 
 mod blockwise;
 mod gated;
+mod gated_dgrad;
 mod pieces;
 mod tensors;
 pub use blockwise::{BScales, fp8_blockwise_gemm};
 pub use gated::gated_gemm;
+pub use gated_dgrad::gated_dgrad;
 pub(crate) use pieces::{Pipeline, load_operand, pipeline_smem, produce, store_tile, tile_position};
 pub use tensors::{fp8_blockwise_matmul, fp8_matmul, matmul};
 
@@ -302,21 +304,23 @@ impl core::fmt::Display for WgmmaError {
 
 impl std::error::Error for WgmmaError {}
 
+/// Whether TMA reads a bf16 matrix's rows in place: contiguous, their stride 16-byte aligned.
+pub(crate) fn tma_rows(t: &CubeTensor) -> bool {
+    let strides = t.meta.strides();
+    strides[1] == 1 && (strides[0] * 2).is_multiple_of(16)
+}
+
 /// An operand as the kernel reads it: `t` itself or its transpose, whichever has contiguous
 /// rows with 16-byte aligned row strides (TMA's rule), else a K-major copy. `k_last` says
 /// whether `t`'s last dim is k (A, `[m, k]`) or its first (B, `[k, n]`).
 fn operand(t: CubeTensor, k_last: bool) -> (CubeTensor, Major) {
-    let rows_fit = |t: &CubeTensor| {
-        let strides = t.meta.strides();
-        strides[1] == 1 && (strides[0] * 2).is_multiple_of(16)
-    };
     let (k_major, mn_major) = match k_last {
         true => (t.clone(), Cube::float_transpose(t)),
         false => (Cube::float_transpose(t.clone()), t),
     };
-    if rows_fit(&k_major) {
+    if tma_rows(&k_major) {
         (k_major, Major::K)
-    } else if rows_fit(&mn_major) {
+    } else if tma_rows(&mn_major) {
         (mn_major, Major::Mn)
     } else {
         (into_contiguous(k_major), Major::K)
@@ -410,6 +414,16 @@ pub(crate) fn store_map(out: &CubeTensor) -> TensorMapArg<Tiled> {
     .with_swizzle(TensorMapSwizzle::B128)
 }
 
+/// The TMA map an operand's slices are loaded through, with the 128-byte swizzle: boxes of
+/// `rows` × `depth` (K-major) or `depth` k × 64 (MN-major, [`load_operand`]).
+pub(crate) fn operand_map(t: CubeTensor, major: Major, rows: u32, depth: u32, elem: ElemType) -> TensorMapArg<Tiled> {
+    let tile_size = match major {
+        Major::K => shape![rows as usize, depth as usize],
+        Major::Mn => shape![depth as usize, 64],
+    };
+    TensorMapArg::new(TiledArgs { tile_size }, t.into_tensor_arg(), elem).with_swizzle(TensorMapSwizzle::B128)
+}
+
 /// Blocks for `tiles` tiles run persistently: one an SM fits (shared memory), so more would
 /// only queue.
 pub(crate) fn persistent_blocks(client: &cubecl::client::Client, tiles: u32) -> u32 {
@@ -433,18 +447,12 @@ fn launch(
 ) -> CubeTensor {
     let out = output(&a, m, n);
     let client = out.client.clone();
-    let depth = block_k(operands) as usize;
+    let depth = block_k(operands);
     let elem = match operands {
         Operands::Bf16 => ElemType::Float(FloatKind::BF16),
         Operands::Fp8(..) => ElemType::UInt(UIntKind::U8),
     };
-    let map = |t: CubeTensor, major: Major, rows: u32| {
-        let tile_size = match major {
-            Major::K => shape![rows as usize, depth],
-            Major::Mn => shape![depth, 64],
-        };
-        TensorMapArg::new(TiledArgs { tile_size }, t.into_tensor_arg(), elem).with_swizzle(TensorMapSwizzle::B128)
-    };
+    let map = |t: CubeTensor, major: Major, rows: u32| operand_map(t, major, rows, depth, elem);
     let tiles = (m as u32).div_ceil(BLOCK_M) * (n as u32).div_ceil(BLOCK_N);
     let blocks = match schedule {
         Schedule::TilePerBlock => tiles,

@@ -10,11 +10,10 @@
 use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
-use cubecl::zspace::shape;
 use cubecl_cpp::cuda::ptx::tensor_map_address;
 use half::bf16;
 
-use super::pieces::{free_buffer, send_pass, stage_pass};
+use super::pieces::{free_buffer, send_pass, stage_pass, staged_pair};
 use super::*;
 
 /// Columns of each product a block tile covers: half of B's stage.
@@ -121,16 +120,12 @@ fn gated_kernel(
 /// registers `r` and `r + 64` rounded to bf16 first (what was stored of them).
 #[cube]
 fn stage_swiglu<N: Size>(acc: &Vector<f32, N>, buffer: u32, barrier: u32, storer: bool) {
-    let lane = UNIT_POS % 32;
-    let warp = (UNIT_POS % 128) / 32;
     free_buffer(barrier, storer, true);
     #[unroll]
     for jj in 0..16u32 {
         #[unroll]
         for half in 0..2u32 {
-            let r = warp * 16 + lane / 4 + half * 8;
-            let chunk = (jj % 8) ^ (r % 8);
-            let addr = buffer + (jj / 8) * 8192 + r * 128 + chunk * 16 + (lane % 4) * 4;
+            let addr = buffer + staged_pair(jj, half);
             let reg = comptime!((4 * jj + 2 * half) as usize);
             let g = pack_bf16(acc.extract(reg), acc.extract(reg + 1));
             let u = pack_bf16(acc.extract(reg + 64), acc.extract(reg + 65));
@@ -174,18 +169,8 @@ pub fn gated_gemm(x: CubeTensor, w_gate: CubeTensor, w_up: CubeTensor) -> Option
     }
     let (gate, up, out) = (output(&a, m, n), output(&a, m, n), output(&a, m, n));
     let client = out.client.clone();
-    let map = |t: CubeTensor, major: Major, rows: u32| {
-        let tile_size = match major {
-            Major::K => shape![rows as usize, BLOCK_K as usize],
-            Major::Mn => shape![BLOCK_K as usize, 64],
-        };
-        TensorMapArg::new(
-            TiledArgs { tile_size },
-            t.into_tensor_arg(),
-            ElemType::Float(FloatKind::BF16),
-        )
-        .with_swizzle(TensorMapSwizzle::B128)
-    };
+    let map =
+        |t: CubeTensor, major: Major, rows: u32| operand_map(t, major, rows, BLOCK_K, ElemType::Float(FloatKind::BF16));
     let tiles = (m as u32).div_ceil(BLOCK_M) * (n as u32).div_ceil(HALF_N);
     let blocks = persistent_blocks(&client, tiles);
     // SAFETY: the maps cover exactly the operands and the outputs (TMA fills out-of-range boxes

@@ -209,19 +209,12 @@ pub(crate) fn stage_pass<N: Size>(
     #[comptime] pass: u32,
     #[comptime] double: bool,
 ) {
-    // The accumulator layout of `hopper`'s module docs: row `16 · warp + lane / 4` (+ 8), the
-    // column pair `8j + 2 · (lane % 4)` of each 8-column block j.
-    let lane = UNIT_POS % 32;
-    let warp = (UNIT_POS % 128) / 32;
     free_buffer(barrier, storer, double);
     #[unroll]
     for jj in 0..16u32 {
         #[unroll]
         for half in 0..2u32 {
-            let r = warp * 16 + lane / 4 + half * 8;
-            // The 128-byte swizzle: 16-byte chunk c of row r sits at chunk c ^ (r % 8).
-            let chunk = (jj % 8) ^ (r % 8);
-            let addr = buffer + (jj / 8) * 8192 + r * 128 + chunk * 16 + (lane % 4) * 4;
+            let addr = buffer + staged_pair(jj, half);
             let reg = comptime!((4 * (16 * pass + jj) + 2 * half) as usize);
             st_shared_u32(
                 addr,
@@ -229,6 +222,19 @@ pub(crate) fn stage_pass<N: Size>(
             );
         }
     }
+}
+
+/// Where this thread's accumulator pair `(jj, half)` of a 128-column pass sits in a staging
+/// buffer of two swizzled 64 × 64 bf16 boxes (TMA's layout of them, loaded or stored), in
+/// bytes: the accumulator layout of `hopper`'s module docs puts it at row
+/// `16 · warp + lane / 4 + 8 · half`, columns `8 · jj + 2 · (lane % 4)` (+ 1), and the 128-byte
+/// swizzle puts 16-byte chunk c of row r at chunk c ^ (r % 8).
+#[cube]
+pub(crate) fn staged_pair(jj: u32, half: u32) -> u32 {
+    let lane = UNIT_POS % 32;
+    let r = ((UNIT_POS % 128) / 32) * 16 + lane / 4 + half * 8;
+    let chunk = (jj % 8) ^ (r % 8);
+    (jj / 8) * 8192 + r * 128 + chunk * 16 + (lane % 4) * 4
 }
 
 /// Waits until a warpgroup's staging buffer is free: the stores from it before have read it

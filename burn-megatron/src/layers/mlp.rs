@@ -11,7 +11,7 @@ use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
-use burn_megatron_kernels::gated::gated_projection;
+use burn_megatron_kernels::gated::gated_mlp;
 use burn_megatron_kernels::norm_link::fan_out;
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
 use burn_megatron_kernels::quant::recipe::Pass;
@@ -100,17 +100,19 @@ impl ParallelMlp {
         // Both read one input, their gradients summed by the norm that wrote it where it is a
         // linked norm's output.
         let [x1, x3]: [Tensor<3>; 2] = fan_out(self.map_input(x)?, 2).try_into().expect("two readers");
-        let h = gated_projection(x1, x3, self.w1.weight.val(), self.w3.weight.val(), gemm);
-        self.w2.forward(h) // [b, s, f/tp] → [b, s, d]
+        let (w1, w3, w2) = (self.w1.weight.val(), self.w3.weight.val(), self.w2.weight.val());
+        let partial = gated_mlp(x1, x3, w1, w3, w2, gemm); // [b, s, d], this rank's f/tp
+        self.w2.sum_partials(partial)
     }
 
-    /// The gate's and up projection's product where both are plain and alike and the SwiGLU
-    /// notes no amax: then one op computes both and the SwiGLU (`gated_projection`, on CUDA one
-    /// GEMM with the SwiGLU in its epilogue, where a kernel of its own had read both products
-    /// again).
+    /// The three projections' product where all are plain and alike and the SwiGLU notes no
+    /// amax: then one op computes this rank's part of the block (`gated_mlp`: on CUDA the gate's
+    /// and up projection's products in one GEMM with the SwiGLU in its epilogue, and the down
+    /// projection's data gradient with the SwiGLU's backward in its own).
     fn gated_product(&self) -> Option<Gemm> {
         let gemm = self.w1.plain_product()?;
-        (self.w3.plain_product() == Some(gemm) && self.notes() == NoteAmaxes::default()).then_some(gemm)
+        let alike = self.w3.plain_product() == Some(gemm) && self.w2.plain_product() == Some(gemm);
+        (alike && self.notes() == NoteAmaxes::default()).then_some(gemm)
     }
 
     /// [`forward`](Self::forward), the SwiGLU and the down projection run again in backward

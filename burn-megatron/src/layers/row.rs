@@ -195,16 +195,34 @@ impl RowParallelLinear {
             weight: self.weight_codes.clone(),
         };
         let partial = sharded_linear(x, self.weight.val(), None, self.gemm, delayed, reuse, &self.tp)?;
-        let y = match self.output {
-            RowOutput::Reduced => reduce_from_tp(partial, &self.tp)?,
-            RowOutput::SequenceScattered => reduce_scatter_to_sp(partial, &self.tp, D - 2)?,
-        };
+        let y = self.sum_partials(partial)?;
         Ok(match &self.bias {
             None => y,
             // With a scattered output each rank adds the bias to its own tokens only, so the
             // bias gradient is a partial sum: all-reduce it over the group.
             Some(b) if self.output == RowOutput::SequenceScattered => y + copy_to_tp(b.val(), &self.tp)?.unsqueeze(),
             Some(b) => y + b.val().unsqueeze(),
+        })
+    }
+
+    /// The product as a plain bf16 product of this rank's input features (no bias, no
+    /// quantization), or `None`: then another op may compute it (the MLP's fused SwiGLU and down
+    /// projection, `burn_megatron_kernels::gated::gated_mlp`), leaving [`Self::sum_partials`] to
+    /// this layer.
+    pub fn plain_product(&self) -> Option<Gemm> {
+        let plain = self.bias.is_none()
+            && self.input == RowInput::Sharded
+            && matches!(self.input_quantizer, InputQuantizer::None)
+            && !matches!(self.gemm, Gemm::Quantized(_));
+        plain.then_some(self.gemm)
+    }
+
+    /// This rank's partial product `[.., s, o]` summed over the group: whole, or each rank's
+    /// sequence shard ([`RowOutput`]).
+    pub fn sum_partials<const D: usize>(&self, partial: Tensor<D>) -> Result<Tensor<D>, LayerError> {
+        Ok(match self.output {
+            RowOutput::Reduced => reduce_from_tp(partial, &self.tp)?,
+            RowOutput::SequenceScattered => reduce_scatter_to_sp(partial, &self.tp, D - 2)?,
         })
     }
 }

@@ -10,7 +10,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Distribution, Tensor, TensorData};
 use burn_megatron_kernels::Gemm;
 use burn_megatron_kernels::attention::{attention, rotary_attention};
-use burn_megatron_kernels::gated::gated_projection;
+use burn_megatron_kernels::gated::gated_mlp;
 use burn_megatron_kernels::rope::reference::rope as rope_reference;
 use burn_megatron_kernels::wgmma::{Schedule, WgmmaError, matmul};
 
@@ -81,41 +81,52 @@ pub fn wgmma_gemm(h: &Harness) {
     );
 }
 
-/// The gated projection (`gated_projection`: on CUDA both products and the SwiGLU in one wgmma
-/// GEMM) against `silu(x·w1) ∘ (x·w3)` in f32 by Burn's ops with autodiff: the output and the
-/// gradients of the input and both weights, on shapes that fill no tile (n = 257 has unaligned
-/// rows: the weights are read K-major from copies), the weights plain and as transposed views,
-/// more tiles than SMs (each persistent block runs several, its pipeline's parity running on),
+/// A SwiGLU MLP's three products (`gated_mlp`: on CUDA the gate's and up projection's products
+/// and the SwiGLU in one wgmma GEMM, the down projection's data gradient with the SwiGLU's
+/// backward in another) against `(silu(x·w1) ∘ (x·w3)) · w2` in f32 by Burn's ops with
+/// autodiff: the output and the gradients of the input and the three weights, on shapes that
+/// fill no tile (n = 257 has unaligned rows: the weights are read K-major from copies, the
+/// products' rows padded), the weights plain and as transposed views, more tiles than SMs (each
+/// persistent block runs several, its pipeline's and its passes' barriers' parity running on),
 /// and llama-1b's.
 pub fn gated_gemm(h: &Harness) {
     let device = h.device(0).autodiff();
-    for (m, k, n) in [(300, 136, 520), (129, 2056, 257), (4100, 200, 2000), (8192, 2048, 5632)] {
+    let shapes = [(300, 136, 520), (129, 2056, 257), (4100, 200, 2000), (8192, 2048, 5632)];
+    for (m, k, n) in shapes {
         for transposed in [false, true] {
             let normal = Distribution::Normal(0.0, 1.0);
             let x = Tensor::<2>::random([m, k], normal, (&device, DType::BF16)).require_grad();
-            // Weights scaled as an initialization would (std 1/√k): products of order 1.
-            let weight = || {
+            // Weights scaled as an initialization would (std 1/√fan-in): products of order 1.
+            let weight = |rows: usize, cols: usize| {
                 let w = match transposed {
-                    true => Tensor::<2>::random([n, k], normal, (&device, DType::BF16)).transpose(),
-                    false => Tensor::<2>::random([k, n], normal, (&device, DType::BF16)),
+                    true => Tensor::<2>::random([cols, rows], normal, (&device, DType::BF16)).transpose(),
+                    false => Tensor::<2>::random([rows, cols], normal, (&device, DType::BF16)),
                 };
-                (w / (k as f64).sqrt()).detach().require_grad()
+                (w / (rows as f64).sqrt()).detach().require_grad()
             };
-            let (w1, w3) = (weight(), weight());
-            let out = gated_projection(x.clone(), x.clone(), w1.clone(), w3.clone(), Gemm::Wgmma);
-            let (x32, w1_32, w3_32) = (f32_leaf(&x), f32_leaf(&w1), f32_leaf(&w3));
-            let expected = silu(x32.clone().matmul(w1_32.clone())) * x32.clone().matmul(w3_32.clone());
+            let (w1, w3, w2) = (weight(k, n), weight(k, n), weight(n, k));
+            let out = gated_mlp(x.clone(), x.clone(), w1.clone(), w3.clone(), w2.clone(), Gemm::Wgmma);
+            let [x32, w1_32, w3_32, w2_32] = [&x, &w1, &w3, &w2].map(f32_leaf);
+            let hidden = silu(x32.clone().matmul(w1_32.clone())) * x32.clone().matmul(w3_32.clone());
+            let expected = hidden.matmul(w2_32.clone());
             let case = format!("{m}×{k}×{n} transposed {transposed}");
-            // Both products and the output rounded to bf16 (2⁻⁹ relative each): a few 1e-3 in
-            // norm. A wrong tile, half of B or epilogue register is of order 1.
+            // Both products, the SwiGLU and the output rounded to bf16 (2⁻⁹ relative each): a
+            // few 1e-3 in norm. A wrong tile, half of B or epilogue register is of order 1.
             let error = relative_error(out.clone(), expected.clone());
             assert!(error < 1e-2, "{case}: output relative error {error}");
-            let weights = Tensor::<2>::random([m, n], normal, (&device, DType::F32));
+            let weights = Tensor::<2>::random([m, k], normal, (&device, DType::F32));
             let grads = (out.cast(DType::F32) * weights.clone()).sum().backward();
             let expected_grads = (expected * weights).sum().backward();
-            for (name, ours, theirs) in [("x", &x, &x32), ("w1", &w1, &w1_32), ("w3", &w3, &w3_32)] {
+            let pairs = [
+                ("x", &x, &x32),
+                ("w1", &w1, &w1_32),
+                ("w3", &w3, &w3_32),
+                ("w2", &w2, &w2_32),
+            ];
+            for (name, ours, theirs) in pairs {
                 let (g, e) = (ours.grad(&grads).unwrap(), theirs.grad(&expected_grads).unwrap());
-                // The SwiGLU's gradients also round to bf16 before their products: 2e-2.
+                // The SwiGLU's output gradient and its input gradients also round to bf16
+                // before their products: 2e-2. A wrong pass, box or derivative is of order 1.
                 let error = relative_error(g, e);
                 assert!(error < 2e-2, "{case}: d{name} relative error {error}");
             }
