@@ -84,6 +84,19 @@ fn apart<B: GemmOps + SwigluOps>(
     (B::swiglu(gate.clone(), up.clone(), NoteAmaxes::default()), gate, up)
 }
 
+/// The gated projection, then the down projection of its SwiGLU.
+fn projected_then_down<B: GatedOps + GemmOps>(
+    x_gate: FloatTensor<B>,
+    x_up: FloatTensor<B>,
+    w_gate: FloatTensor<B>,
+    w_up: FloatTensor<B>,
+    w_down: FloatTensor<B>,
+    kind: Gemm,
+) -> FloatTensor<B> {
+    let (hidden, ..) = B::gated_projection(x_gate, x_up, w_gate, w_up, kind);
+    B::gemm(hidden, w_down, kind)
+}
+
 /// The down projection's data gradient, then the SwiGLU's backward, each its own op.
 fn down_backward_apart<B: GemmOps + SwigluOps>(
     grad: FloatTensor<B>,
@@ -115,8 +128,7 @@ impl GatedOps for Flex {
         w_down: FloatTensor<Self>,
         kind: Gemm,
     ) -> FloatTensor<Self> {
-        let (hidden, ..) = Self::gated_projection(x_gate, x_up, w_gate, w_up, kind);
-        Self::gemm(hidden, w_down, kind)
+        projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind)
     }
 
     fn gated_down_backward(
@@ -154,8 +166,7 @@ impl GatedOps for burn::backend::Cube {
         w_down: FloatTensor<Self>,
         kind: Gemm,
     ) -> FloatTensor<Self> {
-        let (hidden, ..) = Self::gated_projection(x_gate, x_up, w_gate, w_up, kind);
-        Self::gemm(hidden, w_down, kind)
+        projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind)
     }
 
     fn gated_down_backward(

@@ -201,17 +201,7 @@ fn gemm_kernel<E: Scalar>(
             release_registers(PRODUCER_REGISTERS);
         }
         if UNIT_POS == 0 {
-            let pipeline = comptime!(Pipeline {
-                block_m: BLOCK_M,
-                block_n: BLOCK_N,
-                depth,
-                stages: STAGES,
-                a_bytes: A_STAGE_BYTES,
-                stage_bytes: STAGE_BYTES,
-                a_major,
-                b_major,
-                split_b: false,
-            });
+            let pipeline = comptime!(Pipeline::wide(STAGES, depth, a_major, b_major));
             let b = tensor_map_address(b);
             let maps = (tensor_map_address(a), b, b);
             produce(maps, tiles, full, empty, mine, k_tiles, (rows, columns), pipeline);

@@ -13,7 +13,7 @@ use cubecl::prelude::*;
 use cubecl_cpp::cuda::ptx::tensor_map_address;
 use half::bf16;
 
-use super::pieces::{free_buffer, send_pass, stage_pass, staged_pair};
+use super::pieces::{consume_slice, free_buffer, send_pass, stage_pass, staged_pair};
 use super::*;
 
 /// Columns of each product a block tile covers: half of B's stage.
@@ -53,17 +53,7 @@ fn gated_kernel(
     let warpgroup = UNIT_POS / 128;
     if warpgroup == 0 {
         if UNIT_POS == 0 {
-            let pipeline = comptime!(Pipeline {
-                block_m: BLOCK_M,
-                block_n: BLOCK_N,
-                depth: BLOCK_K,
-                stages: GATED_STAGES,
-                a_bytes: A_STAGE_BYTES,
-                stage_bytes: STAGE_BYTES,
-                a_major,
-                b_major,
-                split_b: true,
-            });
+            let pipeline = comptime!(Pipeline::wide(GATED_STAGES, BLOCK_K, a_major, b_major).split());
             let maps = (
                 tensor_map_address(a),
                 tensor_map_address(b_gate),
@@ -81,21 +71,17 @@ fn gated_kernel(
             let (row, column) = tile_position(CUBE_POS_X + i * CUBE_COUNT_X, rows, columns);
             let mut acc = Acc256::zeroed();
             for kt in 0..k_tiles {
-                let slice = i * k_tiles + kt;
-                let stage = slice % GATED_STAGES;
-                mbarrier_wait(full + stage * 8, (slice / GATED_STAGES) & 1);
-                let tile = tiles + stage * STAGE_BYTES;
-                let desc_a = descriptor(tile + consumer * 8192, comptime!(a_major.tile(BLOCK_M)));
-                let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
-                acc = chain_256(
+                acc = consume_slice(
                     &acc,
-                    desc_a,
-                    desc_b,
-                    comptime!(k_slice(Operands::Bf16, a_major, b_major)),
+                    tiles,
+                    full,
+                    empty,
+                    i * k_tiles + kt,
+                    consumer,
+                    GATED_STAGES,
+                    a_major,
+                    b_major,
                 );
-                if UNIT_POS.is_multiple_of(32) {
-                    mbarrier_arrive(empty + stage * 8);
-                }
             }
             let (row0, col0) = (row * BLOCK_M + consumer * 64, column * HALF_N);
             // Three passes a tile through the two buffers in turn (pass `3i + p` in buffer

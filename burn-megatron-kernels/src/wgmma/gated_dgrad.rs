@@ -20,7 +20,7 @@ use cubecl::prelude::*;
 use cubecl_cpp::cuda::ptx::tensor_map_address;
 use half::bf16;
 
-use super::pieces::staged_pair;
+use super::pieces::{consume_slice, staged_pair};
 use super::*;
 
 /// Three stages: a fourth (48 KiB) would not leave the two consumers' buffers room.
@@ -64,17 +64,7 @@ fn gated_dgrad_kernel(
     let warpgroup = UNIT_POS / 128;
     if warpgroup == 0 {
         if UNIT_POS == 0 {
-            let pipeline = comptime!(Pipeline {
-                block_m: BLOCK_M,
-                block_n: BLOCK_N,
-                depth: BLOCK_K,
-                stages: DGRAD_STAGES,
-                a_bytes: A_STAGE_BYTES,
-                stage_bytes: STAGE_BYTES,
-                a_major,
-                b_major,
-                split_b: false,
-            });
+            let pipeline = comptime!(Pipeline::wide(DGRAD_STAGES, BLOCK_K, a_major, b_major));
             let b = tensor_map_address(b);
             let maps = (tensor_map_address(a), b, b);
             produce(maps, tiles, full, empty, mine, k_tiles, (rows, columns), pipeline);
@@ -92,21 +82,17 @@ fn gated_dgrad_kernel(
             let (row0, col0) = (row * BLOCK_M + consumer * 64, column * BLOCK_N);
             let mut acc = Acc256::zeroed();
             for kt in 0..k_tiles {
-                let slice = i * k_tiles + kt;
-                let stage = slice % DGRAD_STAGES;
-                mbarrier_wait(full + stage * 8, (slice / DGRAD_STAGES) & 1);
-                let tile = tiles + stage * STAGE_BYTES;
-                let desc_a = descriptor(tile + consumer * 8192, comptime!(a_major.tile(BLOCK_M)));
-                let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
-                acc = chain_256(
+                acc = consume_slice(
                     &acc,
-                    desc_a,
-                    desc_b,
-                    comptime!(k_slice(Operands::Bf16, a_major, b_major)),
+                    tiles,
+                    full,
+                    empty,
+                    i * k_tiles + kt,
+                    consumer,
+                    DGRAD_STAGES,
+                    a_major,
+                    b_major,
                 );
-                if UNIT_POS.is_multiple_of(32) {
-                    mbarrier_arrive(empty + stage * 8);
-                }
                 // After a slice the last tile's stores have long read the buffer: the first
                 // pass's values load while this tile is computed.
                 if kt == 0 && storer {

@@ -5,7 +5,7 @@
 use cubecl::prelude::*;
 use cubecl_cpp::cuda::ptx::generic_to_shared;
 
-use super::{CONSUMER_WARPS, Major};
+use super::{A_STAGE_BYTES, BLOCK_M, BLOCK_N, CONSUMER_WARPS, Major, STAGE_BYTES, k_slice};
 use crate::hopper::*;
 
 /// Tiles are numbered down columns of `GROUP_M` tile rows, so the blocks running at once share
@@ -63,6 +63,63 @@ pub(crate) struct Pipeline {
     /// B's stage filled from two maps, `block_n / 2` rows each at the same columns (the gated
     /// GEMM's gate and up weights, `super::gated`), else from the first.
     pub split_b: bool,
+}
+
+impl Pipeline {
+    /// The 128 × 256 block tile of [`super::gemm_kernel`] and the kernels built on it: `stages`
+    /// stages of [`STAGE_BYTES`], each a `depth`-deep slice of A then of B (from one map).
+    pub(crate) const fn wide(stages: u32, depth: u32, a_major: Major, b_major: Major) -> Self {
+        Self {
+            block_m: BLOCK_M,
+            block_n: BLOCK_N,
+            depth,
+            stages,
+            a_bytes: A_STAGE_BYTES,
+            stage_bytes: STAGE_BYTES,
+            a_major,
+            b_major,
+            split_b: false,
+        }
+    }
+
+    /// The same with B's stage filled from two maps ([`Pipeline::split_b`]).
+    pub(crate) const fn split(self) -> Self {
+        Self { split_b: true, ..self }
+    }
+}
+
+/// `acc` plus one bf16 stage's slice for a consumer warpgroup of a [`Pipeline::wide`] tile:
+/// waits until the producer has filled the stage of the block's `slice`-th slice (of
+/// `stages`), multiplies the warpgroup's 64 rows of A by B's 256, and frees the stage.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn consume_slice(
+    acc: &Acc256,
+    tiles: u32,
+    full: u32,
+    empty: u32,
+    slice: u32,
+    consumer: u32,
+    #[comptime] stages: u32,
+    #[comptime] a_major: Major,
+    #[comptime] b_major: Major,
+) -> Acc256 {
+    let stage = slice % stages;
+    mbarrier_wait(full + stage * 8, (slice / stages) & 1);
+    let tile = tiles + stage * STAGE_BYTES;
+    // This warpgroup's 64 rows of A start 8 KiB into the stage in either layout.
+    let desc_a = descriptor(tile + consumer * 8192, comptime!(a_major.tile(BLOCK_M)));
+    let desc_b = descriptor(tile + A_STAGE_BYTES, comptime!(b_major.tile(BLOCK_N)));
+    let out = chain_256(
+        acc,
+        desc_a,
+        desc_b,
+        comptime!(k_slice(Operands::Bf16, a_major, b_major)),
+    );
+    if UNIT_POS.is_multiple_of(32) {
+        mbarrier_arrive(empty + stage * 8);
+    }
+    out
 }
 
 /// The producer thread's loop: this block's `mine` tiles (the `CUBE_POS_X`-th, then every
