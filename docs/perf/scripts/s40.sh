@@ -11,6 +11,15 @@
 #           llama-1b step before and after, alternating, 40 timed steps each with the clocks
 #           sampled, and PyTorch + compile between; then the rows (s6-common's) if ROWS=1 (.whl
 #           carried too) and time is left.
+#   prefetch: (carry .gpu with bench0 and bench, .peers) ncu's times of the fused dgrad kernel in
+#           both (bench0 before, bench after: its second pass brought into L2 while the tile is
+#           computed; measured slower and reverted: that build is not in the tree), then `ab`
+#           without the rows.
+#   rows:   (carry .gpu with bench, .peers, .whl with torchao 0.18) s6-common's rows: FP8 promoted
+#           beside torchao float8 + compile, bf16 beside PyTorch + compile (10 timed steps after 3
+#           warm-up, the peers' recipe).
+#   verify: (carry .gpu2 with gpu-suite) the GEMM kernels' tests after their consumers' k-loop and
+#           producers' pipelines became shared pieces (`consume_slice`, `Pipeline::wide`).
 # Logs go to $OUT, packed into one $OUT/logs.tgz at the end (the device tool returns a few files).
 set -u
 [ -z "${S40_NESTED:-}" ] && trap 'tar czf /tmp/logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/logs.tgz "$OUT/"' EXIT
@@ -18,13 +27,16 @@ cd "$(dirname "$0")/../../.."
 . docs/perf/scripts/s6-common.sh
 part=${1:-test}
 suite2() {  # LOG ARGS...: one gpu-suite run from .gpu2
-  local log=$1; shift
-  timeout -s KILL 150 bash .gpu2/run.sh gpu-suite "$@" > "$OUT/suite-$log.log" 2>&1
-  echo "-- $log: rc $?"; grep -h "FAILED\|passed\|ok (\|panicked" "$OUT/suite-$log.log" | cut -c1-600
+  local log=$1 rc; shift
+  timeout -s KILL 150 bash .gpu2/run.sh gpu-suite "$@" > "$OUT/suite-$log.log" 2>&1; rc=$?
+  echo "-- $log: rc $rc"; grep -h "FAILED\|passed\|ok (\|panicked" "$OUT/suite-$log.log" | cut -c1-600
+  return $rc
 }
 case $part in
   test)
-    for test in kernel_suite::gated_gemm ${MORE:-kernel_suite::wgmma_gemm} layer_suite::mlp \
+    # A failing (or hung) kernel test ends the call: the rest runs the same kernel.
+    suite2 gated_gemm --world 1 --filter kernel_suite::gated_gemm || exit 1
+    for test in ${MORE:-kernel_suite::wgmma_gemm} layer_suite::mlp \
       hf_suite::llama3_matches_transformers model_suite::adamw_steps_match; do
       suite2 "${test#*::}" --world 1 --filter "$test"
     done
@@ -39,6 +51,23 @@ case $part in
       compiled compile
       [ $SECONDS -lt 500 ] && ours after-2
     fi
+    ;;
+  prefetch)
+    for b in bench0 bench; do
+      timeout -s KILL 120 ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum \
+        -k regex:'gated_dgrad' bash .gpu/run.sh $b --preset llama-1b --steps 1 --warmup 1 > "$OUT/ncu-$b.csv" 2>&1
+      python3 docs/perf/scripts/ncu_table.py "$OUT/ncu-$b.csv" "$OUT/steady-$b.txt" "$OUT/ordered-$b.txt"
+      echo "-- $b"; head -3 "$OUT/steady-$b.txt"; rm -f "$OUT/ncu-$b.csv"
+    done
+    S40_NESTED=1 ROWS=0 bash "$0" ab
+    ;;
+  verify)
+    for test in kernel_suite::gated_gemm kernel_suite::wgmma_gemm kernel_suite::fp8_gemm layer_suite::mlp; do
+      suite2 "${test#*::}" --world 1 --filter "$test"
+    done
+    ;;
+  rows)
+    rows
     ;;
   ab)
     for round in 1 2; do
