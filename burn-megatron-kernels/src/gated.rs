@@ -12,7 +12,8 @@
 //! Under autodiff the gate's and up projection's results are the outputs of the product nodes
 //! the ops apart would make ([`gemm_node`]), and the down projection's output that of a node
 //! with three parents (both and the down weight) whose backward is [`GatedOps::gated_down_backward`]
-//! and the down weight's gradient.
+//! and the down weight's gradient. [`swiglu_down`] is that last node alone, for a SwiGLU whose
+//! inputs are at hand (selective recomputation's MLP).
 //!
 //! Legend: `m` rows (tokens), `k` input features, `n` hidden features, `o` output features.
 
@@ -58,6 +59,19 @@ pub trait GatedOps: Backend {
         kind: Gemm,
     ) -> FloatTensor<Self>;
 
+    /// `(silu(gate) ∘ up) · w_down` with `kind`: the down projection of a SwiGLU whose inputs
+    /// are at hand (selective recomputation's MLP, `gated_mlp`'s where its products are not
+    /// alike).
+    ///
+    /// # Shapes
+    /// `[m, n]` × 2, `[n, o]` → `[m, o]`
+    fn swiglu_down(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        w_down: FloatTensor<Self>,
+        kind: Gemm,
+    ) -> FloatTensor<Self>;
+
     /// The gradients of `gate` and `up` through `(silu(gate) ∘ up) · w_down`, given its output's
     /// gradient `grad`, with `kind`.
     ///
@@ -97,6 +111,16 @@ fn projected_then_down<B: GatedOps + GemmOps>(
     B::gemm(hidden, w_down, kind)
 }
 
+/// The SwiGLU, then the down projection, each its own op.
+fn swiglu_then_down<B: GemmOps + SwigluOps>(
+    gate: FloatTensor<B>,
+    up: FloatTensor<B>,
+    w_down: FloatTensor<B>,
+    kind: Gemm,
+) -> FloatTensor<B> {
+    B::gemm(B::swiglu(gate, up, NoteAmaxes::default()), w_down, kind)
+}
+
 /// The down projection's data gradient, then the SwiGLU's backward, each its own op.
 fn down_backward_apart<B: GemmOps + SwigluOps>(
     grad: FloatTensor<B>,
@@ -129,6 +153,15 @@ impl GatedOps for Flex {
         kind: Gemm,
     ) -> FloatTensor<Self> {
         projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind)
+    }
+
+    fn swiglu_down(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        w_down: FloatTensor<Self>,
+        kind: Gemm,
+    ) -> FloatTensor<Self> {
+        swiglu_then_down::<Self>(gate, up, w_down, kind)
     }
 
     fn gated_down_backward(
@@ -167,6 +200,15 @@ impl GatedOps for burn::backend::Cube {
         kind: Gemm,
     ) -> FloatTensor<Self> {
         projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind)
+    }
+
+    fn swiglu_down(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        w_down: FloatTensor<Self>,
+        kind: Gemm,
+    ) -> FloatTensor<Self> {
+        swiglu_then_down::<Self>(gate, up, w_down, kind)
     }
 
     fn gated_down_backward(
@@ -238,15 +280,20 @@ impl<B: Backend + GatedOps + GemmOps + SwigluOps, C: CheckpointStrategy> GatedOp
     ) -> FloatTensor<Self> {
         let inner = |t: &FloatTensor<Self>| t.clone().into_parts().0;
         let (hidden, gate, up) = B::gated_projection(inner(&x_gate), inner(&x_up), inner(&w_gate), inner(&w_up), kind);
-        let w_down_inner = inner(&w_down);
-        let out = B::gemm(hidden.clone(), w_down_inner.clone(), kind);
-        let gate_node = gemm_node::<B, C>(x_gate, w_gate, kind, gate.clone());
-        let up_node = gemm_node::<B, C>(x_up, w_up, kind, up.clone());
-        let nodes = [gate_node.node(), up_node.node(), w_down.node()];
-        match GatedDownBackward.prepare::<C>(nodes).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish((gate, up, hidden, w_down_inner, kind), out),
-            OpsKind::UnTracked(prep) => prep.finish(out),
-        }
+        let gate = gemm_node::<B, C>(x_gate, w_gate, kind, gate);
+        let up = gemm_node::<B, C>(x_up, w_up, kind, up);
+        down_node::<B, C>(gate, up, w_down, hidden, kind)
+    }
+
+    fn swiglu_down(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        w_down: FloatTensor<Self>,
+        kind: Gemm,
+    ) -> FloatTensor<Self> {
+        let inner = |t: &FloatTensor<Self>| t.clone().into_parts().0;
+        let hidden = B::swiglu(inner(&gate), inner(&up), NoteAmaxes::default());
+        down_node::<B, C>(gate, up, w_down, hidden, kind)
     }
 
     /// The inner backend's backward, as constants (no second-order gradients).
@@ -261,6 +308,28 @@ impl<B: Backend + GatedOps + GemmOps + SwigluOps, C: CheckpointStrategy> GatedOp
         let (d_gate, d_up) = B::gated_down_backward(inner(grad), inner(w_down), inner(gate), inner(up), kind);
         let outer = |t| <Self as burn::backend::AutodiffBackend>::from_inner(t);
         (outer(d_gate), outer(d_up))
+    }
+}
+
+/// `hidden · w_down` (`hidden` the inner backend's `silu(gate) ∘ up`, computed by the caller) as
+/// the output of a node whose parents are `gate`, `up` and `w_down`: its backward is
+/// [`GatedOps::gated_down_backward`] and the down weight's gradient.
+fn down_node<B: Backend + GatedOps + GemmOps, C: CheckpointStrategy>(
+    gate: FloatTensor<Autodiff<B, C>>,
+    up: FloatTensor<Autodiff<B, C>>,
+    w_down: FloatTensor<Autodiff<B, C>>,
+    hidden: FloatTensor<B>,
+    kind: Gemm,
+) -> FloatTensor<Autodiff<B, C>> {
+    let w_down_inner = w_down.clone().into_parts().0;
+    let out = B::gemm(hidden.clone(), w_down_inner.clone(), kind);
+    let nodes = [gate.node(), up.node(), w_down.node()];
+    match GatedDownBackward.prepare::<C>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let (gate, up) = (gate.into_parts().0, up.into_parts().0);
+            prep.finish((gate, up, hidden, w_down_inner, kind), out)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(out),
     }
 }
 
@@ -292,6 +361,23 @@ pub fn gated_mlp<const D: usize>(
         w_down.into_dispatch(),
         kind,
     );
+    dims[D - 1] = o;
+    Tensor::<2>::from_dispatch(out).reshape(dims)
+}
+
+/// `(silu(gate) ∘ up) · w_down` over the last dim, through [`GatedOps`], differentiable: on
+/// CUDA with bf16 products the down projection's data gradient runs the SwiGLU's backward in its
+/// epilogue ([`crate::wgmma::gated_dgrad`]).
+///
+/// # Shapes
+/// `[.., n]` × 2, `[n, o]` → `[.., o]`
+pub fn swiglu_down<const D: usize>(gate: Tensor<D>, up: Tensor<D>, w_down: Tensor<2>, kind: Gemm) -> Tensor<D> {
+    let mut dims = gate.dims();
+    let n = dims[D - 1];
+    let rows = dims[..D - 1].iter().product();
+    let o = w_down.dims()[1];
+    let flat = |x: Tensor<D>| x.reshape([rows, n]).into_dispatch();
+    let out = <burn::backend::Dispatch as GatedOps>::swiglu_down(flat(gate), flat(up), w_down.into_dispatch(), kind);
     dims[D - 1] = o;
     Tensor::<2>::from_dispatch(out).reshape(dims)
 }
@@ -330,6 +416,33 @@ mod tests {
             let (a, b) = (w.grad(&g1).unwrap(), w.grad(&g2).unwrap());
             a.to_data().assert_approx_eq::<f32>(&b.to_data(), tolerance);
         }
+    }
+
+    /// On the CPU: `(silu(g) ∘ u) · w2` in Burn's ops differentiated by autodiff gives the same
+    /// output and the same gradients of g, u and w2.
+    #[test]
+    fn swiglu_down_matches_burn_with_gradients() {
+        let device = Device::flex().autodiff();
+        let leaf = |dims: [usize; 3]| Tensor::<3>::random(dims, Distribution::Normal(0.0, 2.0), &device).require_grad();
+        let (g, u) = (leaf([2, 5, 7]), leaf([2, 5, 7]));
+        let w2 = Tensor::<2>::random([7, 4], Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let ours = super::swiglu_down(g.clone(), u.clone(), w2.clone(), Gemm::Wgmma);
+        let theirs = (silu(g.clone()) * u.clone()).matmul(w2.clone().unsqueeze());
+        // f32 both ways, the derivative written out instead of chained: a few ulps of values of
+        // order 10.
+        let tolerance = Tolerance::absolute(1e-4);
+        ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
+        let weights = Tensor::<3>::random([2, 5, 4], Distribution::Normal(0.0, 1.0), &device);
+        let (g1, g2) = (
+            (ours * weights.clone()).sum().backward(),
+            (theirs * weights).sum().backward(),
+        );
+        for t in [&g, &u] {
+            let (a, b) = (t.grad(&g1).unwrap(), t.grad(&g2).unwrap());
+            a.to_data().assert_approx_eq::<f32>(&b.to_data(), tolerance);
+        }
+        let (a, b) = (w2.grad(&g1).unwrap(), w2.grad(&g2).unwrap());
+        a.to_data().assert_approx_eq::<f32>(&b.to_data(), tolerance);
     }
 
     /// Only the tracked parents get gradients: with the up and down weights frozen the gate's

@@ -11,7 +11,7 @@ use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
-use burn_megatron_kernels::gated::gated_mlp;
+use burn_megatron_kernels::gated::{gated_mlp, swiglu_down};
 use burn_megatron_kernels::norm_link::fan_out;
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
 use burn_megatron_kernels::quant::recipe::Pass;
@@ -174,9 +174,15 @@ impl ParallelMlp {
     }
 }
 
-/// `w2(silu(gate) ⊙ up)`.
+/// `w2(silu(gate) ⊙ up)`: where `w2` is a plain product and the SwiGLU notes no amax, one op
+/// whose backward runs the SwiGLU's in the down projection's data gradient (`swiglu_down`).
 fn down(w2: &RowParallelLinear, gate: Tensor<3>, up: Tensor<3>, notes: NoteAmaxes) -> Result<Tensor<3>, LayerError> {
-    w2.forward(swiglu_noting(gate, up, notes)) // [b, s, f/tp] → [b, s, d]
+    match w2.plain_product() {
+        Some(gemm) if notes == NoteAmaxes::default() => {
+            w2.sum_partials(swiglu_down(gate, up, w2.weight.val(), gemm)) // this rank's f/tp
+        }
+        _ => w2.forward(swiglu_noting(gate, up, notes)), // [b, s, f/tp] → [b, s, d]
+    }
 }
 
 #[cfg(test)]
@@ -224,16 +230,25 @@ mod tests {
     }
 
     /// At tp = 1 the block is `w2(silu(x·w1) ⊙ x·w3)` written out: the same output and the same
-    /// gradients of the input and of every weight.
+    /// gradients of the input and of every weight, with and without selective recomputation.
     #[test]
     fn matches_swiglu_written_out() {
+        for recomputed in [false, true] {
+            check_written_out(recomputed);
+        }
+    }
+
+    fn check_written_out(recomputed: bool) {
         let dev = Device::flex().autodiff();
         let (b, s, d, f) = (2, 5, 16, 24);
         let mlp = ParallelMlpConfig::new(d, f)
             .init(&dev, &ProcessGroups::single(), &ParamInit::new(1, InitMode::Full), "m")
             .unwrap();
         let x = crate::init::normal([b, s, d], 9, 1.0, &dev).require_grad();
-        let out = mlp.forward(x.clone()).unwrap();
+        let out = match recomputed {
+            true => mlp.forward_recomputed(x.clone()).unwrap(),
+            false => mlp.forward(x.clone()).unwrap(),
+        };
         let project = |w: &ColumnParallelLinear| x.clone().matmul(w.weight.val().unsqueeze());
         let hidden = silu(project(&mlp.w1)) * project(&mlp.w3);
         let expected = hidden.matmul(mlp.w2.weight.val().unsqueeze());
@@ -258,7 +273,10 @@ mod tests {
         for (what, a, e) in pairs {
             let worst = a.iter().zip(&e).map(|(a, e)| (a - e).abs()).fold(0.0, f32::max);
             // The same f32 arithmetic in another order (the derivative written out): ~1e-6.
-            assert!(worst < 1e-5, "{what}: max |difference| {worst}");
+            assert!(
+                worst < 1e-5,
+                "{what} (recomputed {recomputed}): max |difference| {worst}"
+            );
         }
     }
 }
