@@ -4,13 +4,16 @@
 //! the tile leaves as their gradients, `dg = dh · u · σ(g)(1 + g(1 − σ(g)))` and
 //! `du = dh · silu(g)`, from `dh` rounded to bf16 as the product apart would store it. That
 //! product's write of `dh` and the SwiGLU backward's pass (reading `dh`, `g` and `u`, writing
-//! both gradients: 460 MB a llama-1b layer, 150 µs on an H100) become the epilogue's reads of
-//! `g` and `u` and writes of the gradients, overlapped with the next tile's products.
+//! both gradients: 460 MB a llama-1b layer) become the epilogue's reads of `g` and `u` and
+//! writes of the gradients, the writes overlapped with the next tile's products. On an H100, a
+//! llama-1b layer: 340 µs, where the product and the SwiGLU's backward apart took 258 + 147.
 //!
 //! A consumer's 64 × 256 results leave in two passes of 128 columns through one buffer of the
 //! pass's `g` and `u` (two swizzled 64 × 64 boxes each): the gradients are written over the
 //! values they come from and stored from there. The first pass's values load while the tile is
-//! computed; the second's once the first's stores have read the buffer.
+//! computed; the second's once the first's stores have read the buffer (bringing them into L2
+//! during the tile instead measured slower: 345 → 368 µs). The epilogue's math runs with the
+//! tensor cores idle: 83 µs a layer over the plain product.
 
 use burn::backend::Cube;
 use burn::backend::ops::FloatTensorOps;
