@@ -14,10 +14,11 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, Backend, Flex, TensorMetadata, backend_extension};
 use burn::config::Config;
 use burn::tensor::Tensor;
 
+use crate::norm_link::{NormLink, residual_node};
 use crate::quant::product::Amax;
 use crate::quant::recipe::Recipe;
 
@@ -55,11 +56,37 @@ impl Gemm {
 pub trait GemmOps: Backend {
     /// `[m, k] · [k, n] → [m, n]` with `kind`; operands may be transposed views.
     fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, kind: Gemm) -> FloatTensor<Self>;
+
+    /// `x + lhs · rhs` with `kind`: a residual stream plus a branch's last product, `x` added in
+    /// the product's epilogue where `kind`'s kernel can ([`crate::wgmma::gemm_onto`]), and `x`'s
+    /// gradient handed to `link`'s norm as [`crate::norm_link::residual_add`] hands it (so `x`
+    /// keeps the norm's input's shape: `m` is the product of its leading dims).
+    ///
+    /// # Shapes
+    /// `[.., n]`, `[m, k]`, `[k, n]` → `[.., n]`
+    fn gemm_onto(
+        x: FloatTensor<Self>,
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        kind: Gemm,
+        link: NormLink,
+    ) -> FloatTensor<Self>;
 }
 
 impl GemmOps for Flex {
     fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, _kind: Gemm) -> FloatTensor<Self> {
         Flex::float_matmul(lhs, rhs)
+    }
+
+    fn gemm_onto(
+        x: FloatTensor<Self>,
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        _kind: Gemm,
+        _link: NormLink,
+    ) -> FloatTensor<Self> {
+        let shape = x.shape();
+        Flex::float_add(x, Flex::float_reshape(Flex::float_matmul(lhs, rhs), shape))
     }
 }
 
@@ -78,6 +105,29 @@ impl GemmOps for burn::backend::Cube {
             }),
             _ if lhs.dtype == DType::F32 && rhs.dtype == DType::F32 => crate::f32_matmul::cuda::matmul(lhs, rhs),
             Gemm::Wgmma | Gemm::Burn | Gemm::Quantized(_) => Cube::float_matmul(lhs, rhs),
+        }
+    }
+
+    fn gemm_onto(
+        x: FloatTensor<Self>,
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        kind: Gemm,
+        _link: NormLink,
+    ) -> FloatTensor<Self> {
+        use burn::backend::Cube;
+        let shape = x.shape();
+        let flat = [lhs.meta.shape()[0], rhs.meta.shape()[1]];
+        // A few rows (decoding) take the skinny product and an add.
+        let fused = match kind {
+            Gemm::Wgmma if flat[0] > crate::skinny::MAX_ROWS => {
+                crate::wgmma::gemm_onto(Cube::float_reshape(x.clone(), flat.into()), lhs.clone(), rhs.clone())
+            }
+            Gemm::Wgmma | Gemm::Burn | Gemm::Quantized(_) => None,
+        };
+        match fused {
+            Some(sum) => Cube::float_reshape(sum, shape),
+            None => Cube::float_add(x, Cube::float_reshape(Self::gemm(lhs, rhs, kind), shape)),
         }
     }
 }
@@ -120,6 +170,23 @@ impl<B: Backend + GemmOps, C: CheckpointStrategy> GemmOps for Autodiff<B, C> {
     fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, kind: Gemm) -> FloatTensor<Self> {
         let out = B::gemm(lhs.clone().into_parts().0, rhs.clone().into_parts().0, kind);
         gemm_node::<B, C>(lhs, rhs, kind, out)
+    }
+
+    /// The product's node and the residual add's ([`crate::norm_link`]) over the one sum the
+    /// inner backend computes: the product's output is the sum (as `[m, n]`), which only the
+    /// add's node reads, through a reshape (no backward here reads its output).
+    fn gemm_onto(
+        x: FloatTensor<Self>,
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        kind: Gemm,
+        link: NormLink,
+    ) -> FloatTensor<Self> {
+        let inner = |t: &FloatTensor<Self>| t.clone().into_parts().0;
+        let sum = B::gemm_onto(inner(&x), inner(&lhs), inner(&rhs), kind, link.clone());
+        let flat = B::float_reshape(sum.clone(), [lhs.shape()[0], rhs.shape()[1]].into());
+        let branch = Self::float_reshape(gemm_node::<B, C>(lhs, rhs, kind, flat), x.shape());
+        residual_node::<B, C>(x, branch, link, sum)
     }
 }
 
@@ -199,6 +266,34 @@ pub fn linear_over<const D: usize>(
     };
     dims[D - 1] = n;
     y.reshape(dims)
+}
+
+/// `stream + x · weight` over the last dim of `x`: a residual stream plus a branch's last
+/// product ([`GemmOps::gemm_onto`]), `stream`'s gradient handed to `link`'s norm as
+/// [`residual_add`](crate::norm_link::residual_add) hands it. A quantized product runs apart,
+/// then the add.
+///
+/// # Shapes
+/// `[.., n]`, `[.., k]`, `[k, n]` → `[.., n]`
+pub fn linear_onto<const D: usize>(
+    stream: Tensor<D>,
+    x: Tensor<D>,
+    weight: Tensor<2>,
+    kind: Gemm,
+    link: &NormLink,
+) -> Tensor<D> {
+    if let Gemm::Quantized(_) = kind {
+        return crate::norm_link::residual_add(stream, linear(x, weight, None, kind), link);
+    }
+    let k = x.dims()[D - 1];
+    let rows = x.dims()[..D - 1].iter().product();
+    Tensor::from_dispatch(<burn::backend::Dispatch as GemmOps>::gemm_onto(
+        stream.into_dispatch(),
+        x.reshape([rows, k]).into_dispatch(),
+        weight.into_dispatch(),
+        kind,
+        link.clone(),
+    ))
 }
 
 #[cfg(test)]

@@ -154,8 +154,20 @@ pub(crate) fn residual_add_tracked<B: Backend, C: CheckpointStrategy>(
     branch: FloatTensor<Autodiff<B, C>>,
     link: NormLink,
 ) -> FloatTensor<Autodiff<B, C>> {
+    let sum = B::float_add(x.clone().into_parts().0, branch.clone().into_parts().0);
+    residual_node::<B, C>(x, branch, link, sum)
+}
+
+/// `sum`, the inner backend's `x + branch` (computed by the caller, perhaps in the kernel of
+/// the branch's last product: [`crate::linear::GemmOps::gemm_onto`]), as the output of
+/// [`residual_add`]'s node.
+pub(crate) fn residual_node<B: Backend, C: CheckpointStrategy>(
+    x: FloatTensor<Autodiff<B, C>>,
+    branch: FloatTensor<Autodiff<B, C>>,
+    link: NormLink,
+    sum: FloatTensor<B>,
+) -> FloatTensor<Autodiff<B, C>> {
     let nodes = [x.node(), branch.node()];
-    let sum = B::float_add(x.into_parts().0, branch.into_parts().0);
     match ResidualBackward.prepare::<C>(nodes).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish(link, sum),
         OpsKind::UnTracked(prep) => prep.finish(sum),
@@ -320,5 +332,73 @@ mod tests {
             x.grad(&g2).unwrap().to_data(),
             "plain handles"
         );
+    }
+
+    /// The branch's last product added onto the stream in its op (`linear_onto`, and the fused
+    /// MLP's `gated_mlp_onto`), after a linked norm: `h = x + rms_norm(x) · w` and
+    /// `h = x + mlp(rms_norm(x))` against the same written with a plain norm and `+`. The same
+    /// output and gradients of `x`, the norm's weight and the products' weights within f32
+    /// rounding (the products summed in another order perhaps), with the stream's gradient
+    /// handed through the link.
+    #[test]
+    fn products_onto_the_stream_match_the_plain_sum() {
+        use crate::gated::gated_mlp_onto;
+        use crate::linear::{Gemm, linear_onto};
+        use burn::tensor::TensorData;
+        use burn::tensor::activation::silu;
+        let device = Device::flex().autodiff();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let x = Tensor::<3>::random([2, 5, 12], normal, &device).require_grad();
+        let w = Tensor::<1>::random([12], Distribution::Normal(1.0, 0.5), &device).require_grad();
+        let leaf = |dims: [usize; 2]| Tensor::<2>::random(dims, normal, &device).require_grad();
+        let (w_out, w1, w3, w2) = (leaf([12, 12]), leaf([12, 7]), leaf([12, 7]), leaf([7, 12]));
+        let weights = Tensor::<3>::random([2, 5, 12], normal, &device);
+        let norm = |link: &NormLink| rms_norm_linked(x.clone(), w.clone(), 1e-5, NoteAmaxes::default(), link);
+        let batched = |m: &Tensor<2>| m.clone().unsqueeze::<3>();
+        for fused in [false, true] {
+            let link = NormLink::default();
+            let (ours, plain) = match fused {
+                false => (
+                    linear_onto(x.clone(), norm(&link), w_out.clone(), Gemm::Wgmma, &link),
+                    x.clone() + rms_norm(x.clone(), w.clone(), 1e-5).matmul(batched(&w_out)),
+                ),
+                true => {
+                    let readers: [Tensor<3>; 2] = fan_out(norm(&link), 2).try_into().expect("two readers");
+                    let [x1, x3] = readers;
+                    let y = rms_norm(x.clone(), w.clone(), 1e-5);
+                    let hidden = silu(y.clone().matmul(batched(&w1))) * y.matmul(batched(&w3));
+                    (
+                        gated_mlp_onto(
+                            x.clone(),
+                            &link,
+                            x1,
+                            x3,
+                            [w1.clone(), w3.clone(), w2.clone()],
+                            Gemm::Wgmma,
+                        ),
+                        x.clone() + hidden.matmul(batched(&w2)),
+                    )
+                }
+            };
+            // f32 products of 12 and 7 terms of order 1, perhaps summed in another order.
+            let tolerance = Tolerance::absolute(1e-4);
+            ours.to_data().assert_approx_eq::<f32>(&plain.to_data(), tolerance);
+            let (g1, g2) = (
+                (ours * weights.clone()).sum().backward(),
+                (plain * weights.clone()).sum().backward(),
+            );
+            // The stream's gradient (and the second reader's) went through the link.
+            assert_eq!(link.lock().taken, 1 + usize::from(fused), "fused {fused}");
+            let same = |a: TensorData, b: TensorData| a.assert_approx_eq::<f32>(&b, tolerance);
+            same(x.grad(&g1).unwrap().to_data(), x.grad(&g2).unwrap().to_data());
+            same(w.grad(&g1).unwrap().to_data(), w.grad(&g2).unwrap().to_data());
+            let products = match fused {
+                false => vec![&w_out],
+                true => vec![&w1, &w3, &w2],
+            };
+            for t in products {
+                same(t.grad(&g1).unwrap().to_data(), t.grad(&g2).unwrap().to_data());
+            }
+        }
     }
 }

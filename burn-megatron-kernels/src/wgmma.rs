@@ -32,11 +32,14 @@ use crate::quant::format::Minifloat;
 mod blockwise;
 mod gated;
 mod gated_dgrad;
+mod loaded;
+mod onto;
 mod pieces;
 mod tensors;
 pub use blockwise::{BScales, fp8_blockwise_gemm};
 pub use gated::gated_gemm;
 pub use gated_dgrad::gated_dgrad;
+pub use onto::gemm_onto;
 pub(crate) use pieces::{Pipeline, load_operand, pipeline_smem, produce, store_tile, tile_position};
 pub use tensors::{fp8_blockwise_matmul, fp8_matmul, matmul};
 

@@ -12,7 +12,7 @@ use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
-use burn_megatron_kernels::norm_link::fan_out;
+use burn_megatron_kernels::norm_link::{NormLink, fan_out};
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
 use burn_megatron_kernels::quant::recipe::Pass;
 
@@ -178,7 +178,19 @@ impl ParallelAttention {
     /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
         let (q, k, v) = self.project(x)?;
-        attend(&self.wo, self.heads(), q, k, v)
+        self.wo.forward(attend(&self.wo, self.heads(), q, k, v)?)
+    }
+
+    /// `stream + self.forward(x)`, the residual stream's gradient handed to `link`'s norm: on
+    /// one rank with a plain output projection, added in its kernel
+    /// ([`RowParallelLinear::forward_onto`]).
+    ///
+    /// # Shapes
+    /// [`forward`](Self::forward)'s, `stream` of the output's
+    pub fn forward_onto(&self, x: Tensor<3>, stream: Tensor<3>, link: &NormLink) -> Result<Tensor<3>, LayerError> {
+        let (q, k, v) = self.project(x)?;
+        self.wo
+            .forward_onto(attend(&self.wo, self.heads(), q, k, v)?, stream, link)
     }
 
     /// This rank's tokens' positions: `0..s`, or its chunks' under context parallelism. With
@@ -226,7 +238,7 @@ impl ParallelAttention {
         let heads = self.heads();
         recompute(&self.wo, vec![q, k, v], move |wo, mut qkv| {
             let (v, k) = (qkv.pop().expect("q, k, v"), qkv.pop().expect("q, k, v"));
-            attend(wo, heads.clone(), qkv.pop().expect("q, k, v"), k, v)
+            wo.forward(attend(wo, heads.clone(), qkv.pop().expect("q, k, v"), k, v)?)
         })
     }
 
@@ -290,11 +302,12 @@ struct Heads {
     rope: Option<Rope>,
 }
 
-/// The core attention (RoPE on q and k first where `heads.rope` says) and the output projection.
+/// The core attention (RoPE on q and k first where `heads.rope` says), its heads side by side
+/// for the output projection `wo` (whose product decides whether the attention notes its
+/// output's amax).
 ///
 /// # Shapes
-/// q `[b, h, s, k]`, k and v `[b, g, s, k]` → `[b, s, d]` (`[b, s/tp, d]` with sequence
-/// parallelism)
+/// q `[b, h, s, k]`, k and v `[b, g, s, k]` → `[b, s, h·k]`
 fn attend(
     wo: &RowParallelLinear,
     heads: Heads,
@@ -320,8 +333,7 @@ fn attend(
             } // [b, h, s, k]
         }
     };
-    let out = out.swap_dims(1, 2).reshape([b, s, heads.n_heads * heads.head_dim]);
-    wo.forward(out)
+    Ok(out.swap_dims(1, 2).reshape([b, s, heads.n_heads * heads.head_dim]))
 }
 
 /// Each kv head serves `h/g` query heads, in Hugging Face's order.

@@ -11,8 +11,8 @@ use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
-use burn_megatron_kernels::gated::{gated_mlp, swiglu_down};
-use burn_megatron_kernels::norm_link::fan_out;
+use burn_megatron_kernels::gated::{gated_mlp, gated_mlp_onto, swiglu_down};
+use burn_megatron_kernels::norm_link::{NormLink, fan_out, residual_add};
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
 use burn_megatron_kernels::quant::recipe::Pass;
 use burn_megatron_kernels::swiglu::swiglu_noting;
@@ -97,12 +97,35 @@ impl ParallelMlp {
             let (gate, up) = self.project(x)?;
             return down(&self.w2, gate, up, self.notes());
         };
-        // Both read one input, their gradients summed by the norm that wrote it where it is a
-        // linked norm's output.
-        let [x1, x3]: [Tensor<3>; 2] = fan_out(self.map_input(x)?, 2).try_into().expect("two readers");
-        let (w1, w3, w2) = (self.w1.weight.val(), self.w3.weight.val(), self.w2.weight.val());
+        let ([x1, x3], [w1, w3, w2]) = self.gated_operands(x)?;
         let partial = gated_mlp(x1, x3, w1, w3, w2, gemm); // [b, s, d], this rank's f/tp
         self.w2.sum_partials(partial)
+    }
+
+    /// `stream + self.forward(x)`, the residual stream's gradient handed to `link`'s norm
+    /// (`residual_add`): on one rank with the fused MLP, the down projection adds it in its
+    /// kernel (`gated_mlp_onto`).
+    ///
+    /// # Shapes
+    /// [`forward`](Self::forward)'s, `stream` of the output's
+    pub fn forward_onto(&self, x: Tensor<3>, stream: Tensor<3>, link: &NormLink) -> Result<Tensor<3>, LayerError> {
+        match self.gated_product().filter(|_| self.w2.plain_whole().is_some()) {
+            Some(gemm) => {
+                let ([x1, x3], weights) = self.gated_operands(x)?;
+                Ok(gated_mlp_onto(stream, link, x1, x3, weights, gemm))
+            }
+            None => Ok(residual_add(stream, self.forward(x)?, link)),
+        }
+    }
+
+    /// The fused MLP's two readers of the input (their gradients summed by the norm that wrote
+    /// it where it is a linked norm's output) and its three weights.
+    fn gated_operands(&self, x: Tensor<3>) -> Result<([Tensor<3>; 2], [Tensor<2>; 3]), LayerError> {
+        let readers = fan_out(self.map_input(x)?, 2).try_into().expect("two readers");
+        Ok((
+            readers,
+            [self.w1.weight.val(), self.w3.weight.val(), self.w2.weight.val()],
+        ))
     }
 
     /// The three projections' product where all are plain and alike and the SwiGLU notes no

@@ -9,8 +9,9 @@ use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, reduce_from_tp, reduce_scatter_to_sp, scatter_to_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
-use burn_megatron_kernels::Gemm;
+use burn_megatron_kernels::norm_link::{NormLink, residual_add};
 use burn_megatron_kernels::quant::product::WeightCodes;
+use burn_megatron_kernels::{Gemm, linear_onto};
 
 use crate::precision::amax::{Reuse, sharded_linear};
 use crate::precision::delayed::{self, AmaxRecorder};
@@ -203,6 +204,29 @@ impl RowParallelLinear {
             Some(b) if self.output == RowOutput::SequenceScattered => y + copy_to_tp(b.val(), &self.tp)?.unsqueeze(),
             Some(b) => y + b.val().unsqueeze(),
         })
+    }
+
+    /// `stream + self.forward(x)`, `stream`'s gradient handed to `link`'s norm (`residual_add`):
+    /// added in the product's kernel where [`Self::plain_whole`] says, else after the product.
+    ///
+    /// # Shapes
+    /// [`Self::forward`]'s, `stream` of the output's
+    pub fn forward_onto<const D: usize>(
+        &self,
+        x: Tensor<D>,
+        stream: Tensor<D>,
+        link: &NormLink,
+    ) -> Result<Tensor<D>, LayerError> {
+        Ok(match self.plain_whole() {
+            Some(gemm) => linear_onto(stream, x, self.weight.val(), gemm, link),
+            None => residual_add(stream, self.forward(x)?, link),
+        })
+    }
+
+    /// [`Self::plain_product`] where this rank's product is the whole output (a group of one:
+    /// nothing to sum), so the op that computes it may add it onto the residual stream too.
+    pub fn plain_whole(&self) -> Option<Gemm> {
+        self.plain_product().filter(|_| self.tp.size() == 1)
     }
 
     /// The product as a plain bf16 product of this rank's input features (no bias, no

@@ -18,10 +18,12 @@ use crate::Harness;
 
 mod decode;
 mod emulated;
+mod onto;
 mod quant;
 mod rows;
 pub use decode::{decode_step, graph_replay, greedy_choice, skinny_gemm};
 pub use emulated::emulated_blocks;
+pub use onto::residual_gemm;
 pub use quant::{
     amax_notes, fp8_amax, fp8_blocks, fp8_blockwise_gemm, fp8_gemm, fp8_tiles, quantized_linear, shared_input,
     weight_codes,

@@ -269,11 +269,11 @@ impl LlamaBlock {
             input_grads: self.mlp.as_ref().is_some_and(|mlp| mlp.notes_output_grad()),
         };
         let attention = self.attention_norm.forward_linked(x.clone(), notes, &link)?;
-        let attention = match self.selective {
-            true => self.attention.forward_recomputed(attention)?,
-            false => self.attention.forward(attention)?,
+        let h = match self.selective {
+            true => residual_add(x, self.attention.forward_recomputed(attention)?, &link),
+            false => self.attention.forward_onto(attention, x, &link)?,
         };
-        self.feed_forward(residual_add(x, attention, &link), report)
+        self.feed_forward(h, report)
     }
 
     /// The second half of the block: `x` plus the feed-forward (dense or MoE, reporting to
@@ -285,18 +285,17 @@ impl LlamaBlock {
             input_grads: self.attention.notes_output_grad(),
         };
         let h = self.mlp_norm.forward_linked(x.clone(), notes, &link)?;
-        let y = match (&self.mlp, &self.moe) {
+        Ok(match (&self.mlp, &self.moe) {
             (_, Some(moe)) => {
                 let (y, routing, load) = moe.forward(h)?;
                 report.losses.push(routing.losses);
                 report.loads.push(load);
-                y
+                residual_add(x, y, &link)
             }
-            (Some(mlp), None) if self.selective => mlp.forward_recomputed(h)?,
-            (Some(mlp), None) => mlp.forward(h)?,
+            (Some(mlp), None) if self.selective => residual_add(x, mlp.forward_recomputed(h)?, &link),
+            (Some(mlp), None) => mlp.forward_onto(h, x, &link)?,
             (None, None) => unreachable!("a block has an MLP or a mixture of experts"),
-        };
-        Ok(residual_add(x, y, &link))
+        })
     }
 }
 

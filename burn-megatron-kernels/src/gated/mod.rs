@@ -1,7 +1,8 @@
 //! A SwiGLU MLP's three products, `(silu(x · w_gate) ∘ (x · w_up)) · w_down`, as a backend
 //! extension, [`GatedOps`]. On CUDA with bf16 operands:
 //! - forward, one wgmma GEMM computes both the gate's and the up projection's products and the
-//!   SwiGLU in its epilogue ([`crate::wgmma::gated_gemm`]), then the down projection;
+//!   SwiGLU in its epilogue ([`crate::wgmma::gated_gemm`]), then the down projection, which
+//!   [`gated_mlp_onto`] adds onto the residual stream in its own ([`crate::wgmma::gemm_onto`]);
 //! - backward, the down projection's data gradient runs with the SwiGLU's backward in its
 //!   epilogue ([`crate::wgmma::gated_dgrad`]), so the SwiGLU's output gradient is never
 //!   written.
@@ -9,25 +10,24 @@
 //! Elsewhere, and for what those kernels do not take, the products ([`GemmOps`]) and the
 //! SwiGLU ([`SwigluOps`]) apart.
 //!
-//! Under autodiff the gate's and up projection's results are the outputs of the product nodes
-//! the ops apart would make ([`gemm_node`]), and the down projection's output that of a node
+//! Under autodiff (`nodes`) the gate's and up projection's results are the outputs of the
+//! product nodes the ops apart would make, and the down projection's output that of a node
 //! with three parents (both and the down weight) whose backward is [`GatedOps::gated_down_backward`]
 //! and the down weight's gradient. [`swiglu_down`] is that last node alone, for a SwiGLU whose
 //! inputs are at hand (selective recomputation's MLP).
 //!
 //! Legend: `m` rows (tokens), `k` input features, `n` hidden features, `o` output features.
 
-use burn::backend::autodiff::checkpoint::base::Checkpointer;
-use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-use burn::backend::autodiff::grads::Gradients;
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, Backend, Flex, backend_extension};
+use burn::backend::{Backend, Flex, backend_extension};
 use burn::tensor::Tensor;
 
-use crate::linear::{Gemm, GemmOps, gemm_node};
+use crate::linear::{Gemm, GemmOps};
+use crate::norm_link::NormLink;
 use crate::quant::notes::NoteAmaxes;
 use crate::swiglu::SwigluOps;
+
+mod nodes;
 
 /// The backend extension behind [`gated_mlp`].
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
@@ -57,6 +57,24 @@ pub trait GatedOps: Backend {
         w_up: FloatTensor<Self>,
         w_down: FloatTensor<Self>,
         kind: Gemm,
+    ) -> FloatTensor<Self>;
+
+    /// `stream + `[`gated_mlp`](Self::gated_mlp)`(..)`, the down projection added onto the
+    /// residual stream in its kernel where it can, `stream`'s gradient handed to `link`'s norm
+    /// ([`GemmOps::gemm_onto`]; `stream` keeps the norm's input's shape).
+    ///
+    /// # Shapes
+    /// `[.., o]`, `[m, k]` × 2, `[k, n]` × 2, `[n, o]` → `[.., o]`
+    #[allow(clippy::too_many_arguments)]
+    fn gated_mlp_onto(
+        stream: FloatTensor<Self>,
+        x_gate: FloatTensor<Self>,
+        x_up: FloatTensor<Self>,
+        w_gate: FloatTensor<Self>,
+        w_up: FloatTensor<Self>,
+        w_down: FloatTensor<Self>,
+        kind: Gemm,
+        link: NormLink,
     ) -> FloatTensor<Self>;
 
     /// `(silu(gate) ∘ up) · w_down` with `kind`: the down projection of a SwiGLU whose inputs
@@ -98,7 +116,8 @@ fn apart<B: GemmOps + SwigluOps>(
     (B::swiglu(gate.clone(), up.clone(), NoteAmaxes::default()), gate, up)
 }
 
-/// The gated projection, then the down projection of its SwiGLU.
+/// The gated projection, then the down projection of its SwiGLU, onto the residual stream
+/// where given.
 fn projected_then_down<B: GatedOps + GemmOps>(
     x_gate: FloatTensor<B>,
     x_up: FloatTensor<B>,
@@ -106,9 +125,23 @@ fn projected_then_down<B: GatedOps + GemmOps>(
     w_up: FloatTensor<B>,
     w_down: FloatTensor<B>,
     kind: Gemm,
+    onto: Option<(FloatTensor<B>, NormLink)>,
 ) -> FloatTensor<B> {
     let (hidden, ..) = B::gated_projection(x_gate, x_up, w_gate, w_up, kind);
-    B::gemm(hidden, w_down, kind)
+    down::<B>(hidden, w_down, kind, onto)
+}
+
+/// `hidden · w_down`, onto the residual stream where given.
+fn down<B: GemmOps>(
+    hidden: FloatTensor<B>,
+    w_down: FloatTensor<B>,
+    kind: Gemm,
+    onto: Option<(FloatTensor<B>, NormLink)>,
+) -> FloatTensor<B> {
+    match onto {
+        Some((x, link)) => B::gemm_onto(x, hidden, w_down, kind, link),
+        None => B::gemm(hidden, w_down, kind),
+    }
 }
 
 /// The SwiGLU, then the down projection, each its own op.
@@ -152,7 +185,20 @@ impl GatedOps for Flex {
         w_down: FloatTensor<Self>,
         kind: Gemm,
     ) -> FloatTensor<Self> {
-        projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind)
+        projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind, None)
+    }
+
+    fn gated_mlp_onto(
+        stream: FloatTensor<Self>,
+        x_gate: FloatTensor<Self>,
+        x_up: FloatTensor<Self>,
+        w_gate: FloatTensor<Self>,
+        w_up: FloatTensor<Self>,
+        w_down: FloatTensor<Self>,
+        kind: Gemm,
+        link: NormLink,
+    ) -> FloatTensor<Self> {
+        projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind, Some((stream, link)))
     }
 
     fn swiglu_down(
@@ -199,7 +245,20 @@ impl GatedOps for burn::backend::Cube {
         w_down: FloatTensor<Self>,
         kind: Gemm,
     ) -> FloatTensor<Self> {
-        projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind)
+        projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind, None)
+    }
+
+    fn gated_mlp_onto(
+        stream: FloatTensor<Self>,
+        x_gate: FloatTensor<Self>,
+        x_up: FloatTensor<Self>,
+        w_gate: FloatTensor<Self>,
+        w_up: FloatTensor<Self>,
+        w_down: FloatTensor<Self>,
+        kind: Gemm,
+        link: NormLink,
+    ) -> FloatTensor<Self> {
+        projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind, Some((stream, link)))
     }
 
     fn swiglu_down(
@@ -226,113 +285,6 @@ impl GatedOps for burn::backend::Cube {
     }
 }
 
-/// The down projection of a SwiGLU: its parents the gate's and up projection's products and the
-/// down weight.
-#[derive(Debug)]
-struct GatedDownBackward;
-
-impl<B: Backend + GatedOps + GemmOps> Backward<B, 3> for GatedDownBackward {
-    /// The gate's and up projection's products, the SwiGLU of them, the down weight, the product.
-    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, Gemm);
-
-    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_gate, node_up, node_down] = ops.parents;
-        let grad = grads.consume::<B>(&ops.node);
-        let (gate, up, hidden, w_down, kind) = ops.state;
-        if let Some(node) = node_down {
-            // d w_down = hiddenᵀ · d out: [n, m] · [m, o]
-            grads.register::<B>(node.id, B::gemm(B::float_transpose(hidden), grad.clone(), kind));
-        }
-        if node_gate.is_some() || node_up.is_some() {
-            let (d_gate, d_up) = B::gated_down_backward(grad, w_down, gate, up, kind);
-            for (node, grad) in [(node_gate, d_gate), (node_up, d_up)] {
-                if let Some(node) = node {
-                    grads.register::<B>(node.id, grad);
-                }
-            }
-        }
-    }
-}
-
-impl<B: Backend + GatedOps + GemmOps + SwigluOps, C: CheckpointStrategy> GatedOps for Autodiff<B, C> {
-    fn gated_projection(
-        x_gate: FloatTensor<Self>,
-        x_up: FloatTensor<Self>,
-        w_gate: FloatTensor<Self>,
-        w_up: FloatTensor<Self>,
-        kind: Gemm,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let inner = |t: &FloatTensor<Self>| t.clone().into_parts().0;
-        let (out, gate, up) = B::gated_projection(inner(&x_gate), inner(&x_up), inner(&w_gate), inner(&w_up), kind);
-        let gate = gemm_node::<B, C>(x_gate, w_gate, kind, gate);
-        let up = gemm_node::<B, C>(x_up, w_up, kind, up);
-        let out = crate::swiglu::swiglu_node::<B, C>(gate.clone(), up.clone(), false, out);
-        (out, gate, up)
-    }
-
-    fn gated_mlp(
-        x_gate: FloatTensor<Self>,
-        x_up: FloatTensor<Self>,
-        w_gate: FloatTensor<Self>,
-        w_up: FloatTensor<Self>,
-        w_down: FloatTensor<Self>,
-        kind: Gemm,
-    ) -> FloatTensor<Self> {
-        let inner = |t: &FloatTensor<Self>| t.clone().into_parts().0;
-        let (hidden, gate, up) = B::gated_projection(inner(&x_gate), inner(&x_up), inner(&w_gate), inner(&w_up), kind);
-        let gate = gemm_node::<B, C>(x_gate, w_gate, kind, gate);
-        let up = gemm_node::<B, C>(x_up, w_up, kind, up);
-        down_node::<B, C>(gate, up, w_down, hidden, kind)
-    }
-
-    fn swiglu_down(
-        gate: FloatTensor<Self>,
-        up: FloatTensor<Self>,
-        w_down: FloatTensor<Self>,
-        kind: Gemm,
-    ) -> FloatTensor<Self> {
-        let inner = |t: &FloatTensor<Self>| t.clone().into_parts().0;
-        let hidden = B::swiglu(inner(&gate), inner(&up), NoteAmaxes::default());
-        down_node::<B, C>(gate, up, w_down, hidden, kind)
-    }
-
-    /// The inner backend's backward, as constants (no second-order gradients).
-    fn gated_down_backward(
-        grad: FloatTensor<Self>,
-        w_down: FloatTensor<Self>,
-        gate: FloatTensor<Self>,
-        up: FloatTensor<Self>,
-        kind: Gemm,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let inner = |t: FloatTensor<Self>| t.into_parts().0;
-        let (d_gate, d_up) = B::gated_down_backward(inner(grad), inner(w_down), inner(gate), inner(up), kind);
-        let outer = |t| <Self as burn::backend::AutodiffBackend>::from_inner(t);
-        (outer(d_gate), outer(d_up))
-    }
-}
-
-/// `hidden · w_down` (`hidden` the inner backend's `silu(gate) ∘ up`, computed by the caller) as
-/// the output of a node whose parents are `gate`, `up` and `w_down`: its backward is
-/// [`GatedOps::gated_down_backward`] and the down weight's gradient.
-fn down_node<B: Backend + GatedOps + GemmOps, C: CheckpointStrategy>(
-    gate: FloatTensor<Autodiff<B, C>>,
-    up: FloatTensor<Autodiff<B, C>>,
-    w_down: FloatTensor<Autodiff<B, C>>,
-    hidden: FloatTensor<B>,
-    kind: Gemm,
-) -> FloatTensor<Autodiff<B, C>> {
-    let w_down_inner = w_down.clone().into_parts().0;
-    let out = B::gemm(hidden.clone(), w_down_inner.clone(), kind);
-    let nodes = [gate.node(), up.node(), w_down.node()];
-    match GatedDownBackward.prepare::<C>(nodes).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => {
-            let (gate, up) = (gate.into_parts().0, up.into_parts().0);
-            prep.finish((gate, up, hidden, w_down_inner, kind), out)
-        }
-        OpsKind::UnTracked(prep) => prep.finish(out),
-    }
-}
-
 /// `(silu(x_gate · w_gate) ∘ (x_up · w_up)) · w_down` over the last dim, through [`GatedOps`],
 /// differentiable; `x_gate` and `x_up` hold the same values (one input's two readers: a linked
 /// norm's [`crate::norm_link::fan_out`]). `kind` is a bf16 product's (the quantized recipes
@@ -348,21 +300,63 @@ pub fn gated_mlp<const D: usize>(
     w_down: Tensor<2>,
     kind: Gemm,
 ) -> Tensor<D> {
+    mlp_onto(None, x_gate, x_up, [w_gate, w_up, w_down], kind)
+}
+
+/// `stream + gated_mlp(..)`: [`gated_mlp`] added onto the residual stream in the down
+/// projection's kernel where it can ([`GemmOps::gemm_onto`]), `stream`'s gradient handed to
+/// `link`'s norm as [`crate::norm_link::residual_add`] hands it.
+///
+/// # Shapes
+/// `[.., o]`, `[.., k]` × 2, `[k, n]` × 2, `[n, o]` → `[.., o]`
+pub fn gated_mlp_onto<const D: usize>(
+    stream: Tensor<D>,
+    link: &NormLink,
+    x_gate: Tensor<D>,
+    x_up: Tensor<D>,
+    [w_gate, w_up, w_down]: [Tensor<2>; 3],
+    kind: Gemm,
+) -> Tensor<D> {
+    mlp_onto(Some((stream, link)), x_gate, x_up, [w_gate, w_up, w_down], kind)
+}
+
+fn mlp_onto<const D: usize>(
+    onto: Option<(Tensor<D>, &NormLink)>,
+    x_gate: Tensor<D>,
+    x_up: Tensor<D>,
+    [w_gate, w_up, w_down]: [Tensor<2>; 3],
+    kind: Gemm,
+) -> Tensor<D> {
     let mut dims = x_gate.dims();
     let k = dims[D - 1];
     let rows = dims[..D - 1].iter().product();
     let o = w_down.dims()[1];
     let flat = |x: Tensor<D>| x.reshape([rows, k]).into_dispatch();
-    let out = <burn::backend::Dispatch as GatedOps>::gated_mlp(
+    let (x_gate, x_up, w_gate, w_up, w_down) = (
         flat(x_gate),
         flat(x_up),
         w_gate.into_dispatch(),
         w_up.into_dispatch(),
         w_down.into_dispatch(),
-        kind,
     );
-    dims[D - 1] = o;
-    Tensor::<2>::from_dispatch(out).reshape(dims)
+    type Ops = burn::backend::Dispatch;
+    match onto {
+        Some((stream, link)) => Tensor::from_dispatch(<Ops as GatedOps>::gated_mlp_onto(
+            stream.into_dispatch(),
+            x_gate,
+            x_up,
+            w_gate,
+            w_up,
+            w_down,
+            kind,
+            link.clone(),
+        )),
+        None => {
+            dims[D - 1] = o;
+            Tensor::<2>::from_dispatch(<Ops as GatedOps>::gated_mlp(x_gate, x_up, w_gate, w_up, w_down, kind))
+                .reshape(dims)
+        }
+    }
 }
 
 /// `(silu(gate) ∘ up) · w_down` over the last dim, through [`GatedOps`], differentiable: on
