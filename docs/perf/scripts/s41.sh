@@ -10,6 +10,13 @@
 #           layer at tp 1 and 2, the Llama 3 transformers fixture, the model's AdamW steps,
 #           recomputation at tp 1 and 2; then ncu's times of the GEMMs and adds over a bench
 #           step; then 40 llama-1b steps twice around compile's 40.
+#   buffers: (carry .gpu3 with gpu-suite and bench, .peers) the same with a buffer a pass for the
+#           residual's epilogue (both passes' values loaded while the tile is computed, three
+#           stages): the epilogue kernels' tests, ncu over a bench step, 40 steps twice around
+#           compile's. Measured slower (the stages count more): reverted, not in the tree.
+#   rows:   (carry .gpu with bench, .peers, .whl with torchao 0.18) s6-common's rows: FP8 promoted
+#           beside torchao float8 + compile, bf16 beside PyTorch + compile (10 timed steps after 3
+#           warm-up, the peers' recipe).
 # Logs go to $OUT, packed into one $OUT/logs.tgz at the end (the device tool returns a few files).
 set -u
 [ -z "${S41_NESTED:-}" ] && trap 'tar czf /tmp/logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/logs.tgz "$OUT/"' EXIT
@@ -34,24 +41,37 @@ case $part in
     [ $SECONDS -lt 440 ] && compiled compile-40
     [ $SECONDS -lt 520 ] && ours steps-2
     ;;
-  test)
+  buffers)
     export SUITE=.gpu3
-    # A failing (or hung) kernel test ends the call: the rest runs the same kernel.
     suite2 residual_gemm --world 1 --filter kernel_suite::residual_gemm || exit 1
     suite2 gated_gemm --world 1 --filter kernel_suite::gated_gemm || exit 1
-    for test in layer_suite::mlp hf_suite::llama3_matches_transformers model_suite::adamw_steps_match \
-      recompute_suite::recomputation_matches_keeping; do
-      suite2 "${test#*::}" --world 1 --filter "$test"
-    done
-    suite2 mlp-tp2 --one-gpu --world 2 --filter layer_suite::mlp
-    suite2 recompute-tp2 --one-gpu --world 2 --filter recompute_suite::recomputation_matches_keeping
+    suite2 mlp --world 1 --filter layer_suite::mlp
+    S41_NESTED=1 SKIP_TESTS=1 bash "$0" test
+    ;;
+  test)
+    export SUITE=.gpu3
+    if [ -z "${SKIP_TESTS:-}" ]; then
+      # A failing (or hung) kernel test ends the call: the rest runs the same kernel.
+      suite2 residual_gemm --world 1 --filter kernel_suite::residual_gemm || exit 1
+      suite2 gated_gemm --world 1 --filter kernel_suite::gated_gemm || exit 1
+      for test in layer_suite::mlp hf_suite::llama3_matches_transformers model_suite::adamw_steps_match \
+        recompute_suite::recomputation_matches_keeping; do
+        suite2 "${test#*::}" --world 1 --filter "$test"
+      done
+      suite2 mlp-tp2 --one-gpu --world 2 --filter layer_suite::mlp
+      suite2 recompute-tp2 --one-gpu --world 2 --filter recompute_suite::recomputation_matches_keeping
+    fi
     timeout -s KILL 200 ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum \
       -k regex:'gemm|loaded|gated|add' bash .gpu3/run.sh bench --preset llama-1b --steps 1 --warmup 1 > "$OUT/ncu-onto.csv" 2>&1
     python3 docs/perf/scripts/ncu_table.py "$OUT/ncu-onto.csv" "$OUT/steady-onto.txt" "$OUT/ordered-onto.txt"
     head -14 "$OUT/steady-onto.txt"; rm -f "$OUT/ncu-onto.csv"
+    [ "${STEPS:-1}" = 0 ] && exit 0
     ln -sfn .gpu3 .gpu
     [ $SECONDS -lt 400 ] && ours after-1
     [ $SECONDS -lt 430 ] && compiled compile
     [ $SECONDS -lt 520 ] && ours after-2
+    ;;
+  rows)
+    rows
     ;;
 esac
