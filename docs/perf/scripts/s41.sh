@@ -14,9 +14,9 @@
 #           residual's epilogue (both passes' values loaded while the tile is computed, three
 #           stages): the epilogue kernels' tests, ncu over a bench step, 40 steps twice around
 #           compile's. Measured slower (the stages count more): reverted, not in the tree.
-#   rows:   (carry .gpu with bench, .peers, .whl with torchao 0.18) s6-common's rows: FP8 promoted
-#           beside torchao float8 + compile, bf16 beside PyTorch + compile (10 timed steps after 3
-#           warm-up, the peers' recipe).
+#   rows:   (carry .gpu with bench, .peers, .whl with torchao 0.18) bf16 beside PyTorch + compile,
+#           then FP8 promoted beside torchao float8 + compile if the call has time left (10 timed
+#           steps after 3 warm-up, the peers' recipe).
 # Logs go to $OUT, packed into one $OUT/logs.tgz at the end (the device tool returns a few files).
 set -u
 [ -z "${S41_NESTED:-}" ] && trap 'tar czf /tmp/logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/logs.tgz "$OUT/"' EXIT
@@ -72,6 +72,13 @@ case $part in
     [ $SECONDS -lt 520 ] && ours after-2
     ;;
   rows)
-    rows
+    # bf16 first; FP8 promoted beside torchao only while the call has time for both.
+    run 1b-bf16 70 $bf16; memory 1b-bf16
+    peers 1b-compile 150 llama-1b compile
+    if [ $SECONDS -lt ${FP8_BEFORE:-150} ]; then
+      torchao
+      run 1b-fp8 90 $fp8; memory 1b-fp8
+      peers 1b-torchao 150 llama-1b fp8
+    fi
     ;;
 esac
