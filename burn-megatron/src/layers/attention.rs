@@ -368,9 +368,16 @@ mod tests {
 
     /// At tp = 1 the layer is plain causal attention with GQA and half-split RoPE, written out
     /// here by hand: scores `q·kᵀ/√k`, positions after the query masked, softmax, `·v`, `wo`.
-    /// The same output and the same gradients of the input and of every weight.
+    /// The same output and the same gradients of the input and of every weight; and added onto a
+    /// residual stream (`forward_onto`: the output projection adds it), the stream's gradient too.
     #[test]
     fn matches_causal_attention_written_out() {
+        for onto in [false, true] {
+            check_written_out(onto);
+        }
+    }
+
+    fn check_written_out(onto: bool) {
         let dev = Device::flex().autodiff();
         let (b, s, d, heads, kv) = (2, 5, 16, 4, 2);
         let config = ParallelAttentionConfig::new(d, heads, kv, s);
@@ -378,7 +385,13 @@ mod tests {
             .init(&dev, &ProcessGroups::single(), &ParamInit::new(1, InitMode::Full), "a")
             .unwrap();
         let x = crate::init::normal([b, s, d], 9, 1.0, &dev).require_grad();
-        let out = layer.forward(x.clone()).unwrap();
+        let stream = crate::init::normal([b, s, d], 11, 1.0, &dev).require_grad();
+        let out = match onto {
+            true => layer
+                .forward_onto(x.clone(), stream.clone(), &NormLink::default())
+                .unwrap(),
+            false => layer.forward(x.clone()).unwrap(),
+        };
 
         let k_dim = d / heads;
         let project = |w: &ColumnParallelLinear, n: usize| {
@@ -404,7 +417,10 @@ mod tests {
             .expand([b, heads, s, s]);
         let weights = softmax(scores.mask_fill(future, f32::NEG_INFINITY), 3);
         let context = weights.matmul(v).swap_dims(1, 2).reshape([b, s, d]);
-        let expected = context.matmul(layer.wo.weight.val().unsqueeze());
+        let mut expected = context.matmul(layer.wo.weight.val().unsqueeze());
+        if onto {
+            expected = stream.clone() + expected;
+        }
         // The same f32 arithmetic in another order (fused attention against matmuls): ~1e-6.
         let tolerance = 1e-5;
         assert_close(out.clone(), expected.clone(), tolerance, "output");
@@ -424,6 +440,10 @@ mod tests {
         }
         let wo = layer.wo.weight.val();
         assert_close(wo.grad(&ours).unwrap(), wo.grad(&theirs).unwrap(), tolerance, "wo");
+        if onto {
+            let (a, e) = (stream.grad(&ours).unwrap(), stream.grad(&theirs).unwrap());
+            assert_close(a, e, tolerance, "d stream");
+        }
     }
 
     fn assert_close<const D: usize>(a: Tensor<D>, e: Tensor<D>, tolerance: f32, what: &str) {

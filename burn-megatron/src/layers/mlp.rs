@@ -252,29 +252,46 @@ mod tests {
         }
     }
 
+    /// How the block runs in [`check_written_out`].
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Path {
+        Forward,
+        Recomputed,
+        /// Onto a residual stream (`forward_onto`: at tp = 1 the down projection adds it).
+        Onto,
+    }
+
     /// At tp = 1 the block is `w2(silu(x·w1) ⊙ x·w3)` written out: the same output and the same
-    /// gradients of the input and of every weight, with and without selective recomputation.
+    /// gradients of the input and of every weight, with and without selective recomputation, and
+    /// added onto a residual stream (whose gradient is then checked too).
     #[test]
     fn matches_swiglu_written_out() {
-        for recomputed in [false, true] {
-            check_written_out(recomputed);
+        for path in [Path::Forward, Path::Recomputed, Path::Onto] {
+            check_written_out(path);
         }
     }
 
-    fn check_written_out(recomputed: bool) {
+    fn check_written_out(path: Path) {
         let dev = Device::flex().autodiff();
         let (b, s, d, f) = (2, 5, 16, 24);
         let mlp = ParallelMlpConfig::new(d, f)
             .init(&dev, &ProcessGroups::single(), &ParamInit::new(1, InitMode::Full), "m")
             .unwrap();
         let x = crate::init::normal([b, s, d], 9, 1.0, &dev).require_grad();
-        let out = match recomputed {
-            true => mlp.forward_recomputed(x.clone()).unwrap(),
-            false => mlp.forward(x.clone()).unwrap(),
+        let stream = crate::init::normal([b, s, d], 11, 1.0, &dev).require_grad();
+        let out = match path {
+            Path::Recomputed => mlp.forward_recomputed(x.clone()).unwrap(),
+            Path::Forward => mlp.forward(x.clone()).unwrap(),
+            Path::Onto => mlp
+                .forward_onto(x.clone(), stream.clone(), &NormLink::default())
+                .unwrap(),
         };
         let project = |w: &ColumnParallelLinear| x.clone().matmul(w.weight.val().unsqueeze());
         let hidden = silu(project(&mlp.w1)) * project(&mlp.w3);
-        let expected = hidden.matmul(mlp.w2.weight.val().unsqueeze());
+        let mut expected = hidden.matmul(mlp.w2.weight.val().unsqueeze());
+        if path == Path::Onto {
+            expected = stream.clone() + expected;
+        }
         let probe = crate::init::normal([b, s, d], 10, 1.0, &dev);
         let (ours, theirs) = (
             (out.clone() * probe.clone()).sum().backward(),
@@ -286,6 +303,10 @@ mod tests {
             ("output", values(out), values(expected)),
             ("dx", values(x.grad(&ours).unwrap()), values(x.grad(&theirs).unwrap())),
         ];
+        if path == Path::Onto {
+            let d_stream = |g| values(stream.grad(g).unwrap());
+            pairs.push(("d stream", d_stream(&ours), d_stream(&theirs)));
+        }
         for (name, w) in [("w1", &mlp.w1.weight), ("w3", &mlp.w3.weight), ("w2", &mlp.w2.weight)] {
             pairs.push((
                 name,
@@ -296,10 +317,7 @@ mod tests {
         for (what, a, e) in pairs {
             let worst = a.iter().zip(&e).map(|(a, e)| (a - e).abs()).fold(0.0, f32::max);
             // The same f32 arithmetic in another order (the derivative written out): ~1e-6.
-            assert!(
-                worst < 1e-5,
-                "{what} (recomputed {recomputed}): max |difference| {worst}"
-            );
+            assert!(worst < 1e-5, "{what} ({path:?}): max |difference| {worst}");
         }
     }
 }
