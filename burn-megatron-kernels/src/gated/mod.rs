@@ -166,6 +166,46 @@ fn down_backward_apart<B: GemmOps + SwigluOps>(
     B::swiglu_backward(gate, up, hidden_grad, false)
 }
 
+/// The ops that compose the others, alike on every backend but autodiff: the gated projection,
+/// then the down projection (onto the residual stream where given); the SwiGLU, then the down
+/// projection.
+macro_rules! compositions {
+    () => {
+        fn gated_mlp(
+            x_gate: FloatTensor<Self>,
+            x_up: FloatTensor<Self>,
+            w_gate: FloatTensor<Self>,
+            w_up: FloatTensor<Self>,
+            w_down: FloatTensor<Self>,
+            kind: Gemm,
+        ) -> FloatTensor<Self> {
+            projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind, None)
+        }
+
+        fn gated_mlp_onto(
+            stream: FloatTensor<Self>,
+            x_gate: FloatTensor<Self>,
+            x_up: FloatTensor<Self>,
+            w_gate: FloatTensor<Self>,
+            w_up: FloatTensor<Self>,
+            w_down: FloatTensor<Self>,
+            kind: Gemm,
+            link: NormLink,
+        ) -> FloatTensor<Self> {
+            projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind, Some((stream, link)))
+        }
+
+        fn swiglu_down(
+            gate: FloatTensor<Self>,
+            up: FloatTensor<Self>,
+            w_down: FloatTensor<Self>,
+            kind: Gemm,
+        ) -> FloatTensor<Self> {
+            swiglu_then_down::<Self>(gate, up, w_down, kind)
+        }
+    };
+}
+
 impl GatedOps for Flex {
     fn gated_projection(
         x_gate: FloatTensor<Self>,
@@ -177,38 +217,7 @@ impl GatedOps for Flex {
         apart::<Self>(x_gate, x_up, w_gate, w_up, kind)
     }
 
-    fn gated_mlp(
-        x_gate: FloatTensor<Self>,
-        x_up: FloatTensor<Self>,
-        w_gate: FloatTensor<Self>,
-        w_up: FloatTensor<Self>,
-        w_down: FloatTensor<Self>,
-        kind: Gemm,
-    ) -> FloatTensor<Self> {
-        projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind, None)
-    }
-
-    fn gated_mlp_onto(
-        stream: FloatTensor<Self>,
-        x_gate: FloatTensor<Self>,
-        x_up: FloatTensor<Self>,
-        w_gate: FloatTensor<Self>,
-        w_up: FloatTensor<Self>,
-        w_down: FloatTensor<Self>,
-        kind: Gemm,
-        link: NormLink,
-    ) -> FloatTensor<Self> {
-        projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind, Some((stream, link)))
-    }
-
-    fn swiglu_down(
-        gate: FloatTensor<Self>,
-        up: FloatTensor<Self>,
-        w_down: FloatTensor<Self>,
-        kind: Gemm,
-    ) -> FloatTensor<Self> {
-        swiglu_then_down::<Self>(gate, up, w_down, kind)
-    }
+    compositions!();
 
     fn gated_down_backward(
         grad: FloatTensor<Self>,
@@ -237,38 +246,7 @@ impl GatedOps for burn::backend::Cube {
         fused.unwrap_or_else(|| apart::<Self>(x_gate, x_up, w_gate, w_up, kind))
     }
 
-    fn gated_mlp(
-        x_gate: FloatTensor<Self>,
-        x_up: FloatTensor<Self>,
-        w_gate: FloatTensor<Self>,
-        w_up: FloatTensor<Self>,
-        w_down: FloatTensor<Self>,
-        kind: Gemm,
-    ) -> FloatTensor<Self> {
-        projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind, None)
-    }
-
-    fn gated_mlp_onto(
-        stream: FloatTensor<Self>,
-        x_gate: FloatTensor<Self>,
-        x_up: FloatTensor<Self>,
-        w_gate: FloatTensor<Self>,
-        w_up: FloatTensor<Self>,
-        w_down: FloatTensor<Self>,
-        kind: Gemm,
-        link: NormLink,
-    ) -> FloatTensor<Self> {
-        projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind, Some((stream, link)))
-    }
-
-    fn swiglu_down(
-        gate: FloatTensor<Self>,
-        up: FloatTensor<Self>,
-        w_down: FloatTensor<Self>,
-        kind: Gemm,
-    ) -> FloatTensor<Self> {
-        swiglu_then_down::<Self>(gate, up, w_down, kind)
-    }
+    compositions!();
 
     fn gated_down_backward(
         grad: FloatTensor<Self>,
