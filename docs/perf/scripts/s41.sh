@@ -17,7 +17,7 @@
 #   rows:   (carry .gpu with bench, .peers, .whl with torchao 0.18) bf16 beside PyTorch + compile,
 #           then FP8 promoted beside torchao float8 + compile if the call has time left (10 timed
 #           steps after 3 warm-up, the peers' recipe).
-#   decode: (carry .gpu with gpu-suite) the decoding paths through the residual's epilogue (the
+#   decode: (carry .gpu2 with gpu-suite) the decoding paths through the residual's epilogue (the
 #           prompt's products) and its fallback (a step's few rows: the product, then the add),
 #           eager and as a CUDA graph, against the full forward.
 # Logs go to $OUT, packed into one $OUT/logs.tgz at the end (the device tool returns a few files).
@@ -76,7 +76,7 @@ case $part in
     ;;
   decode)
     for test in cached_decoding_matches_full_forward graph_decoding_matches_eager; do
-      SUITE=.gpu suite2 "$test" --world 1 --filter "posttrain_suite::$test"
+      SUITE=.gpu2 suite2 "$test" --world 1 --filter "posttrain_suite::$test"
     done
     ;;
   rows)
