@@ -88,4 +88,4 @@ pub mod wgmma;
 #[cfg(any(feature = "cuda", test))]
 mod wgmma_ptx;
 
-pub use linear::{Gemm, gemm, linear, linear_onto, linear_over};
+pub use linear::{Gemm, gemm, linear, linear_onto, linear_over, linear_rotated};

@@ -19,8 +19,10 @@ use burn::config::Config;
 use burn::tensor::Tensor;
 
 use crate::norm_link::{NormLink, residual_node};
+use crate::quant::notes::NoteAmaxes;
 use crate::quant::product::Amax;
 use crate::quant::recipe::Recipe;
+use crate::rope::{RopeOps, RotatedHeads};
 
 /// The matrix product a linear layer runs. It lives in the layer's configuration (a precision
 /// policy sets it before `init`), never in process state, so two layers of one model may run
@@ -71,6 +73,33 @@ pub trait GemmOps: Backend {
         kind: Gemm,
         link: NormLink,
     ) -> FloatTensor<Self>;
+
+    /// `lhs · rhs` with `kind`, each `d = 2 · cos.dims[1]` columns a head rotated by RoPE for
+    /// position `row % seq` ([`crate::rope::RopeOps::rope`] on the `[m/seq, n/d, seq, d]`
+    /// heads): in the product's epilogue where `kind`'s kernel can
+    /// ([`crate::wgmma::gemm_rotated`]). Differentiable as the product before the rotation: its
+    /// gradient is the unrotated heads' ([`crate::rope::RotatedHeads`]).
+    ///
+    /// # Shapes
+    /// `[m, k]`, `[k, n]`, `[≥ seq, d/2]` × 2 → `[m, n]`
+    fn gemm_rotated(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        seq: usize,
+        kind: Gemm,
+    ) -> FloatTensor<Self>;
+}
+
+/// `y`'s heads (`[m, n]`, each `d = 2 · cos.dims[1]` columns one, rows `[m/seq, seq]`) rotated
+/// by RoPE's kernel or twin: a product's rotation where its epilogue does not.
+fn rotate_heads<B: RopeOps>(y: FloatTensor<B>, cos: FloatTensor<B>, sin: FloatTensor<B>, seq: usize) -> FloatTensor<B> {
+    let [m, n] = [y.shape()[0], y.shape()[1]];
+    let d = 2 * cos.shape()[1];
+    let heads = B::float_swap_dims(B::float_reshape(y, [m / seq, seq, n / d, d].into()), 1, 2);
+    let rotated = B::rope(heads, cos, sin, false, NoteAmaxes::default());
+    B::float_reshape(B::float_swap_dims(rotated, 1, 2), [m, n].into())
 }
 
 impl GemmOps for Flex {
@@ -87,6 +116,17 @@ impl GemmOps for Flex {
     ) -> FloatTensor<Self> {
         let shape = x.shape();
         Flex::float_add(x, Flex::float_reshape(Flex::float_matmul(lhs, rhs), shape))
+    }
+
+    fn gemm_rotated(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        seq: usize,
+        _kind: Gemm,
+    ) -> FloatTensor<Self> {
+        rotate_heads::<Self>(Flex::float_matmul(lhs, rhs), cos, sin, seq)
     }
 }
 
@@ -129,6 +169,24 @@ impl GemmOps for burn::backend::Cube {
             Some(sum) => Cube::float_reshape(sum, shape),
             None => Cube::float_add(x, Cube::float_reshape(Self::gemm(lhs, rhs, kind), shape)),
         }
+    }
+
+    fn gemm_rotated(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        seq: usize,
+        kind: Gemm,
+    ) -> FloatTensor<Self> {
+        // A few rows (decoding) take the skinny product and RoPE's kernel.
+        let fused = match kind {
+            Gemm::Wgmma if lhs.meta.shape()[0] > crate::skinny::MAX_ROWS => {
+                crate::wgmma::gemm_rotated(lhs.clone(), rhs.clone(), cos.clone(), sin.clone(), seq)
+            }
+            Gemm::Wgmma | Gemm::Burn | Gemm::Quantized(_) => None,
+        };
+        fused.unwrap_or_else(|| rotate_heads::<Self>(Self::gemm(lhs, rhs, kind), cos, sin, seq))
     }
 }
 
@@ -187,6 +245,22 @@ impl<B: Backend + GemmOps, C: CheckpointStrategy> GemmOps for Autodiff<B, C> {
         let flat = B::float_reshape(sum.clone(), [lhs.shape()[0], rhs.shape()[1]].into());
         let branch = Self::float_reshape(gemm_node::<B, C>(lhs, rhs, kind, flat), x.shape());
         residual_node::<B, C>(x, branch, link, sum)
+    }
+
+    /// The product's node over the rotated result: its gradient is taken as the unrotated
+    /// product's ([`crate::rope::RotatedHeads`]'s contract), which its backward reads (no
+    /// backward here reads its output).
+    fn gemm_rotated(
+        lhs: FloatTensor<Self>,
+        rhs: FloatTensor<Self>,
+        cos: FloatTensor<Self>,
+        sin: FloatTensor<Self>,
+        seq: usize,
+        kind: Gemm,
+    ) -> FloatTensor<Self> {
+        let inner = |t: &FloatTensor<Self>| t.clone().into_parts().0;
+        let out = B::gemm_rotated(inner(&lhs), inner(&rhs), inner(&cos), inner(&sin), seq, kind);
+        gemm_node::<B, C>(lhs, rhs, kind, out)
     }
 }
 
@@ -294,6 +368,50 @@ pub fn linear_onto<const D: usize>(
         kind,
         link.clone(),
     ))
+}
+
+/// `x · weight` with each head of `d = 2 · cos.dims[1]` output features rotated by RoPE for its
+/// position in `x`'s sequence ([`GemmOps::gemm_rotated`]): q's or k's projection and their
+/// rotation in one, in the product's epilogue where `kind`'s kernel can. The heads are
+/// differentiable as the product before the rotation ([`RotatedHeads`]). `None` for a
+/// quantized product, which quantizes its operands through nodes of its own: the caller runs it
+/// and RoPE apart.
+///
+/// # Panics
+/// Where `weight`'s outputs are no whole number of heads, or the tables are not two of
+/// `[≥ s, d/2]`.
+///
+/// # Shapes
+/// `[b, s, k]`, `[k, h·d]`, `[≥ s, d/2]` × 2 → `[b, h, s, d]`
+pub fn linear_rotated(
+    x: Tensor<3>,
+    weight: Tensor<2>,
+    cos: Tensor<2>,
+    sin: Tensor<2>,
+    kind: Gemm,
+) -> Option<RotatedHeads> {
+    if let Gemm::Quantized(_) = kind {
+        return None;
+    }
+    let [b, s, k] = x.dims();
+    let [_, n] = weight.dims();
+    let [rows, half] = cos.dims();
+    let d = 2 * half;
+    assert!(
+        d > 0 && n % d == 0 && rows >= s && sin.dims() == cos.dims(),
+        "RoPE's heads of {d} features over {n} outputs need tables [≥ {s}, {half}] × 2, not {:?} and {:?}",
+        cos.dims(),
+        sin.dims()
+    );
+    let y = Tensor::<2>::from_dispatch(<burn::backend::Dispatch as GemmOps>::gemm_rotated(
+        x.reshape([b * s, k]).into_dispatch(),
+        weight.into_dispatch(),
+        cos.into_dispatch(),
+        sin.into_dispatch(),
+        s,
+        kind,
+    ));
+    Some(RotatedHeads::new(y.reshape([b, s, n / d, d]).swap_dims(1, 2)))
 }
 
 #[cfg(test)]

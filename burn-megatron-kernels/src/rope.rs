@@ -142,6 +142,49 @@ pub fn rope_noting(x: Tensor<4>, cos: Tensor<2>, sin: Tensor<2>, notes: NoteAmax
     ))
 }
 
+/// Heads `[b, h, s, d]` held as RoPE rotates them for positions `0..s`, differentiable as the
+/// heads before the rotation: the gradient they take is the unrotated heads'. A product that
+/// rotates in its epilogue makes them ([`crate::linear::linear_rotated`]); the attention op that
+/// rotates q and k reads them as they are
+/// ([`crate::attention::rotary::rotary_attention_rotated`]), its backward handing back the
+/// unrotated heads' gradients as it does for heads it rotates itself. The type keeps them from
+/// any other op, which would read rotated values and hand back a gradient of the wrong heads.
+#[derive(Clone, Debug)]
+pub struct RotatedHeads(Tensor<4>);
+
+impl RotatedHeads {
+    pub(crate) fn new(heads: Tensor<4>) -> Self {
+        Self(heads)
+    }
+
+    pub(crate) fn into_tensor(self) -> Tensor<4> {
+        self.0
+    }
+
+    pub fn dims(&self) -> [usize; 4] {
+        self.0.dims()
+    }
+
+    /// The rotated values, as constants (nothing differentiates through them).
+    pub fn values(&self) -> Tensor<4> {
+        self.0.clone().detach()
+    }
+
+    /// The heads laid out anew by `f`, which may move values along the batch and head dims
+    /// only (a view of `[b, s, h·d]` as heads, kv heads repeated for grouped queries): each
+    /// value keeps its position and its place in its head, with which the rotation commutes.
+    pub fn map_layout(self, f: impl FnOnce(Tensor<4>) -> Tensor<4>) -> Self {
+        let [_, _, s, d] = self.dims();
+        let heads = f(self.0);
+        let [_, _, s2, d2] = heads.dims();
+        assert!(
+            (s2, d2) == (s, d),
+            "a layout of rotated heads keeps their positions and head dim: [.., {s}, {d}], not [.., {s2}, {d2}]"
+        );
+        Self(heads)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use burn::tensor::{Device, Distribution, Tensor, Tolerance};

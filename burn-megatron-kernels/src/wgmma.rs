@@ -35,12 +35,14 @@ mod gated_dgrad;
 mod loaded;
 mod onto;
 mod pieces;
+mod rotated;
 mod tensors;
 pub use blockwise::{BScales, fp8_blockwise_gemm};
 pub use gated::gated_gemm;
 pub use gated_dgrad::gated_dgrad;
 pub use onto::gemm_onto;
-pub(crate) use pieces::{Pipeline, load_operand, pipeline_smem, produce, store_tile, tile_position};
+pub(crate) use pieces::{Pipeline, load_operand, pipeline_smem, produce, send_pass, store_tile, tile_position};
+pub use rotated::gemm_rotated;
 pub use tensors::{fp8_blockwise_matmul, fp8_matmul, matmul};
 
 /// Rows of C a block computes: two consumer warpgroups of 64.
@@ -168,7 +170,9 @@ pub enum Schedule {
 }
 
 /// `E` the operands' element (bf16, or u8 holding FP8 codes); `scale_a[0] · scale_b[0]`
-/// multiplies the results when `scaled`; FP8 codes may promote ([`Accumulation`]).
+/// multiplies the results when `scaled`; FP8 codes may promote ([`Accumulation`]); when
+/// `rotated`, each 128 columns a head RoPE rotates for position `row % seq` by the `cos` and
+/// `sin` tables ([`gemm_rotated`]).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn gemm_kernel<E: Scalar>(
@@ -177,14 +181,18 @@ fn gemm_kernel<E: Scalar>(
     c: &mut TensorMap<bf16, Tiled>,
     scale_a: &Tensor<f32>,
     scale_b: &Tensor<f32>,
+    cos: &Tensor<f32>,
+    sin: &Tensor<f32>,
     m: u32,
     n: u32,
     k: u32,
+    seq: u32,
     #[comptime] a_major: Major,
     #[comptime] b_major: Major,
     #[comptime] operands: Operands,
     #[comptime] scaled: bool,
     #[comptime] accumulation: Accumulation,
+    #[comptime] rotated: bool,
 ) {
     let promoted = comptime!(accumulation == Accumulation::Promoted);
     let depth = comptime!(block_k(operands));
@@ -243,17 +251,16 @@ fn gemm_kernel<E: Scalar>(
                     mbarrier_arrive(empty + stage * 8);
                 }
             }
-            store_tile(
-                &acc,
-                factor,
-                buffer,
-                map_c,
-                row * BLOCK_M + consumer * 64,
-                column * BLOCK_N,
-                1 + consumer,
-                storer,
-                2u32,
-            );
+            let (row0, col0) = (row * BLOCK_M + consumer * 64, column * BLOCK_N);
+            if comptime!(rotated) {
+                #[unroll]
+                for pass in 0..2u32 {
+                    rotated::stage_rotated(&acc, cos, sin, buffer, 1 + consumer, storer, row0, seq, pass);
+                    send_pass(map_c, col0 + pass * 128, row0, buffer, 1 + consumer, storer);
+                }
+            } else {
+                store_tile(&acc, factor, buffer, map_c, row0, col0, 1 + consumer, storer, 2u32);
+            }
         }
         if storer {
             bulk_wait();
@@ -341,6 +348,7 @@ pub fn gemm(lhs: CubeTensor, rhs: CubeTensor, schedule: Schedule) -> Result<Cube
         Operands::Bf16,
         None,
         schedule,
+        None,
     ))
 }
 
@@ -377,6 +385,7 @@ pub fn fp8_gemm(
         Operands::Fp8(formats.0, formats.1),
         Some((scales, accumulation)),
         schedule,
+        None,
     ))
 }
 
@@ -429,14 +438,23 @@ pub(crate) fn persistent_blocks(client: &cubecl::client::Client, tiles: u32) -> 
     )
 }
 
+/// RoPE's tables (`[≥ seq, 64]` f32, contiguous) and the sequence length for a product whose
+/// heads leave rotated ([`gemm_rotated`]).
+pub(crate) struct Rotation {
+    pub(crate) cos: CubeTensor,
+    pub(crate) sin: CubeTensor,
+    pub(crate) seq: usize,
+}
+
 /// Launches the kernel on operands already laid out for it; the bf16 `[m, n]` result. FP8
-/// codes come with their scales and accumulation.
+/// codes come with their scales and accumulation; bf16 results may leave rotated.
 fn launch(
     [(a, a_major), (b, b_major)]: [(CubeTensor, Major); 2],
     [m, n, k]: [usize; 3],
     operands: Operands,
     scales: Option<([CubeTensor; 2], Accumulation)>,
     schedule: Schedule,
+    rotation: Option<Rotation>,
 ) -> CubeTensor {
     let out = output(&a, m, n);
     let client = out.client.clone();
@@ -456,24 +474,29 @@ fn launch(
         Some((scales, accumulation)) => (Some(scales), accumulation),
         None => (None, Accumulation::Fast),
     };
-    // Unscaled, the kernel reads no scale: an empty one-element buffer stands in for both.
-    let [scale_a, scale_b] = scales.unwrap_or_else(|| {
-        let empty = CubeTensor::new_contiguous(
-            client.clone(),
-            out.device.clone(),
-            shape![1],
-            client.empty(4),
-            DType::F32,
-        );
-        [empty.clone(), empty]
-    });
+    // Unscaled, the kernel reads no scale, unrotated no table: an empty one-element buffer
+    // stands in for each.
+    let empty = CubeTensor::new_contiguous(
+        client.clone(),
+        out.device.clone(),
+        shape![1],
+        client.empty(4),
+        DType::F32,
+    );
+    let [scale_a, scale_b] = scales.unwrap_or_else(|| [empty.clone(), empty.clone()]);
+    let rotated = rotation.is_some();
+    let (cos, sin, seq) = match rotation {
+        Some(Rotation { cos, sin, seq }) => (cos, sin, seq as u32),
+        None => (empty.clone(), empty, 1),
+    };
     let c = store_map(&out);
     let (count, dim) = (CubeCount::Static(blocks, 1, 1), CubeDim::new_1d(384));
     let (a, b) = (map(a, a_major, BLOCK_M), map(b, b_major, BLOCK_N));
     let args = (m as u32, n as u32, k as u32);
     // SAFETY: the maps cover exactly the operands and the output (TMA fills out-of-range boxes
     // with zeros when loading and drops their out-of-range parts when storing); each scale
-    // holds one f32, read only when `scaled`.
+    // holds one f32, read only when `scaled`; the tables are read only when `rotated`, at rows
+    // below `seq` (which they cover) and columns below 64.
     unsafe {
         match operands {
             Operands::Bf16 => gemm_kernel::launch_unchecked::<bf16>(
@@ -485,14 +508,18 @@ fn launch(
                 c,
                 scale_a.into_tensor_arg(),
                 scale_b.into_tensor_arg(),
+                cos.into_tensor_arg(),
+                sin.into_tensor_arg(),
                 args.0,
                 args.1,
                 args.2,
+                seq,
                 a_major,
                 b_major,
                 operands,
                 scaled,
                 accumulation,
+                rotated,
             ),
             Operands::Fp8(..) => gemm_kernel::launch_unchecked::<u8>(
                 &client,
@@ -503,14 +530,18 @@ fn launch(
                 c,
                 scale_a.into_tensor_arg(),
                 scale_b.into_tensor_arg(),
+                cos.into_tensor_arg(),
+                sin.into_tensor_arg(),
                 args.0,
                 args.1,
                 args.2,
+                seq,
                 a_major,
                 b_major,
                 operands,
                 scaled,
                 accumulation,
+                rotated,
             ),
         }
     }

@@ -117,6 +117,7 @@ pub const KERNEL_TESTS: &[NamedTest] = &[
     ("kernel_suite::wgmma_gemm", kernel_suite::wgmma_gemm),
     ("kernel_suite::gated_gemm", kernel_suite::gated_gemm),
     ("kernel_suite::residual_gemm", kernel_suite::residual_gemm),
+    ("kernel_suite::rotated_gemm", kernel_suite::rotated_gemm),
     ("kernel_suite::flash_attention", kernel_suite::flash_attention),
     ("kernel_suite::swiglu", kernel_suite::swiglu),
     ("kernel_suite::rms_norm", kernel_suite::rms_norm),

@@ -16,7 +16,7 @@ pub mod rotary;
 
 #[cfg(feature = "cuda")]
 pub use launch::{Unsupported, supports};
-pub use rotary::{RotaryAttentionOps, rotary_attention};
+pub use rotary::{RotaryAttentionOps, rotary_attention, rotary_attention_rotated};
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;

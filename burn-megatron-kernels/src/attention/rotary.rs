@@ -17,14 +17,14 @@ use burn::tensor::Tensor;
 
 use super::AttentionOps;
 use crate::quant::notes::NoteAmaxes;
-use crate::rope::RopeOps;
+use crate::rope::{RopeOps, RotatedHeads};
 
 /// The backend extension behind [`rotary_attention`].
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
 pub trait RotaryAttentionOps: Backend {
-    /// q and k rotated for positions `0..s` by the `[≥ s, d/2]` f32 tables, then
-    /// [`AttentionOps::attention_forward`]: the output, each row's `lse₂`, and the rotated q and k
-    /// (what the backward reads).
+    /// q and k rotated for positions `0..s` by the `[≥ s, d/2]` f32 tables (unless `rotated`:
+    /// they arrive so, [`RotatedHeads`]), then [`AttentionOps::attention_forward`]: the output,
+    /// each row's `lse₂`, and the rotated q and k (what the backward reads).
     ///
     /// # Shapes
     /// `[b, h, s, d]` × 3, `[≥ s, d/2]` × 2 → `[b, h, s, d]`, `[b, h, s]`, `[b, h, s, d]` × 2
@@ -38,6 +38,7 @@ pub trait RotaryAttentionOps: Backend {
         causal: bool,
         scale: f32,
         note: bool,
+        rotated: bool,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
@@ -62,7 +63,8 @@ pub trait RotaryAttentionOps: Backend {
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
-/// The forward as two rotations and the attention, on any backend that has both.
+/// The forward as two rotations (unless q and k arrive `rotated`) and the attention, on any
+/// backend that has both.
 #[allow(clippy::too_many_arguments)]
 fn rotate_then_attend<B: RopeOps + AttentionOps>(
     q: FloatTensor<B>,
@@ -73,8 +75,12 @@ fn rotate_then_attend<B: RopeOps + AttentionOps>(
     causal: bool,
     scale: f32,
     note: bool,
+    rotated: bool,
 ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
-    let rotate = |x| B::rope(x, cos.clone(), sin.clone(), false, NoteAmaxes::default());
+    let rotate = |x| match rotated {
+        true => x,
+        false => B::rope(x, cos.clone(), sin.clone(), false, NoteAmaxes::default()),
+    };
     let (q, k) = (rotate(q), rotate(k));
     let (out, lse) = B::attention_forward(q.clone(), k.clone(), v, causal, scale, note);
     (out, lse, q, k)
@@ -90,13 +96,14 @@ impl RotaryAttentionOps for Flex {
         causal: bool,
         scale: f32,
         note: bool,
+        rotated: bool,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
         FloatTensor<Self>,
         FloatTensor<Self>,
     ) {
-        rotate_then_attend::<Self>(q, k, v, cos, sin, causal, scale, note)
+        rotate_then_attend::<Self>(q, k, v, cos, sin, causal, scale, note, rotated)
     }
 
     fn rotary_attention_backward(
@@ -129,13 +136,14 @@ impl RotaryAttentionOps for burn::backend::Cube {
         causal: bool,
         scale: f32,
         note: bool,
+        rotated: bool,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
         FloatTensor<Self>,
         FloatTensor<Self>,
     ) {
-        rotate_then_attend::<Self>(q, k, v, cos, sin, causal, scale, note)
+        rotate_then_attend::<Self>(q, k, v, cos, sin, causal, scale, note, rotated)
     }
 
     fn rotary_attention_backward(
@@ -197,6 +205,7 @@ impl<B: Backend + RotaryAttentionOps, C: CheckpointStrategy> RotaryAttentionOps 
         causal: bool,
         scale: f32,
         note: bool,
+        rotated: bool,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
@@ -215,6 +224,7 @@ impl<B: Backend + RotaryAttentionOps, C: CheckpointStrategy> RotaryAttentionOps 
             causal,
             scale,
             note,
+            rotated,
         );
         // `lse₂` and the rotated q and k leave as constants: nothing differentiates through them.
         let outer = |t| <Self as AutodiffBackend>::from_inner(t);
@@ -273,6 +283,37 @@ pub fn rotary_attention(
     causal: bool,
     note: bool,
 ) -> Tensor<4> {
+    attend_rotating(q, k, v, [cos, sin], causal, note, false)
+}
+
+/// [`rotary_attention`] of q and k that arrive rotated (their products rotated them:
+/// [`crate::linear::linear_rotated`]), read as they are; differentiable in the heads before the
+/// rotation, as [`RotatedHeads`] are.
+///
+/// # Shapes
+/// `[b, h, s, d]` × 3, `[≥ s, d/2]` × 2 → `[b, h, s, d]`
+pub fn rotary_attention_rotated(
+    q: RotatedHeads,
+    k: RotatedHeads,
+    v: Tensor<4>,
+    cos: Tensor<2>,
+    sin: Tensor<2>,
+    causal: bool,
+    note: bool,
+) -> Tensor<4> {
+    let tables = [cos, sin];
+    attend_rotating(q.into_tensor(), k.into_tensor(), v, tables, causal, note, true)
+}
+
+fn attend_rotating(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    [cos, sin]: [Tensor<2>; 2],
+    causal: bool,
+    note: bool,
+    rotated: bool,
+) -> Tensor<4> {
     let scale = (q.dims()[3] as f32).sqrt().recip();
     let (out, ..) = <burn::backend::Dispatch as RotaryAttentionOps>::rotary_attention_forward(
         q.into_dispatch(),
@@ -283,6 +324,7 @@ pub fn rotary_attention(
         causal,
         scale,
         note,
+        rotated,
     );
     Tensor::from_dispatch(out)
 }
@@ -318,5 +360,56 @@ mod tests {
             let (a, b) = (x.grad(&g1).unwrap(), x.grad(&g2).unwrap());
             a.to_data().assert_approx_eq::<f32>(&b.to_data(), tolerance);
         }
+    }
+
+    /// On the CPU: q and k rotated by their products (`linear_rotated`, two heads of 8 over
+    /// sequences of 5 in a batch of 2) and read as they are by the attention op give the output
+    /// and the gradients of the input and both weights that RoPE and attention after the
+    /// products in tensor ops give; a quantized product is refused (`None`).
+    #[test]
+    fn rotated_products_match_rotation_after_the_products() {
+        use crate::linear::{Gemm, linear_rotated};
+        let device = Device::flex().autodiff();
+        let normal = Distribution::Normal(0.0, 1.0);
+        let x = Tensor::<3>::random([2, 5, 6], normal, &device).require_grad();
+        let weight = || Tensor::<2>::random([6, 16], normal, &device).require_grad();
+        let (wq, wk) = (weight(), weight());
+        let v = Tensor::<4>::random([2, 2, 5, 8], normal, &device).require_grad();
+        let angles = Tensor::<2>::random([7, 4], Distribution::Uniform(0.0, 6.0), &device);
+        let (cos, sin) = (angles.clone().cos(), angles.sin());
+        let rotated =
+            |w: &Tensor<2>| linear_rotated(x.clone(), w.clone(), cos.clone(), sin.clone(), Gemm::Burn).unwrap();
+        let (q, k) = (rotated(&wq), rotated(&wk));
+        let heads = |w: &Tensor<2>| {
+            let y = x
+                .clone()
+                .matmul(w.clone().unsqueeze::<3>())
+                .reshape([2, 5, 2, 8])
+                .swap_dims(1, 2);
+            crate::rope::reference::rope(y, cos.clone(), sin.clone(), false)
+        };
+        // The same f32 operations, the rotation before the attention either way: ulps.
+        let tolerance = Tolerance::absolute(1e-5);
+        q.values()
+            .to_data()
+            .assert_approx_eq::<f32>(&heads(&wq).to_data(), tolerance);
+        let ours = super::rotary_attention_rotated(q, k, v.clone(), cos.clone(), sin.clone(), true, false);
+        let (theirs, _) = reference::forward(heads(&wq), heads(&wk), v.clone(), true, (8f32).sqrt().recip());
+        ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
+        let weights = Tensor::<4>::random([2, 2, 5, 8], normal, &device);
+        let (g1, g2) = (
+            (ours * weights.clone()).sum().backward(),
+            (theirs * weights).sum().backward(),
+        );
+        let grad = |t: &Tensor<3>, g| t.grad(g).unwrap().to_data();
+        grad(&x, &g1).assert_approx_eq::<f32>(&grad(&x, &g2), tolerance);
+        for w in [&wq, &wk] {
+            let (a, b) = (w.grad(&g1).unwrap(), w.grad(&g2).unwrap());
+            a.to_data().assert_approx_eq::<f32>(&b.to_data(), tolerance);
+        }
+        let (a, b) = (v.grad(&g1).unwrap(), v.grad(&g2).unwrap());
+        a.to_data().assert_approx_eq::<f32>(&b.to_data(), tolerance);
+        let recipe = crate::quant::recipe::Recipe::Fp8Tensorwise;
+        assert!(linear_rotated(x, wq, cos, sin, Gemm::Quantized(recipe)).is_none());
     }
 }

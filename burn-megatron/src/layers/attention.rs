@@ -15,6 +15,7 @@ use burn_megatron_kernels::Gemm;
 use burn_megatron_kernels::norm_link::{NormLink, fan_out};
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
 use burn_megatron_kernels::quant::recipe::Pass;
+use burn_megatron_kernels::rope::RotatedHeads;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, SharedInput};
 use super::context::{ContextLayout, context_attention};
@@ -177,8 +178,7 @@ impl ParallelAttention {
     /// # Shapes
     /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        let (q, k, v) = self.project(x)?;
-        self.wo.forward(attend(&self.wo, self.heads(), q, k, v)?)
+        self.wo.forward(self.core(x)?)
     }
 
     /// `stream + self.forward(x)`, the residual stream's gradient handed to `link`'s norm: on
@@ -188,9 +188,26 @@ impl ParallelAttention {
     /// # Shapes
     /// [`forward`](Self::forward)'s, `stream` of the output's
     pub fn forward_onto(&self, x: Tensor<3>, stream: Tensor<3>, link: &NormLink) -> Result<Tensor<3>, LayerError> {
-        let (q, k, v) = self.project(x)?;
-        self.wo
-            .forward_onto(attend(&self.wo, self.heads(), q, k, v)?, stream, link)
+        self.wo.forward_onto(self.core(x)?, stream, link)
+    }
+
+    /// The core attention's heads side by side, before the output projection: q and k rotated
+    /// in their products' epilogue where the products are plain and the attention op would
+    /// rotate them ([`ColumnParallelLinear::forward_rotated`]).
+    ///
+    /// # Shapes
+    /// `[b, s, d]` (or its sequence shard) → `[b, s, h·k]`
+    fn core(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+        let products = [&self.wq, &self.wk].map(|w| w.plain_product().is_some());
+        if !(self.rotates_in_attention() && products == [true, true]) {
+            let (q, k, v) = self.project(x)?;
+            return attend(&self.wo, self.heads(), q, k, v);
+        }
+        let [xq, xk, xv] = self.inputs(x)?;
+        let rotated = |w: &ColumnParallelLinear, x| w.forward_rotated(x, &self.rope).expect("a plain product");
+        let (q, k) = (rotated(&self.wq, xq), rotated(&self.wk, xk));
+        let v = self.heads_of(self.wv.forward(xv)?, self.n_kv_heads);
+        attend_rotated(&self.wo, self.heads(), q, k, v, &self.rope)
     }
 
     /// This rank's tokens' positions: `0..s`, or its chunks' under context parallelism. With
@@ -245,27 +262,42 @@ impl ParallelAttention {
     /// q `[b, h, s, k]`, k and v `[b, g, s, k]`, with RoPE on q and k unless the attention op
     /// rotates them ([`rotates_in_attention`](Self::rotates_in_attention)).
     fn project(&self, x: Tensor<3>) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), LayerError> {
-        // One mapping for q, k and v, which share the input.
-        let x = match self.sequence {
-            SequenceLayout::Sharded => gather_from_sp(x, &self.tp, 1)?,
-            SequenceLayout::Whole => copy_to_tp(x, &self.tp)?,
-        };
-        let [b, s, _] = x.dims();
-        let heads = |y: Tensor<3>, n: usize| y.reshape([b, s, n, self.head_dim]).swap_dims(1, 2);
-        // The three read one input: quantized once where their products quantize it, their
-        // gradients summed by the norm that wrote it where it is a linked norm's output.
+        let [xq, xk, xv] = self.inputs(x)?;
+        // Quantized once where their products quantize it alike.
         let shared = Some(Arc::new(SharedInput::default()));
-        let [xq, xk, xv]: [Tensor<3>; 3] = fan_out(x, 3).try_into().expect("three readers");
         let project = |w: &ColumnParallelLinear, x| w.forward_sharing(x, shared.as_ref());
         let (q, k) = (
-            heads(project(&self.wq, xq)?, self.n_heads),
-            heads(project(&self.wk, xk)?, self.n_kv_heads),
+            self.heads_of(project(&self.wq, xq)?, self.n_heads),
+            self.heads_of(project(&self.wk, xk)?, self.n_kv_heads),
         );
-        let v = heads(project(&self.wv, xv)?, self.n_kv_heads);
+        let v = self.heads_of(project(&self.wv, xv)?, self.n_kv_heads);
         match self.rotates_in_attention() {
             true => Ok((q, k, v)),
             false => Ok((self.rope(q, &self.wq), self.rope(k, &self.wk), v)),
         }
+    }
+
+    /// The input of q's, k's and v's products, mapped once over tp (gathered from its sequence
+    /// shards, or copied into the region) and fanned out: its three readers' gradients summed by
+    /// the norm that wrote it where it is a linked norm's output.
+    ///
+    /// # Shapes
+    /// `[b, s, d]` or `[b, s/tp, d]` → `[b, s, d]` × 3
+    fn inputs(&self, x: Tensor<3>) -> Result<[Tensor<3>; 3], LayerError> {
+        let x = match self.sequence {
+            SequenceLayout::Sharded => gather_from_sp(x, &self.tp, 1)?,
+            SequenceLayout::Whole => copy_to_tp(x, &self.tp)?,
+        };
+        Ok(fan_out(x, 3).try_into().expect("three readers"))
+    }
+
+    /// A product's output as `n` heads.
+    ///
+    /// # Shapes
+    /// `[b, s, n·k]` → `[b, n, s, k]`
+    fn heads_of(&self, y: Tensor<3>, n: usize) -> Tensor<4> {
+        let [b, s, _] = y.dims();
+        y.reshape([b, s, n, self.head_dim]).swap_dims(1, 2)
     }
 
     /// Whether the attention op rotates q and k itself (`rotary_attention`, whose backward
@@ -315,7 +347,6 @@ fn attend(
     k: Tensor<4>,
     v: Tensor<4>,
 ) -> Result<Tensor<3>, LayerError> {
-    let [b, _, s, _] = q.dims();
     let out = match &heads.context {
         // Each rank's chunks over the whole sequence; kv heads travel unrepeated.
         Some((context, cp)) => context_attention(q, k, v, *context, cp)?,
@@ -333,7 +364,37 @@ fn attend(
             } // [b, h, s, k]
         }
     };
-    Ok(out.swap_dims(1, 2).reshape([b, s, heads.n_heads * heads.head_dim]))
+    Ok(side_by_side(out, &heads))
+}
+
+/// [`attend`] for q and k rotated in their products, which the attention op reads as they are
+/// (its backward hands back the unrotated heads' gradients, as for heads it rotates itself).
+///
+/// # Shapes
+/// q `[b, h, s, k]`, k and v `[b, g, s, k]` → `[b, s, h·k]`
+fn attend_rotated(
+    wo: &RowParallelLinear,
+    heads: Heads,
+    q: RotatedHeads,
+    k: RotatedHeads,
+    v: Tensor<4>,
+    rope: &Rope,
+) -> Result<Tensor<3>, LayerError> {
+    let k = k.map_layout(|k| repeat_kv(k, &heads));
+    let v = repeat_kv(v, &heads);
+    let note = wo.gemm.scales_by_tensor_amax(Pass::Forward);
+    let (cos, sin) = rope.tables();
+    let out = burn_megatron_kernels::attention::rotary_attention_rotated(q, k, v, cos, sin, true, note);
+    Ok(side_by_side(out, &heads))
+}
+
+/// The attention's output heads side by side for the output projection.
+///
+/// # Shapes
+/// `[b, h, s, k]` → `[b, s, h·k]`
+fn side_by_side(out: Tensor<4>, heads: &Heads) -> Tensor<3> {
+    let [b, _, s, _] = out.dims();
+    out.swap_dims(1, 2).reshape([b, s, heads.n_heads * heads.head_dim])
 }
 
 /// Each kv head serves `h/g` query heads, in Hugging Face's order.

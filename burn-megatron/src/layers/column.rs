@@ -10,13 +10,15 @@ use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp, gather_from_tp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
-use burn_megatron_kernels::Gemm;
 pub use burn_megatron_kernels::quant::product::{SharedInput, WeightCodes};
+use burn_megatron_kernels::rope::RotatedHeads;
+use burn_megatron_kernels::{Gemm, linear_rotated};
 
 use crate::precision::amax::{Reuse, sharded_linear};
 use crate::precision::delayed::{self, AmaxRecorder, DelayedState};
 use crate::precision::ptq::InputQuantizer;
 
+use super::rope::Rope;
 use crate::error::{LayerError, divisible};
 use crate::init::{ParamInit, Shard};
 
@@ -197,13 +199,6 @@ impl ColumnParallelLinear {
         self.forward_sharing(x, None)
     }
 
-    /// [`forward`](Self::forward), with this layer's quantization of its input shared with the
-    /// other layers given the same `shared` in one call (q, k and v's projections of one input):
-    /// quantized once where each would quantize it alike. An input quantizer that changes the
-    /// input (post-training quantization) keeps it apart.
-    ///
-    /// # Shapes
-    /// as [`forward`](Self::forward)
     /// The product when this layer's forward is exactly `x · weight` on its input as given: no
     /// mapping over tp, bias, input quantizer or output gather, and no quantized recipe (which
     /// quantizes its operands first). A caller fusing the product with others computes it
@@ -217,6 +212,25 @@ impl ColumnParallelLinear {
         plain.then_some(self.gemm)
     }
 
+    /// [`forward`](Self::forward) as heads of `rope`'s width, rotated by `rope` for their
+    /// positions `0..s` in the product's epilogue where its kernel can (q's and k's projections:
+    /// `burn_megatron_kernels::linear_rotated`), differentiable as the heads before the rotation
+    /// ([`RotatedHeads`]); `None` unless the product is [`plain`](Self::plain_product).
+    ///
+    /// # Shapes
+    /// `[b, s, i]` → `[b, o/(tp·k), s, k]`
+    pub fn forward_rotated(&self, x: Tensor<3>, rope: &Rope) -> Option<RotatedHeads> {
+        let (cos, sin) = rope.tables();
+        linear_rotated(x, self.weight.val(), cos, sin, self.plain_product()?)
+    }
+
+    /// [`forward`](Self::forward), with this layer's quantization of its input shared with the
+    /// other layers given the same `shared` in one call (q, k and v's projections of one input):
+    /// quantized once where each would quantize it alike. An input quantizer that changes the
+    /// input (post-training quantization) keeps it apart.
+    ///
+    /// # Shapes
+    /// as [`forward`](Self::forward)
     pub fn forward_sharing<const D: usize>(
         &self,
         x: Tensor<D>,

@@ -20,6 +20,7 @@ mod decode;
 mod emulated;
 mod onto;
 mod quant;
+mod rotated;
 mod rows;
 pub use decode::{decode_step, graph_replay, greedy_choice, skinny_gemm};
 pub use emulated::emulated_blocks;
@@ -28,6 +29,7 @@ pub use quant::{
     amax_notes, fp8_amax, fp8_blocks, fp8_blockwise_gemm, fp8_gemm, fp8_tiles, quantized_linear, shared_input,
     weight_codes,
 };
+pub use rotated::rotated_gemm;
 pub use rows::{embedding_kernels, expert_order, router_product, router_top_k, row_kernels};
 
 /// ‖a − b‖ / ‖b‖ in f32.

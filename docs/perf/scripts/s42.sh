@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Session 42, one GPU:
+#   first:  (carry .gpu2 with gpu-suite and bench, .peers) the decoding paths through the
+#           residual's epilogue (s41.sh decode); on an H200, the bf16 row beside PyTorch +
+#           compile (10 timed steps after 3 warm-up), then 40 steps of each.
+#   test:   (carry .gpu3 with gpu-suite and bench, .peers) RoPE in q's and k's products'
+#           epilogue: the tests, ncu over a bench step, 40 steps twice around compile's.
+# Logs go to $OUT, packed into one $OUT/logs.tgz at the end (the device tool returns a few files).
+set -u
+[ -z "${S42_NESTED:-}" ] && trap 'tar czf /tmp/logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/logs.tgz "$OUT/"' EXIT
+cd "$(dirname "$0")/../../.."
+. docs/perf/scripts/s6-common.sh
+part=${1:-first}
+suite() {  # LOG ARGS...: one gpu-suite run from $SUITE (default .gpu2)
+  local log=$1 rc; shift
+  timeout -s KILL 150 bash "${SUITE:-.gpu2}/run.sh" gpu-suite "$@" > "$OUT/suite-$log.log" 2>&1; rc=$?
+  echo "-- $log: rc $rc"; grep -h "FAILED\|passed\|ok (\|panicked" "$OUT/suite-$log.log" | cut -c1-600
+  return $rc
+}
+nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
+case $part in
+  first)
+    for test in cached_decoding_matches_full_forward graph_decoding_matches_eager; do
+      suite "$test" --world 1 --filter "posttrain_suite::$test"
+    done
+    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+      ln -sfn .gpu2 .gpu
+      run 1b-bf16 70 $bf16; memory 1b-bf16
+      peers 1b-compile 150 llama-1b compile
+      [ $SECONDS -lt 420 ] && ours steps-1
+      [ $SECONDS -lt 440 ] && compiled compile-40
+    fi
+    ;;
+  test)
+    # (carry .gpu3 with gpu-suite and bench, .peers) q's and k's products with RoPE in their
+    # epilogue (`linear_rotated`, `rotary_attention_rotated`): the kernel test (a failing or hung
+    # one ends the call), flash attention's, the attention layer at tp 1 and 2, the Llama 3
+    # transformers fixture, the model's AdamW steps, recomputation, decoding; ncu's times of the
+    # GEMMs and RoPE's kernel over a bench step; 40 llama-1b steps twice around compile's.
+    export SUITE=.gpu3
+    suite rotated_gemm --world 1 --filter kernel_suite::rotated_gemm || exit 1
+    for test in kernel_suite::flash_attention layer_suite::attention hf_suite::llama3_matches_transformers \
+      model_suite::adamw_steps_match recompute_suite::recomputation_matches_keeping \
+      posttrain_suite::cached_decoding_matches_full_forward posttrain_suite::graph_decoding_matches_eager; do
+      suite "${test#*::}" --world 1 --filter "$test"
+    done
+    suite attention-tp2 --one-gpu --world 2 --filter layer_suite::attention
+    timeout -s KILL 200 ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum \
+      -k regex:'gemm|rope' bash .gpu3/run.sh bench --preset llama-1b --steps 1 --warmup 1 > "$OUT/ncu-rotated.csv" 2>&1
+    python3 docs/perf/scripts/ncu_table.py "$OUT/ncu-rotated.csv" "$OUT/steady-rotated.txt" "$OUT/ordered-rotated.txt"
+    head -14 "$OUT/steady-rotated.txt"; rm -f "$OUT/ncu-rotated.csv"
+    ln -sfn .gpu3 .gpu
+    [ $SECONDS -lt 400 ] && ours after-1
+    [ $SECONDS -lt 430 ] && compiled compile
+    [ $SECONDS -lt 520 ] && ours after-2
+    ;;
+esac
