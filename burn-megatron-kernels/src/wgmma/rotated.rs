@@ -79,8 +79,15 @@ pub fn gemm_rotated(
         let shape = t.meta.shape();
         t.dtype == DType::F32 && shape.len() == 2 && shape[0] >= seq && shape[1] == HEAD_DIM / 2
     };
-    let aligned = k > 0 && k % 8 == 0 && rhs.meta.shape()[0] == k;
-    if !bf16 || !aligned || n % HEAD_DIM != 0 || seq == 0 || m % seq != 0 || !table(&cos) || !table(&sin) {
+    let aligned = k > 0 && k.is_multiple_of(8) && rhs.meta.shape()[0] == k;
+    if !bf16
+        || !aligned
+        || !n.is_multiple_of(HEAD_DIM)
+        || seq == 0
+        || !m.is_multiple_of(seq)
+        || !table(&cos)
+        || !table(&sin)
+    {
         return None;
     }
     let (a, a_major) = operand(lhs, true);
