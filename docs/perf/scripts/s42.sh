@@ -3,6 +3,7 @@
 #   first:  (carry .gpu2 with gpu-suite and bench, .peers) the decoding paths through the
 #           residual's epilogue (s41.sh decode); on an H200, the bf16 row beside PyTorch +
 #           compile (10 timed steps after 3 warm-up), then 40 steps of each.
+#   tight:  the same in less device time: the kernel test, 40 steps beside compile's, the rest.
 #   test:   (carry .gpu3 with gpu-suite and bench, .peers) RoPE in q's and k's products'
 #           epilogue: the tests, ncu over a bench step, 40 steps twice around compile's.
 # Logs go to $OUT, packed into one $OUT/logs.tgz at the end (the device tool returns a few files).
@@ -59,5 +60,18 @@ case $part in
       [ $SECONDS -lt 380 ] && compiled compile
       [ $SECONDS -lt 450 ] && ours after-2
     fi
+    ;;
+  tight)
+    # (carry .gpu3, .peers) what little device time is left: the rotated products' kernel test,
+    # 40 llama-1b steps beside compile's 40, then the other tests while time is left.
+    export SUITE=.gpu3
+    suite rotated_gemm --world 1 --filter kernel_suite::rotated_gemm || exit 1
+    ln -sfn .gpu3 .gpu
+    ours after-1
+    [ $SECONDS -lt 250 ] && compiled compile
+    for test in layer_suite::attention posttrain_suite::cached_decoding_matches_full_forward \
+      posttrain_suite::graph_decoding_matches_eager hf_suite::llama3_matches_transformers kernel_suite::flash_attention; do
+      [ $SECONDS -lt 400 ] && suite "${test#*::}" --world 1 --filter "$test"
+    done
     ;;
 esac
