@@ -4,6 +4,8 @@
 #           residual's epilogue (s41.sh decode); on an H200, the bf16 row beside PyTorch +
 #           compile (10 timed steps after 3 warm-up), then 40 steps of each.
 #   tight:  the same in less device time: the kernel test, 40 steps beside compile's, the rest.
+#   ncu:    (carry .gpu3) ncu over a bench step: the GEMMs and RoPE's kernels.
+#   ab:     (carry .gpu4) 40 steps of the build before and this one, alternating.
 #   test:   (carry .gpu3 with gpu-suite and bench, .peers) RoPE in q's and k's products'
 #           epilogue: the tests, ncu over a bench step, 40 steps twice around compile's.
 # Logs go to $OUT, packed into one $OUT/logs.tgz at the end (the device tool returns a few files).
@@ -73,5 +75,21 @@ case $part in
       posttrain_suite::graph_decoding_matches_eager hf_suite::llama3_matches_transformers kernel_suite::flash_attention; do
       [ $SECONDS -lt 400 ] && suite "${test#*::}" --world 1 --filter "$test"
     done
+    ;;
+  ab)
+    # (carry .gpu4 with bench0 = d3ed27a, the session before's, and bench = this one) 40 steps
+    # each, alternating.
+    ln -sfn .gpu4 .gpu
+    for round in 1 2; do
+      [ $SECONDS -lt 170 ] && BENCH=bench0 ours "before-$round"
+      [ $SECONDS -lt 200 ] && ours "after-$round"
+    done
+    ;;
+  ncu)
+    # (carry .gpu3) ncu's times of the GEMMs and RoPE's kernels over a bench step.
+    timeout -s KILL 140 ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum \
+      -k regex:'gemm|rope' bash .gpu3/run.sh bench --preset llama-1b --steps 1 --warmup 1 > "$OUT/ncu-rotated.csv" 2>&1
+    python3 docs/perf/scripts/ncu_table.py "$OUT/ncu-rotated.csv" "$OUT/steady-rotated.txt" "$OUT/ordered-rotated.txt"
+    head -14 "$OUT/steady-rotated.txt"; rm -f "$OUT/ncu-rotated.csv"
     ;;
 esac
