@@ -206,9 +206,11 @@ fn gemm_kernel<E: Scalar>(
 
     // Fast, no `setmaxnreg` split between producer and consumers: the consumers need 154
     // registers, under the 168 that 384 threads leave each (measured: the split changed no
-    // timing). Promoting, they need more, which the producer hands over.
+    // timing). Promoting, or holding RoPE's table values through the tile, they need more,
+    // which the producer hands over.
+    let claims = comptime!(promoted || rotated);
     if warpgroup == 0 {
-        if comptime!(promoted) {
+        if comptime!(claims) {
             release_registers(PRODUCER_REGISTERS);
         }
         if UNIT_POS == 0 {
@@ -218,7 +220,7 @@ fn gemm_kernel<E: Scalar>(
             produce(maps, tiles, full, empty, mine, k_tiles, (rows, columns), pipeline);
         }
     } else {
-        if comptime!(promoted) {
+        if comptime!(claims) {
             claim_registers(PROMOTING_REGISTERS);
         }
         let consumer = warpgroup - 1;
@@ -232,6 +234,14 @@ fn gemm_kernel<E: Scalar>(
         }
         for i in 0..mine {
             let (row, column) = tile_position(CUBE_POS_X + i * CUBE_COUNT_X, rows, columns);
+            let (row0, col0) = (row * BLOCK_M + consumer * 64, column * BLOCK_N);
+            // Rotating, the tile's table values load now and arrive while it is computed.
+            let mut cos_values = Acc64::zeroed();
+            let mut sin_values = Acc64::zeroed();
+            if comptime!(rotated) {
+                cos_values = rotated::table_values(cos, row0, seq);
+                sin_values = rotated::table_values(sin, row0, seq);
+            }
             let mut acc = Acc256::zeroed();
             for kt in 0..k_tiles {
                 let slice = i * k_tiles + kt;
@@ -251,11 +261,10 @@ fn gemm_kernel<E: Scalar>(
                     mbarrier_arrive(empty + stage * 8);
                 }
             }
-            let (row0, col0) = (row * BLOCK_M + consumer * 64, column * BLOCK_N);
             if comptime!(rotated) {
                 #[unroll]
                 for pass in 0..2u32 {
-                    rotated::stage_rotated(&acc, cos, sin, buffer, 1 + consumer, storer, row0, seq, pass);
+                    rotated::stage_rotated(&acc, &cos_values, &sin_values, buffer, 1 + consumer, storer, pass);
                     send_pass(map_c, col0 + pass * 128, row0, buffer, 1 + consumer, storer);
                 }
             } else {

@@ -14,35 +14,54 @@ use super::*;
 /// A head's columns: a pass of the epilogue.
 pub(crate) const HEAD_DIM: usize = 128;
 
-/// Writes a pass's 128 columns (one head) of a consumer warpgroup's results into its staging
-/// `buffer` rotated as [`crate::rope`] rotates: `(x₁, x₂) → (x₁cos − x₂sin, x₂cos + x₁sin)` for
-/// the halves `x₁ = c`, `x₂ = c + 64`, the row's position `row % seq` and frequency `c` of the
-/// `[≥ seq, 64]` tables, in f32 from the accumulators, rounded once.
+/// This thread's values of a `[≥ seq, 64]` table for a consumer's 64 rows from `row0`: for each
+/// of its two rows (`half`), position `row % seq`, the frequencies `8 · jj + 2 · (lane % 4)` and
+/// the next, at `16 · half + 2 · jj` (+ 1). Loaded as a tile starts, so they arrive while it is
+/// computed (loaded after, each pass waited for them: +17.5 µs a llama-1b q or k product on an
+/// H100 over the plain one, `logs/s42/call3`).
 #[cube]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn stage_rotated<N: Size>(
-    acc: &Vector<f32, N>,
-    cos: &Tensor<f32>,
-    sin: &Tensor<f32>,
-    buffer: u32,
-    barrier: u32,
-    storer: bool,
-    row0: u32,
-    seq: u32,
-    #[comptime] pass: u32,
-) {
-    free_buffer(barrier, storer, false);
+pub(crate) fn table_values(table: &Tensor<f32>, row0: u32, seq: u32) -> Acc64 {
     let lane = UNIT_POS % 32;
     let row = row0 + ((UNIT_POS % 128) / 32) * 16 + lane / 4;
+    let mut values = Acc64::zeroed();
     #[unroll]
     for half in 0..2u32 {
         let at = ((row + 8 * half) % seq) * 64 + 2 * (lane % 4);
         #[unroll]
         for jj in 0..8u32 {
+            let slot = comptime!((16 * half + 2 * jj) as usize);
+            let f = (at + 8 * jj) as usize;
+            values.insert(slot, table[f]);
+            values.insert(slot + 1, table[f + 1]);
+        }
+    }
+    values
+}
+
+/// Writes a pass's 128 columns (one head) of a consumer warpgroup's results into its staging
+/// `buffer` rotated as [`crate::rope`] rotates: `(x₁, x₂) → (x₁cos − x₂sin, x₂cos + x₁sin)` for
+/// the halves `x₁ = c`, `x₂ = c + 64` and this thread's table values ([`table_values`]), in f32
+/// from the accumulators, rounded once.
+#[cube]
+pub(crate) fn stage_rotated<N: Size>(
+    acc: &Vector<f32, N>,
+    cos: &Acc64,
+    sin: &Acc64,
+    buffer: u32,
+    barrier: u32,
+    storer: bool,
+    #[comptime] pass: u32,
+) {
+    free_buffer(barrier, storer, false);
+    #[unroll]
+    for half in 0..2u32 {
+        #[unroll]
+        for jj in 0..8u32 {
             let first = comptime!((4 * (16 * pass + jj) + 2 * half) as usize);
             let second = comptime!(first + 32);
-            let f = (at + 8 * jj) as usize;
-            let (c0, c1, s0, s1) = (cos[f], cos[f + 1], sin[f], sin[f + 1]);
+            let slot = comptime!((16 * half + 2 * jj) as usize);
+            let (c0, c1) = (cos.extract(slot), cos.extract(slot + 1));
+            let (s0, s1) = (sin.extract(slot), sin.extract(slot + 1));
             let (x0, x1) = (acc.extract(first), acc.extract(first + 1));
             let (y0, y1) = (acc.extract(second), acc.extract(second + 1));
             st_shared_u32(

@@ -5,6 +5,8 @@
 #           compile (10 timed steps after 3 warm-up), then 40 steps of each.
 #   tight:  the same in less device time: the kernel test, 40 steps beside compile's, the rest.
 #   ncu:    (carry .gpu3) ncu over a bench step: the GEMMs and RoPE's kernels.
+#   tables: (branch next/rotated-tables, carry .gpu5, .gpu6, .peers) the table values loaded as a
+#           tile starts: tests, ncu, 40 steps before and after around compile's.
 #   ab:     (carry .gpu4) 40 steps of the build before and this one, alternating.
 #   test:   (carry .gpu3 with gpu-suite and bench, .peers) RoPE in q's and k's products'
 #           epilogue: the tests, ncu over a bench step, 40 steps twice around compile's.
@@ -91,5 +93,25 @@ case $part in
       -k regex:'gemm|rope' bash .gpu3/run.sh bench --preset llama-1b --steps 1 --warmup 1 > "$OUT/ncu-rotated.csv" 2>&1
     python3 docs/perf/scripts/ncu_table.py "$OUT/ncu-rotated.csv" "$OUT/steady-rotated.txt" "$OUT/ordered-rotated.txt"
     head -14 "$OUT/steady-rotated.txt"; rm -f "$OUT/ncu-rotated.csv"
+    ;;
+  tables)
+    # (branch next/rotated-tables; carry .gpu5 with its gpu-suite and bench, .gpu6 with its
+    # bench and bench0 = main's da8dc9f, .peers) the rotated products' table values loaded as a
+    # tile starts (registers by `setmaxnreg`, as the promoted FP8 kernel's): the kernel test (a
+    # failing one ends the call), ncu of the GEMMs, 40 steps before and after, alternating,
+    # around compile's.
+    export SUITE=.gpu5
+    suite rotated_gemm --world 1 --filter kernel_suite::rotated_gemm || exit 1
+    suite attention --world 1 --filter layer_suite::attention
+    timeout -s KILL 140 ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum \
+      -k regex:'gemm' bash .gpu5/run.sh bench --preset llama-1b --steps 1 --warmup 1 > "$OUT/ncu-tables.csv" 2>&1
+    python3 docs/perf/scripts/ncu_table.py "$OUT/ncu-tables.csv" "$OUT/steady-tables.txt" "$OUT/ordered-tables.txt"
+    head -8 "$OUT/steady-tables.txt"; rm -f "$OUT/ncu-tables.csv"
+    ln -sfn .gpu6 .gpu
+    for round in 1 2; do
+      [ $SECONDS -lt 400 ] && BENCH=bench0 ours "before-$round"
+      [ $SECONDS -lt 430 ] && ours "after-$round"
+      [ $round = 1 ] && [ $SECONDS -lt 400 ] && compiled compile
+    done
     ;;
 esac
