@@ -3,12 +3,16 @@
 //! projection's data gradient (`super::gated_dgrad`), a residual stream added to a branch's last
 //! product (`super::onto`). Either way a product's result is never written and read again.
 //!
-//! A consumer's 64 × 256 results leave in two passes of 128 columns through one buffer of the
-//! pass's values (two swizzled 64 × 64 boxes a tensor): the results are written over the values
-//! they come from and stored from there. The first pass's values load while the tile is
-//! computed; the second's once the first's stores have read the buffer (bringing them into L2
-//! during the tile instead measured slower: 345 → 368 µs a llama-1b layer of the gated data
-//! gradient).
+//! A consumer's 64 × 256 results leave in four quarters of 64 columns through one buffer of two
+//! swizzled 64 × 64 boxes a tensor, the quarters taking the boxes in turn: each quarter's results
+//! are written over the values they come from and stored from there. The first two quarters'
+//! values load while the tile is computed; the third's into the first box as soon as the first
+//! quarter's stores have read it, while the second quarter is computed, and the fourth's into
+//! the second box likewise. (Two passes of 128 columns, the second's values loaded once the
+//! first's stores had read the whole buffer, left that load's latency exposed: +11.6 µs a
+//! llama-1b output projection over the plain product, `logs/s41/call1`. Bringing the values into
+//! L2 during the tile measured slower: 345 → 368 µs a llama-1b layer of the gated data
+//! gradient.)
 
 use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
 use burn_cubecl::tensor::CubeTensor;
@@ -37,7 +41,7 @@ impl Epilogue {
         }
     }
 
-    /// A consumer's pass: 64 rows × 128 columns of each tensor read.
+    /// A consumer's buffer: two boxes of 64 rows × 64 columns of each tensor read.
     const fn pass_bytes(self) -> u32 {
         self.tensors() * STAGING_BYTES
     }
@@ -82,12 +86,14 @@ fn loaded_kernel(
         STAGE_BYTES,
         comptime!(2 * pass_bytes),
     );
-    // Each consumer's "pass loaded" barrier, after the stages' (the 1 KiB the layout keeps for
-    // barriers holds them).
+    // Each consumer's two "box loaded" barriers, after the stages' (the 1 KiB the layout keeps
+    // for barriers holds them).
     let loaded = empty + stages * 8;
     if UNIT_POS == 0 {
-        mbarrier_init(loaded, 1u32);
-        mbarrier_init(loaded + 8, 1u32);
+        #[unroll]
+        for b in 0..4u32 {
+            mbarrier_init(loaded + 8 * b, 1u32);
+        }
         mbarrier_init_fence();
     }
     sync_cube();
@@ -105,7 +111,7 @@ fn loaded_kernel(
     } else {
         let consumer = warpgroup - 1;
         let values = staging + consumer * pass_bytes;
-        let bar = loaded + consumer * 8;
+        let bars = (loaded + consumer * 16, loaded + consumer * 16 + 8);
         let storer = UNIT_POS.is_multiple_of(128);
         let barrier = 1 + consumer;
         let sources = (tensor_map_address(input_0), tensor_map_address(input_1));
@@ -126,22 +132,32 @@ fn loaded_kernel(
                     a_major,
                     b_major,
                 );
-                // After a slice the last tile's stores have long read the buffer: the first
-                // pass's values load while this tile is computed.
+                // After a slice the last tile's stores have long read the buffer: the first two
+                // quarters' values load while this tile is computed.
                 if kt == 0 && storer {
-                    load_pass(sources, values, bar, col0, row0, epilogue);
+                    load_box(sources, values, bars.0, col0, row0, epilogue);
+                    load_box(sources, values + 8192, bars.1, col0 + 64, row0, epilogue);
                 }
             }
-            // Two loads a tile: the first pass's phase is even, the second's odd.
-            mbarrier_wait(bar, 0u32);
+            // Two loads a tile into each box: the first's phase is even, the second's odd.
+            mbarrier_wait(bars.0, 0u32);
             stage(&acc, values, 0u32, epilogue);
-            send_pass(targets, col0, row0, values, barrier, storer, epilogue);
+            send_box(targets, col0, row0, values, barrier, storer, epilogue);
             if storer {
-                load_pass(sources, values, bar, col0 + 128, row0, epilogue);
+                load_box(sources, values, bars.0, col0 + 128, row0, epilogue);
             }
-            mbarrier_wait(bar, 1u32);
+            mbarrier_wait(bars.1, 0u32);
             stage(&acc, values, 1u32, epilogue);
-            send_pass(targets, col0 + 128, row0, values, barrier, storer, epilogue);
+            send_box(targets, col0 + 64, row0, values + 8192, barrier, storer, epilogue);
+            if storer {
+                load_box(sources, values + 8192, bars.1, col0 + 192, row0, epilogue);
+            }
+            mbarrier_wait(bars.0, 1u32);
+            stage(&acc, values, 2u32, epilogue);
+            send_box(targets, col0 + 128, row0, values, barrier, storer, epilogue);
+            mbarrier_wait(bars.1, 1u32);
+            stage(&acc, values, 3u32, epilogue);
+            send_box(targets, col0 + 192, row0, values + 8192, barrier, storer, epilogue);
         }
         if storer {
             bulk_wait();
@@ -149,39 +165,38 @@ fn loaded_kernel(
     }
 }
 
-/// Loads the 64 × 128 boxes of the inputs at `(row0, col0)` into a consumer's buffer, counted
-/// on `bar`, once this thread's stores from it have read it.
+/// Loads the 64 × 64 boxes of the inputs at `(row0, col0)` into a consumer's box at `to` (its
+/// second tensor's [`STAGING_BYTES`] after), counted on `bar`, once this thread's stores have
+/// read it.
 #[cube]
-fn load_pass(maps: (u64, u64), values: u32, bar: u32, col0: u32, row0: u32, #[comptime] epilogue: Epilogue) {
+fn load_box(maps: (u64, u64), to: u32, bar: u32, col0: u32, row0: u32, #[comptime] epilogue: Epilogue) {
     bulk_wait_read();
-    mbarrier_expect(bar, comptime!(epilogue.pass_bytes()));
-    tma_load_2d(values, maps.0, col0, row0, bar);
-    tma_load_2d(values + 8192, maps.0, col0 + 64, row0, bar);
+    mbarrier_expect(bar, comptime!(epilogue.tensors() * 8192));
+    tma_load_2d(to, maps.0, col0, row0, bar);
     if comptime!(epilogue.tensors() == 2) {
-        tma_load_2d(values + STAGING_BYTES, maps.1, col0, row0, bar);
-        tma_load_2d(values + STAGING_BYTES + 8192, maps.1, col0 + 64, row0, bar);
+        tma_load_2d(to + STAGING_BYTES, maps.1, col0, row0, bar);
     }
 }
 
-/// Overwrites a pass's values in a consumer's buffer with the epilogue's results, from the
-/// accumulator's registers from `64 · pass`.
+/// Overwrites a quarter's values in a consumer's buffer with the epilogue's results, from the
+/// accumulator's registers from `32 · quarter` (its box: the first for even quarters).
 #[cube]
-fn stage<N: Size>(acc: &Vector<f32, N>, values: u32, #[comptime] pass: u32, #[comptime] epilogue: Epilogue) {
+fn stage<N: Size>(acc: &Vector<f32, N>, values: u32, #[comptime] quarter: u32, #[comptime] epilogue: Epilogue) {
     match comptime!(epilogue) {
-        Epilogue::SwigluBackward => super::gated_dgrad::stage_grads(acc, values, pass),
-        Epilogue::Added => super::onto::stage_sum(acc, values, pass),
+        Epilogue::SwigluBackward => super::gated_dgrad::stage_grads(acc, values, quarter),
+        Epilogue::Added => super::onto::stage_sum(acc, values, quarter),
     }
 }
 
-/// Hands a pass's results to TMA (`storer`), to `(row0, col0)` of each output, once the whole
-/// warpgroup has written them.
+/// Hands a quarter's results in the box at `from` to TMA (`storer`), to `(row0, col0)` of each
+/// output, once the whole warpgroup has written them.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn send_pass(
+fn send_box(
     maps: (u64, u64),
     col0: u32,
     row0: u32,
-    values: u32,
+    from: u32,
     barrier: u32,
     storer: bool,
     #[comptime] epilogue: Epilogue,
@@ -189,11 +204,9 @@ fn send_pass(
     fence_proxy_async_shared();
     named_barrier(barrier, 128u32);
     if storer {
-        tma_store_box(maps.0, col0, row0, values);
-        tma_store_box(maps.0, col0 + 64, row0, values + 8192);
+        tma_store_box(maps.0, col0, row0, from);
         if comptime!(epilogue.tensors() == 2) {
-            tma_store_box(maps.1, col0, row0, values + STAGING_BYTES);
-            tma_store_box(maps.1, col0 + 64, row0, values + STAGING_BYTES + 8192);
+            tma_store_box(maps.1, col0, row0, from + STAGING_BYTES);
         }
         bulk_commit();
     }
@@ -228,7 +241,7 @@ pub(crate) fn launch_loaded(
     let second = |ts: &[CubeTensor]| ts.get(1).unwrap_or(&ts[0]).clone();
     // SAFETY: the maps cover exactly the operands, the inputs and the outputs (TMA fills
     // out-of-range boxes with zeros when loading and drops their out-of-range parts when
-    // storing); k > 0, so every tile loads both passes it waits for.
+    // storing); k > 0, so every tile loads the four quarters it waits for.
     unsafe {
         loaded_kernel::launch_unchecked(
             &client,

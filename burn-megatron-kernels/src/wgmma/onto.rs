@@ -11,16 +11,17 @@ use super::loaded::{Epilogue, launch_loaded, readable};
 use super::pieces::staged_pair;
 use super::*;
 
-/// Overwrites a pass's `x` in a consumer's buffer with `x` plus the accumulators (registers
-/// from `64 · pass`, at [`staged_pair`]'s places).
+/// Overwrites a quarter's `x` in a consumer's buffer with `x` plus the accumulators (registers
+/// from `32 · quarter`, at [`staged_pair`]'s places: its box the first for even quarters).
 #[cube]
-pub(crate) fn stage_sum<N: Size>(acc: &Vector<f32, N>, values: u32, #[comptime] pass: u32) {
+pub(crate) fn stage_sum<N: Size>(acc: &Vector<f32, N>, values: u32, #[comptime] quarter: u32) {
+    let box_chunks = comptime!(8 * (quarter % 2));
     #[unroll]
-    for jj in 0..16u32 {
+    for j in 0..8u32 {
         #[unroll]
         for half in 0..2u32 {
-            let at = values + staged_pair(jj, half);
-            let reg = comptime!((4 * (16 * pass + jj) + 2 * half) as usize);
+            let at = values + staged_pair(j + box_chunks, half);
+            let reg = comptime!((4 * (16 * (quarter / 2) + 8 * (quarter % 2) + j) + 2 * half) as usize);
             let x = ld_shared_u32(at);
             let low = f32::reinterpret(x << 16u32) + acc.extract(reg);
             let high = f32::reinterpret(x & 0xFFFF0000u32) + acc.extract(reg + 1);

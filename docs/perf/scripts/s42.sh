@@ -6,7 +6,8 @@
 #   tight:  the same in less device time: the kernel test, 40 steps beside compile's, the rest.
 #   ncu:    (carry .gpu3) ncu over a bench step: the GEMMs and RoPE's kernels.
 #   tables: (branch next/rotated-tables, carry .gpu5, .gpu6, .peers) the table values loaded as a
-#           tile starts: tests, ncu, 40 steps before and after around compile's.
+#           tile starts, the loaded epilogues in quarters: tests, ncu, 40 steps before and after
+#           around compile's.
 #   ab:     (carry .gpu4) 40 steps of the build before and this one, alternating.
 #   test:   (carry .gpu3 with gpu-suite and bench, .peers) RoPE in q's and k's products'
 #           epilogue: the tests, ncu over a bench step, 40 steps twice around compile's.
@@ -97,14 +98,18 @@ case $part in
   tables)
     # (branch next/rotated-tables; carry .gpu5 with its gpu-suite and bench, .gpu6 with its
     # bench and bench0 = main's da8dc9f, .peers) the rotated products' table values loaded as a
-    # tile starts (registers by `setmaxnreg`, as the promoted FP8 kernel's): the kernel test (a
-    # failing one ends the call), ncu of the GEMMs, 40 steps before and after, alternating,
-    # around compile's.
+    # tile starts (registers by `setmaxnreg`, as the promoted FP8 kernel's), and the loaded
+    # epilogues (the residual's, the SwiGLU's backward) in four quarters through two boxes: the
+    # kernel tests (a failing one ends the call), the attention and MLP layers, ncu of the GEMMs,
+    # 40 steps before and after, alternating, around compile's.
     export SUITE=.gpu5
-    suite rotated_gemm --world 1 --filter kernel_suite::rotated_gemm || exit 1
+    for test in rotated_gemm residual_gemm gated_gemm; do
+      suite "$test" --world 1 --filter "kernel_suite::$test" || exit 1
+    done
     suite attention --world 1 --filter layer_suite::attention
+    suite mlp --world 1 --filter layer_suite::mlp
     timeout -s KILL 140 ncu --clock-control none --csv --print-units base --metrics gpu__time_duration.sum \
-      -k regex:'gemm' bash .gpu5/run.sh bench --preset llama-1b --steps 1 --warmup 1 > "$OUT/ncu-tables.csv" 2>&1
+      -k regex:'gemm|loaded|gated' bash .gpu5/run.sh bench --preset llama-1b --steps 1 --warmup 1 > "$OUT/ncu-tables.csv" 2>&1
     python3 docs/perf/scripts/ncu_table.py "$OUT/ncu-tables.csv" "$OUT/steady-tables.txt" "$OUT/ordered-tables.txt"
     head -8 "$OUT/steady-tables.txt"; rm -f "$OUT/ncu-tables.csv"
     ln -sfn .gpu6 .gpu
