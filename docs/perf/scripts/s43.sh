@@ -24,10 +24,10 @@ case ${1:-auto} in
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
       run 1b-bf16 70 $bf16; memory 1b-bf16
       peers 1b-compile 150 llama-1b compile
-      [ $SECONDS -lt 430 ] && ours steps-40
-      [ $SECONDS -lt 460 ] && compiled compile-40
+      [ $SECONDS -lt 300 ] && ours steps-40
+      [ $SECONDS -lt 330 ] && compiled compile-40
     else
-      whole 540
+      whole 420
     fi
     ;;
   suite) whole 540 ;;
