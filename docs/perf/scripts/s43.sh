@@ -2,9 +2,9 @@
 # Session 43, one GPU (carry .gpu7 with gpu-suite and bench of 4b114de, .peers; no room for the
 # torchao wheel beside them in the carry's 64 MiB):
 #   auto:  on an H200, the bf16 row beside PyTorch + compile (10 timed steps after 3 warm-up),
-#          then 40 steps of each; on an H100 (whose row `logs/s43/call3` measured), the whole
-#          GPU suite with every rank on GPU 0 (`--one-gpu --world 2`), the first whole run since
-#          `docs/gpu-runs/2026-12-01-s7-suite-one-gpu.log`.
+#          then 40 steps of each while time is left; on an H100 (whose row `logs/s43/call3`
+#          measured), the GPU suite but the kernel tests with every rank on GPU 0 (`--one-gpu
+#          --world 2`), the first such run since `docs/gpu-runs/2026-12-01-s7-suite-one-gpu.log`.
 #   suite: the whole suite, whatever the card.
 # Logs go to $OUT, packed into one $OUT/logs.tgz at the end.
 set -u
@@ -12,8 +12,9 @@ trap 'tar czf /tmp/logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv
 cd "$(dirname "$0")/../../.."
 . docs/perf/scripts/s6-common.sh
 rm -rf .gpu && ln -s .gpu7 .gpu
-whole() {  # the whole suite, ranks as threads on GPU 0; a summary of what failed
-  timeout -s KILL "${1:-540}" bash .gpu7/run.sh gpu-suite --one-gpu --world 2 > "$OUT/suite-one-gpu.log" 2>&1
+whole() {  # LIMIT [ARGS]: the whole suite, ranks as threads on GPU 0; a summary of what failed
+  local limit=$1; shift
+  timeout -s KILL "$limit" bash .gpu7/run.sh gpu-suite --one-gpu --world 2 "$@" > "$OUT/suite-one-gpu.log" 2>&1
   echo "-- whole suite: rc $?, $(grep -c '\.\.\. ok' "$OUT/suite-one-gpu.log") ok"
   grep -h "FAILED\|panicked\|passed," "$OUT/suite-one-gpu.log" | cut -c1-600
   tail -2 "$OUT/suite-one-gpu.log" | cut -c1-300
@@ -24,10 +25,12 @@ case ${1:-auto} in
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
       run 1b-bf16 70 $bf16; memory 1b-bf16
       peers 1b-compile 150 llama-1b compile
-      [ $SECONDS -lt 300 ] && ours steps-40
-      [ $SECONDS -lt 330 ] && compiled compile-40
+      [ $SECONDS -lt 150 ] && ours steps-40
+      [ $SECONDS -lt 180 ] && compiled compile-40
     else
-      whole 420
+      # The kernel tests of every kernel this session and the last changed ran alone
+      # (`logs/s42`, `logs/s43`): the other families first, in the time left.
+      whole 250 --skip kernel_suite
     fi
     ;;
   suite) whole 540 ;;
