@@ -96,8 +96,9 @@ case $part in
     head -14 "$OUT/steady-rotated.txt"; rm -f "$OUT/ncu-rotated.csv"
     ;;
   tables)
-    # (branch next/rotated-tables; carry .gpu5 with its gpu-suite and bench, .peers) the rotated products' table values loaded as a
-    # tile starts (registers by `setmaxnreg`, as the promoted FP8 kernel's), and the loaded
+    # (branch next/rotated-tables; carry .gpu5 with its gpu-suite and bench, .peers) the rotated
+    # products' table values loaded as a tile starts (registers by `setmaxnreg`, as the promoted
+    # FP8 kernel's), and the loaded
     # epilogues (the residual's, the SwiGLU's backward) in four quarters through two boxes: the
     # kernel tests (a failing one ends the call), the attention and MLP layers, ncu of the GEMMs,
     # 40 steps twice around compile's.
