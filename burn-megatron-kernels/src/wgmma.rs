@@ -502,57 +502,43 @@ fn launch(
     let (count, dim) = (CubeCount::Static(blocks, 1, 1), CubeDim::new_1d(384));
     let (a, b) = (map(a, a_major, BLOCK_M), map(b, b_major, BLOCK_N));
     let args = (m as u32, n as u32, k as u32);
-    // SAFETY: the maps cover exactly the operands and the output (TMA fills out-of-range boxes
-    // with zeros when loading and drops their out-of-range parts when storing); each scale
-    // holds one f32, read only when `scaled`; the tables are read only when `rotated`, at rows
-    // below `seq` (which they cover) and columns below 64.
-    unsafe {
-        match operands {
-            Operands::Bf16 => gemm_kernel::launch_unchecked::<bf16>(
-                &client,
-                count,
-                dim,
-                a,
-                b,
-                c,
-                scale_a.into_tensor_arg(),
-                scale_b.into_tensor_arg(),
-                cos.into_tensor_arg(),
-                sin.into_tensor_arg(),
-                args.0,
-                args.1,
-                args.2,
-                seq,
-                a_major,
-                b_major,
-                operands,
-                scaled,
-                accumulation,
-                rotated,
-            ),
-            Operands::Fp8(..) => gemm_kernel::launch_unchecked::<u8>(
-                &client,
-                count,
-                dim,
-                a,
-                b,
-                c,
-                scale_a.into_tensor_arg(),
-                scale_b.into_tensor_arg(),
-                cos.into_tensor_arg(),
-                sin.into_tensor_arg(),
-                args.0,
-                args.1,
-                args.2,
-                seq,
-                a_major,
-                b_major,
-                operands,
-                scaled,
-                accumulation,
-                rotated,
-            ),
-        }
+    // One launch for bf16 or FP8 codes: the kernel is generic over the operands' element.
+    macro_rules! launch {
+        ($element:ty) => {
+            // SAFETY: the maps cover exactly the operands and the output (TMA fills
+            // out-of-range boxes with zeros when loading and drops their out-of-range parts
+            // when storing); each scale holds one f32, read only when `scaled`; the tables are
+            // read only when `rotated`, at rows below `seq` (which they cover) and columns
+            // below 64.
+            unsafe {
+                gemm_kernel::launch_unchecked::<$element>(
+                    &client,
+                    count,
+                    dim,
+                    a,
+                    b,
+                    c,
+                    scale_a.into_tensor_arg(),
+                    scale_b.into_tensor_arg(),
+                    cos.into_tensor_arg(),
+                    sin.into_tensor_arg(),
+                    args.0,
+                    args.1,
+                    args.2,
+                    seq,
+                    a_major,
+                    b_major,
+                    operands,
+                    scaled,
+                    accumulation,
+                    rotated,
+                )
+            }
+        };
+    }
+    match operands {
+        Operands::Bf16 => launch!(bf16),
+        Operands::Fp8(..) => launch!(u8),
     }
     out
 }
