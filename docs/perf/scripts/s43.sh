@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 43, one GPU (carry .gpu7 with gpu-suite and bench of 4b114de, bundled by
+# Session 43, one GPU (carry .gpu7 with gpu-suite and bench of 61f84bd, bundled by
 # `bundle-small.sh` so that .whl with the torchao wheel and .peers fit beside them):
 #   auto:  on an H200, the rows beside the peers (s6-common's `rows`: FP8 promoted beside
 #          torchao float8 + compile, bf16 beside PyTorch + compile, 10 timed steps after 3
