@@ -438,6 +438,7 @@ mod tests {
                 Recipe::Fp8Tensorwise
                     | Recipe::Fp8TensorwisePromoted
                     | Recipe::Fp8TensorwiseE4m3
+                    | Recipe::Fp8TensorwiseE4m3Promoted
                     | Recipe::Fp8Delayed { .. }
             );
             for pass in [Pass::Forward, Pass::Dgrad, Pass::Wgrad] {

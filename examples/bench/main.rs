@@ -3,7 +3,7 @@
 //!
 //!   bench [--preset llama-1b] [--tp N] [--sp] [--dp N] [--steps 10] [--warmup 3] [--profile]
 //!   bench … --pure-bf16               bf16 parameters updated in bf16 (no master weights), labelled
-//!   bench … --precision fp8-tensorwise[-promoted|-e4m3]|fp8-delayed|fp8-blockwise|mxfp8|nvfp4
+//!   bench … --precision fp8-tensorwise[-promoted|-e4m3|-e4m3-promoted]|fp8-delayed|fp8-blockwise|mxfp8|nvfp4
 //!                                     a low-precision recipe in the blocks' linear layers
 //!   bench … --bf16-blocks FIRST,LAST  the first and last blocks the recipe leaves on bf16's product
 //!   bench … --linear-gemm wgmma|burn  the linear layers' product (their config's `Gemm`; wgmma)

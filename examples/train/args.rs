@@ -83,7 +83,7 @@ const USAGE: &str = "usage: train [--preset tiny|tiny-moe|llama-1b|moe-4b|llama-
 [--context ring|all-to-all|all-gather] [--ep N] [--etp N] \
 [--dispatcher all-to-all|all-gather] [--pp N] [--vpp V] [--microbatches M] [--layers N] [--tied] [--sp] [--steps N] \
 [--seed N] [--lr X] [--batch N] [--seq N] [--device cpu|cuda] [--init full|per-shard] [--zero1] [--save DIR] [--save-every K] [--async-save] [--resume DIR] [--data PATH] [--tokenizer tokenizer.json] \
-[--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-tensorwise-promoted|fp8-tensorwise-e4m3|fp8-delayed[:LEN[:max|most-recent]]|fp8-blockwise|mxfp8|nvfp4] \
+[--dtype f32|bf16] [--precision default|fp8-tensorwise|fp8-tensorwise-promoted|fp8-tensorwise-e4m3|fp8-tensorwise-e4m3-promoted|fp8-delayed[:LEN[:max|most-recent]]|fp8-blockwise|mxfp8|nvfp4] \
 [--bf16-blocks FIRST,LAST] [--sample-every K] [--learner] \
 [--recompute none|selective|full:N|full-block:N]";
 

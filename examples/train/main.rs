@@ -371,7 +371,7 @@ mod tests {
             ("--dtype f16", "expected f32 or bf16"),
             (
                 "--precision fp4",
-                "one of fp8-tensorwise, fp8-tensorwise-promoted, fp8-tensorwise-e4m3, fp8-delayed, fp8-blockwise, mxfp8, nvfp4 or default",
+                "one of fp8-tensorwise, fp8-tensorwise-promoted, fp8-tensorwise-e4m3, fp8-tensorwise-e4m3-promoted, fp8-delayed, fp8-blockwise, mxfp8, nvfp4 or default",
             ),
             ("--precision fp8-delayed:0", "a length of at least 1"),
             ("--bf16-blocks 1,1", "needs one"),

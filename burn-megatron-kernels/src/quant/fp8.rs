@@ -90,6 +90,7 @@ fn on_codes(recipe: Recipe, k: usize) -> bool {
         Recipe::Fp8Tensorwise
             | Recipe::Fp8TensorwisePromoted
             | Recipe::Fp8TensorwiseE4m3
+            | Recipe::Fp8TensorwiseE4m3Promoted
             | Recipe::Fp8Delayed { .. }
             | Recipe::Fp8Blockwise
     );

@@ -14,13 +14,14 @@
 //! | [`Recipe::Fp8Tensorwise`] | E4M3 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor |
 //! | [`Recipe::Fp8TensorwisePromoted`] | E4M3 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor |
 //! | [`Recipe::Fp8TensorwiseE4m3`] | E4M3 tensor, E4M3 tensor | E4M3 tensor, E4M3 tensor | E4M3 tensor, E4M3 tensor |
+//! | [`Recipe::Fp8TensorwiseE4m3Promoted`] | E4M3 tensor, E4M3 tensor | E4M3 tensor, E4M3 tensor | E4M3 tensor, E4M3 tensor |
 //! | [`Recipe::Fp8Delayed`] | E4M3 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor | E5M2 tensor, E4M3 tensor |
 //! | [`Recipe::Fp8Blockwise`] | E4M3 1×128, E4M3 128×128 | E4M3 1×128, E4M3 128×128 | E4M3 1×128, E4M3 1×128 |
 //! | [`Recipe::Mxfp8`] | E4M3 MX 1×32 both | E4M3 MX both | E4M3 MX both |
 //! | [`Recipe::Nvfp4`] | E2M1 NV 1×16, NV 16×16 | E2M1 NV 1×16 stochastic, NV 16×16 | E2M1 NV 1×16 stochastic + RHT, NV 1×16 + RHT |
 //!
 //! - Tensorwise: Transformer Engine's current scaling (one scale from this call's amax), hybrid
-//!   (E5M2 gradients, the default) or E4M3 throughout. Promoted: the hybrid recipe with the two
+//!   (E5M2 gradients, the default) or E4M3 throughout. Promoted: either of them with the two
 //!   gradient products adding their partial sums into f32 after every 128-deep slice of k
 //!   ([`Recipe::promotes`]; Transformer Engine's `use_split_accumulator`, torchao's
 //!   `use_fast_accum=False` for them), where Hopper's FP8 `wgmma` would accumulate all of k with
@@ -127,6 +128,10 @@ pub enum Recipe {
     Fp8TensorwisePromoted,
     /// FP8, per-tensor current scaling, E4M3 forward and gradients.
     Fp8TensorwiseE4m3,
+    /// [`Recipe::Fp8TensorwiseE4m3`] with the gradient products promoted as
+    /// [`Recipe::Fp8TensorwisePromoted`]'s are (Transformer Engine's and torchao's default
+    /// accumulation for E4M3 gradients).
+    Fp8TensorwiseE4m3Promoted,
     /// FP8, per-tensor delayed scaling over the last `history` steps' amaxes, E4M3 forward and
     /// E5M2 gradients (Transformer Engine's `DelayedScaling`; its defaults are 1024 and `Max`).
     Fp8Delayed { history: usize, algo: AmaxAlgo },
@@ -146,10 +151,11 @@ impl Recipe {
     };
 
     /// Every recipe, in the order of the table above.
-    pub const ALL: [Recipe; 7] = [
+    pub const ALL: [Recipe; 8] = [
         Recipe::Fp8Tensorwise,
         Recipe::Fp8TensorwisePromoted,
         Recipe::Fp8TensorwiseE4m3,
+        Recipe::Fp8TensorwiseE4m3Promoted,
         Recipe::FP8_DELAYED,
         Recipe::Fp8Blockwise,
         Recipe::Mxfp8,
@@ -162,6 +168,7 @@ impl Recipe {
             Recipe::Fp8Tensorwise => "fp8-tensorwise",
             Recipe::Fp8TensorwisePromoted => "fp8-tensorwise-promoted",
             Recipe::Fp8TensorwiseE4m3 => "fp8-tensorwise-e4m3",
+            Recipe::Fp8TensorwiseE4m3Promoted => "fp8-tensorwise-e4m3-promoted",
             Recipe::Fp8Delayed { .. } => "fp8-delayed",
             Recipe::Fp8Blockwise => "fp8-blockwise",
             Recipe::Mxfp8 => "mxfp8",
@@ -179,7 +186,7 @@ impl Recipe {
                 (q(E4M3, Tensor), q(E4M3, Tensor))
             }
             (Recipe::Fp8Tensorwise | Recipe::Fp8TensorwisePromoted, _) => (q(E5M2, Tensor), q(E4M3, Tensor)),
-            (Recipe::Fp8TensorwiseE4m3, _) => (q(E4M3, Tensor), q(E4M3, Tensor)),
+            (Recipe::Fp8TensorwiseE4m3 | Recipe::Fp8TensorwiseE4m3Promoted, _) => (q(E4M3, Tensor), q(E4M3, Tensor)),
             (Recipe::Fp8Delayed { .. }, Pass::Forward) => (q(E4M3, Tensor), q(E4M3, Tensor)),
             (Recipe::Fp8Delayed { .. }, _) => (q(E5M2, Tensor), q(E4M3, Tensor)),
             (Recipe::Fp8Blockwise, Pass::Wgrad) => (q(E4M3, Tiles), q(E4M3, Tiles)),
@@ -198,12 +205,12 @@ impl Recipe {
 impl Recipe {
     /// Whether `pass`'s product adds its partial sums into f32 after every 128-deep slice of k
     /// rather than accumulating all of k in the tensor cores' accumulator (blockwise: every
-    /// product, each slice scaled apart; promoted tensorwise: the gradient products). The CPU's
+    /// product, each slice scaled apart; the promoted tensorwise recipes: the gradient products). The CPU's
     /// products are f32 throughout either way.
     pub fn promotes(self, pass: Pass) -> bool {
         match self {
             Recipe::Fp8Blockwise => true,
-            Recipe::Fp8TensorwisePromoted => pass != Pass::Forward,
+            Recipe::Fp8TensorwisePromoted | Recipe::Fp8TensorwiseE4m3Promoted => pass != Pass::Forward,
             _ => false,
         }
     }
@@ -268,19 +275,22 @@ mod tests {
         assert!("fp8-delayed:0".parse::<Recipe>().is_err() && "fp8-delayed:4:mean".parse::<Recipe>().is_err());
     }
 
-    /// Promoted tensorwise quantizes every operand as tensorwise does and promotes exactly its
-    /// gradient products; blockwise promotes every product, the others none.
+    /// Each promoted tensorwise recipe quantizes every operand as its fast twin does and promotes
+    /// exactly its gradient products; blockwise promotes every product, the others none.
     #[test]
     fn promotion_is_the_gradient_products_of_promoted_tensorwise() {
+        let twins = [
+            (Recipe::Fp8TensorwisePromoted, Recipe::Fp8Tensorwise),
+            (Recipe::Fp8TensorwiseE4m3Promoted, Recipe::Fp8TensorwiseE4m3),
+        ];
         for pass in [Pass::Forward, Pass::Dgrad, Pass::Wgrad] {
-            assert_eq!(
-                Recipe::Fp8TensorwisePromoted.operands(pass),
-                Recipe::Fp8Tensorwise.operands(pass)
-            );
-            assert_eq!(Recipe::Fp8TensorwisePromoted.promotes(pass), pass != Pass::Forward);
+            for (promoted, fast) in twins {
+                assert_eq!(promoted.operands(pass), fast.operands(pass));
+                assert_eq!(promoted.promotes(pass), pass != Pass::Forward);
+            }
             assert!(Recipe::Fp8Blockwise.promotes(pass));
             for recipe in Recipe::ALL {
-                if !matches!(recipe, Recipe::Fp8TensorwisePromoted | Recipe::Fp8Blockwise) {
+                if !twins.iter().any(|(promoted, _)| *promoted == recipe) && recipe != Recipe::Fp8Blockwise {
                     assert!(!recipe.promotes(pass), "{recipe:?} {pass:?}");
                 }
             }
