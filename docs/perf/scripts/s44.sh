@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 44, one GPU (carry .gpu10 with bench and train of 3e-fixme and shakespeare.txt.xz,
+# Session 44, one GPU (carry .gpu10 with bench and train of 1e23f26 and shakespeare.txt.xz,
 # `bundle-small.sh`'s xz, beside .whl with the torchao wheel and .peers):
 #   auto:   on an H200, `rows` (as `s43.sh auto` runs them: FP8 promoted beside torchao float8 +
 #           compile, bf16 beside PyTorch + compile, then 40 bf16 steps of each); on an H100,
