@@ -28,7 +28,8 @@
 //!   its fewer bits; the forward keeps the fast accumulation, as both of those do.
 //! - Delayed: Transformer Engine's delayed scaling, hybrid: each tensor's scale from the amax
 //!   history its layer keeps (the largest, or the most recent), this call's amax recorded for
-//!   later steps. The products quantize as tensorwise does; the history is the layer's
+//!   later steps. The products quantize as tensorwise does and accumulate as Transformer
+//!   Engine's: the gradient products promoted, the forward fast; the history is the layer's
 //!   (`burn_megatron::precision::delayed`), reached through the product's [`AmaxGroup`].
 //!
 //! [`AmaxGroup`]: super::product::AmaxGroup
@@ -205,12 +206,15 @@ impl Recipe {
 impl Recipe {
     /// Whether `pass`'s product adds its partial sums into f32 after every 128-deep slice of k
     /// rather than accumulating all of k in the tensor cores' accumulator (blockwise: every
-    /// product, each slice scaled apart; the promoted tensorwise recipes: the gradient products). The CPU's
-    /// products are f32 throughout either way.
+    /// product, each slice scaled apart; the promoted tensorwise recipes and delayed scaling:
+    /// the gradient products, as Transformer Engine's `_2X_ACC_DGRAD` and `_2X_ACC_WGRAD`). The
+    /// CPU's products are f32 throughout either way.
     pub fn promotes(self, pass: Pass) -> bool {
         match self {
             Recipe::Fp8Blockwise => true,
-            Recipe::Fp8TensorwisePromoted | Recipe::Fp8TensorwiseE4m3Promoted => pass != Pass::Forward,
+            Recipe::Fp8TensorwisePromoted | Recipe::Fp8TensorwiseE4m3Promoted | Recipe::Fp8Delayed { .. } => {
+                pass != Pass::Forward
+            }
             _ => false,
         }
     }
@@ -276,7 +280,8 @@ mod tests {
     }
 
     /// Each promoted tensorwise recipe quantizes every operand as its fast twin does and promotes
-    /// exactly its gradient products; blockwise promotes every product, the others none.
+    /// exactly its gradient products, as delayed scaling does; blockwise promotes every product,
+    /// the others none.
     #[test]
     fn promotion_is_the_gradient_products_of_promoted_tensorwise() {
         let twins = [
@@ -288,9 +293,12 @@ mod tests {
                 assert_eq!(promoted.operands(pass), fast.operands(pass));
                 assert_eq!(promoted.promotes(pass), pass != Pass::Forward);
             }
+            assert_eq!(Recipe::FP8_DELAYED.promotes(pass), pass != Pass::Forward);
             assert!(Recipe::Fp8Blockwise.promotes(pass));
             for recipe in Recipe::ALL {
-                if !twins.iter().any(|(promoted, _)| *promoted == recipe) && recipe != Recipe::Fp8Blockwise {
+                let promoting = twins.iter().any(|(promoted, _)| *promoted == recipe)
+                    || matches!(recipe, Recipe::Fp8Blockwise | Recipe::Fp8Delayed { .. });
+                if !promoting {
                     assert!(!recipe.promotes(pass), "{recipe:?} {pass:?}");
                 }
             }
