@@ -13,6 +13,10 @@
 #           do not settle the 1% goal either way, and E4M3 gradients ended +1.31% on fast
 #           accumulation only.
 #   suite:  (carry .gpu7 with gpu-suite instead) `s43.sh suite`.
+#   delayed: (carry .gpu11 with gpu-suite of the commit that made delayed scaling promote its
+#           gradient products) every recipe's product and gradients on CUDA against the CPU
+#           (`kernel_suite::quantized_linear`), then delayed scaling at tp 2 with SP against tp 1
+#           over 20 steps, ranks as threads on GPU 0 (`model_suite::fp8_delayed_steps_match`).
 # Logs go to $OUT, packed into one $OUT/logs.tgz at the end.
 set -u
 trap 'tar czf /tmp/logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/logs.tgz "$OUT/"' EXIT
@@ -50,4 +54,11 @@ case ${1:-auto} in
     ;;
   curves) rm -rf .gpu && ln -s .gpu10 .gpu && curves ;;
   suite) trap - EXIT && exec bash docs/perf/scripts/s43.sh suite ;;
+  delayed)
+    rm -rf .gpu && ln -s .gpu11 .gpu
+    for test in quantized_linear fp8_delayed_steps_match; do
+      timeout -s KILL 100 bash .gpu/run.sh gpu-suite --one-gpu --world 2 --filter $test > "$OUT/suite-$test.log" 2>&1
+      echo "-- $test: rc $?"; grep -h "FAILED\|panicked\|passed,\|ok (" "$OUT/suite-$test.log" | cut -c1-400
+    done
+    ;;
 esac
