@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 44, one GPU (carry .gpu10 with bench and train of 1e23f26 and shakespeare.txt.xz,
-# `bundle-small.sh`'s xz, beside .whl with the torchao wheel and .peers):
+# Session 44, one GPU (carry .gpu12 with bench and train of 8a20ae1 and shakespeare.txt.xz,
+# `bundle-small.sh`'s xz, beside .whl with the torchao wheel and .peers; `logs/s44/call1` ran
+# `curves` on the same bundle of 1e23f26, before delayed scaling promoted):
 #   auto:   on an H200, `rows` (as `s43.sh auto` runs them: FP8 promoted beside torchao float8 +
 #           compile, bf16 beside PyTorch + compile, then 40 bf16 steps of each); on an H100,
 #           `curves`.
@@ -13,10 +14,12 @@
 #           do not settle the 1% goal either way, and E4M3 gradients ended +1.31% on fast
 #           accumulation only.
 #   suite:  (carry .gpu7 with gpu-suite instead) `s43.sh suite`.
-#   delayed: (carry .gpu11 with gpu-suite of the commit that made delayed scaling promote its
+#   delayed: (carry .gpu11 with gpu-suite of 8a20ae1, which made delayed scaling promote its
 #           gradient products) every recipe's product and gradients on CUDA against the CPU
 #           (`kernel_suite::quantized_linear`), then delayed scaling at tp 2 with SP against tp 1
 #           over 20 steps, ranks as threads on GPU 0 (`model_suite::fp8_delayed_steps_match`).
+#   delayed-curves: bf16 and fp8-delayed from SEEDS (default 1 to 6), as `curves`, then the
+#           speed: fp8-delayed and fp8-tensorwise-promoted, 10 llama-1b steps after 3 warm-up.
 # Logs go to $OUT, packed into one $OUT/logs.tgz at the end.
 set -u
 trap 'tar czf /tmp/logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/logs.tgz "$OUT/"' EXIT
@@ -43,7 +46,7 @@ curves() {
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
 case ${1:-auto} in
   auto)
-    rm -rf .gpu && ln -s .gpu10 .gpu
+    rm -rf .gpu && ln -s .gpu12 .gpu
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
       rows
       [ $SECONDS -lt 470 ] && ours steps-40
@@ -52,8 +55,19 @@ case ${1:-auto} in
       curves
     fi
     ;;
-  curves) rm -rf .gpu && ln -s .gpu10 .gpu && curves ;;
+  curves) rm -rf .gpu && ln -s .gpu12 .gpu && curves ;;
   suite) trap - EXIT && exec bash docs/perf/scripts/s43.sh suite ;;
+  delayed-curves)
+    rm -rf .gpu && ln -s .gpu12 .gpu
+    mkdir -p data && xz -dc .gpu/shakespeare.txt.xz > data/shakespeare.txt
+    for seed in ${SEEDS:-1 2 3 4 5 6}; do
+      [ $SECONDS -lt 440 ] && train default "$seed"
+      [ $SECONDS -lt 440 ] && train fp8-delayed "$seed"
+    done
+    run 1b-fp8-delayed 70 --preset llama-1b --steps 10 --warmup 3 --precision fp8-delayed
+    run 1b-fp8 70 $fp8
+    grep -h "^RESULT\|ms/step\|tokens/s" "$OUT"/bench-1b-fp8*.log | cut -c1-200
+    ;;
   delayed)
     rm -rf .gpu && ln -s .gpu11 .gpu
     for test in quantized_linear fp8_delayed_steps_match; do
