@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Session 44, one GPU (carry .gpu12 with bench and train of 8a20ae1 and shakespeare.txt.xz,
 # `bundle-small.sh`'s xz, beside .whl with the torchao wheel and .peers; `logs/s44/call1` ran
-# `curves` on the same bundle of 1e23f26, before delayed scaling promoted):
+# `curves` on an earlier bundle, `.gpu10` with bench and train of 1e23f26, before delayed
+# scaling promoted its gradient products):
 #   auto:   on an H200, `rows` (as `s43.sh auto` runs them: FP8 promoted beside torchao float8 +
 #           compile, bf16 beside PyTorch + compile, then 40 bf16 steps of each); on an H100,
-#           `curves`.
+#           `delayed-curves` (`curves` ran in `logs/s44/call1`).
 #   curves: llama-1b trained 300 steps on the plays under bf16, fp8-blockwise and
 #           fp8-tensorwise-e4m3-promoted from each of SEEDS' initializations (default 7 to 12,
 #           new draws beside `logs/s23`'s 1 to 6), the recipes alternating on one GPU and
@@ -26,13 +27,13 @@ trap 'tar czf /tmp/logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv
 cd "$(dirname "$0")/../../.."
 . docs/perf/scripts/s6-common.sh
 train() {  # PRECISION SEED: 300 steps on the plays; the mean loss of the last 20
-  [ $SECONDS -gt 530 ] && { echo "no time left for $1 seed $2"; return; }
+  [ $SECONDS -gt 510 ] && { echo "no time left for $1 seed $2"; return; }
   local log="$OUT/train-$1-seed$2.log"
   timeout -s KILL 75 bash .gpu/run.sh train --preset llama-1b --device cuda --dtype bf16 \
     --init per-shard --precision "$1" --data data/shakespeare.txt --steps 300 --batch 1 \
     --lr 3e-4 --sample-every 0 --seed "$2" > "$log" 2>&1
   echo "$1 seed $2: $(grep -c '^step' "$log") steps, last 20 mean $(grep '^step' "$log" | tail -n 20 \
-    | awk '{for (i = 1; i < NF; i++) if ($i == "loss") s += $(i + 1)} END {printf "%.4f", s / NR}'); $(tail -n 2 "$log" | head -n 1 | cut -c1-80)"
+    | awk '{for (i = 1; i < NF; i++) if ($i == "loss") s += $(i + 1)} END {if (NR) printf "%.4f", s / NR}'); $(tail -n 2 "$log" | head -n 1 | cut -c1-80)"
 }
 curves() {
   mkdir -p data && xz -dc .gpu/shakespeare.txt.xz > data/shakespeare.txt
@@ -43,6 +44,16 @@ curves() {
   done
   for seed in ${MX_SEEDS:-7 8 9}; do train mxfp8 "$seed"; done
 }
+delayed_curves() {  # bf16 and fp8-delayed from SEEDS, then the speed of fp8-delayed beside promoted
+  mkdir -p data && xz -dc .gpu/shakespeare.txt.xz > data/shakespeare.txt
+  for seed in ${SEEDS:-1 2 3 4 5 6}; do
+    [ $SECONDS -lt 440 ] && train default "$seed"
+    [ $SECONDS -lt 440 ] && train fp8-delayed "$seed"
+  done
+  [ $SECONDS -lt 450 ] && run 1b-fp8-delayed 70 $bf16 --precision fp8-delayed
+  [ $SECONDS -lt 450 ] && run 1b-fp8 70 $fp8
+  grep -h "^RESULT" "$OUT"/bench-1b-fp8*.log | cut -c1-240
+}
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
 case ${1:-auto} in
   auto)
@@ -52,22 +63,12 @@ case ${1:-auto} in
       [ $SECONDS -lt 470 ] && ours steps-40
       [ $SECONDS -lt 430 ] && compiled compile-40
     else
-      curves
+      delayed_curves
     fi
     ;;
   curves) rm -rf .gpu && ln -s .gpu12 .gpu && curves ;;
   suite) trap - EXIT && exec bash docs/perf/scripts/s43.sh suite ;;
-  delayed-curves)
-    rm -rf .gpu && ln -s .gpu12 .gpu
-    mkdir -p data && xz -dc .gpu/shakespeare.txt.xz > data/shakespeare.txt
-    for seed in ${SEEDS:-1 2 3 4 5 6}; do
-      [ $SECONDS -lt 440 ] && train default "$seed"
-      [ $SECONDS -lt 440 ] && train fp8-delayed "$seed"
-    done
-    run 1b-fp8-delayed 70 --preset llama-1b --steps 10 --warmup 3 --precision fp8-delayed
-    run 1b-fp8 70 $fp8
-    grep -h "^RESULT\|ms/step\|tokens/s" "$OUT"/bench-1b-fp8*.log | cut -c1-200
-    ;;
+  delayed-curves) rm -rf .gpu && ln -s .gpu12 .gpu && delayed_curves ;;
   delayed)
     rm -rf .gpu && ln -s .gpu11 .gpu
     for test in quantized_linear fp8_delayed_steps_match; do
