@@ -266,9 +266,14 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
         Ok(losses)
     })
     .map_err(|e| e.to_string())?;
+    printed_losses(results)
+}
+
+/// The losses of the rank that prints them (the others return none), or the first rank's error.
+fn printed_losses(results: Vec<Result<Vec<f64>, String>>) -> Result<Vec<f64>, String> {
     let mut printed = Vec::new();
-    for result in results {
-        let losses = result?;
+    for losses in results {
+        let losses = losses?;
         if !losses.is_empty() {
             printed = losses;
         }

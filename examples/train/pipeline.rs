@@ -169,12 +169,5 @@ pub fn run(
         Ok(losses)
     })
     .map_err(|e| e.to_string())?;
-    let mut printed = Vec::new();
-    for result in results {
-        let losses = result?;
-        if !losses.is_empty() {
-            printed = losses;
-        }
-    }
-    Ok(printed)
+    super::printed_losses(results)
 }
