@@ -124,6 +124,19 @@ pub fn cuda_device(_rank: usize) -> Device {
     std::process::exit(2);
 }
 
+/// An example's `main`: its command line parsed by `parse` (a bad one exits with 2), then `run`
+/// (an error exits with 1), each message on stderr.
+pub fn main<A>(parse: impl FnOnce() -> Result<A, String>, run: impl FnOnce(&A) -> Result<(), String>) {
+    let args = parse().unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(2);
+    });
+    if let Err(message) = run(&args) {
+        eprintln!("{message}");
+        std::process::exit(1);
+    }
+}
+
 /// The device of a rank: GPU `rank`, or the CPU.
 pub fn device_of(cuda: bool) -> impl Fn(usize) -> Device + Sync + Copy {
     move |rank| match cuda {

@@ -128,14 +128,7 @@ fn parse() -> Result<Args, String> {
 }
 
 fn main() {
-    let args = parse().unwrap_or_else(|message| {
-        eprintln!("{message}");
-        std::process::exit(2);
-    });
-    if let Err(message) = run(&args) {
-        eprintln!("{message}");
-        std::process::exit(1);
-    }
+    common::main(parse, run)
 }
 
 /// The global batch of step `step`: `batch` windows of `seq + 1` tokens at starts drawn from

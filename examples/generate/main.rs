@@ -139,14 +139,7 @@ fn open(source: &Source) -> Result<(LlamaConfig, Option<Tokenizer>), String> {
 }
 
 fn main() {
-    let args = parse().unwrap_or_else(|message| {
-        eprintln!("{message}");
-        std::process::exit(2);
-    });
-    if let Err(message) = run(&args) {
-        eprintln!("{message}");
-        std::process::exit(1);
-    }
+    common::main(parse, run)
 }
 
 fn run(args: &Args) -> Result<(), String> {

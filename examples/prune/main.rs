@@ -103,14 +103,7 @@ fn parameters(model: &Llama) -> usize {
 }
 
 fn main() {
-    let args = parse().unwrap_or_else(|message| {
-        eprintln!("{message}");
-        std::process::exit(2);
-    });
-    if let Err(message) = run(&args) {
-        eprintln!("{message}");
-        std::process::exit(1);
-    }
+    common::main(parse, run)
 }
 
 fn run(args: &Args) -> Result<(), String> {

@@ -212,14 +212,7 @@ fn export_row() -> PtqConfig {
 }
 
 fn main() {
-    let args = parse().unwrap_or_else(|message| {
-        eprintln!("{message}");
-        std::process::exit(2);
-    });
-    if let Err(message) = run(&args) {
-        eprintln!("{message}");
-        std::process::exit(1);
-    }
+    common::main(parse, run)
 }
 
 /// The planned, policy-applied configuration of a model at tp = 1.
