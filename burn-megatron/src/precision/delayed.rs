@@ -266,24 +266,12 @@ mod tests {
         assert_eq!(call(&recent, 9.0, x), 2.0, "the newest");
         // A call that reused a shared input's quantization records the amax it was scaled from.
         max.reused_input(Tensor::from_floats([11.0], &Device::flex()), x);
-        let recorded: Vec<f32> = max
-            .state
-            .recorder
-            .as_ref()
-            .expect("a recorder")
-            .take(&Device::flex())
-            .map(|t| t.into_scalar::<f32>())
-            .to_vec();
-        assert_eq!(recorded, vec![11.0, 4.0, 0.25]);
-        let emptied: Vec<f32> = max
-            .state
-            .recorder
-            .as_ref()
-            .expect("a recorder")
-            .take(&Device::flex())
-            .map(|t| t.into_scalar::<f32>())
-            .to_vec();
-        assert_eq!(emptied, vec![0.0, 0.0, 0.0]);
+        let take = || -> Vec<f32> {
+            let recorder = max.state.recorder.as_ref().expect("a recorder");
+            recorder.take(&Device::flex()).map(|t| t.into_scalar::<f32>()).to_vec()
+        };
+        assert_eq!(take(), vec![11.0, 4.0, 0.25]);
+        assert_eq!(take(), vec![0.0, 0.0, 0.0], "taking empties the recorder");
     }
 
     /// A layer records its calls' amaxes only when it trains: its weight on an autodiff device
