@@ -99,15 +99,8 @@ impl ProcessGroup {
             return Ok(InFlight::done(x));
         }
         let (shape, autodiff) = (x.shape(), x.device().is_autodiff());
-        let (out, ticket) = self.transport.all_reduce_deferred(view(x, 0), op)?;
-        Ok(InFlight {
-            out: Landing::Payload {
-                payload: out,
-                shape,
-                autodiff,
-            },
-            wait: Some((self.transport.clone(), ticket)),
-        })
+        let deferred = self.transport.all_reduce_deferred(view(x, 0), op)?;
+        Ok(InFlight::deferred(deferred, shape, autodiff, &self.transport))
     }
 
     /// Concatenates every rank's `x` along `dim`, in group-rank order.
@@ -168,15 +161,8 @@ impl ProcessGroup {
         }
         let (mut shape, autodiff) = (x.shape(), x.device().is_autodiff());
         shape[dim] /= self.size();
-        let (out, ticket) = self.transport.reduce_scatter_deferred(view(x, dim), op)?;
-        Ok(InFlight {
-            out: Landing::Payload {
-                payload: out,
-                shape,
-                autodiff,
-            },
-            wait: Some((self.transport.clone(), ticket)),
-        })
+        let deferred = self.transport.reduce_scatter_deferred(view(x, dim), op)?;
+        Ok(InFlight::deferred(deferred, shape, autodiff, &self.transport))
     }
 
     /// Splits `split_dim` into `size` equal parts, sends part `j` to group rank `j`, and
@@ -419,6 +405,24 @@ impl<const D: usize, K: Numeric> InFlight<D, K> {
         Self {
             out: Landing::Tensor(x),
             wait: None,
+        }
+    }
+
+    /// The transport's `payload` (the result's rank-3 view), landing as `shape` once `ticket`
+    /// is waited for on `transport`.
+    fn deferred(
+        (payload, ticket): (Payload, Ticket),
+        shape: Shape,
+        autodiff: bool,
+        transport: &Arc<dyn Transport>,
+    ) -> Self {
+        Self {
+            out: Landing::Payload {
+                payload,
+                shape,
+                autodiff,
+            },
+            wait: Some((transport.clone(), ticket)),
         }
     }
 
