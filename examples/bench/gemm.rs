@@ -20,8 +20,11 @@ use burn_megatron_kernels::wgmma::{Accumulation, BScales, Schedule, fp8_blockwis
 /// llama-1b's projections fused side by side (q, k and v: 6144 columns; gate and up: 11264):
 /// forward, input gradient and weight gradient, beside the attention projections' weight
 /// gradient alone. Last, two input gradients as the layers run them: `dy·Wᵀ` with `W` stored
-/// `[in, out]`, so B a transposed view (K-major), where the rows above read B MN-major.
-pub const SHAPES: [(&str, usize, usize, usize, bool, bool); 16] = [
+/// `[in, out]`, so B a transposed view (K-major), where the rows above read B MN-major. Then
+/// the rest of llama-8b's products on a rank at tp = 2 (4096 tokens, each of q, k and v 2048
+/// columns, the MLP 7168), each pass as the layers run it, for the FP8 GEMM's 1.2 PFLOP/s target
+/// on the llama-8b shapes.
+pub const SHAPES: [(&str, usize, usize, usize, bool, bool); 27] = [
     ("1b.w13.fwd", 8192, 2048, 5632, false, false),
     ("1b.w13.wgrad", 2048, 8192, 5632, true, false),
     ("1b.w2.fwd", 8192, 5632, 2048, false, false),
@@ -38,6 +41,17 @@ pub const SHAPES: [(&str, usize, usize, usize, bool, bool); 16] = [
     ("1b.w13cat.wgrad", 2048, 8192, 11264, true, false),
     ("1b.w13.dgrad", 8192, 5632, 2048, false, true),
     ("1b.qkvo.dgrad", 8192, 2048, 2048, false, true),
+    ("8b.tp2.qkv.fwd", 4096, 4096, 2048, false, false),
+    ("8b.tp2.qkv.dgrad", 4096, 2048, 4096, false, true),
+    ("8b.tp2.qkv.wgrad", 4096, 4096, 2048, true, false),
+    ("8b.tp2.o.fwd", 4096, 2048, 4096, false, false),
+    ("8b.tp2.o.dgrad", 4096, 4096, 2048, false, true),
+    ("8b.tp2.o.wgrad", 2048, 4096, 4096, true, false),
+    ("8b.tp2.w13.dgrad", 4096, 7168, 4096, false, true),
+    ("8b.tp2.w13.wgrad", 4096, 4096, 7168, true, false),
+    ("8b.tp2.w2.fwd", 4096, 7168, 4096, false, false),
+    ("8b.tp2.w2.dgrad", 4096, 4096, 7168, false, true),
+    ("8b.tp2.w2.wgrad", 7168, 4096, 4096, true, false),
 ];
 
 /// `(m, k, n)` that fill no tile: m and n ragged for 128 × 256 blocks, k for 64-deep slices (a

@@ -21,6 +21,17 @@ SHAPES = [
     ("1b.w13cat.wgrad", 2048, 8192, 11264, True, False),
     ("1b.w13.dgrad", 8192, 5632, 2048, False, True),
     ("1b.qkvo.dgrad", 8192, 2048, 2048, False, True),
+    ("8b.tp2.qkv.fwd", 4096, 4096, 2048, False, False),
+    ("8b.tp2.qkv.dgrad", 4096, 2048, 4096, False, True),
+    ("8b.tp2.qkv.wgrad", 4096, 4096, 2048, True, False),
+    ("8b.tp2.o.fwd", 4096, 2048, 4096, False, False),
+    ("8b.tp2.o.dgrad", 4096, 4096, 2048, False, True),
+    ("8b.tp2.o.wgrad", 2048, 4096, 4096, True, False),
+    ("8b.tp2.w13.dgrad", 4096, 7168, 4096, False, True),
+    ("8b.tp2.w13.wgrad", 4096, 4096, 7168, True, False),
+    ("8b.tp2.w2.fwd", 4096, 7168, 4096, False, False),
+    ("8b.tp2.w2.dgrad", 4096, 4096, 7168, False, True),
+    ("8b.tp2.w2.wgrad", 7168, 4096, 4096, True, False),
 ]
 
 

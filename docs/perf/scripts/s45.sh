@@ -16,6 +16,9 @@
 #   recipes: (one GPU, carry .gpu12) llama-1b, 3 warm-up and 10 timed steps under bf16 and every
 #          recipe in turn, each with its peak memory by nvidia-smi and its pools' (`peak_mem_gib`):
 #          issue 16's speed and memory of each recipe on one card in one call.
+#   gemm:  (one GPU, carry .gpu12 with a bench of 2026-12-07 or later) `bench --gemm --kernels Wgmma`
+#          and `gemm_peer.py` (cuBLAS, bf16 and FP8) on every shape, llama-8b's products at tp 2
+#          among them: the FP8 GEMM's 1.2 PFLOP/s target on all of them, not one.
 # Logs go to $OUT, packed into one $OUT/logs.tgz at the end.
 set -u
 trap 'tar czf /tmp/logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/logs.tgz "$OUT/"' EXIT
@@ -43,6 +46,21 @@ case ${1:-two-a} in
     [ $SECONDS -lt 400 ] && run 8b-tp2-fp8 130 --preset llama-8b --steps 10 --warmup 3 --tp 2 --sp \
       --precision fp8-tensorwise-promoted
     [ $SECONDS -lt 460 ] && TP=2 peers 8b-tp2-torchao 130 llama-8b tp-fp8
+    ;;
+  gemm)
+    timeout -s KILL 300 bash .gpu/run.sh bench --gemm --kernels Wgmma > "$OUT/gemm-bench.log" 2>&1
+    timeout -s KILL 200 python3 examples/bench/gemm_peer.py > "$OUT/gemm-cublas.log" 2>&1
+    echo "CHECK lines off bf16's rounding:"
+    grep -h '^CHECK' "$OUT/gemm-bench.log" | grep -v '"rel_error": [0-9.]*e-[34]' | cut -c1-300
+    cat "$OUT/gemm-bench.log" "$OUT/gemm-cublas.log" | grep -h '^GEMM' | python3 -c '
+import sys, json, collections
+rows = collections.OrderedDict()
+for line in sys.stdin:
+    r = json.loads(line[5:])
+    rows.setdefault(r["shape"], {})[r["kernel"]] = r.get("tflops", r.get("error"))
+for shape, ks in rows.items():
+    print(shape, " ".join(f"{k}={v}" for k, v in ks.items() if k != "burn"))'
+    grep -h 'panicked\|rror' "$OUT"/gemm-*.log | head -5 | cut -c1-300
     ;;
   recipes)
     run 1b-bf16 70 $bf16
