@@ -41,14 +41,7 @@ gemm() {  # [BIN [KERNELS]]: the GEMM bench, CHECK lines off bf16's rounding, th
   timeout -s KILL 200 bash .gpu/run.sh "$bin" --gemm --kernels "${2:-Wgmma,WgmmaPairs}" > "$OUT/gemm-$bin.log" 2>&1
   echo "$bin CHECK lines: $(grep -c '^CHECK' "$OUT/gemm-$bin.log"); any not at bf16's rounding:"
   grep -h '^CHECK' "$OUT/gemm-$bin.log" | grep -v '"rel_error": [0-9.]*e-3\|"rel_error": [0-9.]*e-4' | cut -c1-300
-  grep -h '^GEMM' "$OUT/gemm-$bin.log" | python3 -c '
-import sys, json, collections
-rows = collections.OrderedDict()
-for line in sys.stdin:
-    r = json.loads(line[5:])
-    rows.setdefault(r["shape"], {})[r["kernel"]] = r.get("tflops", r.get("error"))
-for shape, ks in rows.items():
-    print(shape, " ".join(f"{k}={v}" for k, v in ks.items() if k != "burn"))'
+  gemm_table "$OUT/gemm-$bin.log"
   grep -h 'panicked\|rror' "$OUT/gemm-$bin.log" | head -5 | cut -c1-300
 }
 case $part in

@@ -52,14 +52,7 @@ case ${1:-two-a} in
     timeout -s KILL 200 python3 examples/bench/gemm_peer.py > "$OUT/gemm-cublas.log" 2>&1
     echo "CHECK lines off bf16's rounding:"
     grep -h '^CHECK' "$OUT/gemm-bench.log" | grep -v '"rel_error": [0-9.]*e-[34]' | cut -c1-300
-    cat "$OUT/gemm-bench.log" "$OUT/gemm-cublas.log" | grep -h '^GEMM' | python3 -c '
-import sys, json, collections
-rows = collections.OrderedDict()
-for line in sys.stdin:
-    r = json.loads(line[5:])
-    rows.setdefault(r["shape"], {})[r["kernel"]] = r.get("tflops", r.get("error"))
-for shape, ks in rows.items():
-    print(shape, " ".join(f"{k}={v}" for k, v in ks.items() if k != "burn"))'
+    gemm_table "$OUT/gemm-bench.log" "$OUT/gemm-cublas.log"
     grep -h 'panicked\|rror' "$OUT"/gemm-*.log | head -5 | cut -c1-300
     ;;
   recipes)

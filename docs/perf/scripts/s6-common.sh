@@ -2,6 +2,7 @@
 # memory, the peers, torchao's wheel installed, kernel tests by name, and ptxas's report.
 # Every 200 ms: memory used, and (since session 26) the SM clock, power drawn and utilization.
 # Since session 33: llama-1b's bench arguments on the peers' recipe, and a run's MEMORY lines.
+# Since session 45: the GEMM bench's lines as one row a shape.
 bf16="--preset llama-1b --steps 10 --warmup 3"
 fp8="$bf16 --precision fp8-tensorwise-promoted"
 memory() { grep -h '^MEMORY' "$OUT/bench-$1.log" | cut -c1-"${2:-160}"; }  # NAME [WIDTH]
@@ -102,4 +103,14 @@ compiled() {  # NAME
   dense "$1"; local smi=$!
   (cd .peers && timeout -s KILL 200 python3 peer_torch.py --preset llama-1b --compile --steps 40) > "$OUT/peer-$1.log" 2>&1
   kill $smi; grep -h 'RESULT' "$OUT/peer-$1.log" | cut -c1-300; report "$1"
+}
+gemm_table() {  # FILE...: `bench --gemm`'s and gemm_peer.py's GEMM lines, one row a shape: every kernel's TFLOP/s but Burn's
+  grep -h '^GEMM' "$@" | python3 -c '
+import sys, json, collections
+rows = collections.OrderedDict()
+for line in sys.stdin:
+    r = json.loads(line[5:])
+    rows.setdefault(r["shape"], {})[r["kernel"]] = r.get("tflops", r.get("error"))
+for shape, ks in rows.items():
+    print(shape, " ".join(f"{k}={v}" for k, v in ks.items() if k != "burn"))'
 }
