@@ -12,7 +12,9 @@
 #          reduction's hidden share (`--profile`), then Megatron Core's local peer on one GPU.
 #   two-b: llama-8b at tp = 2 + SP beside tp = 2 + SP + compile, then FP8 promoted at tp = 2
 #          beside torchao float8 tensorwise + compile at tp = 2 (issue 16's 1.4× our bf16 and
-#          1.1× torchao).
+#          1.1× torchao). llama-8b at tp 2 took 80.2 GiB a GPU by nvidia-smi on H200s
+#          (`logs/s7/two-gpu`, PyTorch + compile 80.1): ask for nvidia-h200-x2 with needs_h200,
+#          an H100's 80 GB may not hold it.
 #   recipes: (one GPU, carry .gpu12) llama-1b, 3 warm-up and 10 timed steps under bf16 and every
 #          recipe in turn, each with its peak memory by nvidia-smi and its pools' (`peak_mem_gib`):
 #          issue 16's speed and memory of each recipe on one card in one call.
