@@ -113,7 +113,7 @@ pub enum LayerError {
     Comm(#[from] CommError),
     /// A recorded CUDA graph's replay or input write was refused (decoding).
     #[error(transparent)]
-    Graph(#[from] burn_megatron_kernels::graph::GraphError),
+    Graph(#[from] burn_megatron_kernels::cuda::graph::GraphError),
     /// The device failed to run what was queued on it.
     #[error("the device failed: {detail}")]
     Device { detail: String },

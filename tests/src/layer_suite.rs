@@ -523,12 +523,12 @@ pub fn gemm_per_layer(h: &Harness) {
 fn product(x: Tensor<2>, w: Tensor<2>, gemm: Gemm) -> Tensor<2> {
     #[cfg(feature = "cuda")]
     if gemm == Gemm::Wgmma && x.dtype() == burn::tensor::DType::BF16 {
-        use burn_megatron_kernels::wgmma::{Schedule, matmul};
+        use burn_megatron_kernels::cuda::wgmma::{Schedule, matmul};
         if let Ok(out) = matmul(x.clone(), w.clone(), Schedule::Persistent) {
             return out;
         }
     }
     let _ = gemm;
     // What both products run otherwise: f32 operands stay f32 on CUDA, others take Burn's matmul.
-    burn_megatron_kernels::f32_matmul::matmul(x, w)
+    burn_megatron_kernels::gemm::f32_matmul::matmul(x, w)
 }

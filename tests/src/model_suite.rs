@@ -511,7 +511,7 @@ pub fn zero1_matches_unsharded(h: &Harness) {
 #[cfg(feature = "cuda")]
 pub fn optimizer_keeps_weight_amaxes(h: &Harness) {
     use burn_megatron::optim::DistributedAdamWConfig;
-    use burn_megatron_kernels::quant::fp8::{amax, take_noted_amax};
+    use burn_megatron_kernels::quant::kernels::fp8::{amax, take_noted_amax};
     for (dp, zero1) in [(1, false), (2, true)] {
         h.run(ParallelDims::tp_dp(1, dp), |ctx| {
             let dev = ctx.device.clone().autodiff();

@@ -431,7 +431,7 @@ pub fn graph_decoding_matches_eager(h: &Harness) {
     let results = h.run(ParallelDims::single(), |ctx| {
         let dev = ctx.device.clone();
         let model = tiny(&ctx.groups, &dev);
-        let on_cuda = burn_megatron_kernels::graph::Recorder::on(&Tensor::<1>::zeros([1], &dev)).is_ok();
+        let on_cuda = burn_megatron_kernels::cuda::graph::Recorder::on(&Tensor::<1>::zeros([1], &dev)).is_ok();
         let prompts = [vec![3, 14, 15, 9, 26], vec![27, 18, 28]];
         let sampled = Sampling::Sample {
             temperature: 0.8,

@@ -166,7 +166,7 @@ pub(super) fn forward(
         );
     }
     if note {
-        crate::known_amax::record_maxima(&crate::known_amax::flat(&out), maxima);
+        crate::cuda::known_amax::record_maxima(&crate::cuda::known_amax::flat(&out), maxima);
     }
     (heads_view(out), lse)
 }
@@ -213,7 +213,7 @@ pub(super) fn backward(
         // Tables the kernels cannot index: the plain backward, then the inverse rotation apart.
         let tables = tables.expect("tables");
         let (dq, dk, dv) = backward(q, k, v, out, lse, grad, causal, scale, None);
-        let unrotate = |x| crate::elementwise::rope(x, tables.cos.clone(), tables.sin.clone(), true, false);
+        let unrotate = |x| crate::rope::kernel::rope(x, tables.cos.clone(), tables.sin.clone(), true, false);
         return (unrotate(dq), unrotate(dk), dv);
     }
     let rotation = fused.flatten();
@@ -233,7 +233,7 @@ pub(super) fn backward(
             let (dq, dk, dv) = (primitive(dq), primitive(dk), primitive(dv));
             return match tables {
                 Some(t) => {
-                    let unrotate = |x| crate::elementwise::rope(x, t.cos.clone(), t.sin.clone(), true, false);
+                    let unrotate = |x| crate::rope::kernel::rope(x, t.cos.clone(), t.sin.clone(), true, false);
                     (unrotate(dq), unrotate(dk), dv)
                 }
                 None => (dq, dk, dv),

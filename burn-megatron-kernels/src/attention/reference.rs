@@ -1,10 +1,10 @@
 //! Attention in plain tensor ops, in f32: the CPU path, the fallback for what the flash kernels
 //! do not take, and the oracle their tests compare against. It materializes the `[b, h, s, s]`
-//! scores. Its products stay f32 on CUDA too ([`crate::f32_matmul`]: no TF32).
+//! scores. Its products stay f32 on CUDA too ([`crate::gemm::f32_matmul`]: no TF32).
 
 use burn::tensor::{Bool, DType, Tensor};
 
-use crate::f32_matmul::matmul;
+use crate::gemm::f32_matmul::matmul;
 
 /// log₂(e): natural logs to base-2 ones.
 const LOG2_E: f32 = core::f32::consts::LOG2_E;

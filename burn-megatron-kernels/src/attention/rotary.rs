@@ -287,7 +287,7 @@ pub fn rotary_attention(
 }
 
 /// [`rotary_attention`] of q and k that arrive rotated (their products rotated them:
-/// [`crate::linear::linear_rotated`]), read as they are; differentiable in the heads before the
+/// [`crate::gemm::linear_rotated`]), read as they are; differentiable in the heads before the
 /// rotation, as [`RotatedHeads`] are.
 ///
 /// # Shapes
@@ -370,7 +370,7 @@ mod tests {
     /// products in tensor ops give; a quantized product is refused (`None`).
     #[test]
     fn rotated_products_match_rotation_after_the_products() {
-        use crate::linear::{Gemm, linear_rotated};
+        use crate::gemm::{Gemm, linear_rotated};
         let device = Device::flex().autodiff();
         let normal = Distribution::Normal(0.0, 1.0);
         let x = Tensor::<3>::random([2, 5, 6], normal, &device).require_grad();

@@ -176,7 +176,7 @@ pub fn draws(shape: [usize; 2], seed: u64, device: &burn::tensor::Device) -> Ten
     if let Ok(out) =
         Tensor::<1>::empty([shape[0] * shape[1]], (device, DType::F32)).try_into_primitive::<burn::backend::Cube>()
     {
-        return Tensor::<1>::from_primitive::<burn::backend::Cube>(crate::quant_kernels::fill_draws(out, key))
+        return Tensor::<1>::from_primitive::<burn::backend::Cube>(crate::quant::kernels::cast::fill_draws(out, key))
             .reshape(shape);
     }
     let values: Vec<f32> = (0..shape[0] * shape[1])

@@ -32,7 +32,7 @@ pub fn keep_parameter_amax<const D: usize>(owner: u64, index: usize, value: &Ten
         use burn::backend::Cube;
         let cuda = |t: Tensor<D>| t.inner().try_into_primitive::<Cube>().ok();
         if let (Some(value), Some(amax)) = (cuda(value.clone()), amax.inner().try_into_primitive::<Cube>().ok()) {
-            crate::known_amax::keep_parameter((owner, index), &value, amax);
+            crate::cuda::known_amax::keep_parameter((owner, index), &value, amax);
         }
     }
     #[cfg(not(feature = "cuda"))]
@@ -42,7 +42,7 @@ pub fn keep_parameter_amax<const D: usize>(owner: u64, index: usize, value: &Ten
 /// Drops what [`keep_parameter_amax`] kept for `owner`'s parameters.
 pub fn forget_parameter_amaxes(owner: u64) {
     #[cfg(feature = "cuda")]
-    crate::known_amax::forget_parameters(owner);
+    crate::cuda::known_amax::forget_parameters(owner);
     #[cfg(not(feature = "cuda"))]
     let _ = owner;
 }

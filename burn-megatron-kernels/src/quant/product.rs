@@ -242,7 +242,7 @@ pub fn quantized_operands(
 pub fn emulate(a: Tensor<2>, b: Tensor<2>, recipe: Recipe, pass: Pass, amax: &Amax) -> Tensor<2> {
     let dtype = a.dtype();
     let (a, b) = quantized_operands(a, b, recipe, pass, amax);
-    crate::f32_matmul::matmul(a, b.transpose()).cast(dtype)
+    crate::gemm::f32_matmul::matmul(a, b.transpose()).cast(dtype)
 }
 
 /// `x` (`operand`) Hadamard-transformed where `q` says so, quantized with `q` and dequantized:
@@ -285,7 +285,7 @@ fn quantize_on_cuda(x: &Tensor<2>, q: Quantizer, amax: &Amax, operand: Operand) 
             .expect("the amax on the operand's device"),
         None => t,
     };
-    crate::quant_emulated::fake_quantize(cube, q, reduce).map(Tensor::<2>::from_primitive::<Cube>)
+    crate::quant::kernels::emulated::fake_quantize(cube, q, reduce).map(Tensor::<2>::from_primitive::<Cube>)
 }
 
 /// A seed from `x`'s shape and the bits of four of its values (first, two inner, last).

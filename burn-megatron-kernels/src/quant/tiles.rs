@@ -27,7 +27,7 @@ pub fn quantize_tiles(x: Tensor<2>, format: Minifloat) -> (Tensor<2, Int>, Tenso
     );
     #[cfg(feature = "cuda")]
     if let Ok(primitive) = x.clone().try_into_primitive::<burn::backend::Cube>() {
-        let (codes, scales) = crate::quant_blocks::quantize_tiles(primitive, format);
+        let (codes, scales) = crate::quant::kernels::blocks::quantize_tiles(primitive, format);
         return (
             Tensor::from_primitive::<burn::backend::Cube>(codes),
             Tensor::from_primitive::<burn::backend::Cube>(scales),
@@ -68,7 +68,7 @@ pub fn quantize_row_tiles(x: Tensor<2>, format: Minifloat) -> (Tensor<2, Int>, T
     );
     #[cfg(feature = "cuda")]
     if let Ok(primitive) = x.clone().try_into_primitive::<burn::backend::Cube>() {
-        let (codes, scales) = crate::quant_blocks::quantize_row_tiles(primitive, format);
+        let (codes, scales) = crate::quant::kernels::blocks::quantize_row_tiles(primitive, format);
         return (
             Tensor::from_primitive::<burn::backend::Cube>(codes),
             Tensor::from_primitive::<burn::backend::Cube>(scales),
@@ -100,7 +100,7 @@ pub fn quantize_tiles_both(
     #[cfg(feature = "cuda")]
     if let Ok(primitive) = x.clone().try_into_primitive::<burn::backend::Cube>()
         && let Some(((codes, scales), (transposed, column_scales))) =
-            crate::quant_blocks::quantize_tiles_both(primitive, format)
+            crate::quant::kernels::blocks::quantize_tiles_both(primitive, format)
     {
         let t = |codes| Tensor::from_primitive::<burn::backend::Cube>(codes);
         let f = |scales| Tensor::from_primitive::<burn::backend::Cube>(scales);
@@ -121,7 +121,7 @@ pub fn quantize_squares(x: Tensor<2>, format: Minifloat) -> (Tensor<2, Int>, Ten
     );
     #[cfg(feature = "cuda")]
     if let Ok(primitive) = x.clone().try_into_primitive::<burn::backend::Cube>() {
-        let (direct, transposed, scales) = crate::quant_blocks::quantize_squares(primitive, format, true);
+        let (direct, transposed, scales) = crate::quant::kernels::blocks::quantize_squares(primitive, format, true);
         let t = |codes| Tensor::from_primitive::<burn::backend::Cube>(codes);
         return (
             t(direct.expect("the direct codes it was asked for")),

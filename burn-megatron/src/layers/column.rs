@@ -202,7 +202,7 @@ impl ColumnParallelLinear {
     /// The product when this layer's forward is exactly `x · weight` on its input as given: no
     /// mapping over tp, bias, input quantizer or output gather, and no quantized recipe (which
     /// quantizes its operands first). A caller fusing the product with others computes it
-    /// itself then (`burn_megatron_kernels::gated`).
+    /// itself then (`burn_megatron_kernels::gated_mlp`).
     pub fn plain_product(&self) -> Option<Gemm> {
         let plain = self.bias.is_none()
             && self.input == ColumnInput::InRegion

@@ -5,7 +5,7 @@ use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::copy_to_tp;
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
-use burn_megatron_kernels::norm_link::NormLink;
+use burn_megatron_kernels::rms_norm::link::NormLink;
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
 use burn_megatron_kernels::rms_norm::{rms_norm_linked, rms_norm_noting};
 
@@ -71,7 +71,7 @@ impl RmsNorm {
     }
 
     /// The norm of a residual stream `x` whose branch, computed from this output, goes back into
-    /// `x` through `burn_megatron_kernels::norm_link::residual_add` with the same `link`, and
+    /// `x` through `burn_megatron_kernels::rms_norm::link::residual_add` with the same `link`, and
     /// whose output's readers take it through `norm_link::fan_out`: the backward adds the
     /// stream's gradient into `x`'s, and the readers' into the output's, as its kernel reads and
     /// writes them. `notes` as the kernels take them: the output's amax, and the input

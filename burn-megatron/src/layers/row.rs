@@ -9,7 +9,7 @@ use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, reduce_from_tp, reduce_scatter_to_sp, scatter_to_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
-use burn_megatron_kernels::norm_link::{NormLink, residual_add};
+use burn_megatron_kernels::rms_norm::link::{NormLink, residual_add};
 use burn_megatron_kernels::quant::product::WeightCodes;
 use burn_megatron_kernels::{Gemm, linear_onto};
 
@@ -231,7 +231,7 @@ impl RowParallelLinear {
 
     /// The product as a plain bf16 product of this rank's input features (no bias, no
     /// quantization), or `None`: then another op may compute it (the MLP's fused SwiGLU and down
-    /// projection, `burn_megatron_kernels::gated::gated_mlp`), leaving [`Self::sum_partials`] to
+    /// projection, `burn_megatron_kernels::gated_mlp::gated_mlp`), leaving [`Self::sum_partials`] to
     /// this layer.
     pub fn plain_product(&self) -> Option<Gemm> {
         let plain = self.bias.is_none()

@@ -10,7 +10,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{DType, FloatDType, Tensor};
 use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
 use burn_megatron_kernels::adamw::{AdamWStep, adamw_master_step};
-use burn_megatron_kernels::norm::sum_of_squares;
+use burn_megatron_kernels::grad_norm::sum_of_squares;
 use burn_megatron_kernels::quant::notes::{forget_parameter_amaxes, keep_parameter_amax};
 
 use super::buckets::{BucketConfig, GradGroup, GradReducer, Reduction, pad};

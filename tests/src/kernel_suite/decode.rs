@@ -4,7 +4,7 @@
 
 use burn::tensor::{DType, Device, Distribution, Tensor};
 use burn_megatron_kernels::decode::{cache_append, decode_attention, positions, reference};
-use burn_megatron_kernels::graph::{Recorder, overwrite};
+use burn_megatron_kernels::cuda::graph::{Recorder, overwrite};
 
 use super::{relative_error, tolerance};
 use crate::Harness;

@@ -10,9 +10,9 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Distribution, Tensor, TensorData};
 use burn_megatron_kernels::Gemm;
 use burn_megatron_kernels::attention::{attention, rotary_attention};
-use burn_megatron_kernels::gated::gated_mlp;
+use burn_megatron_kernels::gated_mlp::gated_mlp;
 use burn_megatron_kernels::rope::reference::rope as rope_reference;
-use burn_megatron_kernels::wgmma::{Schedule, WgmmaError, matmul};
+use burn_megatron_kernels::cuda::wgmma::{Schedule, WgmmaError, matmul};
 
 use crate::Harness;
 
@@ -260,7 +260,7 @@ pub fn swiglu(h: &Harness) {
 /// `fan_out`), the backward's `dx` with the stream's and two readers' gradients added in the
 /// kernel against the same formula's.
 pub fn rms_norm(h: &Harness) {
-    use burn_megatron_kernels::norm_link::{NormLink, fan_out, residual_add};
+    use burn_megatron_kernels::rms_norm::link::{NormLink, fan_out, residual_add};
     use burn_megatron_kernels::quant::notes::NoteAmaxes;
     use burn_megatron_kernels::rms_norm::rms_norm_linked;
     let device = h.device(0).autodiff();
@@ -415,7 +415,7 @@ pub fn adamw(h: &Harness) {
 pub fn adamw_master(h: &Harness) {
     use burn::tensor::FloatDType;
     use burn_megatron_kernels::adamw::{adamw_master_step, reference};
-    use burn_megatron_kernels::quant::fp8::amax;
+    use burn_megatron_kernels::quant::kernels::fp8::amax;
     let device = h.device(0);
     let bits = |t: Tensor<1>| t.into_scalar::<f32>().to_bits();
     let amax_pass = |t: &Tensor<1>| amax(t.clone().reshape([1, t.dims()[0]]));
@@ -523,7 +523,7 @@ pub fn adamw_master(h: &Harness) {
 /// buffer; bf16 and f32.
 pub fn sum_of_squares(h: &Harness) {
     use burn::tensor::Device;
-    use burn_megatron_kernels::norm::sum_of_squares;
+    use burn_megatron_kernels::grad_norm::sum_of_squares;
     let device = h.device(0);
     let lengths = [3 * 2048 * 8 + 5 * 8, 1000, 7, 0, 2_000_003];
     for dtype in [DType::BF16, DType::F32] {
@@ -549,13 +549,13 @@ pub fn sum_of_squares(h: &Harness) {
     assert_eq!(empty, 0.0, "no tensors sum to zero");
 }
 
-/// f32 products stay f32 on CUDA ([`burn_megatron_kernels::f32_matmul`]), plain, batched and
+/// f32 products stay f32 on CUDA ([`burn_megatron_kernels::gemm::f32_matmul`]), plain, batched and
 /// through transposed views, against the CPU's f32 product of the same operands. TF32 rounds
 /// operands to a 10-bit mantissa (about 1e-3 relative off on these shapes); f32 sums of up to
 /// 1000 products in another order are within 1e-5.
 pub fn f32_matmul(h: &Harness) {
     use burn::tensor::Device;
-    use burn_megatron_kernels::f32_matmul::matmul;
+    use burn_megatron_kernels::gemm::f32_matmul::matmul;
     use burn_megatron_kernels::{Gemm, gemm};
     let device = h.device(0);
     let cpu = Device::flex();
@@ -652,7 +652,7 @@ pub fn cross_entropy(h: &Harness) {
 /// to one product a group (k no multiple of 64).
 pub fn grouped_gemm(h: &Harness) {
     use burn::tensor::{Device, Int, TensorData};
-    use burn_megatron_kernels::grouped::{Groups, grouped_matmul};
+    use burn_megatron_kernels::grouped_gemm::{Groups, grouped_matmul};
     let device = h.device(0).autodiff();
     let cpu = Device::flex().autodiff();
     let on = |starts: &[i64], d: &Device| {

@@ -5,9 +5,9 @@
 use burn::tensor::activation::silu;
 use burn::tensor::{DType, Distribution, Tensor};
 use burn_megatron_kernels::Gemm;
-use burn_megatron_kernels::gated::gated_mlp_onto;
+use burn_megatron_kernels::gated_mlp::gated_mlp_onto;
 use burn_megatron_kernels::linear_onto;
-use burn_megatron_kernels::norm_link::NormLink;
+use burn_megatron_kernels::rms_norm::link::NormLink;
 
 use super::{f32_leaf, relative_error};
 use crate::Harness;

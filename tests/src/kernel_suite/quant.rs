@@ -54,7 +54,7 @@ pub fn fp8_tiles(h: &Harness) {
 /// only within a 128-deep slice.
 pub fn fp8_gemm(h: &Harness) {
     use burn_megatron_kernels::quant::format::Minifloat;
-    use burn_megatron_kernels::wgmma::Accumulation;
+    use burn_megatron_kernels::cuda::wgmma::Accumulation;
     let pairs = [(Minifloat::E4M3, Minifloat::E4M3), (Minifloat::E4M3, Minifloat::E5M2)];
     for accumulation in [Accumulation::Fast, Accumulation::Promoted] {
         for formats in pairs {
@@ -92,13 +92,13 @@ fn fp8_gemm_error(
         burn_megatron_kernels::quant::format::Minifloat,
     ),
     (m, k, n): (usize, usize, usize),
-    accumulation: burn_megatron_kernels::wgmma::Accumulation,
+    accumulation: burn_megatron_kernels::cuda::wgmma::Accumulation,
     distribution: Distribution,
 ) -> f32 {
     use burn::tensor::{Device, Int, TensorData};
     use burn_megatron_kernels::quant::format::Minifloat;
     use burn_megatron_kernels::quant::scaling::{Scaling, amax, quantize, quantize_scale};
-    use burn_megatron_kernels::wgmma::{Schedule, fp8_matmul};
+    use burn_megatron_kernels::cuda::wgmma::{Schedule, fp8_matmul};
     let device = h.device(0);
     let cpu = Device::flex();
     let host = |rows: usize| -> Vec<f32> {
@@ -131,7 +131,7 @@ fn fp8_gemm_error(
 /// holding a value, or a ticket left counting, shows in the next.
 pub fn fp8_amax(h: &Harness) {
     use burn::tensor::{Device, TensorData};
-    use burn_megatron_kernels::quant::fp8::amax;
+    use burn_megatron_kernels::quant::kernels::fp8::amax;
     let device = h.device(0);
     let cpu = Device::flex();
     for (i, (r, c)) in [(4100, 4104), (37, 13), (4100, 2056), (1, 8)].into_iter().enumerate() {
@@ -182,8 +182,8 @@ pub fn fp8_amax(h: &Harness) {
 /// on an un-noted output of the same values; nothing is noted where nothing was asked.
 pub fn amax_notes(h: &Harness) {
     use burn_megatron_kernels::attention::attention_noting;
-    use burn_megatron_kernels::norm_link::{NormLink, residual_add};
-    use burn_megatron_kernels::quant::fp8::{amax, take_noted_amax};
+    use burn_megatron_kernels::rms_norm::link::{NormLink, residual_add};
+    use burn_megatron_kernels::quant::kernels::fp8::{amax, take_noted_amax};
     use burn_megatron_kernels::quant::notes::NoteAmaxes;
     use burn_megatron_kernels::quant::product::product;
     use burn_megatron_kernels::quant::recipe::Recipe;
@@ -372,7 +372,7 @@ pub fn fp8_blockwise_gemm(h: &Harness) {
     use burn::tensor::{Device, Int, TensorData};
     use burn_megatron_kernels::quant::format::Minifloat;
     use burn_megatron_kernels::quant::scaling::{Scaling, quantize};
-    use burn_megatron_kernels::wgmma::{BScales, fp8_blockwise_matmul};
+    use burn_megatron_kernels::cuda::wgmma::{BScales, fp8_blockwise_matmul};
     let device = h.device(0);
     let cpu = Device::flex();
     let host = |rows: usize, cols: usize| -> Vec<f32> {

@@ -394,7 +394,7 @@ pub(crate) fn delta_kernel<N: Size>(
         let g = batch * d_out.stride(0) + head * d_out.stride(1) + pos * d_out.stride(2);
         let product = Vector::<f32, N>::cast_from(out[o / DELTA_VECTOR + lane])
             * Vector::<f32, N>::cast_from(d_out[g / DELTA_VECTOR + lane]);
-        sum = crate::row_kernels::hsum(product);
+        sum = crate::cuda::reduce::hsum(product);
         // dQ's sums for this row start at zero: its 128 values, a vector a lane.
         sums[(r * DELTA_LANES) as usize + lane] = Vector::<f32, N>::new(0.0f32);
     }

@@ -6,7 +6,7 @@
 //! A block owns 128 rows (two warpgroups of 64) of the tensor it writes and sweeps tiles of the
 //! others through a TMA pipeline whose copies thread 0 issues ([`Sweep`]: the forward 128-row
 //! tiles in 3 stages, the backward 64-row tiles in 2). Every product is a `wgmma` chain
-//! ([`crate::hopper`]): scores over the 128-deep head dim, the updates as `m64n128` with the
+//! ([`crate::cuda::hopper`]): scores over the 128-deep head dim, the updates as `m64n128` with the
 //! probabilities (or their gradients) as the A operand straight from registers. Softmax runs in base 2 on `scale · log2(e)`-scaled scores;
 //! the forward saves `lse₂`, each row's log₂-sum-exp₂, for the backward.
 //!
@@ -17,7 +17,7 @@
 use cubecl::prelude::*;
 use cubecl_cpp::cuda::ptx::generic_to_shared;
 
-use crate::hopper::*;
+use crate::cuda::hopper::*;
 
 mod backward;
 mod forward;

@@ -13,12 +13,12 @@
 //!
 //! Legend: `t` tokens, `k` top k, `d` d_model, `e` experts.
 //!
-//! [`row_alignment`]: burn_megatron_kernels::grouped::row_alignment
+//! [`row_alignment`]: burn_megatron_kernels::grouped_gemm::row_alignment
 
 use std::ops::Range;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_megatron_kernels::grouped::Groups;
+use burn_megatron_kernels::grouped_gemm::Groups;
 use burn_megatron_kernels::order::{HostOrder, order_by_expert};
 use burn_megatron_kernels::rows::{combine_rows, gather_rows};
 

@@ -1,5 +1,5 @@
 //! The routed experts: `e` SwiGLU MLPs, each run on the rows dispatched to it, all of them in one
-//! grouped product a projection (`burn_megatron_kernels::grouped`: one launch on CUDA). An
+//! grouped product a projection (`burn_megatron_kernels::grouped_gemm`: one launch on CUDA). An
 //! expert that receives no token is skipped, and its weights' gradient is zero.
 //!
 //! A rank holds `e/ep` of them (expert parallelism: ep rank `r` holds experts `r·e/ep ..`), and
@@ -11,7 +11,7 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
-use burn_megatron_kernels::grouped::{Groups, grouped_matmul};
+use burn_megatron_kernels::grouped_gemm::{Groups, grouped_matmul};
 use burn_megatron_kernels::swiglu::swiglu;
 
 use crate::init::{ParamInit, Shard};

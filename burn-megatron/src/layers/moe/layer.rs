@@ -35,7 +35,7 @@ use crate::error::{ConfigError, LayerError, divisible};
 use crate::init::ParamInit;
 use crate::layers::{ParallelMlp, ParallelMlpConfig, SequenceLayout};
 use crate::plan::ExpertParallel;
-use burn_megatron_kernels::grouped::{Groups, row_alignment};
+use burn_megatron_kernels::grouped_gemm::{Groups, row_alignment};
 
 #[derive(Config, Debug)]
 pub struct MoeConfig {

@@ -21,7 +21,7 @@ use crate::precision::EdgeBlocks;
 use crate::precision::ptq::InputQuantizer;
 use crate::recompute::Recompute;
 use burn_megatron_kernels::Gemm;
-use burn_megatron_kernels::norm_link::{NormLink, residual_add};
+use burn_megatron_kernels::rms_norm::link::{NormLink, residual_add};
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
 
 /// Where the output layer's weight comes from.

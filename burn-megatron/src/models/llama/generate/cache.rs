@@ -14,7 +14,7 @@ use burn_megatron_dist::mappings::copy_to_tp;
 
 use crate::error::{ConfigError, LayerError};
 use burn_megatron_kernels::decode::positions;
-use burn_megatron_kernels::f32_matmul::matmul;
+use burn_megatron_kernels::gemm::f32_matmul::matmul;
 
 use super::step::StepInputs;
 use crate::layers::{ParallelAttention, SequenceLayout};
