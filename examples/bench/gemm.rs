@@ -11,7 +11,7 @@ use crate::routines::{GemmKernel, matmul};
 use burn::tensor::{DType, Device, Tensor};
 use burn_megatron_kernels::quant::format::Minifloat;
 use burn_megatron_kernels::quant::tiles::{quantize_squares, quantize_tiles};
-use burn_megatron_kernels::wgmma::{Accumulation, BScales, Schedule, fp8_blockwise_matmul, fp8_matmul};
+use burn_megatron_kernels::cuda::wgmma::{Accumulation, BScales, Schedule, fp8_blockwise_matmul, fp8_matmul};
 
 /// `(name, m, k, n, lhs transposed, rhs transposed)`: llama-1b's MLP (8192 tokens) forward `x·W` and weight
 /// gradient `xᵀ·dy` (lhs a transposed view), its down projection and attention projections,

@@ -11,7 +11,7 @@ use std::time::Instant;
 use burn::backend::Cube;
 use burn::tensor::{DType, Device, Distribution, Tensor};
 use burn::tensor::{Int, TensorData};
-use burn_megatron_kernels::grouped::{GroupedOps, Groups, grouped_matmul};
+use burn_megatron_kernels::grouped_gemm::{GroupedOps, Groups, grouped_matmul};
 
 /// moe-4b's experts and rows.
 const EXPERTS: usize = 32;
@@ -80,10 +80,10 @@ pub fn run(device: &Device, iters: usize) {
         let x = Tensor::<2>::random([ROWS, k], normal, (device, DType::BF16));
         let w = Tensor::<2>::random([k, n], normal, (device, DType::BF16));
         let product = || {
-            burn_megatron_kernels::wgmma::matmul(
+            burn_megatron_kernels::cuda::wgmma::matmul(
                 x.clone(),
                 w.clone(),
-                burn_megatron_kernels::wgmma::Schedule::Persistent,
+                burn_megatron_kernels::cuda::wgmma::Schedule::Persistent,
             )
             .unwrap()
         };

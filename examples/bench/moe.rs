@@ -12,7 +12,7 @@ use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::layers::moe::dispatch::{dispatch, dispatch_host, permute, read_experts, unpermute};
 use burn_megatron::models::llama::recipes;
 use burn_megatron_dist::ProcessGroups;
-use burn_megatron_kernels::grouped::row_alignment;
+use burn_megatron_kernels::grouped_gemm::row_alignment;
 
 /// Mean host and total milliseconds of `iters` synchronized runs of `f`, after two untimed.
 fn timed<T>(device: &Device, iters: usize, mut f: impl FnMut() -> T) -> (f64, f64) {

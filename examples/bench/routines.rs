@@ -11,7 +11,7 @@ use burn::tensor::{DType, Tensor};
 use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
 use burn_cubecl::kernel::matmul::init_matmul_output;
 use burn_cubecl::tensor::CubeTensor;
-use burn_megatron_kernels::wgmma::{self, Schedule};
+use burn_megatron_kernels::cuda::wgmma::{self, Schedule};
 use cubek::matmul::definition::{MatmulElems, MatmulGlobalElems};
 use cubek::matmul::launch::launch_ref;
 use cubek::matmul::multi_level::Strategy as MultiLevel;
