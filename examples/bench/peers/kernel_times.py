@@ -3,6 +3,7 @@
   ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base \
       PROGRAM ... > kernels.csv
   python3 kernel_times.py kernels.csv MARKER [TOP]
+  python3 kernel_times.py kernels.csv - [TOP]      every kernel profiled (a decoding run, say)
 
 PROGRAM runs at least three steps (two warm-up and a timed one): the first step's optimizer
 makes the parameters compact (CubeCL allocates some shapes with padded rows), and their
@@ -44,15 +45,20 @@ def blocks(indices, gap=64):
 
 
 def main():
-    path, marker = sys.argv[1], re.compile(sys.argv[2])
+    path, marker = sys.argv[1], sys.argv[2]
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 40
     kernels = rows(path)
-    runs = blocks([i for i, (n, _) in enumerate(kernels) if marker.search(n)])
+    if marker == "-":
+        return table(kernels, "all kernels", top)
+    runs = blocks([i for i, (n, _) in enumerate(kernels) if re.search(marker, n)])
     if len(runs) < 2:
         sys.exit(f"{len(runs)} optimizer block(s) among {len(kernels)} kernels: need two steps")
-    step = kernels[runs[-2][1] + 1 : runs[-1][1] + 1]
+    table(kernels[runs[-2][1] + 1 : runs[-1][1] + 1], "last step", top)
+
+
+def table(step, what, top):
     total = sum(t for _, t in step)
-    print(f"last step: {len(step)} kernels, {total / 1e6:.2f} ms of GPU time")
+    print(f"{what}: {len(step)} kernels, {total / 1e6:.2f} ms of GPU time")
     groups = {}
     for n, t in step:
         key = re.sub(r"[(<].*$", "", n)[:90]
