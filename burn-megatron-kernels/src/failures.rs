@@ -3,8 +3,8 @@
 //! A launch CubeCL 0.11 could not run (a buffer it could not allocate, or one a failure reached
 //! before) is skipped and logged at `warn` (`cubecl-server`'s `stream/failures.rs`). A read is
 //! meant to fail wherever such a failure reached the buffer read, but past the device's memory a
-//! llama step's loss read back 0 with no error, and a `sync` reports device faults only
-//! (`docs/perf/recompute.md`). The log line is the one sign: [`watch`] installs a logger that
+//! llama step's loss read back 0 with no error, and a `sync` reports device faults only.
+//! The log line is the one sign: [`watch`] installs a logger that
 //! counts CubeCL's warnings and errors, and [`check`] turns them into a [`DeviceFailure`], for a
 //! training loop to call after each step's loss is read.
 
@@ -49,7 +49,7 @@ impl Log for Watch {
         // An allocation that fails once is retried after a cleanup, and says so: not a failure
         // yet. Anything else CubeCL warns of is (the launch that could not run past the device's
         // memory: "An IO error happened … Memory location was never initialized"; a llama
-        // step logs nothing else, `docs/perf/logs/s35`).
+        // step logs nothing else).
         if !text.contains("reclaiming and retrying") && COUNT.fetch_add(1, Ordering::Relaxed) == 0 {
             *FIRST.lock().expect("not poisoned") = Some(text.clone());
         }

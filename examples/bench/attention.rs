@@ -1,6 +1,6 @@
 //! `bench --attention`: our flash attention's forward and backward alone on the llama presets'
 //! shapes (causal, bf16, head dim 128, q/k/v as the layer passes them: `[b, h, s, d]` views of
-//! `[b, s, h, d]` memory), one `ATTENTION {…}` line each; `attention_peer.py` prints the same
+//! `[b, s, h, d]` memory), one `ATTENTION {…}` line each; `peers/attention.py` prints the same
 //! lines for PyTorch's scaled-dot-product attention backends.
 
 use std::time::Instant;

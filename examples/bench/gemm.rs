@@ -1,7 +1,7 @@
 //! `bench --gemm`: the matmul routines and Burn's own matmul on the llama GEMM shapes, in bf16,
 //! and our wgmma kernel on E4M3 codes (`Fp8Wgmma`; `Fp8WgmmaPromoted`, its partial sums
 //! promoted every slice; blockwise `Fp8Blockwise`, B in 128×128 blocks, and `Fp8BlockwiseRows`,
-//! B in 1×128 tiles), one `GEMM {…}` line each; `gemm_peer.py` prints the same lines for cuBLAS through PyTorch.
+//! B in 1×128 tiles), one `GEMM {…}` line each; `peers/gemm.py` prints the same lines for cuBLAS through PyTorch.
 //! Before timing, each routine is checked on ragged shapes with every operand layout
 //! (`CHECK {…}` lines).
 
@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use crate::routines::{GemmKernel, matmul};
 use burn::tensor::{DType, Device, Tensor};
+use burn_megatron_kernels::cuda::wgmma::{Accumulation, BScales, Schedule, fp8_blockwise_matmul, fp8_matmul};
 use burn_megatron_kernels::quant::format::Minifloat;
 use burn_megatron_kernels::quant::tiles::{quantize_squares, quantize_tiles};
-use burn_megatron_kernels::cuda::wgmma::{Accumulation, BScales, Schedule, fp8_blockwise_matmul, fp8_matmul};
 
 /// `(name, m, k, n, lhs transposed, rhs transposed)`: llama-1b's MLP (8192 tokens) forward `x·W` and weight
 /// gradient `xᵀ·dy` (lhs a transposed view), its down projection and attention projections,

@@ -1,6 +1,6 @@
 //! `bench --grouped`: the MoE grouped product on moe-4b's shapes (32 experts, d 2048, ffn 1408,
 //! 8192 tokens × top 4 = 32768 rows over uneven groups), forward, dgrad and wgrad, bf16, one
-//! `GROUPED {…}` line each; `grouped_peer.py` prints the same lines for `torch._grouped_mm`
+//! `GROUPED {…}` line each; `peers/grouped_gemm.py` prints the same lines for `torch._grouped_mm`
 //! on the same group sizes. Each result is checked against one Burn product a group in f32
 //! first (`rel_error`). The kernel takes groups that start at whole 128-row tiles (as the MoE
 //! dispatch lays them out); the uneven sizes run the forward through `grouped_matmul`, which

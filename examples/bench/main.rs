@@ -1,5 +1,5 @@
 //! Training throughput of a Llama preset on CUDA GPUs, as the RESULT line of
-//! ../shared/BENCHMARKS.md, so it runs beside `../shared/peers/run_peers.sh` in one device call.
+//! `docs/performance.md`, so it runs beside `peers/run.sh` in one device call.
 //!
 //!   bench [--preset llama-1b] [--tp N] [--sp] [--dp N] [--steps 10] [--warmup 3] [--profile]
 //!   bench … --pure-bf16               bf16 parameters updated in bf16 (no master weights), labelled
@@ -352,7 +352,7 @@ fn main() {
     );
 }
 
-/// The parameters a token's matrix products touch, as ../shared/peers/common.py counts them: a
+/// The parameters a token's matrix products touch, as `peers/common.py` counts them: a
 /// MoE block counts the experts a token visits (top k of them), its shared expert and its
 /// router.
 fn matmul_params(shape: &burn_megatron::models::llama::LlamaConfig) -> usize {

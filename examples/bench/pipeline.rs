@@ -19,7 +19,7 @@ use burn_megatron_dist::{RankContext, ReduceOp};
 
 use crate::memory::Mark;
 
-/// The peers' learning rate (../shared/BENCHMARKS.md).
+/// The peers' learning rate (`docs/performance.md`).
 const LR: f64 = 1e-4;
 
 /// What one rank measured.

@@ -1,5 +1,5 @@
 //! Every matrix-multiply routine by name, on Burn's CUDA tensors, for the GEMM study
-//! (`bench --gemm`, `docs/perf/gemm.md`): cubek's routines and our wgmma kernel's two schedules.
+//! (`bench --gemm`, `docs/kernels.md`): cubek's routines and our wgmma kernel's two schedules.
 //!
 //! Burn runs one routine for every matmul (`Auto`: a single-stage WMMA kernel, or autotune
 //! over a subset when Burn's `autotune` feature is on). [`GemmKernel`] names each routine

@@ -11,7 +11,7 @@ use burn_megatron_dist::RankContext;
 
 use crate::memory::Mark;
 
-/// The peers' learning rate (../shared/BENCHMARKS.md).
+/// The peers' learning rate (`docs/performance.md`).
 const LR: f64 = 1e-4;
 
 /// What one rank measured.
@@ -151,7 +151,7 @@ pub fn check_failures(when: &str) {
 /// Stops the benchmark when the first step's loss is not what a freshly initialized model gives
 /// on uniform random ids, about `ln vocab` (its logits are near zero): such a step did not run
 /// as written. Past the device's memory, CubeCL 0.11 has been seen to leave a step unrun with no
-/// error at any read, the loss reading 0 (docs/perf/recompute.md), and the timed steps then
+/// error at any read, the loss reading 0 (`docs/reliability.md`), and the timed steps then
 /// "run" many times faster than the device can. The failed launches' log lines
 /// ([`check_failures`]) stop the bench first where CubeCL logs them.
 pub fn check_first_loss(loss: f32, vocab: usize) {
@@ -163,7 +163,7 @@ pub fn check_first_loss(loss: f32, vocab: usize) {
         panic!(
             "the first step's loss is {loss}, where a fresh model on uniform ids gives about ln {vocab} = {expected:.2}: \
              the step did not run as written (past the device's memory, a read may return what no launch wrote; \
-             docs/perf/recompute.md)"
+             docs/reliability.md)"
         );
     }
 }

@@ -1,5 +1,5 @@
 //! Collective bandwidth, one `RESULT {…}` line per operation and size, with the keys of
-//! `peer_collectives.py` (`time_us`, `busbw_gbps`) so the two run side by side.
+//! `examples/bench/peers/collectives.py` (`time_us`, `busbw_gbps`) so the two run side by side.
 //!
 //!   cargo run --release --example collectives --features cuda               ranks as threads
 //!   cargo run --release --example collectives --features cuda -- --processes  one process a GPU

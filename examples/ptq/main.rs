@@ -2,7 +2,7 @@
 //! (its GGUF file, `scripts/fetch-smollm2.sh`, or a Hugging Face directory) calibrated on windows
 //! of Shakespeare's plays (`scripts/fetch-shakespeare.sh`; all but the last tenth), quantized
 //! in each format, and measured on the held-out last tenth: perplexity and a greedy answer
-//! beside the unquantized model's, in one table (`docs/ptq.md`).
+//! beside the unquantized model's, in one table (`docs/posttrain.md`).
 //!
 //!   ptq [--model data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | --hf DIR]
 //!       [--data data/shakespeare.txt] [--calibration 64] [--calibration-seq 256]

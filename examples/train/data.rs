@@ -174,7 +174,7 @@ mod tests {
     }
 
     /// The windows' starts for the plays' length (`scripts/fetch-shakespeare.sh`'s file and
-    /// its newline), as `examples/bench/fp8_curves_peer.py` computes them in Python to train
+    /// its newline), as `examples/bench/peers/fp8_curves.py` computes them in Python to train
     /// PyTorch on the same windows: a change here must change it too.
     #[test]
     fn window_starts_match_the_peer_script() {

@@ -160,7 +160,7 @@ pub fn adamw_steps_match(h: &Harness) {
 /// before the tp reduction sums it, where tp = 1 rounds the whole sum once: the first loss then
 /// differs by bf16 rounding, 2⁻⁸ relative at most, and every later step starts from a product
 /// rounded so, which moves more values across FP8 boundaries than f32 rounding does. Measured on
-/// an H200 (tp 2 as threads on one GPU): 2.5% at step 13 (`docs/perf/logs/s20/call4`), so 5e-2.
+/// an H200 (tp 2 as threads on one GPU): 2.5% at step 13, so 5e-2.
 pub fn fp8_steps_match(h: &Harness) {
     let (first, curve) = fp8_tolerances(h);
     steps_match_with(h, Gemm::Quantized(Recipe::Fp8Tensorwise), first, curve);

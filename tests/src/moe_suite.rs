@@ -429,9 +429,9 @@ fn plan_dp(tp: usize, dp: usize, ep: usize, dispatcher: ExpertParallel, sp: bool
 ///   by more.
 /// - Routing is a discontinuous function of the weights: a token whose two best experts
 ///   score within that rounding may take the other one (on an H200 with ranks as threads,
-///   from step 3 at ep 2, `docs/perf/logs/s20/call2`; never on the CPU). From that step on
+///   from step 3 at ep 2; never on the CPU). From that step on
 ///   the run follows another, equally valid trajectory whose distance from the twin's grows
-///   with every step (1e-6 at one step, 1e-2 ten steps later, `docs/perf/logs/s19/call4`).
+///   with every step (1e-6 at one step, 1e-2 ten steps later).
 ///   So the step of the first change is checked within 1e-2 (one token of the 128 a step
 ///   routes moves the mean loss by about 1e-3), and later steps only learn.
 pub fn moe_steps_match(h: &Harness) {

@@ -199,7 +199,7 @@ fn adamw_master_kernel<G: Float, P: Float, N: Size>(
 /// does not fit the SMs at once (1 024 blocks where the kernel's registers leave room for 4 or
 /// 6 an SM) runs its last blocks as a second, mostly idle wave, while short blocks queue and keep
 /// every SM busy to the end. With two vectors a turn: 8.12 → 7.22 ms a llama-1b step on an H200
-/// (`docs/perf/kernels.md`).
+/// (`docs/kernels.md`).
 fn master_blocks(vectors: usize) -> u32 {
     (vectors as u32).div_ceil(MASTER_SWEEP).min(MASTER_BLOCKS)
 }
@@ -210,7 +210,6 @@ const MASTER_SWEEP: u32 = 8 * 256;
 /// The most blocks of [`adamw_master_kernel`]: the last block sums their partials, 64 a thread
 /// at most; past it (tensors over 2²⁵ vectors) each thread takes more than eight.
 const MASTER_BLOCKS: u32 = 16384;
-
 
 /// f32 moments: vectors of 4 are 16-byte loads.
 fn moment_vector(len: usize) -> usize {
@@ -408,4 +407,3 @@ pub(crate) fn adamw_master(
         amax,
     }
 }
-

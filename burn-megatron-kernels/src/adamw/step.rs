@@ -40,4 +40,3 @@ pub struct MasterUpdate<B: Backend> {
     pub squares: FloatTensor<B>,
     pub amax: FloatTensor<B>,
 }
-

@@ -32,13 +32,7 @@ fn shifted(logits: Tensor<2>, shift: Tensor<1>, target: Tensor<1>, valid: usize)
     Tensor::cat(vec![sum_exp, picked, real], 1)
 }
 
-pub fn backward(
-    logits: Tensor<2>,
-    shift: Tensor<1>,
-    target: Tensor<1>,
-    valid: usize,
-    grad: Tensor<2>,
-) -> Tensor<2> {
+pub fn backward(logits: Tensor<2>, shift: Tensor<1>, target: Tensor<1>, valid: usize, grad: Tensor<2>) -> Tensor<2> {
     let [n, c] = logits.dims();
     let dtype = logits.dtype();
     let device = logits.device();

@@ -42,8 +42,6 @@ pub(crate) fn launch_dims(len: usize, vector: usize) -> (CubeCount, CubeDim) {
     (CubeCount::Static(units.div_ceil(256), 1, 1), CubeDim::new_1d(256))
 }
 
-
-
 /// Runs `$kernel::launch_unchecked::<F>` for the tensor's float dtype.
 macro_rules! launch_float {
     ($dtype:expr, $kernel:ident, $($arg:expr),* $(,)?) => {
@@ -61,8 +59,6 @@ macro_rules! launch_float {
 }
 
 pub(crate) use launch_float;
-
-
 
 /// `x` compact in a float dtype the kernels are built for (cast to f32 otherwise).
 pub(crate) fn float_input(x: CubeTensor) -> CubeTensor {

@@ -11,9 +11,9 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use half::{bf16, f16};
 
-use crate::decode::reference;
 use crate::cuda::launch::{compact_input, compact_output, is_compact, launch_dims, launch_float};
 use crate::cuda::reduce::{block_max, block_sum};
+use crate::decode::reference;
 
 /// Threads a block of the attention kernel, and positions a chunk.
 const THREADS: u32 = 256;

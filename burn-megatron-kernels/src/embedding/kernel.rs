@@ -4,7 +4,7 @@
 //! 1. `count_kernel`: each token's positions counted (atomics; a count is exact in any order).
 //! 2. `tile_sums_kernel` and `scan_kernel`: `starts`, the counts' exclusive prefix sums (`n + 1`
 //!    of them), a block a tile of 2048 rows (one block scanning all of llama's 32 768 took 68
-//!    µs on an H100, `logs/s38/call3`).
+//!    µs on an H100).
 //! 3. `place_kernel`: each position into its token's bucket, in whatever order the atomics give.
 //! 4. `rank_kernel`: each position's rank among its token's (how many of the bucket come before
 //!    it) puts it in `order`, so a bucket lists its positions in increasing order.

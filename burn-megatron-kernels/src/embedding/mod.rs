@@ -5,7 +5,7 @@
 //!
 //! Burn's `embedding` takes its gradient with `select_assign`, which on CUDA gives each of the
 //! `d` columns one thread that walks every position in turn, adding in the dtype: 3.2 ms on an
-//! H100 for llama-1b's 8192 tokens of 2048, one launch of 2048 threads (`logs/s38/call1`). On CUDA
+//! H100 for llama-1b's 8192 tokens of 2048, one launch of 2048 threads. On CUDA
 //! the gradient here sorts the positions by token (a count, a scan and a placement; each
 //! token's positions put in increasing order by their rank) and sums each row in one block
 //! (`embedding_kernels`); elsewhere the tensor-op twin, [`reference`].

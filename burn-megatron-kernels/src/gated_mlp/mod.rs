@@ -23,8 +23,8 @@ use burn::backend::{Backend, Flex, backend_extension};
 use burn::tensor::Tensor;
 
 use crate::gemm::{Gemm, GemmOps};
-use crate::rms_norm::link::NormLink;
 use crate::quant::notes::NoteAmaxes;
+use crate::rms_norm::link::NormLink;
 use crate::swiglu::SwigluOps;
 
 mod nodes;

@@ -13,8 +13,8 @@ use burn::backend::{Autodiff, Backend, TensorMetadata};
 
 use super::{GatedOps, down};
 use crate::gemm::{Gemm, GemmOps, gemm_node};
-use crate::rms_norm::link::{NormLink, residual_node};
 use crate::quant::notes::NoteAmaxes;
+use crate::rms_norm::link::{NormLink, residual_node};
 use crate::swiglu::SwigluOps;
 
 /// The down projection of a SwiGLU: its parents the gate's and up projection's products and the

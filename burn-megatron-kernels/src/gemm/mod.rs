@@ -18,10 +18,10 @@ use burn::backend::{Autodiff, Backend, Flex, TensorMetadata, backend_extension};
 use burn::config::Config;
 use burn::tensor::Tensor;
 
-use crate::rms_norm::link::{NormLink, residual_node};
 use crate::quant::notes::NoteAmaxes;
 use crate::quant::product::Amax;
 use crate::quant::recipe::Recipe;
+use crate::rms_norm::link::{NormLink, residual_node};
 use crate::rope::{RopeOps, RotatedHeads};
 
 pub mod f32_matmul;

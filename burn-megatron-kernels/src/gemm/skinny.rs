@@ -27,8 +27,8 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use half::bf16;
 
-use crate::cuda::launch::{compact_input, compact_output, launch_dims};
 use crate::cuda::hopper::load;
+use crate::cuda::launch::{compact_input, compact_output, launch_dims};
 use crate::cuda::ptx::mma::MmaChunk;
 
 /// The most rows this product takes; above it the wgmma GEMM's tiles are full enough.

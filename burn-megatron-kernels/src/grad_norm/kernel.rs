@@ -48,7 +48,10 @@ pub(crate) fn partial_sums_of_squares(x: CubeTensor) -> CubeTensor {
 /// the kernel is not built for or an empty tensor.
 fn partials(x: CubeTensor) -> Option<CubeTensor> {
     let n = x.meta.num_elements();
-    let x = matches!(x.dtype, DType::BF16 | DType::F16 | DType::F32).then(|| compact_input(x)).flatten().filter(|_| n > 0)?;
+    let x = matches!(x.dtype, DType::BF16 | DType::F16 | DType::F32)
+        .then(|| compact_input(x))
+        .flatten()
+        .filter(|_| n > 0)?;
     let vector = [8, 4, 2, 1]
         .into_iter()
         .find(|v| n.is_multiple_of(*v))

@@ -2,7 +2,7 @@
 //! extension, [`NormOps`], that leaves a few partial sums a tensor: on CUDA one kernel a tensor
 //! writes a partial sum a block, and one reduction sums every tensor's partials (Burn's
 //! reduction of one long vector in a single pass is slow: llama-1b's 146 gradients took 41 ms
-//! that way, `docs/perf/llama.md`); elsewhere the tensor-op twin, [`reference`]. Both square and
+//! that way); elsewhere the tensor-op twin, [`reference`]. Both square and
 //! sum in f32.
 
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;

@@ -60,7 +60,7 @@ fn copies_kernel(ids: &Tensor<i32>, copies: &mut Tensor<i32>, n: u32) {
 /// block also the end of its rows and the fillers of no expert after them. `out`: slots
 /// `[0, r)`, tokens `[r, 2r)`, rows `[2r, 2r + n)`, starts `[2r + n, 2r + n + e + 1)`.
 #[cube(launch_unchecked)]
-// Padded counts in plain arithmetic: the form the device ran (`logs/s21/call2`).
+// Padded counts in plain arithmetic: the form the device ran correctly.
 #[allow(clippy::too_many_arguments, clippy::manual_div_ceil)]
 fn order_kernel(
     ids: &Tensor<i32>,

@@ -396,4 +396,3 @@ pub(crate) fn backward(
     );
     (dx, dw)
 }
-

@@ -20,8 +20,8 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
 use burn::tensor::Tensor;
 
-use crate::rms_norm::link::{FanOut, NormLink, fan_out_use_tracked, leave_on_output, residual_add_tracked};
 use crate::quant::notes::NoteAmaxes;
+use crate::rms_norm::link::{FanOut, NormLink, fan_out_use_tracked, leave_on_output, residual_add_tracked};
 
 pub mod link;
 

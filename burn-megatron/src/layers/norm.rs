@@ -5,8 +5,8 @@ use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::copy_to_tp;
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
-use burn_megatron_kernels::rms_norm::link::NormLink;
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
+use burn_megatron_kernels::rms_norm::link::NormLink;
 use burn_megatron_kernels::rms_norm::{rms_norm_linked, rms_norm_noting};
 
 use super::sequence::SequenceLayout;

@@ -21,7 +21,7 @@ use burn::tensor::Device;
 /// and frees them at a flush (`GpuStorage::flush`, reached through `Client::flush`), which
 /// nothing else in a step calls: without one, every page the pools outgrew while the first step
 /// grew them stays allocated (11.2 GiB beside llama-1b's 23.2 GiB of pools,
-/// docs/perf/llama.md). With nothing queued it waits for nothing (the pools stop giving pages
+/// `docs/performance.md`). With nothing queued it waits for nothing (the pools stop giving pages
 /// back once grown); a device that failed reports it at the next read, as every queued launch
 /// does. Elsewhere than CUDA it does nothing.
 pub fn release_freed_pages(device: &Device) {

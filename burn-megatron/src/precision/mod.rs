@@ -92,7 +92,7 @@ impl PrecisionPolicy {
 
     /// FP8 with per-tensor current scaling as Transformer Engine and torchao train it: E4M3
     /// forward, E5M2 gradients, the gradient products promoted (`Recipe::Fp8TensorwisePromoted`;
-    /// the fast-accumulating `Recipe::Fp8Tensorwise` ended 1.3% above bf16, `docs/perf/fp8.md`).
+    /// the fast-accumulating `Recipe::Fp8Tensorwise` ended 1.3% above bf16, `docs/precision.md`).
     pub fn fp8_tensorwise() -> Self {
         Self::quantized(Recipe::Fp8TensorwisePromoted)
     }

@@ -3,8 +3,8 @@
 //! with rewritten inputs against the same step run eagerly.
 
 use burn::tensor::{DType, Device, Distribution, Tensor};
-use burn_megatron_kernels::decode::{cache_append, decode_attention, positions, reference};
 use burn_megatron_kernels::cuda::graph::{Recorder, overwrite};
+use burn_megatron_kernels::decode::{cache_append, decode_attention, positions, reference};
 
 use super::{relative_error, tolerance};
 use crate::Harness;

@@ -10,9 +10,9 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Distribution, Tensor, TensorData};
 use burn_megatron_kernels::Gemm;
 use burn_megatron_kernels::attention::{attention, rotary_attention};
+use burn_megatron_kernels::cuda::wgmma::{Schedule, WgmmaError, matmul};
 use burn_megatron_kernels::gated_mlp::gated_mlp;
 use burn_megatron_kernels::rope::reference::rope as rope_reference;
-use burn_megatron_kernels::cuda::wgmma::{Schedule, WgmmaError, matmul};
 
 use crate::Harness;
 
@@ -260,8 +260,8 @@ pub fn swiglu(h: &Harness) {
 /// `fan_out`), the backward's `dx` with the stream's and two readers' gradients added in the
 /// kernel against the same formula's.
 pub fn rms_norm(h: &Harness) {
-    use burn_megatron_kernels::rms_norm::link::{NormLink, fan_out, residual_add};
     use burn_megatron_kernels::quant::notes::NoteAmaxes;
+    use burn_megatron_kernels::rms_norm::link::{NormLink, fan_out, residual_add};
     use burn_megatron_kernels::rms_norm::rms_norm_linked;
     let device = h.device(0).autodiff();
     for dtype in [DType::F32, DType::BF16] {

@@ -53,8 +53,8 @@ pub fn fp8_tiles(h: &Harness) {
 /// addends: `wgmma`'s own accumulator drops their low bits at every step, the promoted kernel
 /// only within a 128-deep slice.
 pub fn fp8_gemm(h: &Harness) {
-    use burn_megatron_kernels::quant::format::Minifloat;
     use burn_megatron_kernels::cuda::wgmma::Accumulation;
+    use burn_megatron_kernels::quant::format::Minifloat;
     let pairs = [(Minifloat::E4M3, Minifloat::E4M3), (Minifloat::E4M3, Minifloat::E5M2)];
     for accumulation in [Accumulation::Fast, Accumulation::Promoted] {
         for formats in pairs {
@@ -96,9 +96,9 @@ fn fp8_gemm_error(
     distribution: Distribution,
 ) -> f32 {
     use burn::tensor::{Device, Int, TensorData};
+    use burn_megatron_kernels::cuda::wgmma::{Schedule, fp8_matmul};
     use burn_megatron_kernels::quant::format::Minifloat;
     use burn_megatron_kernels::quant::scaling::{Scaling, amax, quantize, quantize_scale};
-    use burn_megatron_kernels::cuda::wgmma::{Schedule, fp8_matmul};
     let device = h.device(0);
     let cpu = Device::flex();
     let host = |rows: usize| -> Vec<f32> {
@@ -182,11 +182,11 @@ pub fn fp8_amax(h: &Harness) {
 /// on an un-noted output of the same values; nothing is noted where nothing was asked.
 pub fn amax_notes(h: &Harness) {
     use burn_megatron_kernels::attention::attention_noting;
-    use burn_megatron_kernels::rms_norm::link::{NormLink, residual_add};
     use burn_megatron_kernels::quant::kernels::fp8::{amax, take_noted_amax};
     use burn_megatron_kernels::quant::notes::NoteAmaxes;
     use burn_megatron_kernels::quant::product::product;
     use burn_megatron_kernels::quant::recipe::Recipe;
+    use burn_megatron_kernels::rms_norm::link::{NormLink, residual_add};
     use burn_megatron_kernels::rms_norm::{rms_norm_linked, rms_norm_noting};
     use burn_megatron_kernels::rope::rope_noting;
     use burn_megatron_kernels::swiglu::{swiglu, swiglu_noting};
@@ -370,9 +370,9 @@ pub fn fp8_blocks(h: &Harness) {
 /// through a transposed view.
 pub fn fp8_blockwise_gemm(h: &Harness) {
     use burn::tensor::{Device, Int, TensorData};
+    use burn_megatron_kernels::cuda::wgmma::{BScales, fp8_blockwise_matmul};
     use burn_megatron_kernels::quant::format::Minifloat;
     use burn_megatron_kernels::quant::scaling::{Scaling, quantize};
-    use burn_megatron_kernels::cuda::wgmma::{BScales, fp8_blockwise_matmul};
     let device = h.device(0);
     let cpu = Device::flex();
     let host = |rows: usize, cols: usize| -> Vec<f32> {

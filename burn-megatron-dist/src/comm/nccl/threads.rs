@@ -90,8 +90,8 @@ impl NcclThreadsTransport {
     /// rank on its own stream, so no other rank's stream reads or outlives this rank's device
     /// memory; the collective's result is uploaded to this rank's device after. With ranks as
     /// threads on one H200, handing device tensors over (settled, then read by the receiver)
-    /// left one step's averaged loss wrong in 2 of 4 runs of the MoE suite
-    /// (`docs/perf/logs/s20/call2`). Tensors off CUDA pass as they are.
+    /// left one step's averaged loss wrong in 2 of 4 runs of the MoE suite.
+    /// Tensors off CUDA pass as they are.
     fn staged(x: Payload) -> Payload {
         match cuda_index(&x.device()) {
             Some(_) => x.to_device(&Device::flex()),

@@ -34,7 +34,7 @@ const _: () = assert!(BACKWARD.smem_bytes() <= 227 * 1024);
 /// products of tile `t + 1`, so neither waits for the other in lockstep: with a barrier between
 /// the warpgroups every tile (both multiplying at once, then both in the softmax at once) the
 /// kernel took 643 µs a llama-1b layer where this takes 602 (the two kernels before, 620: one
-/// H100, `logs/s36`).
+/// H100).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dqkv_kernel(

@@ -331,7 +331,7 @@ const GROUP_BLOCKS: u32 = 256;
 /// greedy schedule of the blocks' tile counts on 132 SMs this ends ~11% sooner on llama-1b's
 /// shape (64 heads of 16 blocks: groups of 16) and ~20% on llama-8b's at tp 2 (16 heads of
 /// 32: groups of 8); at 32k (256 blocks a head) the order is the grid's, which a group of 16
-/// heads made 4% slower (L2, `logs/s37/call3`).
+/// heads made 4% slower (L2).
 #[derive(CubeType, Clone, Copy)]
 struct Place {
     rank: u32,

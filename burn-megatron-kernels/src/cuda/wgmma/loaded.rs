@@ -10,8 +10,8 @@
 //! quarter's stores have read it, while the second quarter is computed, and the fourth's into
 //! the second box likewise. (Two passes of 128 columns, the second's values loaded once the
 //! first's stores had read the whole buffer, left that load's latency exposed: the gated data
-//! gradient of a llama-1b layer 340.6 µs where the quarters take 335.0 on an H100,
-//! `logs/s43/call1`; the products onto the stream the same within the cards' spread. Bringing
+//! gradient of a llama-1b layer 340.6 µs where the quarters take 335.0 on an H100;
+//! the products onto the stream the same within the cards' spread. Bringing
 //! the values into L2 during the tile measured slower: 345 → 368 µs.)
 
 use burn_cubecl::cubecl::ir::{ElemType, FloatKind};

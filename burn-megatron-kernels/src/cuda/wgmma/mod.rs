@@ -1,6 +1,6 @@
 //! A Hopper GEMM of our own: `wgmma` through inline PTX, fed by TMA through an mbarrier
 //! pipeline, one producer warpgroup and two consumer warpgroups (CubeCL 0.11 emits no `wgmma`
-//! itself; `docs/perf/gemm.md` says what it allows, and the measurements).
+//! itself; `docs/kernels.md` says what it allows, and the measurements).
 //!
 //! `C[m, n] = A[m, k] · B[k, n]`, bf16 in, f32 accumulation, bf16 out; or FP8 in ([`fp8_gemm`]:
 //! E4M3 or E5M2 codes, both operands K-major, a per-tensor scale applied as the results leave,

@@ -17,8 +17,8 @@ pub(crate) const HEAD_DIM: usize = 128;
 /// This thread's values of a `[≥ seq, 64]` table for a consumer's 64 rows from `row0`: for each
 /// of its two rows (`half`), position `row % seq`, the frequencies `8 · jj + 2 · (lane % 4)` and
 /// the next, at `16 · half + 2 · jj` (+ 1). Loaded as a tile starts, so they arrive while it is
-/// computed: +9.2 µs a llama-1b q or k product on an H100 over the plain one (`logs/s43/call1`),
-/// where loaded after, each pass waiting for them, +17.5 (`logs/s42/call3`).
+/// computed: +9.2 µs a llama-1b q or k product on an H100 over the plain one,
+/// where loaded after, each pass waiting for them, +17.5.
 #[cube]
 pub(crate) fn table_values(table: &Tensor<f32>, row0: u32, seq: u32) -> Acc64 {
     let lane = UNIT_POS % 32;

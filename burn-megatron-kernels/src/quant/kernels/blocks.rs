@@ -16,12 +16,12 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use half::{bf16, f16};
 
-use crate::cuda::launch::{compact_output, launch_float};
-use crate::quant::format::Minifloat;
-use crate::quant::tiles::TILE;
 use crate::cuda::launch::float_input;
-use crate::quant::kernels::cast::{CastFactors, CastScales, fp8_code, transposing_cast};
+use crate::cuda::launch::{compact_output, launch_float};
 use crate::cuda::reduce::block_max;
+use crate::quant::format::Minifloat;
+use crate::quant::kernels::cast::{CastFactors, CastScales, fp8_code, transposing_cast};
+use crate::quant::tiles::TILE;
 
 /// Rows (and columns) of a tile or block along which one scale is shared.
 const BLOCK: u32 = TILE as u32;

@@ -447,4 +447,3 @@ pub(crate) fn fill_draws(out: CubeTensor, key: u32) -> CubeTensor {
     };
     out
 }
-

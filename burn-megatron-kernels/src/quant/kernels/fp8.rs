@@ -21,15 +21,15 @@ use burn::backend::tensor::FloatTensor;
 use burn::tensor::{DType, Tensor};
 use burn_cubecl::tensor::CubeTensor;
 
+use crate::cuda::launch::is_compact;
+use crate::cuda::wgmma::{Accumulation, BScales};
 use crate::quant::format::Minifloat;
+use crate::quant::kernels::blocks::{quantize_row_tiles, quantize_squares, quantize_tiles, quantize_tiles_both};
+use crate::quant::kernels::cast::{Fp8Codes, Layouts, quantize_tensor};
 use crate::quant::product::{
     Amax, AmaxGroup, Operand, QuantGrads, QuantOps, ScaleAmax, dgrad_of, quantized_operands, wgrad_of,
 };
 use crate::quant::recipe::{Blocks, Pass, Quantizer, Recipe};
-use crate::cuda::launch::is_compact;
-use crate::quant::kernels::blocks::{quantize_row_tiles, quantize_squares, quantize_tiles, quantize_tiles_both};
-use crate::quant::kernels::cast::{Fp8Codes, Layouts, quantize_tensor};
-use crate::cuda::wgmma::{Accumulation, BScales};
 
 /// How an operand's FP8 codes (`[rows, k]`, K-major) are scaled; each a dequantization factor.
 #[derive(Clone, Debug)]

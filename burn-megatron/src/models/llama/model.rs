@@ -21,8 +21,8 @@ use crate::precision::EdgeBlocks;
 use crate::precision::ptq::InputQuantizer;
 use crate::recompute::Recompute;
 use burn_megatron_kernels::Gemm;
-use burn_megatron_kernels::rms_norm::link::{NormLink, residual_add};
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
+use burn_megatron_kernels::rms_norm::link::{NormLink, residual_add};
 
 /// Where the output layer's weight comes from.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -147,7 +147,7 @@ pub struct TiedOutput {
 
 impl LlamaConfig {
     /// A model with the given sizes, no parallelism applied, and the choices of
-    /// ../shared/BENCHMARKS.md: RMSNorm ε 1e-5, RoPE θ 10000 on halves, SwiGLU, no biases,
+    /// `docs/performance.md`'s workloads: RMSNorm ε 1e-5, RoPE θ 10000 on halves, SwiGLU, no biases,
     /// untied embeddings (`with_word_embeddings(WordEmbeddings::Tied)` ties them).
     #[allow(clippy::too_many_arguments)]
     pub fn llama(

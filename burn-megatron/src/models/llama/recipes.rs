@@ -1,4 +1,4 @@
-//! Runs are recipes: functions that return a complete configuration (../shared/BENCHMARKS.md).
+//! Runs are recipes: functions that return a complete configuration (`docs/performance.md` names the workloads).
 
 use burn_megatron_dist::ParallelDims;
 
@@ -65,7 +65,7 @@ pub fn llama_1b() -> LlamaRecipe {
     }
 }
 
-/// llama-1b at sequences of 32768 tokens, batch 1 (../shared/peers/common.py's
+/// llama-1b at sequences of 32768 tokens, batch 1 (`examples/bench/peers/common.py`'s
 /// `llama-1b-32k`): context parallelism's workload.
 pub fn llama_1b_32k() -> LlamaRecipe {
     LlamaRecipe {
@@ -88,7 +88,7 @@ pub fn llama_8b() -> LlamaRecipe {
 
 /// `model` with every block's feed-forward a mixture of `experts` SwiGLU experts of hidden
 /// size `d_ff`, top `k`: softmax scores in f32, the k weights renormalized, the Switch
-/// load-balancing loss at 1e-2, dropless (the peers' MoE, ../shared/peers/peer_moe.py).
+/// load-balancing loss at 1e-2, dropless (the peers' MoE, `examples/bench/peers/torch_moe.py`).
 fn with_experts(mut model: LlamaConfig, experts: usize, k: usize, d_ff: usize) -> LlamaConfig {
     let d = model.attention.d_model;
     let router = RouterConfig::new(d, experts, k)
@@ -108,7 +108,7 @@ pub fn tiny_moe() -> LlamaRecipe {
 }
 
 /// llama-1b's attention with 32 experts of ffn 1408 a block, top 4 (`moe-4b` of
-/// ../shared/peers/common.py: about 4.6 B parameters, 1 B active).
+/// `examples/bench/peers/common.py`: about 4.6 B parameters, 1 B active).
 pub fn moe_4b() -> LlamaRecipe {
     LlamaRecipe {
         name: "moe-4b",

@@ -17,8 +17,8 @@ use cubecl::prelude::*;
 
 use super::VECTOR;
 use super::numerics::{Plan, block_scales, draws_key, fake_value, hadamard16, nv_encode};
-use crate::cuda::reduce::finish_max;
 use crate::cuda::reduce::block_max;
+use crate::cuda::reduce::finish_max;
 
 /// The flat index of `x`'s element `(row, column)` in the operand, whose rows are `width` long.
 #[cube]

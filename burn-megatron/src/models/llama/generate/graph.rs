@@ -14,8 +14,8 @@
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use burn_megatron_dist::ProcessGroup;
 use burn_megatron_dist::mappings::gather_from_tp;
-use burn_megatron_kernels::decode::{greedy, positions};
 use burn_megatron_kernels::cuda::graph::{Graph, Recorder, overwrite, overwrite_int};
+use burn_megatron_kernels::decode::{greedy, positions};
 
 use super::cache::KvCache;
 use super::step::StepInputs;
