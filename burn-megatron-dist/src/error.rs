@@ -1,27 +1,8 @@
-//! Typed errors of the mesh and of the collectives.
+//! Typed errors of the collectives and of the launch (the mesh's are [`crate::mesh::MeshError`]).
 
 use std::time::Duration;
 
-use crate::mesh::ParallelDims;
-
-/// A layout that cannot be built.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum MeshError {
-    #[error("parallel axis {axis} has size 0; every axis needs at least one rank")]
-    ZeroSize { axis: &'static str },
-    #[error("layout {dims:?} needs tp·cp·dp·pp = {product} ranks, but the world has {world_size}")]
-    WorldSizeMismatch {
-        dims: ParallelDims,
-        product: usize,
-        world_size: usize,
-    },
-    #[error(
-        "ep = {ep} must divide (tp/etp)·dp·cp = {ranks}: expert layers fold ep over the data and context ranks, and the tp ranks outside an etp group"
-    )]
-    ExpertsDoNotDivide { ep: usize, ranks: usize },
-    #[error("etp = {etp} must divide tp = {tp}: an expert's hidden features split over consecutive tp ranks")]
-    ExpertTpDoesNotDivide { etp: usize, tp: usize },
-}
+use crate::mesh::MeshError;
 
 /// A collective that failed. The same error is returned on every rank of the group whenever the
 /// failure can be seen by all of them (a mismatch is checked before any data moves).

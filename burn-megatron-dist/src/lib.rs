@@ -15,7 +15,7 @@ pub mod mappings;
 pub mod mesh;
 
 pub use comm::{InFlight, ProcessGroup, ReduceOp};
-pub use error::{CommError, LaunchError, MeshError};
+pub use error::{CommError, LaunchError};
 pub use groups::ProcessGroups;
 pub use launch::{RankContext, launch};
-pub use mesh::{Axis, Coordinates, ExpertCoordinates, ParallelDims};
+pub use mesh::{Axis, Coordinates, ExpertCoordinates, MeshError, ParallelDims};

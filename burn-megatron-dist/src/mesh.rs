@@ -8,7 +8,24 @@
 //! `ep` consecutive ranks of the dp×cp group; with a smaller etp the tp ranks outside an etp
 //! group fold into ep and expert data parallelism too.
 
-use crate::error::MeshError;
+/// A layout that cannot be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MeshError {
+    #[error("parallel axis {axis} has size 0; every axis needs at least one rank")]
+    ZeroSize { axis: &'static str },
+    #[error("layout {dims:?} needs tp·cp·dp·pp = {product} ranks, but the world has {world_size}")]
+    WorldSizeMismatch {
+        dims: ParallelDims,
+        product: usize,
+        world_size: usize,
+    },
+    #[error(
+        "ep = {ep} must divide (tp/etp)·dp·cp = {ranks}: expert layers fold ep over the data and context ranks, and the tp ranks outside an etp group"
+    )]
+    ExpertsDoNotDivide { ep: usize, ranks: usize },
+    #[error("etp = {etp} must divide tp = {tp}: an expert's hidden features split over consecutive tp ranks")]
+    ExpertTpDoesNotDivide { etp: usize, tp: usize },
+}
 
 /// Sizes of the parallel axes. Every size is at least 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -36,6 +36,10 @@ pub enum Scaling {
     Nv { rows: usize },
 }
 
+/// Values a DeepSeek-V3 tile holds along a row (the blockwise FP8 recipe's 1×128 tiles and
+/// 128×128 squares).
+pub const TILE: usize = 128;
+
 /// Elements an MX block holds along a row.
 pub const MX_BLOCK: usize = 32;
 /// Elements an NVFP4 block holds along a row.

@@ -12,8 +12,7 @@ use burn::tensor::{DType, Int, Tensor, TensorData};
 use super::format::Minifloat;
 use super::scaling::{Scaling, quantize};
 
-/// Values a tile holds along a row.
-pub const TILE: usize = 128;
+pub use super::scaling::TILE;
 
 /// `x` quantized to `format` (E4M3 or E5M2) in 1×[`TILE`] tiles: codes (u8) and each tile's
 /// dequantization scale `amax / max` (1 for an all-zero or non-finite tile).

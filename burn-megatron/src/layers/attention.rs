@@ -24,7 +24,8 @@ use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig
 use super::sequence::SequenceLayout;
 use crate::error::{ConfigError, LayerError, divisible};
 use crate::init::ParamInit;
-use crate::plan::ContextParallel;
+use crate::layers::context::ContextParallel;
+use crate::layers::heads::repeat_heads;
 use crate::recompute::recompute;
 
 /// Configuration of a [`ParallelAttention`].
@@ -403,20 +404,6 @@ fn side_by_side(out: Tensor<4>, heads: &Heads) -> Tensor<3> {
 /// `[b, g, s, k]` → `[b, h, s, k]`
 fn repeat_kv(x: Tensor<4>, heads: &Heads) -> Tensor<4> {
     repeat_heads(x, heads.n_heads / heads.n_kv_heads)
-}
-
-/// Each of `x`'s kv heads `repeat` times in a row: query head `h` reads kv head `h / repeat`.
-///
-/// # Shapes
-/// `[b, g, s, k]` → `[b, g·repeat, s, k]`
-pub(crate) fn repeat_heads(x: Tensor<4>, repeat: usize) -> Tensor<4> {
-    if repeat == 1 {
-        return x;
-    }
-    let [b, g, s, k] = x.dims();
-    x.unsqueeze_dim::<5>(2)
-        .repeat_dim(2, repeat)
-        .reshape([b, g * repeat, s, k])
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ pub mod column;
 pub mod context;
 pub mod cross_entropy;
 pub mod embedding;
+pub(crate) mod heads;
 pub mod mlp;
 pub mod moe;
 pub mod norm;

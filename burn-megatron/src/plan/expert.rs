@@ -8,21 +8,11 @@
 //! A model names its expert layers ([`ExpertParallelLayer`]); the plan checks that each splits
 //! over ep and etp and sets its dispatcher.
 
-use burn::config::Config;
 use burn_megatron_dist::ParallelDims;
 
 use crate::error::{ConfigError, divisible};
 use crate::layers::SequenceLayout;
-
-/// How token copies reach the experts of other ep ranks.
-#[derive(Config, Debug, Copy, PartialEq, Eq)]
-pub enum ExpertParallel {
-    /// Uneven all-to-all over the ep group (Megatron's `alltoall` dispatcher).
-    AllToAll,
-    /// Every ep rank gathers all tokens and runs its experts' copies; the outputs are
-    /// reduce-scattered back (Megatron's `allgather` dispatcher, for a small ep).
-    AllGather,
-}
+pub use crate::layers::moe::ExpertParallel;
 
 /// A layer configuration expert parallelism can lay out.
 pub trait ExpertParallelLayer {

@@ -183,8 +183,8 @@ fn load_box(maps: (u64, u64), to: u32, bar: u32, col0: u32, row0: u32, #[comptim
 #[cube]
 fn stage<N: Size>(acc: &Vector<f32, N>, values: u32, #[comptime] quarter: u32, #[comptime] epilogue: Epilogue) {
     match comptime!(epilogue) {
-        Epilogue::SwigluBackward => super::gated_dgrad::stage_grads(acc, values, quarter),
-        Epilogue::Added => super::onto::stage_sum(acc, values, quarter),
+        Epilogue::SwigluBackward => super::epilogues::stage_grads(acc, values, quarter),
+        Epilogue::Added => super::epilogues::stage_sum(acc, values, quarter),
     }
 }
 

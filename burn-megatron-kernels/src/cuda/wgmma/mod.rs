@@ -30,6 +30,7 @@ use crate::cuda::hopper::*;
 use crate::quant::format::Minifloat;
 
 mod blockwise;
+mod epilogues;
 mod gated;
 mod gated_dgrad;
 mod loaded;

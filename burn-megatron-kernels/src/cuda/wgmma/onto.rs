@@ -5,30 +5,9 @@
 //! the f32 accumulators, rounded once.
 
 use burn_cubecl::tensor::CubeTensor;
-use cubecl::prelude::*;
 
 use super::loaded::{Epilogue, launch_loaded, readable};
-use super::pieces::staged_pair;
 use super::*;
-
-/// Overwrites a quarter's `x` in a consumer's buffer with `x` plus the accumulators (registers
-/// from `32 · quarter`, at [`staged_pair`]'s places: its box the first for even quarters).
-#[cube]
-pub(crate) fn stage_sum<N: Size>(acc: &Vector<f32, N>, values: u32, #[comptime] quarter: u32) {
-    let box_chunks = comptime!(8 * (quarter % 2));
-    #[unroll]
-    for j in 0..8u32 {
-        #[unroll]
-        for half in 0..2u32 {
-            let at = values + staged_pair(j + box_chunks, half);
-            let reg = comptime!((4 * (16 * (quarter / 2) + 8 * (quarter % 2) + j) + 2 * half) as usize);
-            let x = ld_shared_u32(at);
-            let low = f32::reinterpret(x << 16u32) + acc.extract(reg);
-            let high = f32::reinterpret(x & 0xFFFF0000u32) + acc.extract(reg + 1);
-            st_shared_u32(at, pack_bf16(low, high));
-        }
-    }
-}
 
 /// `x + lhs · rhs` on the wgmma kernel, `x` added in its epilogue; `None` where it does not take
 /// the operands (not bf16, k zero or no multiple of 8, `x` not a `[m, n]` matrix whose rows TMA

@@ -21,7 +21,7 @@ use crate::cuda::launch::{compact_output, launch_float};
 use crate::cuda::reduce::block_max;
 use crate::quant::format::Minifloat;
 use crate::quant::kernels::cast::{CastFactors, CastScales, fp8_code, transposing_cast};
-use crate::quant::tiles::TILE;
+use crate::quant::scaling::TILE;
 
 /// Rows (and columns) of a tile or block along which one scale is shared.
 const BLOCK: u32 = TILE as u32;

@@ -29,7 +29,7 @@ use burn::tensor::{DType, Tensor};
 use burn_megatron_dist::{CommError, ProcessGroup, ReduceOp};
 use burn_megatron_kernels::attention::{attention_grads, attention_parts};
 
-use crate::layers::attention::repeat_heads;
+use crate::layers::heads::repeat_heads;
 
 /// How the other ranks' keys and values reach a rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

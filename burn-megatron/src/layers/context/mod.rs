@@ -11,10 +11,12 @@
 //! head_dim, `s = 2L·cp`.
 
 mod blocks;
+mod choice;
 pub mod layout;
 mod op;
 
 pub use blocks::{BlockAttention, Exchange};
+pub use choice::ContextParallel;
 pub use layout::ContextLayout;
 pub use op::block_attention;
 
@@ -23,8 +25,7 @@ use burn_megatron_dist::ProcessGroup;
 use burn_megatron_dist::mappings::all_to_all;
 
 use crate::error::LayerError;
-use crate::layers::attention::repeat_heads;
-use crate::plan::ContextParallel;
+use crate::layers::heads::repeat_heads;
 
 /// Causal attention of this rank's chunks over the whole sequence split over `cp`.
 ///

@@ -17,12 +17,23 @@
 //!
 //! Legend: `t` tokens, `k` top k, `d` d_model, `e` experts, `n` copies.
 
+use burn::config::Config;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron_dist::mappings::{all_to_all_uneven, gather_from_sp, reduce_scatter_to_sp};
 use burn_megatron_dist::{CommError, ProcessGroup};
 use burn_megatron_kernels::rows::gather_rows;
 
 use super::dispatch::{Dispatch, dispatch_host, permute, unpermute};
+
+/// How token copies reach the experts of other ep ranks.
+#[derive(Config, Debug, Copy, PartialEq, Eq)]
+pub enum ExpertParallel {
+    /// Uneven all-to-all over the ep group (Megatron's `alltoall` dispatcher).
+    AllToAll,
+    /// Every ep rank gathers all tokens and runs its experts' copies; the outputs are
+    /// reduce-scattered back (Megatron's `allgather` dispatcher, for a small ep).
+    AllGather,
+}
 
 /// The experts this ep rank holds, as a range of global expert ids.
 pub fn local_experts(e: usize, ep: &ProcessGroup) -> std::ops::Range<usize> {

@@ -34,7 +34,7 @@ use super::router::{Router, RouterConfig, Routing};
 use crate::error::{ConfigError, LayerError, divisible};
 use crate::init::ParamInit;
 use crate::layers::{ParallelMlp, ParallelMlpConfig, SequenceLayout};
-use crate::plan::ExpertParallel;
+use super::exchange::ExpertParallel;
 use burn_megatron_kernels::grouped_gemm::{Groups, row_alignment};
 
 #[derive(Config, Debug)]

@@ -14,6 +14,7 @@ pub mod router;
 
 pub use balance::RouterLosses;
 pub use capacity::{Capacity, DropPolicy};
+pub use exchange::ExpertParallel;
 pub use experts::{Experts, ExpertsConfig};
 pub use layer::{Load, Moe, MoeConfig};
 pub use router::{GroupLimit, Router, RouterConfig, Routing, Scoring};

@@ -16,9 +16,17 @@ use crate::error::{ConfigError, LayerError};
 use burn_megatron_kernels::decode::positions;
 use burn_megatron_kernels::gemm::f32_matmul::matmul;
 
-use super::step::StepInputs;
 use crate::layers::{ParallelAttention, SequenceLayout};
 use crate::models::llama::{Llama, MoeReport};
+
+/// What one decoding step reads: the tokens `[b, 1]`, the position they take `[1]` (f32, the
+/// number of positions cached before them) and each row's first token `[b]` (f32).
+#[derive(Clone, Debug)]
+pub(crate) struct StepInputs {
+    pub ids: Tensor<2, Int>,
+    pub position: Tensor<1>,
+    pub first: Tensor<1>,
+}
 
 /// One block's cached keys and values, `[b, g, c, k]` each.
 #[derive(Clone, Debug)]

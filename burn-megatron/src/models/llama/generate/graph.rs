@@ -18,7 +18,7 @@ use burn_megatron_kernels::cuda::graph::{Graph, Recorder, overwrite, overwrite_i
 use burn_megatron_kernels::decode::{greedy, positions};
 
 use super::cache::KvCache;
-use super::step::StepInputs;
+use super::cache::StepInputs;
 use crate::error::LayerError;
 use crate::models::llama::Llama;
 

@@ -4,23 +4,14 @@
 //! device tensors and nothing is read back, so on CUDA the step can be recorded as a graph
 //! (`graph.rs`) and replayed with only its inputs rewritten.
 
-use burn::tensor::{Int, Tensor};
+use burn::tensor::Tensor;
 use burn_megatron_dist::mappings::copy_to_tp;
 use burn_megatron_kernels::decode::{cache_append, decode_attention};
 
-use super::cache::{KvCache, LayerCache};
+use super::cache::{KvCache, LayerCache, StepInputs};
 use crate::error::LayerError;
 use crate::layers::ParallelAttention;
 use crate::models::llama::{Llama, MoeReport};
-
-/// What one decoding step reads: the tokens `[b, 1]`, the position they take `[1]` (f32, the
-/// number of positions cached before them) and each row's first token `[b]` (f32).
-#[derive(Clone, Debug)]
-pub(crate) struct StepInputs {
-    pub ids: Tensor<2, Int>,
-    pub position: Tensor<1>,
-    pub first: Tensor<1>,
-}
 
 impl Llama {
     /// The logits `[b, 1, v']` of one decoding step over `layers`, the cache's blocks (taken
