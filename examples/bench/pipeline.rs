@@ -86,8 +86,15 @@ pub fn run(
         let (mut stage, report) =
             train_step(stage, &mut optim, LR, actions, &batches, pp, timing).unwrap_or_else(|e| panic!("{e}"));
         // Delayed FP8 scaling's histories move with the step, as in training.
-        burn_megatron::precision::delayed::advance(stage.layers.iter_mut().flatten(), &ctx.groups)
-            .unwrap_or_else(|e| panic!("{e}"));
+        burn_megatron::precision::linear::advance_histories(
+            stage
+                .layers
+                .iter_mut()
+                .flatten()
+                .flat_map(burn_megatron::models::llama::LlamaBlock::linear_precisions),
+            &ctx.groups,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         (stage, report)
     };
     let reported = |loss: Option<Tensor<1>>| -> f64 {

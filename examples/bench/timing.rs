@@ -92,7 +92,14 @@ impl Trainer<'_> {
                 lap(&mut pieces, "after reduce wait", |p| &mut p.reduce_wait);
                 let mut model = optim.step_reduced(LR, model, reduced).expect("step").0;
                 // Delayed FP8 scaling's histories move with the step, as in training.
-                burn_megatron::precision::delayed::advance(model.layers.iter_mut(), &ctx.groups).expect("amax history");
+                burn_megatron::precision::linear::advance_histories(
+                    model
+                        .layers
+                        .iter_mut()
+                        .flat_map(burn_megatron::models::llama::LlamaBlock::linear_precisions),
+                    &ctx.groups,
+                )
+                .expect("amax history");
                 lap(&mut pieces, "after optimizer", |p| &mut p.optimizer);
                 (model, reported)
             }

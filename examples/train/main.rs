@@ -29,7 +29,7 @@ use burn_megatron::layers::context::ContextLayout;
 use burn_megatron::models::llama::{LlamaConfig, preset};
 use burn_megatron::optim::{DistributedAdamWConfig, Overlap, check_lr};
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
-use burn_megatron::precision::{KeptBlocks, PrecisionPolicy, delayed};
+use burn_megatron::precision::{KeptBlocks, PrecisionPolicy};
 use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 use burn_megatron_kernels::failures;
 
@@ -227,7 +227,14 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
                 .update_expert_bias(&report, &ctx.groups)
                 .map_err(|e| e.to_string())?;
             // Delayed FP8 scaling: the step's amaxes onto each layer's history.
-            delayed::advance(model.layers.iter_mut(), &ctx.groups).map_err(|e| e.to_string())?;
+            burn_megatron::precision::linear::advance_histories(
+                model
+                    .layers
+                    .iter_mut()
+                    .flat_map(burn_megatron::models::llama::LlamaBlock::linear_precisions),
+                &ctx.groups,
+            )
+            .map_err(|e| e.to_string())?;
             if ctx.global_rank == 0 {
                 println!("step {step} loss {value:.6}{experts}");
                 losses.push(value);

@@ -117,7 +117,7 @@ pub fn run(
                 idle.extend(report.timing.idle());
             }
             // Delayed FP8 scaling: the step's amaxes onto each of this stage's histories.
-            burn_megatron::precision::delayed::advance(stage.layers.iter_mut().flatten(), &ctx.groups)
+            burn_megatron::precision::linear::advance_histories(stage.layers.iter_mut().flatten().flat_map(burn_megatron::models::llama::LlamaBlock::linear_precisions), &ctx.groups)
                 .map_err(|e| e.to_string())?;
             // The last stage's loss on every rank, so that every stage stops on a loss that
             // is not finite.

@@ -499,7 +499,7 @@ pub fn gemm_per_layer(h: &Harness) {
                 .with_input(RowInput::Replicated)
                 .with_gemm(gemm);
             let row = row.init(&dev, &r.groups, &r.init, "r").unwrap();
-            assert_eq!((column.gemm, row.gemm), (gemm, gemm));
+            assert_eq!((column.precision.gemm, row.precision.gemm), (gemm, gemm));
             let hidden = column.forward(x.clone()).unwrap(); // [bs, 4d/tp]
             // The same kernel on the same operands: bit for bit.
             hidden

@@ -401,7 +401,7 @@ pub fn after_step_moves_biases_and_histories(h: &Harness) {
     use burn_megatron::layers::moe::{MoeConfig, RouterConfig};
     use burn_megatron::models::llama::MoeBlocks;
     use burn_megatron::models::llama::learner::{after_step, stage_after_step};
-    use burn_megatron::precision::{PrecisionPolicy, delayed};
+    use burn_megatron::precision::PrecisionPolicy;
     use burn_megatron_kernels::Gemm;
     use burn_megatron_kernels::quant::recipe::{AmaxAlgo, Recipe};
     let router = RouterConfig::new(64, 4, 2).with_aux_loss(1e-2).with_expert_bias(true);
@@ -441,7 +441,14 @@ pub fn after_step_moves_biases_and_histories(h: &Harness) {
                 let grads = burn::optim::GradientsParams::from_grads(loss.backward(), &model);
                 model = optim.step(3e-3, model, grads).unwrap().0;
                 model = model.update_expert_bias(&report, &ctx.groups).unwrap();
-                delayed::advance(model.layers.iter_mut(), &ctx.groups).unwrap();
+                burn_megatron::precision::linear::advance_histories(
+                    model
+                        .layers
+                        .iter_mut()
+                        .flat_map(burn_megatron::models::llama::LlamaBlock::linear_precisions),
+                    &ctx.groups,
+                )
+                .unwrap();
             }
             values_by_path(&model)
         })

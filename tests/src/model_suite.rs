@@ -8,7 +8,7 @@ use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::{Llama, recipes};
 use burn_megatron::params::{param_grads, param_values};
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
-use burn_megatron::precision::{PrecisionPolicy, delayed};
+use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 use burn_megatron_kernels::Gemm;
 use burn_megatron_kernels::quant::recipe::Recipe;
@@ -68,7 +68,14 @@ fn adamw_curve(mut model: Llama, device: &Device, steps: u64, lr: f64) -> Vec<f6
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             model = optim.step(lr, model.clone(), grads);
             // Delayed FP8 scaling's histories move with the step (dp = 1 here: no reduction).
-            delayed::advance(model.layers.iter_mut(), &ProcessGroups::single()).unwrap();
+            burn_megatron::precision::linear::advance_histories(
+                model
+                    .layers
+                    .iter_mut()
+                    .flat_map(burn_megatron::models::llama::LlamaBlock::linear_precisions),
+                &ProcessGroups::single(),
+            )
+            .unwrap();
             value
         })
         .collect()
@@ -349,7 +356,8 @@ pub fn delayed_scaling_histories(h: &Harness) {
         let mut optim = DistributedAdamWConfig::new().init(&ctx.groups);
         let history = |model: &Llama| -> Vec<f32> {
             let wq = &model.layers[0].attention.wq;
-            wq.amax_history
+            wq.precision
+                .amax_history
                 .as_ref()
                 .expect("a history")
                 .val()
@@ -368,7 +376,14 @@ pub fn delayed_scaling_histories(h: &Harness) {
                 .unwrap();
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             model = optim.step(1e-3, model.clone(), grads).unwrap().0;
-            delayed::advance(model.layers.iter_mut(), &ctx.groups).unwrap();
+            burn_megatron::precision::linear::advance_histories(
+                model
+                    .layers
+                    .iter_mut()
+                    .flat_map(burn_megatron::models::llama::LlamaBlock::linear_precisions),
+                &ctx.groups,
+            )
+            .unwrap();
             seen.push(history(&model));
         }
         // [3, 4] rows input, weight, output gradient; newest first: step 2's column 1 is step
@@ -410,7 +425,6 @@ pub fn delayed_scaling_histories(h: &Harness) {
 /// each must land on its own layer (a row on the wrong layer, or a layer's rows shifted, would
 /// show; `delayed_scaling_histories` checks one layer's with different data on each rank).
 pub fn delayed_histories_land_on_their_layers(h: &Harness) {
-    use burn_megatron::models::llama::{Site, linear_mut};
     use burn_megatron::optim::DistributedAdamWConfig;
     use burn_megatron_kernels::quant::recipe::AmaxAlgo;
     let recipe = Recipe::Fp8Delayed {
@@ -429,14 +443,19 @@ pub fn delayed_histories_land_on_their_layers(h: &Harness) {
                     .unwrap();
                 let grads = GradientsParams::from_grads(loss.backward(), &model);
                 model = optim.step(1e-3, model.clone(), grads).unwrap().0;
-                delayed::advance(model.layers.iter_mut(), &ctx.groups).unwrap();
+                burn_megatron::precision::linear::advance_histories(
+                    model
+                        .layers
+                        .iter_mut()
+                        .flat_map(burn_megatron::models::llama::LlamaBlock::linear_precisions),
+                    &ctx.groups,
+                )
+                .unwrap();
             }
             let mut all: Vec<Vec<f32>> = Vec::new();
             for block in model.layers.iter_mut() {
-                for path in Site::ALL.iter().flat_map(|s| s.linears()) {
-                    if let Some(linear) = linear_mut(block, path)
-                        && let Some(history) = linear.amax_history
-                    {
+                for precision in block.linear_precisions() {
+                    if let Some(history) = &precision.amax_history {
                         all.push(history.val().into_data().convert::<f32>().try_to_vec().unwrap());
                     }
                 }

@@ -315,7 +315,7 @@ pub fn ptq_errors(h: &Harness) {
         let device = ctx.device.clone();
         let (mut model, _) = loaded(&source, &ctx.groups, &device, false);
         let w2 = linear_mut(&mut model.layers[0], "mlp.w2").expect("a dense block");
-        *w2.quantizer = InputQuantizer::Fp8Tiles;
+        w2.precision.input_quantizer = InputQuantizer::Fp8Tiles;
         let error = model.forward(batches(&device)[0].clone()).unwrap_err();
         assert!(
             matches!(

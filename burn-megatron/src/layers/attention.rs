@@ -219,7 +219,7 @@ impl ParallelAttention {
             1 => {
                 let notes = NoteAmaxes {
                     output: false,
-                    input_grads: w.gemm.scales_by_tensor_amax(Pass::Dgrad),
+                    input_grads: w.precision.gemm.scales_by_tensor_amax(Pass::Dgrad),
                 };
                 self.rope.apply_noting(x, notes)
             }
@@ -238,14 +238,14 @@ impl ParallelAttention {
     /// scale it by its tensor's amax: FP8 tensorwise), and the input reaches them as it is
     /// (whole sequences: a sequence-parallel input is gathered first).
     pub fn notes_input(&self) -> bool {
-        self.sequence == SequenceLayout::Whole && self.wq.gemm.scales_by_tensor_amax(Pass::Forward)
+        self.sequence == SequenceLayout::Whole && self.wq.precision.gemm.scales_by_tensor_amax(Pass::Forward)
     }
 
     /// Whether its output's gradient is worth noting where it is written: the output
     /// projection's gradient products scale it by its tensor's amax, and it reaches them as it
     /// is (whole sequences: a sequence-parallel output's gradient is gathered first).
     pub fn notes_output_grad(&self) -> bool {
-        self.sequence == SequenceLayout::Whole && self.wo.gemm.scales_by_tensor_amax(Pass::Dgrad)
+        self.sequence == SequenceLayout::Whole && self.wo.precision.gemm.scales_by_tensor_amax(Pass::Dgrad)
     }
 
     /// [`forward`](Self::forward), the core attention and the output projection run again in
@@ -310,7 +310,7 @@ impl ParallelAttention {
         self.cp.size() == 1
             && ![&self.wq, &self.wk]
                 .iter()
-                .any(|w| w.gemm.scales_by_tensor_amax(Pass::Dgrad))
+                .any(|w| w.precision.gemm.scales_by_tensor_amax(Pass::Dgrad))
     }
 
     fn heads(&self) -> Heads {
@@ -355,7 +355,7 @@ fn attend(
             let (k, v) = (repeat_kv(k, &heads), repeat_kv(v, &heads)); // [b, h, s, k]
             // Flash attention on CUDA (bf16, head dim 128); the f32 reference elsewhere. It
             // takes its output's amax where the output projection's cast scales by it.
-            let note = wo.gemm.scales_by_tensor_amax(Pass::Forward);
+            let note = wo.precision.gemm.scales_by_tensor_amax(Pass::Forward);
             match &heads.rope {
                 Some(rope) => {
                     let (cos, sin) = rope.tables();
@@ -383,7 +383,7 @@ fn attend_rotated(
 ) -> Result<Tensor<3>, LayerError> {
     let k = k.map_layout(|k| repeat_kv(k, &heads));
     let v = repeat_kv(v, &heads);
-    let note = wo.gemm.scales_by_tensor_amax(Pass::Forward);
+    let note = wo.precision.gemm.scales_by_tensor_amax(Pass::Forward);
     let (cos, sin) = rope.tables();
     let out = burn_megatron_kernels::attention::rotary_attention_rotated(q, k, v, cos, sin, true, note);
     Ok(side_by_side(out, &heads))

@@ -14,9 +14,7 @@ pub use burn_megatron_kernels::quant::product::{SharedInput, WeightCodes};
 use burn_megatron_kernels::rope::RotatedHeads;
 use burn_megatron_kernels::{Gemm, linear_rotated};
 
-use crate::precision::amax::{Reuse, sharded_linear};
-use crate::precision::delayed::{self, AmaxRecorder, DelayedState};
-use crate::precision::ptq::InputQuantizer;
+use crate::precision::linear::LinearPrecision;
 
 use super::rope::Rope;
 use crate::error::{LayerError, divisible};
@@ -75,23 +73,8 @@ pub struct ColumnParallelLinear {
     pub input: ColumnInput,
     #[module(skip)]
     pub output: ColumnOutput,
-    #[module(skip)]
-    pub gemm: Gemm,
-    /// What the input goes through before the product (post-training quantization); nothing
-    /// by default.
-    #[module(skip)]
-    pub input_quantizer: InputQuantizer,
-    /// Delayed FP8 scaling's amax history (`[3, history]`, not trained), with
-    /// `Gemm::Quantized(Recipe::Fp8Delayed)` (`precision::delayed`).
-    pub amax_history: Option<Param<Tensor<2>>>,
-    /// This step's amaxes, for the history.
-    #[module(skip)]
-    pub amax_recorder: AmaxRecorder,
-    /// Where a quantized product keeps its weight's codes for the step's later microbatches
-    /// (set by [`keep_weight_codes`](crate::models::llama::sites::keep_weight_codes)); none by
-    /// default.
-    #[module(skip)]
-    pub weight_codes: Option<Arc<WeightCodes>>,
+    /// How it multiplies: its GEMM, input quantizer, delayed scaling's history, kept codes.
+    pub precision: LinearPrecision,
     #[module(skip)]
     pub tp: ProcessGroup,
 }
@@ -157,12 +140,8 @@ impl ColumnParallelLinear {
 
     /// The same layer multiplying with `gemm` (with delayed scaling, a history of its own).
     pub fn with_gemm(self, gemm: Gemm) -> Self {
-        let amax_history = delayed::history_of(gemm, &self.weight.val().device(), self.amax_history);
-        Self {
-            gemm,
-            amax_history,
-            ..self
-        }
+        let precision = self.precision.with_gemm(gemm, &self.weight.val().device());
+        Self { precision, ..self }
     }
 
     fn from_parts(
@@ -178,18 +157,9 @@ impl ColumnParallelLinear {
             bias: bias.map(|b| Param::from_tensor(b.detach())),
             input,
             output,
-            gemm: Gemm::Wgmma,
-            input_quantizer: InputQuantizer::None,
-            amax_history: None,
-            amax_recorder: AmaxRecorder::default(),
-            weight_codes: None,
+            precision: LinearPrecision::plain(Gemm::Wgmma),
             tp: tp.clone(),
         }
-    }
-
-    /// Its delayed-scaling state, if its product has one.
-    fn delayed(&self) -> Option<DelayedState> {
-        delayed::state_of(self.gemm, &self.amax_history, &self.amax_recorder, &self.weight.val())
     }
 
     /// # Shapes
@@ -204,12 +174,8 @@ impl ColumnParallelLinear {
     /// quantizes its operands first). A caller fusing the product with others computes it
     /// itself then (`burn_megatron_kernels::gated_mlp`).
     pub fn plain_product(&self) -> Option<Gemm> {
-        let plain = self.bias.is_none()
-            && self.input == ColumnInput::InRegion
-            && self.output == ColumnOutput::Sharded
-            && matches!(self.input_quantizer, InputQuantizer::None)
-            && !matches!(self.gemm, Gemm::Quantized(_));
-        plain.then_some(self.gemm)
+        let mapped = self.bias.is_some() || self.input != ColumnInput::InRegion || self.output != ColumnOutput::Sharded;
+        self.precision.plain_gemm().filter(|_| !mapped)
     }
 
     /// [`forward`](Self::forward) as heads of `rope`'s width, rotated by `rope` for their
@@ -237,35 +203,16 @@ impl ColumnParallelLinear {
         shared: Option<&Arc<SharedInput>>,
     ) -> Result<Tensor<D>, LayerError> {
         let bias = self.bias.as_ref().map(|b| b.val());
-        let unchanged = matches!(self.input_quantizer, InputQuantizer::None | InputQuantizer::Observe(_));
-        let product = Product {
-            gemm: self.gemm,
-            quantizer: &self.input_quantizer,
-            delayed: self.delayed(),
-            shared: shared.filter(|_| unchanged).cloned(),
-            weight_codes: self.weight_codes.clone(),
-        };
-        column_parallel(x, self.weight.val(), bias, self.input, self.output, product, &self.tp)
+        let layout = (self.input, self.output);
+        column_parallel(x, self.weight.val(), bias, layout, &self.precision, shared, &self.tp)
     }
 }
 
-/// How a column-parallel layer multiplies its (mapped) input.
-#[derive(Clone, Debug)]
-pub struct Product<'a> {
-    pub gemm: Gemm,
-    /// What the input goes through first.
-    pub quantizer: &'a InputQuantizer,
-    /// Delayed scaling's state, for a product under it.
-    pub delayed: Option<DelayedState>,
-    /// The input's quantization, shared with the call's other products of the same input.
-    pub shared: Option<Arc<SharedInput>>,
-    /// The weight's quantization, kept for later calls on the same weight.
-    pub weight_codes: Option<Arc<WeightCodes>>,
-}
-
 /// A column-parallel product with a weight shard held elsewhere (tied word embeddings: the
-/// embedding's rows, transposed): the input mapped as `input` says, multiplied, the output
-/// laid out as `output` says, exactly as [`ColumnParallelLinear::forward`] does.
+/// embedding's rows, transposed): the input mapped as `input` says, multiplied under
+/// `precision` (its quantization of the input shared as [`ColumnParallelLinear::forward_sharing`]
+/// says), the output laid out as `output` says, exactly as [`ColumnParallelLinear::forward`]
+/// does.
 ///
 /// # Shapes
 /// - `weight`: `[i, o/tp]`, `bias`: `[o/tp]`
@@ -274,9 +221,9 @@ pub fn column_parallel<const D: usize>(
     x: Tensor<D>,
     weight: Tensor<2>,
     bias: Option<Tensor<1>>,
-    input: ColumnInput,
-    output: ColumnOutput,
-    product: Product,
+    (input, output): (ColumnInput, ColumnOutput),
+    precision: &LinearPrecision,
+    shared: Option<&Arc<SharedInput>>,
     tp: &ProcessGroup,
 ) -> Result<Tensor<D>, LayerError> {
     let x = match input {
@@ -285,12 +232,7 @@ pub fn column_parallel<const D: usize>(
         ColumnInput::InRegion => x,
     };
     // The whole input on every rank: nothing of it is sharded.
-    let x = product.quantizer.apply(x, tp, false)?;
-    let reuse = Reuse {
-        input: product.shared,
-        weight: product.weight_codes,
-    };
-    let y = sharded_linear(x, weight, bias, product.gemm, product.delayed, reuse, tp)?;
+    let y = precision.product(x, weight, bias, false, shared, tp)?;
     Ok(match output {
         ColumnOutput::Sharded => y,
         ColumnOutput::Gathered => gather_from_tp(y, tp, D - 1)?,

@@ -153,24 +153,24 @@ impl ParallelMlp {
     /// projection's products scale it by its tensor's amax: FP8 tensorwise), and the input
     /// reaches them as it is (whole sequences: a sequence-parallel input is gathered first).
     pub fn notes_input(&self) -> bool {
-        self.sequence == SequenceLayout::Whole && self.w1.gemm.scales_by_tensor_amax(Pass::Forward)
+        self.sequence == SequenceLayout::Whole && self.w1.precision.gemm.scales_by_tensor_amax(Pass::Forward)
     }
 
     /// Whether its output's gradient is worth noting where it is written: the down projection's
     /// gradient products scale it by its tensor's amax, and it reaches them as it is (whole
     /// sequences).
     pub fn notes_output_grad(&self) -> bool {
-        self.sequence == SequenceLayout::Whole && self.w2.gemm.scales_by_tensor_amax(Pass::Dgrad)
+        self.sequence == SequenceLayout::Whole && self.w2.precision.gemm.scales_by_tensor_amax(Pass::Dgrad)
     }
 
     /// The SwiGLU results whose amaxes its kernels take for the FP8 casts that quantize them
     /// next: the down projection's input, the gate's and up projection's output gradients.
     fn notes(&self) -> NoteAmaxes {
         NoteAmaxes {
-            output: self.w2.gemm.scales_by_tensor_amax(Pass::Forward),
+            output: self.w2.precision.gemm.scales_by_tensor_amax(Pass::Forward),
             input_grads: [&self.w1, &self.w3]
                 .iter()
-                .all(|w| w.gemm.scales_by_tensor_amax(Pass::Dgrad)),
+                .all(|w| w.precision.gemm.scales_by_tensor_amax(Pass::Dgrad)),
         }
     }
 

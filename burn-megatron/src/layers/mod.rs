@@ -14,9 +14,7 @@ pub mod row;
 pub mod sequence;
 
 pub use attention::{ParallelAttention, ParallelAttentionConfig};
-pub use column::{
-    ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, Product, column_parallel,
-};
+pub use column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, column_parallel};
 pub use cross_entropy::{VocabParallelCrossEntropy, VocabParallelCrossEntropyConfig};
 pub use embedding::{VocabParallelEmbedding, VocabParallelEmbeddingConfig, padded_vocab};
 pub use mlp::{ParallelMlp, ParallelMlpConfig};

@@ -9,13 +9,10 @@ use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, reduce_from_tp, reduce_scatter_to_sp, scatter_to_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
-use burn_megatron_kernels::quant::product::WeightCodes;
 use burn_megatron_kernels::rms_norm::link::{NormLink, residual_add};
 use burn_megatron_kernels::{Gemm, linear_onto};
 
-use crate::precision::amax::{Reuse, sharded_linear};
-use crate::precision::delayed::{self, AmaxRecorder};
-use crate::precision::ptq::InputQuantizer;
+use crate::precision::linear::LinearPrecision;
 
 use crate::error::{LayerError, divisible};
 use crate::init::{ParamInit, Shard};
@@ -70,23 +67,8 @@ pub struct RowParallelLinear {
     pub input: RowInput,
     #[module(skip)]
     pub output: RowOutput,
-    #[module(skip)]
-    pub gemm: Gemm,
-    /// What the input goes through before the product (post-training quantization); nothing
-    /// by default.
-    #[module(skip)]
-    pub input_quantizer: InputQuantizer,
-    /// Delayed FP8 scaling's amax history (`[3, history]`, not trained), with
-    /// `Gemm::Quantized(Recipe::Fp8Delayed)` (`precision::delayed`).
-    pub amax_history: Option<Param<Tensor<2>>>,
-    /// This step's amaxes, for the history.
-    #[module(skip)]
-    pub amax_recorder: AmaxRecorder,
-    /// Where a quantized product keeps its weight's codes for the step's later microbatches
-    /// (set by [`keep_weight_codes`](crate::models::llama::sites::keep_weight_codes)); none by
-    /// default.
-    #[module(skip)]
-    pub weight_codes: Option<std::sync::Arc<WeightCodes>>,
+    /// How it multiplies: its GEMM, input quantizer, delayed scaling's history, kept codes.
+    pub precision: LinearPrecision,
     #[module(skip)]
     pub tp: ProcessGroup,
 }
@@ -150,12 +132,8 @@ impl RowParallelLinear {
 
     /// The same layer multiplying with `gemm` (with delayed scaling, a history of its own).
     pub fn with_gemm(self, gemm: Gemm) -> Self {
-        let amax_history = delayed::history_of(gemm, &self.weight.val().device(), self.amax_history);
-        Self {
-            gemm,
-            amax_history,
-            ..self
-        }
+        let precision = self.precision.with_gemm(gemm, &self.weight.val().device());
+        Self { precision, ..self }
     }
 
     fn from_parts(
@@ -171,11 +149,7 @@ impl RowParallelLinear {
             bias: bias.map(|b| Param::from_tensor(b.detach())),
             input,
             output,
-            gemm: Gemm::Wgmma,
-            input_quantizer: InputQuantizer::None,
-            amax_history: None,
-            amax_recorder: AmaxRecorder::default(),
-            weight_codes: None,
+            precision: LinearPrecision::plain(Gemm::Wgmma),
             tp: tp.clone(),
         }
     }
@@ -189,13 +163,9 @@ impl RowParallelLinear {
             RowInput::Replicated => scatter_to_sp(x, &self.tp, D - 1)?,
         };
         // This rank's input features only.
-        let x = self.input_quantizer.apply(x, &self.tp, true)?;
-        let delayed = delayed::state_of(self.gemm, &self.amax_history, &self.amax_recorder, &self.weight.val());
-        let reuse = Reuse {
-            input: None,
-            weight: self.weight_codes.clone(),
-        };
-        let partial = sharded_linear(x, self.weight.val(), None, self.gemm, delayed, reuse, &self.tp)?;
+        let partial = self
+            .precision
+            .product(x, self.weight.val(), None, true, None, &self.tp)?;
         let y = self.sum_partials(partial)?;
         Ok(match &self.bias {
             None => y,
@@ -234,11 +204,8 @@ impl RowParallelLinear {
     /// projection, `burn_megatron_kernels::gated_mlp::gated_mlp`), leaving [`Self::sum_partials`] to
     /// this layer.
     pub fn plain_product(&self) -> Option<Gemm> {
-        let plain = self.bias.is_none()
-            && self.input == RowInput::Sharded
-            && matches!(self.input_quantizer, InputQuantizer::None)
-            && !matches!(self.gemm, Gemm::Quantized(_));
-        plain.then_some(self.gemm)
+        let mapped = self.bias.is_some() || self.input != RowInput::Sharded;
+        self.precision.plain_gemm().filter(|_| !mapped)
     }
 
     /// This rank's partial product `[.., s, o]` summed over the group: whole, or each rank's

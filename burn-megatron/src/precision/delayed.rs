@@ -14,14 +14,12 @@ use std::sync::{Arc, Mutex};
 
 use burn::module::Param;
 use burn::tensor::{DType, Device, Tensor};
-use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
 use burn_megatron_kernels::Gemm;
 use burn_megatron_kernels::quant::history;
 use burn_megatron_kernels::quant::product::{AmaxGroup, LayerTensor, Operand, ScaleAmax, SharedInput};
 use burn_megatron_kernels::quant::recipe::{AmaxAlgo, Recipe};
 
 use super::amax::TensorParallelAmax;
-use crate::models::llama::{LlamaBlock, Site, linear_mut};
 
 /// The history rows, by the tensor each holds.
 fn row(tensor: LayerTensor) -> usize {
@@ -158,50 +156,6 @@ pub fn state_of(
         )),
         _ => None,
     }
-}
-
-/// Pushes each delayed-scaling layer's recorded amaxes onto its history (the maximum over
-/// `groups.grad_sync()`, so every rank's history is the same), for `blocks` (a Llama's, or a
-/// pipeline stage's). Every rank calls it after each optimizer step, in the same order. The
-/// step's amaxes of every layer are reduced in one collective, as Transformer Engine reduces its
-/// one buffer of them: one all-reduce a step where a layer each took one.
-pub fn advance<'a>(
-    blocks: impl IntoIterator<Item = &'a mut LlamaBlock>,
-    groups: &ProcessGroups,
-) -> Result<(), CommError> {
-    let mut blocks: Vec<&mut LlamaBlock> = blocks.into_iter().collect();
-    let paths = || Site::ALL.iter().flat_map(|s| s.linears());
-    // This step's amaxes, three a delayed layer, in the blocks' and paths' order.
-    let mut rows = Vec::new();
-    for block in blocks.iter_mut() {
-        for path in paths() {
-            if let Some(linear) = linear_mut(block, path)
-                && let Some(history) = linear.amax_history
-            {
-                rows.extend(linear.amax_recorder.take(&history.val().device()));
-            }
-        }
-    }
-    let sync = groups.grad_sync();
-    if sync.size() > 1 && !rows.is_empty() {
-        let reduced = sync.all_reduce(Tensor::cat(rows.clone(), 0), ReduceOp::Max)?;
-        rows = (0..rows.len()).map(|i| reduced.clone().narrow(0, i, 1)).collect();
-    }
-    let mut rows = rows.into_iter();
-    for block in blocks.iter_mut() {
-        for path in paths() {
-            let Some(history) = linear_mut(block, path).and_then(|linear| linear.amax_history.as_mut()) else {
-                continue;
-            };
-            let step = [(); 3].map(|_| rows.next().expect("three amaxes a delayed layer"));
-            let old = history.val();
-            let autodiff = old.is_autodiff();
-            let new = history::push(old.without_autodiff(), step);
-            let new = if autodiff { new.autodiff() } else { new };
-            *history = history.clone().map(|_| new);
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

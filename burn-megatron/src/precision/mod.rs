@@ -8,6 +8,7 @@
 pub mod amax;
 mod blocks;
 pub mod delayed;
+pub mod linear;
 pub mod ptq;
 
 use burn::tensor::DType;
@@ -193,7 +194,13 @@ mod tests {
         let gemms = |b: &crate::models::llama::LlamaBlock| {
             let (a, m) = (&b.attention, b.mlp.as_ref().unwrap());
             [
-                a.wq.gemm, a.wk.gemm, a.wv.gemm, a.wo.gemm, m.w1.gemm, m.w2.gemm, m.w3.gemm,
+                a.wq.precision.gemm,
+                a.wk.precision.gemm,
+                a.wv.precision.gemm,
+                a.wo.precision.gemm,
+                m.w1.precision.gemm,
+                m.w2.precision.gemm,
+                m.w3.precision.gemm,
             ]
         };
         assert_eq!(gemms(&model.layers[0]), [Gemm::Quantized(Recipe::Nvfp4); 7]);

@@ -68,4 +68,3 @@ pub(crate) fn stage_sum<N: Size>(acc: &Vector<f32, N>, values: u32, #[comptime] 
         }
     }
 }
-

@@ -11,7 +11,6 @@
 
 use burn::tensor::{Int, Tensor};
 
-
 /// The router's losses of one call, `[1]` each, f32.
 #[derive(Clone, Debug)]
 pub struct RouterLosses {

@@ -28,13 +28,13 @@ use burn_megatron_dist::{ProcessGroup, ProcessGroups, ReduceOp};
 
 use super::capacity::{Capacity, dispatch_with_capacity};
 use super::dispatch::{Dispatch, dispatch, dispatch_host, permute, read_experts, unpermute};
+use super::exchange::ExpertParallel;
 use super::exchange::{AllGather, AllToAll};
 use super::experts::{Experts, ExpertsConfig};
 use super::router::{Router, RouterConfig, Routing};
 use crate::error::{ConfigError, LayerError, divisible};
 use crate::init::ParamInit;
 use crate::layers::{ParallelMlp, ParallelMlpConfig, SequenceLayout};
-use super::exchange::ExpertParallel;
 use burn_megatron_kernels::grouped_gemm::{Groups, row_alignment};
 
 #[derive(Config, Debug)]

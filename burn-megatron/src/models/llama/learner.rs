@@ -12,7 +12,6 @@ use crate::error::ConfigError;
 use crate::layers::context::ContextLayout;
 use crate::layers::moe::Load;
 use crate::params::{grads_params, param_values};
-use crate::precision::delayed;
 use crate::train::AfterStep;
 
 /// Token ids and the ids that follow them.
@@ -75,7 +74,14 @@ pub fn after_step() -> AfterStep {
             loads: output.loads.clone(),
         };
         let mut model = model.update_expert_bias(&report, groups).map_err(|e| e.to_string())?;
-        delayed::advance(model.layers.iter_mut(), groups).map_err(|e| e.to_string())?;
+        crate::precision::linear::advance_histories(
+            model
+                .layers
+                .iter_mut()
+                .flat_map(crate::models::llama::LlamaBlock::linear_precisions),
+            groups,
+        )
+        .map_err(|e| e.to_string())?;
         Ok(model)
     })
 }
@@ -86,7 +92,15 @@ pub fn stage_after_step() -> AfterStep {
         let mut stage = stage
             .update_expert_bias(&output.loads, groups)
             .map_err(|e| e.to_string())?;
-        delayed::advance(stage.layers.iter_mut().flatten(), groups).map_err(|e| e.to_string())?;
+        crate::precision::linear::advance_histories(
+            stage
+                .layers
+                .iter_mut()
+                .flatten()
+                .flat_map(crate::models::llama::LlamaBlock::linear_precisions),
+            groups,
+        )
+        .map_err(|e| e.to_string())?;
         Ok(stage)
     })
 }

@@ -10,7 +10,6 @@ use burn_megatron_dist::{ProcessGroups, ReduceOp};
 
 use crate::error::{ConfigError, LayerError};
 use crate::init::ParamInit;
-use crate::layers::Product;
 use crate::layers::moe::{Load, Moe, MoeConfig, RouterLosses};
 use crate::layers::{
     ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, ParallelAttention,
@@ -18,7 +17,7 @@ use crate::layers::{
     VocabParallelCrossEntropyConfig, VocabParallelEmbedding, VocabParallelEmbeddingConfig, column_parallel,
 };
 use crate::precision::EdgeBlocks;
-use crate::precision::ptq::InputQuantizer;
+use crate::precision::linear::LinearPrecision;
 use crate::recompute::Recompute;
 use burn_megatron_kernels::Gemm;
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
@@ -368,22 +367,9 @@ pub(crate) fn output_logits(
         (Some(output), _) => output.forward(x)?,
         (None, Some((tied, embedding))) => {
             let weight = embedding.weight.val().transpose(); // [d, v/tp]
-            let product = Product {
-                gemm: tied.gemm,
-                quantizer: &InputQuantizer::None,
-                delayed: None,
-                shared: None,
-                weight_codes: None,
-            };
-            column_parallel(
-                x,
-                weight,
-                None,
-                tied.input,
-                ColumnOutput::Sharded,
-                product,
-                &embedding.tp,
-            )?
+            let layout = (tied.input, ColumnOutput::Sharded);
+            let precision = LinearPrecision::plain(tied.gemm);
+            column_parallel(x, weight, None, layout, &precision, None, &embedding.tp)?
         }
         (None, None) => unreachable!("a Llama has an output layer or tied word embeddings"),
     })

@@ -7,11 +7,9 @@ use std::sync::Arc;
 
 use burn::module::Param;
 use burn::tensor::Tensor;
-use burn_megatron_kernels::quant::product::WeightCodes;
 
 use super::LlamaBlock;
-use crate::precision::delayed::AmaxRecorder;
-use crate::precision::ptq::InputQuantizer;
+use crate::precision::linear::LinearPrecision;
 
 /// An input of a block's linear layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -45,14 +43,10 @@ impl Site {
     }
 }
 
-/// A block's linear layer: its weight (`[in, out]`), input quantizer, delayed-scaling state and
-/// where its weight's codes are kept.
+/// A block's linear layer: its weight (`[in, out]`) and how it multiplies.
 pub struct LinearMut<'a> {
     pub weight: &'a mut Param<Tensor<2>>,
-    pub quantizer: &'a mut InputQuantizer,
-    pub amax_history: &'a mut Option<Param<Tensor<2>>>,
-    pub amax_recorder: &'a AmaxRecorder,
-    pub weight_codes: &'a mut Option<Arc<WeightCodes>>,
+    pub precision: &'a mut LinearPrecision,
 }
 
 /// The linear layer of `block` at `path` (one of [`Site::linears`]); `None` for the MLP's
@@ -63,10 +57,7 @@ pub fn linear_mut<'a>(block: &'a mut LlamaBlock, path: &str) -> Option<LinearMut
             let l = $l;
             LinearMut {
                 weight: &mut l.weight,
-                quantizer: &mut l.input_quantizer,
-                amax_history: &mut l.amax_history,
-                amax_recorder: &l.amax_recorder,
-                weight_codes: &mut l.weight_codes,
+                precision: &mut l.precision,
             }
         }};
     }
@@ -89,6 +80,24 @@ pub fn linear_mut<'a>(block: &'a mut LlamaBlock, path: &str) -> Option<LinearMut
     })
 }
 
+impl LlamaBlock {
+    /// How each of the block's linear layers multiplies (the attention's four, the dense MLP's
+    /// three; a MoE block's experts multiply on their own), in [`Site::linears`]' order.
+    pub fn linear_precisions(&mut self) -> Vec<&mut LinearPrecision> {
+        let a = &mut self.attention;
+        let mut all = vec![
+            &mut a.wq.precision,
+            &mut a.wk.precision,
+            &mut a.wv.precision,
+            &mut a.wo.precision,
+        ];
+        if let Some(mlp) = &mut self.mlp {
+            all.extend([&mut mlp.w1.precision, &mut mlp.w3.precision, &mut mlp.w2.precision]);
+        }
+        all
+    }
+}
+
 /// Gives each of `block`'s linear layers a slot for its weight's FP8 codes
 /// ([`WeightCodes`]): under a current-scaling FP8 recipe or blockwise, the step's first
 /// microbatch quantizes each weight and the others reuse its codes, as gradient accumulation
@@ -99,7 +108,7 @@ pub fn keep_weight_codes(block: &mut LlamaBlock) {
     for site in Site::ALL {
         for path in site.linears() {
             if let Some(linear) = linear_mut(block, path) {
-                *linear.weight_codes = Some(Arc::default());
+                linear.precision.weight_codes = Some(Arc::default());
             }
         }
     }
@@ -109,6 +118,8 @@ pub fn keep_weight_codes(block: &mut LlamaBlock) {
 mod tests {
     use burn::tensor::Device;
     use burn_megatron_dist::ProcessGroups;
+
+    use burn_megatron_kernels::quant::product::WeightCodes;
 
     use super::*;
     use crate::init::{InitMode, ParamInit};
@@ -125,7 +136,7 @@ mod tests {
         let slots = |block: &mut LlamaBlock| -> Vec<Option<Arc<WeightCodes>>> {
             paths
                 .clone()
-                .map(|path| linear_mut(block, path).unwrap().weight_codes.clone())
+                .map(|path| linear_mut(block, path).unwrap().precision.weight_codes.clone())
                 .collect()
         };
         assert!(slots(block).iter().all(Option::is_none));

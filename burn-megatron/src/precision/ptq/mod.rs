@@ -144,9 +144,8 @@ pub fn calibrate(model: &Llama, batches: &[Tensor<2, Int>], collect: Collect) ->
         for site in Site::ALL {
             // The site's first layer stands for all of them: they read the same tensor.
             let observer = Observer::new(collect);
-            *linear_mut(block, site.linears()[0])
-                .ok_or(PtqError::MixtureOfExperts)?
-                .quantizer = InputQuantizer::Observe(observer.clone());
+            let linear = linear_mut(block, site.linears()[0]).ok_or(PtqError::MixtureOfExperts)?;
+            linear.precision.input_quantizer = InputQuantizer::Observe(observer.clone());
             four.push(observer);
         }
         observers.push(four);
@@ -263,7 +262,7 @@ pub fn quantize(
                     None => config.weights.quantize_on(weight, sample.as_ref()),
                 };
                 *linear.weight = linear.weight.clone().map(|_| quantized.values.cast(dtype));
-                *linear.quantizer = input.clone();
+                linear.precision.input_quantizer = input.clone();
                 let quantization = LinearQuantization {
                     weight_scales: quantized.scales,
                     input: input.clone(),

@@ -290,7 +290,7 @@ pub fn load(dir: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, H
                     name: format!("layers.{i}.{path}"),
                     detail: "a mixture-of-experts block has no such layer".into(),
                 })?;
-                *linear.quantizer = scheme.input_quantizer(input_scale);
+                linear.precision.input_quantizer = scheme.input_quantizer(input_scale);
             }
         }
     }
