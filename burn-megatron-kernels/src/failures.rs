@@ -26,7 +26,9 @@ pub struct DeviceFailure {
 #[error("another logger is installed: CubeCL's failures reach it, not burn-megatron's watch")]
 pub struct AnotherLogger;
 
-/// The failures logged, and the first one's text; the lines printed.
+/// The failures logged, and the first one's text; the lines printed. Process state because the
+/// `log` facade is: it holds one logger a process, and CubeCL reports a launch it could not run
+/// through that logger alone, from whichever thread ran it.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 static FIRST: Mutex<Option<String>> = Mutex::new(None);
 static LINES: AtomicUsize = AtomicUsize::new(0);

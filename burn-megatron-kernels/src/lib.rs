@@ -33,6 +33,9 @@
 //!
 //! `docs/kernels.md` describes each kernel and what it measures.
 
+#[macro_use]
+mod extension;
+
 pub mod adamw;
 pub mod attention;
 pub mod cross_entropy;

@@ -1,5 +1,5 @@
 //! `bench --pp N [--vpp V] [--microbatches M]`: training throughput over pipeline stages, each
-//! rank its stage running its part of the schedule (`models::llama::pipeline::train_step`), the
+//! rank its stage running its part of the schedule (`train::pipeline::train_step`), the
 //! distributed optimizer's fp32 master weights on every stage; the steps run unsynchronized
 //! (`Timing::Off`), then one more synchronized step measures the bubble beside the schedule's
 //! prediction.
@@ -10,11 +10,11 @@ use burn::tensor::{Int, Tensor};
 use burn_megatron::init::InitMode;
 use burn_megatron::layers::context::ContextLayout;
 use burn_megatron::models::llama::LlamaConfig;
-use burn_megatron::models::llama::pipeline::{Timing, train_step};
 use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron::plan::ParallelPlan;
 use burn_megatron::plan::pipeline::simulate::simulate;
 use burn_megatron::precision::PrecisionPolicy;
+use burn_megatron::train::pipeline::{Timing, train_step};
 use burn_megatron_dist::{RankContext, ReduceOp};
 
 use crate::memory::Mark;
@@ -80,7 +80,9 @@ pub fn run(
             (cut(&ids), cut(&targets))
         })
         .collect();
-    let mut optim = DistributedAdamWConfig::new().init(&ctx.groups);
+    let mut optim = DistributedAdamWConfig::new()
+        .init(&ctx.groups)
+        .keeping_amaxes(stage.amax_notes());
     // One step, and the loss the last stage reports (averaged over dp × cp) on every rank.
     let mut step = |stage, timing| {
         let (mut stage, report) =

@@ -186,7 +186,10 @@ pub fn run(
     profile: bool,
 ) -> Run {
     let optimizer = match policy.master {
-        MasterWeights::F32 => Optimizer::Master(Box::new(DistributedAdamWConfig::new().init(&ctx.groups))),
+        MasterWeights::F32 => {
+            let optim = DistributedAdamWConfig::new().init(&ctx.groups);
+            Optimizer::Master(Box::new(optim.keeping_amaxes(model.amax_notes())))
+        }
         MasterWeights::None => Optimizer::Pure(FusedAdamWConfig::new().init()),
     };
     let mut trainer = Trainer {

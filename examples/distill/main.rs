@@ -25,11 +25,11 @@ use std::time::Instant;
 
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, Int, Tensor, TensorData};
-use burn_megatron::distill::{self, DistillConfig};
 use burn_megatron::init::InitMode;
 use burn_megatron::models::llama::{LlamaConfig, hf};
 use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
+use burn_megatron::posttrain::distill::{self, DistillConfig};
 use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 use burn_megatron_kernels::quant::recipe::Recipe;
@@ -214,7 +214,8 @@ fn run(args: &Args) -> Result<(), String> {
         let mut optim = DistributedAdamWConfig::new()
             .with_zero1(args.zero1)
             .with_max_grad_norm(Some(1.0))
-            .init(&ctx.groups);
+            .init(&ctx.groups)
+            .keeping_amaxes(student.amax_notes());
         let (per_rank, dp_rank) = (args.batch / args.dp, ctx.groups.dp.group_rank());
         let begun = Instant::now();
         for step in 1..=args.steps {

@@ -23,8 +23,8 @@ use burn_megatron::init::InitMode;
 use burn_megatron::models::llama::{Llama, LlamaConfig, hf};
 use burn_megatron::params::param_values;
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
+use burn_megatron::posttrain::prune::{self, PruneTarget};
 use burn_megatron::precision::PrecisionPolicy;
-use burn_megatron::prune::{self, PruneTarget};
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 
 use common::{Shared, Text, mean_loss, whole, windows};

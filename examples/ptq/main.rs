@@ -31,9 +31,10 @@ use burn_megatron::init::InitMode;
 use burn_megatron::models::llama::generate::{GenerateConfig, Sampling, generate};
 use burn_megatron::models::llama::{Llama, LlamaConfig, hf};
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
+use burn_megatron::posttrain::ptq;
 use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron::precision::ptq::{
-    self, ActivationScheme, Clipping, Codes, Collect, Gptq, Granularity, PtqConfig, Smoothing, WeightScheme,
+    ActivationScheme, Clipping, Codes, Collect, Gptq, Granularity, PtqConfig, Smoothing, WeightScheme,
 };
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 
@@ -328,7 +329,15 @@ fn run(args: &Args) -> Result<(), String> {
         let quantized = ptq::quantize(model.clone(), &row, &calibration, &batches).map_err(|e| e.to_string())?;
         let (in_memory, _) = evaluate(&quantized.model)?;
         let options = hf::ExportOptions::new();
-        hf::save_quantized(dir, &quantized, &planned, &groups, &options).map_err(|e| e.to_string())?;
+        hf::save_quantized(
+            dir,
+            &quantized.model,
+            &quantized.quantization,
+            &planned,
+            &groups,
+            &options,
+        )
+        .map_err(|e| e.to_string())?;
         tokenizer
             .save(dir.join("tokenizer.json"), false)
             .map_err(|e| e.to_string())?;

@@ -187,7 +187,8 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
         let device = ctx.device.clone().autodiff();
         let mut model = config.init(&device, &ctx.groups, &init).map_err(|e| e.to_string())?;
         let mut losses = Vec::new();
-        let mut optim = DistributedAdamWConfig::new().with_zero1(args.zero1).init(&ctx.groups);
+        let config = DistributedAdamWConfig::new().with_zero1(args.zero1);
+        let mut optim = config.init(&ctx.groups).keeping_amaxes(model.amax_notes());
         let mut done = 0;
         if let Some(dir) = &args.resume {
             let (loaded, step) = checkpoint::load(dir, model, &mut optim, &ctx.groups).map_err(|e| e.to_string())?;

@@ -13,10 +13,10 @@ use burn_megatron::ConfigError;
 use burn_megatron::checkpoint;
 use burn_megatron::init::ParamInit;
 use burn_megatron::models::llama::LlamaConfig;
-use burn_megatron::models::llama::pipeline::{Timing, train_step};
 use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron::plan::pipeline::simulate::simulate;
 use burn_megatron::plan::{ParallelPlan, PipelineSchedule};
+use burn_megatron::train::pipeline::{Timing, train_step};
 use burn_megatron_dist::{ReduceOp, launch};
 
 use crate::args::Args;
@@ -69,7 +69,8 @@ pub fn run(
         let mut stage = config
             .init_planned_stage(plan, m, &device, &ctx.groups, init)
             .map_err(|e| e.to_string())?;
-        let mut optim = DistributedAdamWConfig::new().with_zero1(args.zero1).init(&ctx.groups);
+        let config = DistributedAdamWConfig::new().with_zero1(args.zero1);
+        let mut optim = config.init(&ctx.groups).keeping_amaxes(stage.amax_notes());
         let mut done = 0;
         if let Some(dir) = &args.resume {
             // Any layout's checkpoint: each stage reads its own blocks by their paths.

@@ -5,11 +5,11 @@
 
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, Tensor};
-use burn_megatron::distill::{self, DistillConfig, VocabParallelKl};
 use burn_megatron::layers::padded_vocab;
 use burn_megatron::models::llama::hf::{self, ExportOptions};
 use burn_megatron::optim::DistributedAdamWConfig;
-use burn_megatron::prune::{self, PruneTarget};
+use burn_megatron::posttrain::distill::{self, DistillConfig, VocabParallelKl};
+use burn_megatron::posttrain::prune::{self, PruneTarget};
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 
 use crate::Harness;

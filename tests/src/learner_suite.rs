@@ -13,12 +13,12 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn::train::metric::LossMetric;
 use burn::train::{Learner, SupervisedTraining, TrainingStrategy};
 use burn_megatron::init::{InitMode, ParamInit};
-use burn_megatron::models::llama::learner::{LmOutput, TokenBatch, TokenBatcher};
 use burn_megatron::models::llama::{Llama, LlamaConfig};
 use burn_megatron::optim::{BucketConfig, DistributedAdamWConfig};
 use burn_megatron::params::{param_infos, param_values};
 use burn_megatron::plan::{ParallelPlan, PipelineSchedule, TensorParallel};
-use burn_megatron::train::{AfterStep, MegatronStrategy, Silent, StrategyOptimizer};
+use burn_megatron::train::learner::{AfterStep, MegatronStrategy, Silent, StrategyOptimizer};
+use burn_megatron::train::learner::{LmOutput, TokenBatch, TokenBatcher};
 use burn_megatron_dist::{ParallelDims, RankContext};
 
 use crate::Harness;
@@ -389,7 +389,7 @@ where
 }
 
 /// What moves outside the gradient after each step, under the strategy with the Llama's
-/// [`after_step`](burn_megatron::models::llama::learner::after_step): 4 blocks, 2 of them
+/// [`after_step`](burn_megatron::train::learner::after_step): 4 blocks, 2 of them
 /// mixtures of 4 experts with DeepSeek-V3's expert bias, every linear layer in delayed FP8
 /// (a history of 4). One epoch through the Learner against the same 4 steps by hand (forward,
 /// the distributed optimizer, `update_expert_bias`, `delayed::advance`): every parameter,
@@ -400,8 +400,8 @@ where
 pub fn after_step_moves_biases_and_histories(h: &Harness) {
     use burn_megatron::layers::moe::{MoeConfig, RouterConfig};
     use burn_megatron::models::llama::MoeBlocks;
-    use burn_megatron::models::llama::learner::{after_step, stage_after_step};
     use burn_megatron::precision::PrecisionPolicy;
+    use burn_megatron::train::learner::{after_step, stage_after_step};
     use burn_megatron_kernels::Gemm;
     use burn_megatron_kernels::quant::recipe::{AmaxAlgo, Recipe};
     let router = RouterConfig::new(64, 4, 2).with_aux_loss(1e-2).with_expert_bias(true);
@@ -474,7 +474,7 @@ pub fn after_step_moves_biases_and_histories(h: &Harness) {
     };
     moved(&whole(Some(after_step())), &whole_batch, "pp 1", 0.0);
     let untouched = whole(None);
-    let history = "layers.0.attention.wq.amax_history";
+    let history = "layers.0.attention.wq.precision.amax_history";
     assert!(
         untouched[history].iter().all(|&a| a == 0.0),
         "no update: {history} stays empty"

@@ -525,17 +525,20 @@ pub fn zero1_matches_unsharded(h: &Harness) {
 /// On CUDA the optimizer keeps each new parameter value's amax, taken as its update writes it,
 /// for the FP8 casts that read the value next: after a step every parameter's kept amax is the
 /// amax pass's over the value the model holds, bit for bit, unsharded at dp 1 and under ZeRO-1 at
-/// dp 2 (each shard's reduced over the group); a cast reads it without taking it, and the notes
-/// go with the optimizer.
+/// dp 2 (each shard's reduced over the group), kept in the model's notes (`Llama::amax_notes`);
+/// a cast reads it without taking it. An optimizer not given the notes keeps nothing.
 #[cfg(feature = "cuda")]
 pub fn optimizer_keeps_weight_amaxes(h: &Harness) {
     use burn_megatron::optim::DistributedAdamWConfig;
-    use burn_megatron_kernels::quant::kernels::fp8::{amax, take_noted_amax};
+    use burn_megatron_kernels::quant::kernels::fp8::amax;
+    use burn_megatron_kernels::quant::notes::AmaxNotes;
     for (dp, zero1) in [(1, false), (2, true)] {
         h.run(ParallelDims::tp_dp(1, dp), |ctx| {
             let dev = ctx.device.clone().autodiff();
             let model = tiny(h, &ctx.groups, &dev, false);
-            let mut optim = DistributedAdamWConfig::new().with_zero1(zero1).init(&ctx.groups);
+            let notes = model.amax_notes();
+            let config = DistributedAdamWConfig::new().with_zero1(zero1);
+            let mut optim = config.init(&ctx.groups).keeping_amaxes(notes.clone());
             let (ids, targets) = batch(&dev, 0);
             let grads = GradientsParams::from_grads(model.forward_loss(ids, targets).unwrap().backward(), &model);
             let model = optim.step(3e-3, model.clone(), grads).unwrap().0;
@@ -543,15 +546,25 @@ pub fn optimizer_keeps_weight_amaxes(h: &Harness) {
             let values = param_values(&model);
             for (i, p) in values.iter().enumerate() {
                 let case = format!("dp {dp}, parameter {i} {:?}", p.dims);
-                let kept = take_noted_amax(&p.value).unwrap_or_else(|| panic!("{case}: an amax is kept"));
+                let kept = notes
+                    .take(&p.value)
+                    .unwrap_or_else(|| panic!("{case}: an amax is kept"));
                 let n = p.value.dims()[0];
                 assert_eq!(bits(kept), bits(amax(p.value.clone().reshape([1, n]))), "{case}");
-                assert!(take_noted_amax(&p.value).is_some(), "{case}: kept for the next cast");
+                assert!(notes.take(&p.value).is_some(), "{case}: kept for the next cast");
             }
-            drop(optim);
-            for p in &values {
-                assert!(take_noted_amax(&p.value).is_none(), "dropped with the optimizer");
-            }
+            let (model, notes) = (tiny(h, &ctx.groups, &dev, false), AmaxNotes::default());
+            let mut optim = config.init(&ctx.groups);
+            let (ids, targets) = batch(&dev, 0);
+            let grads = GradientsParams::from_grads(model.forward_loss(ids, targets).unwrap().backward(), &model);
+            let model = optim.step(3e-3, model.clone(), grads).unwrap().0;
+            let stepped = param_values(&model);
+            assert!(
+                stepped
+                    .iter()
+                    .all(|p| notes.take(&p.value).is_none() && model.amax_notes().take(&p.value).is_none()),
+                "an optimizer not given the notes keeps nothing"
+            );
         });
     }
 }

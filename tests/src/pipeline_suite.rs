@@ -8,11 +8,11 @@ use burn::tensor::{Int, Tensor, TensorData};
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::LlamaConfig;
 use burn_megatron::models::llama::MoeReport;
-use burn_megatron::models::llama::pipeline::{Timing, run_actions};
 use burn_megatron::params::{ParamInfo, param_grads, param_infos, param_values};
 use burn_megatron::plan::PipelineSchedule;
 use burn_megatron::plan::pipeline::stages::{rank_chunks, virtual_stages};
 use burn_megatron::recompute::{Recompute, RecomputeMethod};
+use burn_megatron::train::pipeline::{Timing, run_actions};
 use burn_megatron_dist::ParallelDims;
 
 use crate::Harness;
@@ -243,8 +243,8 @@ pub fn steps_match_one_rank(h: &Harness) {
 }
 
 fn steps_match(h: &Harness, config: LlamaConfig) {
-    use burn_megatron::models::llama::pipeline::train_step;
     use burn_megatron::optim::DistributedAdamWConfig;
+    use burn_megatron::train::pipeline::train_step;
     let init = ParamInit::new(3, InitMode::Full).with_dtype(h.float);
     let optim = || DistributedAdamWConfig::new().with_max_grad_norm(Some(1.0));
     let (reference, reference_norm) = h
@@ -377,7 +377,11 @@ pub fn bad_stages_are_errors(h: &Harness) {
         );
         let (ids, targets) = batches(&dev).remove(0);
         assert!(matches!(
-            config_error(whole.scheduled_step(ids.clone(), targets.clone())),
+            config_error(burn_megatron::train::pipeline::scheduled_step(
+                &whole,
+                ids.clone(),
+                targets.clone()
+            )),
             ConfigError::NoSchedule
         ));
         let experts = moe_config().init_stage(std::iter::once(0..4).collect(), (true, true), &dev, &ctx.groups, &init);
@@ -389,7 +393,7 @@ pub fn bad_stages_are_errors(h: &Harness) {
             .with_schedule(PipelineSchedule::OneForwardOneBackward, 2, &ctx.groups.pp)
             .unwrap();
         assert_eq!(
-            config_error(scheduled.scheduled_step(ids, targets)),
+            config_error(burn_megatron::train::pipeline::scheduled_step(&scheduled, ids, targets)),
             ConfigError::MicrobatchSplit {
                 sequences: 1,
                 microbatches: 2

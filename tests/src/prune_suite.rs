@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron::models::llama::Llama;
 use burn_megatron::models::llama::hf::{self, ExportOptions};
-use burn_megatron::prune::{self, PruneError, PruneTarget};
+use burn_megatron::posttrain::prune::{self, PruneError, PruneTarget};
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 
 use crate::Harness;

@@ -11,9 +11,10 @@ use burn_megatron::error::LayerError;
 use burn_megatron::models::llama::Llama;
 use burn_megatron::models::llama::hf::{self, ExportOptions, HfError};
 use burn_megatron::models::llama::sites::linear_mut;
+use burn_megatron::posttrain::ptq;
 use burn_megatron::precision::ptq::{
-    self, ActivationScheme, Clipping, Codes, Collect, Gptq, Granularity, InputQuantizer, PtqConfig, PtqError,
-    Smoothing, WeightScheme,
+    ActivationScheme, Clipping, Codes, Collect, Gptq, Granularity, InputQuantizer, PtqConfig, PtqError, Smoothing,
+    WeightScheme,
 };
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 use safetensors::tensor::Dtype;
@@ -87,7 +88,15 @@ pub fn compressed_export_loads_at_any_tp(h: &Harness) {
                 let collect = Collect::default().with_hessian();
                 let calibration = ptq::calibrate(&model, &batches(&device), collect).unwrap();
                 let quantized = ptq::quantize(model, &config, &calibration, &batches(&device)).unwrap();
-                hf::save_quantized(&dir, &quantized, &planned, &ctx.groups, &ExportOptions::new()).unwrap();
+                hf::save_quantized(
+                    &dir,
+                    &quantized.model,
+                    &quantized.quantization,
+                    &planned,
+                    &ctx.groups,
+                    &ExportOptions::new(),
+                )
+                .unwrap();
                 logits(&quantized.model, &ctx.groups, &device)
             })
             .remove(0);
@@ -295,7 +304,15 @@ pub fn ptq_errors(h: &Harness) {
         tiled.model.forward(batches(&device)[0].clone()).unwrap();
         let dir = scratch("refused");
         for refused in [&plain, &tiled] {
-            let error = hf::save_quantized(&dir, refused, &planned, &ctx.groups, &ExportOptions::new()).unwrap_err();
+            let error = hf::save_quantized(
+                &dir,
+                &refused.model,
+                &refused.quantization,
+                &planned,
+                &ctx.groups,
+                &ExportOptions::new(),
+            )
+            .unwrap_err();
             assert!(
                 matches!(
                     error,

@@ -231,15 +231,15 @@ fn output_arg(t: &CubeTensor, in_place: bool, input: usize) -> TensorArg {
 }
 
 /// The new parameter and moments; in place where nothing else holds the parameter and both
-/// moments, as [`adamw_master`]'s state is.
-pub(crate) fn adamw(
+/// moments, as [`adamw_master_update`]'s state is.
+pub(crate) fn adamw_update(
     param: CubeTensor,
     grad: CubeTensor,
     m: CubeTensor,
     v: CubeTensor,
     step: AdamWStep,
 ) -> (CubeTensor, CubeTensor, CubeTensor) {
-    // Asked before the clones below; sound for the reason `adamw_master` gives.
+    // Asked before the clones below; sound for the reason `adamw_master_update` gives.
     let in_place = param.can_mut() && m.can_mut() && v.can_mut();
     let fits = float(param.dtype)
         && m.dtype == DType::F32
@@ -317,7 +317,7 @@ macro_rules! launch_grad_param {
 /// updated in place, as PyTorch's fused AdamW does: the state keeps its memory from step to
 /// step, rather than 12 bytes a parameter allocated and freed each step among the activations'.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn adamw_master(
+pub(crate) fn adamw_master_update(
     master: CubeTensor,
     grad: CubeTensor,
     m: CubeTensor,

@@ -11,7 +11,7 @@
 
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend, Backend};
 use burn::tensor::{FloatDType, Tensor};
 
 #[cfg(feature = "cuda")]
@@ -21,9 +21,10 @@ mod step;
 
 pub use step::{AdamWStep, MasterUpdate};
 
-/// The backend extension behind [`adamw_step`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait AdamWOps: Backend {
+extension! {
+    /// The backend extension behind [`adamw_step`].
+    pub trait AdamWOps, cuda: kernel;
+
     /// `(parameter, moment_1, moment_2)` after one step; moments f32, the parameter in its dtype.
     fn adamw_update(
         param: FloatTensor<Self>,
@@ -31,7 +32,9 @@ pub trait AdamWOps: Backend {
         moment_1: FloatTensor<Self>,
         moment_2: FloatTensor<Self>,
         step: AdamWStep,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        reference::update::<Self>(param, grad, moment_1, moment_2, step)
+    }
 
     /// `(master, moment_1, moment_2, parameter, squares, amax)` after one step of f32 master
     /// weights: the gradient in any float dtype, multiplied by `clip` (`[1]`, f32), the new
@@ -39,7 +42,6 @@ pub trait AdamWOps: Backend {
     /// `Σ g²` before clipping (a global norm's share, from the same read of the gradient); `amax`
     /// (`[1]`, f32) the new parameter's largest magnitude (NaN ignored; 0 when empty), for the FP8
     /// casts that read it next.
-    #[allow(clippy::too_many_arguments)]
     fn adamw_master_update(
         master: FloatTensor<Self>,
         grad: FloatTensor<Self>,
@@ -49,61 +51,13 @@ pub trait AdamWOps: Backend {
         clip: FloatTensor<Self>,
         dtype: FloatDType,
         squares: FloatTensor<Self>,
-    ) -> MasterUpdate<Self>;
+    ) -> MasterUpdate<Self> {
+        reference::master_update::<Self>(master, grad, moment_1, moment_2, step, clip, dtype, squares)
+    }
 }
 
 /// The new parameter and moments.
 type Update<B> = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
-impl AdamWOps for Flex {
-    fn adamw_update(
-        param: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        m: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        step: AdamWStep,
-    ) -> Update<Self> {
-        reference::update::<Flex>(param, grad, m, v, step)
-    }
-
-    fn adamw_master_update(
-        master: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        m: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        step: AdamWStep,
-        clip: FloatTensor<Self>,
-        dtype: FloatDType,
-        squares: FloatTensor<Self>,
-    ) -> MasterUpdate<Self> {
-        reference::master_update::<Flex>(master, grad, m, v, step, clip, dtype, squares)
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl AdamWOps for burn::backend::Cube {
-    fn adamw_update(
-        param: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        m: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        step: AdamWStep,
-    ) -> Update<Self> {
-        crate::adamw::kernel::adamw(param, grad, m, v, step)
-    }
-
-    fn adamw_master_update(
-        master: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        m: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        step: AdamWStep,
-        clip: FloatTensor<Self>,
-        dtype: FloatDType,
-        squares: FloatTensor<Self>,
-    ) -> MasterUpdate<Self> {
-        crate::adamw::kernel::adamw_master(master, grad, m, v, step, clip, dtype, squares)
-    }
-}
 
 /// Optimizers run on tensors outside the graph: the inner backend's update, as constants.
 impl<B: Backend + AdamWOps, C: CheckpointStrategy> AdamWOps for Autodiff<B, C> {

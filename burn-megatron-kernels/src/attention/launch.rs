@@ -12,6 +12,7 @@ use cubecl::zspace::shape;
 
 use super::flash::{self, HEAD_DIM};
 use super::reference;
+use crate::quant::notes::{AmaxNotes, NoteAmaxes};
 
 /// Why a call runs on the reference instead of the flash kernels ([`supports`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,8 +130,9 @@ pub(super) fn forward(
     v: CubeTensor,
     causal: bool,
     scale: f32,
-    note: bool,
+    notes: Option<&AmaxNotes>,
 ) -> (CubeTensor, CubeTensor) {
+    let note = notes.is_some();
     let [b, h, s, d] = match check(&q, &k, &v) {
         Ok(dims) => dims,
         Err(_) => {
@@ -165,8 +167,8 @@ pub(super) fn forward(
             note,
         );
     }
-    if note {
-        crate::cuda::known_amax::record_maxima(&crate::cuda::known_amax::flat(&out), maxima);
+    if let Some(notes) = notes {
+        notes.lock().record_maxima(&crate::cuda::known_amax::flat(&out), maxima);
     }
     (heads_view(out), lse)
 }
@@ -213,7 +215,8 @@ pub(super) fn backward(
         // Tables the kernels cannot index: the plain backward, then the inverse rotation apart.
         let tables = tables.expect("tables");
         let (dq, dk, dv) = backward(q, k, v, out, lse, grad, causal, scale, None);
-        let unrotate = |x| crate::rope::kernel::rope(x, tables.cos.clone(), tables.sin.clone(), true, false);
+        let unrotate =
+            |x| crate::rope::kernel::rope(x, tables.cos.clone(), tables.sin.clone(), true, NoteAmaxes::none());
         return (unrotate(dq), unrotate(dk), dv);
     }
     let rotation = fused.flatten();
@@ -233,7 +236,8 @@ pub(super) fn backward(
             let (dq, dk, dv) = (primitive(dq), primitive(dk), primitive(dv));
             return match tables {
                 Some(t) => {
-                    let unrotate = |x| crate::rope::kernel::rope(x, t.cos.clone(), t.sin.clone(), true, false);
+                    let unrotate =
+                        |x| crate::rope::kernel::rope(x, t.cos.clone(), t.sin.clone(), true, NoteAmaxes::none());
                     (unrotate(dq), unrotate(dk), dv)
                 }
                 None => (dq, dk, dv),

@@ -18,6 +18,7 @@ pub mod rotary;
 pub use launch::{Unsupported, supports};
 pub use rotary::{RotaryAttentionOps, rotary_attention, rotary_attention_rotated};
 
+use crate::quant::notes::AmaxNotes;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
@@ -41,7 +42,7 @@ pub trait AttentionOps: Backend {
         v: FloatTensor<Self>,
         causal: bool,
         scale: f32,
-        note: bool,
+        note: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
     /// The gradients of q, k and v, given the forward's output and `lse₂` and the output's
@@ -66,7 +67,7 @@ impl AttentionOps for Flex {
         v: FloatTensor<Self>,
         causal: bool,
         scale: f32,
-        _note: bool,
+        _note: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let t = |x| Tensor::<4>::from_primitive::<Flex>(x);
         let (out, lse) = reference::forward(t(q), t(k), t(v), causal, scale);
@@ -102,9 +103,9 @@ impl AttentionOps for burn::backend::Cube {
         v: FloatTensor<Self>,
         causal: bool,
         scale: f32,
-        note: bool,
+        note: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        launch::forward(q, k, v, causal, scale, note)
+        launch::forward(q, k, v, causal, scale, note.as_ref())
     }
 
     fn attention_backward(
@@ -156,7 +157,7 @@ impl<B: Backend + AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff
         v: FloatTensor<Self>,
         causal: bool,
         scale: f32,
-        note: bool,
+        note: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let nodes = [q.node(), k.node(), v.node()];
         let (q, k, v) = (q.into_parts().0, k.into_parts().0, v.into_parts().0);
@@ -203,7 +204,7 @@ impl<B: Backend + AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff
 /// # Shapes
 /// `[b, h, s, d]` × 3 → `[b, h, s, d]`
 pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool) -> Tensor<4> {
-    attention_noting(q, k, v, causal, false)
+    attention_noting(q, k, v, causal, None)
 }
 
 /// [`attention`]; with `note`, the output's amax noted where it is written (CUDA's flash
@@ -212,7 +213,7 @@ pub fn attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool) -> Tens
 ///
 /// # Shapes
 /// `[b, h, s, d]` × 3 → `[b, h, s, d]`
-pub fn attention_noting(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool, note: bool) -> Tensor<4> {
+pub fn attention_noting(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool, note: Option<AmaxNotes>) -> Tensor<4> {
     let scale = (q.dims()[3] as f32).sqrt().recip();
     let (out, _) = <burn::backend::Dispatch as AttentionOps>::attention_forward(
         q.into_dispatch(),
@@ -238,7 +239,7 @@ pub fn attention_parts(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool, s
         v.into_dispatch(),
         causal,
         scale,
-        false,
+        None,
     );
     (Tensor::from_dispatch(out), Tensor::from_dispatch(lse))
 }

@@ -16,7 +16,7 @@ use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension}
 use burn::tensor::Tensor;
 
 use super::AttentionOps;
-use crate::quant::notes::NoteAmaxes;
+use crate::quant::notes::{AmaxNotes, NoteAmaxes};
 use crate::rope::{RopeOps, RotatedHeads};
 
 /// The backend extension behind [`rotary_attention`].
@@ -37,7 +37,7 @@ pub trait RotaryAttentionOps: Backend {
         sin: FloatTensor<Self>,
         causal: bool,
         scale: f32,
-        note: bool,
+        note: Option<AmaxNotes>,
         rotated: bool,
     ) -> (
         FloatTensor<Self>,
@@ -74,7 +74,7 @@ fn rotate_then_attend<B: RopeOps + AttentionOps>(
     sin: FloatTensor<B>,
     causal: bool,
     scale: f32,
-    note: bool,
+    note: Option<AmaxNotes>,
     rotated: bool,
 ) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
     let rotate = |x| match rotated {
@@ -95,7 +95,7 @@ impl RotaryAttentionOps for Flex {
         sin: FloatTensor<Self>,
         causal: bool,
         scale: f32,
-        note: bool,
+        note: Option<AmaxNotes>,
         rotated: bool,
     ) -> (
         FloatTensor<Self>,
@@ -135,7 +135,7 @@ impl RotaryAttentionOps for burn::backend::Cube {
         sin: FloatTensor<Self>,
         causal: bool,
         scale: f32,
-        note: bool,
+        note: Option<AmaxNotes>,
         rotated: bool,
     ) -> (
         FloatTensor<Self>,
@@ -204,7 +204,7 @@ impl<B: Backend + RotaryAttentionOps, C: CheckpointStrategy> RotaryAttentionOps 
         sin: FloatTensor<Self>,
         causal: bool,
         scale: f32,
-        note: bool,
+        note: Option<AmaxNotes>,
         rotated: bool,
     ) -> (
         FloatTensor<Self>,
@@ -281,7 +281,7 @@ pub fn rotary_attention(
     cos: Tensor<2>,
     sin: Tensor<2>,
     causal: bool,
-    note: bool,
+    note: Option<AmaxNotes>,
 ) -> Tensor<4> {
     attend_rotating(q, k, v, [cos, sin], causal, note, false)
 }
@@ -299,7 +299,7 @@ pub fn rotary_attention_rotated(
     cos: Tensor<2>,
     sin: Tensor<2>,
     causal: bool,
-    note: bool,
+    note: Option<AmaxNotes>,
 ) -> Tensor<4> {
     let tables = [cos, sin];
     attend_rotating(q.into_tensor(), k.into_tensor(), v, tables, causal, note, true)
@@ -311,7 +311,7 @@ fn attend_rotating(
     v: Tensor<4>,
     [cos, sin]: [Tensor<2>; 2],
     causal: bool,
-    note: bool,
+    note: Option<AmaxNotes>,
     rotated: bool,
 ) -> Tensor<4> {
     let scale = (q.dims()[3] as f32).sqrt().recip();
@@ -344,7 +344,7 @@ mod tests {
         let (q, k, v) = (input(), input(), input());
         let angles = Tensor::<2>::random([9, 4], Distribution::Uniform(0.0, 6.0), &device);
         let (cos, sin) = (angles.clone().cos(), angles.sin());
-        let ours = super::rotary_attention(q.clone(), k.clone(), v.clone(), cos.clone(), sin.clone(), true, false);
+        let ours = super::rotary_attention(q.clone(), k.clone(), v.clone(), cos.clone(), sin.clone(), true, None);
         let rotate = |x: &Tensor<4>| crate::rope::reference::rope(x.clone(), cos.clone(), sin.clone(), false);
         let (theirs, _) = reference::forward(rotate(&q), rotate(&k), v.clone(), true, (8f32).sqrt().recip());
         // The same f32 operations in another order (the backward's softmax from lse₂): sums of
@@ -398,7 +398,7 @@ mod tests {
         q.values()
             .to_data()
             .assert_approx_eq::<f32>(&heads(&wq).to_data(), tolerance);
-        let ours = super::rotary_attention_rotated(q, k, v.clone(), cos.clone(), sin.clone(), true, false);
+        let ours = super::rotary_attention_rotated(q, k, v.clone(), cos.clone(), sin.clone(), true, None);
         let (theirs, _) = reference::forward(heads(&wq), heads(&wk), v.clone(), true, (8f32).sqrt().recip());
         ours.to_data().assert_approx_eq::<f32>(&theirs.to_data(), tolerance);
         let weights = Tensor::<4>::random([2, 2, 5, 8], normal, &device);

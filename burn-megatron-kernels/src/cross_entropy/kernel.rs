@@ -185,7 +185,7 @@ pub(crate) fn cross_entropy_partials(logits: CubeTensor, target: CubeTensor, val
     out
 }
 
-pub(crate) fn cross_entropy_backward(
+pub(crate) fn cross_entropy_partials_backward(
     logits: CubeTensor,
     shift: CubeTensor,
     target: CubeTensor,

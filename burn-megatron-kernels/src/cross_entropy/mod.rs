@@ -15,19 +15,24 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, TensorMetadata, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, TensorMetadata};
 use burn::tensor::Tensor;
 
 #[cfg(feature = "cuda")]
 pub(crate) mod kernel;
 pub mod reference;
 
-/// The backend extension behind [`partials`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait CrossEntropyOps: Backend {
+extension! {
+    /// The backend extension behind [`partials`].
+    pub trait CrossEntropyOps, cuda: kernel;
+
     /// The `[n, 4]` f32 max and sums of the module docs for `logits` `[n, c]` and `target` `[n]`
     /// (the target's column in this slice as f32, -1 where it lies in another).
-    fn cross_entropy_partials(logits: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self>;
+    fn cross_entropy_partials(logits: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
+        reference::partials(flex(logits), flex(target), valid)
+            .try_into_primitive::<Self>()
+            .expect("flex")
+    }
 
     /// The logits' gradient given the output's `grad` `[n, 4]` (column 0, the max's, ignored),
     /// `shift` `[n]` the max the sums were taken under.
@@ -37,48 +42,15 @@ pub trait CrossEntropyOps: Backend {
         target: FloatTensor<Self>,
         valid: usize,
         grad: FloatTensor<Self>,
-    ) -> FloatTensor<Self>;
+    ) -> FloatTensor<Self> {
+        reference::backward(flex(logits), flex(shift), flex(target), valid, flex(grad))
+            .try_into_primitive::<Self>()
+            .expect("flex")
+    }
 }
 
 fn flex<const D: usize>(t: FloatTensor<Flex>) -> Tensor<D> {
     Tensor::from_primitive::<Flex>(t)
-}
-
-impl CrossEntropyOps for Flex {
-    fn cross_entropy_partials(logits: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
-        reference::partials(flex(logits), flex(target), valid)
-            .try_into_primitive::<Flex>()
-            .expect("flex")
-    }
-
-    fn cross_entropy_partials_backward(
-        logits: FloatTensor<Self>,
-        shift: FloatTensor<Self>,
-        target: FloatTensor<Self>,
-        valid: usize,
-        grad: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        reference::backward(flex(logits), flex(shift), flex(target), valid, flex(grad))
-            .try_into_primitive::<Flex>()
-            .expect("flex")
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl CrossEntropyOps for burn::backend::Cube {
-    fn cross_entropy_partials(logits: FloatTensor<Self>, target: FloatTensor<Self>, valid: usize) -> FloatTensor<Self> {
-        crate::cross_entropy::kernel::cross_entropy_partials(logits, target, valid)
-    }
-
-    fn cross_entropy_partials_backward(
-        logits: FloatTensor<Self>,
-        shift: FloatTensor<Self>,
-        target: FloatTensor<Self>,
-        valid: usize,
-        grad: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        crate::cross_entropy::kernel::cross_entropy_backward(logits, shift, target, valid, grad)
-    }
 }
 
 #[derive(Debug)]

@@ -128,6 +128,10 @@ pub(crate) fn state(like: &CubeTensor) -> CubeTensor {
 /// takes several maxima (one each).
 pub(crate) fn state_at(like: &CubeTensor, index: u8) -> CubeTensor {
     type States = Mutex<HashMap<(CubeDevice, u64, u8), CubeTensor>>;
+    // Process state, and the only such in the kernels: the accumulator a launch folds into must
+    // outlive it and be the one the next launch on the same stream finds zeroed, and CubeCL keeps
+    // no slot a stream for a kernel's scratch. One 8-byte tensor a device, stream and index, held
+    // for the process's life; no value flows through it from one op to another.
     static STATES: OnceLock<States> = OnceLock::new();
     let key = (like.device.clone(), StreamId::current().value, index);
     let mut states = STATES

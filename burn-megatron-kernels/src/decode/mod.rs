@@ -13,16 +13,17 @@
 
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex};
 use burn::tensor::Tensor;
 
 #[cfg(feature = "cuda")]
 pub(crate) mod kernel;
 pub mod reference;
 
-/// The backend extension behind [`cache_append`] and [`decode_attention`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait DecodeOps: Backend {
+extension! {
+    /// The backend extension behind [`cache_append`] and [`decode_attention`].
+    pub trait DecodeOps, cuda: kernel;
+
     /// `cache` `[b, g, c, k]` with `new` `[b, g·k]` (one token's heads side by side, as a
     /// projection leaves them) written at `position`, each head rotated by the `[≥ c, k/2]` f32
     /// RoPE tables first when `rotate`. In place where the cache's buffer is not shared.
@@ -33,42 +34,16 @@ pub trait DecodeOps: Backend {
         sin: FloatTensor<Self>,
         position: FloatTensor<Self>,
         rotate: bool,
-    ) -> FloatTensor<Self>;
+    ) -> FloatTensor<Self> {
+        reference::cache_append(flex(cache), flex(new), flex(cos), flex(sin), flex(position), rotate)
+            .try_into_primitive::<Self>()
+            .expect("flex")
+    }
 
     /// Each row's query `q` `[b, h·k]`, rotated for `position`, attending to the cached
     /// `keys`/`values` `[b, g, c, k]` at positions `first[row]..=position` (query head `i` reads
     /// kv head `i / (h/g)`, Hugging Face's order), scores scaled by `1/√k`, softmax in f32:
     /// `[b, h·k]` in `q`'s dtype.
-    #[allow(clippy::too_many_arguments)]
-    fn decode_attention(
-        q: FloatTensor<Self>,
-        keys: FloatTensor<Self>,
-        values: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        position: FloatTensor<Self>,
-        first: FloatTensor<Self>,
-    ) -> FloatTensor<Self>;
-
-    /// Each row's greedy choice among the first `vocab` columns of `logits` `[b, ≥ vocab]`:
-    /// the first of equal maxima, as `[b, 1]` f32 ids.
-    fn greedy(logits: FloatTensor<Self>, vocab: usize) -> FloatTensor<Self>;
-}
-
-impl DecodeOps for Flex {
-    fn cache_append(
-        cache: FloatTensor<Self>,
-        new: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        position: FloatTensor<Self>,
-        rotate: bool,
-    ) -> FloatTensor<Self> {
-        reference::cache_append(flex(cache), flex(new), flex(cos), flex(sin), flex(position), rotate)
-            .try_into_primitive::<Flex>()
-            .expect("flex")
-    }
-
     fn decode_attention(
         q: FloatTensor<Self>,
         keys: FloatTensor<Self>,
@@ -87,49 +62,21 @@ impl DecodeOps for Flex {
             flex(position),
             flex(first),
         )
-        .try_into_primitive::<Flex>()
+        .try_into_primitive::<Self>()
         .expect("flex")
     }
 
+    /// Each row's greedy choice among the first `vocab` columns of `logits` `[b, ≥ vocab]`:
+    /// the first of equal maxima, as `[b, 1]` f32 ids.
     fn greedy(logits: FloatTensor<Self>, vocab: usize) -> FloatTensor<Self> {
         reference::greedy(flex(logits), vocab)
-            .try_into_primitive::<Flex>()
+            .try_into_primitive::<Self>()
             .expect("flex")
     }
 }
 
 fn flex<const D: usize>(t: FloatTensor<Flex>) -> Tensor<D> {
     Tensor::from_primitive::<Flex>(t)
-}
-
-#[cfg(feature = "cuda")]
-impl DecodeOps for burn::backend::Cube {
-    fn cache_append(
-        cache: FloatTensor<Self>,
-        new: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        position: FloatTensor<Self>,
-        rotate: bool,
-    ) -> FloatTensor<Self> {
-        crate::decode::kernel::cache_append(cache, new, cos, sin, position, rotate)
-    }
-
-    fn decode_attention(
-        q: FloatTensor<Self>,
-        keys: FloatTensor<Self>,
-        values: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        position: FloatTensor<Self>,
-        first: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        crate::decode::kernel::decode_attention(q, keys, values, cos, sin, position, first)
-    }
-
-    fn greedy(logits: FloatTensor<Self>, vocab: usize) -> FloatTensor<Self> {
-        crate::decode::kernel::greedy(logits, vocab)
-    }
 }
 
 /// Decoding is inference: on an autodiff device the ops run on the inner backend and their

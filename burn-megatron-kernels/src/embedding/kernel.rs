@@ -171,7 +171,13 @@ fn words(like: &CubeTensor, len: usize) -> CubeTensor {
     compact_output(like, Shape::from([len]), DType::U32)
 }
 
-pub(crate) fn backward(grad: CubeTensor, ids: CubeTensor, n: usize) -> CubeTensor {
+/// `EmbeddingOps::embedding_rows`: the table's rows by id, an id outside the table a zero row
+/// (the rows' gather, which reads such ids as zero rows).
+pub(crate) fn embedding_rows(weight: CubeTensor, ids: CubeTensor) -> CubeTensor {
+    crate::rows::kernel::gather(weight, ids)
+}
+
+pub(crate) fn embedding_rows_back(grad: CubeTensor, ids: CubeTensor, n: usize) -> CubeTensor {
     let (Some(gc), Some(ic)) = (float_input(&grad), index_input(ids.clone())) else {
         return reference::backward::<Cube>(grad, ids, n);
     };

@@ -17,48 +17,32 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
 
 #[cfg(feature = "cuda")]
 pub(crate) mod kernel;
 pub mod reference;
 
-/// The backend extension behind [`embedding_rows`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait EmbeddingOps: Backend {
+extension! {
+    /// The backend extension behind [`embedding_rows`].
+    pub trait EmbeddingOps, cuda: kernel;
+
     /// `out[i] = weight[ids[i]]`, a zero row where `ids[i]` is outside `[0, n)`.
     ///
     /// # Shapes
     /// `weight`: `[n, d]`, `ids`: `[m]` → `[m, d]`
-    fn embedding_rows(weight: FloatTensor<Self>, ids: IntTensor<Self>) -> FloatTensor<Self>;
+    fn embedding_rows(weight: FloatTensor<Self>, ids: IntTensor<Self>) -> FloatTensor<Self> {
+        reference::forward::<Self>(weight, ids)
+    }
 
     /// The table's gradient given the output's: row `t` is the sum of `grad[i]` over the
     /// positions `i` with `ids[i] = t`, in increasing `i`, in f32, rounded to `grad`'s dtype.
     ///
     /// # Shapes
     /// `grad`: `[m, d]`, `ids`: `[m]` → `[n, d]`
-    fn embedding_rows_back(grad: FloatTensor<Self>, ids: IntTensor<Self>, n: usize) -> FloatTensor<Self>;
-}
-
-impl EmbeddingOps for Flex {
-    fn embedding_rows(weight: FloatTensor<Self>, ids: IntTensor<Self>) -> FloatTensor<Self> {
-        reference::forward::<Flex>(weight, ids)
-    }
-
     fn embedding_rows_back(grad: FloatTensor<Self>, ids: IntTensor<Self>, n: usize) -> FloatTensor<Self> {
-        reference::backward::<Flex>(grad, ids, n)
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl EmbeddingOps for burn::backend::Cube {
-    fn embedding_rows(weight: FloatTensor<Self>, ids: IntTensor<Self>) -> FloatTensor<Self> {
-        crate::rows::kernel::gather(weight, ids)
-    }
-
-    fn embedding_rows_back(grad: FloatTensor<Self>, ids: IntTensor<Self>, n: usize) -> FloatTensor<Self> {
-        crate::embedding::kernel::backward(grad, ids, n)
+        reference::backward::<Self>(grad, ids, n)
     }
 }
 

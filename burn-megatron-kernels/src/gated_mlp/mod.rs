@@ -163,7 +163,7 @@ fn down_backward_apart<B: GemmOps + SwigluOps>(
     kind: Gemm,
 ) -> (FloatTensor<B>, FloatTensor<B>) {
     let hidden_grad = B::gemm(grad, B::float_transpose(w_down), kind);
-    B::swiglu_backward(gate, up, hidden_grad, false)
+    B::swiglu_backward(gate, up, hidden_grad, None)
 }
 
 /// The ops that compose the others, alike on every backend but autodiff: the gated projection,

@@ -57,7 +57,7 @@ impl<B: Backend + GatedOps + GemmOps + SwigluOps, C: CheckpointStrategy> GatedOp
         let (out, gate, up) = B::gated_projection(inner(&x_gate), inner(&x_up), inner(&w_gate), inner(&w_up), kind);
         let gate = gemm_node::<B, C>(x_gate, w_gate, kind, gate);
         let up = gemm_node::<B, C>(x_up, w_up, kind, up);
-        let out = crate::swiglu::swiglu_node::<B, C>(gate.clone(), up.clone(), false, out);
+        let out = crate::swiglu::swiglu_node::<B, C>(gate.clone(), up.clone(), None, out);
         (out, gate, up)
     }
 

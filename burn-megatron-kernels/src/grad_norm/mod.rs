@@ -7,31 +7,21 @@
 
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend, Backend};
 use burn::tensor::{DType, Device, Tensor};
 
 #[cfg(feature = "cuda")]
 pub(crate) mod kernel;
 pub mod reference;
 
-/// The backend extension behind [`sum_of_squares`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait NormOps: Backend {
+extension! {
+    /// The backend extension behind [`sum_of_squares`].
+    pub trait NormOps, cuda: kernel;
+
     /// Partial sums of `x²` over every element of `x` whose sum is `Σ x²`: `[p]` in f32, `p`
     /// the backend's choice.
-    fn partial_sums_of_squares(x: FloatTensor<Self>) -> FloatTensor<Self>;
-}
-
-impl NormOps for Flex {
     fn partial_sums_of_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        reference::sum_of_squares::<Flex>(x)
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl NormOps for burn::backend::Cube {
-    fn partial_sums_of_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        crate::grad_norm::kernel::partial_sums_of_squares(x)
+        reference::sum_of_squares::<Self>(x)
     }
 }
 

@@ -278,7 +278,7 @@ fn columns(width: usize) -> usize {
     width.div_ceil(BLOCK_N as usize)
 }
 
-pub(crate) fn forward(x: CubeTensor, w: CubeTensor, starts: CubeTensor) -> CubeTensor {
+pub(crate) fn grouped_matmul(x: CubeTensor, w: CubeTensor, starts: CubeTensor) -> CubeTensor {
     let [e, k, n] = [w.meta.shape()[0], w.meta.shape()[1], w.meta.shape()[2]];
     if !fits([&x, &w], &[k, n]) || !k.is_multiple_of(BLOCK_K as usize) {
         return crate::grouped_gemm::reference::forward::<Cube>(x, w, &host_starts(starts), per_group);
@@ -295,7 +295,7 @@ pub(crate) fn forward(x: CubeTensor, w: CubeTensor, starts: CubeTensor) -> CubeT
     )
 }
 
-pub(crate) fn dgrad(dy: CubeTensor, w: CubeTensor, starts: CubeTensor) -> CubeTensor {
+pub(crate) fn grouped_matmul_dgrad(dy: CubeTensor, w: CubeTensor, starts: CubeTensor) -> CubeTensor {
     let [e, k, n] = [w.meta.shape()[0], w.meta.shape()[1], w.meta.shape()[2]];
     if !fits([&dy, &w], &[k, n]) {
         return crate::grouped_gemm::reference::dgrad::<Cube>(dy, w, &host_starts(starts), per_group);
@@ -312,7 +312,7 @@ pub(crate) fn dgrad(dy: CubeTensor, w: CubeTensor, starts: CubeTensor) -> CubeTe
     )
 }
 
-pub(crate) fn wgrad(x: CubeTensor, dy: CubeTensor, starts: CubeTensor) -> CubeTensor {
+pub(crate) fn grouped_matmul_wgrad(x: CubeTensor, dy: CubeTensor, starts: CubeTensor) -> CubeTensor {
     let (k, n) = (x.meta.shape()[1], dy.meta.shape()[1]);
     let e = starts.meta.shape()[0] - 1;
     if !fits([&x, &dy], &[k, n]) || !k.is_multiple_of(BLOCK_M as usize) {

@@ -22,36 +22,43 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex};
 use burn::tensor::{Int, Tensor, TensorData};
 
 #[cfg(feature = "cuda")]
 pub(crate) mod kernel;
 pub mod reference;
 
-/// The backend extension behind [`grouped_matmul`]. `starts` (`[e + 1]`): group `g`'s rows are
-/// `starts[g]..starts[g + 1]`, from `starts[0] = 0`, each start a multiple of [`row_alignment`];
-/// the rows past `starts[e]` belong to no group: their output rows are zero, and no weight's
-/// gradient reads them.
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait GroupedOps: Backend {
+extension! {
+    /// The backend extension behind [`grouped_matmul`]. `starts` (`[e + 1]`): group `g`'s rows are
+    /// `starts[g]..starts[g + 1]`, from `starts[0] = 0`, each start a multiple of [`row_alignment`];
+    /// the rows past `starts[e]` belong to no group: their output rows are zero, and no weight's
+    /// gradient reads them.
+    pub trait GroupedOps, cuda: kernel;
+
     /// `y_g = x_g · w_g` for each group `g`.
     ///
     /// # Shapes
     /// `[r, k]`, `[e, k, n]`, `[e + 1]` → `[r, n]`
-    fn grouped_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self>;
+    fn grouped_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
+        reference::forward::<Self>(x, w, &host_starts(starts), Self::float_matmul)
+    }
 
     /// `dx_g = dy_g · w_gᵀ`.
     ///
     /// # Shapes
     /// `[r, n]`, `[e, k, n]`, `[e + 1]` → `[r, k]`
-    fn grouped_matmul_dgrad(dy: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self>;
+    fn grouped_matmul_dgrad(dy: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
+        reference::dgrad::<Self>(dy, w, &host_starts(starts), Self::float_matmul)
+    }
 
     /// `dw_g = x_gᵀ · dy_g`, zero for a group without rows.
     ///
     /// # Shapes
     /// `[r, k]`, `[r, n]`, `[e + 1]` → `[e, k, n]`
-    fn grouped_matmul_wgrad(x: FloatTensor<Self>, dy: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self>;
+    fn grouped_matmul_wgrad(x: FloatTensor<Self>, dy: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
+        reference::wgrad::<Self>(x, dy, &host_starts(starts), Self::float_matmul)
+    }
 }
 
 /// Where a grouped product's groups lie.
@@ -97,35 +104,6 @@ pub(crate) fn read_starts(starts: Tensor<1, Int>) -> Vec<usize> {
 /// The starts of a CPU tensor, on the host.
 fn host_starts(starts: IntTensor<Flex>) -> Vec<usize> {
     read_starts(Tensor::from_primitive::<Flex>(starts))
-}
-
-impl GroupedOps for Flex {
-    fn grouped_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
-        reference::forward::<Flex>(x, w, &host_starts(starts), Flex::float_matmul)
-    }
-
-    fn grouped_matmul_dgrad(dy: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
-        reference::dgrad::<Flex>(dy, w, &host_starts(starts), Flex::float_matmul)
-    }
-
-    fn grouped_matmul_wgrad(x: FloatTensor<Self>, dy: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
-        reference::wgrad::<Flex>(x, dy, &host_starts(starts), Flex::float_matmul)
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl GroupedOps for burn::backend::Cube {
-    fn grouped_matmul(x: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
-        crate::grouped_gemm::kernel::forward(x, w, starts)
-    }
-
-    fn grouped_matmul_dgrad(dy: FloatTensor<Self>, w: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
-        crate::grouped_gemm::kernel::dgrad(dy, w, starts)
-    }
-
-    fn grouped_matmul_wgrad(x: FloatTensor<Self>, dy: FloatTensor<Self>, starts: IntTensor<Self>) -> FloatTensor<Self> {
-        crate::grouped_gemm::kernel::wgrad(x, dy, starts)
-    }
 }
 
 #[derive(Debug)]

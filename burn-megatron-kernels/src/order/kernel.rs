@@ -127,7 +127,7 @@ fn ints(t: CubeTensor) -> CubeTensor {
     index_input(t).expect("a contiguous int tensor is compact")
 }
 
-pub(crate) fn copies(ids: CubeTensor, e: usize) -> CubeTensor {
+pub(crate) fn expert_copies(ids: CubeTensor, e: usize) -> CubeTensor {
     let ids = ints(ids);
     let n = ids.meta.num_elements();
     let out = compact_output(&ids, Shape::from([e]), DType::I32);
@@ -149,7 +149,7 @@ pub(crate) fn copies(ids: CubeTensor, e: usize) -> CubeTensor {
     out
 }
 
-pub(crate) fn order(ids: CubeTensor, copies: CubeTensor, k: usize, align: usize, r: usize) -> CubeTensor {
+pub(crate) fn order_by_expert(ids: CubeTensor, copies: CubeTensor, k: usize, align: usize, r: usize) -> CubeTensor {
     let (ids, copies) = (ints(ids), ints(copies));
     let (n, e) = (ids.meta.num_elements(), copies.meta.num_elements());
     let out = compact_output(&ids, Shape::from([2 * r + n + e + 1]), DType::I32);

@@ -25,20 +25,24 @@
 use std::ops::Range;
 
 use burn::backend::tensor::IntTensor;
-use burn::backend::{Autodiff, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, Backend, Flex};
 use burn::tensor::{Int, Tensor, TensorData};
 
 #[cfg(feature = "cuda")]
 pub(crate) mod kernel;
 
-/// The backend extension behind [`order_by_expert`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait OrderOps: Backend {
+extension! {
+    /// The backend extension behind [`order_by_expert`].
+    pub trait OrderOps, cuda: kernel;
+
     /// The copies each of the `e` experts takes.
     ///
     /// # Shapes
     /// `ids`: `[n]` → `[e]`
-    fn expert_copies(ids: IntTensor<Self>, e: usize) -> IntTensor<Self>;
+    fn expert_copies(ids: IntTensor<Self>, e: usize) -> IntTensor<Self> {
+        let order = HostOrder::new(&host_ids(ids), 1, 0..e, 1);
+        host_tensor(order.copies.iter().map(|&c| c as i64).collect())
+    }
 
     /// The order of `ids` (every value below `e`), given each expert's `copies`, in `r` rows
     /// (at least the copies padded to multiples of `align`): slots, tokens, rows and starts in
@@ -52,7 +56,10 @@ pub trait OrderOps: Backend {
         k: usize,
         align: usize,
         r: usize,
-    ) -> IntTensor<Self>;
+    ) -> IntTensor<Self> {
+        let e = Tensor::<1, Int>::from_primitive::<Self>(copies).dims()[0];
+        host_tensor(HostOrder::new(&host_ids(ids), k, 0..e, align).laid_out(r))
+    }
 }
 
 /// A dispatch order decided on the host.
@@ -190,41 +197,6 @@ fn host_tensor(values: Vec<i64>) -> IntTensor<Flex> {
     Tensor::<1, Int>::from_data(TensorData::new(values, [n]), &burn::tensor::Device::flex())
         .try_into_primitive::<Flex>()
         .expect("a CPU tensor")
-}
-
-impl OrderOps for Flex {
-    fn expert_copies(ids: IntTensor<Self>, e: usize) -> IntTensor<Self> {
-        let order = HostOrder::new(&host_ids(ids), 1, 0..e, 1);
-        host_tensor(order.copies.iter().map(|&c| c as i64).collect())
-    }
-
-    fn order_by_expert(
-        ids: IntTensor<Self>,
-        copies: IntTensor<Self>,
-        k: usize,
-        align: usize,
-        r: usize,
-    ) -> IntTensor<Self> {
-        let e = Tensor::<1, Int>::from_primitive::<Flex>(copies).dims()[0];
-        host_tensor(HostOrder::new(&host_ids(ids), k, 0..e, align).laid_out(r))
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl OrderOps for burn::backend::Cube {
-    fn expert_copies(ids: IntTensor<Self>, e: usize) -> IntTensor<Self> {
-        crate::order::kernel::copies(ids, e)
-    }
-
-    fn order_by_expert(
-        ids: IntTensor<Self>,
-        copies: IntTensor<Self>,
-        k: usize,
-        align: usize,
-        r: usize,
-    ) -> IntTensor<Self> {
-        crate::order::kernel::order(ids, copies, k, align, r)
-    }
 }
 
 /// Indices carry no gradient: the inner backend's.

@@ -28,6 +28,7 @@ use burn::tensor::{DType, Tensor};
 
 use super::fake::{draws, fake_quantize, hadamard};
 use super::recipe::{Pass, Quantizer, Recipe, Rounding};
+use crate::quant::notes::AmaxNotes;
 
 /// Which operand of which product a tensor-level amax belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -76,6 +77,13 @@ pub trait AmaxGroup: Send + Sync + std::fmt::Debug {
     /// Where this product's weight (the forward's `b`) stays quantized for later calls on the
     /// same weight ([`WeightCodes`]); none: each call quantizes it.
     fn weight_codes(&self) -> Option<&WeightCodes> {
+        None
+    }
+
+    /// Where the kernels that wrote this product's operands noted their amaxes, and the
+    /// optimizer its weight's ([`AmaxNotes`]): a tensorwise cast takes one there before it runs
+    /// an amax pass of its own. None: every cast takes its own.
+    fn notes(&self) -> Option<&AmaxNotes> {
         None
     }
 
@@ -161,6 +169,18 @@ impl ScaleAmax {
 
 /// Where a product's tensor-level amaxes are reduced: `None` on one device.
 pub type Amax = Option<std::sync::Arc<dyn AmaxGroup>>;
+
+/// Notes alone as a product's amax group: each tensor-level amax the call's own (one device
+/// holds the whole tensor), a noted one taken before an amax pass of its own.
+impl AmaxGroup for AmaxNotes {
+    fn max(&self, amax: Tensor<1>, _operand: Operand) -> ScaleAmax {
+        ScaleAmax::current(amax)
+    }
+
+    fn notes(&self) -> Option<&AmaxNotes> {
+        Some(self)
+    }
+}
 
 /// The backend extension behind [`product`].
 #[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]

@@ -10,9 +10,9 @@ use cubecl::prelude::*;
 use half::{bf16, f16};
 
 use super::reference;
-use crate::cuda::known_amax;
 use crate::cuda::launch::{compact_input, compact_output, launch_float};
 use crate::cuda::reduce::{block_max, block_sum, hsum, vector_max};
+use crate::quant::notes::AmaxNotes;
 
 /// Threads a block: 8 warps.
 const THREADS: u32 = 256;
@@ -236,7 +236,13 @@ fn row_shape(x: &CubeTensor) -> Shape {
 
 /// RMSNorm's `(y, rstd)`; with `note`, `y`'s rows' maxima noted for the cast that quantizes it
 /// ([`known_amax`]).
-pub(crate) fn forward(x: CubeTensor, weight: CubeTensor, epsilon: f32, note: bool) -> (CubeTensor, CubeTensor) {
+pub(crate) fn forward(
+    x: CubeTensor,
+    weight: CubeTensor,
+    epsilon: f32,
+    notes: Option<&AmaxNotes>,
+) -> (CubeTensor, CubeTensor) {
+    let note = notes.is_some();
     let (Some((rows, columns, vector)), Some(xc), Some(wc)) = (
         layout(&x, &weight),
         compact_input(x.clone()),
@@ -273,8 +279,8 @@ pub(crate) fn forward(x: CubeTensor, weight: CubeTensor, epsilon: f32, note: boo
         epsilon,
         note
     );
-    if note {
-        known_amax::record_maxima(&y, maxima);
+    if let Some(notes) = notes {
+        notes.lock().record_maxima(&y, maxima);
     }
     (y, rstd)
 }
@@ -289,9 +295,10 @@ pub(crate) fn backward(
     grad: CubeTensor,
     uses: Vec<CubeTensor>,
     residual: Option<CubeTensor>,
-    note: bool,
+    notes: Option<&AmaxNotes>,
 ) -> (CubeTensor, CubeTensor) {
     use burn::backend::ops::FloatTensorOps;
+    let note = notes.is_some();
     // The kernel reads two more output gradients at most: any further ones are added first.
     let (mut uses, more) = (uses, Vec::new());
     let more = match uses.len() > 2 {
@@ -378,8 +385,8 @@ pub(crate) fn backward(
         add,
         note
     );
-    if note {
-        known_amax::record_maxima(&dx, maxima);
+    if let Some(notes) = notes {
+        notes.lock().record_maxima(&dx, maxima);
     }
     let dw = compact_output(&xc, Shape::from([columns]), xc.dtype);
     launch_float!(

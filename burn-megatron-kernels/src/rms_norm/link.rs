@@ -18,8 +18,6 @@
 //! register their gradients as autodiff would.
 
 use std::any::Any;
-use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use burn::backend::autodiff::NodeId;
@@ -49,6 +47,9 @@ pub(crate) struct Linked {
     pub(crate) uses: Vec<Box<dyn Any + Send>>,
     /// How many gradients the norm has taken.
     pub(crate) taken: usize,
+    /// The autodiff node of the differentiated norm's output: the tensor whose readers
+    /// [`fan_out`] links (not its memory: a mapping of the output over tp is another node).
+    pub(crate) output: Option<NodeId>,
 }
 
 impl NormLink {
@@ -74,31 +75,18 @@ impl Linked {
     }
 }
 
-/// Norms that leave links on their outputs: a thread keeps the last few, each found by the
-/// autodiff node of the output (not its memory: a mapping of the output over tp is another node).
-const KEPT: usize = 4;
-
-thread_local! {
-    static OUTPUTS: RefCell<VecDeque<(NodeId, NormLink)>> = const { RefCell::new(VecDeque::new()) };
-}
-
 /// Leaves `link` on the norm output whose node is `node`, for [`fan_out`].
-pub(crate) fn leave_on_output(node: NodeId, link: NormLink) {
-    OUTPUTS.with_borrow_mut(|outputs| {
-        if outputs.len() == KEPT {
-            outputs.pop_front();
-        }
-        outputs.push_back((node, link));
-    });
+pub(crate) fn leave_on_output(node: NodeId, link: &NormLink) {
+    link.lock().output = Some(node);
 }
 
-fn link_of_output(node: NodeId) -> Option<NormLink> {
-    OUTPUTS.with_borrow(|outputs| outputs.iter().find(|(n, _)| *n == node).map(|(_, l)| l.clone()))
-}
-
-/// The readers of one [`fan_out`]: whether one of them has registered its gradient yet.
+/// The readers of one [`fan_out`]: the link of the norm whose output they read, if any, and
+/// whether one of them has registered its gradient yet.
 #[derive(Clone, Debug, Default)]
-pub struct FanOut(Arc<Mutex<bool>>);
+pub struct FanOut {
+    link: Option<NormLink>,
+    registered: Arc<Mutex<bool>>,
+}
 
 #[derive(Debug)]
 struct ResidualBackward;
@@ -128,15 +116,15 @@ impl<B: Backend> Backward<B, 2> for ResidualBackward {
 struct FanOutBackward;
 
 impl<B: Backend> Backward<B, 1> for FanOutBackward {
-    type State = (NormLink, FanOut);
+    type State = (NormLink, Arc<Mutex<bool>>);
 
     /// The first reader's gradient is registered; a later one is handed to the norm.
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
         let Some(node) = node else { return };
-        let (link, fan) = ops.state;
-        let mut registered = fan.0.lock().expect("a fan-out's lock");
+        let (link, registered) = ops.state;
+        let mut registered = registered.lock().expect("a fan-out's lock");
         let mut linked = link.lock();
         match *registered && linked.norm {
             true => linked.uses.push(Box::new(grad)),
@@ -180,13 +168,14 @@ pub(crate) fn fan_out_use_tracked<B: Backend, C: CheckpointStrategy>(
     x: FloatTensor<Autodiff<B, C>>,
     fan: FanOut,
 ) -> FloatTensor<Autodiff<B, C>> {
-    let Some(link) = link_of_output(x.id()) else {
+    let linked = fan.link.filter(|link| link.lock().output == Some(x.id()));
+    let Some(link) = linked else {
         return x;
     };
     let nodes = [x.node()];
     let value = x.into_parts().0;
     match FanOutBackward.prepare::<C>(nodes).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => prep.finish((link, fan), value),
+        OpsKind::Tracked(prep) => prep.finish((link, fan.registered), value),
         OpsKind::UnTracked(prep) => prep.finish(value),
     }
 }
@@ -205,11 +194,15 @@ pub fn residual_add<const D: usize>(x: Tensor<D>, branch: Tensor<D>, link: &Norm
     ))
 }
 
-/// `x` for `n` readers (the products that share a norm's output): where `x` is a linked norm's
-/// own output, the readers' gradients after the first are added by the norm's backward kernel
-/// instead of by autodiff; elsewhere `n` handles of `x`.
-pub fn fan_out<const D: usize>(x: Tensor<D>, n: usize) -> Vec<Tensor<D>> {
-    let fan = FanOut::default();
+/// `x` for `n` readers (the products that share a norm's output): where `x` is the own output
+/// of `link`'s norm, the readers' gradients after the first are added by the norm's backward
+/// kernel instead of by autodiff; elsewhere (no link, or `x` another tensor: a mapping of the
+/// output over tp) `n` handles of `x`.
+pub fn fan_out<const D: usize>(x: Tensor<D>, n: usize, link: Option<&NormLink>) -> Vec<Tensor<D>> {
+    let fan = FanOut {
+        link: link.cloned(),
+        registered: Arc::default(),
+    };
     (0..n)
         .map(|_| {
             Tensor::from_dispatch(<burn::backend::Dispatch as RmsNormOps>::fan_out_use(
@@ -294,7 +287,7 @@ mod tests {
         };
         let link = NormLink::default();
         let y = rms_norm_linked(x.clone(), w.clone(), 1e-5, NoteAmaxes::default(), &link);
-        let linked = residual_add(x.clone(), branch(fan_out(y, 3)), &link);
+        let linked = residual_add(x.clone(), branch(fan_out(y, 3, Some(&link))), &link);
         let y = rms_norm(x.clone(), w.clone(), 1e-5);
         let plain = x.clone() + branch(vec![y; 3]);
         linked.to_data().assert_eq(&plain.to_data(), true);
@@ -322,7 +315,7 @@ mod tests {
             .unwrap()
             .to_data()
             .assert_approx_eq::<f32>(&w.grad(&g2).unwrap().to_data(), tolerance);
-        let (fanned, copies) = (branch(fan_out(x.clone(), 3)), branch(vec![x.clone(); 3]));
+        let (fanned, copies) = (branch(fan_out(x.clone(), 3, Some(&link))), branch(vec![x.clone(); 3]));
         let (g1, g2) = (
             (fanned * weights.clone()).sum().backward(),
             (copies * weights).sum().backward(),
@@ -363,7 +356,7 @@ mod tests {
                     x.clone() + rms_norm(x.clone(), w.clone(), 1e-5).matmul(batched(&w_out)),
                 ),
                 true => {
-                    let readers: [Tensor<3>; 2] = fan_out(norm(&link), 2).try_into().expect("two readers");
+                    let readers: [Tensor<3>; 2] = fan_out(norm(&link), 2, Some(&link)).try_into().expect("two readers");
                     let [x1, x3] = readers;
                     let y = rms_norm(x.clone(), w.clone(), 1e-5);
                     let hidden = silu(y.clone().matmul(batched(&w1))) * y.matmul(batched(&w3));

@@ -20,7 +20,7 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
 use burn::tensor::Tensor;
 
-use crate::quant::notes::NoteAmaxes;
+use crate::quant::notes::{AmaxNotes, NoteAmaxes};
 use crate::rms_norm::link::{FanOut, NormLink, fan_out_use_tracked, leave_on_output, residual_add_tracked};
 
 pub mod link;
@@ -49,7 +49,7 @@ pub trait RmsNormOps: Backend {
         weight: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
         grad: FloatTensor<Self>,
-        note: bool,
+        note: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
     /// [`rms_norm_backward`](Self::rms_norm_backward) with what `link` holds (this backend's
@@ -61,7 +61,7 @@ pub trait RmsNormOps: Backend {
         rstd: FloatTensor<Self>,
         grad: FloatTensor<Self>,
         link: NormLink,
-        note: bool,
+        note: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
     /// `x + branch`; differentiated, `x`'s gradient goes to `link`'s norm
@@ -88,7 +88,7 @@ impl RmsNormOps for Flex {
         weight: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
         grad: FloatTensor<Self>,
-        _: bool,
+        _: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         reference::backward::<Flex>(x, weight, rstd, grad, Vec::new(), None)
     }
@@ -99,7 +99,7 @@ impl RmsNormOps for Flex {
         rstd: FloatTensor<Self>,
         grad: FloatTensor<Self>,
         link: NormLink,
-        _: bool,
+        _: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let handed = link.lock().take::<FloatTensor<Self>>();
         reference::backward::<Flex>(x, weight, rstd, grad, handed.uses, handed.residual)
@@ -124,7 +124,7 @@ impl RmsNormOps for burn::backend::Cube {
         notes: NoteAmaxes,
         _: Option<NormLink>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        crate::rms_norm::kernel::forward(x, weight, epsilon, notes.output)
+        kernel::forward(x, weight, epsilon, notes.output.as_ref())
     }
 
     fn rms_norm_backward(
@@ -132,9 +132,9 @@ impl RmsNormOps for burn::backend::Cube {
         weight: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
         grad: FloatTensor<Self>,
-        note: bool,
+        note: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        crate::rms_norm::kernel::backward(x, weight, rstd, grad, Vec::new(), None, note)
+        kernel::backward(x, weight, rstd, grad, Vec::new(), None, note.as_ref())
     }
 
     fn rms_norm_backward_linked(
@@ -143,10 +143,10 @@ impl RmsNormOps for burn::backend::Cube {
         rstd: FloatTensor<Self>,
         grad: FloatTensor<Self>,
         link: NormLink,
-        note: bool,
+        note: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let handed = link.lock().take::<FloatTensor<Self>>();
-        crate::rms_norm::kernel::backward(x, weight, rstd, grad, handed.uses, handed.residual, note)
+        kernel::backward(x, weight, rstd, grad, handed.uses, handed.residual, note.as_ref())
     }
 
     fn residual_add(x: FloatTensor<Self>, branch: FloatTensor<Self>, _: NormLink) -> FloatTensor<Self> {
@@ -163,9 +163,15 @@ impl RmsNormOps for burn::backend::Cube {
 struct RmsNormBackward;
 
 impl<B: Backend + RmsNormOps> Backward<B, 2> for RmsNormBackward {
-    /// x, the weight and rstd; whether to note the input gradient's amax, and where the ops
+    /// x, the weight and rstd; where to note the input gradient's amax, if anywhere, and where the ops
     /// around the norm hand it gradients.
-    type State = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>, bool, Option<NormLink>);
+    type State = (
+        FloatTensor<B>,
+        FloatTensor<B>,
+        FloatTensor<B>,
+        Option<AmaxNotes>,
+        Option<NormLink>,
+    );
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_x, node_weight] = ops.parents;
@@ -193,6 +199,7 @@ impl<B: Backend + RmsNormOps, C: CheckpointStrategy> RmsNormOps for Autodiff<B, 
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let nodes = [x.node(), weight.node()];
         let (x, weight) = (x.into_parts().0, weight.into_parts().0);
+        let note = notes.input_grads.clone();
         let (y, rstd) = B::rms_norm(x.clone(), weight.clone(), epsilon, notes, None);
         let rstd_out = <Self as AutodiffBackend>::from_inner(rstd.clone());
         let y = match RmsNormBackward.prepare::<C>(nodes).compute_bound().stateful() {
@@ -200,9 +207,9 @@ impl<B: Backend + RmsNormOps, C: CheckpointStrategy> RmsNormOps for Autodiff<B, 
                 if let Some(link) = &link {
                     link.lock().norm = true;
                 }
-                let y = prep.finish((x, weight, rstd, notes.input_grads, link.clone()), y);
+                let y = prep.finish((x, weight, rstd, note, link.clone()), y);
                 if let Some(link) = link {
-                    leave_on_output(y.id(), link);
+                    leave_on_output(y.id(), &link);
                 }
                 y
             }
@@ -217,7 +224,7 @@ impl<B: Backend + RmsNormOps, C: CheckpointStrategy> RmsNormOps for Autodiff<B, 
         weight: FloatTensor<Self>,
         rstd: FloatTensor<Self>,
         grad: FloatTensor<Self>,
-        note: bool,
+        note: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let inner = |t: FloatTensor<Self>| t.into_parts().0;
         let (dx, dw) = B::rms_norm_backward(inner(x), inner(weight), inner(rstd), inner(grad), note);
@@ -234,7 +241,7 @@ impl<B: Backend + RmsNormOps, C: CheckpointStrategy> RmsNormOps for Autodiff<B, 
         rstd: FloatTensor<Self>,
         grad: FloatTensor<Self>,
         link: NormLink,
-        note: bool,
+        note: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let inner = |t: FloatTensor<Self>| t.into_parts().0;
         let handed = link.lock().take::<FloatTensor<Self>>();

@@ -9,9 +9,9 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use half::{bf16, f16};
 
-use crate::cuda::known_amax;
 use crate::cuda::launch::{compact_input, compact_output, launch_dims, launch_float};
 use crate::cuda::reduce::{block_max, vector_max};
+use crate::quant::notes::NoteAmaxes;
 
 /// RoPE: one thread a vector of the first half of a row and its partner in the second. `x` and
 /// `out` are read and written through their strides (`[b, h, s]`, in vectors; head dim
@@ -91,7 +91,9 @@ fn is_dense(t: &CubeTensor) -> bool {
 /// `x` rotated; with `note`, the maxima of its blocks noted for the cast that quantizes it
 /// ([`known_amax`], through its memory as one row: the product reads it with its dims swapped
 /// back).
-pub(crate) fn rope(x: CubeTensor, cos: CubeTensor, sin: CubeTensor, inverse: bool, note: bool) -> CubeTensor {
+pub(crate) fn rope(x: CubeTensor, cos: CubeTensor, sin: CubeTensor, inverse: bool, notes: NoteAmaxes) -> CubeTensor {
+    let notes = notes.output;
+    let note = notes.is_some();
     let reference = |x: CubeTensor, cos: CubeTensor, sin: CubeTensor| {
         let table = |t| burn::tensor::Tensor::<2>::from_primitive::<Cube>(t);
         crate::rope::reference::rope(
@@ -168,8 +170,8 @@ pub(crate) fn rope(x: CubeTensor, cos: CubeTensor, sin: CubeTensor, inverse: boo
         sign,
         note,
     );
-    if note {
-        known_amax::record_maxima(&known_amax::flat(&out), maxima);
+    if let Some(notes) = notes {
+        notes.lock().record_maxima(&crate::cuda::known_amax::flat(&out), maxima);
     }
     out
 }

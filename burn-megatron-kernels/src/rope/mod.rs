@@ -10,18 +10,19 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, Backend};
 use burn::tensor::Tensor;
 
-use crate::quant::notes::NoteAmaxes;
+use crate::quant::notes::{AmaxNotes, NoteAmaxes};
 
 #[cfg(feature = "cuda")]
 pub(crate) mod kernel;
 pub mod reference;
 
-/// The backend extension behind [`rope`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait RopeOps: Backend {
+extension! {
+    /// The backend extension behind [`rope`].
+    pub trait RopeOps, cuda: kernel;
+
     /// `x` rotated for positions `0..s` by the `[≥ s, d/2]` f32 tables: `(x₁, x₂) →
     /// (x₁cos − x₂sin, x₂cos + x₁sin)`, or by the inverse rotation when `inverse`; amaxes
     /// noted as `notes` says.
@@ -31,40 +32,17 @@ pub trait RopeOps: Backend {
         sin: FloatTensor<Self>,
         inverse: bool,
         notes: NoteAmaxes,
-    ) -> FloatTensor<Self>;
-}
-
-impl RopeOps for Flex {
-    fn rope(
-        x: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        inverse: bool,
-        _: NoteAmaxes,
     ) -> FloatTensor<Self> {
-        let table = |t| Tensor::<2>::from_primitive::<Flex>(t);
-        reference::rope(Tensor::from_primitive::<Flex>(x), table(cos), table(sin), inverse)
-            .try_into_primitive::<Flex>()
+        let table = |t| Tensor::<2>::from_primitive::<Self>(t);
+        reference::rope(Tensor::from_primitive::<Self>(x), table(cos), table(sin), inverse)
+            .try_into_primitive::<Self>()
             .expect("flex")
     }
 }
 
-#[cfg(feature = "cuda")]
-impl RopeOps for burn::backend::Cube {
-    fn rope(
-        x: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        inverse: bool,
-        notes: NoteAmaxes,
-    ) -> FloatTensor<Self> {
-        crate::rope::kernel::rope(x, cos, sin, inverse, notes.output)
-    }
-}
-
-/// Whether the backward notes the input gradient's amax.
+/// Where the backward notes the input gradient's amax, if it does.
 #[derive(Debug)]
-struct RopeBackward(bool);
+struct RopeBackward(Option<AmaxNotes>);
 
 impl<B: Backend + RopeOps> Backward<B, 1> for RopeBackward {
     /// The tables and the direction.

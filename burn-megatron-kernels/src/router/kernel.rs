@@ -227,7 +227,7 @@ fn fits(x: &CubeTensor, e: usize) -> bool {
         && slices.min(264) * d * padded(e) < u32::MAX as usize
 }
 
-pub(crate) fn logits(x: CubeTensor, w: CubeTensor) -> CubeTensor {
+pub(crate) fn router_logits(x: CubeTensor, w: CubeTensor) -> CubeTensor {
     let e = w.meta.shape()[1];
     let (true, Some(xc), Some(wc)) = (fits(&x, e), compact_input(x.clone()), f32_input(w.clone())) else {
         return reference::logits::<Cube>(x, w, f32_matmul);
@@ -253,7 +253,7 @@ pub(crate) fn logits(x: CubeTensor, w: CubeTensor) -> CubeTensor {
     out
 }
 
-pub(crate) fn dx(grad: CubeTensor, w: CubeTensor, dtype: FloatDType) -> CubeTensor {
+pub(crate) fn router_logits_dx(grad: CubeTensor, w: CubeTensor, dtype: FloatDType) -> CubeTensor {
     let ([t, e], d) = ([grad.meta.shape()[0], grad.meta.shape()[1]], w.meta.shape()[0]);
     let dtype = DType::from(dtype);
     let (Some(gc), Some(wc)) = (f32_input(grad.clone()), f32_input(w.clone())) else {
@@ -284,7 +284,7 @@ pub(crate) fn dx(grad: CubeTensor, w: CubeTensor, dtype: FloatDType) -> CubeTens
     out
 }
 
-pub(crate) fn dw(x: CubeTensor, grad: CubeTensor, dtype: FloatDType) -> CubeTensor {
+pub(crate) fn router_logits_dw(x: CubeTensor, grad: CubeTensor, dtype: FloatDType) -> CubeTensor {
     let e = grad.meta.shape()[1];
     let (true, Some(xc), Some(gc)) = (fits(&x, e), compact_input(x.clone()), f32_input(grad.clone())) else {
         return reference::dw::<Cube>(x, grad, dtype, f32_matmul);

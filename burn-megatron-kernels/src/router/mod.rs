@@ -21,61 +21,39 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, TensorMetadata, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend, Backend, TensorMetadata};
 use burn::tensor::{FloatDType, Tensor};
 
 #[cfg(feature = "cuda")]
 pub(crate) mod kernel;
 pub mod reference;
 
-/// The backend extension behind [`logits`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait RouterOps: Backend {
+extension! {
+    /// The backend extension behind [`logits`].
+    pub trait RouterOps, cuda: kernel;
+
     /// `x · w` in f32.
     ///
     /// # Shapes
     /// `x`: `[t, d]`, `w`: `[d, e]` → `[t, e]` (f32)
-    fn router_logits(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self>;
+    fn router_logits(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
+        reference::logits::<Self>(x, w, Self::float_matmul)
+    }
 
     /// `grad · wᵀ` in f32, rounded to `dtype` (the input's).
     ///
     /// # Shapes
     /// `grad`: `[t, e]`, `w`: `[d, e]` → `[t, d]`
-    fn router_logits_dx(grad: FloatTensor<Self>, w: FloatTensor<Self>, dtype: FloatDType) -> FloatTensor<Self>;
+    fn router_logits_dx(grad: FloatTensor<Self>, w: FloatTensor<Self>, dtype: FloatDType) -> FloatTensor<Self> {
+        reference::dx::<Self>(grad, w, dtype, Self::float_matmul)
+    }
 
     /// `xᵀ · grad` in f32, rounded to `dtype` (the weight's).
     ///
     /// # Shapes
     /// `x`: `[t, d]`, `grad`: `[t, e]` → `[d, e]`
-    fn router_logits_dw(x: FloatTensor<Self>, grad: FloatTensor<Self>, dtype: FloatDType) -> FloatTensor<Self>;
-}
-
-impl RouterOps for Flex {
-    fn router_logits(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
-        reference::logits::<Flex>(x, w, Flex::float_matmul)
-    }
-
-    fn router_logits_dx(grad: FloatTensor<Self>, w: FloatTensor<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        reference::dx::<Flex>(grad, w, dtype, Flex::float_matmul)
-    }
-
     fn router_logits_dw(x: FloatTensor<Self>, grad: FloatTensor<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        reference::dw::<Flex>(x, grad, dtype, Flex::float_matmul)
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl RouterOps for burn::backend::Cube {
-    fn router_logits(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self> {
-        crate::router::kernel::logits(x, w)
-    }
-
-    fn router_logits_dx(grad: FloatTensor<Self>, w: FloatTensor<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        crate::router::kernel::dx(grad, w, dtype)
-    }
-
-    fn router_logits_dw(x: FloatTensor<Self>, grad: FloatTensor<Self>, dtype: FloatDType) -> FloatTensor<Self> {
-        crate::router::kernel::dw(x, grad, dtype)
+        reference::dw::<Self>(x, grad, dtype, Self::float_matmul)
     }
 }
 

@@ -170,6 +170,11 @@ pub(crate) fn rows_grid(rows: usize) -> (CubeCount, CubeDim) {
     (CubeCount::Static(rows as u32, 1, 1), CubeDim::new_1d(THREADS))
 }
 
+/// `RowOps::gather_rows`: the readers (its backward's) are not read forward.
+pub(crate) fn gather_rows(x: CubeTensor, index: CubeTensor, _readers: CubeTensor) -> CubeTensor {
+    gather(x, index)
+}
+
 pub(crate) fn gather(x: CubeTensor, index: CubeTensor) -> CubeTensor {
     let (Some(xc), Some(ic)) = (float_input(&x), index_input(index.clone())) else {
         return reference::gather::<Cube>(x, index);
@@ -197,7 +202,7 @@ pub(crate) fn gather(x: CubeTensor, index: CubeTensor) -> CubeTensor {
     out
 }
 
-pub(crate) fn gather_back(grad: CubeTensor, readers: CubeTensor) -> CubeTensor {
+pub(crate) fn gather_rows_back(grad: CubeTensor, readers: CubeTensor) -> CubeTensor {
     let (Some(gc), Some(rc)) = (float_input(&grad), index_input(readers.clone())) else {
         return reference::gather_back::<Cube>(grad, readers);
     };
@@ -225,7 +230,7 @@ pub(crate) fn gather_back(grad: CubeTensor, readers: CubeTensor) -> CubeTensor {
     out
 }
 
-pub(crate) fn combine(y: CubeTensor, weights: CubeTensor, rows: CubeTensor) -> CubeTensor {
+pub(crate) fn combine_rows(y: CubeTensor, weights: CubeTensor, rows: CubeTensor, _slots: CubeTensor) -> CubeTensor {
     let inputs = (float_input(&y), f32_input(weights.clone()), index_input(rows.clone()));
     let (Some(yc), Some(wc), Some(rc)) = inputs else {
         return reference::combine::<Cube>(y, weights, rows);
@@ -255,7 +260,7 @@ pub(crate) fn combine(y: CubeTensor, weights: CubeTensor, rows: CubeTensor) -> C
     out
 }
 
-pub(crate) fn combine_back(
+pub(crate) fn combine_rows_back(
     y: CubeTensor,
     weights: CubeTensor,
     rows: CubeTensor,

@@ -21,29 +21,34 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::backend::tensor::{FloatTensor, IntTensor};
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
 
 #[cfg(feature = "cuda")]
 pub(crate) mod kernel;
 pub mod reference;
 
-/// The backend extension behind [`gather_rows`] and [`combine_rows`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait RowOps: Backend {
+extension! {
+    /// The backend extension behind [`gather_rows`] and [`combine_rows`].
+    pub trait RowOps, cuda: kernel;
+
     /// `out[i] = x[index[i]]`, a zero row where `index[i] = n`; `readers` is the inverse map
     /// the gradient uses (`[n, c]`, `m` where there is no reader).
     ///
     /// # Shapes
     /// `x`: `[n, d]`, `index`: `[m]`, `readers`: `[n, c]` → `[m, d]`
-    fn gather_rows(x: FloatTensor<Self>, index: IntTensor<Self>, readers: IntTensor<Self>) -> FloatTensor<Self>;
+    fn gather_rows(x: FloatTensor<Self>, index: IntTensor<Self>, readers: IntTensor<Self>) -> FloatTensor<Self> {
+        reference::gather::<Self>(x, index)
+    }
 
     /// The gradient of a gather: for each source row, the sum of `grad`'s rows its readers
     /// name (`m` names none).
     ///
     /// # Shapes
     /// `grad`: `[m, d]`, `readers`: `[n, c]` → `[n, d]`
-    fn gather_rows_back(grad: FloatTensor<Self>, readers: IntTensor<Self>) -> FloatTensor<Self>;
+    fn gather_rows_back(grad: FloatTensor<Self>, readers: IntTensor<Self>) -> FloatTensor<Self> {
+        reference::gather_back::<Self>(grad, readers)
+    }
 
     /// `out[i] = Σ_j weights[i, j] · y[rows[i, j]]`, a copy whose row is `r` adding nothing;
     /// summed in f32, rounded to `y`'s dtype. `slots` is the inverse map the gradient uses
@@ -56,7 +61,9 @@ pub trait RowOps: Backend {
         weights: FloatTensor<Self>,
         rows: IntTensor<Self>,
         slots: IntTensor<Self>,
-    ) -> FloatTensor<Self>;
+    ) -> FloatTensor<Self> {
+        reference::combine::<Self>(y, weights, rows)
+    }
 
     /// The gradients of [`combine_rows`](RowOps::combine_rows) given the output's: `dy[ρ] =
     /// weights[s] · grad[s / k]` for the copy `s = slots[ρ]` that reads row `ρ` (a zero row for
@@ -71,65 +78,8 @@ pub trait RowOps: Backend {
         rows: IntTensor<Self>,
         slots: IntTensor<Self>,
         grad: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>);
-}
-
-impl RowOps for Flex {
-    fn gather_rows(x: FloatTensor<Self>, index: IntTensor<Self>, _readers: IntTensor<Self>) -> FloatTensor<Self> {
-        reference::gather::<Flex>(x, index)
-    }
-
-    fn gather_rows_back(grad: FloatTensor<Self>, readers: IntTensor<Self>) -> FloatTensor<Self> {
-        reference::gather_back::<Flex>(grad, readers)
-    }
-
-    fn combine_rows(
-        y: FloatTensor<Self>,
-        weights: FloatTensor<Self>,
-        rows: IntTensor<Self>,
-        _slots: IntTensor<Self>,
-    ) -> FloatTensor<Self> {
-        reference::combine::<Flex>(y, weights, rows)
-    }
-
-    fn combine_rows_back(
-        y: FloatTensor<Self>,
-        weights: FloatTensor<Self>,
-        rows: IntTensor<Self>,
-        slots: IntTensor<Self>,
-        grad: FloatTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        reference::combine_back::<Flex>(y, weights, rows, slots, grad)
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl RowOps for burn::backend::Cube {
-    fn gather_rows(x: FloatTensor<Self>, index: IntTensor<Self>, _readers: IntTensor<Self>) -> FloatTensor<Self> {
-        crate::rows::kernel::gather(x, index)
-    }
-
-    fn gather_rows_back(grad: FloatTensor<Self>, readers: IntTensor<Self>) -> FloatTensor<Self> {
-        crate::rows::kernel::gather_back(grad, readers)
-    }
-
-    fn combine_rows(
-        y: FloatTensor<Self>,
-        weights: FloatTensor<Self>,
-        rows: IntTensor<Self>,
-        _slots: IntTensor<Self>,
-    ) -> FloatTensor<Self> {
-        crate::rows::kernel::combine(y, weights, rows)
-    }
-
-    fn combine_rows_back(
-        y: FloatTensor<Self>,
-        weights: FloatTensor<Self>,
-        rows: IntTensor<Self>,
-        slots: IntTensor<Self>,
-        grad: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        crate::rows::kernel::combine_back(y, weights, rows, slots, grad)
+        reference::combine_back::<Self>(y, weights, rows, slots, grad)
     }
 }
 

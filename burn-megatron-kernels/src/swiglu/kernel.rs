@@ -9,9 +9,9 @@ use cubecl::prelude::*;
 use half::{bf16, f16};
 
 use super::reference;
-use crate::cuda::known_amax;
 use crate::cuda::launch::{compact_input, compact_output, launch_dims, launch_float, vector_size};
 use crate::cuda::reduce::{amax_output, block_max, finish_max, noting_dims, state, state_at, vector_max};
+use crate::quant::notes::{AmaxNotes, NoteAmaxes};
 
 #[cube]
 fn sigmoid<N: Size>(x: Vector<f32, N>) -> Vector<f32, N> {
@@ -118,8 +118,9 @@ fn float_like(a: &CubeTensor, b: &CubeTensor) -> bool {
     a.dtype == b.dtype && matches!(a.dtype, DType::BF16 | DType::F16 | DType::F32) && a.meta.shape() == b.meta.shape()
 }
 
-/// SwiGLU's output; with `note`, its amax noted for the cast that quantizes it ([`known_amax`]).
-pub(crate) fn swiglu(a: CubeTensor, b: CubeTensor, note: bool) -> CubeTensor {
+/// SwiGLU's output; with `note`, its amax noted for the cast that quantizes it ([`AmaxNotes`]).
+pub(crate) fn swiglu(a: CubeTensor, b: CubeTensor, notes: NoteAmaxes) -> CubeTensor {
+    let note = notes.output.as_ref();
     let (Some(a), Some(b)) = (
         float_like(&a, &b).then(|| compact_input(a.clone())).flatten(),
         compact_input(b.clone()),
@@ -129,7 +130,7 @@ pub(crate) fn swiglu(a: CubeTensor, b: CubeTensor, note: bool) -> CubeTensor {
     let out = compact_output(&a, a.meta.shape().clone(), a.dtype);
     let len = a.meta.num_elements();
     let vector = vector_size(len);
-    if note {
+    if let Some(notes) = note {
         let amax = amax_output(&a);
         let (count, dim) = noting_dims(&a, len, vector);
         // SAFETY (`launch_float!`): every vector is checked against the length;
@@ -147,7 +148,7 @@ pub(crate) fn swiglu(a: CubeTensor, b: CubeTensor, note: bool) -> CubeTensor {
             state(&a).into_tensor_arg(),
             amax.clone().into_tensor_arg(),
         );
-        known_amax::record(&out, amax);
+        notes.lock().record(&out, amax);
         return out;
     }
     let (count, dim) = launch_dims(len, vector);
@@ -166,8 +167,14 @@ pub(crate) fn swiglu(a: CubeTensor, b: CubeTensor, note: bool) -> CubeTensor {
 }
 
 /// SwiGLU's input gradients; with `note`, their amaxes noted for the casts that quantize them
-/// ([`known_amax`]).
-pub(crate) fn swiglu_backward(a: CubeTensor, b: CubeTensor, grad: CubeTensor, note: bool) -> (CubeTensor, CubeTensor) {
+/// ([`AmaxNotes`]).
+pub(crate) fn swiglu_backward(
+    a: CubeTensor,
+    b: CubeTensor,
+    grad: CubeTensor,
+    note: Option<AmaxNotes>,
+) -> (CubeTensor, CubeTensor) {
+    let note = note.as_ref();
     let fits = float_like(&a, &b) && float_like(&a, &grad);
     let (Some(a), Some(b), Some(grad)) = (
         fits.then(|| compact_input(a.clone())).flatten(),
@@ -182,7 +189,7 @@ pub(crate) fn swiglu_backward(a: CubeTensor, b: CubeTensor, grad: CubeTensor, no
     );
     let len = a.meta.num_elements();
     let vector = vector_size(len);
-    if note {
+    if let Some(notes) = note {
         let (amax_a, amax_b) = (amax_output(&a), amax_output(&a));
         let (count, dim) = noting_dims(&a, len, vector);
         // SAFETY (`launch_float!`): as `swiglu`'s noting launch, with two states and amaxes.
@@ -203,8 +210,9 @@ pub(crate) fn swiglu_backward(a: CubeTensor, b: CubeTensor, grad: CubeTensor, no
             state_at(&a, 1).into_tensor_arg(),
             amax_b.clone().into_tensor_arg(),
         );
-        known_amax::record(&da, amax_a);
-        known_amax::record(&db, amax_b);
+        let mut notes = notes.lock();
+        notes.record(&da, amax_a);
+        notes.record(&db, amax_b);
         return (da, db);
     }
     let (count, dim) = launch_dims(len, vector);

@@ -10,64 +10,38 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 
-use crate::quant::notes::NoteAmaxes;
+use crate::quant::notes::{AmaxNotes, NoteAmaxes};
 
 #[cfg(feature = "cuda")]
 pub(crate) mod kernel;
 pub mod reference;
 
-/// The backend extension behind [`swiglu`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait SwigluOps: Backend {
+extension! {
+    /// The backend extension behind [`swiglu`].
+    pub trait SwigluOps, cuda: kernel;
+
     /// `silu(a) ∘ b`; `a` and `b` of one shape. `notes` as [`NoteAmaxes`] says.
-    fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>, notes: NoteAmaxes) -> FloatTensor<Self>;
-
-    /// The gradients of `a` and `b` given the output's, their amaxes noted with `note`.
-    fn swiglu_backward(
-        a: FloatTensor<Self>,
-        b: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        note: bool,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>);
-}
-
-impl SwigluOps for Flex {
-    fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>, _: NoteAmaxes) -> FloatTensor<Self> {
-        reference::forward::<Flex>(a, b)
-    }
-
-    fn swiglu_backward(
-        a: FloatTensor<Self>,
-        b: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        _: bool,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        reference::backward::<Flex>(a, b, grad)
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl SwigluOps for burn::backend::Cube {
     fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>, notes: NoteAmaxes) -> FloatTensor<Self> {
-        crate::swiglu::kernel::swiglu(a, b, notes.output)
+        reference::forward::<Self>(a, b)
     }
 
+    /// The gradients of `a` and `b` given the output's, their amaxes noted into `note`.
     fn swiglu_backward(
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
         grad: FloatTensor<Self>,
-        note: bool,
+        note: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        crate::swiglu::kernel::swiglu_backward(a, b, grad, note)
+        reference::backward::<Self>(a, b, grad)
     }
 }
 
-/// Whether the backward notes its gradients' amaxes.
+/// Where the backward notes its gradients' amaxes, if it does.
 #[derive(Debug)]
-struct SwigluBackward(bool);
+struct SwigluBackward(Option<AmaxNotes>);
 
 impl<B: Backend + SwigluOps> Backward<B, 2> for SwigluBackward {
     type State = (FloatTensor<B>, FloatTensor<B>);
@@ -87,8 +61,9 @@ impl<B: Backend + SwigluOps> Backward<B, 2> for SwigluBackward {
 
 impl<B: Backend + SwigluOps, C: CheckpointStrategy> SwigluOps for Autodiff<B, C> {
     fn swiglu(a: FloatTensor<Self>, b: FloatTensor<Self>, notes: NoteAmaxes) -> FloatTensor<Self> {
+        let note = notes.input_grads.clone();
         let out = B::swiglu(a.clone().into_parts().0, b.clone().into_parts().0, notes);
-        swiglu_node::<B, C>(a, b, notes.input_grads, out)
+        swiglu_node::<B, C>(a, b, note, out)
     }
 
     /// The inner backend's backward, as constants (no second-order gradients).
@@ -96,7 +71,7 @@ impl<B: Backend + SwigluOps, C: CheckpointStrategy> SwigluOps for Autodiff<B, C>
         a: FloatTensor<Self>,
         b: FloatTensor<Self>,
         grad: FloatTensor<Self>,
-        note: bool,
+        note: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
         let inner = |t: FloatTensor<Self>| t.into_parts().0;
         let (da, db) = B::swiglu_backward(inner(a), inner(b), inner(grad), note);
@@ -113,7 +88,7 @@ impl<B: Backend + SwigluOps, C: CheckpointStrategy> SwigluOps for Autodiff<B, C>
 pub(crate) fn swiglu_node<B: Backend + SwigluOps, C: CheckpointStrategy>(
     a: FloatTensor<Autodiff<B, C>>,
     b: FloatTensor<Autodiff<B, C>>,
-    note: bool,
+    note: Option<AmaxNotes>,
     out: FloatTensor<B>,
 ) -> FloatTensor<Autodiff<B, C>> {
     let nodes = [a.node(), b.node()];

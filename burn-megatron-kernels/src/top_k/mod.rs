@@ -12,37 +12,27 @@
 //! Legend: `t` rows, `e` columns.
 
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor};
 
 #[cfg(feature = "cuda")]
 pub(crate) mod kernel;
 pub mod reference;
 
-/// The backend extension behind [`top_k`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait TopKOps: Backend {
+extension! {
+    /// The backend extension behind [`top_k`].
+    pub trait TopKOps, cuda: kernel;
+
     /// The `k ≤ e` highest columns of each row of `scores`, best first, ties to the lower
     /// index, as f32 ids (scores are numbers: where a NaN goes is unspecified).
     ///
     /// # Shapes
     /// `scores`: `[t, e]` → `[t, k]`
-    fn top_k(scores: FloatTensor<Self>, k: usize) -> FloatTensor<Self>;
-}
-
-impl TopKOps for Flex {
     fn top_k(scores: FloatTensor<Self>, k: usize) -> FloatTensor<Self> {
-        reference::top_k(Tensor::from_primitive::<Flex>(scores), k)
+        reference::top_k(Tensor::from_primitive::<Self>(scores), k)
             .float()
-            .try_into_primitive::<Flex>()
+            .try_into_primitive::<Self>()
             .expect("a CPU tensor")
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl TopKOps for burn::backend::Cube {
-    fn top_k(scores: FloatTensor<Self>, k: usize) -> FloatTensor<Self> {
-        kernel::top_k(scores, k)
     }
 }
 

@@ -15,8 +15,8 @@ use burn_megatron_dist::{ParallelDims, ProcessGroups, ReduceOp};
 use super::files::{FORMAT, Index, Piece, shard_file, sync_dir, write_shard, write_synced};
 use super::{CheckpointError, OPTIMIZER, local_values, optimizer_device, optimizer_name, placement, state_parts};
 use crate::optim::DistributedAdamW;
+use crate::optim::shared::StageCopies;
 use crate::params::param_infos;
-use crate::plan::pipeline::shared::StageCopies;
 
 /// How long rank 0 waits for the other writers' shards before giving up on a save.
 const WRITERS_TIMEOUT: Duration = Duration::from_secs(600);

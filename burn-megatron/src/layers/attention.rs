@@ -12,9 +12,9 @@ use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
-use burn_megatron_kernels::quant::notes::NoteAmaxes;
+use burn_megatron_kernels::quant::notes::{AmaxNotes, NoteAmaxes};
 use burn_megatron_kernels::quant::recipe::Pass;
-use burn_megatron_kernels::rms_norm::link::{NormLink, fan_out};
+
 use burn_megatron_kernels::rope::RotatedHeads;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, SharedInput};
@@ -26,6 +26,7 @@ use crate::error::{ConfigError, LayerError, divisible};
 use crate::init::ParamInit;
 use crate::layers::context::ContextParallel;
 use crate::layers::heads::repeat_heads;
+use crate::layers::residual::{Residual, readers};
 use crate::recompute::recompute;
 
 /// Configuration of a [`ParallelAttention`].
@@ -179,17 +180,19 @@ impl ParallelAttention {
     /// # Shapes
     /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        self.wo.forward(self.core(x)?)
+        self.wo.forward(self.core(x, None)?)
     }
 
-    /// `stream + self.forward(x)`, the residual stream's gradient handed to `link`'s norm: on
-    /// one rank with a plain output projection, added in its kernel
-    /// ([`RowParallelLinear::forward_onto`]).
+    /// `stream + self.forward(x)`, `x` the output of the norm that read `stream`
+    /// ([`RmsNorm::pre_norm`](super::RmsNorm::pre_norm)): q, k and v's gradients and the
+    /// stream's added by that norm's backward; on one rank with a plain output projection, the
+    /// stream added in its kernel ([`RowParallelLinear::forward_onto`]).
     ///
     /// # Shapes
     /// [`forward`](Self::forward)'s, `stream` of the output's
-    pub fn forward_onto(&self, x: Tensor<3>, stream: Tensor<3>, link: &NormLink) -> Result<Tensor<3>, LayerError> {
-        self.wo.forward_onto(self.core(x)?, stream, link)
+    pub fn forward_onto(&self, x: Tensor<3>, stream: Residual) -> Result<Tensor<3>, LayerError> {
+        let core = self.core(x, Some(&stream))?;
+        self.wo.forward_onto(core, stream)
     }
 
     /// The core attention's heads side by side, before the output projection: q and k rotated
@@ -198,28 +201,29 @@ impl ParallelAttention {
     ///
     /// # Shapes
     /// `[b, s, d]` (or its sequence shard) → `[b, s, h·k]`
-    fn core(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+    fn core(&self, x: Tensor<3>, stream: Option<&Residual>) -> Result<Tensor<3>, LayerError> {
         let products = [&self.wq, &self.wk].map(|w| w.plain_product().is_some());
         if !(self.rotates_in_attention() && products == [true, true]) {
-            let (q, k, v) = self.project(x)?;
+            let (q, k, v) = self.project(x, stream)?;
             return attend(&self.wo, self.heads(), q, k, v);
         }
-        let [xq, xk, xv] = self.inputs(x)?;
+        let [xq, xk, xv] = self.inputs(x, stream)?;
         let rotated = |w: &ColumnParallelLinear, x| w.forward_rotated(x, &self.rope).expect("a plain product");
         let (q, k) = (rotated(&self.wq, xq), rotated(&self.wk, xk));
         let v = self.heads_of(self.wv.forward(xv)?, self.n_kv_heads);
         attend_rotated(&self.wo, self.heads(), q, k, v, &self.rope)
     }
 
-    /// This rank's tokens' positions: `0..s`, or its chunks' under context parallelism. With
-    /// `note_grad` (and whole sequences) the backward notes the input gradient's amax for `w`'s
-    /// FP8 tensorwise products.
+    /// This rank's tokens' positions: `0..s`, or its chunks' under context parallelism. On one
+    /// cp rank the backward notes the input gradient's amax where `w`'s FP8 tensorwise gradient
+    /// products scale by it.
     fn rope(&self, x: Tensor<4>, w: &ColumnParallelLinear) -> Tensor<4> {
         match self.cp.size() {
             1 => {
+                let worth = w.precision.gemm.scales_by_tensor_amax(Pass::Dgrad);
                 let notes = NoteAmaxes {
-                    output: false,
-                    input_grads: w.precision.gemm.scales_by_tensor_amax(Pass::Dgrad),
+                    output: None,
+                    input_grads: worth.then(|| w.precision.notes.clone()),
                 };
                 self.rope.apply_noting(x, notes)
             }
@@ -237,22 +241,35 @@ impl ParallelAttention {
     /// Whether its input's amax is worth noting where it is written (q, k and v's products
     /// scale it by its tensor's amax: FP8 tensorwise), and the input reaches them as it is
     /// (whole sequences: a sequence-parallel input is gathered first).
-    pub fn notes_input(&self) -> bool {
-        self.sequence == SequenceLayout::Whole && self.wq.precision.gemm.scales_by_tensor_amax(Pass::Forward)
+    pub fn notes_input(&self) -> Option<AmaxNotes> {
+        let worth =
+            self.sequence == SequenceLayout::Whole && self.wq.precision.gemm.scales_by_tensor_amax(Pass::Forward);
+        worth.then(|| self.wq.precision.notes.clone())
     }
 
     /// Whether its output's gradient is worth noting where it is written: the output
     /// projection's gradient products scale it by its tensor's amax, and it reaches them as it
     /// is (whole sequences: a sequence-parallel output's gradient is gathered first).
-    pub fn notes_output_grad(&self) -> bool {
-        self.sequence == SequenceLayout::Whole && self.wo.precision.gemm.scales_by_tensor_amax(Pass::Dgrad)
+    pub fn notes_output_grad(&self) -> Option<AmaxNotes> {
+        let worth = self.sequence == SequenceLayout::Whole && self.wo.precision.gemm.scales_by_tensor_amax(Pass::Dgrad);
+        worth.then(|| self.wo.precision.notes.clone())
     }
 
     /// [`forward`](Self::forward), the core attention and the output projection run again in
     /// backward (selective recomputation, `crate::recompute`): q, k and v are kept, the
     /// attention's own state and its output are not.
     pub fn forward_recomputed(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        let (q, k, v) = self.project(x)?;
+        self.recomputed(x, None)
+    }
+
+    /// [`forward_recomputed`](Self::forward_recomputed) added onto `stream`, as
+    /// [`forward_onto`](Self::forward_onto) adds it.
+    pub fn forward_recomputed_onto(&self, x: Tensor<3>, stream: Residual) -> Result<Tensor<3>, LayerError> {
+        Ok(stream.clone().add_branch(self.recomputed(x, Some(&stream))?))
+    }
+
+    fn recomputed(&self, x: Tensor<3>, stream: Option<&Residual>) -> Result<Tensor<3>, LayerError> {
+        let (q, k, v) = self.project(x, stream)?;
         let heads = self.heads();
         recompute(&self.wo, vec![q, k, v], move |wo, mut qkv| {
             let (v, k) = (qkv.pop().expect("q, k, v"), qkv.pop().expect("q, k, v"));
@@ -262,8 +279,12 @@ impl ParallelAttention {
 
     /// q `[b, h, s, k]`, k and v `[b, g, s, k]`, with RoPE on q and k unless the attention op
     /// rotates them ([`rotates_in_attention`](Self::rotates_in_attention)).
-    fn project(&self, x: Tensor<3>) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), LayerError> {
-        let [xq, xk, xv] = self.inputs(x)?;
+    fn project(
+        &self,
+        x: Tensor<3>,
+        stream: Option<&Residual>,
+    ) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), LayerError> {
+        let [xq, xk, xv] = self.inputs(x, stream)?;
         // Quantized once where their products quantize it alike.
         let shared = Some(Arc::new(SharedInput::default()));
         let project = |w: &ColumnParallelLinear, x| w.forward_sharing(x, shared.as_ref());
@@ -280,16 +301,16 @@ impl ParallelAttention {
 
     /// The input of q's, k's and v's products, mapped once over tp (gathered from its sequence
     /// shards, or copied into the region) and fanned out: its three readers' gradients summed by
-    /// the norm that wrote it where it is a linked norm's output.
+    /// `stream`'s norm where it wrote it.
     ///
     /// # Shapes
     /// `[b, s, d]` or `[b, s/tp, d]` → `[b, s, d]` × 3
-    fn inputs(&self, x: Tensor<3>) -> Result<[Tensor<3>; 3], LayerError> {
+    fn inputs(&self, x: Tensor<3>, stream: Option<&Residual>) -> Result<[Tensor<3>; 3], LayerError> {
         let x = match self.sequence {
             SequenceLayout::Sharded => gather_from_sp(x, &self.tp, 1)?,
             SequenceLayout::Whole => copy_to_tp(x, &self.tp)?,
         };
-        Ok(fan_out(x, 3).try_into().expect("three readers"))
+        Ok(readers(x, stream))
     }
 
     /// A product's output as `n` heads.
@@ -355,7 +376,7 @@ fn attend(
             let (k, v) = (repeat_kv(k, &heads), repeat_kv(v, &heads)); // [b, h, s, k]
             // Flash attention on CUDA (bf16, head dim 128); the f32 reference elsewhere. It
             // takes its output's amax where the output projection's cast scales by it.
-            let note = wo.precision.gemm.scales_by_tensor_amax(Pass::Forward);
+            let note = output_notes(wo);
             match &heads.rope {
                 Some(rope) => {
                     let (cos, sin) = rope.tables();
@@ -366,6 +387,15 @@ fn attend(
         }
     };
     Ok(side_by_side(out, &heads))
+}
+
+/// Where the attention notes its output's amax: where the output projection's FP8 tensorwise
+/// cast scales by it.
+fn output_notes(wo: &RowParallelLinear) -> Option<AmaxNotes> {
+    wo.precision
+        .gemm
+        .scales_by_tensor_amax(Pass::Forward)
+        .then(|| wo.precision.notes.clone())
 }
 
 /// [`attend`] for q and k rotated in their products, which the attention op reads as they are
@@ -383,7 +413,7 @@ fn attend_rotated(
 ) -> Result<Tensor<3>, LayerError> {
     let k = k.map_layout(|k| repeat_kv(k, &heads));
     let v = repeat_kv(v, &heads);
-    let note = wo.precision.gemm.scales_by_tensor_amax(Pass::Forward);
+    let note = output_notes(wo);
     let (cos, sin) = rope.tables();
     let out = burn_megatron_kernels::attention::rotary_attention_rotated(q, k, v, cos, sin, true, note);
     Ok(side_by_side(out, &heads))
@@ -436,7 +466,7 @@ mod tests {
         let stream = crate::init::normal([b, s, d], 11, 1.0, &dev).require_grad();
         let out = match onto {
             true => layer
-                .forward_onto(x.clone(), stream.clone(), &NormLink::default())
+                .forward_onto(x.clone(), Residual::unlinked(stream.clone()))
                 .unwrap(),
             false => layer.forward(x.clone()).unwrap(),
         };

@@ -12,9 +12,9 @@ use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
 use burn_megatron_kernels::gated_mlp::{gated_mlp, gated_mlp_onto, swiglu_down};
-use burn_megatron_kernels::quant::notes::NoteAmaxes;
+use burn_megatron_kernels::quant::notes::{AmaxNotes, NoteAmaxes};
 use burn_megatron_kernels::quant::recipe::Pass;
-use burn_megatron_kernels::rms_norm::link::{NormLink, fan_out, residual_add};
+
 use burn_megatron_kernels::swiglu::swiglu_noting;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, SharedInput};
@@ -22,6 +22,7 @@ use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig
 use super::sequence::SequenceLayout;
 use crate::error::{LayerError, divisible};
 use crate::init::ParamInit;
+use crate::layers::residual::{Residual, readers};
 use crate::recompute::recompute;
 
 /// Configuration of a [`ParallelMlp`].
@@ -94,36 +95,49 @@ impl ParallelMlp {
     /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
         let Some(gemm) = self.gated_product() else {
-            let (gate, up) = self.project(x)?;
+            let (gate, up) = self.project(x, None)?;
             return down(&self.w2, gate, up, self.notes());
         };
-        let ([x1, x3], [w1, w3, w2]) = self.gated_operands(x)?;
+        let ([x1, x3], [w1, w3, w2]) = self.gated_operands(x, None)?;
         let partial = gated_mlp(x1, x3, w1, w3, w2, gemm); // [b, s, d], this rank's f/tp
         self.w2.sum_partials(partial)
     }
 
-    /// `stream + self.forward(x)`, the residual stream's gradient handed to `link`'s norm
-    /// (`residual_add`): on one rank with the fused MLP, the down projection adds it in its
-    /// kernel (`gated_mlp_onto`).
+    /// `stream + self.forward(x)`, `x` the output of the norm that read `stream`
+    /// ([`RmsNorm::pre_norm`](super::RmsNorm::pre_norm)): the gate's and up projection's
+    /// gradients and the stream's added by that norm's backward; on one rank with the fused MLP,
+    /// the stream added in the down projection's kernel (`gated_mlp_onto`).
     ///
     /// # Shapes
     /// [`forward`](Self::forward)'s, `stream` of the output's
-    pub fn forward_onto(&self, x: Tensor<3>, stream: Tensor<3>, link: &NormLink) -> Result<Tensor<3>, LayerError> {
-        match self.gated_product().filter(|_| self.w2.plain_whole().is_some()) {
-            Some(gemm) => {
-                let ([x1, x3], weights) = self.gated_operands(x)?;
-                Ok(gated_mlp_onto(stream, link, x1, x3, weights, gemm))
+    pub fn forward_onto(&self, x: Tensor<3>, stream: Residual) -> Result<Tensor<3>, LayerError> {
+        match self.gated_product() {
+            Some(gemm) if self.w2.plain_whole().is_some() => {
+                let ([x1, x3], weights) = self.gated_operands(x, Some(&stream))?;
+                let (stream, link) = stream.into_parts();
+                Ok(gated_mlp_onto(stream, &link, x1, x3, weights, gemm))
             }
-            None => Ok(residual_add(stream, self.forward(x)?, link)),
+            Some(gemm) => {
+                let ([x1, x3], [w1, w3, w2]) = self.gated_operands(x, Some(&stream))?;
+                let partial = gated_mlp(x1, x3, w1, w3, w2, gemm);
+                Ok(stream.add_branch(self.w2.sum_partials(partial)?))
+            }
+            None => {
+                let (gate, up) = self.project(x, Some(&stream))?;
+                Ok(stream.add_branch(down(&self.w2, gate, up, self.notes())?))
+            }
         }
     }
 
-    /// The fused MLP's two readers of the input (their gradients summed by the norm that wrote
-    /// it where it is a linked norm's output) and its three weights.
-    fn gated_operands(&self, x: Tensor<3>) -> Result<([Tensor<3>; 2], [Tensor<2>; 3]), LayerError> {
-        let readers = fan_out(self.map_input(x)?, 2).try_into().expect("two readers");
+    /// The fused MLP's two readers of the input (their gradients summed by `stream`'s norm
+    /// where it wrote it) and its three weights.
+    fn gated_operands(
+        &self,
+        x: Tensor<3>,
+        stream: Option<&Residual>,
+    ) -> Result<([Tensor<3>; 2], [Tensor<2>; 3]), LayerError> {
         Ok((
-            readers,
+            readers(self.map_input(x)?, stream),
             [self.w1.weight.val(), self.w3.weight.val(), self.w2.weight.val()],
         ))
     }
@@ -135,42 +149,57 @@ impl ParallelMlp {
     fn gated_product(&self) -> Option<Gemm> {
         let gemm = self.w1.plain_product()?;
         let alike = self.w3.plain_product() == Some(gemm) && self.w2.plain_product() == Some(gemm);
-        (alike && self.notes() == NoteAmaxes::default()).then_some(gemm)
+        (alike && self.notes().is_none()).then_some(gemm)
     }
 
     /// [`forward`](Self::forward), the SwiGLU and the down projection run again in backward
     /// (selective recomputation, `crate::recompute`): the SwiGLU's output is kept by nobody.
     pub fn forward_recomputed(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        let (gate, up) = self.project(x)?;
+        self.recomputed(x, None)
+    }
+
+    /// [`forward_recomputed`](Self::forward_recomputed) added onto `stream`, as
+    /// [`forward_onto`](Self::forward_onto) adds it.
+    pub fn forward_recomputed_onto(&self, x: Tensor<3>, stream: Residual) -> Result<Tensor<3>, LayerError> {
+        Ok(stream.clone().add_branch(self.recomputed(x, Some(&stream))?))
+    }
+
+    fn recomputed(&self, x: Tensor<3>, stream: Option<&Residual>) -> Result<Tensor<3>, LayerError> {
+        let (gate, up) = self.project(x, stream)?;
         let notes = self.notes();
         recompute(&self.w2, vec![gate, up], move |w2, mut gate_up| {
             let up = gate_up.pop().expect("gate and up");
-            down(w2, gate_up.pop().expect("gate and up"), up, notes)
+            down(w2, gate_up.pop().expect("gate and up"), up, notes.clone())
         })
     }
 
     /// Whether its input's amax is worth noting where it is written (the gate's and up
     /// projection's products scale it by its tensor's amax: FP8 tensorwise), and the input
     /// reaches them as it is (whole sequences: a sequence-parallel input is gathered first).
-    pub fn notes_input(&self) -> bool {
-        self.sequence == SequenceLayout::Whole && self.w1.precision.gemm.scales_by_tensor_amax(Pass::Forward)
+    pub fn notes_input(&self) -> Option<AmaxNotes> {
+        let worth =
+            self.sequence == SequenceLayout::Whole && self.w1.precision.gemm.scales_by_tensor_amax(Pass::Forward);
+        worth.then(|| self.w1.precision.notes.clone())
     }
 
     /// Whether its output's gradient is worth noting where it is written: the down projection's
     /// gradient products scale it by its tensor's amax, and it reaches them as it is (whole
     /// sequences).
-    pub fn notes_output_grad(&self) -> bool {
-        self.sequence == SequenceLayout::Whole && self.w2.precision.gemm.scales_by_tensor_amax(Pass::Dgrad)
+    pub fn notes_output_grad(&self) -> Option<AmaxNotes> {
+        let worth = self.sequence == SequenceLayout::Whole && self.w2.precision.gemm.scales_by_tensor_amax(Pass::Dgrad);
+        worth.then(|| self.w2.precision.notes.clone())
     }
 
     /// The SwiGLU results whose amaxes its kernels take for the FP8 casts that quantize them
     /// next: the down projection's input, the gate's and up projection's output gradients.
     fn notes(&self) -> NoteAmaxes {
+        let output = self.w2.precision.gemm.scales_by_tensor_amax(Pass::Forward);
+        let input_grads = [&self.w1, &self.w3]
+            .iter()
+            .all(|w| w.precision.gemm.scales_by_tensor_amax(Pass::Dgrad));
         NoteAmaxes {
-            output: self.w2.precision.gemm.scales_by_tensor_amax(Pass::Forward),
-            input_grads: [&self.w1, &self.w3]
-                .iter()
-                .all(|w| w.precision.gemm.scales_by_tensor_amax(Pass::Dgrad)),
+            output: output.then(|| self.w2.precision.notes.clone()),
+            input_grads: input_grads.then(|| self.w1.precision.notes.clone()),
         }
     }
 
@@ -184,12 +213,12 @@ impl ParallelMlp {
     }
 
     /// The gate and up projections, each `[b, s, f/tp]`.
-    fn project(&self, x: Tensor<3>) -> Result<(Tensor<3>, Tensor<3>), LayerError> {
+    fn project(&self, x: Tensor<3>, stream: Option<&Residual>) -> Result<(Tensor<3>, Tensor<3>), LayerError> {
         let x = self.map_input(x)?;
         // Both read one input: quantized once where their products quantize it, their gradients
-        // summed by the norm that wrote it where it is a linked norm's output.
+        // summed by `stream`'s norm where it wrote it.
         let shared = Some(Arc::new(SharedInput::default()));
-        let [x1, x3]: [Tensor<3>; 2] = fan_out(x, 2).try_into().expect("two readers");
+        let [x1, x3]: [Tensor<3>; 2] = readers(x, stream);
         Ok((
             self.w1.forward_sharing(x1, shared.as_ref())?,
             self.w3.forward_sharing(x3, shared.as_ref())?,
@@ -201,7 +230,7 @@ impl ParallelMlp {
 /// whose backward runs the SwiGLU's in the down projection's data gradient (`swiglu_down`).
 fn down(w2: &RowParallelLinear, gate: Tensor<3>, up: Tensor<3>, notes: NoteAmaxes) -> Result<Tensor<3>, LayerError> {
     match w2.plain_product() {
-        Some(gemm) if notes == NoteAmaxes::default() => {
+        Some(gemm) if notes.is_none() => {
             w2.sum_partials(swiglu_down(gate, up, w2.weight.val(), gemm)) // this rank's f/tp
         }
         _ => w2.forward(swiglu_noting(gate, up, notes)), // [b, s, f/tp] → [b, s, d]
@@ -231,24 +260,17 @@ mod tests {
                 .unwrap()
         };
         let fp8 = Gemm::Quantized(Recipe::Fp8TensorwisePromoted);
-        let all = NoteAmaxes {
-            output: true,
-            input_grads: true,
-        };
-        assert_eq!(mlp(fp8, SequenceLayout::Whole).notes(), all);
-        assert!(mlp(fp8, SequenceLayout::Whole).notes_input());
-        assert!(!mlp(fp8, SequenceLayout::Sharded).notes_input());
+        let all = mlp(fp8, SequenceLayout::Whole).notes();
+        assert!(all.output.is_some() && all.input_grads.is_some());
+        assert!(mlp(fp8, SequenceLayout::Whole).notes_input().is_some());
+        assert!(mlp(fp8, SequenceLayout::Sharded).notes_input().is_none());
         for gemm in [
             Gemm::Wgmma,
             Gemm::Quantized(Recipe::Fp8Blockwise),
             Gemm::Quantized(Recipe::Mxfp8),
         ] {
-            assert_eq!(
-                mlp(gemm, SequenceLayout::Whole).notes(),
-                NoteAmaxes::default(),
-                "{gemm:?}"
-            );
-            assert!(!mlp(gemm, SequenceLayout::Whole).notes_input(), "{gemm:?}");
+            assert!(mlp(gemm, SequenceLayout::Whole).notes().is_none(), "{gemm:?}");
+            assert!(mlp(gemm, SequenceLayout::Whole).notes_input().is_none(), "{gemm:?}");
         }
     }
 
@@ -282,9 +304,7 @@ mod tests {
         let out = match path {
             Path::Recomputed => mlp.forward_recomputed(x.clone()).unwrap(),
             Path::Forward => mlp.forward(x.clone()).unwrap(),
-            Path::Onto => mlp
-                .forward_onto(x.clone(), stream.clone(), &NormLink::default())
-                .unwrap(),
+            Path::Onto => mlp.forward_onto(x.clone(), Residual::unlinked(stream.clone())).unwrap(),
         };
         let project = |w: &ColumnParallelLinear| x.clone().matmul(w.weight.val().unsqueeze());
         let hidden = silu(project(&mlp.w1)) * project(&mlp.w3);

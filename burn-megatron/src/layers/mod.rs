@@ -9,6 +9,7 @@ pub(crate) mod heads;
 pub mod mlp;
 pub mod moe;
 pub mod norm;
+pub mod residual;
 pub mod rope;
 pub mod row;
 pub mod sequence;
@@ -19,6 +20,7 @@ pub use cross_entropy::{VocabParallelCrossEntropy, VocabParallelCrossEntropyConf
 pub use embedding::{VocabParallelEmbedding, VocabParallelEmbeddingConfig, padded_vocab};
 pub use mlp::{ParallelMlp, ParallelMlpConfig};
 pub use norm::{RmsNorm, RmsNormConfig};
+pub use residual::Residual;
 pub use rope::{Rope, RopeScaling};
 pub use row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
 pub use sequence::SequenceLayout;

@@ -5,8 +5,10 @@ use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::copy_to_tp;
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
-use burn_megatron_kernels::quant::notes::NoteAmaxes;
+use burn_megatron_kernels::quant::notes::{AmaxNotes, NoteAmaxes};
 use burn_megatron_kernels::rms_norm::link::NormLink;
+
+use super::residual::Residual;
 use burn_megatron_kernels::rms_norm::{rms_norm_linked, rms_norm_noting};
 
 use super::sequence::SequenceLayout;
@@ -56,12 +58,17 @@ impl RmsNorm {
     /// # Shapes
     /// `[.., d_model]` → `[.., d_model]`
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Result<Tensor<D>, LayerError> {
-        self.forward_noting(x, false)
+        self.forward_noting(x, None)
     }
 
-    /// [`forward`](Self::forward); with `note`, the output's amax taken as it is written on CUDA,
-    /// for the FP8 tensorwise products that read it next (`ParallelAttention::notes_input`).
-    pub fn forward_noting<const D: usize>(&self, x: Tensor<D>, note: bool) -> Result<Tensor<D>, LayerError> {
+    /// [`forward`](Self::forward); with `note`, the output's amax taken into it as it is written
+    /// on CUDA, for the FP8 tensorwise products that read it next
+    /// (`ParallelAttention::notes_input`).
+    pub fn forward_noting<const D: usize>(
+        &self,
+        x: Tensor<D>,
+        note: Option<AmaxNotes>,
+    ) -> Result<Tensor<D>, LayerError> {
         Ok(rms_norm_noting(
             x,
             self.weight()?,
@@ -70,19 +77,28 @@ impl RmsNorm {
         ))
     }
 
-    /// The norm of a residual stream `x` whose branch, computed from this output, goes back into
-    /// `x` through `burn_megatron_kernels::rms_norm::link::residual_add` with the same `link`, and
-    /// whose output's readers take it through `norm_link::fan_out`: the backward adds the
-    /// stream's gradient into `x`'s, and the readers' into the output's, as its kernel reads and
-    /// writes them. `notes` as the kernels take them: the output's amax, and the input
-    /// gradient's (the stream's, for the previous block's products).
-    pub fn forward_linked<const D: usize>(
+    /// The norm of the residual stream `x` a pre-norm branch reads, and the stream it adds back
+    /// into ([`Residual`]): the backward adds the stream's gradient into `x`'s, and the branch's
+    /// readers' into the output's, as its kernel reads and writes them. On CUDA it takes the
+    /// amaxes FP8 tensorwise products read next as it writes, into the notes given: the output's
+    /// with `note_output` (`ParallelAttention::notes_input`), the input gradient's with
+    /// `note_stream_grad` (the stream's, which the previous block's products read).
+    ///
+    /// # Shapes
+    /// `[b, s, d]` → `[b, s, d]`, the stream `[b, s, d]`
+    pub fn pre_norm(
         &self,
-        x: Tensor<D>,
-        notes: NoteAmaxes,
-        link: &NormLink,
-    ) -> Result<Tensor<D>, LayerError> {
-        Ok(rms_norm_linked(x, self.weight()?, self.epsilon as f32, notes, link))
+        x: Tensor<3>,
+        note_output: Option<AmaxNotes>,
+        note_stream_grad: Option<AmaxNotes>,
+    ) -> Result<(Tensor<3>, Residual), LayerError> {
+        let link = NormLink::default();
+        let notes = NoteAmaxes {
+            output: note_output,
+            input_grads: note_stream_grad,
+        };
+        let y = rms_norm_linked(x.clone(), self.weight()?, self.epsilon as f32, notes, &link);
+        Ok((y, Residual::new(x, link)))
     }
 
     /// The weight as this rank's rows see it (sequence parallelism: its gradient summed over tp).

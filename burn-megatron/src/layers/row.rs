@@ -9,9 +9,9 @@ use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, reduce_from_tp, reduce_scatter_to_sp, scatter_to_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
-use burn_megatron_kernels::rms_norm::link::{NormLink, residual_add};
 use burn_megatron_kernels::{Gemm, linear_onto};
 
+use crate::layers::residual::Residual;
 use crate::precision::linear::LinearPrecision;
 
 use crate::error::{LayerError, divisible};
@@ -176,20 +176,18 @@ impl RowParallelLinear {
         })
     }
 
-    /// `stream + self.forward(x)`, `stream`'s gradient handed to `link`'s norm (`residual_add`):
+    /// `stream + self.forward(x)`, the stream's gradient handed to its norm ([`Residual`]):
     /// added in the product's kernel where [`Self::plain_whole`] says, else after the product.
     ///
     /// # Shapes
     /// [`Self::forward`]'s, `stream` of the output's
-    pub fn forward_onto<const D: usize>(
-        &self,
-        x: Tensor<D>,
-        stream: Tensor<D>,
-        link: &NormLink,
-    ) -> Result<Tensor<D>, LayerError> {
+    pub fn forward_onto(&self, x: Tensor<3>, stream: Residual) -> Result<Tensor<3>, LayerError> {
         Ok(match self.plain_whole() {
-            Some(gemm) => linear_onto(stream, x, self.weight.val(), gemm, link),
-            None => residual_add(stream, self.forward(x)?, link),
+            Some(gemm) => {
+                let (stream, link) = stream.into_parts();
+                linear_onto(stream, x, self.weight.val(), gemm, &link)
+            }
+            None => stream.add_branch(self.forward(x)?),
         })
     }
 

@@ -11,11 +11,11 @@ use burn::tensor::{DType, FloatDType, Tensor};
 use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
 use burn_megatron_kernels::adamw::{AdamWStep, adamw_master_step};
 use burn_megatron_kernels::grad_norm::sum_of_squares;
-use burn_megatron_kernels::quant::notes::{forget_parameter_amaxes, keep_parameter_amax};
+use burn_megatron_kernels::quant::notes::AmaxNotes;
 
 use super::buckets::{BucketConfig, GradGroup, GradReducer, Reduction, pad};
+use crate::optim::shared::StageCopies;
 use crate::params::{ParamInfo, map_params, param_infos, param_values, take_grads};
-use crate::plan::pipeline::shared::StageCopies;
 
 /// Configuration of a [`DistributedAdamW`]. The defaults are PyTorch's and Megatron's (Burn's
 /// AdamW defaults differ: ε 1e-5, weight decay 1e-4).
@@ -86,14 +86,13 @@ pub struct DistributedAdamW {
     copies: Option<StageCopies>,
     states: Vec<State>,
     step: u64,
-    /// This optimizer among the process's, for the amaxes it keeps of the values it writes
-    /// ([`keep_parameter_amax`]).
-    owner: u64,
+    /// Where it keeps the amaxes of the values it writes, for the model's FP8 casts
+    /// ([`keeping_amaxes`](DistributedAdamW::keeping_amaxes)); none: kept nowhere.
+    notes: Option<AmaxNotes>,
 }
 
 impl DistributedAdamWConfig {
     pub fn init(&self, groups: &ProcessGroups) -> DistributedAdamW {
-        static OWNERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         DistributedAdamW {
             config: self.clone(),
             groups: groups.clone(),
@@ -102,16 +101,8 @@ impl DistributedAdamWConfig {
             copies: None,
             states: Vec::new(),
             step: 0,
-            owner: OWNERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            notes: None,
         }
-    }
-}
-
-/// The amaxes kept for the FP8 casts (on the thread that stepped; another thread's are dropped
-/// once their parameters are).
-impl Drop for DistributedAdamW {
-    fn drop(&mut self) {
-        forget_parameter_amaxes(self.owner);
     }
 }
 
@@ -132,6 +123,14 @@ pub struct ParamState {
 }
 
 impl DistributedAdamW {
+    /// The same optimizer keeping the amax of each value it writes in `notes` (its model's,
+    /// `Llama::amax_notes`), where the model's FP8 tensorwise casts of the weights take them
+    /// instead of a pass of their own over each weight.
+    pub fn keeping_amaxes(mut self, notes: AmaxNotes) -> Self {
+        self.notes = Some(notes);
+        self
+    }
+
     /// Steps taken so far.
     pub fn steps(&self) -> u64 {
         self.step
@@ -260,7 +259,8 @@ impl DistributedAdamW {
     /// under ZeRO-1). One kernel a parameter updates the fp32 master weights and moments and
     /// writes the parameter's new value in its dtype, taking its amax as it writes: kept with the
     /// value for the FP8 casts of the next forward pass, which then skip their own pass over the
-    /// weight ([`keep_parameter_amax`]; a ZeRO-1 shard's reduced over its group). A parameter
+    /// weight (in [`keeping_amaxes`](Self::keeping_amaxes)'s notes; a ZeRO-1 shard's reduced over its
+    /// group). A parameter
     /// gradients do not train ([`ParamInfo::trainable`]) keeps its value, and its state is not
     /// stepped.
     pub fn step_reduced<M: Module>(
@@ -360,14 +360,16 @@ impl DistributedAdamW {
             Some(norm) => norm,
             None => self.global_norm(Tensor::cat(vec![dense, experts], 0))?,
         };
-        let (infos, owner) = (&self.infos, self.owner);
+        let (infos, notes) = (&self.infos, &self.notes);
         let model = map_params(model, &mut |index, old, dims| match infos[index].trainable {
             true => {
                 let n: usize = dims.iter().product();
                 let value = values[index].clone().expect("a trained parameter's new value");
                 let value = value.narrow(0, 0, n).to_device(&old.device());
                 let amax = amaxes[index].clone().expect("a trained parameter's amax");
-                keep_parameter_amax(owner, index, &value, amax);
+                if let Some(notes) = notes {
+                    notes.keep_parameter(index, &value, amax);
+                }
                 value
             }
             // Not trained by gradients (a router's selection bias): as it was.

@@ -6,6 +6,7 @@ pub mod adamw;
 pub mod buckets;
 pub mod fused;
 pub mod overlap;
+pub mod shared;
 
 pub use adamw::{DistributedAdamW, DistributedAdamWConfig, ParamState, StepReport, check_lr};
 pub use buckets::{BucketConfig, GradGroup, GradReducer, Reduction};

@@ -1,10 +1,10 @@
 //! Pipeline parallelism: the model's blocks split into stages over the pp group ([`stages`]).
-//! Its schedules are built ([`schedule`]) and checked ([`simulate`]); a Llama's stage runs them
-//! (`models/llama/pipeline.rs`); parameters several stages hold are [`shared`]. The plan checks
-//! that the blocks split for its schedule.
+//! Its schedules are built ([`schedule`]: a rank's actions, [`schedule::StageSchedule`]) and
+//! checked ([`simulate`]); `train::pipeline` runs them on a Llama's stage, and the optimizer sums
+//! the gradients of parameters several stages hold (`optim::shared`). The plan checks that the
+//! blocks split for its schedule.
 
 pub mod schedule;
-pub mod shared;
 pub mod simulate;
 pub mod stages;
 

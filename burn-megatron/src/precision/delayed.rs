@@ -16,6 +16,7 @@ use burn::module::Param;
 use burn::tensor::{DType, Device, Tensor};
 use burn_megatron_kernels::Gemm;
 use burn_megatron_kernels::quant::history;
+use burn_megatron_kernels::quant::notes::AmaxNotes;
 use burn_megatron_kernels::quant::product::{AmaxGroup, LayerTensor, Operand, ScaleAmax, SharedInput};
 use burn_megatron_kernels::quant::recipe::{AmaxAlgo, Recipe};
 
@@ -89,6 +90,8 @@ pub struct DelayedAmax {
     /// records the same amax of the same input every call (the layers reusing the codes
     /// record the quantizing layer's), so they scale it alike.
     pub input: Option<Arc<SharedInput>>,
+    /// The amaxes noted where the operands were written (each call's own, which it records).
+    pub notes: AmaxNotes,
 }
 
 impl AmaxGroup for DelayedAmax {
@@ -110,6 +113,10 @@ impl AmaxGroup for DelayedAmax {
 
     fn shared_input(&self) -> Option<&SharedInput> {
         self.input.as_deref()
+    }
+
+    fn notes(&self) -> Option<&AmaxNotes> {
+        Some(&self.notes)
     }
 
     fn reused_input(&self, current: Tensor<1>, operand: Operand) {
@@ -204,6 +211,7 @@ mod tests {
         // Input history 2, 5, 3 (newest first); weight 1, 1, 1; output gradient empty.
         let rows = vec![2.0, 5.0, 3.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0];
         let max = DelayedAmax {
+            notes: AmaxNotes::default(),
             state: state(rows.clone(), 3, AmaxAlgo::Max),
             tp: None,
             input: None,
@@ -213,6 +221,7 @@ mod tests {
         assert_eq!(call(&max, 4.0, w_dgrad), 1.0);
         assert_eq!(call(&max, 0.25, dy), 0.25, "an empty history: the call's own");
         let recent = DelayedAmax {
+            notes: AmaxNotes::default(),
             state: state(rows, 3, AmaxAlgo::MostRecent),
             tp: None,
             input: None,

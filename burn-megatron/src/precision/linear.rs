@@ -12,6 +12,7 @@ use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::{CommError, ProcessGroup, ProcessGroups, ReduceOp};
 use burn_megatron_kernels::quant::history;
+use burn_megatron_kernels::quant::notes::AmaxNotes;
 use burn_megatron_kernels::quant::product::{Amax, AmaxGroup, Operand, ScaleAmax, SharedInput, WeightCodes};
 use burn_megatron_kernels::{Gemm, linear_over};
 
@@ -41,6 +42,10 @@ pub struct LinearPrecision {
     /// default.
     #[module(skip)]
     pub weight_codes: Option<Arc<WeightCodes>>,
+    /// Where the kernels that write its input and output gradient note their amaxes, and the
+    /// optimizer its weight's, for its FP8 tensorwise casts: the notes its model shares.
+    #[module(skip)]
+    pub notes: AmaxNotes,
 }
 
 impl LinearPrecision {
@@ -53,6 +58,7 @@ impl LinearPrecision {
             amax_history: None,
             amax_recorder: AmaxRecorder::default(),
             weight_codes: None,
+            notes: AmaxNotes::default(),
         }
     }
 
@@ -102,6 +108,7 @@ impl LinearPrecision {
         let reuse = Reuse {
             input: shared.filter(|_| self.keeps_input()).cloned(),
             weight: self.weight_codes.clone(),
+            notes: self.notes.clone(),
         };
         Ok(sharded_linear(x, weight, bias, self.gemm, delayed, reuse, tp)?)
     }
@@ -141,13 +148,15 @@ pub fn advance_histories<'a>(
     Ok(())
 }
 
-/// What a quantized product reuses of earlier quantizations: its input's, shared with the
-/// layer call's other products of the same input ([`SharedInput`]), and its weight's, kept
-/// across the calls that read the same weight ([`WeightCodes`]: the microbatches of a step).
+/// What a quantized product reuses of earlier work: its input's quantization, shared with the
+/// layer call's other products of the same input ([`SharedInput`]), its weight's, kept across
+/// the calls that read the same weight ([`WeightCodes`]: the microbatches of a step), and the
+/// amaxes noted where its operands were written ([`AmaxNotes`]).
 #[derive(Clone, Debug, Default)]
 struct Reuse {
     input: Option<Arc<SharedInput>>,
     weight: Option<Arc<WeightCodes>>,
+    notes: AmaxNotes,
 }
 
 /// A product's amax group with what it reuses ([`Reuse`]): the amaxes reduced over tp (none at
@@ -173,6 +182,10 @@ impl AmaxGroup for Sharing {
     fn weight_codes(&self) -> Option<&WeightCodes> {
         self.reuse.weight.as_deref()
     }
+
+    fn notes(&self) -> Option<&AmaxNotes> {
+        Some(&self.reuse.notes)
+    }
 }
 
 /// `x · weight + bias` of a layer whose weight is sharded over `tp`, a quantized product's
@@ -194,18 +207,18 @@ fn sharded_linear<const D: usize>(
         Gemm::Quantized(_) => TensorParallelAmax::over(tp),
         _ => None,
     };
-    let reuses = reuse.input.is_some() || reuse.weight.is_some();
-    let group: Amax = match delayed {
-        Some(state) => Some(Arc::new(DelayedAmax {
+    let group: Amax = match (gemm, delayed) {
+        (Gemm::Quantized(_), Some(state)) => Some(Arc::new(DelayedAmax {
             state,
             tp: amax.clone(),
             input: reuse.input.clone(),
+            notes: reuse.notes.clone(),
         })),
-        None if reuses && matches!(gemm, Gemm::Quantized(_)) => Some(Arc::new(Sharing {
+        (Gemm::Quantized(_), None) => Some(Arc::new(Sharing {
             tp: amax.clone(),
             reuse,
         })),
-        None => amax.clone().map(|group| group as Arc<dyn AmaxGroup>),
+        _ => None,
     };
     let y = linear_over(x, weight, bias, gemm, group);
     match amax {

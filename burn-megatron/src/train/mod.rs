@@ -1,20 +1,7 @@
-//! Training with Burn's `SupervisedTraining` (the Learner): [`MegatronStrategy`] is a
-//! `TrainingStrategy::Custom` that runs one rank of a tp × dp mesh — its data-parallel slice of
-//! the data, gradients reduced over dp in buckets while backward runs, and either the Learner's
-//! own optimizer or the [`DistributedAdamW`](crate::optim::DistributedAdamW) (fp32 master
-//! weights, ZeRO-1, global-norm clipping).
-//!
-//! Every rank builds its own Learner inside [`launch`](burn_megatron_dist::launch) (its layers
-//! hold its shard), so Burn's metrics, checkpointers, LR schedulers and early stopping work
-//! unchanged on each; ranks other than 0 render with [`Silent`]. What the model moves outside
-//! the gradient after each step (expert biases, delayed FP8 histories) comes in as an
-//! [`AfterStep`].
+//! Training: the pipeline's runtime ([`pipeline`]) and, with the `learner` feature, Burn's
+//! Learner running one rank of the mesh ([`learner`]: `MegatronStrategy`, the Llama's
+//! `TrainStep`).
 
-mod after_step;
-mod rank;
-mod silent;
-mod strategy;
-
-pub use after_step::AfterStep;
-pub use silent::Silent;
-pub use strategy::{MegatronStrategy, StrategyOptimizer};
+#[cfg(feature = "learner")]
+pub mod learner;
+pub mod pipeline;

@@ -169,7 +169,7 @@ pub fn flash_attention(h: &Harness) {
             };
             let (q, k, v) = (input(), input(), input());
             let out = match rotary {
-                true => rotary_attention(q.clone(), k.clone(), v.clone(), cos.clone(), sin.clone(), causal, false),
+                true => rotary_attention(q.clone(), k.clone(), v.clone(), cos.clone(), sin.clone(), causal, None),
                 false => attention(q.clone(), k.clone(), v.clone(), causal),
             };
             let f32 = |t: &Tensor<4>| t.clone().cast(DType::F32).detach().require_grad();
@@ -298,7 +298,7 @@ pub fn rms_norm(h: &Harness) {
             // The residual stream: `h = x + (y/2 + y/4 + y)`, x's gradient from all four.
             let link = NormLink::default();
             let y = rms_norm_linked(x.clone(), w.clone(), 1e-5, NoteAmaxes::default(), &link);
-            let [a, b, c]: [Tensor<3>; 3] = fan_out(y, 3).try_into().expect("three readers");
+            let [a, b, c]: [Tensor<3>; 3] = fan_out(y, 3, Some(&link)).try_into().expect("three readers");
             let ours = residual_add(x.clone(), a.mul_scalar(0.5) + b.mul_scalar(0.25) + c, &link);
             let y32 =
                 x32.clone() / x32.clone().square().mean_dim(2).add_scalar(1e-5).sqrt() * w32.clone().unsqueeze::<3>();

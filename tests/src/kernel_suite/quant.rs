@@ -182,8 +182,8 @@ pub fn fp8_amax(h: &Harness) {
 /// on an un-noted output of the same values; nothing is noted where nothing was asked.
 pub fn amax_notes(h: &Harness) {
     use burn_megatron_kernels::attention::attention_noting;
-    use burn_megatron_kernels::quant::kernels::fp8::{amax, take_noted_amax};
-    use burn_megatron_kernels::quant::notes::NoteAmaxes;
+    use burn_megatron_kernels::quant::kernels::fp8::amax;
+    use burn_megatron_kernels::quant::notes::{AmaxNotes, NoteAmaxes};
     use burn_megatron_kernels::quant::product::product;
     use burn_megatron_kernels::quant::recipe::Recipe;
     use burn_megatron_kernels::rms_norm::link::{NormLink, residual_add};
@@ -193,14 +193,15 @@ pub fn amax_notes(h: &Harness) {
     let device = h.device(0).autodiff();
     let cpu = burn::tensor::Device::flex();
     let scalar = |t: Tensor<1>| t.to_device(&cpu).into_scalar::<f32>();
+    let store = AmaxNotes::default();
     let notes = NoteAmaxes {
-        output: true,
-        input_grads: true,
+        output: Some(store.clone()),
+        input_grads: Some(store.clone()),
     };
     let noted = |t: &Tensor<2>, case: &str| {
-        let amax_noted = take_noted_amax(t).unwrap_or_else(|| panic!("{case}: an amax is noted"));
+        let amax_noted = store.take(t).unwrap_or_else(|| panic!("{case}: an amax is noted"));
         assert_eq!(scalar(amax_noted), scalar(amax(t.clone().detach())), "{case}");
-        assert!(take_noted_amax(t).is_none(), "{case}: a note is taken once");
+        assert!(store.take(t).is_none(), "{case}: a note is taken once");
     };
     for dtype in [DType::BF16, DType::F32] {
         let input = |dims: [usize; 3]| {
@@ -215,7 +216,7 @@ pub fn amax_notes(h: &Harness) {
         for dims in [[2, 2048, 4104], [2, 37, 256], [3, 5, 101]] {
             let case = format!("SwiGLU {dtype:?} {dims:?}");
             let (a, b) = (input(dims), input(dims));
-            let out = swiglu_noting(a.clone(), b.clone(), notes);
+            let out = swiglu_noting(a.clone(), b.clone(), notes.clone());
             noted(&flat(out.clone()), &format!("{case}: output"));
             let weights = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), (&device, dtype));
             let grads = (out * weights).sum().backward();
@@ -223,16 +224,18 @@ pub fn amax_notes(h: &Harness) {
                 noted(&flat(x.grad(&grads).expect("a gradient")), &format!("{case}: {name}"));
             }
             let plain = swiglu(a.clone().detach(), b.clone().detach());
-            assert!(
-                take_noted_amax(&plain).is_none(),
-                "{case}: nothing asked, nothing noted"
-            );
+            assert!(store.take(&plain).is_none(), "{case}: nothing asked, nothing noted");
             if dims[2] % 16 == 0 {
                 let w = Tensor::<2>::random([64, dims[2]], Distribution::Normal(0.0, 0.05), (&device, dtype));
                 let recipe = Recipe::Fp8Tensorwise;
-                let noted = flat(swiglu_noting(a.clone().detach(), b.clone().detach(), notes));
-                let on_noted = product(noted.clone(), w.clone(), recipe, None);
-                assert!(take_noted_amax(&noted).is_none(), "{case}: the product took the note");
+                let noted = flat(swiglu_noting(a.clone().detach(), b.clone().detach(), notes.clone()));
+                let on_noted = product(
+                    noted.clone(),
+                    w.clone(),
+                    recipe,
+                    Some(std::sync::Arc::new(store.clone())),
+                );
+                assert!(store.take(&noted).is_none(), "{case}: the product took the note");
                 let on_plain = product(flat(plain), w, recipe, None);
                 on_noted.into_data().assert_eq(&on_plain.into_data(), true);
             }
@@ -240,10 +243,13 @@ pub fn amax_notes(h: &Harness) {
         for dims in [[2, 37, 2048], [3, 5, 100]] {
             let case = format!("RMSNorm {dtype:?} {dims:?}");
             let w = Tensor::<1>::random([dims[2]], Distribution::Normal(1.0, 0.5), (&device, dtype));
-            noted(&flat(rms_norm_noting(input(dims), w.clone(), 1e-5, notes)), &case);
+            noted(
+                &flat(rms_norm_noting(input(dims), w.clone(), 1e-5, notes.clone())),
+                &case,
+            );
             // Linked to the residual add: the input gradient (the stream's added) noted too.
             let (x, link) = (input(dims), NormLink::default());
-            let y = rms_norm_linked(x.clone(), w, 1e-5, notes, &link);
+            let y = rms_norm_linked(x.clone(), w, 1e-5, notes.clone(), &link);
             noted(&flat(y.clone()), &case);
             let weights = Tensor::<3>::random(dims, Distribution::Normal(0.0, 1.0), (&device, dtype));
             let grads = (residual_add(x.clone(), y, &link) * weights).sum().backward();
@@ -259,7 +265,7 @@ pub fn amax_notes(h: &Harness) {
             .require_grad();
         // As in the attention layer: q's heads a `[b, h, s, d]` view of `[b, s, h, d]` memory,
         // and the gradient reaching RoPE in that memory too (as flash attention writes dQ).
-        let rotated = rope_noting(x.clone().swap_dims(1, 2), cos, sin, notes).swap_dims(1, 2);
+        let rotated = rope_noting(x.clone().swap_dims(1, 2), cos, sin, notes.clone()).swap_dims(1, 2);
         let weights = Tensor::<4>::random([b, s, heads, d], Distribution::Normal(0.0, 1.0), (&device, dtype));
         let grads = (rotated * weights).sum().backward();
         let dx = x.grad(&grads).expect("a gradient").reshape([b * s, heads * d]);
@@ -272,11 +278,11 @@ pub fn amax_notes(h: &Harness) {
         let qkv = || Tensor::<4>::random([b, heads, s, d], Distribution::Normal(0.0, 1.0), (&device, DType::BF16));
         let (q, k, v) = (qkv(), qkv(), qkv());
         let rows = |t: Tensor<4>| t.swap_dims(1, 2).reshape([b * s, heads * d]);
-        let out = attention_noting(q.clone(), k.clone(), v.clone(), true, true);
+        let out = attention_noting(q.clone(), k.clone(), v.clone(), true, Some(store.clone()));
         noted(&rows(out), &format!("attention s {s}: the output"));
-        let plain = rows(attention_noting(q, k, v, true, false));
+        let plain = rows(attention_noting(q, k, v, true, None));
         assert!(
-            take_noted_amax(&plain).is_none(),
+            store.take(&plain).is_none(),
             "attention s {s}: nothing asked, nothing noted"
         );
     }
@@ -609,6 +615,7 @@ pub fn shared_input(h: &Harness) {
                     state: DelayedState::new(history(layer), AmaxAlgo::Max, Some(recorders[layer].clone())),
                     tp: None,
                     input: shared.clone(),
+                    notes: Default::default(),
                 }) as Arc<dyn AmaxGroup>)
             }
         };

@@ -56,7 +56,7 @@ pub fn rotated_gemm(h: &Harness) {
             // 2e-3 in norm; a wrong position, frequency or sign is of order 1.
             let error = relative_error(q.values(), q32.clone());
             assert!(error < 1e-2, "{case}: q's heads relative error {error}");
-            let out = rotary_attention_rotated(q, kk, v.clone(), cos.clone(), sin.clone(), true, false);
+            let out = rotary_attention_rotated(q, kk, v.clone(), cos.clone(), sin.clone(), true, None);
             let options = AttentionModuleOptions {
                 scale: None,
                 softcap: None,

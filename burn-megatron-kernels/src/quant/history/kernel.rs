@@ -65,10 +65,15 @@ fn f32_compact(t: CubeTensor) -> CubeTensor {
 }
 
 /// `quant::history::HistoryOps::amax_push`: one launch.
-pub(crate) fn history_push(history: CubeTensor, rows: [CubeTensor; 3]) -> CubeTensor {
+pub(crate) fn amax_push(
+    history: CubeTensor,
+    input: CubeTensor,
+    weight: CubeTensor,
+    output_grad: CubeTensor,
+) -> CubeTensor {
     let history = f32_compact(history);
     let len = history.meta.shape()[1];
-    let [input, weight, output_grad] = rows.map(f32_compact);
+    let [input, weight, output_grad] = [input, weight, output_grad].map(f32_compact);
     let new = compact_output(&history, history.meta.shape().clone(), DType::F32);
     // SAFETY: three blocks, one a row; every index is below the row's `len`.
     unsafe {
@@ -88,7 +93,7 @@ pub(crate) fn history_push(history: CubeTensor, rows: [CubeTensor; 3]) -> CubeTe
 }
 
 /// `quant::history::HistoryOps::amax_kept`: one launch.
-pub(crate) fn history_kept(history: CubeTensor, most_recent: bool) -> CubeTensor {
+pub(crate) fn amax_kept(history: CubeTensor, most_recent: bool) -> CubeTensor {
     let history = f32_compact(history);
     let (rows, len) = (history.meta.shape()[0], history.meta.shape()[1]);
     let kept = compact_output(&history, Shape::new([rows]), DType::F32);

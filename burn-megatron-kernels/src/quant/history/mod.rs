@@ -6,16 +6,17 @@
 //! histories are not differentiated: on `Autodiff` the inner backend's op, as a constant.
 
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend};
 use burn::tensor::Tensor;
 
 #[cfg(feature = "cuda")]
 pub(crate) mod kernel;
 pub mod reference;
 
-/// The backend extension behind [`push`] and [`kept`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait HistoryOps: Backend {
+extension! {
+    /// The backend extension behind [`push`] and [`kept`].
+    pub trait HistoryOps, cuda: kernel;
+
     /// `history` `[3, len]` with the step's amaxes (`[1]` each, by row) in front and its oldest
     /// column dropped.
     fn amax_push(
@@ -23,49 +24,22 @@ pub trait HistoryOps: Backend {
         input: FloatTensor<Self>,
         weight: FloatTensor<Self>,
         output_grad: FloatTensor<Self>,
-    ) -> FloatTensor<Self>;
-
-    /// The amax each row of `history` scales by, `[3]`: its largest, or with `most_recent` its
-    /// newest.
-    fn amax_kept(history: FloatTensor<Self>, most_recent: bool) -> FloatTensor<Self>;
-}
-
-impl HistoryOps for Flex {
-    fn amax_push(
-        history: FloatTensor<Self>,
-        input: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        output_grad: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        let row = |t| Tensor::<1>::from_primitive::<Flex>(t);
+        let row = |t| Tensor::<1>::from_primitive::<Self>(t);
         reference::push(
-            Tensor::<2>::from_primitive::<Flex>(history),
+            Tensor::<2>::from_primitive::<Self>(history),
             [row(input), row(weight), row(output_grad)],
         )
-        .try_into_primitive::<Flex>()
+        .try_into_primitive::<Self>()
         .expect("a CPU tensor")
     }
 
+    /// The amax each row of `history` scales by, `[3]`: its largest, or with `most_recent` its
+    /// newest.
     fn amax_kept(history: FloatTensor<Self>, most_recent: bool) -> FloatTensor<Self> {
-        reference::kept(Tensor::<2>::from_primitive::<Flex>(history), most_recent)
-            .try_into_primitive::<Flex>()
+        reference::kept(Tensor::<2>::from_primitive::<Self>(history), most_recent)
+            .try_into_primitive::<Self>()
             .expect("a CPU tensor")
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl HistoryOps for burn::backend::Cube {
-    fn amax_push(
-        history: FloatTensor<Self>,
-        input: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        output_grad: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        crate::quant::history::kernel::history_push(history, [input, weight, output_grad])
-    }
-
-    fn amax_kept(history: FloatTensor<Self>, most_recent: bool) -> FloatTensor<Self> {
-        crate::quant::history::kernel::history_kept(history, most_recent)
     }
 }
 

@@ -11,6 +11,7 @@ use half::{bf16, f16};
 use crate::cuda::launch::{compact_output, float_input, launch_float};
 use crate::cuda::reduce::tensor_amax;
 use crate::quant::format::Minifloat;
+use crate::quant::notes::AmaxNotes;
 
 /// The factor values are multiplied by before encoding: `max / amax` (1 for a zero or
 /// non-finite amax, as [`crate::quant::scaling::quantize_scale`]).
@@ -262,7 +263,7 @@ pub(crate) struct Fp8Codes {
 }
 
 /// `x` (`[r, c]`) quantized to `format` with one scale from its amax (current scaling: the one
-/// noted by the kernel that wrote `x`, `known_amax`, else one pass of its own), the
+/// the kernel that wrote `x` noted in `notes`, else one pass of its own), the
 /// amax (`[1]`) passed through `reduce` first (over the ranks holding pieces of the tensor),
 /// which may also give a kept amax (`[1]`, delayed scaling) to scale by where it is above zero:
 /// one amax pass, then one cast writing the codes in each of `layouts` (`[r, c]`, `[c, r]`: the
@@ -271,13 +272,15 @@ pub(crate) fn quantize_tensor(
     x: CubeTensor,
     format: Minifloat,
     layouts: Layouts,
+    notes: Option<&AmaxNotes>,
     reduce: impl FnOnce(CubeTensor) -> (CubeTensor, Option<CubeTensor>),
 ) -> Fp8Codes {
     let x = float_input(x);
     let dims = x.meta.shape().clone();
     let (r, c) = (dims[0], dims[1]);
     // The amax the kernel that wrote `x` took, where it was asked to (SwiGLU, RMSNorm, RoPE).
-    let local = crate::cuda::known_amax::take(&x).unwrap_or_else(|| tensor_amax(x.clone()));
+    let noted = notes.and_then(|notes| notes.take_primitive(&x));
+    let local = noted.unwrap_or_else(|| tensor_amax(x.clone()));
     let (amax, kept) = reduce(local);
     let delayed = kept.is_some();
     // Without a kept amax the kernels never read it: the call's own stands in.

@@ -160,14 +160,6 @@ pub fn amax(x: Tensor<2>) -> Tensor<1> {
     Tensor::from_primitive::<Cube>(crate::cuda::reduce::tensor_amax(primitive))
 }
 
-/// The amax the kernel that wrote `x` took for the FP8 cast that quantizes it next
-/// ([`crate::quant::notes::NoteAmaxes`]), `[1]` f32, taken: that cast then takes its own. `None` where
-/// none is noted.
-pub fn take_noted_amax<const D: usize>(x: &Tensor<D>) -> Option<Tensor<1>> {
-    let primitive = x.clone().inner().try_into_primitive::<Cube>().expect("a CUDA tensor");
-    crate::cuda::known_amax::take(&primitive).map(Tensor::from_primitive::<Cube>)
-}
-
 /// Codes in 1×128 tiles along their rows, with their scales.
 fn rows((codes, scales): (CubeTensor, CubeTensor)) -> Codes {
     Codes {
@@ -196,7 +188,13 @@ fn tensorwise(
         direct,
         transposed,
         dequant,
-    } = quantize_tensor(x, format, layouts, reduce);
+    } = quantize_tensor(
+        x,
+        format,
+        layouts,
+        amax.as_ref().and_then(|group| group.notes()),
+        reduce,
+    );
     let scaled = |codes: CubeTensor| Codes {
         codes,
         scales: Scales::Tensor(dequant.clone()),

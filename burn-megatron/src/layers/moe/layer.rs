@@ -24,7 +24,7 @@ use burn::module::Module;
 use burn::tensor::kind::Numeric;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp, gather_from_tp, reduce_from_tp, reduce_scatter_to_sp};
-use burn_megatron_dist::{ProcessGroup, ProcessGroups, ReduceOp};
+use burn_megatron_dist::{CommError, ProcessGroup, ProcessGroups, ReduceOp};
 
 use super::capacity::{Capacity, dispatch_with_capacity};
 use super::dispatch::{Dispatch, dispatch, dispatch_host, permute, read_experts, unpermute};
@@ -180,6 +180,20 @@ impl MoeConfig {
 }
 
 impl Moe {
+    /// Moves the router's bias, where it has one, by its rate toward balance from `load`
+    /// summed over `grad_sync` (every rank holding a replica of this layer's router: the data-
+    /// and context-parallel ranks), DeepSeek-V3's auxiliary-loss-free balancing. Every rank of
+    /// the group calls it after the optimizer step.
+    pub fn update_expert_bias(&mut self, load: &Load, grad_sync: &ProcessGroup) -> Result<(), CommError> {
+        if self.router.bias.is_none() {
+            return Ok(());
+        }
+        let total = grad_sync.all_reduce(load.per_expert.clone(), ReduceOp::Sum)?;
+        let rate = self.router.settings.bias_update_rate;
+        self.router = self.router.clone().update_bias(total, rate);
+        Ok(())
+    }
+
     /// The layer's output, its routing (the router's losses among it) and the experts' load.
     ///
     /// # Shapes

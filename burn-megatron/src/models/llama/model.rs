@@ -6,7 +6,7 @@
 use burn::config::Config;
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
-use burn_megatron_dist::{ProcessGroups, ReduceOp};
+use burn_megatron_dist::ProcessGroups;
 
 use crate::error::{ConfigError, LayerError};
 use crate::init::ParamInit;
@@ -18,10 +18,11 @@ use crate::layers::{
 };
 use crate::precision::EdgeBlocks;
 use crate::precision::linear::LinearPrecision;
+use burn_megatron_kernels::quant::notes::AmaxNotes;
+
+use super::sites::share_amax_notes;
 use crate::recompute::Recompute;
 use burn_megatron_kernels::Gemm;
-use burn_megatron_kernels::quant::notes::NoteAmaxes;
-use burn_megatron_kernels::rms_norm::link::{NormLink, residual_add};
 
 /// Where the output layer's weight comes from.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -174,7 +175,9 @@ impl LlamaConfig {
         let layers = (0..self.n_layers)
             .map(|i| self.init_block(i, device, groups, init))
             .collect::<Result<_, LayerError>>()?;
-        let (output, tied_output) = self.init_output(device, groups, init)?;
+        let (mut output, tied_output) = self.init_output(device, groups, init)?;
+        let mut layers: Vec<LlamaBlock> = layers;
+        share_amax_notes(layers.iter_mut(), output.as_mut().map(|o| &mut o.precision));
         Ok(Llama {
             embedding: self.embedding.init(device, groups, init, "embedding"),
             layers,
@@ -257,20 +260,17 @@ impl LlamaBlock {
 
     /// [`forward`](Self::forward), a MoE block adding its router losses and load to `report`.
     ///
-    /// Each half adds its branch to the residual stream linked to the norm it read
-    /// (`RmsNorm::forward_linked`): the norm's backward adds the stream's gradient into its own.
+    /// Each half adds its branch to the residual stream its norm read ([`RmsNorm::pre_norm`]).
     /// The stream's gradient at the block's input is the previous block's down projection's
     /// output gradient; this block's stands in for it in whether to note its amax.
     pub fn forward_report(&self, x: Tensor<3>, report: &mut MoeReport) -> Result<Tensor<3>, LayerError> {
-        let link = NormLink::default();
-        let notes = NoteAmaxes {
-            output: self.attention.notes_input(),
-            input_grads: self.mlp.as_ref().is_some_and(|mlp| mlp.notes_output_grad()),
-        };
-        let attention = self.attention_norm.forward_linked(x.clone(), notes, &link)?;
+        let note_stream_grad = self.mlp.as_ref().and_then(|mlp| mlp.notes_output_grad());
+        let (normed, stream) = self
+            .attention_norm
+            .pre_norm(x, self.attention.notes_input(), note_stream_grad)?;
         let h = match self.selective {
-            true => residual_add(x, self.attention.forward_recomputed(attention)?, &link),
-            false => self.attention.forward_onto(attention, x, &link)?,
+            true => self.attention.forward_recomputed_onto(normed, stream)?,
+            false => self.attention.forward_onto(normed, stream)?,
         };
         self.feed_forward(h, report)
     }
@@ -278,21 +278,19 @@ impl LlamaBlock {
     /// The second half of the block: `x` plus the feed-forward (dense or MoE, reporting to
     /// `report`) of its norm.
     pub(crate) fn feed_forward(&self, x: Tensor<3>, report: &mut MoeReport) -> Result<Tensor<3>, LayerError> {
-        let link = NormLink::default();
-        let notes = NoteAmaxes {
-            output: self.mlp.as_ref().is_some_and(|mlp| mlp.notes_input()),
-            input_grads: self.attention.notes_output_grad(),
-        };
-        let h = self.mlp_norm.forward_linked(x.clone(), notes, &link)?;
+        let note_input = self.mlp.as_ref().and_then(|mlp| mlp.notes_input());
+        let (normed, stream) = self
+            .mlp_norm
+            .pre_norm(x, note_input, self.attention.notes_output_grad())?;
         Ok(match (&self.mlp, &self.moe) {
             (_, Some(moe)) => {
-                let (y, routing, load) = moe.forward(h)?;
+                let (y, routing, load) = moe.forward(normed)?;
                 report.losses.push(routing.losses);
                 report.loads.push(load);
-                residual_add(x, y, &link)
+                stream.add_branch(y)
             }
-            (Some(mlp), None) if self.selective => residual_add(x, mlp.forward_recomputed(h)?, &link),
-            (Some(mlp), None) => mlp.forward_onto(h, x, &link)?,
+            (Some(mlp), None) if self.selective => mlp.forward_recomputed_onto(normed, stream)?,
+            (Some(mlp), None) => mlp.forward_onto(normed, stream)?,
             (None, None) => unreachable!("a block has an MLP or a mixture of experts"),
         })
     }
@@ -344,12 +342,7 @@ pub(crate) fn update_expert_biases<'a>(
     }
     for (block, load) in blocks.into_iter().zip(loads) {
         let moe = block.moe.as_mut().expect("a MoE block");
-        if moe.router.bias.is_none() {
-            continue;
-        }
-        let total = groups.grad_sync().all_reduce(load.per_expert.clone(), ReduceOp::Sum)?;
-        let rate = moe.router.settings.bias_update_rate;
-        moe.router = moe.router.clone().update_bias(total, rate);
+        moe.update_expert_bias(load, groups.grad_sync())?;
     }
     Ok(())
 }
@@ -376,6 +369,17 @@ pub(crate) fn output_logits(
 }
 
 impl Llama {
+    /// Where this model's kernels and its optimizer note the amaxes its FP8 tensorwise casts
+    /// take (one for the whole model: [`share_amax_notes`]); give it to the optimizer
+    /// (`DistributedAdamW::keeping_amaxes`) to spare each cast of a weight its amax pass.
+    pub fn amax_notes(&self) -> AmaxNotes {
+        let first = self.layers.first().map(|b| &b.attention.wq.precision);
+        first
+            .or(self.output.as_ref().map(|o| &o.precision))
+            .map(|p| p.notes.clone())
+            .unwrap_or_default()
+    }
+
     /// # Shapes
     /// `[b, s]` token ids → logits `[b, s, v']`, `v'` this rank's share of the vocabulary.
     pub fn forward(&self, ids: Tensor<2, Int>) -> Result<Tensor<3>, LayerError> {

@@ -9,6 +9,8 @@ use burn::module::Param;
 use burn::tensor::Tensor;
 
 use super::LlamaBlock;
+use burn_megatron_kernels::quant::notes::AmaxNotes;
+
 use crate::precision::linear::LinearPrecision;
 
 /// An input of a block's linear layers.
@@ -96,6 +98,31 @@ impl LlamaBlock {
         }
         all
     }
+}
+
+/// Gives every linear layer of `blocks` and of `output` one [`AmaxNotes`] (a new one): the
+/// kernels that write one layer's input or output gradient and the optimizer that writes its
+/// weight note amaxes there for the layer's FP8 tensorwise casts, and a block's stream
+/// gradient crosses into the previous block's, so the whole model shares one. Returns it.
+pub(crate) fn share_amax_notes<'a>(
+    blocks: impl Iterator<Item = &'a mut LlamaBlock>,
+    output: Option<&mut LinearPrecision>,
+) -> AmaxNotes {
+    let notes = AmaxNotes::default();
+    for block in blocks {
+        for precision in block.linear_precisions() {
+            precision.notes = notes.clone();
+        }
+        if let Some(mlp) = block.moe.as_mut().and_then(|moe| moe.shared.as_mut()) {
+            for precision in [&mut mlp.w1.precision, &mut mlp.w3.precision, &mut mlp.w2.precision] {
+                precision.notes = notes.clone();
+            }
+        }
+    }
+    if let Some(output) = output {
+        output.notes = notes.clone();
+    }
+    notes
 }
 
 /// Gives each of `block`'s linear layers a slot for its weight's FP8 codes

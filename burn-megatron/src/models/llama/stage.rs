@@ -11,18 +11,20 @@ use std::ops::Range;
 
 use burn::module::Module;
 use burn::tensor::{Device, Int, Tensor};
-use burn_megatron_dist::ProcessGroups;
+use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 
 use super::model::{
     LlamaBlock, LlamaConfig, MoeReport, TiedOutput, forward_blocks, output_logits, update_expert_biases,
 };
-use super::scheduled::StageSchedule;
+use super::sites::share_amax_notes;
 use crate::error::{ConfigError, LayerError};
 use crate::init::ParamInit;
+use crate::layers::context::ContextLayout;
 use crate::layers::moe::Load;
 use crate::layers::{ColumnParallelLinear, RmsNorm, VocabParallelCrossEntropy, VocabParallelEmbedding};
-use crate::plan::ParallelPlan;
+use crate::plan::pipeline::schedule::StageSchedule;
 use crate::plan::pipeline::stages::{rank_chunks, virtual_stages};
+use crate::plan::{ParallelPlan, PipelineSchedule};
 use crate::recompute::Recompute;
 
 #[derive(Module, Debug)]
@@ -93,10 +95,14 @@ impl LlamaConfig {
         for i in chunks.iter().flat_map(|c| c.clone()) {
             layers[i] = Some(self.init_block(i, device, groups, init)?);
         }
-        let (output, tied_output) = match last {
+        let (mut output, tied_output) = match last {
             true => self.init_output(device, groups, init)?,
             false => (None, None),
         };
+        share_amax_notes(
+            layers.iter_mut().flatten(),
+            output.as_mut().map(|o: &mut ColumnParallelLinear| &mut o.precision),
+        );
         let embeds = first || tied_output.is_some();
         Ok(LlamaStage {
             // Initialized by its path: the copy equals the first stage's.
@@ -146,6 +152,45 @@ impl LlamaConfig {
 }
 
 impl LlamaStage {
+    /// Where this stage's kernels and its optimizer note the amaxes its FP8 tensorwise casts
+    /// take ([`Llama::amax_notes`](super::Llama::amax_notes)).
+    pub fn amax_notes(&self) -> burn_megatron_kernels::quant::notes::AmaxNotes {
+        let first = self.layers.iter().flatten().next().map(|b| &b.attention.wq.precision);
+        first
+            .or(self.output.as_ref().map(|o| &o.precision))
+            .map(|p| p.notes.clone())
+            .unwrap_or_default()
+    }
+
+    /// How this stage's attention splits sequences over cp (every stage holds a block).
+    pub fn context_layout(&self) -> ContextLayout {
+        let block = self.layers.iter().flatten().next().expect("a stage holds a block");
+        ContextLayout::new(&block.attention.cp)
+    }
+
+    /// The stage with its rank's actions of `schedule` over `microbatches` on `pp`: the
+    /// microbatches must suit the schedule and its model chunks the stage's.
+    pub fn with_schedule(
+        mut self,
+        schedule: PipelineSchedule,
+        microbatches: usize,
+        pp: &ProcessGroup,
+    ) -> Result<Self, ConfigError> {
+        if schedule.chunks() != self.chunks.len() {
+            return Err(ConfigError::StageChunks {
+                schedule: schedule.chunks(),
+                stage: self.chunks.len(),
+            });
+        }
+        let mut actions = schedule.actions(pp.size(), microbatches)?;
+        self.schedule = Some(StageSchedule {
+            actions: actions.ranks.swap_remove(pp.group_rank()),
+            microbatches,
+            pp: pp.clone(),
+        });
+        Ok(self)
+    }
+
     /// This stage with each block's weights' FP8 codes kept across the microbatches of a step
     /// ([`keep_weight_codes`](super::sites::keep_weight_codes)).
     pub fn keeping_weight_codes(mut self) -> Self {

@@ -13,6 +13,7 @@
 use crate::error::ConfigError;
 
 use super::PipelineSchedule;
+use burn_megatron_dist::ProcessGroup;
 
 /// What crosses between stages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -206,6 +207,14 @@ fn with_messages(order: &[Action], pp: usize, v: usize, rank: usize) -> Vec<Acti
         }
     }
     out
+}
+
+/// This rank's actions of a schedule over `microbatches`, and the pipeline group they run on.
+#[derive(Clone, Debug)]
+pub struct StageSchedule {
+    pub actions: Vec<Action>,
+    pub microbatches: usize,
+    pub pp: ProcessGroup,
 }
 
 #[cfg(test)]

@@ -53,7 +53,7 @@ impl Gptq {
 
 /// A site's `H` made ready for GPTQ, shared by the layers that read the site: the order its
 /// rows are rounded in, `U` in that order, and the inputs no token reached.
-pub(super) struct Factored {
+pub struct Factored {
     n: usize,
     /// order[p]: the input row rounded at position p.
     order: Vec<usize>,
@@ -64,7 +64,7 @@ pub(super) struct Factored {
 }
 
 /// `gram` (`XᵀX` of a site's inputs, `[n, n]`) damped, ordered and factored.
-pub(super) fn factor(gram: Tensor<2>, settings: Gptq) -> Result<Factored, PtqError> {
+pub fn factor(gram: Tensor<2>, settings: Gptq) -> Result<Factored, PtqError> {
     let [n, _] = gram.dims();
     let mut h: Vec<f64> = gram
         .cast(DType::F32)
@@ -102,7 +102,7 @@ pub(super) fn factor(gram: Tensor<2>, settings: Gptq) -> Result<Factored, PtqErr
 }
 
 /// `w` (`[n, m]`) quantized on `scheme`'s grid by GPTQ with its inputs' [`factor`].
-pub(super) fn quantize(scheme: WeightScheme, w: Tensor<2>, f: &Factored) -> Result<QuantizedWeight, PtqError> {
+pub fn quantize(scheme: WeightScheme, w: Tensor<2>, f: &Factored) -> Result<QuantizedWeight, PtqError> {
     let grid = Grid::of(scheme)?;
     let [n, m] = w.dims();
     assert_eq!(n, f.n, "the layer reads the factored site's {} inputs", f.n);

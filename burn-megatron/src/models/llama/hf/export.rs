@@ -19,7 +19,7 @@ use super::{HfError, format_error, hf_name, io, is_vocab};
 use crate::models::llama::{Llama, LlamaConfig};
 use crate::params::{param_infos, param_values};
 use crate::precision::delayed::is_history;
-use crate::precision::ptq::{InputQuantizer, Quantized};
+use crate::precision::ptq::{InputQuantizer, Quantization};
 
 /// The dtype the exported weights are stored in.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -99,30 +99,24 @@ pub fn save(
     write_checkpoint(dir, model, config, groups, options, None)
 }
 
-/// Saves a post-training quantization (`precision::ptq::quantize`) as [`save`] does, its block
-/// linears in compressed-tensors' layout: 8-bit codes, `weight_scale` and, for static inputs,
-/// `input_scale` (`compressed.rs`). Int4, group scales and NVFP4 have no layout here
-/// ([`HfError::Unsupported`]).
+/// Saves `model` after a post-training quantization (`posttrain::ptq::quantize`, which gives
+/// both) as [`save`] does, its block linears as `quantization` says, in compressed-tensors'
+/// layout: 8-bit codes, `weight_scale` and, for static inputs, `input_scale` (`compressed.rs`).
+/// Int4, group scales and NVFP4 have no layout here ([`HfError::Unsupported`]).
 pub fn save_quantized(
     dir: &Path,
-    quantized: &Quantized,
+    model: &Llama,
+    quantization: &Quantization,
     config: &LlamaConfig,
     groups: &ProcessGroups,
     options: &ExportOptions,
 ) -> Result<(), HfError> {
-    let compression = Compression::of(&quantized.config)?;
-    write_checkpoint(
-        dir,
-        &quantized.model,
-        config,
-        groups,
-        options,
-        Some((compression, quantized)),
-    )
+    let compression = Compression::of(&quantization.config)?;
+    write_checkpoint(dir, model, config, groups, options, Some((compression, quantization)))
 }
 
 /// A compressed export's scheme and the quantization it writes.
-type Compressed<'a> = Option<(Compression, &'a Quantized)>;
+type Compressed<'a> = Option<(Compression, &'a Quantization)>;
 
 fn write_checkpoint(
     dir: &Path,
@@ -260,7 +254,7 @@ fn compress(
     entry: &Entry,
     whole: Vec<f32>,
     scheme: Compression,
-    quantized: &Quantized,
+    quantized: &Quantization,
 ) -> Result<Vec<Stored>, HfError> {
     let incompatible = |detail: String| HfError::Incompatible {
         name: entry.name.clone(),

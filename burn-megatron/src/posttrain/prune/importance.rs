@@ -13,7 +13,8 @@ use burn::tensor::{DType, Int, Tensor};
 use super::PruneError;
 use crate::models::llama::Llama;
 use crate::models::llama::Site;
-use crate::precision::ptq::{Collect, calibrate};
+use crate::posttrain::ptq::calibrate;
+use crate::precision::ptq::Collect;
 
 /// The importance of every prunable piece of a model.
 #[derive(Clone, Debug, PartialEq)]

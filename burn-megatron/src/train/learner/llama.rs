@@ -7,12 +7,13 @@ use burn::train::{InferenceStep, TrainOutput, TrainStep};
 
 use burn_megatron_dist::ProcessGroups;
 
-use super::{Llama, LlamaStage, MoeReport};
+use super::AfterStep;
 use crate::error::ConfigError;
 use crate::layers::context::ContextLayout;
 use crate::layers::moe::Load;
+use crate::models::llama::{Llama, LlamaStage, MoeReport};
 use crate::params::{grads_params, param_values};
-use crate::train::AfterStep;
+use crate::train::pipeline::{forward_loss, scheduled_step};
 
 /// Token ids and the ids that follow them.
 ///
@@ -157,9 +158,7 @@ impl TrainStep for LlamaStage {
     /// read it on any rank). A failed collective or a stage without a schedule panics with its
     /// error: a Learner step cannot return one.
     fn step(&self, batch: TokenBatch) -> TrainOutput<LmOutput> {
-        let step = self
-            .scheduled_step(batch.ids, batch.targets)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let step = scheduled_step(self, batch.ids, batch.targets).unwrap_or_else(|e| panic!("{e}"));
         let values = param_values(self);
         let grads = step
             .grads
@@ -188,9 +187,7 @@ impl InferenceStep for LlamaStage {
             .as_ref()
             .unwrap_or_else(|| panic!("{}", ConfigError::NoSchedule))
             .pp;
-        let loss = self
-            .forward_loss(batch.ids, batch.targets, pp)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let loss = forward_loss(self, batch.ids, batch.targets, pp).unwrap_or_else(|e| panic!("{e}"));
         LmOutput {
             loss,
             loads: Vec::new(),

@@ -18,7 +18,7 @@
 //! - AWQ (Lin et al. 2024): `s = mean|x|^α`, normalized to a geometric mean of 1 over its
 //!   extremes, α searched on a grid for the least squared error of the site's outputs on the
 //!   calibration sample, the weights quantized by the scheme (at its largest-magnitude range);
-//!   with [`Clipping::Mse`](super::Clipping::Mse) each group's range is then searched for the
+//!   with [`Clipping::Mse`](crate::precision::ptq::Clipping::Mse) each group's range is then searched for the
 //!   least squared error of the outputs too (AWQ's clip search), on the sample divided by `s`.
 //!
 //! Legend: `c` the site's channels, `n` sampled tokens, `g` kv heads, `r` query heads a kv
@@ -26,35 +26,9 @@
 
 use burn::tensor::{DType, Tensor, TensorData};
 
-use super::calibrate::Statistics;
-use super::weights::WeightScheme;
-use super::{Calibration, PtqError};
+use super::Calibration;
 use crate::models::llama::{LinearMut, Llama, LlamaBlock, Site};
-
-/// How scales move between activations and weights before quantization.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Smoothing {
-    None,
-    /// SmoothQuant's scales, with migration strength `alpha`.
-    SmoothQuant {
-        alpha: f64,
-    },
-    /// AWQ's activation-aware scales, the exponent searched over `grid` points of `[0, 1)`.
-    Awq {
-        grid: usize,
-    },
-}
-
-impl Smoothing {
-    /// Its name in a table: `smoothquant0.5`, `awq`; empty for none.
-    pub fn name(&self) -> String {
-        match self {
-            Smoothing::None => String::new(),
-            Smoothing::SmoothQuant { alpha } => format!("smoothquant{alpha}"),
-            Smoothing::Awq { .. } => "awq".into(),
-        }
-    }
-}
+use crate::precision::ptq::{PtqError, Smoothing, Statistics, WeightScheme};
 
 /// The kv-head layout of the heads' outputs.
 #[derive(Clone, Copy, Debug)]
@@ -253,7 +227,8 @@ mod tests {
     use super::*;
     use crate::init::{InitMode, ParamInit};
     use crate::models::llama::LlamaConfig;
-    use crate::precision::ptq::{Clipping, Codes, Collect, Granularity, calibrate};
+    use crate::posttrain::ptq::calibrate;
+    use crate::precision::ptq::{Clipping, Codes, Collect, Granularity};
 
     /// Folding either smoothing's scales leaves the model's function as it was (before any
     /// quantization), grouped-query attention included: the logits agree to f32 rounding.

@@ -16,9 +16,9 @@ use std::time::Instant;
 use burn::tensor::{Int, Tensor};
 use burn_megatron_dist::ProcessGroup;
 
-use super::stage::LlamaStage;
 use crate::error::LayerError;
 use crate::layers::moe::Load;
+use crate::models::llama::LlamaStage;
 use crate::optim::{DistributedAdamW, StepReport};
 use crate::params::{param_grads, param_values};
 use crate::plan::pipeline::schedule::{Action, Payload};

@@ -2,7 +2,7 @@
 //! their [`Importance`] on calibration text (`importance.rs`), keep the most important to a
 //! [`PruneTarget`] (depth: whole blocks; width: embedding channels, FFN channels, query heads
 //! within each kv group), and copy the kept rows and columns into a smaller model. The pruned
-//! model is then distilled from the original (`crate::distill`).
+//! model is then distilled from the original (`crate::posttrain::distill`).
 //!
 //! Pruning runs at tp = 1 on dense blocks; the result saves and loads at any tp like any Llama
 //! (its heads may then be narrower or wider than `d_model / n_heads`:
