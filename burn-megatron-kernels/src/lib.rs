@@ -33,6 +33,9 @@
 //!
 //! `docs/kernels.md` describes each kernel and what it measures.
 
+// `extension!` walks each op's signatures a token at a time: a deep but bounded recursion.
+#![recursion_limit = "512"]
+
 #[macro_use]
 mod extension;
 

@@ -124,13 +124,13 @@ fn scale_log2(scale: f32) -> f32 {
 
 /// With `note`, the output's amax is noted for the FP8 cast that quantizes it next
 /// (`known_amax`, on its memory as one row: the output projection reads it `[b·s, h·d]`).
-pub(super) fn forward(
+pub(super) fn attention_forward(
     q: CubeTensor,
     k: CubeTensor,
     v: CubeTensor,
     causal: bool,
     scale: f32,
-    notes: Option<&AmaxNotes>,
+    notes: Option<AmaxNotes>,
 ) -> (CubeTensor, CubeTensor) {
     let note = notes.is_some();
     let [b, h, s, d] = match check(&q, &k, &v) {
@@ -194,6 +194,21 @@ impl Tables {
         };
         (fits(&self.cos) && fits(&self.sin)).then(|| (self.cos.clone(), self.sin.clone()))
     }
+}
+
+/// `AttentionOps::attention_backward`: [`backward`] of heads the op did not rotate.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attention_backward(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    out: CubeTensor,
+    lse: CubeTensor,
+    grad: CubeTensor,
+    causal: bool,
+    scale: f32,
+) -> (CubeTensor, CubeTensor, CubeTensor) {
+    backward(q, k, v, out, lse, grad, causal, scale, None)
 }
 
 /// The gradients of q, k and v; with `tables`, of q and k before the rotation the tables give

@@ -24,12 +24,13 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 
-/// The backend extension behind [`attention`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait AttentionOps: Backend {
+extension! {
+    /// The backend extension behind [`attention`].
+    pub trait AttentionOps, cuda: launch;
+
     /// `softmax(q·kᵀ·scale [+ causal mask]) · v` and each row's `lse₂` (f32); with `note`, the
     /// output's amax noted for the FP8 cast that quantizes it next where the kernel takes it
     /// (CUDA's flash kernel: [`crate::quant::notes`]).
@@ -43,40 +44,17 @@ pub trait AttentionOps: Backend {
         causal: bool,
         scale: f32,
         note: Option<AmaxNotes>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>);
-
-    /// The gradients of q, k and v, given the forward's output and `lse₂` and the output's
-    /// gradient.
-    #[allow(clippy::too_many_arguments)]
-    fn attention_backward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        out: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        causal: bool,
-        scale: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-}
-
-impl AttentionOps for Flex {
-    fn attention_forward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        causal: bool,
-        scale: f32,
-        _note: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let t = |x| Tensor::<4>::from_primitive::<Flex>(x);
+        let t = |x| Tensor::<4>::from_primitive::<Self>(x);
         let (out, lse) = reference::forward(t(q), t(k), t(v), causal, scale);
         (
-            out.try_into_primitive::<Flex>().expect("flex"),
-            lse.try_into_primitive::<Flex>().expect("flex"),
+            out.try_into_primitive::<Self>().expect("flex"),
+            lse.try_into_primitive::<Self>().expect("flex"),
         )
     }
 
+    /// The gradients of q, k and v, given the forward's output and `lse₂` and the output's
+    /// gradient.
     fn attention_backward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -87,38 +65,11 @@ impl AttentionOps for Flex {
         causal: bool,
         scale: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let t = |x| Tensor::<4>::from_primitive::<Flex>(x);
-        let lse = Tensor::<3>::from_primitive::<Flex>(lse);
+        let t = |x| Tensor::<4>::from_primitive::<Self>(x);
+        let lse = Tensor::<3>::from_primitive::<Self>(lse);
         let (dq, dk, dv) = reference::backward(t(q), t(k), t(v), t(out), lse, t(grad), causal, scale);
-        let p = |x: Tensor<4>| x.try_into_primitive::<Flex>().expect("flex");
+        let p = |x: Tensor<4>| x.try_into_primitive::<Self>().expect("flex");
         (p(dq), p(dk), p(dv))
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl AttentionOps for burn::backend::Cube {
-    fn attention_forward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        causal: bool,
-        scale: f32,
-        note: Option<AmaxNotes>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        launch::forward(q, k, v, causal, scale, note.as_ref())
-    }
-
-    fn attention_backward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        out: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        causal: bool,
-        scale: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        launch::backward(q, k, v, out, lse, grad, causal, scale, None)
     }
 }
 

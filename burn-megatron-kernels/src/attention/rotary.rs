@@ -12,23 +12,23 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 
 use super::AttentionOps;
 use crate::quant::notes::{AmaxNotes, NoteAmaxes};
 use crate::rope::{RopeOps, RotatedHeads};
 
-/// The backend extension behind [`rotary_attention`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait RotaryAttentionOps: Backend {
+extension! {
+    /// The backend extension behind [`rotary_attention`].
+    pub trait RotaryAttentionOps, cuda: on_cuda;
+
     /// q and k rotated for positions `0..s` by the `[≥ s, d/2]` f32 tables (unless `rotated`:
     /// they arrive so, [`RotatedHeads`]), then [`AttentionOps::attention_forward`]: the output,
     /// each row's `lse₂`, and the rotated q and k (what the backward reads).
     ///
     /// # Shapes
     /// `[b, h, s, d]` × 3, `[≥ s, d/2]` × 2 → `[b, h, s, d]`, `[b, h, s]`, `[b, h, s, d]` × 2
-    #[allow(clippy::too_many_arguments)]
     fn rotary_attention_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -39,16 +39,17 @@ pub trait RotaryAttentionOps: Backend {
         scale: f32,
         note: Option<AmaxNotes>,
         rotated: bool,
-    ) -> (
+        ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
         FloatTensor<Self>,
         FloatTensor<Self>,
-    );
+    ) {
+        rotate_then_attend::<Self>(q, k, v, cos, sin, causal, scale, note, rotated)
+    }
 
     /// The gradients of the unrotated q and k, and of v, given the rotated q and k, the
     /// forward's output and `lse₂`, and the output's gradient.
-    #[allow(clippy::too_many_arguments)]
     fn rotary_attention_backward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -60,7 +61,12 @@ pub trait RotaryAttentionOps: Backend {
         sin: FloatTensor<Self>,
         causal: bool,
         scale: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (dq, dk, dv) = Self::attention_backward(q, k, v, out, lse, grad, causal, scale);
+        // A rotation's transpose is its inverse.
+        let unrotate = |x| Self::rope(x, cos.clone(), sin.clone(), true, NoteAmaxes::default());
+        (unrotate(dq), unrotate(dk), dv)
+    }
 }
 
 /// The forward as two rotations (unless q and k arrive `rotated`) and the attention, on any
@@ -86,80 +92,45 @@ fn rotate_then_attend<B: RopeOps + AttentionOps>(
     (out, lse, q, k)
 }
 
-impl RotaryAttentionOps for Flex {
-    fn rotary_attention_forward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        causal: bool,
-        scale: f32,
-        note: Option<AmaxNotes>,
-        rotated: bool,
-    ) -> (
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-    ) {
-        rotate_then_attend::<Self>(q, k, v, cos, sin, causal, scale, note, rotated)
-    }
-
-    fn rotary_attention_backward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        out: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        causal: bool,
-        scale: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let (dq, dk, dv) = Self::attention_backward(q, k, v, out, lse, grad, causal, scale);
-        // A rotation's transpose is its inverse.
-        let unrotate = |x| Self::rope(x, cos.clone(), sin.clone(), true, NoteAmaxes::default());
-        (unrotate(dq), unrotate(dk), dv)
-    }
-}
-
+/// CUDA's: the forward's two rotations and the flash kernels, the backward's kernels writing
+/// dQ and dK unrotated.
 #[cfg(feature = "cuda")]
-impl RotaryAttentionOps for burn::backend::Cube {
-    fn rotary_attention_forward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
+mod on_cuda {
+    use burn::backend::Cube;
+    use burn_cubecl::tensor::CubeTensor;
+
+    use crate::attention::launch::{Tables, backward};
+    use crate::quant::notes::AmaxNotes;
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rotary_attention_forward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        cos: CubeTensor,
+        sin: CubeTensor,
         causal: bool,
         scale: f32,
         note: Option<AmaxNotes>,
         rotated: bool,
-    ) -> (
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-    ) {
-        rotate_then_attend::<Self>(q, k, v, cos, sin, causal, scale, note, rotated)
+    ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
+        super::rotate_then_attend::<Cube>(q, k, v, cos, sin, causal, scale, note, rotated)
     }
 
-    fn rotary_attention_backward(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        out: FloatTensor<Self>,
-        lse: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rotary_attention_backward(
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        out: CubeTensor,
+        lse: CubeTensor,
+        grad: CubeTensor,
+        cos: CubeTensor,
+        sin: CubeTensor,
         causal: bool,
         scale: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let tables = super::launch::Tables { cos, sin };
-        super::launch::backward(q, k, v, out, lse, grad, causal, scale, Some(&tables))
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        backward(q, k, v, out, lse, grad, causal, scale, Some(&Tables { cos, sin }))
     }
 }
 

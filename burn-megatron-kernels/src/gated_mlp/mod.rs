@@ -19,19 +19,20 @@
 //! Legend: `m` rows (tokens), `k` input features, `n` hidden features, `o` output features.
 
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Backend, Flex, backend_extension};
 use burn::tensor::Tensor;
 
-use crate::gemm::{Gemm, GemmOps};
-use crate::quant::notes::NoteAmaxes;
+use crate::gemm::Gemm;
 use crate::rms_norm::link::NormLink;
-use crate::swiglu::SwigluOps;
 
+#[cfg(feature = "cuda")]
+mod kernel;
 mod nodes;
+pub mod reference;
 
-/// The backend extension behind [`gated_mlp`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait GatedOps: Backend {
+extension! {
+    /// The backend extension behind [`gated_mlp`].
+    pub trait GatedOps, cuda: kernel;
+
     /// `(silu(g) ∘ u, g, u)` for `g = x_gate · w_gate` and `u = x_up · w_up` with `kind`:
     /// `x_gate` and `x_up` hold the same values (one input read by two products, perhaps
     /// tracked apart).
@@ -44,7 +45,9 @@ pub trait GatedOps: Backend {
         w_gate: FloatTensor<Self>,
         w_up: FloatTensor<Self>,
         kind: Gemm,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        reference::apart::<Self>(x_gate, x_up, w_gate, w_up, kind)
+    }
 
     /// `(silu(x_gate · w_gate) ∘ (x_up · w_up)) · w_down` with `kind`.
     ///
@@ -57,7 +60,10 @@ pub trait GatedOps: Backend {
         w_up: FloatTensor<Self>,
         w_down: FloatTensor<Self>,
         kind: Gemm,
-    ) -> FloatTensor<Self>;
+    ) -> FloatTensor<Self> {
+        let (hidden, ..) = reference::apart::<Self>(x_gate, x_up, w_gate, w_up, kind);
+        reference::down::<Self>(hidden, w_down, kind, None)
+    }
 
     /// `stream + `[`gated_mlp`](Self::gated_mlp)`(..)`, the down projection added onto the
     /// residual stream in its kernel where it can, `stream`'s gradient handed to `link`'s norm
@@ -65,7 +71,6 @@ pub trait GatedOps: Backend {
     ///
     /// # Shapes
     /// `[.., o]`, `[m, k]` × 2, `[k, n]` × 2, `[n, o]` → `[.., o]`
-    #[allow(clippy::too_many_arguments)]
     fn gated_mlp_onto(
         stream: FloatTensor<Self>,
         x_gate: FloatTensor<Self>,
@@ -75,7 +80,10 @@ pub trait GatedOps: Backend {
         w_down: FloatTensor<Self>,
         kind: Gemm,
         link: NormLink,
-    ) -> FloatTensor<Self>;
+    ) -> FloatTensor<Self> {
+        let (hidden, ..) = reference::apart::<Self>(x_gate, x_up, w_gate, w_up, kind);
+        reference::down::<Self>(hidden, w_down, kind, Some((stream, link)))
+    }
 
     /// `(silu(gate) ∘ up) · w_down` with `kind`: the down projection of a SwiGLU whose inputs
     /// are at hand (selective recomputation's MLP, `gated_mlp`'s where its products are not
@@ -88,7 +96,9 @@ pub trait GatedOps: Backend {
         up: FloatTensor<Self>,
         w_down: FloatTensor<Self>,
         kind: Gemm,
-    ) -> FloatTensor<Self>;
+    ) -> FloatTensor<Self> {
+        reference::swiglu_then_down::<Self>(gate, up, w_down, kind)
+    }
 
     /// The gradients of `gate` and `up` through `(silu(gate) ∘ up) · w_down`, given its output's
     /// gradient `grad`, with `kind`.
@@ -101,165 +111,8 @@ pub trait GatedOps: Backend {
         gate: FloatTensor<Self>,
         up: FloatTensor<Self>,
         kind: Gemm,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>);
-}
-
-/// The two products and the SwiGLU, each its own op.
-fn apart<B: GemmOps + SwigluOps>(
-    x_gate: FloatTensor<B>,
-    x_up: FloatTensor<B>,
-    w_gate: FloatTensor<B>,
-    w_up: FloatTensor<B>,
-    kind: Gemm,
-) -> (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) {
-    let (gate, up) = (B::gemm(x_gate, w_gate, kind), B::gemm(x_up, w_up, kind));
-    (B::swiglu(gate.clone(), up.clone(), NoteAmaxes::default()), gate, up)
-}
-
-/// The gated projection, then the down projection of its SwiGLU, onto the residual stream
-/// where given.
-fn projected_then_down<B: GatedOps + GemmOps>(
-    x_gate: FloatTensor<B>,
-    x_up: FloatTensor<B>,
-    w_gate: FloatTensor<B>,
-    w_up: FloatTensor<B>,
-    w_down: FloatTensor<B>,
-    kind: Gemm,
-    onto: Option<(FloatTensor<B>, NormLink)>,
-) -> FloatTensor<B> {
-    let (hidden, ..) = B::gated_projection(x_gate, x_up, w_gate, w_up, kind);
-    down::<B>(hidden, w_down, kind, onto)
-}
-
-/// `hidden · w_down`, onto the residual stream where given.
-fn down<B: GemmOps>(
-    hidden: FloatTensor<B>,
-    w_down: FloatTensor<B>,
-    kind: Gemm,
-    onto: Option<(FloatTensor<B>, NormLink)>,
-) -> FloatTensor<B> {
-    match onto {
-        Some((x, link)) => B::gemm_onto(x, hidden, w_down, kind, link),
-        None => B::gemm(hidden, w_down, kind),
-    }
-}
-
-/// The SwiGLU, then the down projection, each its own op.
-fn swiglu_then_down<B: GemmOps + SwigluOps>(
-    gate: FloatTensor<B>,
-    up: FloatTensor<B>,
-    w_down: FloatTensor<B>,
-    kind: Gemm,
-) -> FloatTensor<B> {
-    B::gemm(B::swiglu(gate, up, NoteAmaxes::default()), w_down, kind)
-}
-
-/// The down projection's data gradient, then the SwiGLU's backward, each its own op.
-fn down_backward_apart<B: GemmOps + SwigluOps>(
-    grad: FloatTensor<B>,
-    w_down: FloatTensor<B>,
-    gate: FloatTensor<B>,
-    up: FloatTensor<B>,
-    kind: Gemm,
-) -> (FloatTensor<B>, FloatTensor<B>) {
-    let hidden_grad = B::gemm(grad, B::float_transpose(w_down), kind);
-    B::swiglu_backward(gate, up, hidden_grad, None)
-}
-
-/// The ops that compose the others, alike on every backend but autodiff: the gated projection,
-/// then the down projection (onto the residual stream where given); the SwiGLU, then the down
-/// projection.
-macro_rules! compositions {
-    () => {
-        fn gated_mlp(
-            x_gate: FloatTensor<Self>,
-            x_up: FloatTensor<Self>,
-            w_gate: FloatTensor<Self>,
-            w_up: FloatTensor<Self>,
-            w_down: FloatTensor<Self>,
-            kind: Gemm,
-        ) -> FloatTensor<Self> {
-            projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind, None)
-        }
-
-        fn gated_mlp_onto(
-            stream: FloatTensor<Self>,
-            x_gate: FloatTensor<Self>,
-            x_up: FloatTensor<Self>,
-            w_gate: FloatTensor<Self>,
-            w_up: FloatTensor<Self>,
-            w_down: FloatTensor<Self>,
-            kind: Gemm,
-            link: NormLink,
-        ) -> FloatTensor<Self> {
-            projected_then_down::<Self>(x_gate, x_up, w_gate, w_up, w_down, kind, Some((stream, link)))
-        }
-
-        fn swiglu_down(
-            gate: FloatTensor<Self>,
-            up: FloatTensor<Self>,
-            w_down: FloatTensor<Self>,
-            kind: Gemm,
-        ) -> FloatTensor<Self> {
-            swiglu_then_down::<Self>(gate, up, w_down, kind)
-        }
-    };
-}
-
-impl GatedOps for Flex {
-    fn gated_projection(
-        x_gate: FloatTensor<Self>,
-        x_up: FloatTensor<Self>,
-        w_gate: FloatTensor<Self>,
-        w_up: FloatTensor<Self>,
-        kind: Gemm,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        apart::<Self>(x_gate, x_up, w_gate, w_up, kind)
-    }
-
-    compositions!();
-
-    fn gated_down_backward(
-        grad: FloatTensor<Self>,
-        w_down: FloatTensor<Self>,
-        gate: FloatTensor<Self>,
-        up: FloatTensor<Self>,
-        kind: Gemm,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        down_backward_apart::<Self>(grad, w_down, gate, up, kind)
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl GatedOps for burn::backend::Cube {
-    fn gated_projection(
-        x_gate: FloatTensor<Self>,
-        x_up: FloatTensor<Self>,
-        w_gate: FloatTensor<Self>,
-        w_up: FloatTensor<Self>,
-        kind: Gemm,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let fused = match kind {
-            Gemm::Wgmma => crate::cuda::wgmma::gated_gemm(x_gate.clone(), w_gate.clone(), w_up.clone()),
-            Gemm::Burn | Gemm::Quantized(_) => None,
-        };
-        fused.unwrap_or_else(|| apart::<Self>(x_gate, x_up, w_gate, w_up, kind))
-    }
-
-    compositions!();
-
-    fn gated_down_backward(
-        grad: FloatTensor<Self>,
-        w_down: FloatTensor<Self>,
-        gate: FloatTensor<Self>,
-        up: FloatTensor<Self>,
-        kind: Gemm,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let fused = match kind {
-            Gemm::Wgmma => crate::cuda::wgmma::gated_dgrad(grad.clone(), w_down.clone(), gate.clone(), up.clone()),
-            Gemm::Burn | Gemm::Quantized(_) => None,
-        };
-        fused.unwrap_or_else(|| down_backward_apart::<Self>(grad, w_down, gate, up, kind))
+        reference::down_backward_apart::<Self>(grad, w_down, gate, up, kind)
     }
 }
 

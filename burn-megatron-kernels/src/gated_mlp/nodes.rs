@@ -11,7 +11,8 @@ use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, TensorMetadata};
 
-use super::{GatedOps, down};
+use super::GatedOps;
+use super::reference::down;
 use crate::gemm::{Gemm, GemmOps, gemm_node};
 use crate::quant::notes::NoteAmaxes;
 use crate::rms_norm::link::{NormLink, residual_node};

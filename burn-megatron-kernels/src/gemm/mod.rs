@@ -14,17 +14,19 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, binary};
 use burn::backend::ops::FloatTensorOps;
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, Backend, Flex, TensorMetadata, backend_extension};
+use burn::backend::{Autodiff, Backend, TensorMetadata};
 use burn::config::Config;
 use burn::tensor::Tensor;
 
-use crate::quant::notes::NoteAmaxes;
 use crate::quant::product::Amax;
 use crate::quant::recipe::Recipe;
 use crate::rms_norm::link::{NormLink, residual_node};
-use crate::rope::{RopeOps, RotatedHeads};
+use crate::rope::RotatedHeads;
 
 pub mod f32_matmul;
+#[cfg(feature = "cuda")]
+mod kernel;
+pub mod reference;
 #[cfg(feature = "cuda")]
 mod skinny;
 
@@ -57,11 +59,14 @@ impl Gemm {
     }
 }
 
-/// The backend extension behind [`gemm`] and [`linear`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait GemmOps: Backend {
+extension! {
+    /// The backend extension behind [`gemm`] and [`linear`].
+    pub trait GemmOps, cuda: kernel;
+
     /// `[m, k] · [k, n] → [m, n]` with `kind`; operands may be transposed views.
-    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, kind: Gemm) -> FloatTensor<Self>;
+    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, kind: Gemm) -> FloatTensor<Self> {
+        Self::float_matmul(lhs, rhs)
+    }
 
     /// `x + lhs · rhs` with `kind`: a residual stream plus a branch's last product, `x` added in
     /// the product's epilogue where `kind`'s kernel can ([`crate::cuda::wgmma::gemm_onto`]), and `x`'s
@@ -76,7 +81,10 @@ pub trait GemmOps: Backend {
         rhs: FloatTensor<Self>,
         kind: Gemm,
         link: NormLink,
-    ) -> FloatTensor<Self>;
+    ) -> FloatTensor<Self> {
+        let shape = x.shape();
+        Self::float_add(x, Self::float_reshape(Self::float_matmul(lhs, rhs), shape))
+    }
 
     /// `lhs · rhs` with `kind`, each `d = 2 · cos.dims[1]` columns a head rotated by RoPE for
     /// position `row % seq` ([`crate::rope::RopeOps::rope`] on the `[m/seq, n/d, seq, d]`
@@ -93,104 +101,8 @@ pub trait GemmOps: Backend {
         sin: FloatTensor<Self>,
         seq: usize,
         kind: Gemm,
-    ) -> FloatTensor<Self>;
-}
-
-/// `y`'s heads (`[m, n]`, each `d = 2 · cos.dims[1]` columns one, rows `[m/seq, seq]`) rotated
-/// by RoPE's kernel or twin: a product's rotation where its epilogue does not.
-fn rotate_heads<B: RopeOps>(y: FloatTensor<B>, cos: FloatTensor<B>, sin: FloatTensor<B>, seq: usize) -> FloatTensor<B> {
-    let [m, n] = [y.shape()[0], y.shape()[1]];
-    let d = 2 * cos.shape()[1];
-    let heads = B::float_swap_dims(B::float_reshape(y, [m / seq, seq, n / d, d].into()), 1, 2);
-    let rotated = B::rope(heads, cos, sin, false, NoteAmaxes::default());
-    B::float_reshape(B::float_swap_dims(rotated, 1, 2), [m, n].into())
-}
-
-impl GemmOps for Flex {
-    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, _kind: Gemm) -> FloatTensor<Self> {
-        Flex::float_matmul(lhs, rhs)
-    }
-
-    fn gemm_onto(
-        x: FloatTensor<Self>,
-        lhs: FloatTensor<Self>,
-        rhs: FloatTensor<Self>,
-        _kind: Gemm,
-        _link: NormLink,
     ) -> FloatTensor<Self> {
-        let shape = x.shape();
-        Flex::float_add(x, Flex::float_reshape(Flex::float_matmul(lhs, rhs), shape))
-    }
-
-    fn gemm_rotated(
-        lhs: FloatTensor<Self>,
-        rhs: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        seq: usize,
-        _kind: Gemm,
-    ) -> FloatTensor<Self> {
-        rotate_heads::<Self>(Flex::float_matmul(lhs, rhs), cos, sin, seq)
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl GemmOps for burn::backend::Cube {
-    fn gemm(lhs: FloatTensor<Self>, rhs: FloatTensor<Self>, kind: Gemm) -> FloatTensor<Self> {
-        use burn::backend::Cube;
-        use burn::tensor::DType;
-        let bf16 = lhs.dtype == DType::BF16 && rhs.dtype == DType::BF16;
-        match kind {
-            // A few rows (decoding): bound by reading the weight, which 128-row tiles spread
-            // over too few blocks.
-            Gemm::Wgmma if bf16 => crate::gemm::skinny::gemm(&lhs, &rhs).unwrap_or_else(|| {
-                crate::cuda::wgmma::gemm(lhs.clone(), rhs.clone(), crate::cuda::wgmma::Schedule::Persistent)
-                    .unwrap_or_else(|_| Cube::float_matmul(lhs, rhs))
-            }),
-            _ if lhs.dtype == DType::F32 && rhs.dtype == DType::F32 => crate::gemm::f32_matmul::cuda::matmul(lhs, rhs),
-            Gemm::Wgmma | Gemm::Burn | Gemm::Quantized(_) => Cube::float_matmul(lhs, rhs),
-        }
-    }
-
-    fn gemm_onto(
-        x: FloatTensor<Self>,
-        lhs: FloatTensor<Self>,
-        rhs: FloatTensor<Self>,
-        kind: Gemm,
-        _link: NormLink,
-    ) -> FloatTensor<Self> {
-        use burn::backend::Cube;
-        let shape = x.shape();
-        let flat = [lhs.meta.shape()[0], rhs.meta.shape()[1]];
-        // A few rows (decoding) take the skinny product and an add.
-        let fused = match kind {
-            Gemm::Wgmma if flat[0] > crate::gemm::skinny::MAX_ROWS => {
-                crate::cuda::wgmma::gemm_onto(Cube::float_reshape(x.clone(), flat.into()), lhs.clone(), rhs.clone())
-            }
-            Gemm::Wgmma | Gemm::Burn | Gemm::Quantized(_) => None,
-        };
-        match fused {
-            Some(sum) => Cube::float_reshape(sum, shape),
-            None => Cube::float_add(x, Cube::float_reshape(Self::gemm(lhs, rhs, kind), shape)),
-        }
-    }
-
-    fn gemm_rotated(
-        lhs: FloatTensor<Self>,
-        rhs: FloatTensor<Self>,
-        cos: FloatTensor<Self>,
-        sin: FloatTensor<Self>,
-        seq: usize,
-        kind: Gemm,
-    ) -> FloatTensor<Self> {
-        // A few rows (decoding) take the skinny product and RoPE's kernel.
-        let fused = match kind {
-            Gemm::Wgmma if lhs.meta.shape()[0] > crate::gemm::skinny::MAX_ROWS => {
-                crate::cuda::wgmma::gemm_rotated(lhs.clone(), rhs.clone(), cos.clone(), sin.clone(), seq)
-            }
-            Gemm::Wgmma | Gemm::Burn | Gemm::Quantized(_) => None,
-        };
-        fused.unwrap_or_else(|| rotate_heads::<Self>(Self::gemm(lhs, rhs, kind), cos, sin, seq))
+        reference::rotate_heads::<Self>(Self::float_matmul(lhs, rhs), cos, sin, seq)
     }
 }
 
@@ -361,7 +273,7 @@ pub fn linear_onto<const D: usize>(
     link: &NormLink,
 ) -> Tensor<D> {
     if let Gemm::Quantized(_) = kind {
-        return crate::rms_norm::link::residual_add(stream, linear(x, weight, None, kind), link);
+        return crate::rms_norm::residual_add(stream, linear(x, weight, None, kind), link);
     }
     let k = x.dims()[D - 1];
     let rows = x.dims()[..D - 1].iter().product();

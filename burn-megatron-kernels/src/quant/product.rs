@@ -23,7 +23,7 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, Flex};
 use burn::tensor::{DType, Tensor};
 
 use super::fake::{draws, fake_quantize, hadamard};
@@ -182,9 +182,10 @@ impl AmaxGroup for AmaxNotes {
     }
 }
 
-/// The backend extension behind [`product`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait QuantOps: Backend {
+extension! {
+    /// The backend extension behind [`product`].
+    pub trait QuantOps, cuda: on_cuda;
+
     /// `q(a) · q(b)ᵀ` with `recipe`'s quantizers for `pass`, tensor-level amaxes reduced over
     /// `amax`: `[m, k]`, `[n, k]` → `[m, n]` in `a`'s dtype.
     fn quantized_product(
@@ -193,8 +194,17 @@ pub trait QuantOps: Backend {
         recipe: Recipe,
         pass: Pass,
         amax: Amax,
-    ) -> FloatTensor<Self>;
+    ) -> FloatTensor<Self> {
+        let t = |x| Tensor::<2>::from_primitive::<Flex>(x);
+        emulate(t(a), t(b), recipe, pass, &amax)
+            .try_into_primitive::<Flex>()
+            .expect("a CPU tensor")
+    }
 }
+
+/// CUDA's product: on FP8 codes ([`crate::quant::kernels::fp8`]).
+#[cfg(feature = "cuda")]
+use crate::quant::kernels::fp8 as on_cuda;
 
 /// The plain backends' side of the product's backward ([`QuantOps`] on `Autodiff`): what the
 /// forward keeps of each operand, and the gradients from what it kept. Keeping the operand in
@@ -322,21 +332,6 @@ fn seed(x: &Tensor<2>) -> u64 {
     values.iter().fold(((r as u64) << 32) ^ c as u64, |h, v| {
         h.rotate_left(17) ^ v.to_bits() as u64
     })
-}
-
-impl QuantOps for Flex {
-    fn quantized_product(
-        a: FloatTensor<Self>,
-        b: FloatTensor<Self>,
-        recipe: Recipe,
-        pass: Pass,
-        amax: Amax,
-    ) -> FloatTensor<Self> {
-        let t = |x| Tensor::<2>::from_primitive::<Flex>(x);
-        emulate(t(a), t(b), recipe, pass, &amax)
-            .try_into_primitive::<Flex>()
-            .expect("a CPU tensor")
-    }
 }
 
 impl QuantGrads for Flex {

@@ -9,10 +9,11 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 use half::{bf16, f16};
 
+use super::link::{FanOut, NormLink};
 use super::reference;
 use crate::cuda::launch::{compact_input, compact_output, launch_float};
 use crate::cuda::reduce::{block_max, block_sum, hsum, vector_max};
-use crate::quant::notes::AmaxNotes;
+use crate::quant::notes::{AmaxNotes, NoteAmaxes};
 
 /// Threads a block: 8 warps.
 const THREADS: u32 = 256;
@@ -234,14 +235,17 @@ fn row_shape(x: &CubeTensor) -> Shape {
     Shape::from(dims)
 }
 
-/// RMSNorm's `(y, rstd)`; with `note`, `y`'s rows' maxima noted for the cast that quantizes it
+/// RMSNorm's `(y, rstd)` (the link's gradients come in the backward); with `notes.output`,
+/// `y`'s rows' maxima noted for the cast that quantizes it
 /// ([`known_amax`]).
-pub(crate) fn forward(
+pub(crate) fn rms_norm(
     x: CubeTensor,
     weight: CubeTensor,
     epsilon: f32,
-    notes: Option<&AmaxNotes>,
+    notes: NoteAmaxes,
+    _link: Option<NormLink>,
 ) -> (CubeTensor, CubeTensor) {
+    let notes = notes.output.as_ref();
     let note = notes.is_some();
     let (Some((rows, columns, vector)), Some(xc), Some(wc)) = (
         layout(&x, &weight),
@@ -283,6 +287,41 @@ pub(crate) fn forward(
         notes.lock().record_maxima(&y, maxima);
     }
     (y, rstd)
+}
+
+/// `RmsNormOps::rms_norm_backward`: [`backward`] with nothing handed over.
+pub(crate) fn rms_norm_backward(
+    x: CubeTensor,
+    weight: CubeTensor,
+    rstd: CubeTensor,
+    grad: CubeTensor,
+    note: Option<AmaxNotes>,
+) -> (CubeTensor, CubeTensor) {
+    backward(x, weight, rstd, grad, Vec::new(), None, note.as_ref())
+}
+
+/// `RmsNormOps::rms_norm_backward_linked`: [`backward`] adding what `link` holds.
+pub(crate) fn rms_norm_backward_linked(
+    x: CubeTensor,
+    weight: CubeTensor,
+    rstd: CubeTensor,
+    grad: CubeTensor,
+    link: NormLink,
+    note: Option<AmaxNotes>,
+) -> (CubeTensor, CubeTensor) {
+    let handed = link.lock().take::<CubeTensor>();
+    backward(x, weight, rstd, grad, handed.uses, handed.residual, note.as_ref())
+}
+
+/// `RmsNormOps::residual_add` off autodiff: the sum (nothing to hand over).
+pub(crate) fn residual_add(x: CubeTensor, branch: CubeTensor, _link: NormLink) -> CubeTensor {
+    use burn::backend::ops::FloatTensorOps;
+    Cube::float_add(x, branch)
+}
+
+/// `RmsNormOps::fan_out_use` off autodiff: `x` itself.
+pub(crate) fn fan_out_use(x: CubeTensor, _fan: FanOut) -> CubeTensor {
+    x
 }
 
 /// RMSNorm's `(dx, dw)` from the output gradient `grad` plus `uses`, `dx` plus `residual` where

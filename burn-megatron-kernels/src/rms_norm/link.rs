@@ -27,9 +27,6 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend};
-use burn::tensor::Tensor;
-
-use crate::rms_norm::RmsNormOps;
 
 /// Where the ops around one RMSNorm ([`crate::rms_norm::rms_norm_linked`]) hand it gradients
 /// to add in its backward: see the module docs.
@@ -180,45 +177,23 @@ pub(crate) fn fan_out_use_tracked<B: Backend, C: CheckpointStrategy>(
     }
 }
 
-/// `x + branch`, where `branch` is computed from the output of `x`'s
-/// [`rms_norm_linked`](crate::rms_norm::rms_norm_linked) with the same `link`: `x`'s gradient
-/// then reaches `x` through that norm's backward, added by its kernel.
-///
-/// # Shapes
-/// both of one shape
-pub fn residual_add<const D: usize>(x: Tensor<D>, branch: Tensor<D>, link: &NormLink) -> Tensor<D> {
-    Tensor::from_dispatch(<burn::backend::Dispatch as RmsNormOps>::residual_add(
-        x.into_dispatch(),
-        branch.into_dispatch(),
-        link.clone(),
-    ))
-}
-
-/// `x` for `n` readers (the products that share a norm's output): where `x` is the own output
-/// of `link`'s norm, the readers' gradients after the first are added by the norm's backward
-/// kernel instead of by autodiff; elsewhere (no link, or `x` another tensor: a mapping of the
-/// output over tp) `n` handles of `x`.
-pub fn fan_out<const D: usize>(x: Tensor<D>, n: usize, link: Option<&NormLink>) -> Vec<Tensor<D>> {
-    let fan = FanOut {
-        link: link.cloned(),
-        registered: Arc::default(),
-    };
-    (0..n)
-        .map(|_| {
-            Tensor::from_dispatch(<burn::backend::Dispatch as RmsNormOps>::fan_out_use(
-                x.clone().into_dispatch(),
-                fan.clone(),
-            ))
-        })
-        .collect()
+impl FanOut {
+    /// The readers of one fan-out of the output of `link`'s norm, if any.
+    pub(crate) fn new(link: Option<&NormLink>) -> Self {
+        Self {
+            link: link.cloned(),
+            registered: Arc::default(),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use burn::tensor::{Device, Distribution, Tensor, Tolerance};
 
-    use super::{NormLink, fan_out, residual_add};
+    use super::NormLink;
     use crate::quant::notes::NoteAmaxes;
+    use crate::rms_norm::{fan_out, residual_add};
     use crate::rms_norm::{rms_norm, rms_norm_linked};
 
     /// A pre-norm block's half, `h = x + (rms_norm(x) ∘ v)`, with the norm linked to the residual

@@ -17,7 +17,7 @@ use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::backend::tensor::FloatTensor;
-use burn::backend::{Autodiff, AutodiffBackend, Backend, Flex, backend_extension};
+use burn::backend::{Autodiff, AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 
 use crate::quant::notes::{AmaxNotes, NoteAmaxes};
@@ -29,9 +29,10 @@ pub mod link;
 pub(crate) mod kernel;
 pub mod reference;
 
-/// The backend extension behind [`rms_norm`].
-#[backend_extension(Flex, Cube: cfg(feature = "cuda"), Autodiff)]
-pub trait RmsNormOps: Backend {
+extension! {
+    /// The backend extension behind [`rms_norm`].
+    pub trait RmsNormOps, cuda: kernel;
+
     /// `(y, rstd)` for `x` `[.., c]` and `weight` `[c]`; `y`'s amax noted where
     /// `notes.output` asks, the input gradient's where `notes.input_grads` does; the gradients
     /// handed over through `link` added in the backward.
@@ -41,7 +42,9 @@ pub trait RmsNormOps: Backend {
         epsilon: f32,
         notes: NoteAmaxes,
         link: Option<NormLink>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        reference::forward::<Self>(x, weight, epsilon)
+    }
 
     /// The gradients of `x` (its amax noted where `note`) and of `weight` given the output's.
     fn rms_norm_backward(
@@ -50,7 +53,9 @@ pub trait RmsNormOps: Backend {
         rstd: FloatTensor<Self>,
         grad: FloatTensor<Self>,
         note: Option<AmaxNotes>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        reference::backward::<Self>(x, weight, rstd, grad, Vec::new(), None)
+    }
 
     /// [`rms_norm_backward`](Self::rms_norm_backward) with what `link` holds (this backend's
     /// float primitives, taken out of it) added: its readers' gradients to `grad`, the residual
@@ -62,99 +67,20 @@ pub trait RmsNormOps: Backend {
         grad: FloatTensor<Self>,
         link: NormLink,
         note: Option<AmaxNotes>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let handed = link.lock().take::<FloatTensor<Self>>();
+        reference::backward::<Self>(x, weight, rstd, grad, handed.uses, handed.residual)
+    }
 
     /// `x + branch`; differentiated, `x`'s gradient goes to `link`'s norm
-    /// ([`crate::rms_norm::link::residual_add`]).
-    fn residual_add(x: FloatTensor<Self>, branch: FloatTensor<Self>, link: NormLink) -> FloatTensor<Self>;
-
-    /// `x` for one of `fan`'s readers ([`crate::rms_norm::link::fan_out`]).
-    fn fan_out_use(x: FloatTensor<Self>, fan: FanOut) -> FloatTensor<Self>;
-}
-
-impl RmsNormOps for Flex {
-    fn rms_norm(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        epsilon: f32,
-        _: NoteAmaxes,
-        _: Option<NormLink>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        reference::forward::<Flex>(x, weight, epsilon)
-    }
-
-    fn rms_norm_backward(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        rstd: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        _: Option<AmaxNotes>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        reference::backward::<Flex>(x, weight, rstd, grad, Vec::new(), None)
-    }
-
-    fn rms_norm_backward_linked(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        rstd: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        link: NormLink,
-        _: Option<AmaxNotes>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let handed = link.lock().take::<FloatTensor<Self>>();
-        reference::backward::<Flex>(x, weight, rstd, grad, handed.uses, handed.residual)
-    }
-
-    fn residual_add(x: FloatTensor<Self>, branch: FloatTensor<Self>, _: NormLink) -> FloatTensor<Self> {
-        use burn::backend::ops::FloatTensorOps;
-        Flex::float_add(x, branch)
-    }
-
-    fn fan_out_use(x: FloatTensor<Self>, _: FanOut) -> FloatTensor<Self> {
-        x
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl RmsNormOps for burn::backend::Cube {
-    fn rms_norm(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        epsilon: f32,
-        notes: NoteAmaxes,
-        _: Option<NormLink>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        kernel::forward(x, weight, epsilon, notes.output.as_ref())
-    }
-
-    fn rms_norm_backward(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        rstd: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        note: Option<AmaxNotes>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        kernel::backward(x, weight, rstd, grad, Vec::new(), None, note.as_ref())
-    }
-
-    fn rms_norm_backward_linked(
-        x: FloatTensor<Self>,
-        weight: FloatTensor<Self>,
-        rstd: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        link: NormLink,
-        note: Option<AmaxNotes>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let handed = link.lock().take::<FloatTensor<Self>>();
-        kernel::backward(x, weight, rstd, grad, handed.uses, handed.residual, note.as_ref())
-    }
-
-    fn residual_add(x: FloatTensor<Self>, branch: FloatTensor<Self>, _: NormLink) -> FloatTensor<Self> {
+    /// ([`residual_add`](crate::rms_norm::residual_add)).
+    fn residual_add(x: FloatTensor<Self>, branch: FloatTensor<Self>, link: NormLink) -> FloatTensor<Self> {
         use burn::backend::ops::FloatTensorOps;
         Self::float_add(x, branch)
     }
 
-    fn fan_out_use(x: FloatTensor<Self>, _: FanOut) -> FloatTensor<Self> {
+    /// `x` for one of `fan`'s readers ([`fan_out`](crate::rms_norm::fan_out)).
+    fn fan_out_use(x: FloatTensor<Self>, fan: FanOut) -> FloatTensor<Self> {
         x
     }
 }
@@ -310,6 +236,36 @@ fn norm<const D: usize>(
         link,
     );
     Tensor::from_dispatch(y)
+}
+
+/// `x + branch`, where `branch` is computed from the output of `x`'s
+/// [`rms_norm_linked`](crate::rms_norm::rms_norm_linked) with the same `link`: `x`'s gradient
+/// then reaches `x` through that norm's backward, added by its kernel.
+///
+/// # Shapes
+/// both of one shape
+pub fn residual_add<const D: usize>(x: Tensor<D>, branch: Tensor<D>, link: &NormLink) -> Tensor<D> {
+    Tensor::from_dispatch(<burn::backend::Dispatch as RmsNormOps>::residual_add(
+        x.into_dispatch(),
+        branch.into_dispatch(),
+        link.clone(),
+    ))
+}
+
+/// `x` for `n` readers (the products that share a norm's output): where `x` is the own output
+/// of `link`'s norm, the readers' gradients after the first are added by the norm's backward
+/// kernel instead of by autodiff; elsewhere (no link, or `x` another tensor: a mapping of the
+/// output over tp) `n` handles of `x`.
+pub fn fan_out<const D: usize>(x: Tensor<D>, n: usize, link: Option<&NormLink>) -> Vec<Tensor<D>> {
+    let fan = FanOut::new(link);
+    (0..n)
+        .map(|_| {
+            Tensor::from_dispatch(<burn::backend::Dispatch as RmsNormOps>::fan_out_use(
+                x.clone().into_dispatch(),
+                fan.clone(),
+            ))
+        })
+        .collect()
 }
 
 #[cfg(test)]

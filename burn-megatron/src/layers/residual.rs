@@ -7,7 +7,7 @@
 //! product's kernel where it can.
 
 use burn::tensor::Tensor;
-use burn_megatron_kernels::rms_norm::link::{NormLink, fan_out, residual_add};
+use burn_megatron_kernels::rms_norm::{fan_out, link::NormLink, residual_add};
 
 /// The residual stream `x` a branch's output goes back into, linked to the norm that read it.
 #[derive(Clone, Debug)]

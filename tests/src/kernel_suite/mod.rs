@@ -261,8 +261,8 @@ pub fn swiglu(h: &Harness) {
 /// kernel against the same formula's.
 pub fn rms_norm(h: &Harness) {
     use burn_megatron_kernels::quant::notes::NoteAmaxes;
-    use burn_megatron_kernels::rms_norm::link::{NormLink, fan_out, residual_add};
     use burn_megatron_kernels::rms_norm::rms_norm_linked;
+    use burn_megatron_kernels::rms_norm::{fan_out, link::NormLink, residual_add};
     let device = h.device(0).autodiff();
     for dtype in [DType::F32, DType::BF16] {
         for dims in [

@@ -186,7 +186,7 @@ pub fn amax_notes(h: &Harness) {
     use burn_megatron_kernels::quant::notes::{AmaxNotes, NoteAmaxes};
     use burn_megatron_kernels::quant::product::product;
     use burn_megatron_kernels::quant::recipe::Recipe;
-    use burn_megatron_kernels::rms_norm::link::{NormLink, residual_add};
+    use burn_megatron_kernels::rms_norm::{link::NormLink, residual_add};
     use burn_megatron_kernels::rms_norm::{rms_norm_linked, rms_norm_noting};
     use burn_megatron_kernels::rope::rope_noting;
     use burn_megatron_kernels::swiglu::{swiglu, swiglu_noting};

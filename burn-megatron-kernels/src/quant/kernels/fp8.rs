@@ -294,39 +294,34 @@ fn asked(codes: Option<Codes>) -> Codes {
     codes.expect("quantize writes every layout it is asked for")
 }
 
-impl QuantOps for Cube {
-    fn quantized_product(
-        a: FloatTensor<Self>,
-        b: FloatTensor<Self>,
-        recipe: Recipe,
-        pass: Pass,
-        amax: Amax,
-    ) -> FloatTensor<Self> {
-        if !on_codes(recipe, a.meta.shape()[1]) {
-            // Emulated; bf16 operands multiplied in bf16 on our GEMM (MX and NVFP4 values are
-            // exact in bf16; f32 block scales round to its 8 bits, inside the format's step).
-            let t = |x| Tensor::<2>::from_primitive::<Cube>(x);
-            let dtype = a.dtype;
-            let (a, b) = quantized_operands(t(a), t(b), recipe, pass, &amax);
-            let out = match dtype {
-                DType::BF16 => crate::gemm(a.cast(DType::BF16), b.cast(DType::BF16).transpose(), crate::Gemm::Wgmma),
-                other => crate::gemm::f32_matmul::matmul(a, b.transpose()).cast(other),
-            };
-            return out.try_into_primitive::<Cube>().expect("a CUDA tensor");
-        }
-        let (qa, qb) = recipe.operands(pass);
+/// `QuantOps::quantized_product` on CUDA: on FP8 codes where the recipe's formats and the inner
+/// size allow, emulated (quantized and dequantized values multiplied in the operands' dtype)
+/// elsewhere.
+pub(crate) fn quantized_product(a: CubeTensor, b: CubeTensor, recipe: Recipe, pass: Pass, amax: Amax) -> CubeTensor {
+    if !on_codes(recipe, a.meta.shape()[1]) {
+        // Emulated; bf16 operands multiplied in bf16 on our GEMM (MX and NVFP4 values are
+        // exact in bf16; f32 block scales round to its 8 bits, inside the format's step).
+        let t = |x| Tensor::<2>::from_primitive::<Cube>(x);
         let dtype = a.dtype;
-        let a = quantize(a, qa, &amax, Operand { pass, a: true }, DIRECT);
-        let b = quantize(b, qb, &amax, Operand { pass, a: false }, DIRECT);
-        gemm_in(
-            pass,
-            recipe,
-            asked(a.direct),
-            asked(b.direct),
-            (qa.format, qb.format),
-            dtype,
-        )
+        let (a, b) = quantized_operands(t(a), t(b), recipe, pass, &amax);
+        let out = match dtype {
+            DType::BF16 => crate::gemm(a.cast(DType::BF16), b.cast(DType::BF16).transpose(), crate::Gemm::Wgmma),
+            other => crate::gemm::f32_matmul::matmul(a, b.transpose()).cast(other),
+        };
+        return out.try_into_primitive::<Cube>().expect("a CUDA tensor");
     }
+    let (qa, qb) = recipe.operands(pass);
+    let dtype = a.dtype;
+    let a = quantize(a, qa, &amax, Operand { pass, a: true }, DIRECT);
+    let b = quantize(b, qb, &amax, Operand { pass, a: false }, DIRECT);
+    gemm_in(
+        pass,
+        recipe,
+        asked(a.direct),
+        asked(b.direct),
+        (qa.format, qb.format),
+        dtype,
+    )
 }
 
 impl QuantGrads for Cube {
