@@ -3,7 +3,6 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::tensor::{Device, Tensor};
-use burn_megatron_dist::mappings::copy_to_tp;
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::quant::notes::{AmaxNotes, NoteAmaxes};
 use burn_megatron_kernels::rms_norm::link::NormLink;
@@ -103,10 +102,7 @@ impl RmsNorm {
 
     /// The weight as this rank's rows see it (sequence parallelism: its gradient summed over tp).
     fn weight(&self) -> Result<Tensor<1>, LayerError> {
-        Ok(match self.sequence {
-            SequenceLayout::Sharded => copy_to_tp(self.weight.val(), &self.tp)?,
-            SequenceLayout::Whole => self.weight.val(),
-        })
+        Ok(self.sequence.replicated(self.weight.val(), &self.tp)?)
     }
 }
 

@@ -102,10 +102,7 @@ impl TensorParallelLayer for RmsNormConfig {
 impl TensorParallelLayer for ColumnParallelLinearConfig {
     fn plan_tensor(&mut self, tp: usize, sequence: SequenceLayout) -> Result<(), ConfigError> {
         divisible("d_output", self.d_output, tp)?;
-        self.input = match sequence {
-            SequenceLayout::Sharded => ColumnInput::SequenceSharded,
-            SequenceLayout::Whole => ColumnInput::Replicated,
-        };
+        self.input = ColumnInput::from(sequence);
         Ok(())
     }
 }
@@ -115,10 +112,7 @@ impl TensorParallelLayer for ColumnParallelLinearConfig {
 impl TensorParallelLayer for RowParallelLinearConfig {
     fn plan_tensor(&mut self, tp: usize, sequence: SequenceLayout) -> Result<(), ConfigError> {
         divisible("d_input", self.d_input, tp)?;
-        self.output = match sequence {
-            SequenceLayout::Sharded => RowOutput::SequenceScattered,
-            SequenceLayout::Whole => RowOutput::Reduced,
-        };
+        self.output = RowOutput::from(sequence);
         Ok(())
     }
 }
