@@ -16,6 +16,9 @@ use burn_megatron_kernels::Gemm;
 use crate::Harness;
 use crate::data::{assert_close, fixed};
 
+mod gpt;
+pub use gpt::{layer_norm, position_embedding, tied_output};
+
 const SEED: u64 = 42;
 const B: usize = 2;
 const S: usize = 8;

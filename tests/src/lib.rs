@@ -59,7 +59,7 @@ macro_rules! for_each_layer_test {
     ($callback:ident!($($args:tt)*)) => {
         $crate::$callback! { $($args)*; layer_suite:
             column_linear, row_linear, rms_norm, mlp, attention, embedding, cross_entropy,
-            linear_round_trip, gemm_per_layer }
+            linear_round_trip, gemm_per_layer, layer_norm, position_embedding, tied_output }
     };
 }
 

@@ -8,12 +8,15 @@ use burn::nn::Embedding;
 use burn::tensor::{Device, Int, Tensor};
 use burn_megatron_dist::mappings::{reduce_from_tp, reduce_scatter_to_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
+use burn_megatron_kernels::Gemm;
 use burn_megatron_kernels::embedding::embedding_rows;
 
+use super::column::{ColumnInput, ColumnOutput, Product, column_parallel};
 use super::sequence::SequenceLayout;
 
 use crate::error::LayerError;
 use crate::init::{ParamInit, Shard};
+use crate::precision::ptq::InputQuantizer;
 
 /// The vocabulary size padded up to a multiple of `multiple · tp`, so every rank holds the same
 /// number of rows.
@@ -123,6 +126,26 @@ impl VocabParallelEmbedding {
             SequenceLayout::Whole => reduce_from_tp(partial, &self.tp)?,
         })
     }
+
+    /// The output layer tied to this embedding (GPT-2's): `x` against each vocabulary row this
+    /// rank holds, the weight's gradient summing both uses. `x` lies along the sequence as
+    /// this embedding's output does, and is gathered first under sequence parallelism; the
+    /// logits stay split over the vocabulary for [`VocabParallelCrossEntropy`](super::VocabParallelCrossEntropy).
+    ///
+    /// # Shapes
+    /// `[b, s, d]`, or `[b, s/tp, d]` with sequence parallelism → logits `[b, s, v/tp]`
+    pub fn tied_logits(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
+        let product = Product {
+            gemm: Gemm::Wgmma,
+            quantizer: &InputQuantizer::None,
+            delayed: None,
+            shared: None,
+            weight_codes: None,
+        };
+        let weight = self.weight.val().transpose(); // [d, v/tp]
+        let input = ColumnInput::from(self.sequence);
+        column_parallel(x, weight, None, input, ColumnOutput::Sharded, product, &self.tp)
+    }
 }
 
 #[cfg(test)]
@@ -147,5 +170,12 @@ mod tests {
             .unwrap()
             .into_data()
             .assert_eq(&theirs.forward(ids).into_data(), true);
+        // The tied output at tp = 1 is Burn's linear by the weight transposed; the product is
+        // taken as one [b·s, d] matrix rather than per batch: f32 sums in another order.
+        let x = crate::init::normal([2, 3, 4], 5, 1.0, &dev);
+        let tied = ours.tied_logits(x.clone()).unwrap();
+        let burn = burn::tensor::module::linear(x, theirs.weight.val().transpose(), None);
+        let diff = (tied - burn).abs().max().into_scalar::<f32>();
+        assert!(diff < 1e-6, "{diff}");
     }
 }

@@ -7,8 +7,9 @@
 
 use crate::error::{ConfigError, divisible};
 use crate::layers::{
-    ColumnInput, ColumnParallelLinearConfig, ParallelAttentionConfig, ParallelMlpConfig, RmsNormConfig, RowOutput,
-    RowParallelLinearConfig, SequenceLayout, VocabParallelEmbeddingConfig,
+    ColumnInput, ColumnParallelLinearConfig, LayerNormConfig, ParallelAttentionConfig, ParallelMlpConfig,
+    PositionEmbeddingConfig, RmsNormConfig, RowOutput, RowParallelLinearConfig, SequenceLayout,
+    VocabParallelEmbeddingConfig,
 };
 
 /// The plan's choice for the tensor dimension.
@@ -91,6 +92,22 @@ impl TensorParallelLayer for crate::layers::moe::MoeConfig {
 
 /// The weight replicated; under SP each rank normalizes its own tokens.
 impl TensorParallelLayer for RmsNormConfig {
+    fn plan_tensor(&mut self, _tp: usize, sequence: SequenceLayout) -> Result<(), ConfigError> {
+        self.sequence = sequence;
+        Ok(())
+    }
+}
+
+/// The weight and bias replicated; under SP each rank normalizes its own tokens.
+impl TensorParallelLayer for LayerNormConfig {
+    fn plan_tensor(&mut self, _tp: usize, sequence: SequenceLayout) -> Result<(), ConfigError> {
+        self.sequence = sequence;
+        Ok(())
+    }
+}
+
+/// The table replicated; under SP each rank adds the rows of its own positions.
+impl TensorParallelLayer for PositionEmbeddingConfig {
     fn plan_tensor(&mut self, _tp: usize, sequence: SequenceLayout) -> Result<(), ConfigError> {
         self.sequence = sequence;
         Ok(())
