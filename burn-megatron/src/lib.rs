@@ -32,8 +32,9 @@
 //!   [`LinearPrecision`](precision::linear::LinearPrecision), the FP8/FP4 training recipes'
 //!   state, and the schemes of post-training quantization (`precision::ptq`).
 //! - [`layers`]: column/row-parallel linears, the vocabulary-parallel embedding and
-//!   cross-entropy, attention (with context parallelism), the SwiGLU MLP, mixtures of experts, a
-//!   sequence-parallel RMSNorm and the residual stream a pre-norm branch adds into.
+//!   cross-entropy, attention (with context parallelism), the SwiGLU MLP, mixtures of experts,
+//!   sequence-parallel RMSNorm and LayerNorm, learned positions, and the residual stream a
+//!   pre-norm branch adds into; a Burn model's own layers swap for them (`docs/own-model.md`).
 //! - [`models::llama`]: a Llama model built from them, its layer table, recipes, Hugging Face and
 //!   GGUF I/O, generation.
 //! - [`optim`]: AdamW with fp32 master weights, bucketed gradient averaging and ZeRO-1.
