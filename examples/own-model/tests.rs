@@ -29,9 +29,9 @@ fn tiny(tp: usize, dp: usize, tensor: TensorParallel) -> Recipe {
 /// row-parallel product's partial sums over tp, a replicated parameter's gradient summed over
 /// the sequence shards, the gradients averaged over dp, the loss's sums over the vocabulary
 /// shards), so values differ by a few ulps. Over 30 steps and 7 seeds the losses differed by
-/// at most 2 ulps of f32 (1.9e-7 relative); 1e-5 relative leaves room for another machine's
-/// summation order and still fails on any missing or doubled reduction, which moves the loss
-/// by 1e-3 or more.
+/// at most 2 ulps of f32 (1.9e-7 relative); 2e-6 relative is ten times that. A LayerNorm's γ
+/// gradient left unsummed over tp under SP moves the second step's loss by 2.6e-5 relative,
+/// thirteen times the tolerance (and its gradient by 100% in the one-step test).
 #[test]
 fn tp2_dp2_sp_trains_as_one_device() {
     let single = train(&tiny(1, 1, TensorParallel::Plain)).unwrap();
@@ -39,7 +39,7 @@ fn tp2_dp2_sp_trains_as_one_device() {
     assert_eq!(single.len(), 10);
     for (step, (a, b)) in parallel.iter().zip(&single).enumerate() {
         assert!(
-            (a - b).abs() <= 1e-5 * b.abs(),
+            (a - b).abs() <= 2e-6 * b.abs(),
             "step {}: {parallel:?} vs {single:?}",
             step + 1
         );
