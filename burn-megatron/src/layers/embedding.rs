@@ -11,12 +11,12 @@ use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
 use burn_megatron_kernels::embedding::embedding_rows;
 
-use super::column::{ColumnInput, ColumnOutput, Product, column_parallel};
+use super::column::{ColumnInput, ColumnOutput, column_parallel};
 use super::sequence::SequenceLayout;
 
 use crate::error::LayerError;
 use crate::init::{ParamInit, Shard};
-use crate::precision::ptq::InputQuantizer;
+use crate::precision::linear::LinearPrecision;
 
 /// The vocabulary size padded up to a multiple of `multiple · tp`, so every rank holds the same
 /// number of rows.
@@ -135,16 +135,10 @@ impl VocabParallelEmbedding {
     /// # Shapes
     /// `[b, s, d]`, or `[b, s/tp, d]` with sequence parallelism → logits `[b, s, v/tp]`
     pub fn tied_logits(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        let product = Product {
-            gemm: Gemm::Wgmma,
-            quantizer: &InputQuantizer::None,
-            delayed: None,
-            shared: None,
-            weight_codes: None,
-        };
         let weight = self.weight.val().transpose(); // [d, v/tp]
-        let input = ColumnInput::from(self.sequence);
-        column_parallel(x, weight, None, input, ColumnOutput::Sharded, product, &self.tp)
+        let layout = (ColumnInput::from(self.sequence), ColumnOutput::Sharded);
+        let precision = LinearPrecision::plain(Gemm::Wgmma);
+        column_parallel(x, weight, None, layout, &precision, None, &self.tp)
     }
 }
 
