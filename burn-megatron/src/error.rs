@@ -100,6 +100,8 @@ pub enum ConfigError {
     },
     #[error("decoding with a KV cache runs on whole sequences: plan the model without context parallelism (cp = 1)")]
     DecodingContextParallel,
+    #[error("learning-rate schedule: {detail}")]
+    Schedule { detail: String },
     #[error("unknown preset {0:?}: expected tiny, tiny-moe, llama-1b, llama-1b-32k, moe-4b, llama-8b or smollm2-135m")]
     UnknownPreset(String),
 }

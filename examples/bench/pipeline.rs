@@ -1,5 +1,5 @@
 //! `bench --pp N [--vpp V] [--microbatches M]`: training throughput over pipeline stages, each
-//! rank its stage running its part of the schedule (`train::pipeline::train_step`), the
+//! rank its stage running its part of the schedule through the library's training step, the
 //! distributed optimizer's fp32 master weights on every stage; the steps run unsynchronized
 //! (`Timing::Off`), then one more synchronized step measures the bubble beside the schedule's
 //! prediction.
@@ -8,13 +8,13 @@ use std::time::Instant;
 
 use burn::tensor::{Int, Tensor};
 use burn_megatron::init::InitMode;
-use burn_megatron::layers::context::ContextLayout;
 use burn_megatron::models::llama::LlamaConfig;
 use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron::plan::ParallelPlan;
 use burn_megatron::plan::pipeline::simulate::simulate;
 use burn_megatron::precision::PrecisionPolicy;
-use burn_megatron::train::pipeline::{Timing, train_step};
+use burn_megatron::train::pipeline::Timing;
+use burn_megatron::train::{Stepped, TokenBatch, Trainer};
 use burn_megatron_dist::{RankContext, ReduceOp};
 
 use crate::memory::Mark;
@@ -60,7 +60,7 @@ pub fn run(
         )
         .unwrap_or_else(|e| panic!("{e}"));
     // As `train`: the microbatches of a step quantize each weight once under FP8.
-    let mut stage = match microbatches > 1 {
+    let stage = match microbatches > 1 {
         true => stage.keeping_weight_codes(),
         false => stage,
     };
@@ -69,51 +69,20 @@ pub fn run(
         .actions(pp.size(), microbatches)
         .unwrap_or_else(|e| panic!("{e}"));
     let bubble_predicted = simulate(&actions).unwrap_or_else(|e| panic!("{e}")).bubble;
-    let actions = &actions.ranks[pp.group_rank()];
-    let [b, _] = ids.dims();
-    let per = b / microbatches;
-    let context = ContextLayout::new(&ctx.groups.cp);
-    let shard = |x| context.shard(x, 1).unwrap_or_else(|e| panic!("{e}"));
-    let batches: Vec<_> = (0..microbatches)
-        .map(|i| {
-            let cut = |x: &Tensor<2, Int>| shard(x.clone().narrow(0, i * per, per));
-            (cut(&ids), cut(&targets))
-        })
-        .collect();
-    let mut optim = DistributedAdamWConfig::new()
-        .init(&ctx.groups)
-        .keeping_amaxes(stage.amax_notes());
-    // One step, and the loss the last stage reports (averaged over dp × cp) on every rank.
-    let mut step = |stage, timing| {
-        let (mut stage, report) =
-            train_step(stage, &mut optim, LR, actions, &batches, pp, timing).unwrap_or_else(|e| panic!("{e}"));
-        // Delayed FP8 scaling's histories move with the step, as in training.
-        burn_megatron::precision::linear::advance_histories(
-            stage
-                .layers
-                .iter_mut()
-                .flatten()
-                .flat_map(burn_megatron::models::llama::LlamaBlock::linear_precisions),
-            &ctx.groups,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        (stage, report)
-    };
-    let reported = |loss: Option<Tensor<1>>| -> f64 {
-        let loss = loss.unwrap_or_else(|| Tensor::<1>::zeros([1], &ctx.device));
-        let loss = pp
-            .all_reduce(loss.cast(burn::tensor::DType::F32), ReduceOp::Sum)
-            .expect("loss");
-        let loss = ctx.groups.grad_sync().all_reduce(loss, ReduceOp::Avg).expect("loss");
-        loss.into_scalar::<f64>()
+    let batch = TokenBatch { ids, targets };
+    let mut trainer = Trainer::new(stage, &DistributedAdamWConfig::new(), &ctx.groups, &ctx.device);
+    // The loss the last stage reports (averaged over dp × cp), read on every rank.
+    let read = |stepped: Stepped, when: &str| -> f64 {
+        stepped
+            .read(&ctx.groups)
+            .unwrap_or_else(|e| panic!("by {when}: {e}"))
+            .loss
     };
     let mut memory = vec![Mark::take("stage built", &ctx.device)];
     for i in 0..warmup {
         let start = Instant::now();
-        let report;
-        (stage, report) = step(stage, Timing::Off);
-        let loss = reported(report.loss);
-        crate::timing::check_failures(&format!("warm-up step {i}"));
+        let stepped = trainer.step(LR, batch.clone()).unwrap_or_else(|e| panic!("{e}"));
+        let loss = read(stepped, &format!("warm-up step {i}"));
         if i == 0 {
             crate::timing::check_first_loss(loss as f32, config.embedding.vocab_size);
             memory.push(Mark::take("after the first step", &ctx.device));
@@ -126,17 +95,17 @@ pub fn run(
     let start = Instant::now();
     let mut last = None;
     for _ in 0..steps {
-        let report;
-        (stage, report) = step(stage, Timing::Off);
-        last = report.loss;
+        last = Some(trainer.step(LR, batch.clone()).unwrap_or_else(|e| panic!("{e}")));
     }
     ctx.device.sync().expect("sync");
     let step_s = start.elapsed().as_secs_f64() / steps as f64;
     memory.push(Mark::take("after the timed steps", &ctx.device));
-    let loss = reported(last);
+    let loss = last.map_or(0.0, |stepped| read(stepped, "the timed steps"));
     // One more step, each forward and backward synchronized: the stages' idle share.
-    let (_, report) = step(stage, Timing::Synchronized);
-    let idle = Tensor::<1>::from_floats([report.timing.idle().unwrap_or(0.0) as f32], &ctx.device);
+    let mut trainer = trainer.with_timing(Timing::Synchronized);
+    let stepped = trainer.step(LR, batch).unwrap_or_else(|e| panic!("{e}"));
+    let idle = stepped.timing.and_then(|t| t.idle()).unwrap_or(0.0);
+    let idle = Tensor::<1>::from_floats([idle as f32], &ctx.device);
     let bubble_measured = pp.all_reduce(idle, ReduceOp::Avg).expect("bubble").into_scalar::<f64>();
     PipelineRun {
         step_s,

@@ -7,6 +7,7 @@ use burn::tensor::{Int, Tensor};
 use burn_megatron::models::llama::Llama;
 use burn_megatron::optim::{DistributedAdamW, DistributedAdamWConfig, FusedAdamWConfig, Overlap};
 use burn_megatron::precision::{MasterWeights, PrecisionPolicy};
+use burn_megatron::train::{Stepped, TokenBatch, TrainModel, Trainer};
 use burn_megatron_dist::RankContext;
 
 use crate::memory::Mark;
@@ -36,7 +37,9 @@ enum Optimizer {
     Pure(ModuleOptimizer),
 }
 
-/// One step's pieces, each ended by a device synchronization when `timed`.
+/// The pieces of one step (of the recipe's optimizer), each ended by a device synchronization
+/// when `timed`: the profile's decomposition of what [`burn_megatron::train::Trainer`] runs
+/// whole in the timed steps.
 #[derive(Default)]
 struct Pieces {
     forward: f64,
@@ -48,14 +51,14 @@ struct Pieces {
     marks: Vec<Mark>,
 }
 
-struct Trainer<'a> {
+struct Profiler<'a> {
     ctx: &'a RankContext,
     optimizer: Optimizer,
     ids: Tensor<2, Int>,
     targets: Tensor<2, Int>,
 }
 
-impl Trainer<'_> {
+impl Profiler<'_> {
     /// One training step; with `timed`, each piece synchronized and added to `pieces`.
     fn step(&mut self, model: Llama, pieces: Option<&mut Pieces>) -> (Llama, Tensor<1>) {
         let ctx = self.ctx;
@@ -90,16 +93,9 @@ impl Trainer<'_> {
                     .finish(&ctx.device, burn::tensor::DType::BF16)
                     .expect("reduction");
                 lap(&mut pieces, "after reduce wait", |p| &mut p.reduce_wait);
-                let mut model = optim.step_reduced(LR, model, reduced).expect("step").0;
+                let model = optim.step_reduced(LR, model, reduced).expect("step").0;
                 // Delayed FP8 scaling's histories move with the step, as in training.
-                burn_megatron::precision::linear::advance_histories(
-                    model
-                        .layers
-                        .iter_mut()
-                        .flat_map(burn_megatron::models::llama::LlamaBlock::linear_precisions),
-                    &ctx.groups,
-                )
-                .expect("amax history");
+                let model = model.after_step(&[], &ctx.groups).expect("after the step");
                 lap(&mut pieces, "after optimizer", |p| &mut p.optimizer);
                 (model, reported)
             }
@@ -178,57 +174,67 @@ pub fn check_first_loss(loss: f32, vocab: usize) {
 /// Warm-up, timed steps and (with `profile`) the synchronized pieces of as many more steps.
 pub fn run(
     ctx: &RankContext,
-    mut model: Llama,
+    model: Llama,
     (ids, targets): (Tensor<2, Int>, Tensor<2, Int>),
     policy: PrecisionPolicy,
     warmup: usize,
     steps: usize,
     profile: bool,
 ) -> Run {
-    let optimizer = match policy.master {
-        MasterWeights::F32 => {
-            let optim = DistributedAdamWConfig::new().init(&ctx.groups);
-            Optimizer::Master(Box::new(optim.keeping_amaxes(model.amax_notes())))
-        }
-        MasterWeights::None => Optimizer::Pure(FusedAdamWConfig::new().init()),
+    // The pools once the model is built, and after the first step (kernels compiled and tuned).
+    let mut memory = vec![Mark::take("model built", &ctx.device)];
+    let vocab = model.embedding.vocab_size;
+    let batch = TokenBatch {
+        ids: ids.clone(),
+        targets: targets.clone(),
     };
-    let mut trainer = Trainer {
+    let timing = Timing {
+        ctx,
+        warmup,
+        steps,
+        vocab,
+    };
+    let (step_s, loss, mut model, optimizer) = match policy.master {
+        // The library's training step, as `train` runs it.
+        MasterWeights::F32 => {
+            let mut trainer = Trainer::new(model, &DistributedAdamWConfig::new(), &ctx.groups, &ctx.device);
+            let step = || trainer.step(LR, batch.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let read = |stepped: Stepped, when: &str| {
+                let values = stepped.read(&ctx.groups).unwrap_or_else(|e| panic!("by {when}: {e}"));
+                values.loss
+            };
+            let (step_s, loss) = timing.run(&mut memory, step, read);
+            let (model, optim) = trainer.into_parts();
+            (step_s, loss, model, Optimizer::Master(Box::new(optim)))
+        }
+        MasterWeights::None => {
+            let mut profiler = Profiler {
+                ctx,
+                optimizer: Optimizer::Pure(FusedAdamWConfig::new().init()),
+                ids: ids.clone(),
+                targets: targets.clone(),
+            };
+            let mut model = Some(model);
+            let step = || {
+                let (next, loss) = profiler.step(model.take().expect("the model"), None);
+                model = Some(next);
+                loss
+            };
+            let read = |loss: Tensor<1>, when: &str| {
+                let loss = loss.into_scalar::<f64>();
+                check_failures(when);
+                loss
+            };
+            let (step_s, loss) = timing.run(&mut memory, step, read);
+            (step_s, loss, model.expect("the model"), profiler.optimizer)
+        }
+    };
+    let mut trainer = Profiler {
         ctx,
         optimizer,
         ids,
         targets,
     };
-    // The pools once the model is built, and after the first step (kernels compiled and tuned).
-    let mut memory = vec![Mark::take("model built", &ctx.device)];
-    let vocab = model.embedding.vocab_size;
-    for i in 0..warmup {
-        let start = Instant::now();
-        let (next, loss) = trainer.step(model, None);
-        model = next;
-        let loss = loss.into_scalar::<f32>();
-        if ctx.global_rank == 0 {
-            eprintln!("warmup {i}: {:.1} s, loss {loss}", start.elapsed().as_secs_f64());
-        }
-        check_failures(&format!("warm-up step {i}"));
-        if i == 0 {
-            check_first_loss(loss, vocab);
-            memory.push(Mark::take("after the first step", &ctx.device));
-        }
-    }
-    ctx.device.sync().expect("sync");
-    let start = Instant::now();
-    // The loss is read once, after the last step, as the peers do: a read each step would
-    // stop the host from issuing the next step while this one runs.
-    let mut last = None;
-    for _ in 0..steps {
-        let (next, step_loss) = trainer.step(model, None);
-        model = next;
-        last = Some(step_loss);
-    }
-    let loss = last.map_or(0.0, |loss| loss.into_scalar::<f64>());
-    ctx.device.sync().expect("sync");
-    check_failures("the timed steps");
-    let step_s = start.elapsed().as_secs_f64() / steps as f64;
     // One more step, the pools read at its start and after each piece.
     let mut marked = Pieces {
         mark: true,
@@ -270,5 +276,45 @@ pub fn run(
         loss,
         profile,
         memory,
+    }
+}
+
+/// How many steps warm up and are timed, on which rank.
+struct Timing<'a> {
+    ctx: &'a RankContext,
+    warmup: usize,
+    steps: usize,
+    vocab: usize,
+}
+
+impl Timing<'_> {
+    /// Warm-up steps (each read, the first one's loss checked) and the timed steps of `step`,
+    /// which returns its loss unread; `read` reads one, stopping the benchmark on a failure.
+    /// Returns the mean seconds a timed step and the last one's loss.
+    fn run<L>(&self, memory: &mut Vec<Mark>, mut step: impl FnMut() -> L, read: impl Fn(L, &str) -> f64) -> (f64, f64) {
+        let ctx = self.ctx;
+        for i in 0..self.warmup {
+            let start = Instant::now();
+            let loss = read(step(), &format!("warm-up step {i}"));
+            if ctx.global_rank == 0 {
+                eprintln!("warmup {i}: {:.1} s, loss {loss}", start.elapsed().as_secs_f64());
+            }
+            if i == 0 {
+                check_first_loss(loss as f32, self.vocab);
+                memory.push(Mark::take("after the first step", &ctx.device));
+            }
+        }
+        ctx.device.sync().expect("sync");
+        let start = Instant::now();
+        // The loss is read once, after the last step, as the peers do: a read each step would
+        // stop the host from issuing the next step while this one runs.
+        let mut last = None;
+        for _ in 0..self.steps {
+            last = Some(step());
+        }
+        ctx.device.sync().expect("sync");
+        let step_s = start.elapsed().as_secs_f64() / self.steps as f64;
+        let loss = last.map_or(0.0, |loss| read(loss, "the timed steps"));
+        (step_s, loss)
     }
 }

@@ -15,14 +15,13 @@ use burn_megatron::init::ParamInit;
 use burn_megatron::models::llama::LlamaConfig;
 use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron::plan::ParallelPlan;
-use burn_megatron::train::learner::{AfterStep, MegatronStrategy, Silent, StrategyOptimizer};
-use burn_megatron::train::learner::{LmOutput, TokenBatch, TokenBatcher, after_step, stage_after_step};
+use burn_megatron::train::learner::{LmOutput, MegatronStrategy, Silent, StrategyOptimizer, TokenBatcher};
+use burn_megatron::train::{TokenBatch, TrainModel};
 use burn_megatron_dist::{RankContext, launch};
 
 use crate::args::Args;
 use crate::data::Corpus;
 use crate::pipeline;
-use burn_megatron_kernels::quant::notes::AmaxNotes;
 
 /// The run's sequences in the order the strategy's dp slices read them: rank `r`'s `k`-th
 /// batch is sequences `r·per_rank..(r+1)·per_rank` of step `k`, what the plain loop reads.
@@ -55,15 +54,13 @@ pub fn run(
         match dims.pp {
             1 => {
                 let model = config.init(&device, &ctx.groups, init).map_err(|e| fail(&e))?;
-                let notes = model.amax_notes();
-                fit(args, &ctx, model, notes, data, per_rank, after_step())
+                fit(args, &ctx, model, data, per_rank)
             }
             _ => {
                 let stage = config
                     .init_planned_stage(plan, pipeline::microbatches(args), &device, &ctx.groups, init)
                     .map_err(|e| fail(&e))?;
-                let notes = stage.amax_notes();
-                fit(args, &ctx, stage, notes, data, per_rank, stage_after_step())
+                fit(args, &ctx, stage, data, per_rank)
             }
         }
     })
@@ -72,20 +69,17 @@ pub fn run(
 }
 
 /// One epoch of `model` (a whole model, or this rank's pipeline stage) through Burn's
-/// `SupervisedTraining` on this rank: `data` the training and validation sequences, `update`
-/// what moves outside the gradient after each step (expert biases, delayed FP8 histories),
-/// `amax_notes` where the optimizer keeps its weights' amaxes.
+/// `SupervisedTraining` on this rank: `data` the training and validation sequences.
 fn fit<M>(
     args: &Args,
     ctx: &RankContext,
     model: M,
-    amax_notes: AmaxNotes,
     (train, valid): (Vec<Vec<u32>>, Vec<Vec<u32>>),
     per_rank: usize,
-    update: AfterStep,
 ) -> Result<(), String>
 where
     M: LearnerModel
+        + TrainModel
         + TrainStep<Input = TokenBatch, Output = LmOutput>
         + InferenceStep<Input = TokenBatch, Output = LmOutput>,
 {
@@ -96,10 +90,7 @@ where
     };
     // The optimizer of the plain loop: the same losses at every layout.
     let optimizer = StrategyOptimizer::Distributed(DistributedAdamWConfig::new().with_zero1(args.zero1));
-    let strategy = MegatronStrategy::new(ctx)
-        .with_optimizer(optimizer)
-        .with_after_step(update)
-        .with_amax_notes(amax_notes);
+    let strategy = MegatronStrategy::new(ctx).with_optimizer(optimizer);
     let dir = std::env::temp_dir().join(format!("burn-megatron-train-learner/rank-{}", ctx.global_rank));
     let mut training = SupervisedTraining::new(dir, loader(train), loader(valid))
         .metrics((LossMetric::new(),))

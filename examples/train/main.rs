@@ -13,7 +13,6 @@ mod args;
 mod data;
 #[cfg(feature = "learner")]
 mod learner;
-mod moe;
 mod pipeline;
 mod sample;
 mod saves;
@@ -25,12 +24,12 @@ use burn::tensor::Device;
 use burn_megatron::ConfigError;
 use burn_megatron::checkpoint;
 use burn_megatron::init::InitMode;
-use burn_megatron::layers::context::ContextLayout;
 use burn_megatron::models::llama::{LlamaConfig, preset};
-use burn_megatron::optim::{DistributedAdamWConfig, Overlap, check_lr};
+use burn_megatron::optim::{DistributedAdamWConfig, check_lr};
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::precision::{KeptBlocks, PrecisionPolicy};
-use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
+use burn_megatron::train::{TokenBatch, Trainer};
+use burn_megatron_dist::{ParallelDims, launch};
 use burn_megatron_kernels::failures;
 
 use args::{Args, DeviceKind};
@@ -149,7 +148,7 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
     } else {
         InitMode::Full
     };
-    let (init, dtype) = (policy.init(args.seed, mode), policy.compute);
+    let init = policy.init(args.seed, mode);
     let device_of = |local: usize| match args.device {
         DeviceKind::Cpu => Device::flex(),
         DeviceKind::Cuda => cuda(local),
@@ -185,73 +184,42 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
     let dims = plan.dims;
     let results = launch(dims, device_of, |ctx| -> Result<Vec<f64>, String> {
         let device = ctx.device.clone().autodiff();
-        let mut model = config.init(&device, &ctx.groups, &init).map_err(|e| e.to_string())?;
+        let model = config.init(&device, &ctx.groups, &init).map_err(|e| e.to_string())?;
+        let optim = DistributedAdamWConfig::new().with_zero1(args.zero1);
+        let mut trainer = Trainer::new(model, &optim, &ctx.groups, &ctx.device);
         let mut losses = Vec::new();
-        let config = DistributedAdamWConfig::new().with_zero1(args.zero1);
-        let mut optim = config.init(&ctx.groups).keeping_amaxes(model.amax_notes());
         let mut done = 0;
         if let Some(dir) = &args.resume {
-            let (loaded, step) = checkpoint::load(dir, model, &mut optim, &ctx.groups).map_err(|e| e.to_string())?;
-            (model, done) = (loaded, step as usize);
+            let load = |model, optim: &mut _| checkpoint::load(dir, model, optim, &ctx.groups);
+            done = trainer.restore(load).map_err(|e| e.to_string())? as usize;
         }
         let mut saves = Saves::new(args);
         let dp_rank = ctx.groups.dp.group_rank();
-        let context = ContextLayout::new(&ctx.groups.cp);
         let start = Instant::now();
         let mut sampling = 0.0;
         for step in done + 1..=args.steps {
             let (ids, targets) = corpus.batch(step, dp_rank * per_rank, per_rank, seq, &device);
-            // This cp rank's two chunks of every sequence (the loss counts every cp rank's).
-            let shard = |x| context.shard(x, 1).map_err(|e| e.to_string());
-            let (ids, targets) = (shard(ids)?, shard(targets)?);
-            // Gradients reach the dp reduction through taps, bucket by bucket during backward.
-            let overlap = Overlap::new(optim.reducer(&model));
-            let tapped = overlap.tap(model.clone(), ctx.groups.grad_sync());
-            let (loss, report) = tapped.forward_loss_report(ids, targets).map_err(|e| e.to_string())?;
-            let reported = ctx
-                .groups
-                .grad_sync()
-                .all_reduce(loss.clone().detach(), ReduceOp::Avg)
+            let values = trainer
+                .step(args.lr, TokenBatch { ids, targets })
+                .and_then(|stepped| stepped.read(&ctx.groups))
                 .map_err(|e| e.to_string())?;
-            let value = reported.into_scalar::<f64>();
-            failures::check().map_err(|e| format!("step {step}: {e}; training stops"))?;
-            if !value.is_finite() {
-                return Err(format!("step {step}: the loss is {value}; training stops"));
-            }
-            let experts = moe::summary(&report, &ctx.groups).map_err(|e| e.to_string())?;
-            drop(loss.backward());
-            let reduced = overlap.finish(&ctx.device, dtype).map_err(|e| e.to_string())?;
-            model = optim
-                .step_reduced(args.lr, model, reduced)
-                .map_err(|e| e.to_string())?
-                .0
-                .update_expert_bias(&report, &ctx.groups)
-                .map_err(|e| e.to_string())?;
-            // Delayed FP8 scaling: the step's amaxes onto each layer's history.
-            burn_megatron::precision::linear::advance_histories(
-                model
-                    .layers
-                    .iter_mut()
-                    .flat_map(burn_megatron::models::llama::LlamaBlock::linear_precisions),
-                &ctx.groups,
-            )
-            .map_err(|e| e.to_string())?;
             if ctx.global_rank == 0 {
-                println!("step {step} loss {value:.6}{experts}");
-                losses.push(value);
+                println!("{values}");
+                losses.push(values.loss);
             }
             if sample_every > 0 && (step % sample_every == 0 || step == args.steps) {
                 let begun = Instant::now();
                 // The model as inference sees it: no autodiff graph, and no amaxes recorded into
                 // delayed FP8 histories.
-                let text = sample::greedy(&model.valid(), &ctx.groups, &prompt, pad, 12, seq, &ctx.device)?;
+                let model = trainer.model().valid();
+                let text = sample::greedy(&model, &ctx.groups, &prompt, pad, 12, seq, &ctx.device)?;
                 if ctx.global_rank == 0 {
                     println!("sample {:?} -> {:?}", corpus.decode(&prompt), corpus.decode(&text));
                 }
                 sampling += begun.elapsed().as_secs_f64();
             }
             if args.save_every.is_some_and(|k| step % k == 0 && step < args.steps) {
-                saves.save(&model, &optim, step, &ctx.groups)?;
+                saves.save(trainer.model(), trainer.optimizer(), step, &ctx.groups)?;
             }
         }
         let ran = args.steps.saturating_sub(done);
@@ -266,10 +234,10 @@ fn run(args: &Args) -> Result<Vec<f64>, String> {
             // fp32 master weights and both moments: 1/dp of them per rank with ZeRO-1.
             println!(
                 "optimizer state on rank 0: {:.2} MiB",
-                optim.state_bytes() as f64 / (1 << 20) as f64
+                trainer.optimizer().state_bytes() as f64 / (1 << 20) as f64
             );
         }
-        saves.save(&model, &optim, args.steps.max(done), &ctx.groups)?;
+        saves.save(trainer.model(), trainer.optimizer(), args.steps.max(done), &ctx.groups)?;
         saves.finish(&ctx.groups)?;
         Ok(losses)
     })

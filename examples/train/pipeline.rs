@@ -16,7 +16,8 @@ use burn_megatron::models::llama::LlamaConfig;
 use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron::plan::pipeline::simulate::simulate;
 use burn_megatron::plan::{ParallelPlan, PipelineSchedule};
-use burn_megatron::train::pipeline::{Timing, train_step};
+use burn_megatron::train::pipeline::Timing;
+use burn_megatron::train::{TokenBatch, Trainer};
 use burn_megatron_dist::{ReduceOp, launch};
 
 use crate::args::Args;
@@ -64,85 +65,46 @@ pub fn run(
     let predicted = simulate(&actions).map_err(|e| e.to_string())?.bubble;
     let results = launch(plan.dims, device_of, |ctx| -> Result<Vec<f64>, String> {
         let device = ctx.device.clone().autodiff();
-        let rank = ctx.groups.pp.group_rank();
-        let last = rank == pp - 1;
-        let mut stage = config
+        let last = ctx.groups.pp.group_rank() == pp - 1;
+        let stage = config
             .init_planned_stage(plan, m, &device, &ctx.groups, init)
             .map_err(|e| e.to_string())?;
-        let config = DistributedAdamWConfig::new().with_zero1(args.zero1);
-        let mut optim = config.init(&ctx.groups).keeping_amaxes(stage.amax_notes());
+        // The microbatches of a step quantize each weight once (FP8 current scaling, blockwise).
+        let stage = match m > 1 {
+            true => stage.keeping_weight_codes(),
+            false => stage,
+        };
+        let optim = DistributedAdamWConfig::new().with_zero1(args.zero1);
+        // Each forward and backward timed whole: the measured bubble below.
+        let mut trainer = Trainer::new(stage, &optim, &ctx.groups, &ctx.device).with_timing(Timing::Synchronized);
         let mut done = 0;
         if let Some(dir) = &args.resume {
             // Any layout's checkpoint: each stage reads its own blocks by their paths.
-            let (loaded, step) = checkpoint::load(dir, stage, &mut optim, &ctx.groups).map_err(|e| e.to_string())?;
-            (stage, done) = (loaded, step as usize);
-        }
-        // The microbatches of a step quantize each weight once (FP8 current scaling, blockwise).
-        if m > 1 {
-            stage = stage.keeping_weight_codes();
+            let load = |stage, optim: &mut _| checkpoint::load(dir, stage, optim, &ctx.groups);
+            done = trainer.restore(load).map_err(|e| e.to_string())? as usize;
         }
         let mut saves = Saves::new(args);
         let dp_rank = ctx.groups.dp.group_rank();
-        let per_micro = per_rank / m;
-        let context = stage.context_layout();
-        let prints = last && dp_rank == 0;
+        let prints = last && dp_rank == 0 && ctx.groups.tp.group_rank() == 0 && ctx.groups.cp.group_rank() == 0;
         let start = Instant::now();
         let mut losses = Vec::new();
         // Each step's share outside the forwards and backwards (the first, warming up, left out).
         let mut idle = Vec::new();
         for step in done + 1..=args.steps {
-            // Under context parallelism each cp rank reads the same sequences and keeps its chunks.
-            let batches = (0..m)
-                .map(|i| {
-                    let (ids, targets) = corpus.batch(step, dp_rank * per_rank + i * per_micro, per_micro, seq, &device);
-                    Ok((context.shard(ids, 1)?, context.shard(targets, 1)?))
-                })
-                .collect::<Result<Vec<_>, ConfigError>>()
-                .map_err(|e| e.to_string())?;
-            let (next, report) = train_step(
-                stage,
-                &mut optim,
-                args.lr,
-                &actions.ranks[rank],
-                &batches,
-                &ctx.groups.pp,
-                // Each forward and backward timed whole: the measured bubble below.
-                Timing::Synchronized,
-            )
-            .map_err(|e| e.to_string())?;
-            // The expert bias of each of this stage's MoE blocks, by its load over the step.
-            stage = next
-                .update_expert_bias(&report.loads, &ctx.groups)
+            let (ids, targets) = corpus.batch(step, dp_rank * per_rank, per_rank, seq, &device);
+            let values = trainer
+                .step(args.lr, TokenBatch { ids, targets })
+                .and_then(|stepped| stepped.read(&ctx.groups))
                 .map_err(|e| e.to_string())?;
             if step > done + 1 || args.steps == done + 1 {
-                idle.extend(report.timing.idle());
-            }
-            // Delayed FP8 scaling: the step's amaxes onto each of this stage's histories.
-            burn_megatron::precision::linear::advance_histories(stage.layers.iter_mut().flatten().flat_map(burn_megatron::models::llama::LlamaBlock::linear_precisions), &ctx.groups)
-                .map_err(|e| e.to_string())?;
-            // The last stage's loss on every rank, so that every stage stops on a loss that
-            // is not finite.
-            let loss = match report.loss {
-                Some(loss) => loss.cast(burn::tensor::DType::F32),
-                None => burn::tensor::Tensor::<1>::zeros([1], (&ctx.device, burn::tensor::DType::F32)),
-            };
-            let loss = ctx.groups.pp.all_reduce(loss, ReduceOp::Sum).map_err(|e| e.to_string())?;
-            let reported = ctx
-                .groups
-                .grad_sync()
-                .all_reduce(loss, ReduceOp::Avg)
-                .map_err(|e| e.to_string())?;
-            let value = reported.into_scalar::<f64>();
-            burn_megatron_kernels::failures::check().map_err(|e| format!("step {step}: {e}; training stops"))?;
-            if !value.is_finite() {
-                return Err(format!("step {step}: the loss is {value}; training stops"));
+                idle.extend(values.timing.and_then(|t| t.idle()));
             }
             if prints {
-                println!("step {step} loss {value:.6}");
-                losses.push(value);
+                println!("{values}");
+                losses.push(values.loss);
             }
             if args.save_every.is_some_and(|k| step % k == 0 && step < args.steps) {
-                saves.save(&stage, &optim, step, &ctx.groups)?;
+                saves.save(trainer.model(), trainer.optimizer(), step, &ctx.groups)?;
             }
         }
         let ran = args.steps.saturating_sub(done);
@@ -165,7 +127,7 @@ pub fn run(
                 predicted
             );
         }
-        saves.save(&stage, &optim, args.steps.max(done), &ctx.groups)?;
+        saves.save(trainer.model(), trainer.optimizer(), args.steps.max(done), &ctx.groups)?;
         saves.finish(&ctx.groups)?;
         Ok(losses)
     })

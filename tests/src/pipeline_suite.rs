@@ -244,7 +244,7 @@ pub fn steps_match_one_rank(h: &Harness) {
 
 fn steps_match(h: &Harness, config: LlamaConfig) {
     use burn_megatron::optim::DistributedAdamWConfig;
-    use burn_megatron::train::pipeline::train_step;
+    use burn_megatron::train::{TokenBatch, Trainer};
     let init = ParamInit::new(3, InitMode::Full).with_dtype(h.float);
     let optim = || DistributedAdamWConfig::new().with_max_grad_norm(Some(1.0));
     let (reference, reference_norm) = h
@@ -292,32 +292,32 @@ fn steps_match(h: &Harness, config: LlamaConfig) {
             let rank = ctx.groups.pp.group_rank();
             let stages = virtual_stages(4, 2, schedule.chunks(), None).unwrap();
             let ends = (rank == 0, rank == 1);
-            let mut stage = config
+            let stage = config
                 .init_stage(rank_chunks(&stages, 2, rank), ends, &dev, &ctx.groups, &init)
+                .unwrap()
+                .with_schedule(schedule, MICROBATCHES, &ctx.groups.pp)
                 .unwrap();
-            let actions = schedule.actions(2, MICROBATCHES).unwrap();
-            let mut adamw = optim().init(&ctx.groups);
+            let mut trainer = Trainer::new(stage, &optim(), &ctx.groups, &ctx.device).with_timing(Timing::Synchronized);
+            // The microbatches as one batch, which the stage's schedule cuts again.
+            let (ids, targets): (Vec<_>, Vec<_>) = batches(&dev).into_iter().unzip();
+            let batch = TokenBatch {
+                ids: Tensor::cat(ids, 0),
+                targets: Tensor::cat(targets, 0),
+            };
             let mut norms = Vec::new();
             let losses: Vec<Option<f64>> = (0..20)
                 .map(|_| {
-                    let (next, report) = train_step(
-                        stage.clone(),
-                        &mut adamw,
-                        3e-3,
-                        &actions.ranks[rank],
-                        &batches(&dev),
-                        &ctx.groups.pp,
-                        Timing::Synchronized,
-                    )
-                    .unwrap();
-                    stage = next;
-                    norms.push(report.optim.grad_norm());
+                    let stepped = trainer.step(3e-3, batch.clone()).unwrap();
+                    norms.push(stepped.norm.clone().expect("a norm").into_scalar::<f64>());
                     // Each forward and backward timed inside the step.
-                    let busy = report.timing.busy_s.expect("timed");
-                    assert!(busy > 0.0 && busy <= report.timing.total_s);
-                    report.loss.map(|l| l.into_scalar::<f64>())
+                    let timing = stepped.timing.expect("a stage's timing");
+                    let busy = timing.busy_s.expect("timed");
+                    assert!(busy > 0.0 && busy <= timing.total_s);
+                    // Every stage holds the last one's loss.
+                    Some(stepped.loss.into_scalar::<f64>())
                 })
                 .collect();
+            let stage = trainer.into_parts().0;
             let embedding = stage.embedding.map(|e| e.weight.val().into_data());
             (losses, norms[0], embedding)
         });
@@ -380,7 +380,8 @@ pub fn bad_stages_are_errors(h: &Harness) {
             config_error(burn_megatron::train::pipeline::scheduled_step(
                 &whole,
                 ids.clone(),
-                targets.clone()
+                targets.clone(),
+                Timing::Off
             )),
             ConfigError::NoSchedule
         ));
@@ -393,7 +394,12 @@ pub fn bad_stages_are_errors(h: &Harness) {
             .with_schedule(PipelineSchedule::OneForwardOneBackward, 2, &ctx.groups.pp)
             .unwrap();
         assert_eq!(
-            config_error(burn_megatron::train::pipeline::scheduled_step(&scheduled, ids, targets)),
+            config_error(burn_megatron::train::pipeline::scheduled_step(
+                &scheduled,
+                ids,
+                targets,
+                Timing::Off
+            )),
             ConfigError::MicrobatchSplit {
                 sequences: 1,
                 microbatches: 2

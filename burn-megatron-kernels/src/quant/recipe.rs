@@ -220,6 +220,23 @@ impl Recipe {
     }
 }
 
+impl Recipe {
+    /// The recipe as [`FromStr`](std::str::FromStr) reads it: its name, delayed scaling with its
+    /// history and algorithm (`fp8-delayed:16:max`).
+    pub fn spec(self) -> String {
+        match self {
+            Recipe::Fp8Delayed { history, algo } => {
+                let algo = match algo {
+                    AmaxAlgo::Max => "max",
+                    AmaxAlgo::MostRecent => "most-recent",
+                };
+                format!("fp8-delayed:{history}:{algo}")
+            }
+            other => other.name().to_string(),
+        }
+    }
+}
+
 impl std::str::FromStr for Recipe {
     type Err = String;
 
@@ -267,6 +284,7 @@ mod tests {
                 }
             }
             assert_eq!(recipe.name().parse::<Recipe>(), Ok(recipe));
+            assert_eq!(recipe.spec().parse::<Recipe>(), Ok(recipe));
         }
         assert!("fp9".parse::<Recipe>().unwrap_err().contains("nvfp4"));
         assert_eq!(

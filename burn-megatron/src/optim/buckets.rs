@@ -109,6 +109,9 @@ pub struct GradReducer {
     bucket_of: Vec<Option<usize>>,
     waiting: Vec<usize>,
     grads: Vec<Option<Tensor<1>>>,
+    /// Earlier microbatches' gradients of this step ([`hold`](Self::hold)), joined with each
+    /// parameter's gradient when it arrives.
+    held: Vec<Option<Tensor<1>>>,
     /// Each bucket's reduction once launched, unpacked at [`finish`](Self::finish).
     launched: Vec<Option<Launched>>,
 }
@@ -182,6 +185,7 @@ impl GradReducer {
             bucket_of,
             waiting,
             grads: vec![None; n],
+            held: vec![None; n],
             launched,
         }
     }
@@ -205,7 +209,10 @@ impl GradReducer {
             Some(earlier) => earlier + grad,
             None => {
                 self.waiting[bucket] -= 1;
-                grad
+                match self.held[index].take() {
+                    Some(held) => held + grad,
+                    None => grad,
+                }
             }
         });
         if self.waiting[bucket] == 0 {
@@ -215,8 +222,22 @@ impl GradReducer {
         }
     }
 
-    /// Reduces every bucket still open (a parameter without a gradient counts as zeros) and
-    /// returns each parameter's result in traversal order, in the dtype it was reduced in (the
+    /// Holds parameter `index`'s gradient of an earlier microbatch of this step (gradient
+    /// accumulation), summed with any held before: it joins the parameter's gradient when
+    /// [`add`](Self::add) brings it, so buckets are reduced once a step, during the last
+    /// microbatch's backward. A parameter gradients do not train ignores it.
+    pub fn hold(&mut self, index: usize, grad: Tensor<1>) {
+        if self.bucket_of[index].is_none() {
+            return;
+        }
+        self.held[index] = Some(match self.held[index].take() {
+            Some(earlier) => earlier + grad,
+            None => grad,
+        });
+    }
+
+    /// Reduces every bucket still open (a parameter without a gradient counts as its held
+    /// gradient, or zeros) and returns each parameter's result in traversal order, in the dtype it was reduced in (the
     /// gradients', or f32 with `reduce_in_fp32`); resets for the next step. A parameter
     /// gradients do not train gets zeros of its whole length (under ZeRO-1 too: nothing steps
     /// it), views of one buffer.
@@ -225,7 +246,8 @@ impl GradReducer {
             if self.launched[bucket].is_none() {
                 for &p in &self.buckets[bucket].members {
                     if self.grads[p].is_none() {
-                        self.grads[p] = Some(Tensor::zeros([self.numels[p]], (device, dtype)));
+                        let held = self.held[p].take();
+                        self.grads[p] = Some(held.unwrap_or_else(|| Tensor::zeros([self.numels[p]], (device, dtype))));
                     }
                 }
                 self.reduce(bucket)?;

@@ -68,6 +68,12 @@ impl Overlap {
         self.reducer.lock().expect("reducer lock").add(index, grad)
     }
 
+    /// Holds parameter `index`'s gradient of an earlier microbatch of the step, to join the
+    /// gradient its tap brings ([`GradReducer::hold`]).
+    pub fn hold(&self, index: usize, grad: Tensor<1>) {
+        self.reducer.lock().expect("reducer lock").hold(index, grad)
+    }
+
     /// Once backward is done: the first error a tap met, or every parameter's reduced
     /// gradient (see [`GradReducer::finish`]).
     pub fn finish(self, device: &Device, dtype: DType) -> Result<Vec<Tensor<1>>, CommError> {

@@ -122,6 +122,24 @@ pub fn seeded_backward_with(output: Tensor<2>, grad: Tensor<2>, extra: Option<Te
     }
 }
 
+impl Recompute {
+    /// The choice as [`FromStr`](std::str::FromStr) reads it.
+    pub fn spec(&self) -> String {
+        match self {
+            Recompute::None => "none".into(),
+            Recompute::Selective => "selective".into(),
+            Recompute::Full {
+                method: RecomputeMethod::Uniform,
+                layers,
+            } => format!("full:{layers}"),
+            Recompute::Full {
+                method: RecomputeMethod::Block,
+                layers,
+            } => format!("full-block:{layers}"),
+        }
+    }
+}
+
 impl std::str::FromStr for Recompute {
     type Err = String;
 
@@ -172,5 +190,8 @@ mod tests {
         assert_eq!("full-block:3".parse(), Ok(block(3)));
         assert_eq!("selective".parse(), Ok(Recompute::Selective));
         assert!("full".parse::<Recompute>().is_err());
+        for text in ["none", "selective", "full:2", "full-block:3"] {
+            assert_eq!(text.parse::<Recompute>().unwrap().spec(), text);
+        }
     }
 }

@@ -1,7 +1,18 @@
-//! Training: the pipeline's runtime ([`pipeline`]) and, with the `learner` feature, Burn's
-//! Learner running one rank of the mesh ([`learner`]: `MegatronStrategy`, the Llama's
-//! `TrainStep`).
+//! Training: the one training step ([`Trainer`], for any [`TrainModel`]: a whole Llama, a
+//! pipeline stage), a step's values read and printed ([`StepValues`]), the pipeline's runtime
+//! ([`pipeline`]) and, with the `learner` feature, Burn's Learner running one rank of the mesh
+//! through the same step ([`learner`]: `MegatronStrategy`).
 
+mod batch;
 #[cfg(feature = "learner")]
 pub mod learner;
+mod llama;
 pub mod pipeline;
+mod report;
+mod schedule;
+mod step;
+
+pub use batch::TokenBatch;
+pub use report::{ExpertLoad, StepValues};
+pub use schedule::LrSchedule;
+pub use step::{Backward, Forwarded, Gradients, Pass, Stepped, TrainError, TrainModel, Trainer, router_parts};

@@ -35,6 +35,27 @@ pub enum ExpertParallel {
     AllGather,
 }
 
+impl ExpertParallel {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AllToAll => "all-to-all",
+            Self::AllGather => "all-gather",
+        }
+    }
+}
+
+impl std::str::FromStr for ExpertParallel {
+    type Err = String;
+
+    fn from_str(name: &str) -> Result<Self, String> {
+        [Self::AllToAll, Self::AllGather]
+            .into_iter()
+            .find(|e| e.name() == name)
+            .ok_or_else(|| format!("unknown dispatcher {name:?}: expected all-to-all or all-gather"))
+    }
+}
+
 /// The experts this ep rank holds, as a range of global expert ids.
 pub fn local_experts(e: usize, ep: &ProcessGroup) -> std::ops::Range<usize> {
     let per = e / ep.size();

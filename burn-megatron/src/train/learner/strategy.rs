@@ -14,16 +14,10 @@ use burn::train::{
 };
 use burn_megatron_dist::{ProcessGroups, RankContext};
 
-use super::after_step::AfterStep;
-use crate::optim::shared::StageCopies;
+use super::llama::LmOutput;
 use crate::optim::{BucketConfig, DistributedAdamWConfig};
-use crate::optim::{DistributedAdamW, GradGroup, GradReducer, Overlap, Reduction};
-use crate::params::{grads_params, param_infos, param_values, take_grads};
-use burn::module::Module;
-use burn::tensor::{DType, Tensor};
-use burn::train::TrainStep;
-use burn_megatron_dist::CommError;
-use burn_megatron_kernels::quant::notes::AmaxNotes;
+use crate::params::grads_params;
+use crate::train::{TokenBatch, TrainModel, Trainer};
 
 /// Which optimizer steps the model.
 #[derive(Clone, Debug)]
@@ -55,9 +49,6 @@ pub struct MegatronStrategy {
     pub(super) optimizer: StrategyOptimizer,
     pub(super) buckets: BucketConfig,
     pub(super) overlap: bool,
-    pub(super) after_step: Option<AfterStep>,
-    /// The model's amax notes, for the distributed optimizer to keep its weights' amaxes in.
-    amax_notes: Option<AmaxNotes>,
 }
 
 impl MegatronStrategy {
@@ -71,24 +62,7 @@ impl MegatronStrategy {
             optimizer: StrategyOptimizer::Learner,
             buckets: BucketConfig::new(),
             overlap: true,
-            after_step: None,
-            amax_notes: None,
         }
-    }
-
-    /// With [`StrategyOptimizer::Distributed`], keep each new weight's amax in `notes` (the
-    /// model's, `Llama::amax_notes`) for its FP8 tensorwise casts.
-    pub fn with_amax_notes(mut self, notes: AmaxNotes) -> Self {
-        self.amax_notes = Some(notes);
-        self
-    }
-
-    /// Runs `update` on the model after each optimizer step (see [`AfterStep`]); the Learner
-    /// then holds the updated model too (with [`StrategyOptimizer::Learner`], by loading its
-    /// record every step).
-    pub fn with_after_step(mut self, update: AfterStep) -> Self {
-        self.after_step = Some(update);
-        self
     }
 
     pub fn with_optimizer(mut self, optimizer: StrategyOptimizer) -> Self {
@@ -115,7 +89,10 @@ impl MegatronStrategy {
     }
 }
 
-impl<M: LearnerModel> SupervisedLearningStrategy<M> for MegatronStrategy {
+impl<M> SupervisedLearningStrategy<M> for MegatronStrategy
+where
+    M: LearnerModel + TrainModel + burn::train::TrainStep<Input = TokenBatch, Output = LmOutput>,
+{
     fn fit(
         &self,
         components: TrainingComponents<M>,
@@ -167,7 +144,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for MegatronStrategy {
             if interrupter.should_stop() {
                 break;
             }
-            let model = trainer.model.valid();
+            let model = trainer.trainer.model().valid();
             let start = LearnerEvent::StartSplit {
                 epoch_number: epoch,
                 total_items: valid.num_items(),
@@ -197,7 +174,7 @@ impl<M: LearnerModel> SupervisedLearningStrategy<M> for MegatronStrategy {
                 break;
             }
         }
-        (trainer.model, event_processor)
+        (trainer.trainer.into_parts().0, event_processor)
     }
 }
 
@@ -236,130 +213,63 @@ fn dp_slice<O: Send + 'static>(loader: Arc<dyn DataLoader<O>>, groups: &ProcessG
     loader.slice(dp_rank * n / dp, (dp_rank + 1) * n / dp)
 }
 
-/// One rank's model, optimizer and gradient reducer between steps.
+/// One rank's [`Trainer`] between steps, and whether the Learner's model is behind it.
 struct RankTrainer<'a, M> {
     strategy: &'a MegatronStrategy,
-    model: M,
-    optim: Option<DistributedAdamW>,
-    /// The parameters other pipeline stages hold too (tied embeddings), found at the first
-    /// step under pp.
-    copies: Option<StageCopies>,
-    /// Whether `model` is ahead of the Learner's (the distributed optimizer steps it alone).
+    trainer: Trainer<M>,
+    /// Whether the trainer's model is ahead of the Learner's (the distributed optimizer steps it
+    /// alone).
     learner_behind: bool,
 }
 
-impl<'a, M: LearnerModel> RankTrainer<'a, M> {
+impl<'a, M: LearnerModel + TrainModel> RankTrainer<'a, M> {
     fn new(strategy: &'a MegatronStrategy, model: M) -> Self {
         let optim = match &strategy.optimizer {
-            StrategyOptimizer::Learner => None,
-            StrategyOptimizer::Distributed(config) => {
-                let optim = config.init(&strategy.groups);
-                Some(match &strategy.amax_notes {
-                    Some(notes) => optim.keeping_amaxes(notes.clone()),
-                    None => optim,
-                })
-            }
+            // Only its reducer serves: the Learner's optimizer steps the model.
+            StrategyOptimizer::Learner => DistributedAdamWConfig::new().with_buckets(strategy.buckets.clone()),
+            StrategyOptimizer::Distributed(config) => config.clone(),
         };
+        let trainer = Trainer::new(model, &optim, &strategy.groups, &strategy.device).with_overlap(strategy.overlap);
         Self {
             strategy,
-            model,
-            optim,
-            copies: None,
+            trainer,
             learner_behind: false,
         }
     }
 
-    /// Forward, backward, the dp reduction and the optimizer step.
-    fn step(
-        &mut self,
-        learner: &mut Learner<M>,
-        item: <M as TrainStep>::Input,
-    ) -> Result<<M as TrainStep>::Output, String> {
-        let s = self.strategy;
-        let dp = s.groups.grad_sync();
-        let reduction = match &self.optim {
-            Some(optim) => optim.reducer(&self.model),
-            None => {
-                let numels = param_values(&self.model).into_iter().map(|p| p.value.dims()[0]);
-                let params = numels.zip(GradGroup::for_model(&self.model, &s.groups)).collect();
-                GradReducer::new(params, dtype_of(&self.model).size(), Reduction::AllReduce, &s.buckets)
-            }
-        };
-        let overlap = Overlap::new(reduction);
-        // A pipeline stage's backward runs once a microbatch: its gradients are reduced after
-        // the step, not from inside backward.
-        let output = if s.overlap && dp.size() > 1 && s.groups.pp.size() == 1 {
-            TrainStep::step(&overlap.tap(self.model.clone(), dp), item).item
-        } else {
-            let output = TrainStep::step(&self.model, item);
-            let grads = take_grads(&self.model, output.grads);
-            for (index, grad) in grads.into_iter().enumerate().rev() {
-                if let Some(grad) = grad {
-                    overlap.add(index, grad).map_err(|e| e.to_string())?;
-                }
-            }
-            output.item
-        };
-        let reduced = overlap
-            .finish(&s.device, dtype_of(&self.model))
-            .map_err(|e| e.to_string())?;
-        let reduced = self.sum_over_stages(reduced).map_err(|e| e.to_string())?;
-        match &mut self.optim {
-            Some(optim) => {
-                let lr = learner.lr_current().base();
-                self.model = optim
-                    .step_reduced(lr, self.model.clone(), reduced)
-                    .map_err(|e| e.to_string())?
-                    .0;
+    /// One training step through the [`Trainer`], the update by the strategy's optimizer.
+    fn step(&mut self, learner: &mut Learner<M>, batch: TokenBatch) -> Result<LmOutput, String> {
+        let lr = learner.lr_current().base();
+        let stepped = match &self.strategy.optimizer {
+            StrategyOptimizer::Distributed(_) => {
                 self.learner_behind = true;
+                self.trainer.step(lr, batch).map_err(|e| e.to_string())?
             }
-            None => {
-                learner.optimizer_step(grads_params(&self.model, reduced));
-                self.model = learner.model();
-                crate::optim::release_freed_pages(&s.device);
+            StrategyOptimizer::Learner => {
+                let gradients = self.trainer.gradients(batch).map_err(|e| e.to_string())?;
+                learner.optimizer_step(grads_params(self.trainer.model(), gradients.reduced));
+                crate::optim::release_freed_pages(&self.strategy.device);
+                let stepped = self
+                    .trainer
+                    .finish(learner.model(), lr, gradients.forwarded, None)
+                    .map_err(|e| e.to_string())?;
+                // What moved outside the gradient (expert biases, amax histories), into the
+                // model the Learner's optimizer steps next.
+                learner.load_model(self.trainer.model().clone().into_record());
+                stepped
             }
-        }
-        if let Some(update) = &s.after_step {
-            self.model = update.apply(self.model.clone(), &output, &s.groups)?;
-            if self.optim.is_none() {
-                // The Learner's optimizer steps the Learner's model next.
-                learner.load_model(self.model.clone().into_record());
-            }
-        }
-        Ok(output)
-    }
-
-    /// `reduced` with each parameter other pipeline stages hold too summed over them, after the
-    /// dp reduction (`StageCopies::sum_over_holders`).
-    fn sum_over_stages(&mut self, reduced: Vec<Tensor<1>>) -> Result<Vec<Tensor<1>>, CommError> {
-        let pp = &self.strategy.groups.pp;
-        if pp.size() == 1 {
-            return Ok(reduced);
-        }
-        if self.copies.is_none() {
-            let infos = param_infos(&self.model);
-            self.copies = Some(StageCopies::find(&infos, pp, &self.strategy.device)?);
-        }
-        let copies = self.copies.as_ref().expect("found above");
-        match copies.any() {
-            true => copies.sum_over_holders(reduced, pp),
-            false => Ok(reduced),
-        }
+        };
+        Ok(LmOutput {
+            loss: stepped.loss,
+            loads: stepped.loads,
+        })
     }
 
     /// Brings the Learner's model up to this rank's (before a Burn checkpoint reads it).
     fn sync_learner(&mut self, learner: &mut Learner<M>) {
         if self.learner_behind {
-            learner.load_model(self.model.clone().into_record());
+            learner.load_model(self.trainer.model().clone().into_record());
             self.learner_behind = false;
         }
     }
-}
-
-/// The dtype of the model's first parameter (f32 for a model without any).
-fn dtype_of<M: Module>(model: &M) -> DType {
-    param_values(model)
-        .first()
-        .map(|p| p.value.dtype())
-        .unwrap_or(DType::F32)
 }

@@ -19,7 +19,6 @@ use burn_megatron_dist::ProcessGroup;
 use crate::error::LayerError;
 use crate::layers::moe::Load;
 use crate::models::llama::LlamaStage;
-use crate::optim::{DistributedAdamW, StepReport};
 use crate::params::{param_grads, param_values};
 use crate::plan::pipeline::schedule::{Action, Payload};
 use crate::recompute::seeded_backward_with;
@@ -262,61 +261,6 @@ pub fn run_actions(
         loads: loads.into_values().collect(),
         timing,
     })
-}
-
-/// What one rank's training step reports.
-pub struct PipelineReport {
-    /// The mean loss over the microbatches, on the rank holding the last stage.
-    pub loss: Option<Tensor<1>>,
-    pub optim: StepReport,
-    /// This rank's MoE blocks' loads over the step ([`StageStep::loads`]).
-    pub loads: Vec<Load>,
-    /// The actions' time (not the reduction's or the update's).
-    pub timing: StageTiming,
-}
-
-/// One training step of a pipeline rank: its actions ([`run_actions`], timed as `timing` says); its
-/// gradients averaged over dp by `optim`'s reducer, those of a parameter other stages hold too
-/// (tied embeddings) then summed over them; and the update (clipping, if configured, by the norm over every
-/// stage, each parameter counted once). Returns the updated stage and the step's report.
-pub fn train_step(
-    stage: LlamaStage,
-    optim: &mut DistributedAdamW,
-    lr: f64,
-    actions: &[Action],
-    batches: &[(Tensor<2, Int>, Tensor<2, Int>)],
-    pp: &ProcessGroup,
-    timing: Timing,
-) -> Result<(LlamaStage, PipelineReport), LayerError> {
-    let step = run_actions(&stage, actions, batches, pp, timing)?;
-    let copies = optim.stage_copies(&stage)?.clone();
-    let mut reducer = optim.reducer(&stage);
-    let values = param_values(&stage);
-    let report = |optim| PipelineReport {
-        loss: step.loss.clone(),
-        optim,
-        loads: step.loads.clone(),
-        timing: step.timing,
-    };
-    let (device, dtype) = match values.first() {
-        Some(p) => (p.value.device(), p.value.dtype()),
-        None => {
-            let report = report(StepReport::default());
-            return Ok((stage, report));
-        }
-    };
-    for (index, grad) in step.grads.into_iter().enumerate().rev() {
-        if let Some(grad) = grad {
-            reducer.add(index, grad)?;
-        }
-    }
-    let reduced = reducer.finish(&device, dtype)?;
-    let reduced = match copies.any() {
-        true => copies.sum_over_holders(reduced, pp)?,
-        false => reduced,
-    };
-    let (stage, stepped) = optim.step_reduced(lr, stage, reduced)?;
-    Ok((stage, report(stepped)))
 }
 
 /// The dtype activations travel in: the stage's parameters'.

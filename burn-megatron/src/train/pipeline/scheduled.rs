@@ -1,14 +1,14 @@
 //! A pipeline stage that carries its schedule (`LlamaStage::with_schedule`) runs its part of a
 //! step on its own: a training step over the microbatches ([`scheduled_step`]: `run_actions`,
 //! the loss on every rank) and a forward-only pass ([`forward_loss`]). Burn's Learner drives
-//! stages through them (`train::learner`); [`super::train_step`] is the plain loop's.
+//! stages through them (`train::learner`), as the training step does (`train::Trainer`).
 //!
 //! Legend: `b` a rank's sequences, `s` sequence, `m` microbatches.
 
 use burn::tensor::{DType, Int, Tensor};
 use burn_megatron_dist::{ProcessGroup, ReduceOp};
 
-use super::run::{Timing, run_actions};
+use super::run::{StageTiming, Timing, run_actions};
 use crate::error::{ConfigError, LayerError};
 use crate::layers::moe::Load;
 use crate::models::llama::LlamaStage;
@@ -25,15 +25,18 @@ pub struct ScheduledStep {
     pub grads: Vec<Option<Tensor<1>>>,
     /// This rank's MoE blocks' loads over the step, in block order.
     pub loads: Vec<Load>,
+    pub timing: StageTiming,
 }
 
 /// One training step of this rank over its schedule: `ids` and `targets` (`[b, s]`, this
 /// dp rank's whole sequences, the same on every stage; under context parallelism each cp
-/// rank takes its chunks) cut into the microbatches. Every rank of the pipeline calls it.
+/// rank takes its chunks) cut into the microbatches, its actions timed as `timing` says. Every
+/// rank of the pipeline calls it.
 pub fn scheduled_step(
     stage: &LlamaStage,
     ids: Tensor<2, Int>,
     targets: Tensor<2, Int>,
+    timing: Timing,
 ) -> Result<ScheduledStep, LayerError> {
     let schedule = stage.schedule.as_ref().ok_or(ConfigError::NoSchedule)?;
     let pp = &schedule.pp;
@@ -57,8 +60,7 @@ pub fn scheduled_step(
             )
         })
         .collect();
-    // No device synchronization between actions: the host runs ahead of the device.
-    let step = run_actions(stage, &schedule.actions, &batches, pp, Timing::Off)?;
+    let step = run_actions(stage, &schedule.actions, &batches, pp, timing)?;
     let device = ids.device();
     let loss = match step.loss {
         Some(loss) => loss.detach().without_autodiff().cast(DType::F32),
@@ -68,6 +70,7 @@ pub fn scheduled_step(
         loss: pp.all_reduce(loss, ReduceOp::Sum)?,
         grads: step.grads,
         loads: step.loads,
+        timing: step.timing,
     })
 }
 

@@ -1,0 +1,88 @@
+//! [`TokenBatch`]: what a training step reads, and its split into microbatches.
+
+use burn::tensor::{Int, Tensor};
+
+use crate::error::ConfigError;
+
+/// Token ids and the ids that follow them: a rank's whole sequences (under context
+/// parallelism, each cp rank takes its chunks inside the step).
+///
+/// # Shapes
+/// `ids`, `targets`: `[b, s]`
+#[derive(Clone, Debug)]
+pub struct TokenBatch {
+    pub ids: Tensor<2, Int>,
+    pub targets: Tensor<2, Int>,
+}
+
+impl TokenBatch {
+    /// Sequences in the batch.
+    pub fn sequences(&self) -> usize {
+        self.ids.dims()[0]
+    }
+
+    /// Tokens in the batch.
+    pub fn tokens(&self) -> usize {
+        let [b, s] = self.ids.dims();
+        b * s
+    }
+
+    /// The batch cut into `parts` microbatches of equal sequences, in order.
+    ///
+    /// # Shapes
+    /// `[b, s]` → `parts ×` `[b / parts, s]`
+    pub fn split(self, parts: usize) -> Result<Vec<TokenBatch>, ConfigError> {
+        let b = self.sequences();
+        if parts == 0 || b < parts || !b.is_multiple_of(parts) {
+            return Err(ConfigError::MicrobatchSplit {
+                sequences: b,
+                microbatches: parts,
+            });
+        }
+        if parts == 1 {
+            return Ok(vec![self]);
+        }
+        let per = b / parts;
+        Ok((0..parts)
+            .map(|i| TokenBatch {
+                ids: self.ids.clone().narrow(0, i * per, per),
+                targets: self.targets.clone().narrow(0, i * per, per),
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, TensorData};
+
+    use super::*;
+
+    fn batch(b: usize) -> TokenBatch {
+        let device = Device::flex();
+        let ids: Vec<i64> = (0..b as i64 * 3).collect();
+        let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, 3]), &device);
+        TokenBatch {
+            targets: ids.clone().add_scalar(1),
+            ids,
+        }
+    }
+
+    /// Microbatches are consecutive rows; a split that leaves rows over is a typed error.
+    #[test]
+    fn splits_rows_in_order() {
+        let parts = batch(4).split(2).unwrap();
+        let rows = |t: &Tensor<2, Int>| t.clone().into_data().convert::<i64>().try_to_vec::<i64>().unwrap();
+        assert_eq!(rows(&parts[0].ids), vec![0, 1, 2, 3, 4, 5]);
+        assert_eq!(rows(&parts[1].targets), vec![7, 8, 9, 10, 11, 12]);
+        for (b, parts) in [(4, 3), (2, 4), (2, 0)] {
+            assert_eq!(
+                batch(b).split(parts).unwrap_err(),
+                ConfigError::MicrobatchSplit {
+                    sequences: b,
+                    microbatches: parts
+                }
+            );
+        }
+    }
+}
