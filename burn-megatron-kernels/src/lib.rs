@@ -50,6 +50,7 @@ pub mod gated_mlp;
 pub mod gemm;
 pub mod grad_norm;
 pub mod grouped_gemm;
+pub mod memory;
 pub mod order;
 pub mod quant;
 pub mod rms_norm;

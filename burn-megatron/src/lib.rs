@@ -42,6 +42,8 @@
 //! - [`recompute`]: activation recomputation (full blocks or selective regions).
 //! - [`train`]: the pipeline's runtime, and Burn's Learner running one rank (`learner` feature).
 //! - [`posttrain`]: post-training quantization, Minitron-style pruning, distillation.
+//! - [`job`]: the training job a user writes (a TOML file, overridable field by field),
+//!   resolved into the planned model, the plan and the batch's split.
 //! - [`init`]: deterministic, shard-aware initialization.
 //!
 //! The process mesh, communicators and collectives live in [`burn_megatron_dist`], re-exported
@@ -57,6 +59,7 @@ pub struct ReadmeDoctests;
 pub mod checkpoint;
 pub mod error;
 pub mod init;
+pub mod job;
 pub mod layers;
 pub mod models;
 pub mod optim;

@@ -298,11 +298,8 @@ fn main() {
     let (step_s, loss, profile, pipeline, marks) = &results[0];
     let (step_s, loss) = (*step_s, *loss);
     let gpus = args.tp * args.dp * args.cp * args.pp;
-    let params = matmul_params(&shape) as f64;
-    let h = shape.attention.d_model;
-    let l = shape.n_layers;
     let tokens = (batch * args.dp * seq) as f64;
-    let flops = tokens * (6.0 * params + 12.0 * (l * seq * h) as f64);
+    let flops = tokens * shape.flops_per_token(seq);
     let tflops_per_gpu = flops / step_s / gpus as f64 / 1e12;
     let recipe = match args.recipe {
         Recipe::Bf16 => "bf16-fp32-master".to_string(),
@@ -350,21 +347,6 @@ fn main() {
         tflops_per_gpu / 989.4,
         loss,
     );
-}
-
-/// The parameters a token's matrix products touch, as `peers/common.py` counts them: a
-/// MoE block counts the experts a token visits (top k of them), its shared expert and its
-/// router.
-fn matmul_params(shape: &burn_megatron::models::llama::LlamaConfig) -> usize {
-    let (h, f, v) = (shape.attention.d_model, shape.mlp.d_ff, shape.embedding.vocab_size);
-    let ffn = |i: usize| match shape.moe.as_ref().filter(|m| m.holds(i)) {
-        Some(moe) => {
-            let router = &moe.layer.router;
-            3 * h * moe.layer.d_ff * router.top_k + 3 * h * moe.layer.shared_d_ff.unwrap_or(0) + h * router.n_experts
-        }
-        None => 3 * h * f,
-    };
-    (0..shape.n_layers).map(|i| 4 * h * h + ffn(i)).sum::<usize>() + v * h
 }
 
 /// `n` token ids drawn uniformly from `0..vocab` by a seeded SplitMix64 stream.

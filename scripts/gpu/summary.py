@@ -80,7 +80,7 @@ def note(log, found):
     if found:
         return f"{len(found)} {found[0][0]} lines: the table below"
     text = open(log, errors="replace").read() if os.path.exists(log) else ""
-    counts = re.findall(r"^\S*:?\s*(\d+ passed, \d+ failed.*)$", text, re.M)
+    counts = re.findall(r"^(?:\S*:\s*)?(\d+ passed, \d+ failed.*)$", text, re.M)
     if counts:
         return counts[-1]
     losses = [float(v) for v in re.findall(r"^step \d+ loss (\S+)", text, re.M)]

@@ -155,6 +155,56 @@ pub fn async_save_while_training(h: &Harness) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A run's [`checkpoint::Saver`] at tp 2 × dp 2, saving every step with the newest 2 kept and the
+/// job attached, in the foreground and on its own thread: 2 checkpoints are left, `latest` names
+/// the last step's, its attachment reads back, and it resumes at tp 1 with the step it was
+/// saved at.
+pub fn saver_keeps_the_newest(h: &Harness) {
+    for background in [false, true] {
+        let dir = scratch(&format!("saver-{background}"));
+        h.run(ParallelDims::tp_dp(2, 2), |ctx| {
+            let dev = ctx.device.clone().autodiff();
+            let mut m = model(&ctx.groups, &dev, 5);
+            let mut optim = DistributedAdamWConfig::new().with_zero1(true).init(&ctx.groups);
+            let mut saver = checkpoint::Saver::new(&dir)
+                .with_interval(Some(1))
+                .with_keep_last(Some(2))
+                .in_background(background)
+                .with_attachment("job.toml", b"steps = 4\n".to_vec());
+            for step in 1..=4 {
+                train(&mut m, &mut optim, &ctx.groups, &dev, step - 1..step);
+                let saved = saver.step(step as usize, step == 4, &m, &optim, &ctx.groups).unwrap();
+                assert!(saved);
+            }
+            saver.finish(&ctx.groups).unwrap();
+        });
+        let mut kept: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("step-"))
+            .collect();
+        kept.sort();
+        assert_eq!(kept.len(), 2, "background {background}: {kept:?}");
+        assert!(
+            kept[0].starts_with("step-00000003-") && kept[1].starts_with("step-00000004-"),
+            "{kept:?}"
+        );
+        let job = checkpoint::attachment(&dir, "job.toml").unwrap();
+        assert_eq!(job.as_deref(), Some(&b"steps = 4\n"[..]));
+        assert_eq!(checkpoint::attachment(&dir, "other").unwrap(), None);
+        let steps = h.run(ParallelDims::tp_dp(1, 1), |ctx| {
+            let dev = ctx.device.clone().autodiff();
+            let mut optim = DistributedAdamWConfig::new().init(&ctx.groups);
+            checkpoint::load(&dir, model(&ctx.groups, &dev, 99), &mut optim, &ctx.groups)
+                .unwrap()
+                .1
+        });
+        assert_eq!(steps, vec![4]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// 30 steps at tp2 × dp2 (sequence parallel, ZeRO-1) against tp1 × dp1: the same losses.
 pub fn tp2_dp2_matches_single_device_for_30_steps(h: &Harness) {
     let run = |tp: usize, dp: usize| {

@@ -26,3 +26,8 @@ fn async_save_while_training() {
 fn tp2_dp2_matches_single_device_for_30_steps() {
     checkpoint_suite::tp2_dp2_matches_single_device_for_30_steps(&Harness::cpu(4));
 }
+
+#[test]
+fn saver_keeps_the_newest() {
+    checkpoint_suite::saver_keeps_the_newest(&Harness::cpu(4));
+}

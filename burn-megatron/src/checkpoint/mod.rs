@@ -10,6 +10,7 @@
 
 mod files;
 mod save;
+mod saver;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,7 +22,8 @@ use burn_megatron_dist::{CommError, ProcessGroups};
 pub use files::write_synced;
 use files::{FORMAT, Piece, read_shard};
 pub use files::{Index, Placement};
-pub use save::{AsyncSaver, save};
+pub use save::{AsyncSaver, SaveOptions, save, save_with};
+pub use saver::Saver;
 
 use crate::optim::{DistributedAdamW, ParamState};
 use crate::params::{ParamInfo, map_params, param_infos, param_values};
@@ -88,6 +90,24 @@ fn state_parts(state: &ParamState) -> Vec<Vec<f32>> {
         .into_iter()
         .map(|t| t.to_data().convert::<f32>().try_into_vec::<f32>().expect("f32 values"))
         .collect()
+}
+
+/// The file `name` attached to the latest checkpoint under `dir` ([`SaveOptions::attachments`]),
+/// if it has one.
+pub fn attachment(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, CheckpointError> {
+    let latest = std::fs::read_to_string(dir.join("latest")).map_err(|e| CheckpointError::NotFound {
+        dir: dir.to_path_buf(),
+        detail: e.to_string(),
+    })?;
+    let path = dir.join(latest.trim()).join(name);
+    match std::fs::read(&path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(CheckpointError::Io {
+            path,
+            detail: e.to_string(),
+        }),
+    }
 }
 
 /// Loads the latest checkpoint under `dir` into `model` and `optim`, resharded to this layout;

@@ -30,6 +30,16 @@ fn writes(dims: &ParallelDims, rank: usize) -> bool {
     (at.dp == 0 && at.cp == 0) || dims.expert_coordinates(rank).ep_dp == 0
 }
 
+/// What a save writes beside the model and optimizer, and what it removes.
+#[derive(Clone, Debug, Default)]
+pub struct SaveOptions {
+    /// Files written into the checkpoint by name (a run's job), read back with
+    /// [`attachment`](super::attachment).
+    pub attachments: Vec<(String, Vec<u8>)>,
+    /// Once the save is complete, remove all but the newest `keep_last` checkpoints.
+    pub keep_last: Option<usize>,
+}
+
 /// Everything one rank writes for one save, on the host.
 struct Snapshot {
     step: u64,
@@ -51,6 +61,8 @@ struct Snapshot {
     /// Every tensor's global shape on this rank's stage (rank 0 gathers every stage's from the
     /// writers' markers and writes them into the index).
     tensors: BTreeMap<String, Vec<usize>>,
+    /// Written and applied by global rank 0.
+    options: SaveOptions,
 }
 
 impl Snapshot {
@@ -61,6 +73,7 @@ impl Snapshot {
         model: &M,
         optim: &DistributedAdamW,
         groups: &ProcessGroups,
+        options: &SaveOptions,
     ) -> Result<Self, CheckpointError> {
         let infos = param_infos(model);
         let values = local_values(model);
@@ -130,6 +143,10 @@ impl Snapshot {
             pieces: (writes_dense || writes_experts).then_some(pieces),
             dims: groups.dims,
             tensors,
+            options: match groups.global_rank {
+                0 => options.clone(),
+                _ => SaveOptions::default(),
+            },
         })
     }
 
@@ -188,6 +205,9 @@ impl Snapshot {
             files,
             tensors,
         };
+        for (name, bytes) in &self.options.attachments {
+            write_synced(&staging.join(name), bytes)?;
+        }
         let json = serde_json::to_vec_pretty(&index).expect("index serializes");
         write_synced(&staging.join("index.json"), &json)?;
         let name = self
@@ -201,10 +221,21 @@ impl Snapshot {
         write_synced(&dir.join("latest"), name.as_bytes())?;
         // Earlier saves of the same step are superseded now that `latest` names this one.
         let prefix = format!("step-{:08}-", self.step);
+        let mut kept = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(|e| io(dir, e))?.flatten() {
             let other = entry.file_name().to_string_lossy().into_owned();
             if other != name && other.starts_with(&prefix) {
                 let _ = std::fs::remove_dir_all(entry.path());
+            } else if other.starts_with("step-") {
+                kept.push(other);
+            }
+        }
+        // The names sort by step (eight digits), then by the save's clock.
+        kept.sort();
+        if let Some(keep) = self.options.keep_last {
+            for old in kept.iter().rev().skip(keep).filter(|old| **old != name) {
+                let path = dir.join(old);
+                std::fs::remove_dir_all(&path).map_err(|e| io(&path, e))?;
             }
         }
         Ok(())
@@ -244,7 +275,19 @@ pub fn save<M: Module>(
     optim: &DistributedAdamW,
     groups: &ProcessGroups,
 ) -> Result<(), CheckpointError> {
-    Snapshot::take(step, model, optim, groups)?.write(dir)?;
+    save_with(dir, step, model, optim, groups, &SaveOptions::default())
+}
+
+/// [`save`] with `options`' attachments and retention.
+pub fn save_with<M: Module>(
+    dir: &Path,
+    step: u64,
+    model: &M,
+    optim: &DistributedAdamW,
+    groups: &ProcessGroups,
+    options: &SaveOptions,
+) -> Result<(), CheckpointError> {
+    Snapshot::take(step, model, optim, groups, options)?.write(dir)?;
     groups.world.barrier()?;
     Ok(())
 }
@@ -271,8 +314,21 @@ impl AsyncSaver {
         optim: &DistributedAdamW,
         groups: &ProcessGroups,
     ) -> Result<(), CheckpointError> {
+        self.save_with(dir, step, model, optim, groups, &SaveOptions::default())
+    }
+
+    /// [`save`](Self::save) with `options`' attachments and retention.
+    pub fn save_with<M: Module>(
+        &mut self,
+        dir: &Path,
+        step: u64,
+        model: &M,
+        optim: &DistributedAdamW,
+        groups: &ProcessGroups,
+        options: &SaveOptions,
+    ) -> Result<(), CheckpointError> {
         self.wait()?;
-        let snapshot = Snapshot::take(step, model, optim, groups)?;
+        let snapshot = Snapshot::take(step, model, optim, groups, options)?;
         let target = dir.to_path_buf();
         let handle = std::thread::spawn(move || snapshot.write(&target));
         self.writing = Some((dir.to_path_buf(), handle));

@@ -9,7 +9,7 @@ use burn_megatron_dist::ProcessGroups;
 use burn_megatron_kernels::quant::notes::AmaxNotes;
 
 use super::batch::TokenBatch;
-use super::pipeline::scheduled_step;
+use super::pipeline::{forward_loss, scheduled_step};
 use super::step::{Backward, Pass, TrainModel, router_parts};
 use crate::error::LayerError;
 use crate::layers::context::ContextLayout;
@@ -26,6 +26,11 @@ impl TrainModel for Llama {
             false => loss.mul_scalar(pass.weight),
         };
         Ok(Backward::of(self, loss, router_parts(&report), report.loads, pass))
+    }
+
+    fn eval_loss(&self, batch: TokenBatch) -> Result<Tensor<1>, LayerError> {
+        let batch = context_shard(self, batch)?;
+        Ok(self.forward_loss(batch.ids, batch.targets)?.cast(DType::F32))
     }
 
     fn reduces_during_backward(&self) -> bool {
@@ -65,6 +70,11 @@ impl TrainModel for LlamaStage {
                 .then(|| step.grads.into_iter().map(|g| g.map(weigh)).collect()),
             timing: Some(step.timing),
         })
+    }
+
+    fn eval_loss(&self, batch: TokenBatch) -> Result<Tensor<1>, LayerError> {
+        let pp = &self.schedule.as_ref().ok_or(crate::error::ConfigError::NoSchedule)?.pp;
+        forward_loss(self, batch.ids, batch.targets, pp)
     }
 
     fn reduces_during_backward(&self) -> bool {

@@ -7,12 +7,14 @@ mod batch;
 #[cfg(feature = "learner")]
 pub mod learner;
 mod llama;
+mod metrics;
 pub mod pipeline;
 mod report;
 mod schedule;
 mod step;
 
 pub use batch::TokenBatch;
+pub use metrics::{MetricsLog, StepRate, read_metrics};
 pub use report::{ExpertLoad, StepValues};
 pub use schedule::LrSchedule;
 pub use step::{Backward, Forwarded, Gradients, Pass, Stepped, TrainError, TrainModel, Trainer, router_parts};

@@ -29,6 +29,10 @@ pub trait TrainModel: Module + Sized {
     /// `pass.weight` of the step's.
     fn forward_backward(&self, batch: TokenBatch, pass: Pass) -> Result<Backward, LayerError>;
 
+    /// The loss of `batch` (this rank's whole sequences), forward only, `[1]` f32: on every
+    /// rank of a pipeline. Called on the model as inference sees it ([`Module::valid`]).
+    fn eval_loss(&self, batch: TokenBatch) -> Result<Tensor<1>, LayerError>;
+
     /// Whether one backward brings each parameter's gradient whole, so a reduction may start
     /// inside it (a pipeline stage's come from each of its microbatches' backwards).
     fn reduces_during_backward(&self) -> bool;
@@ -256,6 +260,31 @@ impl<M: TrainModel> Trainer<M> {
         self.model = Some(model);
         self.steps = steps;
         Ok(steps)
+    }
+
+    /// The mean loss over `batches` (this rank's held-out sequences), forward only, averaged
+    /// over the ranks that split the batch. Every rank calls it with as many batches.
+    pub fn evaluate(&self, batches: impl IntoIterator<Item = TokenBatch>) -> Result<f64, TrainError> {
+        let at = |e: LayerError| TrainError::at(self.steps, e);
+        let model = self.model().valid();
+        let mut total: Option<Tensor<1>> = None;
+        let mut count = 0;
+        for batch in batches {
+            let loss = model.eval_loss(batch).map_err(at)?;
+            total = Some(match total {
+                Some(sum) => sum + loss,
+                None => loss,
+            });
+            count += 1;
+        }
+        let Some(total) = total else { return Ok(f64::NAN) };
+        let mean = total.div_scalar(count as f64);
+        let mean = self
+            .groups
+            .grad_sync()
+            .all_reduce(mean, burn_megatron_dist::ReduceOp::Avg)
+            .map_err(|e| at(e.into()))?;
+        Ok(mean.into_scalar::<f64>())
     }
 
     /// One training step of `batch` (this rank's sequences) at learning rate `lr`.

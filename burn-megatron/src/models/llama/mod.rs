@@ -1,9 +1,10 @@
 //! Llama: the model (`model.rs`), its layer table for the parallel plan and precision policies
 //! (`plan.rs`), the recipes that name whole runs (`recipes.rs`), Hugging Face checkpoints
-//! (`hf/`), llama.cpp's GGUF files (`gguf/`), generation with a KV cache (`generate/`); a
+//! (`hf/`), llama.cpp's GGUF files (`gguf/`), a step's FLOPs (`flops.rs`), generation with a KV cache (`generate/`); a
 //! block's linear layers by path (`sites.rs`); a rank's pipeline stage (`stage.rs`, which
 //! `train::pipeline` runs).
 
+mod flops;
 pub mod generate;
 pub mod gguf;
 pub mod hf;
