@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each example uses its own part
 
+pub mod cli;
+
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};

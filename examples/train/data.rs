@@ -1,5 +1,6 @@
 //! The training text as a stream of tokens: bytes, or the ids of a Hugging Face
-//! `tokenizer.json`. The default corpus is arithmetic, generated deterministically in-process.
+//! `tokenizer.json`, its last share held out for evaluation. The default corpus is arithmetic,
+//! generated deterministically in-process.
 //!
 //! Lines such as `417+38=455` have structure a small model learns: digits, then the operator,
 //! then a sum that follows from the operands. Its unigram entropy is about 2.6 nats a byte, so
@@ -8,6 +9,8 @@
 use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn_megatron::job::DataSection;
+use burn_megatron::train::TokenBatch;
 use tokenizers::Tokenizer;
 
 /// A stream of tokens, and how to turn tokens back into text.
@@ -17,6 +20,32 @@ pub struct Corpus {
 }
 
 impl Corpus {
+    /// The corpus a job's data section names (the arithmetic from `seed` when it names no
+    /// files), and the share it holds out, if any.
+    pub fn of(data: &DataSection, seed: u64) -> Result<(Self, Option<Self>), String> {
+        let corpus = match &data.path {
+            Some(path) => Corpus::from_path(path)?,
+            None => Corpus::arithmetic(1 << 20, seed),
+        };
+        let corpus = match &data.tokenizer {
+            Some(path) => corpus.tokenized(path)?,
+            None => corpus,
+        };
+        if data.held_out == 0.0 {
+            return Ok((corpus, None));
+        }
+        let cut = corpus.tokens.len() - (corpus.tokens.len() as f64 * data.held_out) as usize;
+        let held = Corpus {
+            tokens: corpus.tokens[cut..].to_vec(),
+            tokenizer: corpus.tokenizer.clone(),
+        };
+        let train = Corpus {
+            tokens: corpus.tokens[..cut].to_vec(),
+            tokenizer: corpus.tokenizer,
+        };
+        Ok((train, Some(held)))
+    }
+
     /// About `len` bytes of `a+b=c` and `a-b=c` lines from `seed`.
     pub fn arithmetic(len: usize, seed: u64) -> Self {
         let mut rng = seed ^ 0x5DEE_CE66_D1CE_4E5B;
@@ -78,6 +107,15 @@ impl Corpus {
         }
     }
 
+    /// [`decode`](Self::decode) as a function of its own, for another thread.
+    pub fn decoder(&self) -> impl Fn(&[u32]) -> String + Send + 'static {
+        let corpus = Corpus {
+            tokens: Vec::new(),
+            tokenizer: self.tokenizer.clone(),
+        };
+        move |tokens| corpus.decode(tokens)
+    }
+
     /// The first `n` tokens (a prompt for samples of a corpus read from files).
     pub fn head(&self, n: usize) -> &[u32] {
         &self.tokens[..n.min(self.tokens.len())]
@@ -136,6 +174,14 @@ impl Corpus {
             .collect();
         let all = Tensor::<2, Int>::from_data(TensorData::new(tokens, [count, seq + 1]), device);
         (all.clone().narrow(1, 0, seq), all.narrow(1, 1, seq))
+    }
+}
+
+impl Corpus {
+    /// [`batch`](Self::batch) as the training step takes it.
+    pub fn token_batch(&self, step: usize, first: usize, count: usize, seq: usize, device: &Device) -> TokenBatch {
+        let (ids, targets) = self.batch(step, first, count, seq, device);
+        TokenBatch { ids, targets }
     }
 }
 

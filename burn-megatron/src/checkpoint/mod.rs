@@ -110,6 +110,22 @@ pub fn attachment(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, CheckpointE
     }
 }
 
+/// The step the latest checkpoint under `dir` was saved at.
+pub fn latest_step(dir: &Path) -> Result<u64, CheckpointError> {
+    let not_found = |detail: String| CheckpointError::NotFound {
+        dir: dir.to_path_buf(),
+        detail,
+    };
+    let latest = std::fs::read_to_string(dir.join("latest")).map_err(|e| not_found(e.to_string()))?;
+    let index_path = dir.join(latest.trim()).join("index.json");
+    let bytes = std::fs::read(&index_path).map_err(|e| not_found(e.to_string()))?;
+    let index: Index = serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Format {
+        path: index_path,
+        detail: e.to_string(),
+    })?;
+    Ok(index.step)
+}
+
 /// Loads the latest checkpoint under `dir` into `model` and `optim`, resharded to this layout;
 /// returns the model and the step it was saved at. Every rank calls it.
 pub fn load<M: Module>(

@@ -124,6 +124,14 @@ impl JobConfig {
         Ok(job)
     }
 
+    /// The job in `text`, a job file's contents (as a checkpoint keeps it).
+    pub fn from_toml(text: &str) -> Result<Self, JobError> {
+        toml::from_str(text).map_err(|e| JobError::Field {
+            field: "job",
+            detail: e.to_string(),
+        })
+    }
+
     /// The job as a TOML file, which [`parse`](Self::parse) reads back.
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("a job serializes")

@@ -10,11 +10,13 @@ mod llama;
 mod metrics;
 pub mod pipeline;
 mod report;
+pub mod routine;
 mod schedule;
 mod step;
 
 pub use batch::TokenBatch;
 pub use metrics::{MetricsLog, StepRate, read_metrics};
 pub use report::{ExpertLoad, StepValues};
+pub use routine::{Lines, Reporter, Routine, RunError, Summary, Throughput};
 pub use schedule::LrSchedule;
 pub use step::{Backward, Forwarded, Gradients, Pass, Stepped, TrainError, TrainModel, Trainer, router_parts};

@@ -1,8 +1,10 @@
 //! [`MegatronStrategy`]: one rank's loop under Burn's `SupervisedTraining`, following the event
 //! protocol of Burn's own strategies so that metrics, the dashboard, checkpointers, LR
-//! schedulers and early stopping work unchanged.
+//! schedulers and early stopping work unchanged; each step is the library's
+//! ([`Trainer`]), and what a run does around it the plain loop's ([`Routine`]).
 
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use burn::data::dataloader::{DataLoader, Progress};
 use burn::tensor::Device;
@@ -15,8 +17,10 @@ use burn::train::{
 use burn_megatron_dist::{ProcessGroups, RankContext};
 
 use super::llama::LmOutput;
+use crate::checkpoint;
 use crate::optim::{BucketConfig, DistributedAdamWConfig};
 use crate::params::grads_params;
+use crate::train::routine::Routine;
 use crate::train::{TokenBatch, TrainModel, Trainer};
 
 /// Which optimizer steps the model.
@@ -31,29 +35,44 @@ pub enum StrategyOptimizer {
     Distributed(DistributedAdamWConfig),
 }
 
-/// Runs one rank of a tp × dp mesh as a `TrainingStrategy::Custom`.
+/// Runs one rank of the mesh as a `TrainingStrategy::Custom`.
 ///
 /// - Data: the rank reads its data-parallel slice of each loader (`dp` contiguous slices of
 ///   the dataset, as Burn's DDP splits it); tensor-parallel peers read the same slice. The
 ///   global batch is `dp ×` the loader's batch size.
-/// - Gradients: averaged over dp in buckets ([`BucketConfig`]); with `overlap`, each bucket is
-///   reduced from inside backward as soon as its last gradient exists.
+/// - Steps: the library's [`Trainer`] (accumulation over microbatches, gradients averaged over
+///   dp in buckets, with `overlap` reduced from inside backward); after each, the
+///   [`Routine`] given (`with_routine`: metrics file, evaluation, checkpoints, samples).
 /// - Validation runs on every rank (tensor-parallel layers need all their ranks).
-/// - Pipeline stages (a model whose `TrainStep` runs its part of a schedule, as
-///   `LlamaStage::with_schedule`'s): their gradients are reduced after the step.
-#[derive(Clone, Debug)]
-pub struct MegatronStrategy {
+/// - Pipeline stages (`LlamaStage::with_schedule`): their gradients are reduced after the step.
+pub struct MegatronStrategy<M> {
     pub(super) groups: ProcessGroups,
     global_rank: usize,
     pub(super) device: Device,
     pub(super) optimizer: StrategyOptimizer,
     pub(super) buckets: BucketConfig,
     pub(super) overlap: bool,
+    accumulation: usize,
+    resume: Option<PathBuf>,
+    /// Taken by `fit`: the strategy is shared behind an `Arc`.
+    routine: Mutex<Option<Routine<M>>>,
 }
 
-impl MegatronStrategy {
+impl<M> std::fmt::Debug for MegatronStrategy<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MegatronStrategy")
+            .field("global_rank", &self.global_rank)
+            .field("optimizer", &self.optimizer)
+            .field("overlap", &self.overlap)
+            .field("accumulation", &self.accumulation)
+            .field("resume", &self.resume)
+            .finish()
+    }
+}
+
+impl<M: TrainModel> MegatronStrategy<M> {
     /// The strategy of the rank `ctx` describes: the Learner's optimizer, default buckets,
-    /// overlapped reduction.
+    /// overlapped reduction, one microbatch a step.
     pub fn new(ctx: &RankContext) -> Self {
         Self {
             groups: ctx.groups.clone(),
@@ -62,6 +81,9 @@ impl MegatronStrategy {
             optimizer: StrategyOptimizer::Learner,
             buckets: BucketConfig::new(),
             overlap: true,
+            accumulation: 1,
+            resume: None,
+            routine: Mutex::new(None),
         }
     }
 
@@ -81,6 +103,27 @@ impl MegatronStrategy {
         self
     }
 
+    /// Each loader batch split into `microbatches`, their gradients accumulated (checked when
+    /// training starts).
+    pub fn with_accumulation(mut self, microbatches: usize) -> Self {
+        self.accumulation = microbatches;
+        self
+    }
+
+    /// Starts from the latest checkpoint under `dir` (the model and, with
+    /// [`StrategyOptimizer::Distributed`], the optimizer): the loaders then hold the steps
+    /// after it.
+    pub fn with_resume(mut self, dir: Option<PathBuf>) -> Self {
+        self.resume = dir;
+        self
+    }
+
+    /// Runs `routine` after each step.
+    pub fn with_routine(self, routine: Routine<M>) -> Self {
+        *self.routine.lock().expect("not poisoned") = Some(routine);
+        self
+    }
+
     fn fail(&self, interrupter: &Interrupter, message: String) {
         interrupter.fail(TrainingError::Workers(vec![WorkerFailure {
             device_id: self.global_rank,
@@ -89,7 +132,7 @@ impl MegatronStrategy {
     }
 }
 
-impl<M> SupervisedLearningStrategy<M> for MegatronStrategy
+impl<M> SupervisedLearningStrategy<M> for MegatronStrategy<M>
 where
     M: LearnerModel + TrainModel + burn::train::TrainStep<Input = TokenBatch, Output = LmOutput>,
 {
@@ -114,7 +157,17 @@ where
         let train = dp_slice(train, &self.groups).to_device(&autodiff);
         let valid = dp_slice(valid, &self.groups).to_device(&self.device);
         learner.fork(&autodiff);
-        let mut trainer = RankTrainer::new(self, learner.model());
+        let mut trainer = match RankTrainer::new(self, &mut learner) {
+            Ok(trainer) => trainer,
+            Err(error) => {
+                self.fail(&interrupter, error);
+                return (learner.model(), event_processor);
+            }
+        };
+        let mut routine = self.routine.lock().expect("not poisoned").take();
+        if let Some(routine) = &mut routine {
+            routine.start();
+        }
         let report = |processor: &mut SupervisedTrainingEventProcessor<M>, event| {
             interrupter.fail_on_error(processor.process_train(event));
         };
@@ -128,7 +181,7 @@ where
             );
             for_each_item(&train, &interrupter, |iteration, progress, item| {
                 learner.lr_step();
-                match trainer.step(&mut learner, item) {
+                match trainer.step(&mut learner, item, routine.as_mut()) {
                     Ok(output) => {
                         let item = TrainingItem::new(output, progress, Some(iteration), Some(learner.lr_current()));
                         report(&mut event_processor, LearnerEvent::ProcessedItem(item));
@@ -142,6 +195,13 @@ where
             });
             report(&mut event_processor, LearnerEvent::EndSplit(epoch));
             if interrupter.should_stop() {
+                break;
+            }
+            if epoch == num_epochs
+                && let Some(routine) = &mut routine
+                && let Err(error) = routine.finish()
+            {
+                self.fail(&interrupter, error.to_string());
                 break;
             }
             let model = trainer.trainer.model().valid();
@@ -215,7 +275,7 @@ fn dp_slice<O: Send + 'static>(loader: Arc<dyn DataLoader<O>>, groups: &ProcessG
 
 /// One rank's [`Trainer`] between steps, and whether the Learner's model is behind it.
 struct RankTrainer<'a, M> {
-    strategy: &'a MegatronStrategy,
+    strategy: &'a MegatronStrategy<M>,
     trainer: Trainer<M>,
     /// Whether the trainer's model is ahead of the Learner's (the distributed optimizer steps it
     /// alone).
@@ -223,22 +283,45 @@ struct RankTrainer<'a, M> {
 }
 
 impl<'a, M: LearnerModel + TrainModel> RankTrainer<'a, M> {
-    fn new(strategy: &'a MegatronStrategy, model: M) -> Self {
+    /// The rank's trainer of the Learner's model (resumed from the strategy's checkpoint, the
+    /// Learner's schedule moved past its steps).
+    fn new(strategy: &'a MegatronStrategy<M>, learner: &mut Learner<M>) -> Result<Self, String> {
         let optim = match &strategy.optimizer {
             // Only its reducer serves: the Learner's optimizer steps the model.
             StrategyOptimizer::Learner => DistributedAdamWConfig::new().with_buckets(strategy.buckets.clone()),
             StrategyOptimizer::Distributed(config) => config.clone(),
         };
-        let trainer = Trainer::new(model, &optim, &strategy.groups, &strategy.device).with_overlap(strategy.overlap);
-        Self {
+        let mut trainer = Trainer::new(learner.model(), &optim, &strategy.groups, &strategy.device)
+            .with_overlap(strategy.overlap)
+            .with_accumulation(strategy.accumulation)
+            .map_err(|e| e.to_string())?;
+        let mut learner_behind = false;
+        if let Some(dir) = &strategy.resume {
+            let groups = &strategy.groups;
+            let load = |model, optim: &mut _| checkpoint::load(dir, model, optim, groups);
+            let steps = trainer.restore(load).map_err(|e| e.to_string())?;
+            for _ in 0..steps {
+                learner.lr_step();
+            }
+            learner_behind = true;
+        }
+        let mut rank = Self {
             strategy,
             trainer,
-            learner_behind: false,
-        }
+            learner_behind,
+        };
+        rank.sync_learner(learner);
+        Ok(rank)
     }
 
-    /// One training step through the [`Trainer`], the update by the strategy's optimizer.
-    fn step(&mut self, learner: &mut Learner<M>, batch: TokenBatch) -> Result<LmOutput, String> {
+    /// One training step through the [`Trainer`], the update by the strategy's optimizer, then
+    /// the routine.
+    fn step(
+        &mut self,
+        learner: &mut Learner<M>,
+        batch: TokenBatch,
+        routine: Option<&mut Routine<M>>,
+    ) -> Result<LmOutput, String> {
         let lr = learner.lr_current().base();
         let stepped = match &self.strategy.optimizer {
             StrategyOptimizer::Distributed(_) => {
@@ -259,10 +342,14 @@ impl<'a, M: LearnerModel + TrainModel> RankTrainer<'a, M> {
                 stepped
             }
         };
-        Ok(LmOutput {
-            loss: stepped.loss,
-            loads: stepped.loads,
-        })
+        let output = LmOutput {
+            loss: stepped.loss.clone(),
+            loads: stepped.loads.clone(),
+        };
+        if let Some(routine) = routine {
+            routine.after_step(&self.trainer, stepped).map_err(|e| e.to_string())?;
+        }
+        Ok(output)
     }
 
     /// Brings the Learner's model up to this rank's (before a Burn checkpoint reads it).
