@@ -1,25 +1,7 @@
 //! Training throughput of a Llama preset on CUDA GPUs, as the RESULT line of
 //! `docs/performance.md`, so it runs beside `peers/run.sh` in one device call.
 //!
-//!   bench [--preset llama-1b] [--tp N] [--sp] [--dp N] [--steps 10] [--warmup 3] [--profile]
-//!   bench … --pure-bf16               bf16 parameters updated in bf16 (no master weights), labelled
-//!   bench … --precision fp8-tensorwise[-promoted|-e4m3|-e4m3-promoted]|fp8-delayed|fp8-blockwise|mxfp8|nvfp4
-//!                                     a low-precision recipe in the blocks' linear layers
-//!   bench … --bf16-blocks FIRST,LAST  the first and last blocks the recipe leaves on bf16's product
-//!   bench … --linear-gemm wgmma|burn  the linear layers' product (their config's `Gemm`; wgmma)
-//!   bench --gemm [--kernels A,B]      matmul routines on the llama GEMM shapes (gemm.rs)
-//!   bench --attention                 flash attention's forward and backward alone (attention.rs)
-//!   bench --grouped                   the MoE grouped product on moe-4b's shapes (grouped.rs)
-//!   bench --moe-breakdown             one moe-4b MoE layer phase by phase (moe.rs)
-//!   bench --preset moe-4b [--ep N] [--etp N]   a MoE preset, its experts over ep (folded over dp,
-//!                                    and the tp ranks outside an etp group)
-//!   bench … --recompute none|selective|full:N|full-block:N [--batch B]
-//!                                     activation recomputation, at the preset's batch or B a rank
-//!   bench --preset llama-1b-32k [--cp N] [--context ring|all-to-all|all-gather]
-//!                                     context parallelism: each sequence's chunks over cp ranks
-//!   bench --preset llama-8b --pp 2 [--vpp V] [--microbatches M]
-//!                                     pipeline stages (1F1B; interleaved over V chunks a rank), the
-//!                                     batch in M microbatches (pipeline.rs); the bubble measured
+//!   bench --help                      every flag; the usual runs are `scripts/gpu/rows.sh`'s
 //!
 //! The peers' recipe by default (`PrecisionPolicy::bf16`): bf16 compute, fp32 master weights and
 //! fp32 AdamW moments (`DistributedAdamW`), lr 1e-4, uniformly random token ids from a seeded
@@ -37,6 +19,9 @@
 //! pipeline stage: after the timed steps). `peak_mem_gib` is the largest reservation of any
 //! rank's pools; the CUDA context and what the driver keeps outside the pools are not in it,
 //! and nvidia-smi sees those too.
+
+#[path = "../common/cli.rs"]
+mod cli;
 
 mod attention;
 mod gemm;
@@ -56,6 +41,8 @@ use burn_megatron::precision::{KeptBlocks, PrecisionPolicy};
 use burn_megatron::recompute::Recompute;
 use burn_megatron_dist::{ParallelDims, launch};
 use burn_megatron_kernels::Gemm;
+use clap::{Parser, ValueEnum};
+use cli::{Layout, at_least_one};
 use routines::GemmKernel;
 
 struct Args {
@@ -100,99 +87,126 @@ enum Recipe {
     Quantized(burn_megatron_kernels::quant::recipe::Recipe),
 }
 
+/// Training throughput of a Llama preset on CUDA GPUs beside its peers (`docs/performance.md`),
+/// and the kernels alone (`--gemm`, `--attention`, `--grouped`, `--moe-breakdown`).
+#[derive(Parser, Debug)]
+#[command(name = "bench", args_override_self = true)]
+struct Cli {
+    /// llama-1b, llama-1b-32k, llama-8b, moe-4b, tiny, …
+    #[arg(long, value_name = "NAME", default_value = "llama-1b")]
+    preset: String,
+    #[command(flatten)]
+    layout: Layout,
+    /// Pipeline microbatches a step (pp by default).
+    #[arg(long, value_name = "M", value_parser = at_least_one)]
+    microbatches: Option<usize>,
+    /// Timed steps.
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = at_least_one)]
+    steps: usize,
+    /// Warm-up steps before them.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    warmup: usize,
+    /// A PROFILE line: forward, backward, the reduction's wait and the optimizer, synchronized.
+    #[arg(long)]
+    profile: bool,
+    /// Matmul routines on the llama GEMM shapes.
+    #[arg(long)]
+    gemm: bool,
+    /// Flash attention's forward and backward alone.
+    #[arg(long)]
+    attention: bool,
+    /// The MoE grouped product on moe-4b's shapes.
+    #[arg(long)]
+    grouped: bool,
+    /// One moe-4b MoE layer phase by phase.
+    #[arg(long)]
+    moe_breakdown: bool,
+    /// The routines --gemm times (comma-separated; all by default).
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    kernels: Vec<GemmKernel>,
+    /// The linear layers' product.
+    #[arg(long, value_enum, default_value_t = LinearGemm::Wgmma)]
+    linear_gemm: LinearGemm,
+    /// bf16 (fp32 master weights), pure-bf16 (no master weights), or a low-precision recipe in
+    /// the blocks' linear layers (fp8-tensorwise[-promoted|-e4m3|-e4m3-promoted],
+    /// fp8-delayed[:LEN[:max|most-recent]], fp8-blockwise, mxfp8, nvfp4).
+    #[arg(long, value_name = "RECIPE", default_value = "bf16")]
+    precision: String,
+    /// bf16 parameters updated in bf16, no master weights (as --precision pure-bf16).
+    #[arg(long)]
+    pure_bf16: bool,
+    /// The first and last blocks the recipe leaves on bf16's product.
+    #[arg(long, value_name = "FIRST,LAST", value_delimiter = ',', num_args = 2)]
+    bf16_blocks: Option<Vec<usize>>,
+    /// What the blocks run again in backward: none, selective, full:N or full-block:N.
+    #[arg(long, value_name = "SPEC", default_value = "none")]
+    recompute: Recompute,
+    /// Sequences a data-parallel rank, instead of the preset's.
+    #[arg(long, value_name = "B", value_parser = at_least_one)]
+    batch: Option<usize>,
+}
+
+/// The linear layers' product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum LinearGemm {
+    /// Our Hopper GEMM.
+    Wgmma,
+    /// Burn's matmul.
+    Burn,
+}
+
 fn parse() -> Result<Args, String> {
-    let mut args = Args {
-        preset: "llama-1b".into(),
-        tp: 1,
-        dp: 1,
-        ep: 1,
-        etp: None,
-        cp: 1,
-        context: ContextParallel::Ring,
-        pp: 1,
-        vpp: 1,
-        microbatches: None,
-        sp: false,
-        steps: 10,
-        warmup: 3,
-        profile: false,
-        gemm: false,
-        attention: false,
-        grouped: false,
-        moe_breakdown: false,
-        kernels: GemmKernel::ALL.to_vec(),
-        linear_gemm: Gemm::Wgmma,
-        recipe: Recipe::Bf16,
-        kept_blocks: None,
-        recompute: Recompute::None,
-        batch: None,
+    checked(Cli::parse())
+}
+
+/// The command line's values checked against each other.
+fn checked(cli: Cli) -> Result<Args, String> {
+    let recipe = match (cli.pure_bf16, cli.precision.as_str()) {
+        (true, _) | (_, "pure-bf16") => Recipe::PureBf16,
+        (_, "bf16") => Recipe::Bf16,
+        (_, other) => Recipe::Quantized(
+            other
+                .parse()
+                .map_err(|e| format!("--precision: {e}, bf16 or pure-bf16"))?,
+        ),
     };
-    let mut it = std::env::args().skip(1);
-    let number = |flag: &str, v: String| v.parse::<usize>().map_err(|_| format!("{flag} {v}: not a number"));
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--preset" => args.preset = value()?,
-            "--tp" => args.tp = number(&flag, value()?)?,
-            "--dp" => args.dp = number(&flag, value()?)?,
-            "--ep" => args.ep = number(&flag, value()?)?,
-            "--etp" => args.etp = Some(number(&flag, value()?)?),
-            "--cp" => args.cp = number(&flag, value()?)?,
-            "--context" => args.context = value()?.parse()?,
-            "--pp" => args.pp = number(&flag, value()?)?,
-            "--vpp" => args.vpp = number(&flag, value()?)?,
-            "--microbatches" => args.microbatches = Some(number(&flag, value()?)?),
-            "--sp" => args.sp = true,
-            "--profile" => args.profile = true,
-            "--gemm" => args.gemm = true,
-            "--attention" => args.attention = true,
-            "--grouped" => args.grouped = true,
-            "--moe-breakdown" => args.moe_breakdown = true,
-            "--pure-bf16" => args.recipe = Recipe::PureBf16,
-            "--precision" => {
-                args.recipe = match value()?.as_str() {
-                    "bf16" => Recipe::Bf16,
-                    "pure-bf16" => Recipe::PureBf16,
-                    other => Recipe::Quantized(
-                        other
-                            .parse()
-                            .map_err(|e| format!("--precision: {e}, bf16 or pure-bf16"))?,
-                    ),
-                }
-            }
-            "--kernels" => args.kernels = value()?.split(',').map(str::parse).collect::<Result<_, _>>()?,
-            "--linear-gemm" => {
-                args.linear_gemm = match value()?.as_str() {
-                    "wgmma" => Gemm::Wgmma,
-                    "burn" => Gemm::Burn,
-                    other => return Err(format!("--linear-gemm {other}: expected wgmma or burn")),
-                }
-            }
-            "--bf16-blocks" => {
-                let text = value()?;
-                let (first, last) = text
-                    .split_once(',')
-                    .ok_or_else(|| format!("--bf16-blocks {text}: expected FIRST,LAST"))?;
-                args.kept_blocks = Some((number(&flag, first.to_string())?, number(&flag, last.to_string())?));
-            }
-            "--recompute" => args.recompute = value()?.parse().map_err(|e| format!("--recompute {e}"))?,
-            "--batch" => args.batch = Some(number(&flag, value()?)?),
-            "--steps" => args.steps = number(&flag, value()?)?,
-            "--warmup" => args.warmup = number(&flag, value()?)?,
-            other => return Err(format!("unknown flag {other}")),
-        }
+    let l = &cli.layout;
+    let one = |n: Option<usize>| n.unwrap_or(1);
+    if [l.tp, l.dp, l.ep, l.etp, l.cp, l.pp, l.vpp].contains(&Some(0)) {
+        return Err("--tp, --dp, --ep, --etp, --cp, --pp and --vpp must be at least 1".into());
     }
-    if args.tp == 0
-        || args.dp == 0
-        || args.ep == 0
-        || args.etp == Some(0)
-        || args.cp == 0
-        || args.pp == 0
-        || args.vpp == 0
-        || args.steps == 0
-    {
-        return Err("--tp, --dp, --ep, --etp, --cp, --pp, --vpp and --steps must be at least 1".into());
-    }
+    let args = Args {
+        preset: cli.preset,
+        tp: one(l.tp),
+        dp: one(l.dp),
+        ep: one(l.ep),
+        etp: l.etp,
+        cp: one(l.cp),
+        context: l.context.map_or(ContextParallel::Ring, Into::into),
+        pp: one(l.pp),
+        vpp: one(l.vpp),
+        microbatches: cli.microbatches,
+        sp: l.sp,
+        steps: cli.steps,
+        warmup: cli.warmup,
+        profile: cli.profile,
+        gemm: cli.gemm,
+        attention: cli.attention,
+        grouped: cli.grouped,
+        moe_breakdown: cli.moe_breakdown,
+        kernels: match cli.kernels.is_empty() {
+            true => GemmKernel::ALL.to_vec(),
+            false => cli.kernels,
+        },
+        linear_gemm: match cli.linear_gemm {
+            LinearGemm::Wgmma => Gemm::Wgmma,
+            LinearGemm::Burn => Gemm::Burn,
+        },
+        recipe,
+        kept_blocks: cli.bf16_blocks.map(|b| (b[0], b[1])),
+        recompute: cli.recompute,
+        batch: cli.batch,
+    };
     if args.pp > 1 && (args.recipe == Recipe::PureBf16 || args.profile) {
         return Err("--pp steps with the distributed optimizer and times the bubble, not the pieces: leave out --pure-bf16 and --profile".into());
     }
@@ -361,4 +375,29 @@ fn random_ids(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
             ((z ^ (z >> 31)) % vocab as u64) as i64
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cli::testing::{errors_say_what, help_is_on_stdout};
+
+    #[test]
+    fn help_and_bad_values() {
+        help_is_on_stdout::<Cli>("bench");
+        errors_say_what::<Cli, _>(
+            "bench",
+            checked,
+            &[
+                ("--tp 0", "at least 1"),
+                ("--precision fp4", "unknown recipe \"fp4\""),
+                ("--pp 2 --profile", "leave out --pure-bf16 and --profile"),
+                ("--bf16-blocks 1,1", "it needs one"),
+                ("--pure-bf16 --dp 2", "use --dp 1"),
+                ("--recompute twice", "expected none, selective"),
+                ("--kernels nothing", "nothing"),
+                ("--frobnicate", "unexpected argument '--frobnicate'"),
+            ],
+        );
+    }
 }

@@ -24,6 +24,7 @@ use std::time::Instant;
 
 use burn::tensor::{DType, Device, Distribution, Tensor};
 use burn_megatron_dist::{ParallelDims, ProcessGroup, RankContext, ReduceOp, launch};
+use clap::Parser;
 
 /// The GPU sizes, in bytes: 1 MiB, 16 MiB, 256 MiB and 1 GiB.
 const SIZES: [usize; 4] = [1 << 20, 16 << 20, 256 << 20, 1 << 30];
@@ -32,21 +33,39 @@ const CPU_SIZES: [usize; 3] = [8, 64 << 10, 1 << 20];
 const WARMUP: usize = 5;
 const RUNS: usize = 20;
 
+/// Collective bandwidth over GPUs (ranks as threads, or one process a GPU), or the host's cost
+/// of a call with ranks as threads on the CPU.
+#[derive(Parser, Debug)]
+#[command(name = "collectives")]
+struct Args {
+    /// Ranks (GPUs; threads with --cpu): torchrun's WORLD_SIZE when set, else 2.
+    #[arg(long, value_name = "N", env = "WORLD_SIZE", default_value_t = 2, value_parser = at_least_one)]
+    gpus: usize,
+    /// One process a GPU, started here with torchrun's variables.
+    #[arg(long, conflicts_with = "cpu")]
+    processes: bool,
+    /// Ranks as threads on the CPU through the in-process transport.
+    #[arg(long)]
+    cpu: bool,
+}
+
+/// A number of at least 1.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("{text:?} is not a whole number of at least 1")),
+    }
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let gpus = match args.iter().position(|a| a == "--gpus") {
-        Some(i) => args[i + 1].parse().expect("--gpus N"),
-        None => std::env::var("WORLD_SIZE")
-            .ok()
-            .and_then(|w| w.parse().ok())
-            .unwrap_or(2),
-    };
-    if args.iter().any(|a| a == "--processes") && std::env::var_os("RANK").is_none() {
+    let args = Args::parse();
+    let gpus = args.gpus;
+    if args.processes && std::env::var_os("RANK").is_none() {
         spawn_processes(gpus);
         return;
     }
     let dims = ParallelDims::tp_dp(gpus, 1);
-    let run = match args.iter().any(|a| a == "--cpu") {
+    let run = match args.cpu {
         true => launch(dims, |_| Device::flex(), |ctx| bench(&ctx, "in-process", &CPU_SIZES)),
         false => launch(dims, gpu, |ctx| {
             let transport = match std::env::var_os("RANK") {
@@ -176,4 +195,29 @@ fn pipelined_seconds(device: &Device, group: &ProcessGroup, op: &dyn Fn() -> Ten
     }
     device.sync().expect("sync");
     start.elapsed().as_secs_f64() / RUNS as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use clap::error::ErrorKind;
+
+    /// `--help` on standard output with exit 0 (it starts no benchmark); bad values are errors.
+    #[test]
+    fn help_and_bad_values() {
+        Args::command().debug_assert();
+        let help = Args::try_parse_from(["collectives", "--help"]).unwrap_err();
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp);
+        assert!(!help.use_stderr() && help.exit_code() == 0);
+        for (flags, expected) in [
+            (&["--gpus", "0"][..], "invalid value '0' for '--gpus <N>'"),
+            (&["--cpu", "--processes"][..], "cannot be used with"),
+            (&["--frobnicate"][..], "unexpected argument '--frobnicate'"),
+        ] {
+            let argv = std::iter::once("collectives").chain(flags.iter().copied());
+            let error = Args::try_parse_from(argv).unwrap_err().to_string();
+            assert!(error.contains(expected), "{flags:?}: {error}");
+        }
+    }
 }

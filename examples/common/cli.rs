@@ -139,17 +139,6 @@ pub struct ModelFiles {
     pub hf: Option<PathBuf>,
 }
 
-impl ModelFiles {
-    /// The source named, or `default` (a GGUF file).
-    pub fn source(&self, default: &str) -> super::Source {
-        match (&self.gguf, &self.hf) {
-            (_, Some(dir)) => super::Source::Hf(dir.clone()),
-            (Some(path), None) => super::Source::Gguf(path.clone()),
-            (None, None) => super::Source::Gguf(default.into()),
-        }
-    }
-}
-
 /// A number of at least 1 (clap's `value_parser`).
 pub fn at_least_one(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
@@ -164,5 +153,44 @@ pub fn non_negative(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
         _ => Err(format!("{text:?} is not a finite number ≥ 0")),
+    }
+}
+
+/// What every example's tests check of its command line.
+#[cfg(test)]
+pub mod testing {
+    use clap::Parser;
+    use clap::error::ErrorKind;
+
+    /// `--help` is clap's: on standard output, exit code 0, the command's definition sound.
+    pub fn help_is_on_stdout<P: Parser>(name: &str) {
+        P::command().debug_assert();
+        let help = P::try_parse_from([name, "--help"]).map(|_| ()).unwrap_err();
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp, "{name}");
+        assert!(
+            !help.use_stderr() && help.exit_code() == 0,
+            "{name}: help on stdout, exit 0"
+        );
+    }
+
+    /// Each command line (after the program's `name`) is an error whose text says what its
+    /// case expects, never a panic; `check` is what the example checks after clap.
+    pub fn errors_say_what<P: Parser, A>(name: &str, check: impl Fn(P) -> Result<A, String>, cases: &[(&str, &str)]) {
+        for (flags, expected) in cases {
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let argv = std::iter::once(name).chain(flags.split_whitespace());
+                P::try_parse_from(argv)
+                    .map_err(|e| e.to_string())
+                    .and_then(&check)
+                    .map(|_| ())
+            }));
+            let error = outcome
+                .unwrap_or_else(|_| panic!("{name} {flags}: panicked instead of an error"))
+                .expect_err(flags);
+            assert!(
+                error.contains(expected),
+                "{name} {flags}: {error:?} does not say {expected:?}"
+            );
+        }
     }
 }

@@ -23,6 +23,17 @@ pub enum Source {
     Hf(PathBuf),
 }
 
+impl cli::ModelFiles {
+    /// The source named, or `default` (a GGUF file).
+    pub fn source(&self, default: &str) -> Source {
+        match (&self.gguf, &self.hf) {
+            (_, Some(dir)) => Source::Hf(dir.clone()),
+            (Some(path), None) => Source::Gguf(path.clone()),
+            (None, None) => Source::Gguf(default.into()),
+        }
+    }
+}
+
 /// The model's configuration and its tokenizer.
 pub fn open(source: &Source) -> Result<(LlamaConfig, Tokenizer), String> {
     match source {
@@ -126,15 +137,16 @@ pub fn cuda_device(_rank: usize) -> Device {
     std::process::exit(2);
 }
 
-/// An example's `main`: its command line parsed by `parse` (a bad one exits with 2), then `run`
-/// (an error exits with 1), each message on stderr.
+/// An example's `main`: its command line parsed by `parse` (clap's own errors exit with 2, its
+/// `--help` with 0; a bad value found after parsing exits with 2), then `run` (an error exits
+/// with 1), each message on stderr.
 pub fn main<A>(parse: impl FnOnce() -> Result<A, String>, run: impl FnOnce(&A) -> Result<(), String>) {
     let args = parse().unwrap_or_else(|message| {
-        eprintln!("{message}");
+        eprintln!("error: {message}");
         std::process::exit(2);
     });
     if let Err(message) = run(&args) {
-        eprintln!("{message}");
+        eprintln!("error: {message}");
         std::process::exit(1);
     }
 }
@@ -147,86 +159,27 @@ pub fn device_of(cuda: bool) -> impl Fn(usize) -> Device + Sync + Copy {
     }
 }
 
-/// The flags the post-training examples share: the model (`--model GGUF`, `--hf DIR`), the
-/// text (`--data`), the held-out evaluation (`--eval-windows`, `--eval-seq`) and the device.
-#[derive(Clone, Debug)]
+/// What the post-training examples share: the text, the held-out evaluation, the device.
+#[derive(clap::Args, Clone, Debug)]
 pub struct Shared {
-    pub source: Source,
+    /// The text: all but its last tenth calibrates or trains, the last tenth evaluates
+    /// (scripts/fetch-shakespeare.sh fetches the plays).
+    #[arg(long, value_name = "FILE", default_value = DEFAULT_DATA)]
     pub data: PathBuf,
+    /// Held-out windows the perplexity averages.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = cli::at_least_one)]
     pub eval_windows: usize,
+    /// Tokens a held-out window (at least 2).
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = at_least_two)]
     pub eval_seq: usize,
-    pub cuda: bool,
+    #[arg(long, value_enum, default_value_t = cli::DeviceArg::Cpu)]
+    pub device: cli::DeviceArg,
 }
 
-impl Default for Shared {
-    fn default() -> Self {
-        Self {
-            source: Source::Gguf(DEFAULT_MODEL.into()),
-            data: DEFAULT_DATA.into(),
-            eval_windows: 16,
-            eval_seq: 256,
-            cuda: false,
-        }
-    }
-}
-
-impl Shared {
-    /// Reads `flag` (its value from `value`) if it is one of these: whether it was.
-    /// `model_flags` names the model's flags (`--model`, `--hf`; distill's `--teacher`,
-    /// `--teacher-hf`).
-    pub fn take(&mut self, flag: &str, model_flags: [&str; 2], value: &mut Value) -> Result<bool, String> {
-        match flag {
-            f if f == model_flags[0] => self.source = Source::Gguf(value()?.into()),
-            f if f == model_flags[1] => self.source = Source::Hf(value()?.into()),
-            "--data" => self.data = value()?.into(),
-            "--eval-windows" => self.eval_windows = whole(flag, value()?)?,
-            "--eval-seq" => self.eval_seq = whole(flag, value()?)?,
-            "--device" => {
-                self.cuda = match value()?.as_str() {
-                    "cpu" => false,
-                    "cuda" => true,
-                    other => return Err(format!("--device {other}: expected cpu or cuda")),
-                }
-            }
-            _ => return Ok(false),
-        }
-        Ok(true)
-    }
-
-    /// The evaluation's sizes hold: at least one window of at least 2 tokens.
-    pub fn check(&self) -> Result<(), String> {
-        match self.eval_windows == 0 || self.eval_seq < 2 {
-            true => Err("--eval-windows must be at least 1, --eval-seq at least 2".into()),
-            false => Ok(()),
-        }
-    }
-}
-
-/// A flag's value-taker: the next argument, or an error naming the flag.
-pub type Value<'a> = dyn FnMut() -> Result<String, String> + 'a;
-
-/// Walks the command line: each flag goes to `handle` with a way to take its value, and
-/// `handle` says whether it knew the flag; an unknown one is an error naming it.
-pub fn each_flag(mut handle: impl FnMut(&str, &mut Value) -> Result<bool, String>) -> Result<(), String> {
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        if !handle(&flag, &mut value)? {
-            return Err(format!("unknown flag {flag}"));
-        }
-    }
-    Ok(())
-}
-
-/// `v`, the value of `flag`, as a whole number.
-pub fn whole(flag: &str, v: String) -> Result<usize, String> {
-    v.parse().map_err(|_| format!("{flag} {v}: not a whole number"))
-}
-
-/// `v`, the value of `flag`, as a finite number ≥ 0.
-pub fn real(flag: &str, v: String) -> Result<f64, String> {
-    match v.parse::<f64>() {
-        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
-        _ => Err(format!("{flag} {v}: not a finite number ≥ 0")),
+/// A number of at least 2 (a window of tokens and the one after each).
+pub fn at_least_two(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n >= 2 => Ok(n),
+        _ => Err(format!("{text:?} is not a whole number of at least 2")),
     }
 }

@@ -19,103 +19,104 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-use std::io::Write;
 use std::path::PathBuf;
-use std::time::Instant;
 
-use burn::optim::GradientsParams;
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 use burn_megatron::init::InitMode;
 use burn_megatron::models::llama::{LlamaConfig, hf};
 use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
-use burn_megatron::posttrain::distill::{self, DistillConfig};
+use burn_megatron::posttrain::distill::{self, DistillConfig, Distillation};
 use burn_megatron::precision::PrecisionPolicy;
-use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
+use burn_megatron::train::{Lines, LrSchedule, Routine, Throughput, TokenBatch, Trainer};
+use burn_megatron_dist::{ParallelDims, launch};
 use burn_megatron_kernels::quant::recipe::Recipe;
 
-use common::{Shared, Text, mean_loss, real, whole};
+use clap::{Parser, ValueEnum};
+use common::cli::{ModelFiles, at_least_one, non_negative};
+use common::{DEFAULT_MODEL, Shared, Text, mean_loss};
 
+/// Knowledge distillation on real text: a student Llama trained toward a teacher's softened
+/// next-token distributions, at any tp × dp, the teacher in inference mode.
+#[derive(Parser, Debug)]
+#[command(name = "distill", args_override_self = true)]
 struct Args {
+    /// The student's Hugging Face directory (examples/prune's output).
+    #[arg(long, value_name = "DIR", default_value = "data/pruned")]
     student: PathBuf,
+    /// Re-initialize the student (the baseline distillation must beat).
+    #[arg(long)]
     scratch: bool,
-    /// The teacher (`--teacher`, `--teacher-hf`), the text, the evaluation and the device.
+    /// The teacher's GGUF file (SmolLM2-135M-Instruct's by default).
+    #[arg(long, value_name = "GGUF", conflicts_with = "teacher_hf")]
+    teacher: Option<PathBuf>,
+    /// The teacher's Hugging Face directory (examples/ptq --export's FP8 one included).
+    #[arg(long, value_name = "DIR")]
+    teacher_hf: Option<PathBuf>,
+    /// The teacher's block linears in FP8 (E4M3, per-tensor current scaling).
+    #[arg(long, value_enum, default_value_t = TeacherPrecision::Default)]
+    teacher_precision: TeacherPrecision,
+    #[command(flatten)]
     shared: Shared,
-    teacher_fp8: bool,
+    /// Optimizer steps.
+    #[arg(long, value_name = "N", default_value_t = 60, value_parser = at_least_one, visible_alias = "train-iters")]
     steps: usize,
+    /// Sequences a step over every data-parallel rank.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = at_least_one, visible_alias = "global-batch-size")]
     batch: usize,
+    /// Tokens a sequence (at least 2).
+    #[arg(long, value_name = "N", default_value_t = 128, value_parser = common::at_least_two, visible_alias = "seq-length")]
     seq: usize,
+    /// The peak learning rate; warm-up, then cosine decay to a tenth of it.
+    #[arg(long, value_name = "LR", default_value_t = 3e-4, allow_negative_numbers = true)]
     lr: f64,
+    /// Warm-up steps.
+    #[arg(long, value_name = "N", default_value_t = 10, visible_alias = "lr-warmup-iters")]
     warmup: usize,
-    distill: DistillConfig,
+    /// The softmax temperature of both distributions.
+    #[arg(long, value_name = "T", default_value_t = 1.0, value_parser = non_negative)]
+    temperature: f64,
+    /// The weight of `T² · KL(teacher ‖ student)`.
+    #[arg(long, value_name = "W", default_value_t = 1.0, value_parser = non_negative)]
+    kl_weight: f64,
+    /// The weight of the data's cross-entropy.
+    #[arg(long, value_name = "W", default_value_t = 0.0, value_parser = non_negative)]
+    data_weight: f64,
+    /// Tensor-parallel ranks.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = at_least_one, visible_alias = "tensor-model-parallel-size")]
     tp: usize,
+    /// Data-parallel ranks.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = at_least_one)]
     dp: usize,
+    /// Split master weights and moments over dp (ZeRO-1).
+    #[arg(long, visible_alias = "use-distributed-optimizer")]
     zero1: bool,
+    #[arg(long, value_name = "N", default_value_t = 1)]
     seed: u64,
-    log: Option<PathBuf>,
+    /// The metrics file (JSON lines: a step's loss, its KL and data parts, the rate).
+    #[arg(long, value_name = "FILE")]
+    metrics: Option<PathBuf>,
+}
+
+/// The teacher's linears' precision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum TeacherPrecision {
+    /// The student's dtype.
+    Default,
+    Fp8,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut args = Args {
-        student: "data/pruned".into(),
-        scratch: false,
-        shared: Shared::default(),
-        teacher_fp8: false,
-        steps: 60,
-        batch: 8,
-        seq: 128,
-        lr: 3e-4,
-        warmup: 10,
-        distill: DistillConfig::new(),
-        tp: 1,
-        dp: 1,
-        zero1: false,
-        seed: 1,
-        log: None,
-    };
-    common::each_flag(|flag, value| {
-        if args.shared.take(flag, ["--teacher", "--teacher-hf"], value)? {
-            return Ok(true);
-        }
-        match flag {
-            "--student" => args.student = value()?.into(),
-            "--scratch" => args.scratch = true,
-            "--teacher-precision" => {
-                args.teacher_fp8 = match value()?.as_str() {
-                    "default" => false,
-                    "fp8" => true,
-                    other => return Err(format!("--teacher-precision {other}: default or fp8")),
-                }
-            }
-            "--steps" => args.steps = whole(flag, value()?)?,
-            "--batch" => args.batch = whole(flag, value()?)?,
-            "--seq" => args.seq = whole(flag, value()?)?,
-            "--lr" => args.lr = real(flag, value()?)?,
-            "--warmup" => args.warmup = whole(flag, value()?)?,
-            "--temperature" => args.distill.temperature = real(flag, value()?)?,
-            "--kl-weight" => args.distill.kl_weight = real(flag, value()?)?,
-            "--data-weight" => args.distill.data_weight = real(flag, value()?)?,
-            "--tp" => args.tp = whole(flag, value()?)?,
-            "--dp" => args.dp = whole(flag, value()?)?,
-            "--zero1" => args.zero1 = true,
-            "--seed" => args.seed = whole(flag, value()?)? as u64,
-            "--log" => args.log = Some(value()?.into()),
-            _ => return Ok(false),
-        }
-        Ok(true)
-    })?;
+    checked(Args::parse())
+}
+
+/// The command line's values checked against each other and the student's directory.
+fn checked(args: Args) -> Result<Args, String> {
     burn_megatron::optim::check_lr(args.lr).map_err(|e| e.to_string())?;
-    args.shared.check()?;
-    if args.tp == 0 || args.dp == 0 || args.steps == 0 || args.seq < 2 {
-        return Err("--tp, --dp and --steps must be at least 1, --seq at least 2".into());
+    if !args.batch.is_multiple_of(args.dp) {
+        return Err(format!("--batch {} must be a multiple of --dp {}", args.batch, args.dp));
     }
-    if args.batch == 0 || !args.batch.is_multiple_of(args.dp) {
-        return Err(format!(
-            "--batch {} must be a positive multiple of --dp {}",
-            args.batch, args.dp
-        ));
-    }
-    if args.distill.temperature <= 0.0 || args.distill.kl_weight + args.distill.data_weight <= 0.0 {
+    if args.temperature <= 0.0 || args.kl_weight + args.data_weight <= 0.0 {
         return Err("--temperature must be above 0, and --kl-weight or --data-weight too".into());
     }
     if !args.student.join("config.json").exists() {
@@ -125,6 +126,23 @@ fn parse() -> Result<Args, String> {
         ));
     }
     Ok(args)
+}
+
+impl Args {
+    fn teacher(&self) -> common::Source {
+        let files = ModelFiles {
+            gguf: self.teacher.clone(),
+            hf: self.teacher_hf.clone(),
+        };
+        files.source(DEFAULT_MODEL)
+    }
+
+    fn distill(&self) -> DistillConfig {
+        DistillConfig::new()
+            .with_temperature(self.temperature)
+            .with_kl_weight(self.kl_weight)
+            .with_data_weight(self.data_weight)
+    }
 }
 
 fn main() {
@@ -148,7 +166,7 @@ fn batch_ids(tokens: &[u32], batch: usize, seq: usize, step: usize, seed: u64) -
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let (teacher_config, tokenizer) = common::open(&args.shared.source)?;
+    let (teacher_config, tokenizer) = common::open(&args.teacher())?;
     let student_config = hf::config(&args.student).map_err(|e| e.to_string())?;
     let text = Text::read(&args.shared.data, &tokenizer)?;
     if text.train.len() <= args.seq + 1 {
@@ -159,13 +177,13 @@ fn run(args: &Args) -> Result<(), String> {
         ));
     }
     let dims = ParallelDims::tp_dp(args.tp, args.dp);
-    let policy = match args.shared.cuda {
+    let policy = match args.shared.device.cuda() {
         true => PrecisionPolicy::bf16(),
         false => PrecisionPolicy::f32(),
     };
-    let teacher_policy = match args.teacher_fp8 {
-        true => policy.with_gemm(burn_megatron_kernels::Gemm::Quantized(Recipe::Fp8TensorwiseE4m3)),
-        false => policy,
+    let teacher_policy = match args.teacher_precision {
+        TeacherPrecision::Fp8 => policy.with_gemm(burn_megatron_kernels::Gemm::Quantized(Recipe::Fp8TensorwiseE4m3)),
+        TeacherPrecision::Default => policy,
     };
     let plan = |config: LlamaConfig, policy: PrecisionPolicy| -> Result<LlamaConfig, String> {
         let planned = ParallelPlan::new(dims)
@@ -182,90 +200,108 @@ fn run(args: &Args) -> Result<(), String> {
             teacher_config.embedding.vocab_size
         ));
     }
-    // Each step's line is written as it comes, so a run cut short keeps its steps.
-    let log = match &args.log {
-        Some(path) => {
-            let mut file = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            writeln!(file, "step,total,kl,data").map_err(|e| e.to_string())?;
-            Some(std::sync::Mutex::new(file))
-        }
-        None => None,
+    let schedule = LrSchedule::WarmupCosine {
+        warmup: args.warmup,
+        min_lr: args.lr / 10.0,
     };
-    let results = launch(dims, common::device_of(args.shared.cuda), |ctx| -> Result<(), String> {
-        let device = ctx.device.clone().autodiff();
-        let first = ctx.global_rank == 0;
-        let seed_init = policy.init(args.seed, InitMode::PerShard);
-        let teacher = teacher_config
-            .init(&device, &ctx.groups, &teacher_policy.init(2, InitMode::PerShard))
-            .map_err(|e| e.to_string())?;
-        let teacher = distill::teacher(common::load(&args.shared.source, teacher, &ctx.groups)?);
-        let student = student_config
-            .init(&device, &ctx.groups, &seed_init)
-            .map_err(|e| e.to_string())?;
-        let mut student = match args.scratch {
-            true => student,
-            false => hf::load(&args.student, student, &ctx.groups).map_err(|e| e.to_string())?,
-        };
-        let perplexity = |model: &burn_megatron::models::llama::Llama| {
-            mean_loss(model, &text.held_out, args.shared.eval_windows, args.shared.eval_seq, &device).map(f64::exp)
-        };
-        let (teacher_ppl, before) = (perplexity(&teacher)?, perplexity(&student)?);
-        let distiller = args.distill.init(vocab, &ctx.groups);
-        let mut optim = DistributedAdamWConfig::new()
-            .with_zero1(args.zero1)
-            .with_max_grad_norm(Some(1.0))
-            .init(&ctx.groups)
-            .keeping_amaxes(student.amax_notes());
-        let (per_rank, dp_rank) = (args.batch / args.dp, ctx.groups.dp.group_rank());
-        let begun = Instant::now();
-        for step in 1..=args.steps {
-            let ids = batch_ids(&text.train, args.batch, args.seq, step, args.seed);
-            let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [args.batch, args.seq + 1]), &device);
-            let mine = all.narrow(0, dp_rank * per_rank, per_rank);
-            let (inputs, targets) = (mine.clone().narrow(1, 0, args.seq), mine.narrow(1, 1, args.seq));
-            let loss = distiller
-                .loss(&student, &teacher, inputs, targets)
+    schedule.scheduler(args.lr, args.steps).map_err(|e| e.to_string())?;
+    let optim = DistributedAdamWConfig::new()
+        .with_zero1(args.zero1)
+        .with_max_grad_norm(Some(1.0));
+    let throughput = Throughput {
+        tokens_per_step: args.batch * args.seq,
+        flops_per_token: student_config.flops_per_token(args.seq),
+        devices: dims.world_size(),
+        peak_flops: None,
+    };
+    let results = launch(
+        dims,
+        common::device_of(args.shared.device.cuda()),
+        |ctx| -> Result<(), String> {
+            let device = ctx.device.clone().autodiff();
+            let seed_init = policy.init(args.seed, InitMode::PerShard);
+            let teacher = teacher_config
+                .init(&device, &ctx.groups, &teacher_policy.init(2, InitMode::PerShard))
                 .map_err(|e| e.to_string())?;
-            let grads = GradientsParams::from_grads(loss.total.backward(), &student);
-            // Linear warm-up, then cosine decay to a tenth.
-            let decay_steps = args.steps.saturating_sub(args.warmup).max(1);
-            let progress = (step.saturating_sub(args.warmup) as f64 / decay_steps as f64).min(1.0);
-            let lr = match step <= args.warmup {
-                true => args.lr * step as f64 / args.warmup.max(1) as f64,
-                false => args.lr * (0.1 + 0.45 * (1.0 + (std::f64::consts::PI * progress).cos())),
+            let teacher = distill::teacher(common::load(&args.teacher(), teacher, &ctx.groups)?);
+            let student = student_config
+                .init(&device, &ctx.groups, &seed_init)
+                .map_err(|e| e.to_string())?;
+            let student = match args.scratch {
+                true => student,
+                false => hf::load(&args.student, student, &ctx.groups).map_err(|e| e.to_string())?,
             };
-            student = optim.step(lr, student, grads).map_err(|e| e.to_string())?.0;
-            // The losses averaged over the data-parallel ranks (each normalized for it).
-            let mean = |x: Tensor<1>| -> Result<f64, String> {
-                let x = x.cast(DType::F32);
-                let summed = ctx.groups.dp.all_reduce(x, ReduceOp::Sum).map_err(|e| e.to_string())?;
-                Ok(summed.into_scalar::<f64>() / args.dp as f64)
+            let perplexity = |model: &burn_megatron::models::llama::Llama| {
+                mean_loss(
+                    model,
+                    &text.held_out,
+                    args.shared.eval_windows,
+                    args.shared.eval_seq,
+                    &device,
+                )
+                .map(f64::exp)
             };
-            let (total, kl, data) = (mean(loss.total.detach())?, mean(loss.kl)?, mean(loss.data)?);
-            if !total.is_finite() {
-                return Err(format!("step {step}: the loss is {total}"));
+            let (teacher_ppl, before) = (perplexity(&teacher)?, perplexity(&student)?);
+            let pair = Distillation {
+                student,
+                teacher,
+                distiller: args.distill().init(vocab, &ctx.groups),
+            };
+            let mut trainer = Trainer::new(pair, &optim, &ctx.groups, &ctx.device);
+            let mut routine = Routine::new(&ctx.groups, &ctx.device, Box::new(Lines), args.steps, throughput)
+                .with_metrics(args.metrics.clone())
+                .map_err(|e| e.to_string())?;
+            let mut scheduler = schedule.scheduler(args.lr, args.steps).map_err(|e| e.to_string())?;
+            let (per_rank, dp_rank) = (args.batch / args.dp, ctx.groups.dp.group_rank());
+            routine.start();
+            for step in 1..=args.steps {
+                let ids = batch_ids(&text.train, args.batch, args.seq, step, args.seed);
+                let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [args.batch, args.seq + 1]), &device);
+                let mine = all.narrow(0, dp_rank * per_rank, per_rank);
+                let batch = TokenBatch {
+                    ids: mine.clone().narrow(1, 0, args.seq),
+                    targets: mine.narrow(1, 1, args.seq),
+                };
+                let stepped = trainer
+                    .step(scheduler.step().base(), batch)
+                    .map_err(|e| e.to_string())?;
+                routine.after_step(&trainer, stepped).map_err(|e| e.to_string())?;
             }
-            if first {
-                println!("step {step} loss {total:.6} kl {kl:.6} data {data:.6}");
-                if let Some(file) = &log {
-                    let mut file = file.lock().expect("not poisoned");
-                    writeln!(file, "{step},{total},{kl},{data}").map_err(|e| e.to_string())?;
-                }
-            }
-        }
-        let elapsed = begun.elapsed().as_secs_f64();
-        let after = perplexity(&student)?;
-        if first {
-            let tokens = args.steps * args.batch * args.seq;
-            println!(
-                "{} steps of {} tokens in {elapsed:.1} s ({:.0} tokens/s); held-out perplexity: teacher {teacher_ppl:.2}, student {before:.2} before, {after:.2} after",
-                args.steps,
-                args.batch * args.seq,
-                tokens as f64 / elapsed
-            );
-        }
-        Ok(())
-    })
+            routine.finish().map_err(|e| e.to_string())?;
+            let after = perplexity(&trainer.model().student)?;
+            routine.note(&format!(
+                "held-out perplexity: teacher {teacher_ppl:.2}, student {before:.2} before, {after:.2} after"
+            ));
+            Ok(())
+        },
+    )
     .map_err(|e| e.to_string())?;
     results.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::cli::testing::{errors_say_what, help_is_on_stdout};
+
+    #[test]
+    fn help_and_bad_values() {
+        help_is_on_stdout::<Args>("distill");
+        errors_say_what::<Args, _>(
+            "distill",
+            checked,
+            &[
+                ("--lr -1", "learning rate -1 must be"),
+                ("--lr 0", "learning rate 0 must be"),
+                ("--batch 3 --dp 2", "--batch 3 must be a multiple of --dp 2"),
+                ("--temperature 0", "--temperature must be above 0"),
+                ("--kl-weight 0", "--kl-weight or --data-weight"),
+                ("--seq 1", "at least 2"),
+                ("--teacher-precision fp4", "invalid value 'fp4'"),
+                ("--student /nonexistent", "no config.json"),
+                ("--teacher a.gguf --teacher-hf dir", "cannot be used with"),
+                ("--frobnicate", "unexpected argument '--frobnicate'"),
+            ],
+        );
+    }
 }

@@ -31,7 +31,9 @@ use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron_dist::{ParallelDims, ReduceOp, launch};
 use tokenizers::Tokenizer;
 
-use common::{DEFAULT_MODEL, device_of, mean_loss, real, whole};
+use clap::Parser;
+use common::cli::{DeviceArg, ModelFiles, at_least_one, non_negative};
+use common::{DEFAULT_MODEL, device_of, mean_loss};
 
 const DEFAULT_PROMPTS: [&str; 4] = [
     "What is the capital of France?",
@@ -66,68 +68,102 @@ struct Args {
     eager: bool,
 }
 
+/// Generates text with a KV cache from a real model (SmolLM2-135M-Instruct's GGUF file by
+/// default, or a Hugging Face directory), or times decoding on a preset's shape with random
+/// weights, at any tp, on the CPU or CUDA.
+#[derive(Parser, Debug)]
+#[command(name = "generate", args_override_self = true)]
+struct Cli {
+    #[command(flatten)]
+    model: ModelFiles,
+    /// A preset's shape with random weights and random prompt ids: decode speed alone (a
+    /// RESULT line; one warm-up generation first).
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["gguf", "hf"])]
+    preset: Option<String>,
+    /// Prompt tokens with --preset.
+    #[arg(long, value_name = "N", default_value_t = 128, value_parser = at_least_one)]
+    prompt_len: usize,
+    /// Tensor-parallel ranks.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = at_least_one, visible_alias = "tensor-model-parallel-size")]
+    tp: usize,
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    device: DeviceArg,
+    /// A prompt (repeatable); four short questions when none is given.
+    #[arg(long = "prompt", value_name = "TEXT")]
+    prompts: Vec<String>,
+    /// The prompts as they are, not in the model's chat template.
+    #[arg(long)]
+    raw: bool,
+    /// Launch every decoding step's kernels one by one instead of replaying a CUDA graph.
+    #[arg(long)]
+    eager: bool,
+    /// Copies of each prompt decoded together.
+    #[arg(long, value_name = "B", default_value_t = 1, value_parser = at_least_one)]
+    batch: usize,
+    /// Tokens to generate.
+    #[arg(long, value_name = "N", default_value_t = 48, value_parser = at_least_one)]
+    max_new: usize,
+    /// Sample at this temperature (greedy unless a sampling flag is given).
+    #[arg(long, value_name = "T", value_parser = non_negative)]
+    temperature: Option<f64>,
+    #[arg(long, value_name = "K", value_parser = at_least_one)]
+    top_k: Option<usize>,
+    #[arg(long, value_name = "P", value_parser = non_negative)]
+    top_p: Option<f64>,
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    seed: u64,
+    /// A text whose last tenth's perplexity is measured beside a random model's.
+    #[arg(long, value_name = "FILE")]
+    data: Option<PathBuf>,
+    /// Windows of held-out text the perplexity averages.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = at_least_one)]
+    eval_windows: usize,
+    /// Tokens a window.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    eval_seq: usize,
+}
+
 fn parse() -> Result<Args, String> {
-    let mut args = Args {
-        source: Source::Pretrained(common::Source::Gguf(DEFAULT_MODEL.into())),
-        tp: 1,
-        cuda: false,
-        prompts: Vec::new(),
-        raw: false,
-        batch: 1,
-        max_new: 48,
-        sampling: Sampling::Greedy,
-        seed: 1,
-        data: None,
-        eval_windows: 16,
-        eval_seq: 256,
-        prompt_len: 128,
-        eager: false,
-    };
-    let (mut temperature, mut top_k, mut top_p) = (None, None, None);
-    common::each_flag(|flag, value| {
-        match flag {
-            "--model" => args.source = Source::Pretrained(common::Source::Gguf(value()?.into())),
-            "--hf" => args.source = Source::Pretrained(common::Source::Hf(value()?.into())),
-            "--preset" => args.source = Source::Preset(value()?),
-            "--prompt-len" => args.prompt_len = whole(flag, value()?)?,
-            "--tp" => args.tp = whole(flag, value()?)?,
-            "--device" => {
-                args.cuda = match value()?.as_str() {
-                    "cpu" => false,
-                    "cuda" => true,
-                    other => return Err(format!("--device {other}: expected cpu or cuda")),
-                }
-            }
-            "--prompt" => args.prompts.push(value()?),
-            "--raw" => args.raw = true,
-            "--eager" => args.eager = true,
-            "--batch" => args.batch = whole(flag, value()?)?,
-            "--max-new" => args.max_new = whole(flag, value()?)?,
-            "--temperature" => temperature = Some(real(flag, value()?)?),
-            "--top-k" => top_k = Some(whole(flag, value()?)?),
-            "--top-p" => top_p = Some(real(flag, value()?)?),
-            "--seed" => args.seed = whole(flag, value()?)? as u64,
-            "--data" => args.data = Some(value()?.into()),
-            "--eval-windows" => args.eval_windows = whole(flag, value()?)?,
-            "--eval-seq" => args.eval_seq = whole(flag, value()?)?,
-            _ => return Ok(false),
-        }
-        Ok(true)
-    })?;
-    if args.tp == 0 || args.batch == 0 || args.max_new == 0 || args.eval_seq < 2 {
-        return Err("--tp, --batch and --max-new must be at least 1, --eval-seq at least 2".into());
+    checked(Cli::parse())
+}
+
+/// The command line's values checked against each other.
+fn checked(cli: Cli) -> Result<Args, String> {
+    if cli.eval_seq < 2 {
+        return Err("--eval-seq must be at least 2".into());
     }
-    if temperature.is_some() || top_k.is_some() || top_p.is_some() {
-        args.sampling = Sampling::Sample {
+    let sampling = match (cli.temperature, cli.top_k, cli.top_p) {
+        (None, None, None) => Sampling::Greedy,
+        (temperature, top_k, top_p) => Sampling::Sample {
             temperature: temperature.unwrap_or(1.0),
             top_k,
             top_p,
-        };
-    }
-    if args.prompts.is_empty() {
-        args.prompts = DEFAULT_PROMPTS.map(String::from).to_vec();
-    }
-    Ok(args)
+        },
+    };
+    let source = match cli.preset {
+        Some(name) => Source::Preset(name),
+        None => Source::Pretrained(cli.model.source(DEFAULT_MODEL)),
+    };
+    let prompts = match cli.prompts.is_empty() {
+        true => DEFAULT_PROMPTS.map(String::from).to_vec(),
+        false => cli.prompts,
+    };
+    Ok(Args {
+        source,
+        tp: cli.tp,
+        cuda: cli.device.cuda(),
+        prompts,
+        raw: cli.raw,
+        batch: cli.batch,
+        max_new: cli.max_new,
+        sampling,
+        seed: cli.seed,
+        data: cli.data,
+        eval_windows: cli.eval_windows,
+        eval_seq: cli.eval_seq,
+        prompt_len: cli.prompt_len,
+        eager: cli.eager,
+    })
 }
 
 /// The model's configuration and its tokenizer (none for a preset).
@@ -323,4 +359,28 @@ fn speed(args: &Args, source: &Source, config: LlamaConfig) -> Result<(), String
     })
     .map_err(|e| e.to_string())?;
     results.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::cli::testing::{errors_say_what, help_is_on_stdout};
+
+    #[test]
+    fn help_and_bad_values() {
+        help_is_on_stdout::<Cli>("generate");
+        errors_say_what::<Cli, _>(
+            "generate",
+            checked,
+            &[
+                ("--tp 0", "invalid value '0' for '--tp <N>'"),
+                ("--device tpu", "invalid value 'tpu' for '--device"),
+                ("--max-new x", "invalid value 'x'"),
+                ("--top-p -1", "unexpected argument '-1'"),
+                ("--eval-seq 1", "--eval-seq must be at least 2"),
+                ("--preset tiny --model x.gguf", "cannot be used with"),
+                ("--frobnicate", "unexpected argument '--frobnicate'"),
+            ],
+        );
+    }
 }

@@ -27,51 +27,44 @@ use burn_megatron::posttrain::prune::{self, PruneTarget};
 use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 
-use common::{Shared, Text, mean_loss, whole, windows};
+use clap::Parser;
+use common::cli::{ModelFiles, at_least_one};
+use common::{DEFAULT_MODEL, Shared, Text, mean_loss, windows};
 
+/// Minitron-style pruning of a real model in depth and width to a target size, ranked on the
+/// text, saved as a Hugging Face directory for `distill`.
+#[derive(Parser, Debug)]
+#[command(name = "prune", args_override_self = true)]
 struct Args {
+    #[command(flatten)]
+    model: ModelFiles,
+    #[command(flatten)]
     shared: Shared,
+    /// Calibration windows the rankings read.
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = at_least_one)]
     calibration: usize,
+    /// Tokens a calibration window (at least 2).
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = common::at_least_two)]
     calibration_seq: usize,
+    /// Blocks to keep (SmolLM2's default: 26).
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     layers: Option<usize>,
+    /// Embedding channels to keep (512).
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     d_model: Option<usize>,
+    /// FFN channels to keep (1024).
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     d_ff: Option<usize>,
+    /// Query heads to keep in each kv group.
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
     heads_per_kv: Option<usize>,
+    /// Where the pruned model's Hugging Face directory goes.
+    #[arg(long, value_name = "DIR", default_value = "data/pruned")]
     out: PathBuf,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut args = Args {
-        shared: Shared::default(),
-        calibration: 32,
-        calibration_seq: 256,
-        layers: None,
-        d_model: None,
-        d_ff: None,
-        heads_per_kv: None,
-        out: "data/pruned".into(),
-    };
-    common::each_flag(|flag, value| {
-        if args.shared.take(flag, ["--model", "--hf"], value)? {
-            return Ok(true);
-        }
-        match flag {
-            "--calibration" => args.calibration = whole(flag, value()?)?,
-            "--calibration-seq" => args.calibration_seq = whole(flag, value()?)?,
-            "--layers" => args.layers = Some(whole(flag, value()?)?),
-            "--d-model" => args.d_model = Some(whole(flag, value()?)?),
-            "--d-ff" => args.d_ff = Some(whole(flag, value()?)?),
-            "--heads-per-kv" => args.heads_per_kv = Some(whole(flag, value()?)?),
-            "--out" => args.out = value()?.into(),
-            _ => return Ok(false),
-        }
-        Ok(true)
-    })?;
-    args.shared.check()?;
-    if args.calibration == 0 || args.calibration_seq < 2 {
-        return Err("--calibration must be at least 1, --calibration-seq at least 2".into());
-    }
-    Ok(args)
+    Ok(Args::parse())
 }
 
 /// The target: the flags over SmolLM2's defaults, scaled to the model where it is another.
@@ -107,11 +100,11 @@ fn main() {
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let device = common::device_of(args.shared.cuda)(0);
+    let device = common::device_of(args.shared.device.cuda())(0);
     let groups = ProcessGroups::single();
-    let (config, tokenizer) = common::open(&args.shared.source)?;
+    let (config, tokenizer) = common::open(&args.model.source(DEFAULT_MODEL))?;
     let text = Text::read(&args.shared.data, &tokenizer)?;
-    let policy = match args.shared.cuda {
+    let policy = match args.shared.device.cuda() {
         true => PrecisionPolicy::bf16(),
         false => PrecisionPolicy::f32(),
     };
@@ -124,7 +117,7 @@ fn run(args: &Args) -> Result<(), String> {
     let model = planned
         .init(&device, &groups, &policy.init(1, InitMode::PerShard))
         .map_err(|e| e.to_string())?;
-    let model = common::load(&args.shared.source, model, &groups)?;
+    let model = common::load(&args.model.source(DEFAULT_MODEL), model, &groups)?;
     let target = target(args, &config);
 
     let begun = Instant::now();
@@ -168,7 +161,7 @@ fn run(args: &Args) -> Result<(), String> {
         ppl(&model)?,
         ppl(&pruned)?
     );
-    let options = hf::ExportOptions::new().with_dtype(match args.shared.cuda {
+    let options = hf::ExportOptions::new().with_dtype(match args.shared.device.cuda() {
         true => hf::ExportDType::BF16,
         false => hf::ExportDType::F32,
     });
@@ -181,4 +174,26 @@ fn run(args: &Args) -> Result<(), String> {
         args.out.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::cli::testing::{errors_say_what, help_is_on_stdout};
+
+    #[test]
+    fn help_and_bad_values() {
+        help_is_on_stdout::<Args>("prune");
+        errors_say_what::<Args, _>(
+            "prune",
+            Ok,
+            &[
+                ("--layers 0", "invalid value '0' for '--layers <N>'"),
+                ("--calibration-seq 1", "at least 2"),
+                ("--d-ff many", "invalid value 'many'"),
+                ("--device gpu", "invalid value 'gpu' for '--device"),
+                ("--frobnicate", "unexpected argument '--frobnicate'"),
+            ],
+        );
+    }
 }

@@ -38,51 +38,47 @@ use burn_megatron::precision::ptq::{
 };
 use burn_megatron_dist::{ParallelDims, ProcessGroups};
 
-use common::{Shared, Text, mean_loss, whole, windows};
+use clap::Parser;
+use common::cli::{ModelFiles, at_least_one};
+use common::{DEFAULT_MODEL, Shared, Text, mean_loss, windows};
 
+/// Post-training quantization of a real model in every scheme, calibrated on the text and
+/// measured on its held-out tenth: perplexity and a greedy answer, row by row.
+#[derive(Parser, Debug)]
+#[command(name = "ptq", args_override_self = true)]
 struct Args {
+    #[command(flatten)]
+    model: ModelFiles,
+    #[command(flatten)]
     shared: Shared,
+    /// Calibration windows.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = at_least_one)]
     calibration: usize,
+    /// Tokens a calibration window.
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = at_least_one)]
     calibration_seq: usize,
+    /// Keep the rows whose name contains one of these (comma-separated).
+    #[arg(long, value_name = "TEXT[,TEXT…]")]
     only: Option<String>,
+    /// Write the FP8 W8A8 model (or --export-row's) here in compressed-tensors' layout, and
+    /// load it back.
+    #[arg(long, value_name = "DIR")]
     export: Option<PathBuf>,
+    /// The row --export writes, by its name in the table.
+    #[arg(long, value_name = "NAME", requires = "export")]
     export_row: Option<String>,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut args = Args {
-        shared: Shared::default(),
-        calibration: 64,
-        calibration_seq: 256,
-        only: None,
-        export: None,
-        export_row: None,
-    };
-    common::each_flag(|flag, value| {
-        if args.shared.take(flag, ["--model", "--hf"], value)? {
-            return Ok(true);
-        }
-        match flag {
-            "--calibration" => args.calibration = whole(flag, value()?)?,
-            "--calibration-seq" => args.calibration_seq = whole(flag, value()?)?,
-            "--only" => args.only = Some(value()?),
-            "--export" => args.export = Some(value()?.into()),
-            "--export-row" => args.export_row = Some(value()?),
-            _ => return Ok(false),
-        }
-        Ok(true)
-    })?;
-    args.shared.check()?;
-    if args.calibration == 0 || args.calibration_seq == 0 {
-        return Err("--calibration and --calibration-seq must be at least 1".into());
-    }
-    if let Some(name) = &args.export_row {
-        if args.export.is_none() {
-            return Err("--export-row names the row --export writes: give --export DIR".into());
-        }
-        if !rows().iter().any(|row| &row.name() == name) {
-            return Err(format!("--export-row {name:?}: no row of the table has that name"));
-        }
+    checked(Args::parse())
+}
+
+/// The command line's values checked against each other.
+fn checked(args: Args) -> Result<Args, String> {
+    if let Some(name) = &args.export_row
+        && !rows().iter().any(|row| &row.name() == name)
+    {
+        return Err(format!("--export-row {name:?}: no row of the table has that name"));
     }
     Ok(args)
 }
@@ -227,11 +223,11 @@ fn plan(config: LlamaConfig, policy: PrecisionPolicy) -> Result<LlamaConfig, Str
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let device = common::device_of(args.shared.cuda)(0);
+    let device = common::device_of(args.shared.device.cuda())(0);
     let groups = ProcessGroups::single();
-    let (config, tokenizer) = common::open(&args.shared.source)?;
+    let (config, tokenizer) = common::open(&args.model.source(DEFAULT_MODEL))?;
     let text = Text::read(&args.shared.data, &tokenizer)?;
-    let policy = match args.shared.cuda {
+    let policy = match args.shared.device.cuda() {
         true => PrecisionPolicy::bf16(),
         false => PrecisionPolicy::f32(),
     };
@@ -241,7 +237,7 @@ fn run(args: &Args) -> Result<(), String> {
             .init(&device, &groups, &policy.init(1, InitMode::PerShard))
             .map_err(|e| e.to_string())
     };
-    let model = common::load(&args.shared.source, init(&planned)?, &groups)?;
+    let model = common::load(&args.model.source(DEFAULT_MODEL), init(&planned)?, &groups)?;
 
     let prompt = "<|im_start|>user\nWho wrote Romeo and Juliet?<|im_end|>\n<|im_start|>assistant\n";
     let prompt = tokenizer
@@ -351,4 +347,30 @@ fn run(args: &Args) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use common::cli::testing::{errors_say_what, help_is_on_stdout};
+
+    #[test]
+    fn help_and_bad_values() {
+        help_is_on_stdout::<Args>("ptq");
+        errors_say_what::<Args, _>(
+            "ptq",
+            checked,
+            &[
+                ("--calibration 0", "invalid value '0' for '--calibration <N>'"),
+                ("--export-row w:int8", "--export <DIR>"),
+                (
+                    "--export /tmp/x --export-row nothing",
+                    "no row of the table has that name",
+                ),
+                ("--eval-seq 1", "at least 2"),
+                ("--model a.gguf --hf dir", "cannot be used with"),
+                ("--frobnicate", "unexpected argument '--frobnicate'"),
+            ],
+        );
+    }
 }

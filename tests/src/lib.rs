@@ -28,6 +28,7 @@ pub mod posttrain_suite;
 pub mod prune_suite;
 pub mod ptq_suite;
 pub mod recompute_suite;
+pub mod train_suite;
 
 pub use harness::Harness;
 

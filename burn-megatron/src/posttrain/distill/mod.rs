@@ -3,11 +3,14 @@
 //! data's own loss. The teacher runs in inference mode (its parameters out of the graph, so it
 //! keeps no activations for backward), on the student's mesh: both models' logits are split over
 //! the same tensor-parallel group, and the KL is taken slice by slice (`kl.rs`). Any precision
-//! policy's teacher works, FP8 or a post-training quantization included.
+//! policy's teacher works, FP8 or a post-training quantization included. [`Distillation`] is the
+//! pair as the training step trains it.
 
 mod kl;
+mod student;
 
 pub use kl::VocabParallelKl;
+pub use student::Distillation;
 
 use burn::config::Config;
 use burn::module::Module;
