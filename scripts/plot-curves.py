@@ -1,23 +1,23 @@
 #!/usr/bin/env python3
-"""Loss curves from training logs as one SVG (no plotting library needed), and each curve's mean
-loss over windows of 20 steps against the first curve's.
+"""Loss curves from training runs' metrics files as one SVG (no plotting library needed), and
+each curve's mean loss over windows of 20 steps against the first curve's.
 
     python3 scripts/plot-curves.py OUT.svg CURVE...
 
 A CURVE is
-  NAME=LOG[,LOG...][@FIELD]  the `step N ... FIELD VALUE` lines of `train` or `distill` logs
-                             (FIELD: `loss` by default; `data` for distill's cross-entropy on the
-                             batch); several logs (seeds) plot their mean at each step, over the
-                             steps all of them ran;
-  LOG                        the same with the file's name as NAME; or, for a file of `LOSSES
-                             {json}` lines (examples/bench/peers/fp8_curves.py), one curve a
-                             recipe, the mean over its seeds.
+  NAME=FILE[,FILE...][@FIELD]  the step lines of `train` or `distill` metrics files (`--metrics
+                               FILE`, JSON lines): FIELD is `loss` by default, or a part of the
+                               loss (`data` for distill's cross-entropy on the batch); several
+                               files (seeds) plot their mean at each step, over the steps all of
+                               them ran;
+  FILE                         the same with the file's name as NAME; or, for a file of `LOSSES
+                               {json}` lines (examples/bench/peers/fp8_curves.py), one curve a
+                               recipe, the mean over its seeds.
 
-  e.g. python3 scripts/plot-curves.py curves.svg bf16=seed1.log,seed2.log fp8=fp8-seed1.log,fp8-seed2.log
+  e.g. python3 scripts/plot-curves.py curves.svg bf16=seed1.jsonl,seed2.jsonl fp8=fp8-seed1.jsonl
 """
 import json
 import os
-import re
 import sys
 
 W, H, PAD = 720, 400, 50
@@ -30,16 +30,20 @@ def mean_curve(runs):
 
 
 def step_values(path, field):
-    """The value after FIELD in each `step N ...` line, in order."""
-    pattern = re.compile(rf"^step \d+ (?:.* )?{re.escape(field)} (\S+)")
-    values = []
+    """FIELD (a top-level key, or a part of the loss) of each step line of a metrics file, in
+    step order."""
+    values = {}
     for line in open(path, errors="replace"):
-        match = pattern.match(line)
-        try:
-            values.append(float(match[1]))
-        except (TypeError, ValueError):  # not a step line, or not a number after FIELD
+        line = line.strip()
+        if not line.startswith("{"):
             continue
-    return values
+        entry = json.loads(line)
+        if "loss" not in entry:  # an evaluation's line
+            continue
+        value = entry.get(field, entry.get("parts", {}).get(field))
+        if value is not None:
+            values[entry["step"]] = float(value)
+    return [values[step] for step in sorted(values)]
 
 
 def peer_curves(path):
@@ -66,7 +70,7 @@ def curves(spec):
     runs = [step_values(p, field or "loss") for p in paths]
     runs = [r for r in runs if r]
     if not runs:
-        sys.exit(f"no `step N ... {field or 'loss'} X` lines in {', '.join(paths)}")
+        sys.exit(f"no step lines with {field or 'loss'} in {', '.join(paths)}")
     return [(name, mean_curve(runs))]
 
 

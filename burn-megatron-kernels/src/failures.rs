@@ -4,9 +4,11 @@
 //! before) is skipped and logged at `warn` (`cubecl-server`'s `stream/failures.rs`). A read is
 //! meant to fail wherever such a failure reached the buffer read, but past the device's memory a
 //! llama step's loss read back 0 with no error, and a `sync` reports device faults only.
-//! The log line is the one sign: [`watch`] installs a logger that
-//! counts CubeCL's warnings and errors, and [`check`] turns them into a [`DeviceFailure`], for a
-//! training loop to call after each step's loss is read.
+//! The log line is the one sign, so the watcher sits where CubeCL's lines pass, beside whatever
+//! the program does with them: [`FailureLayer`] in a `tracing` subscriber (whose `log` bridge
+//! carries CubeCL's lines), [`Watched`] around a `log` logger of the program's, or [`watch`]
+//! alone in a program without one. [`check`] turns what they saw into a [`DeviceFailure`], for
+//! a training loop to call after each step's loss is read.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,48 +35,125 @@ static COUNT: AtomicUsize = AtomicUsize::new(0);
 static FIRST: Mutex<Option<String>> = Mutex::new(None);
 static LINES: AtomicUsize = AtomicUsize::new(0);
 
-/// CubeCL's lines printed to stderr at most: an allocation retried is logged each time.
+/// CubeCL's lines [`watch`] prints to stderr at most: an allocation retried is logged each time.
 const PRINTED: usize = 8;
 
-struct Watch;
+/// Whether a line of `level` from `target` is CubeCL's warning or error.
+fn cubecl(level: Level, target: &str) -> bool {
+    level <= Level::Warn && target.starts_with("cubecl")
+}
 
-impl Log for Watch {
+/// Counts `message`, a line CubeCL logged at `level` from `target`, if it tells of a failure.
+/// An allocation that fails once is retried after a cleanup, and says so: not a failure yet.
+/// Anything else CubeCL warns of is (the launch that could not run past the device's memory:
+/// "An IO error happened … Memory location was never initialized"; a llama step logs nothing
+/// else).
+pub fn record(level: Level, target: &str, message: &str) {
+    if !cubecl(level, target) || message.contains("reclaiming and retrying") {
+        return;
+    }
+    if COUNT.fetch_add(1, Ordering::Relaxed) == 0 {
+        *FIRST.lock().expect("not poisoned") = Some(format!("{target}: {message}"));
+    }
+}
+
+/// A `log` logger of the program's with CubeCL's failures recorded on the way: every record
+/// reaches `inner` as before.
+pub struct Watched<L>(pub L);
+
+impl<L: Log> Log for Watched<L> {
     fn enabled(&self, metadata: &Metadata) -> bool {
-        metadata.level() <= Level::Warn && metadata.target().starts_with("cubecl")
+        cubecl(metadata.level(), metadata.target()) || self.0.enabled(metadata)
+    }
+
+    fn log(&self, line: &Record) {
+        record(line.level(), line.target(), &line.args().to_string());
+        self.0.log(line);
+    }
+
+    fn flush(&self) {
+        self.0.flush();
+    }
+}
+
+/// The watcher as a layer of a `tracing` subscriber: it records CubeCL's lines (which reach
+/// `tracing` through its `log` bridge, as `tracing_subscriber`'s `init` installs it) and leaves
+/// every event to the subscriber's other layers.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FailureLayer;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for FailureLayer {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let metadata = event.metadata();
+        let level = match *metadata.level() {
+            tracing::Level::ERROR => Level::Error,
+            tracing::Level::WARN => Level::Warn,
+            _ => return,
+        };
+        // The `log` bridge keeps the record's own target in a field.
+        let mut message = Message::default();
+        event.record(&mut message);
+        let target = message.target.as_deref().unwrap_or(metadata.target());
+        record(level, target, &message.text);
+    }
+}
+
+/// An event's message and, for a bridged `log` record, its target.
+#[derive(Default)]
+struct Message {
+    text: String,
+    target: Option<String>,
+}
+
+impl tracing::field::Visit for Message {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        match field.name() {
+            "message" => self.text = value.to_string(),
+            "log.target" => self.target = Some(value.to_string()),
+            _ => {}
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        match field.name() {
+            "message" => self.text = format!("{value:?}"),
+            "log.target" => self.target = Some(format!("{value:?}").trim_matches('"').to_string()),
+            _ => {}
+        }
+    }
+}
+
+/// CubeCL's first lines on stderr, for [`watch`].
+struct Stderr;
+
+impl Log for Stderr {
+    fn enabled(&self, metadata: &Metadata) -> bool {
+        cubecl(metadata.level(), metadata.target())
     }
 
     fn log(&self, record: &Record) {
-        if !self.enabled(record.metadata()) {
-            return;
-        }
-        let text = format!("{}: {}", record.target(), record.args());
-        // An allocation that fails once is retried after a cleanup, and says so: not a failure
-        // yet. Anything else CubeCL warns of is (the launch that could not run past the device's
-        // memory: "An IO error happened … Memory location was never initialized"; a llama
-        // step logs nothing else).
-        if !text.contains("reclaiming and retrying") && COUNT.fetch_add(1, Ordering::Relaxed) == 0 {
-            *FIRST.lock().expect("not poisoned") = Some(text.clone());
-        }
-        if LINES.fetch_add(1, Ordering::Relaxed) < PRINTED {
-            eprintln!("cubecl {}: {text}", record.level());
+        if self.enabled(record.metadata()) && LINES.fetch_add(1, Ordering::Relaxed) < PRINTED {
+            eprintln!("cubecl {}: {}: {}", record.level(), record.target(), record.args());
         }
     }
 
     fn flush(&self) {}
 }
 
-/// Installs the logger that counts CubeCL's failures (and prints its first lines to stderr).
+/// For a program with no logger of its own: installs one that records CubeCL's failures and
+/// prints CubeCL's first lines to stderr. A program with a logger wraps it in [`Watched`]; one
+/// with a `tracing` subscriber adds [`FailureLayer`].
 ///
 /// # Errors
-/// [`AnotherLogger`] where the process has a logger already (Burn's `Learner` installs one that
-/// writes CubeCL's lines to its application log).
+/// [`AnotherLogger`] where the process has a logger already: it is left in place.
 pub fn watch() -> Result<(), AnotherLogger> {
-    log::set_logger(&Watch).map_err(|_| AnotherLogger)?;
+    static WATCH: Watched<Stderr> = Watched(Stderr);
+    log::set_logger(&WATCH).map_err(|_| AnotherLogger)?;
     log::set_max_level(log::LevelFilter::Warn);
     Ok(())
 }
 
-/// Whether CubeCL has logged a failure since [`watch`]. CubeCL logs a launch as its stream
+/// Whether CubeCL has logged a failure the watcher saw. CubeCL logs a launch as its stream
 /// takes it, so call this after a read (a step's loss) that waited for the launches to check.
 ///
 /// # Errors
@@ -93,21 +172,29 @@ pub fn check() -> Result<(), DeviceFailure> {
 mod tests {
     use super::*;
 
-    /// The one test of the process-wide logger: a retried allocation is no failure, a launch
-    /// CubeCL could not run is, another crate's warning is not counted, and a second watch is
-    /// refused.
+    /// The one test of the process-wide count (through each way in, in turn): a retried
+    /// allocation is no failure, a launch CubeCL could not run is, another crate's warning is
+    /// not counted; a `tracing` subscriber's layer sees CubeCL's lines as its other layers do,
+    /// and a second watch is refused, leaving the first logger in place.
     #[test]
     fn counts_what_cubecl_logs_as_failed() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let retry = "device allocation of 469762048 B failed (out of device memory); reclaiming and retrying";
+        record(Level::Warn, "cubecl_server::command::base", retry);
+        record(Level::Warn, "burn_train", "not CubeCL's");
+        record(Level::Info, "cubecl_runtime", "not a warning");
+        assert_eq!(check(), Ok(()));
+        let subscriber = tracing_subscriber::registry().with(FailureLayer);
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(target: "cubecl_runtime::logging::server", "An IO error happened");
+            tracing::warn!(target: "burn_train", "not CubeCL's");
+        });
+        let failure = check().expect_err("a failed launch");
+        assert_eq!(failure.count, 1);
+        assert_eq!(failure.first, "cubecl_runtime::logging::server: An IO error happened");
         watch().expect("the first logger");
         assert_eq!(watch(), Err(AnotherLogger));
-        let retry = "device allocation of 469762048 B failed (out of device memory); reclaiming and retrying";
-        log::warn!(target: "cubecl_server::command::base", "{retry}");
-        log::warn!(target: "burn_train", "not CubeCL's");
-        assert_eq!(check(), Ok(()));
-        log::warn!(target: "cubecl_runtime::logging::server", "An IO error happened");
         log::warn!(target: "cubecl_runtime::logging::server", "a second");
-        let failure = check().expect_err("a failed launch");
-        assert_eq!(failure.count, 2);
-        assert_eq!(failure.first, "cubecl_runtime::logging::server: An IO error happened");
+        assert_eq!(check().expect_err("two").count, 2);
     }
 }

@@ -22,6 +22,8 @@
 
 #[path = "../common/cli.rs"]
 mod cli;
+#[path = "../common/logging.rs"]
+mod logging;
 
 mod attention;
 mod gemm;
@@ -220,9 +222,7 @@ fn checked(cli: Cli) -> Result<Args, String> {
 }
 
 fn main() {
-    if let Err(e) = burn_megatron_kernels::failures::watch() {
-        eprintln!("{e}");
-    }
+    logging::init();
     let args = parse().unwrap_or_else(|message| {
         eprintln!("{message}");
         std::process::exit(2);

@@ -5,6 +5,7 @@
 #![allow(dead_code)] // each example uses its own part
 
 pub mod cli;
+pub mod logging;
 
 use std::path::{Path, PathBuf};
 
@@ -137,10 +138,12 @@ pub fn cuda_device(_rank: usize) -> Device {
     std::process::exit(2);
 }
 
-/// An example's `main`: its command line parsed by `parse` (clap's own errors exit with 2, its
+/// An example's `main`: its logs set up ([`logging`]), its command line parsed by `parse`
+/// (clap's own errors exit with 2, its
 /// `--help` with 0; a bad value found after parsing exits with 2), then `run` (an error exits
 /// with 1), each message on stderr.
 pub fn main<A>(parse: impl FnOnce() -> Result<A, String>, run: impl FnOnce(&A) -> Result<(), String>) {
+    logging::init();
     let args = parse().unwrap_or_else(|message| {
         eprintln!("error: {message}");
         std::process::exit(2);

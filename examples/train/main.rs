@@ -54,7 +54,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let _ = burn_megatron_kernels::failures::watch();
+    common::logging::init();
     match train(job) {
         Ok(_) => ExitCode::SUCCESS,
         Err(message) => {
@@ -109,8 +109,8 @@ fn prepare(job: Job) -> Result<Run, String> {
                 let saved = JobConfig::from_toml(&text).map_err(|e| format!("{}: {e}", dir.display()))?;
                 job.config.check_resume(&saved).map_err(|e| e.to_string())?;
             }
-            None => eprintln!(
-                "warning: {} holds no job (saved by an older build): resuming without checking it",
+            None => tracing::warn!(
+                "{} holds no job (saved by an older build): resuming without checking it",
                 dir.display()
             ),
         }

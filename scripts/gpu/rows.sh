@@ -73,10 +73,12 @@ plays() {
   [ -f .gpu/shakespeare.txt.xz ] && xz -dc .gpu/shakespeare.txt.xz >/tmp/shakespeare.txt && echo /tmp/shakespeare.txt
 }
 
-# train_curve RECIPE SEED: llama-1b on the plays, bytes as tokens, batch 1 x 2048, lr 3e-4.
+# train_curve RECIPE SEED: llama-1b on the plays, bytes as tokens, batch 1 x 2048, lr 3e-4; its
+# metrics in $OUT/train-RECIPE-seedSEED.jsonl.
 train_curve() {
   gpu "train-$1-seed$2" 100 train --preset llama-1b --device cuda --dtype bf16 --init per-shard \
-    --precision "$1" --data "$DATA" --steps "${CURVE_STEPS:-300}" --batch 1 --lr 3e-4 --sample-every 0 --seed "$2"
+    --precision "$1" --data "$DATA" --steps "${CURVE_STEPS:-300}" --batch 1 --lr 3e-4 --sample-every 0 --seed "$2" \
+    --plain --metrics "$OUT/train-$1-seed$2.jsonl"
 }
 
 # profile NAME MARKER COMMAND...: ncu's time of every kernel COMMAND launches, then one step's
@@ -123,7 +125,7 @@ for mode in "$@"; do
       done
       args=()
       for recipe in default "${recipes[@]}"; do
-        logs=$(compgen -G "$OUT/train-$recipe-seed*.log" | paste -sd,)
+        logs=$(compgen -G "$OUT/train-$recipe-seed*.jsonl" | paste -sd,)
         [ -n "$logs" ] && args+=("${recipe/default/bf16}=$logs")
       done
       python3 scripts/plot-curves.py "$OUT/curves.svg" "${args[@]}"
