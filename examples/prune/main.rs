@@ -4,10 +4,7 @@
 //! channels, query heads within each kv group, by their activations) to a target size, and
 //! saved as a Hugging Face directory for `examples/distill`.
 //!
-//!   prune [--model GGUF | --hf DIR] [--data data/shakespeare.txt] [--calibration 32]
-//!         [--calibration-seq 256] [--layers 26] [--d-model 512] [--d-ff 1024]
-//!         [--heads-per-kv 3] [--out data/pruned] [--eval-windows 16] [--eval-seq 256]
-//!         [--device cpu|cuda]
+//!   prune [--out data/pruned]     (`prune --help`: every flag)
 //!
 //! The defaults take SmolLM2-135M (30 blocks of 576, FFN 1536, 9 heads over 3 kv heads) to
 //! about 87M parameters. Prints the blocks' and channels' rankings, the parameter counts, and the

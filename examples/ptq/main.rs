@@ -4,10 +4,7 @@
 //! in each format, and measured on the held-out last tenth: perplexity and a greedy answer
 //! beside the unquantized model's, in one table (`docs/posttrain.md`).
 //!
-//!   ptq [--model data/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf | --hf DIR]
-//!       [--data data/shakespeare.txt] [--calibration 64] [--calibration-seq 256]
-//!       [--eval-windows 16] [--eval-seq 256] [--only TEXT[,TEXT…]] [--export DIR [--export-row NAME]]
-//!       [--device cpu|cuda]
+//!   ptq [--export DIR]     (`ptq --help`: every flag)
 //!
 //! Rows (`precision::ptq`): int8 weights per channel by the largest magnitude, a percentile or
 //! the least squared error; int4 weights in groups of 128, symmetric and with a zero point (each
