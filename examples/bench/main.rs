@@ -36,9 +36,10 @@ mod timing;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron::init::InitMode;
+use burn_megatron::job::ParallelSection;
 use burn_megatron::layers::context::ContextLayout;
 use burn_megatron::models::llama::preset;
-use burn_megatron::plan::{ContextParallel, ParallelPlan, PipelineSchedule, TensorParallel};
+use burn_megatron::plan::ContextParallel;
 use burn_megatron::precision::{KeptBlocks, PrecisionPolicy};
 use burn_megatron::recompute::Recompute;
 use burn_megatron_dist::{ParallelDims, launch};
@@ -245,27 +246,21 @@ fn main() {
     }
     let recipe = preset(&args.preset).unwrap_or_else(|e| panic!("{e}"));
     let (seq, batch) = (recipe.seq_len, args.batch.unwrap_or(recipe.batch_size));
-    let dims = ParallelDims {
+    let layout = ParallelSection {
+        tp: args.tp,
+        dp: args.dp,
+        cp: args.cp,
         ep: args.ep,
         etp: args.etp,
-        cp: args.cp,
         pp: args.pp,
-        ..ParallelDims::tp_dp(args.tp, args.dp)
+        vpp: args.vpp,
+        sp: args.sp,
+        context: args.context,
+        ..ParallelSection::default()
     };
-    let schedule = match args.vpp {
-        1 => PipelineSchedule::OneForwardOneBackward,
-        v => PipelineSchedule::Interleaved { virtual_stages: v },
-    };
+    let plan = layout.plan();
+    let dims = plan.dims;
     let microbatches = args.microbatches.unwrap_or(args.pp);
-    let tensor = if args.sp {
-        TensorParallel::SequenceParallel
-    } else {
-        TensorParallel::Plain
-    };
-    let plan = ParallelPlan::new(dims)
-        .with_tensor(tensor)
-        .with_context(args.context)
-        .with_pipeline(schedule);
     let policy = match args.recipe {
         Recipe::Bf16 => PrecisionPolicy::bf16().with_gemm(args.linear_gemm),
         Recipe::PureBf16 => PrecisionPolicy::pure_bf16().with_gemm(args.linear_gemm),

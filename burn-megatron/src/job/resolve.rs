@@ -9,7 +9,7 @@ use burn_megatron_dist::ParallelDims;
 use burn_megatron_kernels::Gemm;
 
 use super::file::JobError;
-use super::{Dtype, InitKind, JobConfig};
+use super::{Dtype, InitKind, JobConfig, ParallelSection};
 use crate::error::ConfigError;
 use crate::init::{InitMode, ParamInit};
 use crate::models::llama::{LlamaConfig, WordEmbeddings, gguf, hf, preset};
@@ -77,26 +77,8 @@ impl JobConfig {
                 return Err(field(name, "must be at least 1".into()));
             }
         }
-        let dims = ParallelDims {
-            ep: p.ep,
-            etp: p.etp,
-            cp: p.cp,
-            pp: p.pp,
-            ..ParallelDims::tp_dp(p.tp, p.dp)
-        };
-        let schedule = match p.vpp {
-            1 => PipelineSchedule::OneForwardOneBackward,
-            v => PipelineSchedule::Interleaved { virtual_stages: v },
-        };
-        let tensor = match p.sp {
-            true => TensorParallel::SequenceParallel,
-            false => TensorParallel::Plain,
-        };
-        let plan = ParallelPlan::new(dims)
-            .with_tensor(tensor)
-            .with_expert(p.dispatcher)
-            .with_context(p.context)
-            .with_pipeline(schedule);
+        let plan = p.plan();
+        let (dims, schedule) = (plan.dims, plan.pipeline);
         let policy = policy(&config)?;
         let model = policy.apply(plan.apply(model, dims.world_size(), seq)?);
         let per_rank = match global_batch {
@@ -246,6 +228,33 @@ fn check_rest(config: &mut JobConfig) -> Result<(), JobError> {
         config.logging.metrics = config.checkpoint.dir.as_ref().map(|dir| dir.join("metrics.jsonl"));
     }
     Ok(())
+}
+
+impl ParallelSection {
+    /// The plan of this layout: the mesh, sequence parallelism, the experts' dispatcher, the cp
+    /// exchange, 1F1B (interleaved over `vpp` chunks above 1).
+    pub fn plan(&self) -> ParallelPlan {
+        let dims = ParallelDims {
+            ep: self.ep,
+            etp: self.etp,
+            cp: self.cp,
+            pp: self.pp,
+            ..ParallelDims::tp_dp(self.tp, self.dp)
+        };
+        let schedule = match self.vpp {
+            1 => PipelineSchedule::OneForwardOneBackward,
+            v => PipelineSchedule::Interleaved { virtual_stages: v },
+        };
+        let tensor = match self.sp {
+            true => TensorParallel::SequenceParallel,
+            false => TensorParallel::Plain,
+        };
+        ParallelPlan::new(dims)
+            .with_tensor(tensor)
+            .with_expert(self.dispatcher)
+            .with_context(self.context)
+            .with_pipeline(schedule)
+    }
 }
 
 impl Job {
