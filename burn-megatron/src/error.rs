@@ -36,6 +36,8 @@ pub enum ConfigError {
         groups: usize,
         top_groups: usize,
     },
+    #[error("loss spike factor {factor} must be a finite number above 1")]
+    SpikeFactor { factor: f64 },
     #[error("expert capacity factor {factor} must be a finite number above 0")]
     CapacityFactor { factor: f64 },
     #[error(

@@ -72,17 +72,14 @@ pub fn run(
     let batch = TokenBatch { ids, targets };
     let mut trainer = Trainer::new(stage, &DistributedAdamWConfig::new(), &ctx.groups, &ctx.device);
     // The loss the last stage reports (averaged over dp × cp), read on every rank.
-    let read = |stepped: Stepped, when: &str| -> f64 {
-        stepped
-            .read(&ctx.groups)
-            .unwrap_or_else(|e| panic!("by {when}: {e}"))
-            .loss
+    let read = |trainer: &mut Trainer<_>, stepped: Stepped, when: &str| -> f64 {
+        trainer.read(stepped).unwrap_or_else(|e| panic!("by {when}: {e}")).loss
     };
     let mut memory = vec![Mark::take("stage built", &ctx.device)];
     for i in 0..warmup {
         let start = Instant::now();
         let stepped = trainer.step(LR, batch.clone()).unwrap_or_else(|e| panic!("{e}"));
-        let loss = read(stepped, &format!("warm-up step {i}"));
+        let loss = read(&mut trainer, stepped, &format!("warm-up step {i}"));
         if i == 0 {
             crate::timing::check_first_loss(loss as f32, config.embedding.vocab_size);
             memory.push(Mark::take("after the first step", &ctx.device));
@@ -100,7 +97,7 @@ pub fn run(
     ctx.device.sync().expect("sync");
     let step_s = start.elapsed().as_secs_f64() / steps as f64;
     memory.push(Mark::take("after the timed steps", &ctx.device));
-    let loss = last.map_or(0.0, |stepped| read(stepped, "the timed steps"));
+    let loss = last.map_or(0.0, |stepped| read(&mut trainer, stepped, "the timed steps"));
     // One more step, each forward and backward synchronized: the stages' idle share.
     let mut trainer = trainer.with_timing(Timing::Synchronized);
     let stepped = trainer.step(LR, batch).unwrap_or_else(|e| panic!("{e}"));

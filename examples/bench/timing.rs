@@ -197,14 +197,19 @@ pub fn run(
     let (step_s, loss, mut model, optimizer) = match policy.master {
         // The library's training step, as `train` runs it.
         MasterWeights::F32 => {
-            let mut trainer = Trainer::new(model, &DistributedAdamWConfig::new(), &ctx.groups, &ctx.device);
-            let step = || trainer.step(LR, batch.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let trainer = Trainer::new(model, &DistributedAdamWConfig::new(), &ctx.groups, &ctx.device);
+            // Both closures step the one trainer, one after the other.
+            let trainer = std::cell::RefCell::new(trainer);
+            let step = || {
+                let stepped = trainer.borrow_mut().step(LR, batch.clone());
+                stepped.unwrap_or_else(|e| panic!("{e}"))
+            };
             let read = |stepped: Stepped, when: &str| {
-                let values = stepped.read(&ctx.groups).unwrap_or_else(|e| panic!("by {when}: {e}"));
-                values.loss
+                let values = trainer.borrow_mut().read(stepped);
+                values.unwrap_or_else(|e| panic!("by {when}: {e}")).loss
             };
             let (step_s, loss) = timing.run(&mut memory, step, read);
-            let (model, optim) = trainer.into_parts();
+            let (model, optim) = trainer.into_inner().into_parts();
             (step_s, loss, model, Optimizer::Master(Box::new(optim)))
         }
         MasterWeights::None => {

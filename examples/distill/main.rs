@@ -262,7 +262,7 @@ fn run(args: &Args) -> Result<(), String> {
                 let stepped = trainer
                     .step(scheduler.step().base(), batch)
                     .map_err(|e| e.to_string())?;
-                routine.after_step(&trainer, stepped).map_err(|e| e.to_string())?;
+                routine.after_step(&mut trainer, stepped).map_err(|e| e.to_string())?;
             }
             routine.finish().map_err(|e| e.to_string())?;
             let after = perplexity(&trainer.model().student)?;

@@ -97,6 +97,7 @@ where
     let strategy = MegatronStrategy::new(ctx)
         .with_optimizer(StrategyOptimizer::Distributed(job.optimizer()))
         .with_accumulation(job.accumulation())
+        .with_guard(job.config.guard.clone())
         .with_resume(job.config.checkpoint.load.clone())
         .with_routine(routine);
     let dir = std::env::temp_dir().join(format!("burn-megatron-train/rank-{}", ctx.global_rank));

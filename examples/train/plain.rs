@@ -47,7 +47,7 @@ fn steps<M: TrainModel>(
         let stepped = trainer
             .step(lr, run.batch(step, ctx, &device))
             .map_err(|e| e.to_string())?;
-        let values = routine.after_step(&trainer, stepped).map_err(|e| e.to_string())?;
+        let values = routine.after_step(&mut trainer, stepped).map_err(|e| e.to_string())?;
         losses.push(values.loss);
     }
     let summary = routine.finish().map_err(|e| e.to_string())?;

@@ -88,6 +88,7 @@ impl Run {
         };
         let mut trainer = Trainer::new(model, &job.optimizer(), &ctx.groups, &ctx.device)
             .with_accumulation(job.accumulation())
+            .and_then(|trainer| trainer.with_guard(job.config.guard.clone()))
             .map_err(|e| e.to_string())?
             .with_timing(timing);
         if let Some(dir) = &job.config.checkpoint.load {

@@ -1,5 +1,5 @@
 //! The training step on the CPU, ranks as threads: gradient accumulation against one batch,
-//! one reporting rank; Burn's Learner with `MegatronStrategy`, tp2 × dp2 against tp1 × dp1.
+//! a gradient that is not finite updating nothing, one reporting rank; Burn's Learner with `MegatronStrategy`, tp2 × dp2 against tp1 × dp1.
 
 #[cfg(feature = "learner")]
 use burn_megatron_tests::learner_suite;
@@ -8,6 +8,11 @@ use burn_megatron_tests::{Harness, train_suite};
 #[test]
 fn accumulation_matches_the_whole_batch() {
     train_suite::accumulation_matches_the_whole_batch(&Harness::cpu(4));
+}
+
+#[test]
+fn nonfinite_gradient_updates_nothing() {
+    train_suite::nonfinite_gradient_updates_nothing(&Harness::cpu(4));
 }
 
 #[test]

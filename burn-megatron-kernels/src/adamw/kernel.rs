@@ -106,7 +106,8 @@ fn adamw_kernel<F: Float, N: Size>(
 
 /// One AdamW step of fp32 master weights: gradient in `G`, master weights and moments in f32,
 /// the model's copy of the new value written in `P` in the same pass; the gradient multiplied by
-/// `clip[0]` first (a global norm's clipping factor, computed on the device). A grid of
+/// `clip[0]` first (a global norm's clipping factor, computed on the device; negative, the
+/// step is skipped: master weights and moments stay, the copy is written from them). A grid of
 /// [`master_blocks`] blocks strides over the vectors; each block's `Σ g²` (before clipping) goes to
 /// `partials`, and the largest |parameter| it wrote (as written, NaN ignored) to `peaks`; the
 /// launch's last block (by `ticket`: [`last_block`]) writes `squares_out[0] = squares[0] +
@@ -159,13 +160,27 @@ fn adamw_master_kernel<G: Float, P: Float, N: Size>(
         }
         let factor = Vector::new(clip[0]);
         sum += hsum(raw_a * raw_a) + hsum(raw_b * raw_b);
-        let p = adam(a, master_a, raw_a * factor, m_a, v_a, m_out, v_out, &s);
+        // A negative factor (a gradient somewhere not finite): every output as its input.
+        let keep = clip[0] < 0.0f32;
+        let mut p = master_a;
+        if keep {
+            m_out[a] = m_a;
+            v_out[a] = v_a;
+        } else {
+            p = adam(a, master_a, raw_a * factor, m_a, v_a, m_out, v_out, &s);
+        }
         master_out[a] = p;
         let written = Vector::<P, N>::cast_from(p);
         param_out[a] = written;
         peak = vector_max(peak, written);
         if has_b {
-            let p = adam(b, master_b, raw_b * factor, m_b, v_b, m_out, v_out, &s);
+            let mut p = master_b;
+            if keep {
+                m_out[b] = m_b;
+                v_out[b] = v_b;
+            } else {
+                p = adam(b, master_b, raw_b * factor, m_b, v_b, m_out, v_out, &s);
+            }
             master_out[b] = p;
             let written = Vector::<P, N>::cast_from(p);
             param_out[b] = written;

@@ -37,7 +37,8 @@ extension! {
     }
 
     /// `(master, moment_1, moment_2, parameter, squares, amax)` after one step of f32 master
-    /// weights: the gradient in any float dtype, multiplied by `clip` (`[1]`, f32), the new
+    /// weights: the gradient in any float dtype, multiplied by `clip` (`[1]`, f32; negative: the
+    /// step skipped, master and moments as they were, the parameter written from them), the new
     /// parameter the new master value in `dtype`; `squares` (`[1]`, f32) plus the gradient's
     /// `Σ g²` before clipping (a global norm's share, from the same read of the gradient); `amax`
     /// (`[1]`, f32) the new parameter's largest magnitude (NaN ignored; 0 when empty), for the FP8
@@ -149,7 +150,8 @@ pub struct MasterStep<const D: usize> {
 
 /// One AdamW step of f32 master weights through [`AdamWOps`]. `clip` (f32, on the device: a
 /// global norm's clipping factor, 1 without clipping, read by the kernel rather than the host)
-/// multiplies the gradient; `squares` (f32) comes back with the gradient's `Σ g²` before
+/// multiplies the gradient; a negative one skips the step (a gradient not finite: master weights
+/// and moments stay as they were, the parameter is written from them); `squares` (f32) comes back with the gradient's `Σ g²` before
 /// clipping added, from the same read (a global norm without a pass of its own).
 ///
 /// # Shapes

@@ -36,8 +36,8 @@ pub fn update<B: Backend>(
     (B::float_cast(param, dtype), m, v)
 }
 
-/// The update of f32 master weights from a gradient multiplied by `clip` (`[1]`), their
-/// copy in `dtype`, and `squares` plus the gradient's `Σ g²` before clipping.
+/// The update of f32 master weights from a gradient multiplied by `clip` (`[1]`; negative, no
+/// update), their copy in `dtype`, and `squares` plus the gradient's `Σ g²` before clipping.
 #[allow(clippy::too_many_arguments)]
 pub fn master_update<B: Backend>(
     master: FloatTensor<B>,
@@ -57,8 +57,18 @@ pub fn master_update<B: Backend>(
         B::float_sum(B::float_mul(flat.clone(), flat)),
     );
     let clip = B::float_expand(B::float_cast(clip, FloatDType::F32), grad.shape());
-    let grad = B::float_mul(grad, clip);
-    let (master, moment_1, moment_2) = update::<B>(B::float_cast(master, FloatDType::F32), grad, m, v, step);
+    let grad = B::float_mul(grad, clip.clone());
+    let (master, m) = (
+        B::float_cast(master, FloatDType::F32),
+        B::float_cast(m, FloatDType::F32),
+    );
+    let v = B::float_cast(v, FloatDType::F32);
+    let new = update::<B>(master.clone(), grad, m.clone(), v.clone(), step);
+    // A negative factor (a gradient somewhere not finite) skips the step: each state as it was.
+    let bools = burn::backend::get_device_settings::<B>(&clip.device()).bool_dtype;
+    let skip = B::float_lower_elem(clip, Scalar::from(0.0f32), bools);
+    let keep = |old: FloatTensor<B>, new: FloatTensor<B>| B::float_mask_where(new, skip.clone(), old);
+    let (master, moment_1, moment_2) = (keep(master, new.0), keep(m, new.1), keep(v, new.2));
     let param = B::float_cast(master.clone(), dtype);
     super::MasterUpdate {
         amax: amax::<B>(param.clone()),

@@ -35,6 +35,16 @@ impl<B: Backend + NormOps, C: CheckpointStrategy> NormOps for Autodiff<B, C> {
 /// `Σ x²` over every element of every tensor of `xs`, through [`NormOps`]: `[1]` in f32 on
 /// `device`, zero when `xs` is empty.
 pub fn sum_of_squares<const D: usize>(xs: Vec<Tensor<D>>, device: &Device) -> Tensor<1> {
+    match square_partials(xs).0 {
+        Some(partials) => partials.sum(),
+        None => Tensor::zeros([1], (device, DType::F32)),
+    }
+}
+
+/// Each tensor of `xs`'s partial sums of `x²` ([`NormOps`]) end to end, `[p]` in f32 (none when
+/// `xs` is empty), and how many partials each tensor has, in order: summing any run of them sums
+/// those tensors' squares, and a tensor's are finite where all its elements are.
+pub fn square_partials<const D: usize>(xs: Vec<Tensor<D>>) -> (Option<Tensor<1>>, Vec<usize>) {
     let partials: Vec<Tensor<1>> = xs
         .into_iter()
         .map(|x| {
@@ -43,10 +53,9 @@ pub fn sum_of_squares<const D: usize>(xs: Vec<Tensor<D>>, device: &Device) -> Te
             ))
         })
         .collect();
-    match partials.is_empty() {
-        true => Tensor::zeros([1], (device, DType::F32)),
-        false => Tensor::cat(partials, 0).sum(),
-    }
+    let lengths = partials.iter().map(|p| p.dims()[0]).collect();
+    let partials = (!partials.is_empty()).then(|| Tensor::cat(partials, 0));
+    (partials, lengths)
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! The training job a user writes: [`JobConfig`], one TOML file of sections (model, parallel,
-//! precision, optimizer, schedule, data, batch, checkpoint, eval, logging), any field of which
+//! precision, optimizer, schedule, data, batch, checkpoint, eval, logging, guard), any field of which
 //! the command line overrides (`--optimizer.lr 3e-4`, [`JobConfig::parse`]). [`JobConfig::resolve`]
 //! checks every number before any tensor exists and gives the planned model, plan, precision
 //! policy and batch split ([`Job`]); the resolved job is what a run prints, writes into its
@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::layers::context::ContextParallel;
 use crate::layers::moe::ExpertParallel;
 use crate::recompute::Recompute;
-use crate::train::LrSchedule;
+use crate::train::{GuardConfig, LrSchedule};
 use burn_megatron_kernels::quant::recipe::Recipe;
 
 pub use file::{JobError, Override};
@@ -63,6 +63,8 @@ pub struct JobConfig {
     pub checkpoint: CheckpointSection,
     pub eval: EvalSection,
     pub logging: LoggingSection,
+    /// What a step whose gradients are not finite does, and loss spikes.
+    pub guard: GuardConfig,
 }
 
 impl Default for JobConfig {
@@ -81,6 +83,7 @@ impl Default for JobConfig {
             checkpoint: CheckpointSection::default(),
             eval: EvalSection::default(),
             logging: LoggingSection::default(),
+            guard: GuardConfig::default(),
         }
     }
 }

@@ -200,6 +200,9 @@ fn check_rest(config: &mut JobConfig) -> Result<(), JobError> {
     if c.dir.is_none() && (c.interval.is_some() || c.async_save || c.keep_last.is_some()) {
         return field("checkpoint", "interval, keep_last and async need checkpoint.dir");
     }
+    if let Err(e) = config.guard.clone().checked() {
+        return field("guard", &e.to_string());
+    }
     let held_out = config.data.held_out;
     if !(0.0..0.5).contains(&held_out) {
         return field("data.held_out", "must be a share of at least 0 and below 0.5");

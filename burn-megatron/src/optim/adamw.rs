@@ -10,10 +10,10 @@ use burn::optim::GradientsParams;
 use burn::tensor::{DType, FloatDType, Tensor};
 use burn_megatron_dist::{CommError, ProcessGroups, ReduceOp};
 use burn_megatron_kernels::adamw::{AdamWStep, adamw_master_step};
-use burn_megatron_kernels::grad_norm::sum_of_squares;
 use burn_megatron_kernels::quant::notes::AmaxNotes;
 
 use super::buckets::{BucketConfig, GradGroup, GradReducer, Reduction, pad};
+use super::finite::{CLASSES, FiniteCheck, GradSquares, NonFiniteGradient};
 use crate::optim::shared::StageCopies;
 use crate::params::{ParamInfo, map_params, param_infos, param_values, take_grads};
 
@@ -38,6 +38,10 @@ pub struct DistributedAdamWConfig {
     /// How gradients are bucketed for the data-parallel reduction.
     #[config(default = "BucketConfig::new()")]
     pub buckets: BucketConfig,
+    /// Check every gradient shard for a NaN or an infinity before the update, agreed over all
+    /// ranks: a step with one leaves every weight and state as it was ([`StepReport::check`]).
+    #[config(default = true)]
+    pub check_finite: bool,
 }
 
 /// Checks a learning rate before any step: finite and above 0.
@@ -62,6 +66,9 @@ pub struct StepReport {
     /// parameters. A step never reads it to the host: clipping's factor is computed and
     /// applied on the device, so the host issues the next step while this one runs.
     pub norm: Option<Tensor<1>>,
+    /// Whether every gradient was finite (else the step updated nothing), with the optimizer's
+    /// `check_finite`; read it with [`DistributedAdamW::skipped`].
+    pub check: Option<FiniteCheck>,
 }
 
 impl StepReport {
@@ -129,6 +136,12 @@ impl DistributedAdamW {
     pub fn keeping_amaxes(mut self, notes: AmaxNotes) -> Self {
         self.notes = Some(notes);
         self
+    }
+
+    /// Checks gradients for a NaN or an infinity before each update, or not
+    /// ([`DistributedAdamWConfig::check_finite`]).
+    pub fn set_check_finite(&mut self, check: bool) {
+        self.config.check_finite = check;
     }
 
     /// Steps taken so far.
@@ -274,25 +287,37 @@ impl DistributedAdamW {
         let Some(device) = shards.first().map(|s| s.device()) else {
             // No parameters here: nothing to update, and no norm.
             self.step += 1;
-            return Ok((model, StepReport { norm: None }));
+            return Ok((model, StepReport::default()));
         };
-        // Clipping needs the norm before the update: a pass of its own over the gradients.
-        // Without, the update kernels add each gradient's squares as they read it.
-        let clipping = self.config.max_grad_norm.map(|max| -> Result<_, CommError> {
-            let local = [false, true].map(|expert| {
-                let counted = (0..shards.len()).filter(|&i| self.norm_class(i) == Some(expert));
-                sum_of_squares(counted.map(|i| shards[i].clone()).collect(), &device)
-            });
-            let norm = self.global_norm(Tensor::cat(local.to_vec(), 0))?;
-            // `max / (norm + 1e-6)` where the norm passes `max`, else 1 (a NaN norm too), as a
-            // device tensor the update kernel reads.
-            let factor = norm.clone().add_scalar(1e-6).recip().mul_scalar(max);
-            let clip = factor.ones_like().mask_where(norm.clone().greater_elem(max), factor);
-            Ok((norm, clip))
-        });
-        let (norm, clip) = match clipping.transpose()? {
+        // Clipping and the check need the squares before the update: a pass of their own over
+        // the gradients. Without either, the update kernels add each gradient's squares as they
+        // read it.
+        let squares = (self.config.max_grad_norm.is_some() || self.config.check_finite)
+            .then(|| GradSquares::of(&shards, &device, |i| self.class(i)));
+        let clipping = match (self.config.max_grad_norm, &squares) {
+            (Some(max), Some(squares)) => {
+                let local = [0, 1].map(|class| squares.class_sum(class));
+                let norm = self.global_norm(Tensor::cat(local.to_vec(), 0))?;
+                // `max / (norm + 1e-6)` where the norm passes `max`, else 1 (a NaN norm too), as
+                // a device tensor the update kernel reads.
+                let factor = norm.clone().add_scalar(1e-6).recip().mul_scalar(max);
+                let clip = factor.ones_like().mask_where(norm.clone().greater_elem(max), factor);
+                Some((norm, clip))
+            }
+            _ => None,
+        };
+        let (norm, clip) = match clipping {
             Some((norm, clip)) => (Some(norm), clip),
             None => (None, Tensor::ones([1], (&device, DType::F32))),
+        };
+        let check = match (self.config.check_finite, squares) {
+            (true, Some(squares)) => Some(FiniteCheck::new(squares, &self.groups.world)?),
+            _ => None,
+        };
+        // A gradient not finite anywhere: a negative factor, and the kernels keep every state.
+        let clip = match &check {
+            Some(check) => clip * check.keep(),
+            None => clip,
         };
         self.step += 1;
         if self.states.is_empty() {
@@ -309,7 +334,7 @@ impl DistributedAdamW {
             grad_scale: 1.0,
         };
         // The squares the updates add up: dense, experts, and those the norm does not count.
-        let mut squares = [(); 3].map(|_| Tensor::<1>::zeros([1], (&device, DType::F32)));
+        let mut squares = [(); CLASSES].map(|_| Tensor::<1>::zeros([1], (&device, DType::F32)));
         // The new values in the parameters' dtype, gathered back whole under ZeRO-1, and their
         // amaxes; none for a parameter gradients do not train (every rank skips the same ones).
         let mut values = Vec::with_capacity(self.states.len());
@@ -324,11 +349,7 @@ impl DistributedAdamW {
                 amaxes.push(None);
                 continue;
             }
-            let sum = match self.norm_class(i) {
-                Some(false) => 0,
-                Some(true) => 1,
-                None => 2,
-            };
+            let sum = self.class(i);
             let new = adamw_master_step(
                 state.master,
                 grad,
@@ -376,7 +397,43 @@ impl DistributedAdamW {
             false => old,
         });
         super::release_freed_pages(&device);
-        Ok((model, StepReport { norm: Some(norm) }))
+        Ok((
+            model,
+            StepReport {
+                norm: Some(norm),
+                check,
+            },
+        ))
+    }
+
+    /// The check of `shards` (gradients reduced for [`step_reduced`](Self::step_reduced)) that
+    /// `step_reduced` makes, for an update of another optimizer's: see [`FiniteCheck`]. A
+    /// collective over every rank.
+    pub fn check_finite<M: Module>(
+        &mut self,
+        model: &M,
+        shards: &[Tensor<1>],
+    ) -> Result<Option<FiniteCheck>, CommError> {
+        self.stage_copies(model)?;
+        let Some(device) = shards.first().map(|s| s.device()) else {
+            return Ok(None);
+        };
+        let squares = GradSquares::of(shards, &device, |i| self.class(i));
+        FiniteCheck::new(squares, &self.groups.world).map(Some)
+    }
+
+    /// Whether the step `check` came from updated nothing, a gradient on some rank not being
+    /// finite; if so, which parameter on which rank, and (`own`: the step was this optimizer's)
+    /// the step count goes back, as the states did not move. Reads the check (waiting for the
+    /// step's gradients); a collective over every rank where a gradient was not finite.
+    pub fn skipped(&mut self, check: &FiniteCheck, own: bool) -> Result<Option<NonFiniteGradient>, CommError> {
+        if check.finite() {
+            return Ok(None);
+        }
+        if own {
+            self.step -= 1;
+        }
+        check.locate(&self.infos, &self.groups.world).map(Some)
     }
 
     /// Makes each ZeRO-1 shard's amax its whole parameter's: the largest over the shard's group,
@@ -396,6 +453,16 @@ impl DistributedAdamW {
             }
         }
         Ok(())
+    }
+
+    /// Parameter `index`'s class in [`GradSquares`]: 0 dense and 1 experts where the norm counts
+    /// it here, 2 elsewhere.
+    fn class(&self, index: usize) -> usize {
+        match self.norm_class(index) {
+            Some(false) => 0,
+            Some(true) => 1,
+            None => CLASSES - 1,
+        }
     }
 
     /// Where parameter `index`'s squares count in the global norm: `Some(expert)` (dense or

@@ -4,12 +4,14 @@
 
 pub mod adamw;
 pub mod buckets;
+pub mod finite;
 pub mod fused;
 pub mod overlap;
 pub mod shared;
 
 pub use adamw::{DistributedAdamW, DistributedAdamWConfig, ParamState, StepReport, check_lr};
 pub use buckets::{BucketConfig, GradGroup, GradReducer, Reduction};
+pub use finite::{FiniteCheck, NonFiniteGradient};
 pub use fused::{FusedAdamW, FusedAdamWConfig};
 pub use overlap::Overlap;
 

@@ -3,6 +3,8 @@
 //!
 //! ```text
 //! {"step":3,"loss":4.71,"lr":0.003,"grad_norm":1.9,"tokens_per_s":5120.0,"mfu":null,"memory_bytes":null,"parts":{"aux_loss":0.01},"expert_load":[40,24],"dropped":0}
+//! {"step":4,"loss":4.70,"lr":0.003,"grad_norm":null,…,"skipped":true}
+//! {"step":9,"loss":14.2,…,"spike":3.1}
 //! {"step":3,"eval_loss":4.80}
 //! ```
 
@@ -60,6 +62,12 @@ impl MetricsLog {
             line.insert("expert_load".into(), json!(load.per_expert));
             line.insert("dropped".into(), json!(load.dropped));
         }
+        if values.skipped {
+            line.insert("skipped".into(), json!(true));
+        }
+        if let Some(ratio) = values.spike {
+            line.insert("spike".into(), json!(ratio));
+        }
         self.write(Value::Object(line))
     }
 
@@ -112,6 +120,8 @@ mod tests {
                 dropped: 1,
             }),
             timing: None,
+            skipped: false,
+            spike: Some(3.5),
         };
         let rate = StepRate {
             tokens_per_s: 100.0,
@@ -126,6 +136,8 @@ mod tests {
         assert_eq!(lines[0]["parts"]["aux_loss"], json!(0.25));
         assert_eq!(lines[0]["expert_load"], json!([3, 5]));
         assert_eq!(lines[0]["mfu"], Value::Null);
+        assert_eq!(lines[0]["spike"], json!(3.5));
+        assert_eq!(lines[0].get("skipped"), None);
         assert_eq!(
             lines[1],
             json!({"step": 3, "eval_loss": 4.75}).as_object().unwrap().clone()

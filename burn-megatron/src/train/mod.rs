@@ -4,6 +4,7 @@
 //! through the same step ([`learner`]: `MegatronStrategy`).
 
 mod batch;
+mod guard;
 #[cfg(feature = "learner")]
 pub mod learner;
 mod llama;
@@ -15,6 +16,7 @@ mod schedule;
 mod step;
 
 pub use batch::TokenBatch;
+pub use guard::{Guard, GuardConfig, NonFinite, Stopped};
 pub use metrics::{MetricsLog, StepRate, read_metrics};
 pub use report::{ExpertLoad, StepValues};
 pub use routine::{Lines, Reporter, Routine, RunError, Summary, Throughput};

@@ -30,6 +30,10 @@ pub struct StepValues {
     /// they were timed.
     #[serde(skip)]
     pub timing: Option<StageTiming>,
+    /// Whether the step updated nothing, a gradient not being finite (the guard skipped it).
+    pub skipped: bool,
+    /// The loss over its running mean, where it passed the guard's spike factor.
+    pub spike: Option<f64>,
 }
 
 /// Token copies an expert took, summed over the batch and the MoE blocks.
@@ -94,11 +98,14 @@ impl StepValues {
             parts,
             expert_load,
             timing: stepped.timing,
+            skipped: false,
+            spike: None,
         })
     }
 }
 
-/// `step N loss X`, then each part of the loss, each expert's copies and those dropped.
+/// `step N loss X`, then each part of the loss, each expert's copies and those dropped, and
+/// whether the step was skipped or its loss spiked.
 impl fmt::Display for StepValues {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "step {} loss {:.6}", self.step, self.loss)?;
@@ -108,6 +115,12 @@ impl fmt::Display for StepValues {
         if let Some(load) = &self.expert_load {
             let per_expert: Vec<String> = load.per_expert.iter().map(i64::to_string).collect();
             write!(f, " load [{}] dropped {}", per_expert.join(" "), load.dropped)?;
+        }
+        if self.skipped {
+            write!(f, " (skipped: a gradient is not finite)")?;
+        }
+        if let Some(ratio) = self.spike {
+            write!(f, " (spike: {ratio:.1}x the running mean)")?;
         }
         Ok(())
     }

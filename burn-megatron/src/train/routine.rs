@@ -194,8 +194,8 @@ impl<M: TrainModel> Routine<M> {
 
     /// Everything after `stepped`, the step `trainer` just took: see the module docs. Every
     /// rank calls it.
-    pub fn after_step(&mut self, trainer: &Trainer<M>, stepped: Stepped) -> Result<StepValues, RunError> {
-        let values = stepped.read(&self.groups)?;
+    pub fn after_step(&mut self, trainer: &mut Trainer<M>, stepped: Stepped) -> Result<StepValues, RunError> {
+        let values = trainer.read(stepped)?;
         let seconds = self.clock.elapsed().as_secs_f64();
         let t = self.throughput;
         let tokens_per_s = t.tokens_per_step as f64 / seconds.max(1e-9);

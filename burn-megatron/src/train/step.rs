@@ -4,9 +4,10 @@
 //! optimizer's update, and what the model moves outside the gradient after it (expert biases,
 //! delayed FP8 histories). [`Trainer`] runs it for any [`TrainModel`] (a whole Llama, a
 //! pipeline stage) at every layout; Burn's Learner (`MegatronStrategy`), the `train`, `bench`
-//! and `distill` examples all step through it. [`Stepped::read`] reads a step the one way:
-//! the loss averaged over the batch's ranks, stopped on a loss that is not finite or on a
-//! launch the device could not run.
+//! and `distill` examples all step through it. [`Trainer::read`] reads a step the one way:
+//! the loss averaged over the batch's ranks, stopped on a launch the device could not run or a
+//! loss that is not finite; a step whose gradients were not all finite updated nothing, and
+//! the run's [`Guard`] stops there or skips it.
 
 use burn::module::Module;
 use burn::tensor::{DType, Device, Tensor};
@@ -14,12 +15,13 @@ use burn_megatron_dist::ProcessGroups;
 use burn_megatron_kernels::quant::notes::AmaxNotes;
 
 use super::batch::TokenBatch;
+use super::guard::{Guard, GuardConfig, NonFinite, Stopped};
 use super::pipeline::{StageTiming, Timing};
 use super::report::StepValues;
 use crate::error::{ConfigError, LayerError};
 use crate::layers::moe::Load;
 use crate::models::llama::MoeReport;
-use crate::optim::{DistributedAdamW, DistributedAdamWConfig, Overlap};
+use crate::optim::{DistributedAdamW, DistributedAdamWConfig, FiniteCheck, Overlap};
 use crate::params::{param_values, take_grads};
 
 /// A model [`Trainer`] trains: one microbatch's forward and backward, and what moves outside
@@ -125,15 +127,10 @@ pub struct Stepped {
     /// The global gradient norm before clipping, if the optimizer took one.
     pub norm: Option<Tensor<1>>,
     pub timing: Option<StageTiming>,
-}
-
-impl Stepped {
-    /// The step's values, read: the loss averaged over the ranks that split the batch, the MoE
-    /// summary over them, the gradient norm. Stops on a launch the device could not run, then on
-    /// a loss that is not finite, each naming the step. Every rank calls it.
-    pub fn read(self, groups: &ProcessGroups) -> Result<StepValues, TrainError> {
-        StepValues::read(self, groups)
-    }
+    /// Whether every gradient was finite, where the gradients were checked.
+    pub check: Option<FiniteCheck>,
+    /// Whether the trainer's optimizer took the update (else an optimizer of the caller's).
+    own_update: bool,
 }
 
 /// Why a training step stopped.
@@ -146,6 +143,8 @@ pub enum TrainError {
         step: u64,
         failure: burn_megatron_kernels::failures::DeviceFailure,
     },
+    #[error("step {step}: {stopped}; training stops (the step updated nothing)")]
+    Gradient { step: u64, stopped: Stopped },
     #[error("step {step}: {error}")]
     Layer { step: u64, error: LayerError },
 }
@@ -190,6 +189,7 @@ pub struct Trainer<M> {
     overlap: bool,
     timing: Timing,
     steps: u64,
+    guard: Guard,
 }
 
 impl<M: TrainModel> Trainer<M> {
@@ -207,7 +207,16 @@ impl<M: TrainModel> Trainer<M> {
             overlap: true,
             timing: Timing::Off,
             steps: 0,
+            guard: Guard::new(GuardConfig::default()),
         }
+    }
+
+    /// Guards the steps as `guard` says (by default a step whose gradients are not all finite
+    /// stops the run); `NonFinite::Off` takes the check out of the optimizer's step too.
+    pub fn with_guard(mut self, guard: GuardConfig) -> Result<Self, ConfigError> {
+        self.optim.set_check_finite(guard.nonfinite != NonFinite::Off);
+        self.guard = Guard::new(guard.checked()?);
+        Ok(self)
     }
 
     /// Each step's batch split into `microbatches`, their gradients accumulated (under pp,
@@ -287,16 +296,70 @@ impl<M: TrainModel> Trainer<M> {
         Ok(mean.into_scalar::<f64>())
     }
 
-    /// One training step of `batch` (this rank's sequences) at learning rate `lr`.
+    /// One training step of `batch` (this rank's sequences) at learning rate `lr`: its
+    /// [`gradients`](Self::gradients), then their [`update`](Self::update).
     pub fn step(&mut self, lr: f64, batch: TokenBatch) -> Result<Stepped, TrainError> {
-        let step = self.steps + 1;
         let gradients = self.gradients(batch)?;
+        self.update(lr, gradients)
+    }
+
+    /// The update of the model by the trainer's optimizer from a step's `gradients` (checked
+    /// first, where the guard checks: then a gradient not finite on any rank updates nothing),
+    /// and the step's end.
+    pub fn update(&mut self, lr: f64, gradients: Gradients) -> Result<Stepped, TrainError> {
+        let step = self.steps + 1;
         let model = self.model.take().expect("a trainer whose step failed is spent");
         let (model, report) = self
             .optim
             .step_reduced(lr, model, gradients.reduced)
             .map_err(|e| TrainError::at(step, e))?;
-        self.finish(model, lr, gradients.forwarded, report.norm)
+        let mut stepped = self.finish(model, lr, gradients.forwarded, report.norm, report.check)?;
+        stepped.own_update = true;
+        Ok(stepped)
+    }
+
+    /// Whether every one of `gradients` is finite on every rank, for an update by an optimizer
+    /// of the caller's (Burn's Learner's), which should leave the model alone where not; none
+    /// where the guard does not check. Reads the check (waiting for the gradients); a
+    /// collective over every rank.
+    pub fn check(&mut self, gradients: &Gradients) -> Result<Option<FiniteCheck>, TrainError> {
+        if self.guard.config().nonfinite == NonFinite::Off {
+            return Ok(None);
+        }
+        let model = self.model.as_ref().expect("a trainer whose step failed is spent");
+        self.optim
+            .check_finite(model, &gradients.reduced)
+            .map_err(|e| TrainError::at(self.steps + 1, e))
+    }
+
+    /// The step's values, read: the loss averaged over the ranks that split the batch, the MoE
+    /// summary over them, the gradient norm. Stops on a launch the device could not run, then on
+    /// a loss that is not finite, each naming the step; a step whose gradients were not all
+    /// finite updated nothing: the guard stops the run there (naming the parameter and the
+    /// rank) or counts it skipped. Every rank calls it, before the next step.
+    pub fn read(&mut self, mut stepped: Stepped) -> Result<StepValues, TrainError> {
+        let (step, own) = (stepped.step, stepped.own_update);
+        let check = stepped.check.take();
+        let mut values = StepValues::read(stepped, &self.groups)?;
+        let found = match check {
+            Some(check) => self.optim.skipped(&check, own).map_err(|e| TrainError::at(step, e))?,
+            None => None,
+        };
+        match found {
+            Some(found) => {
+                values.skipped = true;
+                self.guard
+                    .skip(found)
+                    .map_err(|stopped| TrainError::Gradient { step, stopped })?;
+            }
+            None => values.spike = self.guard.kept(values.loss),
+        }
+        Ok(values)
+    }
+
+    /// Steps the guard skipped so far.
+    pub fn skipped(&self) -> u64 {
+        self.guard.skipped()
     }
 
     /// The step's gradients without the update, for an optimizer of the caller's (Burn's
@@ -351,14 +414,16 @@ impl<M: TrainModel> Trainer<M> {
         })
     }
 
-    /// Completes a step the model was updated in (`model`): its after-step updates, and the
-    /// step as [`Stepped`].
+    /// Completes a step the model was updated in (`model`, by an optimizer of the caller's
+    /// where `check` said every gradient was finite): its after-step updates, and the step as
+    /// [`Stepped`].
     pub fn finish(
         &mut self,
         model: M,
         lr: f64,
         forwarded: Forwarded,
         norm: Option<Tensor<1>>,
+        check: Option<FiniteCheck>,
     ) -> Result<Stepped, TrainError> {
         let step = self.steps + 1;
         self.model = Some(
@@ -375,6 +440,8 @@ impl<M: TrainModel> Trainer<M> {
             loads: forwarded.loads,
             norm,
             timing: forwarded.timing,
+            check,
+            own_update: false,
         })
     }
 

@@ -21,7 +21,7 @@ use crate::checkpoint;
 use crate::optim::{BucketConfig, DistributedAdamWConfig};
 use crate::params::grads_params;
 use crate::train::routine::Routine;
-use crate::train::{TokenBatch, TrainModel, Trainer};
+use crate::train::{GuardConfig, TokenBatch, TrainModel, Trainer};
 
 /// Which optimizer steps the model.
 #[derive(Clone, Debug)]
@@ -53,6 +53,7 @@ pub struct MegatronStrategy<M> {
     pub(super) buckets: BucketConfig,
     pub(super) overlap: bool,
     accumulation: usize,
+    guard: GuardConfig,
     resume: Option<PathBuf>,
     /// Taken by `fit`: the strategy is shared behind an `Arc`.
     routine: Mutex<Option<Routine<M>>>,
@@ -65,6 +66,7 @@ impl<M> std::fmt::Debug for MegatronStrategy<M> {
             .field("optimizer", &self.optimizer)
             .field("overlap", &self.overlap)
             .field("accumulation", &self.accumulation)
+            .field("guard", &self.guard)
             .field("resume", &self.resume)
             .finish()
     }
@@ -82,6 +84,7 @@ impl<M: TrainModel> MegatronStrategy<M> {
             buckets: BucketConfig::new(),
             overlap: true,
             accumulation: 1,
+            guard: GuardConfig::default(),
             resume: None,
             routine: Mutex::new(None),
         }
@@ -107,6 +110,13 @@ impl<M: TrainModel> MegatronStrategy<M> {
     /// training starts).
     pub fn with_accumulation(mut self, microbatches: usize) -> Self {
         self.accumulation = microbatches;
+        self
+    }
+
+    /// Guards the steps as `guard` says (by default a step whose gradients are not all finite
+    /// updates nothing and stops the run).
+    pub fn with_guard(mut self, guard: GuardConfig) -> Self {
+        self.guard = guard;
         self
     }
 
@@ -294,6 +304,7 @@ impl<'a, M: LearnerModel + TrainModel> RankTrainer<'a, M> {
         let mut trainer = Trainer::new(learner.model(), &optim, &strategy.groups, &strategy.device)
             .with_overlap(strategy.overlap)
             .with_accumulation(strategy.accumulation)
+            .and_then(|trainer| trainer.with_guard(strategy.guard.clone()))
             .map_err(|e| e.to_string())?;
         let mut learner_behind = false;
         if let Some(dir) = &strategy.resume {
@@ -330,11 +341,15 @@ impl<'a, M: LearnerModel + TrainModel> RankTrainer<'a, M> {
             }
             StrategyOptimizer::Learner => {
                 let gradients = self.trainer.gradients(batch).map_err(|e| e.to_string())?;
-                learner.optimizer_step(grads_params(self.trainer.model(), gradients.reduced));
+                // Burn's optimizers take any gradient: one not finite anywhere updates nothing.
+                let check = self.trainer.check(&gradients).map_err(|e| e.to_string())?;
+                if check.as_ref().is_none_or(|check| check.finite()) {
+                    learner.optimizer_step(grads_params(self.trainer.model(), gradients.reduced));
+                }
                 crate::optim::release_freed_pages(&self.strategy.device);
                 let stepped = self
                     .trainer
-                    .finish(learner.model(), lr, gradients.forwarded, None)
+                    .finish(learner.model(), lr, gradients.forwarded, None, check)
                     .map_err(|e| e.to_string())?;
                 // What moved outside the gradient (expert biases, amax histories), into the
                 // model the Learner's optimizer steps next.
@@ -347,7 +362,9 @@ impl<'a, M: LearnerModel + TrainModel> RankTrainer<'a, M> {
             loads: stepped.loads.clone(),
         };
         if let Some(routine) = routine {
-            routine.after_step(&self.trainer, stepped).map_err(|e| e.to_string())?;
+            routine
+                .after_step(&mut self.trainer, stepped)
+                .map_err(|e| e.to_string())?;
         }
         Ok(output)
     }
