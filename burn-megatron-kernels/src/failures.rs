@@ -8,19 +8,58 @@
 //! the program does with them: [`FailureLayer`] in a `tracing` subscriber (whose `log` bridge
 //! carries CubeCL's lines), [`Watched`] around a `log` logger of the program's, or [`watch`]
 //! alone in a program without one. [`check`] turns what they saw into a [`DeviceFailure`], for
-//! a training loop to call after each step's loss is read.
+//! a training loop to call after each step's loss is read: with the allocation that failed (an
+//! allocation CubeCL retries logs its size first) and the device's memory then.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use burn::tensor::Device;
 use log::{Level, Log, Metadata, Record};
+
+use crate::memory::{DeviceMemory, device_memory};
 
 /// CubeCL logged a launch it could not run (or an error) since [`watch`] began.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
-#[error("CubeCL logged {count} failures (past the device's memory?), the first: {first}")]
+#[error("{}", self.describe())]
 pub struct DeviceFailure {
     pub count: usize,
     pub first: String,
+    /// The bytes of the last allocation CubeCL retried before the failure: the one that failed.
+    pub asked: Option<u64>,
+    /// The device's memory when the failure was read, where the device keeps pools.
+    pub memory: Option<DeviceMemory>,
+}
+
+impl DeviceFailure {
+    /// Whether the device ran out of memory: an allocation failed before the launch did.
+    pub fn out_of_memory(&self) -> bool {
+        self.asked.is_some()
+    }
+
+    fn describe(&self) -> String {
+        let gib = |bytes: u64| format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64);
+        let mut text = match self.asked {
+            Some(asked) => format!("out of device memory: an allocation of {} failed", gib(asked)),
+            None => "the device could not run a launch".to_string(),
+        };
+        if let Some(memory) = &self.memory {
+            text += &match (memory.total, memory.free()) {
+                (Some(total), Some(free)) => format!(
+                    " with {} free of the device's {} (CubeCL's pools hold {}, {} of it in tensors)",
+                    gib(free),
+                    gib(total),
+                    gib(memory.reserved),
+                    gib(memory.in_use)
+                ),
+                _ => format!(" (CubeCL's pools hold {})", gib(memory.reserved)),
+            };
+        }
+        format!(
+            "{text}; CubeCL logged {} failures, the first: {}",
+            self.count, self.first
+        )
+    }
 }
 
 /// [`watch`] found another logger installed, which CubeCL's lines reach instead.
@@ -34,6 +73,8 @@ pub struct AnotherLogger;
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 static FIRST: Mutex<Option<String>> = Mutex::new(None);
 static LINES: AtomicUsize = AtomicUsize::new(0);
+/// The bytes of the last allocation CubeCL retried (0: none yet).
+static ASKED: AtomicU64 = AtomicU64::new(0);
 
 /// CubeCL's lines [`watch`] prints to stderr at most: an allocation retried is logged each time.
 const PRINTED: usize = 8;
@@ -49,7 +90,19 @@ fn cubecl(level: Level, target: &str) -> bool {
 /// "An IO error happened … Memory location was never initialized"; a llama step logs nothing
 /// else).
 pub fn record(level: Level, target: &str, message: &str) {
-    if !cubecl(level, target) || message.contains("reclaiming and retrying") {
+    if !cubecl(level, target) {
+        return;
+    }
+    if message.contains("reclaiming and retrying") {
+        // "device allocation of {size} B failed (…); reclaiming and retrying"
+        let size = message
+            .split("allocation of ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok());
+        if let Some(size) = size {
+            ASKED.store(size, Ordering::Relaxed);
+        }
         return;
     }
     if COUNT.fetch_add(1, Ordering::Relaxed) == 0 {
@@ -157,13 +210,19 @@ pub fn watch() -> Result<(), AnotherLogger> {
 /// takes it, so call this after a read (a step's loss) that waited for the launches to check.
 ///
 /// # Errors
-/// [`DeviceFailure`] with their count and the first one's line.
-pub fn check() -> Result<(), DeviceFailure> {
+/// [`DeviceFailure`] with their count, the first one's line, the allocation that failed and
+/// `device`'s memory.
+pub fn check(device: &Device) -> Result<(), DeviceFailure> {
     match COUNT.load(Ordering::Relaxed) {
         0 => Ok(()),
         count => Err(DeviceFailure {
             count,
             first: FIRST.lock().expect("not poisoned").clone().unwrap_or_default(),
+            asked: match ASKED.load(Ordering::Relaxed) {
+                0 => None,
+                bytes => Some(bytes),
+            },
+            memory: device_memory(device),
         }),
     }
 }
@@ -173,28 +232,39 @@ mod tests {
     use super::*;
 
     /// The one test of the process-wide count (through each way in, in turn): a retried
-    /// allocation is no failure, a launch CubeCL could not run is, another crate's warning is
+    /// allocation is no failure (but its size is what the failure names), a launch CubeCL could
+    /// not run is, another crate's warning is
     /// not counted; a `tracing` subscriber's layer sees CubeCL's lines as its other layers do,
     /// and a second watch is refused, leaving the first logger in place.
     #[test]
     fn counts_what_cubecl_logs_as_failed() {
         use tracing_subscriber::layer::SubscriberExt;
         let retry = "device allocation of 469762048 B failed (out of device memory); reclaiming and retrying";
+        let device = Device::flex();
         record(Level::Warn, "cubecl_server::command::base", retry);
         record(Level::Warn, "burn_train", "not CubeCL's");
         record(Level::Info, "cubecl_runtime", "not a warning");
-        assert_eq!(check(), Ok(()));
+        assert_eq!(check(&device), Ok(()));
         let subscriber = tracing_subscriber::registry().with(FailureLayer);
         tracing::subscriber::with_default(subscriber, || {
             tracing::warn!(target: "cubecl_runtime::logging::server", "An IO error happened");
             tracing::warn!(target: "burn_train", "not CubeCL's");
         });
-        let failure = check().expect_err("a failed launch");
+        let failure = check(&device).expect_err("a failed launch");
         assert_eq!(failure.count, 1);
         assert_eq!(failure.first, "cubecl_runtime::logging::server: An IO error happened");
+        // The retried allocation is the one that failed; the CPU keeps no pools.
+        assert!(failure.out_of_memory());
+        assert_eq!(failure.asked, Some(469762048));
+        assert_eq!(failure.memory, None);
+        let text = failure.to_string();
+        assert!(
+            text.starts_with("out of device memory: an allocation of 0.44 GiB failed;"),
+            "{text}"
+        );
         watch().expect("the first logger");
         assert_eq!(watch(), Err(AnotherLogger));
         log::warn!(target: "cubecl_runtime::logging::server", "a second");
-        assert_eq!(check().expect_err("two").count, 2);
+        assert_eq!(check(&device).expect_err("two").count, 2);
     }
 }

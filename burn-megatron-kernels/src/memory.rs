@@ -10,6 +10,15 @@ pub struct DeviceMemory {
     pub in_use: u64,
     /// Taken from the driver by the pools (at least `in_use`).
     pub reserved: u64,
+    /// The device's capacity, where its runtime reports one.
+    pub total: Option<u64>,
+}
+
+impl DeviceMemory {
+    /// What the pools have not taken of the device's capacity (other processes' use unseen).
+    pub fn free(&self) -> Option<u64> {
+        self.total.map(|total| total.saturating_sub(self.reserved))
+    }
 }
 
 /// `device`'s memory once its queued work has run; `None` for a device without CubeCL pools.
@@ -24,6 +33,7 @@ pub fn device_memory(device: &Device) -> Option<DeviceMemory> {
         Some(DeviceMemory {
             in_use: usage.bytes_in_use,
             reserved: usage.bytes_reserved,
+            total: probe.client.properties().memory.max_memory(),
         })
     }
     #[cfg(not(feature = "cuda"))]

@@ -121,6 +121,9 @@ pub enum LayerError {
     /// The device failed to run what was queued on it.
     #[error("the device failed: {detail}")]
     Device { detail: String },
+    /// CubeCL could not run a launch (past the device's memory: the allocation that failed).
+    #[error(transparent)]
+    Failed(#[from] burn_megatron_kernels::failures::DeviceFailure),
     /// A row-parallel layer's input shard splits one of its input quantizer's tiles.
     #[error("a shard of {features} input features does not hold whole quantization tiles of {group}")]
     GroupsAcrossShards { features: usize, group: usize },

@@ -145,8 +145,8 @@ impl Profiler<'_> {
 
 /// Stops the benchmark, naming `when`, once CubeCL has logged a launch it could not run
 /// (`burn_megatron_kernels::failures`).
-pub fn check_failures(when: &str) {
-    if let Err(failure) = burn_megatron_kernels::failures::check() {
+pub fn check_failures(when: &str, device: &Device) {
+    if let Err(failure) = burn_megatron_kernels::failures::check(device) {
         panic!("by {when}: {failure}");
     }
 }
@@ -227,7 +227,7 @@ pub fn run(
             };
             let read = |loss: Tensor<1>, when: &str| {
                 let loss = loss.into_scalar::<f64>();
-                check_failures(when);
+                check_failures(when, &ctx.device);
                 loss
             };
             let (step_s, loss) = timing.run(&mut memory, step, read);

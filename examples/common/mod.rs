@@ -110,7 +110,7 @@ pub fn windows(tokens: &[u32], n: usize, len: usize, batch: usize, device: &Devi
 }
 
 /// The mean next-token loss of `model` over `windows` windows of `seq + 1` tokens spread over
-/// `tokens`.
+/// `tokens`; an error where the device could not run a launch (past its memory).
 pub fn mean_loss(model: &Llama, tokens: &[u32], windows_: usize, seq: usize, device: &Device) -> Result<f64, String> {
     let batches = windows(tokens, windows_, seq + 1, 1, device);
     if batches.is_empty() {
@@ -122,6 +122,8 @@ pub fn mean_loss(model: &Llama, tokens: &[u32], windows_: usize, seq: usize, dev
             .forward_loss(all.clone().narrow(1, 0, seq), all.clone().narrow(1, 1, seq))
             .map_err(|e| e.to_string())?;
         total += loss.cast(DType::F32).into_scalar::<f64>();
+        // The loss was read: a launch the device could not run (past its memory) is logged.
+        burn_megatron_kernels::failures::check(device).map_err(|e| e.to_string())?;
     }
     Ok(total / batches.len() as f64)
 }

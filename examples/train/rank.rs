@@ -43,6 +43,12 @@ impl Run {
     /// unless a checkpoint will replace them.
     pub fn model(&self, ctx: &RankContext, device: &Device) -> Result<RankModel, String> {
         let job = &self.job;
+        // Before any tensor of the model: a job past the device's memory is refused, naming
+        // the microbatch that fits (a device without CubeCL's pools, the CPU, is not checked).
+        let capacity = burn_megatron_kernels::memory::device_memory(&ctx.device).and_then(|m| m.total);
+        if let Some(capacity) = capacity.filter(|_| job.config.guard.memory) {
+            job.check_memory(capacity).map_err(|e| e.to_string())?;
+        }
         let init = job.init();
         let fail = |e: &dyn std::fmt::Display| e.to_string();
         let files = match (&job.config.model.hf, &job.config.model.gguf) {

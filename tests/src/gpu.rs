@@ -86,6 +86,7 @@ pub fn gpu_tests() -> Vec<GpuTest> {
         stages_match_one_rank, moe_stages_match_one_rank, tied_stages_match_one_rank));
     // Accumulation's sums grouped otherwise carried 3 Adam steps: f32 only.
     all.extend(tagged!([F32] Threads; train_suite: accumulation_matches_the_whole_batch, nonfinite_gradient_updates_nothing, one_rank_reports));
+    all.extend(tagged!([F32, Bf16] Threads; train_suite: two_runs_are_bitwise_identical));
     // Flash attention and the fused kernels run inside recomputed regions: bf16 too.
     all.extend(tagged!([F32, Bf16] Threads; recompute_suite: recomputation_matches_keeping));
     // The attention in bf16 with heads of 128 too: the flash kernels, block by block.

@@ -16,6 +16,11 @@ fn nonfinite_gradient_updates_nothing() {
 }
 
 #[test]
+fn two_runs_are_bitwise_identical() {
+    train_suite::two_runs_are_bitwise_identical(&Harness::cpu(2));
+}
+
+#[test]
 fn one_rank_reports() {
     train_suite::one_rank_reports(&Harness::cpu(8));
 }

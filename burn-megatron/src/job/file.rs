@@ -28,6 +28,20 @@ pub enum JobError {
     /// The model's files could not be read.
     #[error("model: {detail}")]
     Source { detail: String },
+    /// The job's estimated peak memory a rank passes the device's.
+    #[error(
+        "the job needs about {peak_gib:.1} GiB a rank ({state_gib:.1} GiB of parameters, gradients and optimizer state, {micro} sequences a microbatch at {sequence_gib:.2} GiB each), the device has {capacity_gib:.1} GiB: {advice}"
+    )]
+    Memory {
+        peak_gib: f64,
+        state_gib: f64,
+        micro: usize,
+        sequence_gib: f64,
+        capacity_gib: f64,
+        /// The largest microbatch that fits, 0 where not even the state does.
+        largest: usize,
+        advice: String,
+    },
     /// A resumed job that changes what its checkpoint fixed.
     #[error(
         "--load: the checkpoint was trained with {field} = {saved}, this job has {asked}: a resumed run keeps its model, data, batch, precision and seed (its layout, optimizer, schedule and steps may change)"

@@ -12,7 +12,7 @@ use super::file::JobError;
 use super::{Dtype, InitKind, JobConfig, ParallelSection};
 use crate::error::ConfigError;
 use crate::init::{InitMode, ParamInit};
-use crate::models::llama::{LlamaConfig, WordEmbeddings, gguf, hf, preset};
+use crate::models::llama::{LlamaConfig, MemoryEstimate, WordEmbeddings, gguf, hf, preset};
 use crate::optim::DistributedAdamWConfig;
 use crate::plan::{ParallelPlan, PipelineSchedule, TensorParallel};
 use crate::precision::{KeptBlocks, PrecisionPolicy};
@@ -261,6 +261,48 @@ impl ParallelSection {
 }
 
 impl Job {
+    /// A rank's estimated peak memory ([`LlamaConfig::memory`]) and the microbatches whose
+    /// activations it holds at once (a pipeline's first stage: as many as it warms up).
+    pub fn memory(&self) -> (MemoryEstimate, usize) {
+        let bytes = match self.config.precision.dtype {
+            Dtype::F32 => 4,
+            Dtype::Bf16 => 2,
+        };
+        let (dims, zero1) = (self.plan.dims, self.config.optimizer.zero1);
+        let estimate = self.model.memory(dims, self.plan.tensor, self.seq, bytes, zero1);
+        (estimate, self.microbatches.min(dims.pp))
+    }
+
+    /// Refuses a job whose estimated peak memory a rank passes `capacity` bytes (a device's),
+    /// naming the largest microbatch that fits; the estimate where it fits.
+    pub fn check_memory(&self, capacity: u64) -> Result<u64, JobError> {
+        let (estimate, in_flight) = self.memory();
+        let micro = self.config.batch.micro.unwrap_or(self.per_rank);
+        let peak = estimate.peak(micro, in_flight);
+        if peak <= capacity {
+            return Ok(peak);
+        }
+        let largest = estimate.largest_micro(capacity, in_flight);
+        let dp = self.plan.dims.dp;
+        let advice = match largest {
+            0 => "not even the parameters and optimizer state fit: split them further (tp, pp, ep, ZeRO-1)".to_string(),
+            n => format!(
+                "at most {n} sequences a microbatch fit (batch.micro = {n} keeps the global batch through accumulation where it divides it; batch.global = {} without), or recompute more",
+                n * dp
+            ),
+        };
+        let gib = |bytes: u64| bytes as f64 / (1u64 << 30) as f64;
+        Err(JobError::Memory {
+            peak_gib: gib(peak),
+            state_gib: gib(estimate.state),
+            micro,
+            sequence_gib: gib(estimate.per_sequence),
+            capacity_gib: gib(capacity),
+            largest,
+            advice,
+        })
+    }
+
     pub fn dims(&self) -> ParallelDims {
         self.plan.dims
     }

@@ -243,3 +243,33 @@ fn a_resume_keeps_what_the_checkpoint_fixed() {
         resumed(&[fine]).unwrap_or_else(|e| panic!("{fine:?}: {e}"));
     }
 }
+
+/// llama-1b in bf16 at a microbatch of 48 does not fit 80 GiB: refused naming the largest
+/// microbatch that does, which then passes; the `[guard]` section's bad values are refused.
+#[test]
+fn a_job_past_the_device_is_refused() {
+    let capacity = 80 * (1u64 << 30);
+    let job = |batch: &str| {
+        let overrides = [
+            ("model.preset", "llama-1b"),
+            ("precision.dtype", "bf16"),
+            ("batch.global", batch),
+        ];
+        parse(None, &overrides).unwrap().resolve().unwrap()
+    };
+    let error = job("48").check_memory(capacity).unwrap_err();
+    let JobError::Memory { largest, micro, .. } = error else {
+        panic!("{error}");
+    };
+    assert_eq!(micro, 48);
+    assert!((5..48).contains(&largest), "{largest}");
+    let peak = job(&largest.to_string())
+        .check_memory(capacity)
+        .expect("the largest fits");
+    assert!(peak <= capacity);
+    job(&(largest + 1).to_string()).check_memory(capacity).unwrap_err();
+    for (key, value) in [("guard.window", "0"), ("guard.spike_factor", "0.5")] {
+        let message = parse(None, &[(key, value)]).unwrap().resolve().unwrap_err().to_string();
+        assert!(message.starts_with("guard: "), "{key}: {message}");
+    }
+}

@@ -36,6 +36,9 @@ pub struct GuardConfig {
     pub spike_factor: Option<f64>,
     /// The steps the running mean covers; a spike is looked for once it is full.
     pub window: usize,
+    /// Refuse a job whose estimated peak memory a rank passes the device's before any tensor
+    /// exists (`Job::check_memory`); off where the estimate errs too high for a job known to fit.
+    pub memory: bool,
 }
 
 impl Default for GuardConfig {
@@ -45,6 +48,7 @@ impl Default for GuardConfig {
             max_skips: 3,
             spike_factor: Some(3.0),
             window: 20,
+            memory: true,
         }
     }
 }

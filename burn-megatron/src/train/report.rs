@@ -48,12 +48,13 @@ impl StepValues {
         let step = stepped.step;
         let at = |e: burn_megatron_dist::CommError| TrainError::at(step, e);
         let batch = groups.grad_sync();
+        let device = stepped.loss.device();
         let loss = batch
             .all_reduce(stepped.loss.cast(DType::F32), ReduceOp::Avg)
             .map_err(at)?
             .into_scalar::<f64>();
         // The read above waited for the step: a launch it could not run is logged by now.
-        failures::check().map_err(|failure| TrainError::Device { step, failure })?;
+        failures::check(&device).map_err(|failure| TrainError::Device { step, failure })?;
         if !loss.is_finite() {
             return Err(TrainError::NonFiniteLoss { step, value: loss });
         }

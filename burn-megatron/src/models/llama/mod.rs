@@ -8,12 +8,14 @@ mod flops;
 pub mod generate;
 pub mod gguf;
 pub mod hf;
+mod memory;
 pub mod model;
 pub mod plan;
 pub mod recipes;
 pub mod sites;
 pub mod stage;
 
+pub use memory::{MemoryEstimate, POOL_OVERHEAD, RUNTIME_BYTES};
 pub use model::{Llama, LlamaBlock, LlamaConfig, MoeBlocks, MoeReport, TiedOutput, WordEmbeddings};
 pub use recipes::{LlamaRecipe, preset};
 pub use sites::{LinearMut, Site, linear_mut};

@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron_dist::ProcessGroup;
+use burn_megatron_kernels::failures;
 
 use crate::error::{ConfigError, LayerError};
 use crate::models::llama::Llama;
@@ -51,7 +52,8 @@ pub struct Generated {
 
 /// Generates after each of `prompts` (token ids; each at least one) with `model` (planned
 /// without sequence parallelism) on `device`. Every rank of `tp` calls it with the same
-/// arguments.
+/// arguments. Stops on a launch the device could not run (past its memory), read with each
+/// step's tokens.
 pub fn generate(
     model: &Llama,
     tp: &ProcessGroup,
@@ -78,6 +80,8 @@ pub fn generate(
     let greedy = config.sampling.is_greedy();
     let mut stepper = graph::Stepper::new(model, tp, config.graphs, greedy);
     let mut next = stepper.choose(logits.narrow(1, longest - 1, 1).reshape([b, v]))?;
+    // The tokens were read: a launch the device could not run is logged by now.
+    failures::check(device)?;
     let prefill_s = begun.elapsed().as_secs_f64();
 
     let mut draws = sample::Draws::new(config.seed);
@@ -102,6 +106,7 @@ pub fn generate(
             break;
         }
         next = stepper.step(&chosen, &mut cache)?;
+        failures::check(device)?;
         decode_steps += 1;
     }
     Ok(Generated {
