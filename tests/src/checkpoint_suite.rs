@@ -1,11 +1,15 @@
 //! The checkpoint suite: save at tp2 × dp2 (ZeRO-1) and resume at other layouts, the loss curve
-//! unchanged; damaged, missing and incompatible checkpoints are errors that change nothing.
+//! unchanged; damaged, missing and incompatible checkpoints are errors that change nothing; a
+//! save whose write fails at any point leaves the previous checkpoint whole.
 
 use std::path::{Path, PathBuf};
 
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_megatron::checkpoint::{self, CheckpointError};
+use std::sync::Arc;
+
+use burn_megatron::checkpoint::storage::{Disk, Storage};
+use burn_megatron::checkpoint::{self, CheckpointError, SaveOptions};
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::{Llama, LlamaConfig};
 use burn_megatron::optim::{DistributedAdamW, DistributedAdamWConfig};
@@ -235,8 +239,147 @@ pub fn tp2_dp2_matches_single_device_for_30_steps(h: &Harness) {
     }
 }
 
-/// Damaged, missing and incompatible checkpoints are typed errors, and a save that died half
-/// way (its staging directory left behind) does not hide the previous checkpoint.
+/// A storage that fails its `fail_at`-th write (counting from 1; 0: none), as a full disk
+/// would, and counts them.
+#[derive(Debug, Default)]
+struct Failing {
+    fail_at: usize,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl Failing {
+    fn call(&self, what: &str, path: &Path) -> std::io::Result<()> {
+        let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        match n == self.fail_at {
+            true => Err(std::io::Error::other(format!(
+                "injected failure of write {n} ({what} {})",
+                path.display()
+            ))),
+            false => Ok(()),
+        }
+    }
+}
+
+impl Storage for Failing {
+    fn create_dir(&self, dir: &Path) -> std::io::Result<()> {
+        self.call("create_dir", dir)?;
+        Disk.create_dir(dir)
+    }
+
+    fn write_temporary(&self, temporary: &Path, bytes: &[u8]) -> std::io::Result<()> {
+        self.call("write_temporary", temporary)?;
+        Disk.write_temporary(temporary, bytes)
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.call("rename", to)?;
+        Disk.rename(from, to)
+    }
+
+    fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+        self.call("remove_file", path)?;
+        Disk.remove_file(path)
+    }
+
+    fn remove_dir(&self, dir: &Path) -> std::io::Result<()> {
+        self.call("remove_dir", dir)?;
+        Disk.remove_dir(dir)
+    }
+}
+
+/// Every parameter's bits on this rank.
+fn bits(model: &Llama) -> Vec<Vec<u32>> {
+    burn_megatron::params::param_values(model)
+        .into_iter()
+        .map(|p| {
+            let values = p.value.into_data().convert::<f32>().try_to_vec::<f32>().unwrap();
+            values.into_iter().map(f32::to_bits).collect()
+        })
+        .collect()
+}
+
+/// At tp 2 × dp 2 with ZeRO-1, a save of step 2 whose k-th write fails on one rank, for every
+/// rank and every k, written in the foreground and on its own thread: an error on every rank
+/// (the failing one's naming the write), `latest` still the step-1 checkpoint, which loads
+/// bit for bit as it was saved, and nothing of the failed save left in the directory.
+pub fn failed_writes_leave_the_previous_checkpoint(h: &Harness) {
+    let dims = ParallelDims::tp_dp(2, 2);
+    // One rank's model after `steps` steps, and its optimizer.
+    let trained = |ctx: &burn_megatron_dist::RankContext, steps: u64| {
+        let dev = ctx.device.clone().autodiff();
+        let mut m = model(&ctx.groups, &dev, 5);
+        let mut optim = DistributedAdamWConfig::new().with_zero1(true).init(&ctx.groups);
+        train(&mut m, &mut optim, &ctx.groups, &dev, 0..steps);
+        (m, optim)
+    };
+    let loaded = |dir: &Path| {
+        h.run(ParallelDims::tp_dp(1, 1), |ctx| {
+            let dev = ctx.device.clone().autodiff();
+            let mut optim = DistributedAdamWConfig::new().init(&ctx.groups);
+            let (m, step) = checkpoint::load(dir, model(&ctx.groups, &dev, 99), &mut optim, &ctx.groups).unwrap();
+            (step, bits(&m))
+        })
+        .remove(0)
+    };
+    for background in [false, true] {
+        let dir = scratch(&format!("failing-{background}"));
+        let counting = scratch(&format!("counting-{background}"));
+        // The step-1 checkpoint, and each rank's writes in a save of step 2.
+        let calls = h.run(dims, |ctx| {
+            let (m, optim) = trained(&ctx, 1);
+            checkpoint::save(&dir, 1, &m, &optim, &ctx.groups).unwrap();
+            let (m, optim) = trained(&ctx, 2);
+            let counter = Arc::new(Failing::default());
+            let options = SaveOptions::default().with_storage(counter.clone());
+            checkpoint::save_with(&counting, 2, &m, &optim, &ctx.groups, &options).unwrap();
+            counter.calls.load(std::sync::atomic::Ordering::SeqCst)
+        });
+        let saved = loaded(&dir);
+        assert_eq!(saved.0, 1);
+        for (rank, &writes) in calls.iter().enumerate() {
+            for k in 1..=writes {
+                let errors = h.run(dims, |ctx| {
+                    let (m, optim) = trained(&ctx, 2);
+                    let storage: Arc<dyn Storage> = match ctx.global_rank == rank {
+                        true => Arc::new(Failing {
+                            fail_at: k,
+                            ..Failing::default()
+                        }),
+                        false => Arc::new(Disk),
+                    };
+                    let options = SaveOptions::default().with_storage(storage);
+                    let result = match background {
+                        false => checkpoint::save_with(&dir, 2, &m, &optim, &ctx.groups, &options),
+                        true => {
+                            let mut saver = checkpoint::AsyncSaver::new();
+                            saver.save_with(&dir, 2, &m, &optim, &ctx.groups, &options).unwrap();
+                            saver.finish(&ctx.groups)
+                        }
+                    };
+                    result.err().map(|e| e.to_string())
+                });
+                let case = format!("background {background}, rank {rank}'s write {k} of {writes}");
+                assert!(errors.iter().all(Option::is_some), "{case}: {errors:?}");
+                let own = errors[rank].as_deref().unwrap_or_default();
+                assert!(own.contains("injected failure"), "{case}: {own}");
+                assert_eq!(loaded(&dir), saved, "{case}: the step-1 checkpoint changed");
+                let left: Vec<String> = std::fs::read_dir(&dir)
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| !n.starts_with("step-00000001-") && n != "latest")
+                    .collect();
+                assert!(left.is_empty(), "{case}: {left:?} left behind");
+            }
+        }
+        assert!(calls.iter().sum::<usize>() >= 10, "{calls:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&counting);
+    }
+}
+
+/// Damaged (truncated, a flipped bit in the header or among the values), missing and
+/// incompatible checkpoints are typed errors, and a save that died half way (its staging directory left behind) does not hide the previous checkpoint.
 pub fn bad_checkpoints_are_errors(h: &Harness) {
     let dir = scratch("bad");
     h.run(ParallelDims::tp_dp(1, 1), |ctx| {
@@ -267,6 +410,16 @@ pub fn bad_checkpoints_are_errors(h: &Harness) {
         assert!(
             matches!(load(&dir), Err(CheckpointError::Format { .. })),
             "corrupted header"
+        );
+        // A flipped bit among the values parses, and its checksum refuses it, naming the file.
+        let mut flipped = good.clone();
+        *flipped.last_mut().unwrap() ^= 0x01;
+        std::fs::write(&file, &flipped).unwrap();
+        let error = load(&dir).unwrap_err();
+        assert!(matches!(error, CheckpointError::Format { .. }), "{error}");
+        assert!(
+            error.to_string().contains("tp-000-of-001-ep-000-of-001.safetensors"),
+            "{error}"
         );
         std::fs::write(&file, &good).unwrap();
         assert_eq!(load(&dir), Ok(1));

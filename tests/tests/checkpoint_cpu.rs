@@ -31,3 +31,8 @@ fn tp2_dp2_matches_single_device_for_30_steps() {
 fn saver_keeps_the_newest() {
     checkpoint_suite::saver_keeps_the_newest(&Harness::cpu(4));
 }
+
+#[test]
+fn failed_writes_leave_the_previous_checkpoint() {
+    checkpoint_suite::failed_writes_leave_the_previous_checkpoint(&Harness::cpu(4));
+}

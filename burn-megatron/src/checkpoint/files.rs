@@ -1,16 +1,16 @@
 //! The on-disk pieces of a checkpoint: one safetensors file per tensor- and expert-parallel
-//! rank, each tensor described by its global shape and its place in it, an index, and atomic
-//! writes.
+//! rank, each tensor described by its global shape and its place in it, and an index with each
+//! file's checksum.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::fs;
+use std::path::Path;
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 
 use super::CheckpointError;
+use super::storage::checksum;
 
 /// Where one stored tensor sits in the whole tensor.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,13 +39,20 @@ pub struct Index {
     pub files: Vec<String>,
     /// Every tensor's whole shape.
     pub tensors: BTreeMap<String, Vec<usize>>,
+    /// Each file's length and CRC-32 (`storage::checksum`), the shards' and the attachments',
+    /// checked as a load reads them (none in checkpoints of format 2).
+    #[serde(default)]
+    pub checksums: BTreeMap<String, String>,
 }
 
 fn one() -> usize {
     1
 }
 
-pub const FORMAT: &str = "burn-megatron/2";
+pub const FORMAT: &str = "burn-megatron/3";
+
+/// Formats a load reads: this one, and 2 (written before files had checksums).
+pub const READS: [&str; 2] = [FORMAT, "burn-megatron/2"];
 
 /// The file of pipeline rank `pp_rank` of `pp` (named only above 1), tensor-parallel rank
 /// `tp_rank` of `tp` and expert-parallel rank `ep_rank` of `ep`. A stage's file holds its own
@@ -71,8 +78,9 @@ pub struct Piece {
     pub placement: Placement,
 }
 
-/// Writes `pieces` as one safetensors file, their placements in its metadata.
-pub fn write_shard(path: &Path, pieces: &BTreeMap<String, Piece>) -> Result<(), CheckpointError> {
+/// `pieces` as one safetensors file's bytes, their placements in its metadata (`path` names
+/// the file in an error).
+pub fn shard_bytes(path: &Path, pieces: &BTreeMap<String, Piece>) -> Result<Vec<u8>, CheckpointError> {
     let placements: BTreeMap<&String, &Placement> = pieces.iter().map(|(k, p)| (k, &p.placement)).collect();
     let metadata = [(
         "placements".to_string(),
@@ -89,39 +97,51 @@ pub fn write_shard(path: &Path, pieces: &BTreeMap<String, Piece>) -> Result<(), 
             )
         })
         .collect();
+    let format = |e: safetensors::SafeTensorError| CheckpointError::Format {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    };
     let views = bytes
         .iter()
         .map(|(name, data, shape)| Ok((name.as_str(), TensorView::new(Dtype::F32, shape.clone(), data)?)))
         .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()
-        .map_err(|e| CheckpointError::Format {
-            path: path.to_path_buf(),
-            detail: e.to_string(),
-        })?;
-    let buffer = safetensors::serialize(views, Some(metadata)).map_err(|e| CheckpointError::Format {
-        path: path.to_path_buf(),
-        detail: e.to_string(),
-    })?;
-    write_synced(path, &buffer)
+        .map_err(format)?;
+    safetensors::serialize(views, Some(metadata)).map_err(format)
 }
 
-/// Reads every piece of one file; any damage is an error naming the file.
-pub fn read_shard(path: &Path) -> Result<BTreeMap<String, Piece>, CheckpointError> {
+/// The bytes of `path`, checked against the index's `checksums` where it has one for `name`:
+/// a truncated or corrupted file is an error naming it.
+pub fn read_checked(path: &Path, name: &str, checksums: &BTreeMap<String, String>) -> Result<Vec<u8>, CheckpointError> {
     let bytes = fs::read(path).map_err(|e| CheckpointError::Io {
         path: path.to_path_buf(),
         detail: e.to_string(),
     })?;
+    if let Some(expected) = checksums.get(name) {
+        let found = checksum(&bytes);
+        if &found != expected {
+            return Err(CheckpointError::Format {
+                path: path.to_path_buf(),
+                detail: format!("truncated or corrupted: {found} (bytes:CRC-32), where the index recorded {expected}"),
+            });
+        }
+    }
+    Ok(bytes)
+}
+
+/// Every piece of one file's `bytes` (read from `path`); any damage is an error naming the file.
+pub fn read_shard(path: &Path, bytes: &[u8]) -> Result<BTreeMap<String, Piece>, CheckpointError> {
     let format = |detail: String| CheckpointError::Format {
         path: path.to_path_buf(),
         detail,
     };
-    let (_, metadata) = SafeTensors::read_metadata(&bytes).map_err(|e| format(e.to_string()))?;
+    let (_, metadata) = SafeTensors::read_metadata(bytes).map_err(|e| format(e.to_string()))?;
     let placements: BTreeMap<String, Placement> = metadata
         .metadata()
         .as_ref()
         .and_then(|m| m.get("placements"))
         .ok_or_else(|| format("no placements in its metadata".into()))
         .and_then(|json| serde_json::from_str(json).map_err(|e| format(e.to_string())))?;
-    let file = SafeTensors::deserialize(&bytes).map_err(|e| format(e.to_string()))?;
+    let file = SafeTensors::deserialize(bytes).map_err(|e| format(e.to_string()))?;
     let mut pieces = BTreeMap::new();
     for (name, view) in file.tensors() {
         if view.dtype() != Dtype::F32 {
@@ -146,34 +166,4 @@ pub fn read_shard(path: &Path) -> Result<BTreeMap<String, Piece>, CheckpointErro
         );
     }
     Ok(pieces)
-}
-
-/// Writes `bytes` to a temporary name beside `path`, fsyncs it, and renames it into place.
-pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let io = |e: std::io::Error| CheckpointError::Io {
-        path: path.to_path_buf(),
-        detail: e.to_string(),
-    };
-    let temporary = temporary_name(path);
-    let mut file = File::create(&temporary).map_err(io)?;
-    file.write_all(bytes).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    fs::rename(&temporary, path).map_err(io)?;
-    sync_dir(path.parent().unwrap_or(Path::new(".")))
-}
-
-/// Fsyncs a directory, so renames inside it survive a crash.
-pub fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| CheckpointError::Io {
-            path: dir.to_path_buf(),
-            detail: e.to_string(),
-        })
-}
-
-fn temporary_name(path: &Path) -> PathBuf {
-    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    name.push(format!(".tmp-{}", std::process::id()));
-    path.with_file_name(name)
 }

@@ -4,13 +4,17 @@
 //!
 //! A save writes into a staging directory, fsyncs every file, then renames the directory into
 //! place and moves the `latest` pointer (itself written to a temporary name, fsynced and
-//! renamed): a crash at any point leaves the previous checkpoint whole and `latest` pointing at
-//! it. [`AsyncSaver`] does the writing on a thread of its own, so training goes on meanwhile. A load reads and checks everything before it changes anything, so a damaged or
-//! incompatible checkpoint is an error and the model is untouched.
+//! renamed): a crash or a failed write at any point leaves the previous checkpoint whole and
+//! `latest` pointing at it, and a failed write is an error on every rank ([`storage`]).
+//! [`AsyncSaver`] does the writing on a thread of its own, so training goes on meanwhile. The
+//! index keeps each file's length and CRC-32; a load reads and checks everything before it
+//! changes anything, so a truncated, corrupted or incompatible checkpoint is an error naming the
+//! file, and the model is untouched.
 
 mod files;
 mod save;
 mod saver;
+pub mod storage;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,9 +23,8 @@ use burn::module::Module;
 use burn::tensor::{Tensor, TensorData};
 use burn_megatron_dist::{CommError, ProcessGroups};
 
-pub use files::write_synced;
-use files::{FORMAT, Piece, read_shard};
 pub use files::{Index, Placement};
+use files::{Piece, READS, read_checked, read_shard};
 pub use save::{AsyncSaver, SaveOptions, save, save_with};
 pub use saver::Saver;
 
@@ -92,48 +95,9 @@ fn state_parts(state: &ParamState) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// The file `name` attached to the latest checkpoint under `dir` ([`SaveOptions::attachments`]),
-/// if it has one.
-pub fn attachment(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, CheckpointError> {
-    let latest = std::fs::read_to_string(dir.join("latest")).map_err(|e| CheckpointError::NotFound {
-        dir: dir.to_path_buf(),
-        detail: e.to_string(),
-    })?;
-    let path = dir.join(latest.trim()).join(name);
-    match std::fs::read(&path) {
-        Ok(bytes) => Ok(Some(bytes)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(CheckpointError::Io {
-            path,
-            detail: e.to_string(),
-        }),
-    }
-}
-
-/// The step the latest checkpoint under `dir` was saved at.
-pub fn latest_step(dir: &Path) -> Result<u64, CheckpointError> {
-    let not_found = |detail: String| CheckpointError::NotFound {
-        dir: dir.to_path_buf(),
-        detail,
-    };
-    let latest = std::fs::read_to_string(dir.join("latest")).map_err(|e| not_found(e.to_string()))?;
-    let index_path = dir.join(latest.trim()).join("index.json");
-    let bytes = std::fs::read(&index_path).map_err(|e| not_found(e.to_string()))?;
-    let index: Index = serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Format {
-        path: index_path,
-        detail: e.to_string(),
-    })?;
-    Ok(index.step)
-}
-
-/// Loads the latest checkpoint under `dir` into `model` and `optim`, resharded to this layout;
-/// returns the model and the step it was saved at. Every rank calls it.
-pub fn load<M: Module>(
-    dir: &Path,
-    model: M,
-    optim: &mut DistributedAdamW,
-    groups: &ProcessGroups,
-) -> Result<(M, u64), CheckpointError> {
+/// The latest checkpoint under `dir`: its directory and its index, checked to be of a format a
+/// load reads.
+fn latest(dir: &Path) -> Result<(PathBuf, Index), CheckpointError> {
     let not_found = |detail: String| CheckpointError::NotFound {
         dir: dir.to_path_buf(),
         detail,
@@ -146,16 +110,45 @@ pub fn load<M: Module>(
         path: index_path.clone(),
         detail: e.to_string(),
     })?;
-    if index.format != FORMAT {
+    if !READS.contains(&index.format.as_str()) {
         return Err(CheckpointError::Format {
             path: index_path,
-            detail: format!("format {:?}, expected {FORMAT:?}", index.format),
+            detail: format!("format {:?}, expected one of {READS:?}", index.format),
         });
     }
+    Ok((root, index))
+}
+
+/// The file `name` attached to the latest checkpoint under `dir` ([`SaveOptions::attachments`]),
+/// if it has one, checked against the index's checksum.
+pub fn attachment(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, CheckpointError> {
+    let (root, index) = latest(dir)?;
+    let path = root.join(name);
+    match path.exists() {
+        true => read_checked(&path, name, &index.checksums).map(Some),
+        false => Ok(None),
+    }
+}
+
+/// The step the latest checkpoint under `dir` was saved at.
+pub fn latest_step(dir: &Path) -> Result<u64, CheckpointError> {
+    Ok(latest(dir)?.1.step)
+}
+
+/// Loads the latest checkpoint under `dir` into `model` and `optim`, resharded to this layout;
+/// returns the model and the step it was saved at. Every rank calls it.
+pub fn load<M: Module>(
+    dir: &Path,
+    model: M,
+    optim: &mut DistributedAdamW,
+    groups: &ProcessGroups,
+) -> Result<(M, u64), CheckpointError> {
+    let (root, index) = latest(dir)?;
     let mut stored = BTreeMap::new();
     for file in &index.files {
+        let path = root.join(file);
         stored.extend(
-            read_shard(&root.join(file))?
+            read_shard(&path, &read_checked(&path, file, &index.checksums)?)?
                 .into_iter()
                 .map(|(name, piece)| ((name, piece.placement.offsets.clone()), piece)),
         );

@@ -361,7 +361,7 @@ fn write_file(path: &Path, tensors: &[Stored]) -> Result<(), HfError> {
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), HfError> {
-    crate::checkpoint::write_synced(path, bytes).map_err(|e| HfError::Io {
+    crate::checkpoint::storage::write_synced(&crate::checkpoint::storage::Disk, path, bytes).map_err(|e| HfError::Io {
         path: path.display().to_string(),
         detail: e.to_string(),
     })
