@@ -18,6 +18,12 @@ pub enum ConfigError {
     SequenceTooLong { seq_len: usize, max_seq_len: usize },
     #[error("{what} must be at least 1")]
     Zero { what: &'static str },
+    #[error("{what} = {size} is past the largest a model may give ({max})")]
+    TooLarge {
+        what: &'static str,
+        size: usize,
+        max: usize,
+    },
     #[error("{dimension} = {size} is not built yet: set it to 1")]
     NotBuilt { dimension: &'static str, size: usize },
     #[error("a global batch of {batch} sequences does not split evenly over dp = {dp}")]

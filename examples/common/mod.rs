@@ -48,7 +48,7 @@ pub fn open(source: &Source) -> Result<(LlamaConfig, Tokenizer), String> {
         )),
         Source::Hf(dir) => Ok((
             hf::config(dir).map_err(|e| e.to_string())?,
-            Tokenizer::from_file(dir.join("tokenizer.json")).map_err(|e| format!("{}: {e}", dir.display()))?,
+            hf::tokenizer(&dir.join("tokenizer.json")).map_err(|e| e.to_string())?,
         )),
     }
 }

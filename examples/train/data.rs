@@ -75,7 +75,7 @@ impl Corpus {
 
     /// The corpus's text in the ids of `tokenizer.json` at `path`.
     pub fn tokenized(self, path: &Path) -> Result<Self, String> {
-        let tokenizer = Tokenizer::from_file(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let tokenizer = burn_megatron::models::llama::hf::tokenizer(path).map_err(|e| e.to_string())?;
         let text = String::from_utf8_lossy(&self.tokens.iter().map(|&t| t as u8).collect::<Vec<_>>()).into_owned();
         let encoding = tokenizer
             .encode(text, false)

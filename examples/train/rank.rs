@@ -32,6 +32,18 @@ pub struct Run {
     pub pad: u32,
 }
 
+/// The bytes a rank's step may take on `device`: a GPU's memory, or on the CPU (where every
+/// rank shares it) the machine's (Linux's `MemTotal`); none where neither is known.
+fn capacity(device: &Device) -> Option<u64> {
+    if let Some(total) = burn_megatron_kernels::memory::device_memory(device).and_then(|m| m.total) {
+        return Some(total);
+    }
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// This rank's part of the model.
 pub enum RankModel {
     Whole(Llama),
@@ -44,9 +56,8 @@ impl Run {
     pub fn model(&self, ctx: &RankContext, device: &Device) -> Result<RankModel, String> {
         let job = &self.job;
         // Before any tensor of the model: a job past the device's memory is refused, naming
-        // the microbatch that fits (a device without CubeCL's pools, the CPU, is not checked).
-        let capacity = burn_megatron_kernels::memory::device_memory(&ctx.device).and_then(|m| m.total);
-        if let Some(capacity) = capacity.filter(|_| job.config.guard.memory) {
+        // the microbatch that fits.
+        if let Some(capacity) = capacity(&ctx.device).filter(|_| job.config.guard.memory) {
             job.check_memory(capacity).map_err(|e| e.to_string())?;
         }
         let init = job.init();

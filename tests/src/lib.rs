@@ -11,6 +11,7 @@ pub mod comm_suite;
 pub mod context_suite;
 pub mod data;
 pub mod distill_suite;
+pub mod fuzz;
 pub mod gguf_writer;
 pub mod gpu;
 pub mod harness;

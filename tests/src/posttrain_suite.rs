@@ -48,7 +48,7 @@ fn fixture_tensors() -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
 }
 
 /// The GGUF name llama.cpp gives a Hugging Face Llama tensor.
-fn gguf_name(hf: &str) -> String {
+pub(crate) fn gguf_name(hf: &str) -> String {
     let fixed = [
         ("model.embed_tokens.weight", "token_embd.weight"),
         ("model.norm.weight", "output_norm.weight"),

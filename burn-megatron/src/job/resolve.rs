@@ -63,6 +63,7 @@ impl JobConfig {
             };
         }
         model.recompute = config.model.recompute;
+        model.check_sizes()?;
         let p = &config.parallel;
         for (name, size) in [
             ("parallel.tp", p.tp),

@@ -37,10 +37,13 @@ pub const POOL_OVERHEAD: f64 = 0.10;
 
 impl MemoryEstimate {
     /// The peak with `micro` sequences a microbatch, `in_flight` microbatches' activations held
-    /// at once (1; a pipeline's first stage holds as many as its schedule warms up).
+    /// at once (1; a pipeline's first stage holds as many as its schedule warms up); saturating
+    /// at `u64::MAX`.
     pub fn peak(&self, micro: usize, in_flight: usize) -> u64 {
-        let tensors = self.state + self.per_sequence * (micro * in_flight.max(1)) as u64;
-        (tensors as f64 * (1.0 + POOL_OVERHEAD)) as u64 + RUNTIME_BYTES
+        let sequences = micro as f64 * in_flight.max(1) as f64;
+        let tensors = self.state as f64 + self.per_sequence as f64 * sequences;
+        // Float to integer casts saturate.
+        (tensors * (1.0 + POOL_OVERHEAD) + RUNTIME_BYTES as f64) as u64
     }
 
     /// The most sequences a microbatch whose peak fits `capacity` bytes; 0 where not even the
@@ -48,8 +51,9 @@ impl MemoryEstimate {
     pub fn largest_micro(&self, capacity: u64, in_flight: usize) -> usize {
         let room = capacity.saturating_sub(RUNTIME_BYTES) as f64 / (1.0 + POOL_OVERHEAD);
         let room = room - self.state as f64;
-        match room > 0.0 {
-            true => (room / (self.per_sequence * in_flight.max(1) as u64) as f64) as usize,
+        let per = self.per_sequence as f64 * in_flight.max(1) as f64;
+        match room > 0.0 && per > 0.0 {
+            true => (room / per) as usize,
             false => 0,
         }
     }
@@ -58,7 +62,9 @@ impl MemoryEstimate {
 impl LlamaConfig {
     /// The peak memory of a training step on one rank of `dims` (sequence parallelism per
     /// `tensor`), sequences of `seq` tokens, parameters and activations of `dtype_bytes`, the
-    /// optimizer state split over dp × cp with `zero1`: see the module docs.
+    /// optimizer state split over dp × cp with `zero1`: see the module docs. Counted in f64 (a
+    /// configuration's sizes multiply past u64 before [`check_sizes`](Self::check_sizes) bounds
+    /// them), saturating at `u64::MAX`.
     pub fn memory(
         &self,
         dims: ParallelDims,
@@ -67,87 +73,90 @@ impl LlamaConfig {
         dtype_bytes: u64,
         zero1: bool,
     ) -> MemoryEstimate {
-        let (tp, ep) = (dims.tp as u64, dims.ep as u64);
-        let etp = dims.etp.unwrap_or(1) as u64;
+        let n = |x: usize| x as f64;
+        let (tp, ep, etp) = (n(dims.tp.max(1)), n(dims.ep.max(1)), n(dims.etp.unwrap_or(1).max(1)));
         let a = &self.attention;
-        let (h, hd) = (a.d_model as u64, a.head_dim() as u64);
-        let (q, kv) = (a.n_heads as u64 * hd, a.n_kv_heads as u64 * hd);
-        let v = self.embedding.vocab_size as u64;
-        let blocks = self.n_layers.div_ceil(dims.pp);
+        let (h, hd) = (n(a.d_model), n(a.head_dim()));
+        let (q, kv) = (n(a.n_heads) * hd, n(a.n_kv_heads) * hd);
+        let v = n(self.embedding.vocab_size);
+        let blocks = self.n_layers.div_ceil(dims.pp.max(1));
         // The busiest stage: the first `blocks` (MoE blocks sit at multiples of `every`).
         let moe = |i: usize| self.moe.as_ref().filter(|m| m.holds(i));
-        let mut params = (2 * v * h).div_ceil(tp) + h;
+        let mut params = (2.0 * v * h / tp).ceil() + h;
         if self.word_embeddings == WordEmbeddings::Tied {
-            params -= v * h / tp;
+            params -= (v * h / tp).floor();
         }
-        let mut kept = 0u64;
         let sp = match tensor {
             TensorParallel::SequenceParallel => tp,
-            TensorParallel::Plain => 1,
+            TensorParallel::Plain => 1.0,
         };
-        // Elements a token keeps in block `i`, whole and under each recomputation.
-        let block_kept = |i: usize| -> u64 {
-            let attention = 4 * h / sp + (2 * q + 2 * kv) / tp;
+        // Elements a token keeps in block `i`, whole.
+        let block_kept = |i: usize| -> f64 {
+            let attention = (4.0 * h / sp).floor() + ((2.0 * q + 2.0 * kv) / tp).floor();
             let mlp = match moe(i) {
                 Some(m) => {
-                    let k = m.layer.router.top_k as u64;
-                    let shared = 3 * m.layer.shared_d_ff.unwrap_or(0) as u64 / tp;
-                    k * (h + 3 * m.layer.d_ff as u64) + 2 * m.layer.router.n_experts as u64 + shared
+                    let k = n(m.layer.router.top_k);
+                    let shared = (3.0 * n(m.layer.shared_d_ff.unwrap_or(0)) / tp).floor();
+                    k * (h + 3.0 * n(m.layer.d_ff)) + 2.0 * n(m.layer.router.n_experts) + shared
                 }
-                None => 3 * self.mlp.d_ff as u64 / tp,
+                None => (3.0 * n(self.mlp.d_ff) / tp).floor(),
             };
             attention + mlp
         };
-        let selective_drop = |i: usize| -> u64 {
+        // What selective recomputation does not keep of block `i`.
+        let selective_drop = |i: usize| -> f64 {
             let product = match moe(i) {
-                Some(m) => m.layer.router.top_k as u64 * m.layer.d_ff as u64,
-                None => self.mlp.d_ff as u64 / tp,
+                Some(m) => n(m.layer.router.top_k) * n(m.layer.d_ff),
+                None => (n(self.mlp.d_ff) / tp).floor(),
             };
-            q / tp + product
+            (q / tp).floor() + product
         };
         for i in 0..blocks {
-            params += (2 * h * q + 2 * h * kv) / tp + 2 * h;
+            params += ((2.0 * h * q + 2.0 * h * kv) / tp).floor() + 2.0 * h;
             params += match moe(i) {
                 Some(m) => {
-                    let experts = m.layer.router.n_experts as u64 * 3 * h * m.layer.d_ff as u64;
-                    experts / (ep * etp)
-                        + 3 * h * m.layer.shared_d_ff.unwrap_or(0) as u64 / tp
-                        + h * m.layer.router.n_experts as u64
+                    let experts = n(m.layer.router.n_experts) * 3.0 * h * n(m.layer.d_ff);
+                    (experts / (ep * etp)).floor()
+                        + (3.0 * h * n(m.layer.shared_d_ff.unwrap_or(0)) / tp).floor()
+                        + h * n(m.layer.router.n_experts)
                 }
-                None => 3 * h * self.mlp.d_ff as u64 / tp,
+                None => (3.0 * h * n(self.mlp.d_ff) / tp).floor(),
             };
         }
-        let whole: Vec<u64> = (0..blocks).map(block_kept).collect();
-        kept += match self.recompute {
+        let whole: Vec<f64> = (0..blocks).map(block_kept).collect();
+        let mut kept = match self.recompute {
             Recompute::None => whole.iter().sum(),
             Recompute::Selective => (0..blocks).map(|i| whole[i] - selective_drop(i)).sum(),
             Recompute::Full { method, layers } => {
-                let input = h / sp;
+                let input = (h / sp).floor();
                 match method {
                     // A group's input kept; one group's blocks live again during its backward.
                     RecomputeMethod::Uniform => {
-                        let largest: u64 = whole.chunks(layers.max(1)).map(|g| g.iter().sum()).max().unwrap_or(0);
-                        blocks.div_ceil(layers.max(1)) as u64 * input + largest
+                        let groups = whole.chunks(layers.max(1));
+                        let largest = groups.map(|g| g.iter().sum::<f64>()).fold(0.0, f64::max);
+                        n(blocks.div_ceil(layers.max(1))) * input + largest
                     }
                     RecomputeMethod::Block => {
                         let first = layers.min(blocks);
-                        let rest: u64 = whole[first..].iter().sum();
-                        first as u64 * input + rest + whole.first().copied().unwrap_or(0)
+                        let rest: f64 = whole[first..].iter().sum();
+                        n(first) * input + rest + whole.first().copied().unwrap_or(0.0)
                     }
                 }
             }
         };
         // The logits and their gradient, over tp's vocabulary shards; the embedding's output.
-        kept += 2 * v / tp + h / sp;
+        kept += (2.0 * v / tp).floor() + (h / sp).floor();
         // A rank holds its share of the sequence under cp.
-        let tokens = (seq / dims.cp.max(1)) as u64;
+        let tokens = n(seq / dims.cp.max(1));
         let optimizer = match zero1 {
-            true => 12 * params / (dims.dp * dims.cp).max(1) as u64,
-            false => 12 * params,
+            true => (12.0 * params / n((dims.dp * dims.cp).max(1))).floor(),
+            false => 12.0 * params,
         };
+        let bytes = dtype_bytes as f64;
+        // Float to integer casts saturate.
         MemoryEstimate {
-            state: params * dtype_bytes * 2 + optimizer,
-            per_sequence: kept * dtype_bytes * tokens,
+            state: (params * bytes * 2.0 + optimizer) as u64,
+            per_sequence: (kept * bytes * tokens) as u64,
         }
     }
 }

@@ -8,6 +8,7 @@ mod flops;
 pub mod generate;
 pub mod gguf;
 pub mod hf;
+mod limits;
 mod memory;
 pub mod model;
 pub mod plan;
@@ -15,6 +16,7 @@ pub mod recipes;
 pub mod sites;
 pub mod stage;
 
+pub use limits::{MAX_DIM, MAX_LAYERS};
 pub use memory::{MemoryEstimate, POOL_OVERHEAD, RUNTIME_BYTES};
 pub use model::{Llama, LlamaBlock, LlamaConfig, MoeBlocks, MoeReport, TiedOutput, WordEmbeddings};
 pub use recipes::{LlamaRecipe, preset};

@@ -109,7 +109,8 @@ fn hf_config(file: &GgufFile) -> Result<HfConfig, GgufError> {
         // Stored as f32: 1e-5 reads back 9.99999974e-6, which is the value llama.cpp uses.
         rms_norm_eps: float("attention.layer_norm_rms_epsilon", 1e-5),
         tie_word_embeddings: !file.tensors.contains_key("output.weight"),
-    })
+    }
+    .checked()?)
 }
 
 /// The model in `path` (no parallelism applied yet).

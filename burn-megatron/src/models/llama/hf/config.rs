@@ -109,7 +109,7 @@ impl HfConfig {
             ));
         }
         let (rope_theta, rope_scaling) = rope(&raw, path)?;
-        Ok(Self {
+        Self {
             hidden_size: raw.hidden_size,
             intermediate_size: raw.intermediate_size,
             num_hidden_layers: raw.num_hidden_layers,
@@ -122,7 +122,15 @@ impl HfConfig {
             rope_scaling,
             rms_norm_eps: raw.rms_norm_eps,
             tie_word_embeddings: raw.tie_word_embeddings,
-        })
+        }
+        .checked()
+    }
+
+    /// The configuration, its sizes checked ([`LlamaConfig::check_sizes`]) before anything is
+    /// sized by them.
+    pub fn checked(self) -> Result<Self, HfError> {
+        self.to_llama().check_sizes().map_err(HfError::Size)?;
+        Ok(self)
     }
 
     /// The model this configuration describes (no parallelism applied yet).
@@ -136,7 +144,8 @@ impl HfConfig {
             self.intermediate_size,
             self.max_position_embeddings,
         );
-        if self.head_dim * self.num_attention_heads != self.hidden_size {
+        // Checked: a file's sizes may be anything before `check_sizes` refuses them.
+        if self.head_dim.checked_mul(self.num_attention_heads) != Some(self.hidden_size) {
             config.attention.head_dim = Some(self.head_dim);
         }
         config.attention.rope_theta = self.rope_theta;

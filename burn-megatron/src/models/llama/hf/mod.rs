@@ -20,15 +20,19 @@ mod compressed;
 mod config;
 mod export;
 mod load;
+mod tokenizer;
 
 pub use compressed::{Compression, Input};
 pub use config::{HfConfig, config, read_config};
 pub use export::{ExportDType, ExportOptions, save, save_quantized};
 pub use load::load;
+pub use tokenizer::tokenizer;
 
 use std::path::Path;
 
 use burn_megatron_dist::CommError;
+
+use crate::error::ConfigError;
 
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum HfError {
@@ -56,6 +60,12 @@ pub enum HfError {
     LeftOver { names: Vec<String> },
     #[error("tensor {name}: {detail}")]
     Incompatible { name: String, detail: String },
+    /// A size in the configuration past what any model has.
+    #[error("config.json: {0}")]
+    Size(ConfigError),
+    /// A `tokenizer.json` that could not be read.
+    #[error("{path}: {detail}")]
+    Tokenizer { path: String, detail: String },
     #[error(transparent)]
     Comm(#[from] CommError),
 }
