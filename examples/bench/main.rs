@@ -39,6 +39,7 @@ use burn_megatron::init::InitMode;
 use burn_megatron::job::ParallelSection;
 use burn_megatron::layers::context::ContextLayout;
 use burn_megatron::models::llama::preset;
+use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron::plan::ContextParallel;
 use burn_megatron::precision::{KeptBlocks, PrecisionPolicy};
 use burn_megatron::recompute::Recompute;
@@ -64,6 +65,8 @@ struct Args {
     steps: usize,
     warmup: usize,
     profile: bool,
+    /// Gradients checked for non-finite values before the update.
+    finite_check: bool,
     gemm: bool,
     attention: bool,
     grouped: bool,
@@ -112,6 +115,9 @@ struct Cli {
     /// A PROFILE line: forward, backward, the reduction's wait and the optimizer, synchronized.
     #[arg(long)]
     profile: bool,
+    /// No check of the gradients for a NaN or an infinity before the update (what it costs).
+    #[arg(long)]
+    no_finite_check: bool,
     /// Matmul routines on the llama GEMM shapes.
     #[arg(long)]
     gemm: bool,
@@ -193,6 +199,7 @@ fn checked(cli: Cli) -> Result<Args, String> {
         steps: cli.steps,
         warmup: cli.warmup,
         profile: cli.profile,
+        finite_check: !cli.no_finite_check,
         gemm: cli.gemm,
         attention: cli.attention,
         grouped: cli.grouped,
@@ -279,6 +286,7 @@ fn main() {
     if args.pp > 1 && (batch < microbatches || !batch.is_multiple_of(microbatches)) {
         panic!("{batch} sequences a rank do not split into {microbatches} equal microbatches");
     }
+    let optim = DistributedAdamWConfig::new().with_check_finite(args.finite_check);
     let results = launch(dims, Device::cuda, |ctx| {
         let device = ctx.device.clone().autodiff();
         // Each data-parallel rank its own batch; the tensor-parallel ranks of one share it.
@@ -286,7 +294,7 @@ fn main() {
         let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, seq + 1]), &device);
         let whole = (all.clone().narrow(1, 0, seq), all.narrow(1, 1, seq));
         if args.pp > 1 {
-            let run = pipeline::run(&ctx, &config, &plan, microbatches, policy, whole, args.warmup, args.steps);
+            let run = pipeline::run(&ctx, &config, &plan, microbatches, policy, &optim, whole, (args.warmup, args.steps));
             let bubble = format!(
                 ", \"pp\": {}, \"vpp\": {}, \"microbatches\": {microbatches}, \"bubble_predicted\": {:.3}, \"bubble_measured\": {:.3}",
                 args.pp, args.vpp, run.bubble_predicted, run.bubble_measured
@@ -300,7 +308,7 @@ fn main() {
         let layout = ContextLayout::new(&ctx.groups.cp);
         let shard = |x| layout.shard(x, 1).unwrap_or_else(|e| panic!("{e}"));
         let batch = (shard(whole.0), shard(whole.1));
-        let run = timing::run(&ctx, model, batch, policy, args.warmup, args.steps, args.profile);
+        let run = timing::run(&ctx, model, batch, policy, &optim, (args.warmup, args.steps), args.profile);
         (run.step_s, run.loss, run.profile, String::new(), run.memory)
     })
     .unwrap_or_else(|e| panic!("{e}"));

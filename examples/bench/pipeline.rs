@@ -44,9 +44,9 @@ pub fn run(
     plan: &ParallelPlan,
     microbatches: usize,
     policy: PrecisionPolicy,
+    optim: &DistributedAdamWConfig,
     (ids, targets): (Tensor<2, Int>, Tensor<2, Int>),
-    warmup: usize,
-    steps: usize,
+    (warmup, steps): (usize, usize),
 ) -> PipelineRun {
     let device = ctx.device.clone().autodiff();
     let pp = &ctx.groups.pp;
@@ -70,7 +70,7 @@ pub fn run(
         .unwrap_or_else(|e| panic!("{e}"));
     let bubble_predicted = simulate(&actions).unwrap_or_else(|e| panic!("{e}")).bubble;
     let batch = TokenBatch { ids, targets };
-    let mut trainer = Trainer::new(stage, &DistributedAdamWConfig::new(), &ctx.groups, &ctx.device);
+    let mut trainer = Trainer::new(stage, optim, &ctx.groups, &ctx.device);
     // The loss the last stage reports (averaged over dp × cp), read on every rank.
     let read = |trainer: &mut Trainer<_>, stepped: Stepped, when: &str| -> f64 {
         trainer.read(stepped).unwrap_or_else(|e| panic!("by {when}: {e}")).loss

@@ -177,8 +177,8 @@ pub fn run(
     model: Llama,
     (ids, targets): (Tensor<2, Int>, Tensor<2, Int>),
     policy: PrecisionPolicy,
-    warmup: usize,
-    steps: usize,
+    optim: &DistributedAdamWConfig,
+    (warmup, steps): (usize, usize),
     profile: bool,
 ) -> Run {
     // The pools once the model is built, and after the first step (kernels compiled and tuned).
@@ -197,7 +197,7 @@ pub fn run(
     let (step_s, loss, mut model, optimizer) = match policy.master {
         // The library's training step, as `train` runs it.
         MasterWeights::F32 => {
-            let trainer = Trainer::new(model, &DistributedAdamWConfig::new(), &ctx.groups, &ctx.device);
+            let trainer = Trainer::new(model, optim, &ctx.groups, &ctx.device);
             // Both closures step the one trainer, one after the other.
             let trainer = std::cell::RefCell::new(trainer);
             let step = || {

@@ -48,6 +48,15 @@
 #                                          its kernel tests (FILTER=TEXT [WORLD=N]: the tests matching
 #                                          TEXT only, e.g. FILTER=kernel_suite WORLD=1)
 #   smoke        [torchao?, megatron-core?] every peer on the tiny presets for 2 steps
+#   guard        [train, generate?]       no silent failure: a llama-1b job past the card refused
+#                                          before it starts and the microbatch it names trained; past
+#                                          the card with the check off, the step's typed error (plain
+#                                          and Learner drivers, generate); the gradient check's cost
+#                                          (bench --no-finite-check beside bench, with bench); two
+#                                          runs of 20 steps compared bit for bit
+#   launch       [train]                   the README's launch lines on one GPU: torchrun on one
+#                                          node, torchrun's c10d rendezvous, a SLURM task's command
+#                                          (SLURM's variables set by hand: no SLURM here)
 # Two GPUs:
 #   tp           [bench; megatron-core?]   llama-1b at tp 2 + SP beside PyTorch tp 2 + SP + compile
 #   dp           [bench]                   llama-1b at dp 2 beside PyTorch DDP, then FSDP2 (+ compile)
@@ -215,6 +224,43 @@ for mode in "$@"; do
       wheel megatron_core && peer smoke-megatron 150 tiny megatron "${quick[@]}" &&
         peer smoke-megatron-moe 150 tiny-moe megatron-moe "${quick[@]}"
       peer smoke-hf 200 qwen3-moe-2b hf -- --steps 2 --warmup 1 --batch 1 --seq 256
+      ;;
+    guard)
+      job=(--config examples/jobs/llama-1b.toml --device cuda)
+      if needs train; then
+        gpu preflight-48 90 train "${job[@]}" --plain --steps 2 --batch.global 48
+        fits=$(sed -n 's/.*at most \([0-9]*\) sequences a microbatch fit.*/\1/p' "$LOG" | head -1)
+        [ -n "$fits" ] && gpu "preflight-fits-$fits" 150 train "${job[@]}" --plain --steps 3 --batch.global "$fits"
+        gpu oom-plain 120 train "${job[@]}" --plain --steps 2 --batch.global 64 --guard.memory false
+        gpu oom-learner 120 train "${job[@]}" --steps 2 --batch.global 64 --guard.memory false
+        for run in a b; do
+          gpu "repeat-$run" 120 train "${job[@]}" --plain --steps 20 --model.layers 4 \
+            --logging.metrics "$OUT/repeat-$run.jsonl"
+        done
+        python3 - "$OUT/repeat-a.jsonl" "$OUT/repeat-b.jsonl" <<'PY'
+import json, sys
+runs = [[json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:]]
+print("REPEAT", len(runs[0]), "steps,", "bitwise equal" if runs[0] == runs[1] else f"DIFFER: {runs}")
+PY
+      fi
+      needs generate && gpu oom-generate 120 generate --preset llama-1b --device cuda --batch 1024 \
+        --prompt-len 2048 --max-new 8
+      if needs bench; then
+        for round in 1 2; do
+          ours "check-off-$round" 120 --preset llama-1b "${ROW[@]}" --no-finite-check
+          ours "check-on-$round" 120 --preset llama-1b "${ROW[@]}"
+        done
+      fi
+      ;;
+    launch)
+      needs train || continue
+      run=(--config examples/jobs/tiny.toml --plain --steps 5 --device cuda)
+      measure torchrun-one-node 120 torchrun --no-python --nproc-per-node 1 bash .gpu/run.sh train "${run[@]}"
+      measure torchrun-c10d 120 torchrun --no-python --nnodes 1 --nproc-per-node 1 \
+        --rdzv-backend c10d --rdzv-endpoint localhost:29400 bash .gpu/run.sh train "${run[@]}"
+      measure slurm-task 120 env SLURM_PROCID=0 SLURM_NTASKS=1 SLURM_LOCALID=0 MASTER_ADDR=127.0.0.1 \
+        MASTER_PORT=29500 bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID \
+        exec bash .gpu/run.sh train "$@"' task "${run[@]}"
       ;;
     tp)
       needs_gpus 2 || continue
