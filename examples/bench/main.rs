@@ -43,7 +43,7 @@ use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron::plan::ContextParallel;
 use burn_megatron::precision::{KeptBlocks, PrecisionPolicy};
 use burn_megatron::recompute::Recompute;
-use burn_megatron_dist::{ParallelDims, launch};
+use burn_megatron_dist::launch;
 use burn_megatron_kernels::Gemm;
 use clap::{Parser, ValueEnum};
 use cli::{Layout, at_least_one};

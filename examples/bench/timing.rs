@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use burn::optim::{GradientsParams, ModuleOptimizer};
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{Device, Int, Tensor};
 use burn_megatron::models::llama::Llama;
 use burn_megatron::optim::{DistributedAdamW, DistributedAdamWConfig, FusedAdamWConfig, Overlap};
 use burn_megatron::precision::{MasterWeights, PrecisionPolicy};

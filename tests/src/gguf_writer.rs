@@ -14,6 +14,34 @@ pub enum Meta {
     I32s(Vec<i32>),
 }
 
+/// The metadata llama.cpp writes for a Llama of `layers` blocks, width `d`, MLP width `ffn`,
+/// `heads` heads of `head_dim` (as many kv heads), `context` positions and `vocab` tokens, θ 1e4.
+pub fn llama_metadata(
+    layers: u32,
+    d: u32,
+    ffn: u32,
+    (heads, head_dim): (u32, u32),
+    context: u32,
+    vocab: u32,
+) -> BTreeMap<String, Meta> {
+    [
+        ("general.architecture", Meta::Text("llama".into())),
+        ("llama.block_count", Meta::U32(layers)),
+        ("llama.context_length", Meta::U32(context)),
+        ("llama.embedding_length", Meta::U32(d)),
+        ("llama.feed_forward_length", Meta::U32(ffn)),
+        ("llama.attention.head_count", Meta::U32(heads)),
+        ("llama.attention.head_count_kv", Meta::U32(heads)),
+        ("llama.rope.freq_base", Meta::F32(10000.0)),
+        ("llama.rope.dimension_count", Meta::U32(head_dim)),
+        ("llama.attention.layer_norm_rms_epsilon", Meta::F32(1e-5)),
+        ("llama.vocab_size", Meta::U32(vocab)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
 /// How a tensor is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Store {

@@ -18,7 +18,7 @@ use burn_megatron_dist::{ParallelDims, ProcessGroups};
 
 use crate::Harness;
 use crate::data::assert_close;
-use crate::gguf_writer::{Entry, Meta, Store, permute, write};
+use crate::gguf_writer::{Entry, Meta, Store, llama_metadata, permute, write};
 use crate::hf_suite::{batch, expected, fixture};
 
 const VOCAB: usize = 99;
@@ -79,20 +79,7 @@ pub(crate) fn gguf_name(hf: &str) -> String {
 /// converter does. Returns the values each tensor dequantizes to, by Hugging Face name,
 /// before the permutation.
 fn write_fixture(path: &Path, matrices: Store) -> BTreeMap<String, Vec<f32>> {
-    let meta = |pairs: Vec<(&str, Meta)>| pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    let metadata: BTreeMap<String, Meta> = meta(vec![
-        ("general.architecture", Meta::Text("llama".into())),
-        ("llama.block_count", Meta::U32(2)),
-        ("llama.context_length", Meta::U32(64)),
-        ("llama.embedding_length", Meta::U32(64)),
-        ("llama.feed_forward_length", Meta::U32(128)),
-        ("llama.attention.head_count", Meta::U32(4)),
-        ("llama.attention.head_count_kv", Meta::U32(4)),
-        ("llama.rope.freq_base", Meta::F32(10000.0)),
-        ("llama.rope.dimension_count", Meta::U32(16)),
-        ("llama.attention.layer_norm_rms_epsilon", Meta::F32(1e-5)),
-        ("llama.vocab_size", Meta::U32(VOCAB as u32)),
-    ]);
+    let metadata = llama_metadata(2, 64, 128, (4, 16), 64, VOCAB as u32);
     let mut tensors = BTreeMap::new();
     let mut names = BTreeMap::new();
     for (hf, (shape, values)) in fixture_tensors() {

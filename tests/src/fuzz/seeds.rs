@@ -19,7 +19,7 @@ use safetensors::SafeTensors;
 
 use super::corpus;
 use super::targets::{tiny_config, tiny_model};
-use crate::gguf_writer::{Entry, Meta, Store, write};
+use crate::gguf_writer::{Entry, Meta, Store, llama_metadata, write};
 use crate::posttrain_suite::gguf_name;
 
 fn put(target: &str, name: &str, bytes: &[u8]) {
@@ -191,25 +191,13 @@ fn gguf_metadata() -> BTreeMap<String, Meta> {
     .to_vec();
     let merges = ["h e", "l l", "Ġ w", "o r", "l d"].map(String::from).to_vec();
     let types: Vec<i32> = (0..tokens.len()).map(|i| if i == 0 { 3 } else { 1 }).collect();
-    [
-        ("general.architecture", Meta::Text("llama".into())),
-        ("llama.block_count", Meta::U32(1)),
-        ("llama.context_length", Meta::U32(8)),
-        ("llama.embedding_length", Meta::U32(32)),
-        ("llama.feed_forward_length", Meta::U32(64)),
-        ("llama.attention.head_count", Meta::U32(2)),
-        ("llama.attention.head_count_kv", Meta::U32(2)),
-        ("llama.rope.freq_base", Meta::F32(10000.0)),
-        ("llama.rope.dimension_count", Meta::U32(16)),
-        ("llama.attention.layer_norm_rms_epsilon", Meta::F32(1e-5)),
-        ("llama.vocab_size", Meta::U32(16)),
-        ("tokenizer.ggml.model", Meta::Text("gpt2".into())),
-        ("tokenizer.ggml.pre", Meta::Text("smollm".into())),
-        ("tokenizer.ggml.tokens", Meta::Texts(tokens)),
-        ("tokenizer.ggml.merges", Meta::Texts(merges)),
-        ("tokenizer.ggml.token_type", Meta::I32s(types)),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect()
+    let mut metadata = llama_metadata(1, 32, 64, (2, 16), 8, 16);
+    metadata.extend([
+        ("tokenizer.ggml.model".to_string(), Meta::Text("gpt2".into())),
+        ("tokenizer.ggml.pre".to_string(), Meta::Text("smollm".into())),
+        ("tokenizer.ggml.tokens".to_string(), Meta::Texts(tokens)),
+        ("tokenizer.ggml.merges".to_string(), Meta::Texts(merges)),
+        ("tokenizer.ggml.token_type".to_string(), Meta::I32s(types)),
+    ]);
+    metadata
 }
