@@ -244,7 +244,7 @@ print("REPEAT", len(runs[0]), "steps,", "bitwise equal" if runs[0] == runs[1] el
 PY
       fi
       needs generate && gpu oom-generate 120 generate --preset llama-1b --device cuda --batch 1024 \
-        --prompt-len 2048 --max-new 8
+        --prompt-len 2040 --max-new 8
       if needs bench; then
         for round in 1 2; do
           ours "check-off-$round" 120 --preset llama-1b "${ROW[@]}" --no-finite-check

@@ -1,9 +1,9 @@
 //! The sum of squares of many tensors, what a global gradient norm sums, on a backend
-//! extension, [`NormOps`], that leaves a few partial sums a tensor: on CUDA one kernel a tensor
-//! writes a partial sum a block, and one reduction sums every tensor's partials (Burn's
-//! reduction of one long vector in a single pass is slow: llama-1b's 146 gradients took 41 ms
-//! that way); elsewhere the tensor-op twin, [`reference`]. Both square and
-//! sum in f32.
+//! extension, [`NormOps`], that writes a few partial sums a tensor into one buffer shared by all
+//! of them ([`square_partials`]: no concatenation after, which would launch a copy a tensor); on
+//! CUDA one kernel a tensor writes a partial sum a block (Burn's reduction of one long vector in
+//! a single pass is slow: llama-1b's 146 gradients took 41 ms that way); elsewhere the tensor-op
+//! twin, [`reference`]. Both square and sum in f32, in blocks of [`partials_count`]'s size.
 
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::tensor::FloatTensor;
@@ -14,21 +14,39 @@ use burn::tensor::{DType, Device, Tensor};
 pub(crate) mod kernel;
 pub mod reference;
 
+/// Vectors one partial sum covers: 256 threads, 8 vectors each.
+pub(crate) const CHUNK: usize = 2048;
+
+/// The values a vector of a tensor of `len` elements holds: 8, 4, 2 or 1, the largest that
+/// divides `len` (16-byte bf16 loads where it can).
+pub(crate) fn vector(len: usize) -> usize {
+    [8, 4, 2, 1]
+        .into_iter()
+        .find(|v| len.is_multiple_of(*v))
+        .expect("1 divides")
+}
+
+/// The partial sums of squares of a tensor of `len` elements: one a [`CHUNK`] of its vectors.
+pub fn partials_count(len: usize) -> usize {
+    (len / vector(len)).div_ceil(CHUNK)
+}
+
 extension! {
-    /// The backend extension behind [`sum_of_squares`].
+    /// The backend extension behind [`sum_of_squares`] and [`square_partials`].
     pub trait NormOps, cuda: kernel;
 
-    /// Partial sums of `x²` over every element of `x` whose sum is `Σ x²`: `[p]` in f32, `p`
-    /// the backend's choice.
-    fn partial_sums_of_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        reference::sum_of_squares::<Self>(x)
+    /// `out` (f32) with `x`'s [`partials_count`] partial sums of `x²` written from `offset`:
+    /// partial `i` sums chunk `i` of `x`'s vectors.
+    fn square_partials_into(x: FloatTensor<Self>, out: FloatTensor<Self>, offset: usize) -> FloatTensor<Self> {
+        reference::partials_into::<Self>(x, out, offset)
     }
 }
 
 /// Norms are taken of tensors outside the graph: the inner backend's sums, as constants.
 impl<B: Backend + NormOps, C: CheckpointStrategy> NormOps for Autodiff<B, C> {
-    fn partial_sums_of_squares(x: FloatTensor<Self>) -> FloatTensor<Self> {
-        <Self as AutodiffBackend>::from_inner(B::partial_sums_of_squares(x.into_parts().0))
+    fn square_partials_into(x: FloatTensor<Self>, out: FloatTensor<Self>, offset: usize) -> FloatTensor<Self> {
+        let out = B::square_partials_into(x.into_parts().0, out.into_parts().0, offset);
+        <Self as AutodiffBackend>::from_inner(out)
     }
 }
 
@@ -41,21 +59,22 @@ pub fn sum_of_squares<const D: usize>(xs: Vec<Tensor<D>>, device: &Device) -> Te
     }
 }
 
-/// Each tensor of `xs`'s partial sums of `x²` ([`NormOps`]) end to end, `[p]` in f32 (none when
-/// `xs` is empty), and how many partials each tensor has, in order: summing any run of them sums
-/// those tensors' squares, and a tensor's are finite where all its elements are.
+/// Each tensor of `xs`'s partial sums of `x²` ([`partials_count`] of them) end to end in one
+/// buffer, `[p]` in f32 (none when `xs` is empty), and how many each tensor has, in order:
+/// summing any run of them sums those tensors' squares, and a tensor's are finite where all its
+/// elements are.
 pub fn square_partials<const D: usize>(xs: Vec<Tensor<D>>) -> (Option<Tensor<1>>, Vec<usize>) {
-    let partials: Vec<Tensor<1>> = xs
-        .into_iter()
-        .map(|x| {
-            Tensor::from_dispatch(<burn::backend::Dispatch as NormOps>::partial_sums_of_squares(
-                x.into_dispatch(),
-            ))
-        })
-        .collect();
-    let lengths = partials.iter().map(|p| p.dims()[0]).collect();
-    let partials = (!partials.is_empty()).then(|| Tensor::cat(partials, 0));
-    (partials, lengths)
+    let lengths: Vec<usize> = xs.iter().map(|x| partials_count(x.shape().num_elements())).collect();
+    let Some(device) = xs.first().map(|x| x.device()) else {
+        return (None, lengths);
+    };
+    let mut out = Tensor::<1>::zeros([lengths.iter().sum::<usize>()], (&device, DType::F32)).into_dispatch();
+    let mut offset = 0;
+    for (x, length) in xs.into_iter().zip(&lengths) {
+        out = <burn::backend::Dispatch as NormOps>::square_partials_into(x.into_dispatch(), out, offset);
+        offset += length;
+    }
+    (Some(Tensor::from_dispatch(out)), lengths)
 }
 
 #[cfg(test)]
@@ -66,7 +85,7 @@ mod tests {
     #[test]
     fn is_the_plain_sum_of_squares() {
         let device = Device::flex();
-        let xs: Vec<Tensor<1>> = [(3 * 4096, DType::F32), (7, DType::F32), (100, DType::BF16)]
+        let xs: Vec<Tensor<1>> = [(3 * 8192, DType::F32), (7, DType::F32), (100, DType::BF16)]
             .into_iter()
             .map(|(n, dtype)| Tensor::random([n], Distribution::Normal(0.0, 1.0), (&device, dtype)))
             .collect();
@@ -74,8 +93,23 @@ mod tests {
             .iter()
             .map(|x| x.clone().cast(DType::F32).square().sum().into_scalar::<f64>())
             .sum();
-        let ours = super::sum_of_squares(xs, &device).into_scalar::<f64>();
+        let ours = super::sum_of_squares(xs.clone(), &device).into_scalar::<f64>();
         // The same f32 squares summed in another order: a few ulps of the sum.
         assert!((ours - plain).abs() <= 1e-5 * plain, "{ours} against {plain}");
+        // Each tensor's run of partials sums its own squares.
+        let (partials, lengths) = super::square_partials(xs.clone());
+        assert_eq!(
+            lengths,
+            [2, 1, 1],
+            "3·8192 values are 3072 vectors of 8: two chunks of 2048"
+        );
+        let partials: Vec<f32> = partials.unwrap().into_data().try_to_vec().unwrap();
+        let mut at = 0;
+        for (x, n) in xs.into_iter().zip(lengths) {
+            let own = x.cast(DType::F32).square().sum().into_scalar::<f64>();
+            let run: f64 = partials[at..at + n].iter().map(|&p| p as f64).sum();
+            assert!((run - own).abs() <= 1e-5 * own, "{run} against {own}");
+            at += n;
+        }
     }
 }

@@ -2,12 +2,27 @@
 
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Backend, TensorMetadata};
-use burn::tensor::FloatDType;
+use burn::tensor::{FloatDType, Slice};
 
-/// `x` flattened, squared and summed in f32: `[1]`.
-pub fn sum_of_squares<B: Backend>(x: FloatTensor<B>) -> FloatTensor<B> {
-    let x = B::float_cast(x, FloatDType::F32);
+use super::{CHUNK, partials_count, vector};
+
+/// `out` with `x`'s partial sums of squares written from `offset`, in f32: `x` flattened, padded
+/// with zeros to whole chunks of [`CHUNK`] vectors, each chunk squared and summed.
+pub fn partials_into<B: Backend>(x: FloatTensor<B>, out: FloatTensor<B>, offset: usize) -> FloatTensor<B> {
     let n = x.shape().num_elements();
-    let flat = B::float_reshape(x, [n].into());
-    B::float_sum(B::float_mul(flat.clone(), flat))
+    if n == 0 {
+        return out;
+    }
+    let (count, chunk) = (partials_count(n), CHUNK * vector(n));
+    let device = x.device();
+    let flat = B::float_reshape(B::float_cast(x, FloatDType::F32), [n].into());
+    let padded = match count * chunk - n {
+        0 => flat,
+        pad => B::float_cat(vec![flat, B::float_zeros([pad].into(), &device, FloatDType::F32)], 0),
+    };
+    let blocks = B::float_reshape(padded, [count, chunk].into());
+    let sums = B::float_sum_dim(B::float_mul(blocks.clone(), blocks), 1);
+    let sums = B::float_reshape(sums, [count].into());
+    let range = [Slice::new(offset as isize, Some((offset + count) as isize), 1)];
+    B::float_slice_assign(out, &range, sums)
 }
