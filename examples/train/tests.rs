@@ -378,14 +378,24 @@ fn metrics_and_checkpoints_beside_each_other() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// An absurd learning rate overflows the weights: the run stops on the first loss that is not
-/// finite and says which step it was, on every stage of a pipeline too.
+/// An absurd learning rate overflows the weights: the next step's gradients are not finite, and
+/// the run stops there naming the step and the parameter, the step updating nothing; under
+/// `skip`, steps are skipped until more than `max_skips` in a row stop it; with the check off,
+/// the loss that is not finite stops it. On every stage of a pipeline too.
 #[test]
-fn a_loss_that_is_not_finite_stops_training() {
+fn a_step_that_goes_bad_stops_training() {
     for layout in ["", "--pp 2 --layers 4"] {
-        let error = run(&format!("--steps 6 --seq 32 --lr 1e30 --sample-every 0 {layout}")).unwrap_err();
+        let bad = format!("--steps 8 --seq 32 --lr 1e30 --sample-every 0 {layout}");
+        let error = run(&bad).unwrap_err();
         assert!(
-            error.contains("step ") && error.contains("the loss is") && error.contains("training stops"),
+            error.contains("step ") && error.contains("is not finite") && error.contains("the step updated nothing"),
+            "{layout}: {error}"
+        );
+        let error = run(&format!("{bad} --guard.nonfinite skip --guard.max_skips 2")).unwrap_err();
+        assert!(error.contains("3 steps in a row skipped"), "{layout}: {error}");
+        let error = run(&format!("{bad} --guard.nonfinite off")).unwrap_err();
+        assert!(
+            error.contains("the loss is") && error.contains("training stops"),
             "{layout}: {error}"
         );
     }
