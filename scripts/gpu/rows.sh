@@ -49,7 +49,8 @@
 #                                          TEXT only, e.g. FILTER=kernel_suite WORLD=1)
 #   smoke        [torchao?, megatron-core?] every peer on the tiny presets for 2 steps
 #   guard        [train, generate?]       no silent failure: a llama-1b job past the card refused
-#                                          before it starts and the microbatch it names trained; past
+#                                          before it starts and the microbatch it names trained; the
+#                                          Learner driver on the tiny job; past
 #                                          the card with the check off, the step's typed error (plain
 #                                          and Learner drivers, generate); the gradient check's cost
 #                                          (bench --no-finite-check beside bench, with bench); two
@@ -231,6 +232,7 @@ for mode in "$@"; do
         gpu preflight-48 90 train "${job[@]}" --plain --steps 2 --batch.global 48
         fits=$(sed -n 's/.*at most \([0-9]*\) sequences a microbatch fit.*/\1/p' "$LOG" | head -1)
         [ -n "$fits" ] && gpu "preflight-fits-$fits" 150 train "${job[@]}" --plain --steps 3 --batch.global "$fits"
+        gpu learner-tiny 90 train --config examples/jobs/tiny.toml --device cuda --steps 5
         gpu oom-plain 120 train "${job[@]}" --plain --steps 2 --batch.global 64 --guard.memory false
         gpu oom-learner 120 train "${job[@]}" --steps 2 --batch.global 64 --guard.memory false
         for run in a b; do
