@@ -244,6 +244,22 @@ import json, sys
 runs = [[json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:]]
 print("REPEAT", len(runs[0]), "steps,", "bitwise equal" if runs[0] == runs[1] else f"DIFFER: {runs}")
 PY
+        # The check's cost where no clipping pass pays for it: 40 steps without and with, twice.
+        sed '/clip_grad/d' examples/jobs/llama-1b.toml >"$OUT/noclip.toml"
+        for round in 1 2; do
+          for check in off stop; do
+            gpu "train-check-$check-$round" 120 train --config "$OUT/noclip.toml" --device cuda --plain \
+              --steps 40 --guard.nonfinite "$check" --logging.metrics "$OUT/check-$check-$round.jsonl"
+          done
+        done
+        python3 - "$OUT" <<'PY'
+import json, statistics, sys
+rate = lambda p: statistics.mean(json.loads(l)["tokens_per_s"] for l in list(open(p))[10:] if '"loss"' in l)
+off = [rate(f"{sys.argv[1]}/check-off-{r}.jsonl") for r in (1, 2)]
+on = [rate(f"{sys.argv[1]}/check-stop-{r}.jsonl") for r in (1, 2)]
+print("CHECK tokens/s off", [round(x) for x in off], "on", [round(x) for x in on],
+      f"cost {100 * (1 - statistics.mean(on) / statistics.mean(off)):.2f}%")
+PY
       fi
       needs generate && gpu oom-generate 120 generate --preset llama-1b --device cuda --batch 1024 \
         --prompt-len 2040 --max-new 8
