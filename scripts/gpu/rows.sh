@@ -244,9 +244,10 @@ import json, sys
 runs = [[json.loads(l)["loss"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:]]
 print("REPEAT", len(runs[0]), "steps,", "bitwise equal" if runs[0] == runs[1] else f"DIFFER: {runs}")
 PY
-        # The check's cost where no clipping pass pays for it: 40 steps without and with, twice.
+        # The check's cost where no clipping pass pays for it: 40 steps without and with, ROUNDS
+        # times (2).
         sed '/clip_grad/d' examples/jobs/llama-1b.toml >"$OUT/noclip.toml"
-        for round in 1 2; do
+        for round in $(seq "${ROUNDS:-2}"); do
           for check in off stop; do
             gpu "train-check-$check-$round" 120 train --config "$OUT/noclip.toml" --device cuda --plain \
               --steps 40 --guard.nonfinite "$check" --logging.metrics "$OUT/check-$check-$round.jsonl"
@@ -255,8 +256,9 @@ PY
         python3 - "$OUT" <<'PY'
 import json, statistics, sys
 rate = lambda p: statistics.mean(json.loads(l)["tokens_per_s"] for l in list(open(p))[10:] if '"loss"' in l)
-off = [rate(f"{sys.argv[1]}/check-off-{r}.jsonl") for r in (1, 2)]
-on = [rate(f"{sys.argv[1]}/check-stop-{r}.jsonl") for r in (1, 2)]
+import glob
+off = [rate(p) for p in sorted(glob.glob(f"{sys.argv[1]}/check-off-*.jsonl"))]
+on = [rate(p) for p in sorted(glob.glob(f"{sys.argv[1]}/check-stop-*.jsonl"))]
 print("CHECK tokens/s off", [round(x) for x in off], "on", [round(x) for x in on],
       f"cost {100 * (1 - statistics.mean(on) / statistics.mean(off)):.2f}%")
 PY
