@@ -229,12 +229,12 @@ for mode in "$@"; do
     guard)
       job=(--config examples/jobs/llama-1b.toml --device cuda)
       if needs train; then
-        gpu preflight-48 90 train "${job[@]}" --plain --steps 2 --batch.global 48
+        gpu preflight-96 90 train "${job[@]}" --plain --steps 2 --batch.global 96
         fits=$(sed -n 's/.*at most \([0-9]*\) sequences a microbatch fit.*/\1/p' "$LOG" | head -1)
         [ -n "$fits" ] && gpu "preflight-fits-$fits" 150 train "${job[@]}" --plain --steps 3 --batch.global "$fits"
         gpu learner-tiny 90 train --config examples/jobs/tiny.toml --device cuda --steps 5
-        gpu oom-plain 120 train "${job[@]}" --plain --steps 2 --batch.global 64 --guard.memory false
-        gpu oom-learner 120 train "${job[@]}" --steps 2 --batch.global 64 --guard.memory false
+        gpu oom-plain 120 train "${job[@]}" --plain --steps 2 --batch.global 128 --guard.memory false
+        gpu oom-learner 120 train "${job[@]}" --steps 2 --batch.global 128 --guard.memory false
         for run in a b; do
           gpu "repeat-$run" 120 train "${job[@]}" --plain --steps 20 --model.layers 4 \
             --logging.metrics "$OUT/repeat-$run.jsonl"
