@@ -209,8 +209,9 @@ impl Moe {
         };
         let [b, s, d] = to_router.dims();
         let routing = self.router.forward(to_router.reshape([b * s, d]), b)?;
-        // This etp group's part of the sequence: all of it at etp = tp.
-        let part = s / tp.size() * etp.size();
+        // This etp group's part of the sequence: all of it at etp = tp (of any length: one
+        // decoding step's token at tp 2 too).
+        let part = s * etp.size() / tp.size();
         let first = tp.group_rank() / etp.size() * part;
         let experts = sequence_part(routing.experts.clone(), b, first..first + part);
         let weights = sequence_part(copy_to_tp(routing.weights.clone(), tp)?, b, first..first + part);
