@@ -16,6 +16,11 @@ pub enum ConfigError {
     SequenceNotDivisible { seq_len: usize, tp: usize },
     #[error("sequence length {seq_len} is longer than the model's {max_seq_len} positions")]
     SequenceTooLong { seq_len: usize, max_seq_len: usize },
+    #[error(
+        "sequence length {seq_len} is past the model's sliding attention window of {window} tokens: \
+         sliding-window attention is built only for sequences within the window"
+    )]
+    SequencePastWindow { seq_len: usize, window: usize },
     #[error("{what} must be at least 1")]
     Zero { what: &'static str },
     #[error("{what} = {size} is past the largest a model may give ({max})")]

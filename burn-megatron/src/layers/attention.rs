@@ -1,5 +1,6 @@
 //! Causal self-attention with heads split over the tensor-parallel group, grouped-query
-//! attention and rotary positions.
+//! attention and rotary positions; optionally biases on q, k and v (Qwen2) and each head's q
+//! and k RMS-normalized before the rotation (Qwen3, `QkNorm`).
 //!
 //! Legend: `b` batch, `s` sequence, `d` d_model, `h` heads on this rank (`n_heads/tp`),
 //! `g` kv heads on this rank (`n_kv_heads/tp`), `k` head_dim.
@@ -26,6 +27,7 @@ use crate::error::{ConfigError, LayerError, divisible};
 use crate::init::ParamInit;
 use crate::layers::context::ContextParallel;
 use crate::layers::heads::repeat_heads;
+use crate::layers::norm::{RmsNorm, RmsNormConfig};
 use crate::layers::residual::{Residual, readers};
 use crate::recompute::recompute;
 
@@ -48,6 +50,17 @@ pub struct ParallelAttentionConfig {
     /// RoPE's frequency scaling (Hugging Face's `rope_type`); none by default.
     #[config(default = "RopeScaling::None")]
     pub rope_scaling: RopeScaling,
+    /// Biases on the q, k and v projections (Qwen2's); none by default.
+    #[config(default = false)]
+    pub qkv_bias: bool,
+    /// Each head's q and k RMS-normalized over the head before the rotation, with this ε
+    /// (Qwen3's `q_norm` and `k_norm`); none by default.
+    #[config(default = "None")]
+    pub qk_norm: Option<f64>,
+    /// Sliding-window attention's window (Mistral's `sliding_window`): sequences no longer than
+    /// it attend exactly as causal attention does, and the plan refuses longer ones.
+    #[config(default = "None")]
+    pub sliding_window: Option<usize>,
     /// The input's and output's layout along the sequence (sequence parallelism: shards).
     #[config(default = "SequenceLayout::Whole")]
     pub sequence: SequenceLayout,
@@ -120,6 +133,7 @@ impl ParallelAttentionConfig {
         let k = self.head_dim();
         let column = |d_output| {
             ColumnParallelLinearConfig::new(self.d_model, d_output)
+                .with_bias(self.qkv_bias)
                 .with_input(ColumnInput::InRegion)
                 .with_output(ColumnOutput::Sharded)
                 .with_gemm(self.gemm)
@@ -139,9 +153,12 @@ impl ParallelAttentionConfig {
             wk: column(self.n_kv_heads * k).init(device, groups, init, &format!("{name}.wk"))?,
             wv: column(self.n_kv_heads * k).init(device, groups, init, &format!("{name}.wv"))?,
             wo: wo.init(device, groups, init, &format!("{name}.wo"))?,
+            q_norm: self.qk_norm.map(|epsilon| head_norm(k, epsilon, device, groups, init)),
+            k_norm: self.qk_norm.map(|epsilon| head_norm(k, epsilon, device, groups, init)),
             n_heads: self.n_heads / tp.size(),
             n_kv_heads: self.n_kv_heads / tp.size(),
             head_dim: k,
+            sliding_window: self.sliding_window,
             sequence: self.sequence,
             rope: Rope::new(k, self.max_seq_len, self.rope_theta, self.rope_scaling, device),
             context: self.context,
@@ -151,6 +168,16 @@ impl ParallelAttentionConfig {
     }
 }
 
+/// The RMSNorm of every head of q (or k), one `[k]` weight for all heads. Each tp rank
+/// normalizes its own heads, so the weight's gradient on a rank is a partial sum: read as a
+/// sequence-sharded norm's weight, it is summed over tp in the backward pass.
+fn head_norm(head_dim: usize, epsilon: f64, device: &Device, groups: &ProcessGroups, init: &ParamInit) -> RmsNorm {
+    RmsNormConfig::new(head_dim)
+        .with_epsilon(epsilon)
+        .with_sequence(SequenceLayout::Sharded)
+        .init(device, groups, init)
+}
+
 /// Causal self-attention over this rank's heads.
 #[derive(Module, Debug)]
 pub struct ParallelAttention {
@@ -158,11 +185,18 @@ pub struct ParallelAttention {
     pub wk: ColumnParallelLinear,
     pub wv: ColumnParallelLinear,
     pub wo: RowParallelLinear,
+    /// Each query head's RMSNorm before the rotation (Qwen3); `None` without.
+    pub q_norm: Option<RmsNorm>,
+    /// Each key head's RMSNorm before the rotation (Qwen3); `None` without.
+    pub k_norm: Option<RmsNorm>,
     /// Heads on this rank.
     pub n_heads: usize,
     /// Key/value heads on this rank.
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// Sliding-window attention's window, which no sequence it attends over may pass.
+    #[module(skip)]
+    pub sliding_window: Option<usize>,
     #[module(skip)]
     pub sequence: SequenceLayout,
     #[module(skip)]
@@ -203,7 +237,9 @@ impl ParallelAttention {
     /// `[b, s, d]` (or its sequence shard) → `[b, s, h·k]`
     fn core(&self, x: Tensor<3>, stream: Option<&Residual>) -> Result<Tensor<3>, LayerError> {
         let products = [&self.wq, &self.wk].map(|w| w.plain_product().is_some());
-        if !(self.rotates_in_attention() && products == [true, true]) {
+        // The heads' norms come between the product and the rotation.
+        let norms = self.q_norm.is_some() || self.k_norm.is_some();
+        if norms || !(self.rotates_in_attention() && products == [true, true]) {
             let (q, k, v) = self.project(x, stream)?;
             return attend(&self.wo, self.heads(), q, k, v);
         }
@@ -289,13 +325,35 @@ impl ParallelAttention {
         let shared = Some(Arc::new(SharedInput::default()));
         let project = |w: &ColumnParallelLinear, x| w.forward_sharing(x, shared.as_ref());
         let (q, k) = (
-            self.heads_of(project(&self.wq, xq)?, self.n_heads),
-            self.heads_of(project(&self.wk, xk)?, self.n_kv_heads),
+            self.norm_queries(self.heads_of(project(&self.wq, xq)?, self.n_heads))?,
+            self.norm_keys(self.heads_of(project(&self.wk, xk)?, self.n_kv_heads))?,
         );
         let v = self.heads_of(project(&self.wv, xv)?, self.n_kv_heads);
         match self.rotates_in_attention() {
             true => Ok((q, k, v)),
             false => Ok((self.rope(q, &self.wq), self.rope(k, &self.wk), v)),
+        }
+    }
+
+    /// Each query head RMS-normalized where the layer has q's norm, before the rotation.
+    ///
+    /// # Shapes
+    /// `[.., k]` → the same (heads as `[b, h, s, k]` or decoding's `[b, h, k]`)
+    pub fn norm_queries<const D: usize>(&self, q: Tensor<D>) -> Result<Tensor<D>, LayerError> {
+        match &self.q_norm {
+            Some(norm) => norm.forward(q),
+            None => Ok(q),
+        }
+    }
+
+    /// Each key head RMS-normalized where the layer has k's norm, before the rotation.
+    ///
+    /// # Shapes
+    /// as [`norm_queries`](Self::norm_queries)
+    pub fn norm_keys<const D: usize>(&self, k: Tensor<D>) -> Result<Tensor<D>, LayerError> {
+        match &self.k_norm {
+            Some(norm) => norm.forward(k),
+            None => Ok(k),
         }
     }
 

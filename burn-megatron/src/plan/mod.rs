@@ -46,6 +46,11 @@ pub trait PlannedModel {
 
     /// The longest sequence the model's positions cover.
     fn max_seq_len(&self) -> usize;
+    /// Sliding-window attention's window, past which a sequence would not attend as causal
+    /// attention does; `None`: no window.
+    fn attention_window(&self) -> Option<usize> {
+        None
+    }
 
     /// The blocks pipeline stages split (none: the model cannot be split into stages).
     fn blocks(&self) -> Option<usize> {
@@ -114,6 +119,9 @@ impl ParallelPlan {
         }
         if seq_len > max_seq_len {
             return Err(ConfigError::SequenceTooLong { seq_len, max_seq_len });
+        }
+        if let Some(window) = config.attention_window().filter(|w| seq_len > *w) {
+            return Err(ConfigError::SequencePastWindow { seq_len, window });
         }
         // Each cp rank holds 2 of the sequence's 2·cp chunks; sequence parallelism splits those.
         let cp = self.dims.cp;

@@ -68,12 +68,16 @@ pub struct MoeBlocks {
     /// Blocks `0, every, 2·every, …` are MoE blocks (Megatron's `moe_layer_freq`); 1: all.
     #[config(default = 1)]
     pub every: usize,
+    /// The first blocks stay dense whatever `every` says (DeepSeek-V3's
+    /// `first_k_dense_replace`); 0: none.
+    #[config(default = 0)]
+    pub first_dense: usize,
 }
 
 impl MoeBlocks {
     /// Whether block `i` is a MoE block.
     pub fn holds(&self, i: usize) -> bool {
-        i.is_multiple_of(self.every.max(1))
+        i >= self.first_dense && i.is_multiple_of(self.every.max(1))
     }
 }
 

@@ -48,6 +48,10 @@ impl PlannedModel for LlamaConfig {
         self.attention.max_seq_len
     }
 
+    fn attention_window(&self) -> Option<usize> {
+        self.attention.sliding_window
+    }
+
     fn blocks(&self) -> Option<usize> {
         Some(self.n_layers)
     }

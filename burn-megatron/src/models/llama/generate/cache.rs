@@ -67,6 +67,13 @@ impl KvCache {
             }
             .into());
         }
+        if let Some(window) = attention.sliding_window.filter(|w| capacity > *w) {
+            return Err(ConfigError::SequencePastWindow {
+                seq_len: capacity,
+                window,
+            }
+            .into());
+        }
         let dtype = model.embedding.weight.val().dtype();
         let shape = [batch, attention.n_kv_heads, capacity, attention.head_dim];
         let layer = || LayerCache {
@@ -247,8 +254,10 @@ fn attend_cached(
     let [b, s, _] = x.dims();
     let (h, g, k) = (a.n_heads, a.n_kv_heads, a.head_dim);
     let heads = |y: Tensor<3>, n: usize| y.reshape([b, s, n, k]).swap_dims(1, 2);
-    let q = a.rope.apply_from(heads(a.wq.forward(x.clone())?, h), start); // [b, h, s, k]
-    let new_k = a.rope.apply_from(heads(a.wk.forward(x.clone())?, g), start); // [b, g, s, k]
+    let q = a.norm_queries(heads(a.wq.forward(x.clone())?, h))?;
+    let q = a.rope.apply_from(q, start); // [b, h, s, k]
+    let new_k = a.norm_keys(heads(a.wk.forward(x.clone())?, g))?;
+    let new_k = a.rope.apply_from(new_k, start); // [b, g, s, k]
     let new_v = heads(a.wv.forward(x)?, g);
     let t = start + s;
     // The cache moved in, so nothing else holds its buffers: written in place.

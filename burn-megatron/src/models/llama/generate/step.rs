@@ -49,8 +49,14 @@ fn attend_step(
         let width = y.dims()[2];
         y.reshape([b, width])
     };
-    let q = rows(a.wq.forward(x.clone())?);
-    let new_k = rows(a.wk.forward(x.clone())?);
+    // Each head RMS-normalized before the kernels rotate it, where the layer says.
+    let heads = |y: Tensor<3>, n: usize| y.reshape([b, n, a.head_dim]);
+    let q = rows(
+        a.norm_queries(heads(a.wq.forward(x.clone())?, a.n_heads))?
+            .reshape([b, 1, a.n_heads * a.head_dim]),
+    );
+    let new_k = a.norm_keys(heads(a.wk.forward(x.clone())?, a.n_kv_heads))?;
+    let new_k = rows(new_k.reshape([b, 1, a.n_kv_heads * a.head_dim]));
     let new_v = rows(a.wv.forward(x)?);
     let tables = a.rope.tables();
     // The cache moved in, so nothing else holds its buffers: appended in place.
