@@ -157,7 +157,7 @@ fn matches_transformers(h: &Harness, name: &str) {
                 let norm = squares.into_scalar::<f64>().sqrt();
                 let (hf_name, want) = norms
                     .iter()
-                    .find(|(n, _)| hf::our_path(n).as_deref() == Some(info.path.as_str()))
+                    .find(|(n, _)| hf::our_path(hf::Family::Llama, n).as_deref() == Some(info.path.as_str()))
                     .unwrap_or_else(|| panic!("{what}: no transformers gradient for {}", info.path));
                 let want = want.as_f64().unwrap();
                 // Gradients take the reordered sums through the backward pass too; a norm
@@ -446,22 +446,4 @@ pub fn config_mismatching_the_model_is_refused(_h: &Harness) {
             other => panic!("expected a {field} mismatch, got {:?}", other.map(|_| ())),
         }
     }
-}
-
-/// Writes the llama3 fixture, loaded at tp 2 and exported in `dtype`, to `out`: the input of
-/// `tests/fixtures/hf/check_export.py`, which opens it with transformers.
-pub fn write_export(out: &Path, dtype: ExportDType) {
-    let src = fixture("llama3");
-    let h = Harness::cpu(2);
-    h.run(ParallelDims::tp_dp(2, 1), |ctx| {
-        let (model, config) = loaded(&src, &ctx.groups, &ctx.device, false);
-        hf::save(
-            out,
-            &model,
-            &config,
-            &ctx.groups,
-            &ExportOptions::new().with_dtype(dtype),
-        )
-        .unwrap();
-    });
 }

@@ -11,6 +11,7 @@ pub mod comm_suite;
 pub mod context_suite;
 pub mod data;
 pub mod distill_suite;
+pub mod family_suite;
 pub mod fuzz;
 pub mod gguf_writer;
 pub mod gpu;
@@ -104,6 +105,10 @@ macro_rules! for_each_hf_test {
     ($callback:ident!($($args:tt)*)) => {
         $crate::$callback! { $($args)*; hf_suite:
             llama2_matches_transformers, llama3_matches_transformers }
+        $crate::$callback! { $($args)*; family_suite:
+            mistral_matches_transformers, qwen2_matches_transformers, qwen3_matches_transformers,
+            mixtral_matches_transformers, qwen3_moe_matches_transformers,
+            families_generate_as_transformers }
     };
 }
 

@@ -176,7 +176,7 @@ pub fn gguf_dequantizes_every_block(h: &Harness) {
         for (info, value) in param_infos(&one).iter().zip(param_values(&one)) {
             let hf_name = fixture_tensors()
                 .keys()
-                .find(|n| hf::our_path(n).as_deref() == Some(info.path.as_str()))
+                .find(|n| hf::our_path(hf::Family::Llama, n).as_deref() == Some(info.path.as_str()))
                 .cloned()
                 .unwrap();
             let stored = &want[&hf_name];

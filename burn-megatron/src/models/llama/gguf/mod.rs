@@ -27,7 +27,7 @@ use std::path::Path;
 use burn::tensor::{Tensor, TensorData};
 use burn_megatron_dist::ProcessGroups;
 
-use super::hf::{HfConfig, HfError};
+use super::hf::{Choices, Family, HfConfig, HfError};
 use crate::layers::RopeScaling;
 use crate::models::llama::{Llama, LlamaConfig};
 use crate::params::{map_params, param_infos, param_values};
@@ -92,6 +92,8 @@ fn hf_config(file: &GgufFile) -> Result<HfConfig, GgufError> {
         None => file.get("tokenizer.ggml.tokens")?.as_list().map_or(0, <[Value]>::len),
     };
     Ok(HfConfig {
+        family: Family::Llama,
+        choices: Choices::default(),
         hidden_size: d,
         intermediate_size: size("feed_forward_length")?,
         num_hidden_layers: size("block_count")?,
@@ -165,7 +167,7 @@ fn unpermute(values: &[f32], rows: usize, cols: usize, head_dim: usize) -> Vec<f
 pub fn load(path: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, GgufError> {
     let file = GgufFile::open(path)?;
     let config = hf_config(&file)?;
-    config.check_model(&model, groups.tp.size())?;
+    config.check_model(&model, groups)?;
     let infos = param_infos(&model);
     let shapes: Vec<Vec<usize>> = param_values(&model).into_iter().map(|p| p.dims).collect();
     let (tp, tp_rank) = (groups.tp.size(), groups.tp.group_rank());

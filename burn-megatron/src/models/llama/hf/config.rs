@@ -1,20 +1,28 @@
 //! `config.json`: read in transformers 4.x's layout (`rope_theta`, `rope_scaling`) or 5.x's
 //! (`rope_parameters` holding `rope_theta`, `rope_type` and the scaling fields), refusing by
 //! name every field whose value this model does not build; written in 5.x's layout with the
-//! fields transformers needs to open it.
+//! fields transformers needs to open it. What each family adds to the Llama's fields is its
+//! own file's (`family/`).
 
 use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use super::family::{Choices, Family, HfMoe};
 use super::{HfError, format_error, io};
 use crate::layers::RopeScaling;
-use crate::models::llama::{Llama, LlamaConfig, WordEmbeddings};
+use crate::layers::moe::{MoeConfig, RouterConfig};
+use crate::models::llama::{Llama, LlamaConfig, MoeBlocks, WordEmbeddings};
+use burn_megatron_dist::ProcessGroups;
 
-/// What this model reads of a Hugging Face Llama `config.json`, checked.
+/// What this model reads of a Hugging Face `config.json`, checked.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HfConfig {
+    /// The family the file names (`model_type`).
+    pub family: Family,
+    /// What the family chooses beyond the Llama's sizes and rope.
+    pub choices: Choices,
     pub hidden_size: usize,
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
@@ -30,11 +38,11 @@ pub struct HfConfig {
 }
 
 /// The file as transformers writes it; absent fields take transformers' `LlamaConfig` defaults.
+/// The fields after `rope_parameters` are the families' own (`family/`).
 #[derive(Deserialize)]
-struct Raw {
+pub(super) struct Raw {
     model_type: Option<String>,
     hidden_size: usize,
-    intermediate_size: usize,
     num_hidden_layers: usize,
     num_attention_heads: usize,
     num_key_value_heads: Option<usize>,
@@ -49,12 +57,24 @@ struct Raw {
     #[serde(default = "default_act")]
     hidden_act: String,
     #[serde(default)]
-    attention_bias: bool,
-    #[serde(default)]
     mlp_bias: bool,
     rope_theta: Option<f64>,
     rope_scaling: Option<Map<String, Value>>,
     rope_parameters: Option<Map<String, Value>>,
+    #[serde(default)]
+    pub attention_bias: bool,
+    pub sliding_window: Option<usize>,
+    pub use_sliding_window: Option<bool>,
+    pub layer_types: Option<Vec<String>>,
+    pub num_local_experts: Option<usize>,
+    pub num_experts: Option<usize>,
+    pub num_experts_per_tok: Option<usize>,
+    pub moe_intermediate_size: Option<usize>,
+    pub norm_topk_prob: Option<bool>,
+    pub decoder_sparse_step: Option<usize>,
+    pub mlp_only_layers: Option<Vec<usize>>,
+    pub router_jitter_noise: Option<f64>,
+    pub intermediate_size: usize,
 }
 
 fn default_positions() -> usize {
@@ -79,18 +99,9 @@ impl HfConfig {
     /// Parses and checks `text`, the contents of `path`.
     pub fn parse(text: &str, path: &Path) -> Result<Self, HfError> {
         let raw: Raw = serde_json::from_str(text).map_err(|e| format_error(path, e))?;
-        if let Some(model_type) = raw.model_type.as_deref().filter(|t| *t != "llama") {
-            return Err(unsupported("model_type", model_type, "only Llama is built"));
-        }
+        let family = Family::of_model_type(raw.model_type.as_deref().unwrap_or("llama"))?;
         if raw.hidden_act != "silu" {
             return Err(unsupported("hidden_act", &raw.hidden_act, "the MLP is SwiGLU (silu)"));
-        }
-        if raw.attention_bias {
-            return Err(unsupported(
-                "attention_bias",
-                true,
-                "attention projections have no bias",
-            ));
         }
         if raw.mlp_bias {
             return Err(unsupported("mlp_bias", true, "MLP projections have no bias"));
@@ -110,6 +121,8 @@ impl HfConfig {
         }
         let (rope_theta, rope_scaling) = rope(&raw, path)?;
         Self {
+            family,
+            choices: (family.spec().read)(&raw)?,
             hidden_size: raw.hidden_size,
             intermediate_size: raw.intermediate_size,
             num_hidden_layers: raw.num_hidden_layers,
@@ -155,25 +168,63 @@ impl HfConfig {
             true => WordEmbeddings::Tied,
             false => WordEmbeddings::Untied,
         };
+        let choices = &self.choices;
+        config.attention.qkv_bias = choices.qkv_bias;
+        // The heads' norms take the model's ε (transformers' `Qwen3RMSNorm(head_dim, rms_norm_eps)`).
+        config.attention.qk_norm = choices.qk_norm.then_some(self.rms_norm_eps);
+        config.attention.sliding_window = choices.sliding_window;
+        config.moe = choices.moe.map(|moe| {
+            let router = RouterConfig::new(self.hidden_size, moe.experts, moe.top_k).with_normalize(moe.normalize);
+            MoeBlocks::new(MoeConfig::new(router, moe.expert_size))
+        });
         config
     }
 
-    /// The configuration of `config`'s model (planned or not: the vocabulary is the unpadded one).
-    pub fn from_llama(config: &LlamaConfig) -> Self {
-        Self {
-            hidden_size: config.attention.d_model,
-            intermediate_size: config.mlp.d_ff,
+    /// The configuration of `config`'s model (planned or not: the vocabulary is the unpadded
+    /// one), as the family that builds its choices ([`Family::of_choices`]); a choice no family
+    /// here writes (a MoE block that is not every block, shared experts, sigmoid routing, …) is
+    /// refused by name.
+    pub fn from_llama(config: &LlamaConfig) -> Result<Self, HfError> {
+        let moe = match &config.moe {
+            Some(blocks) => Some(hf_moe(blocks)?),
+            None => None,
+        };
+        let attention = &config.attention;
+        let choices = Choices {
+            qkv_bias: attention.qkv_bias,
+            qk_norm: attention.qk_norm.is_some(),
+            sliding_window: attention.sliding_window,
+            moe,
+        };
+        if let Some(epsilon) = attention.qk_norm.filter(|e| *e != config.norm.epsilon) {
+            return Err(unsupported(
+                "rms_norm_eps",
+                config.norm.epsilon,
+                &format!("the heads' norms have ε {epsilon}: Hugging Face's share the model's"),
+            ));
+        }
+        let family = Family::of_choices(&choices)?;
+        // Mixtral's `intermediate_size` is its experts'; it has no dense block.
+        let intermediate_size = match (family, &choices.moe) {
+            (Family::Mixtral, Some(moe)) => moe.expert_size,
+            _ => config.mlp.d_ff,
+        };
+        Ok(Self {
+            family,
+            choices,
+            hidden_size: attention.d_model,
+            intermediate_size,
             num_hidden_layers: config.n_layers,
-            num_attention_heads: config.attention.n_heads,
-            num_key_value_heads: config.attention.n_kv_heads,
-            head_dim: config.attention.head_dim(),
+            num_attention_heads: attention.n_heads,
+            num_key_value_heads: attention.n_kv_heads,
+            head_dim: attention.head_dim(),
             vocab_size: config.embedding.vocab_size,
-            max_position_embeddings: config.attention.max_seq_len,
-            rope_theta: config.attention.rope_theta,
-            rope_scaling: config.attention.rope_scaling,
+            max_position_embeddings: attention.max_seq_len,
+            rope_theta: attention.rope_theta,
+            rope_scaling: attention.rope_scaling,
             rms_norm_eps: config.norm.epsilon,
             tie_word_embeddings: config.word_embeddings == WordEmbeddings::Tied,
-        }
+        })
     }
 
     /// `config.json` as transformers 5.x writes it, for weights stored in `dtype` (`float32`,
@@ -205,12 +256,10 @@ impl HfConfig {
                 );
             }
         }
-        json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "attention_bias": false,
+        let mut json = json!({
+            "architectures": [self.family.architecture()],
+            "model_type": self.family.model_type(),
             "attention_dropout": 0.0,
-            "mlp_bias": false,
             "hidden_act": "silu",
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -227,12 +276,16 @@ impl HfConfig {
             "torch_dtype": dtype,
             "dtype": dtype,
             "use_cache": true,
-        })
+        });
+        let fields = json.as_object_mut().expect("an object");
+        (self.family.spec().write)(self, fields);
+        json
     }
 
-    /// Checks this configuration against `model`, built at `tp`: every size, the heads, the
-    /// vocabulary, tied or not, the rope and the norm's ε.
-    pub fn check_model(&self, model: &Llama, tp: usize) -> Result<(), HfError> {
+    /// Checks this configuration against `model`, built over `groups`: every size, the heads,
+    /// the vocabulary, tied or not, the rope, the norm's ε, and the family's layer choices
+    /// (q/k/v biases, the heads' norms, the experts).
+    pub fn check_model(&self, model: &Llama, groups: &ProcessGroups) -> Result<(), HfError> {
         let mismatch = |field: &'static str, checkpoint: String, model: String| {
             if checkpoint == model {
                 Ok(())
@@ -244,14 +297,7 @@ impl HfConfig {
                 })
             }
         };
-        if model.layers.iter().any(|layer| layer.moe.is_some()) {
-            return Err(HfError::Unsupported {
-                field: "model_type",
-                value: "llama".into(),
-                detail: "this model has mixture-of-experts blocks; a Hugging Face Llama's blocks are dense".into(),
-            });
-        }
-        let s = |v: usize| v.to_string();
+        let (s, tp) = (|v: usize| v.to_string(), groups.tp.size());
         let [_, d] = model.embedding.weight.dims();
         mismatch("hidden_size", s(self.hidden_size), s(d))?;
         mismatch("vocab_size", s(self.vocab_size), s(model.embedding.vocab_size))?;
@@ -267,7 +313,7 @@ impl HfConfig {
             self.rms_norm_eps.to_string(),
             model.norm.epsilon.to_string(),
         )?;
-        if let Some(layer) = model.layers.first() {
+        for layer in &model.layers {
             let attention = &layer.attention;
             mismatch(
                 "num_attention_heads",
@@ -280,8 +326,10 @@ impl HfConfig {
                 s(attention.n_kv_heads * tp),
             )?;
             mismatch("head_dim", s(self.head_dim), s(attention.head_dim))?;
-            let [_, f] = layer.mlp.as_ref().map_or([0, 0], |mlp| mlp.w1.weight.dims());
-            mismatch("intermediate_size", s(self.intermediate_size), s(f * tp))?;
+            if let Some(mlp) = &layer.mlp {
+                let [_, f] = mlp.w1.weight.dims();
+                mismatch("intermediate_size", s(self.intermediate_size), s(f * tp))?;
+            }
             mismatch(
                 "rope_theta",
                 self.rope_theta.to_string(),
@@ -292,9 +340,68 @@ impl HfConfig {
                 format!("{:?}", self.rope_scaling),
                 format!("{:?}", attention.rope.scaling()),
             )?;
+            let choices = &self.choices;
+            let bias = attention.wq.bias.is_some();
+            mismatch("q/k/v biases", choices.qkv_bias.to_string(), bias.to_string())?;
+            let norms = attention.q_norm.is_some();
+            mismatch("q/k norms", choices.qk_norm.to_string(), norms.to_string())?;
+            let experts = layer.moe.as_ref().map(|moe| HfMoe {
+                experts: moe.n_experts,
+                top_k: moe.router.settings.top_k,
+                expert_size: moe.experts.w1.dims()[2] * groups.etp.size(),
+                normalize: moe.router.settings.normalize,
+            });
+            mismatch(
+                "mixture of experts",
+                format!("{:?}", choices.moe),
+                format!("{experts:?}"),
+            )?;
         }
         Ok(())
     }
+}
+
+/// A model's MoE blocks as a Hugging Face family's experts: every block, softmax routing, no
+/// shared experts, bias or group limit; anything else refused by name.
+fn hf_moe(blocks: &MoeBlocks) -> Result<HfMoe, HfError> {
+    let router = &blocks.layer.router;
+    let refuse = |what: &str, value: String| {
+        Err(unsupported(
+            "model_type",
+            value,
+            &format!("the MoE families written (Mixtral, Qwen3-MoE) have no {what}"),
+        ))
+    };
+    if blocks.every != 1 || blocks.first_dense != 0 {
+        return refuse(
+            "dense blocks",
+            format!("every {}, first {} dense", blocks.every, blocks.first_dense),
+        );
+    }
+    if let Some(f) = blocks.layer.shared_d_ff {
+        return refuse("shared experts", format!("a shared expert of {f}"));
+    }
+    if router.scoring != crate::layers::moe::Scoring::Softmax {
+        return refuse("sigmoid routing", format!("{:?} scoring", router.scoring));
+    }
+    if router.expert_bias || router.group_limit.is_some() || router.scaling != 1.0 {
+        return refuse(
+            "expert bias, group-limited routing or weight scaling",
+            format!(
+                "bias {}, groups {:?}, scaling {}",
+                router.expert_bias, router.group_limit, router.scaling
+            ),
+        );
+    }
+    if let Some(capacity) = &blocks.layer.capacity {
+        return refuse("expert capacity", format!("{capacity:?}"));
+    }
+    Ok(HfMoe {
+        experts: router.n_experts,
+        top_k: router.top_k,
+        expert_size: blocks.layer.d_ff,
+        normalize: router.normalize,
+    })
 }
 
 /// θ and the scaling, from `rope_parameters` (5.x) or `rope_theta` and `rope_scaling` (4.x).
@@ -397,7 +504,7 @@ mod tests {
         .unwrap();
         let text = config.to_json("float32").to_string();
         assert_eq!(parse(&text).unwrap(), config);
-        assert_eq!(HfConfig::from_llama(&config.to_llama()), config);
+        assert_eq!(HfConfig::from_llama(&config.to_llama()).unwrap(), config);
     }
 
     #[test]
@@ -409,29 +516,88 @@ mod tests {
         assert!(err.to_string().contains("low_freq_factor"), "{err}");
     }
 
-    /// A model with mixture-of-experts blocks is no Hugging Face Llama: checking it against a
-    /// Llama config (as load and export do) is a typed error naming why.
+    /// A mixture of experts no family here writes (sigmoid routing with an expert bias,
+    /// DeepSeek-V3's) is refused by name; softmax top-k renormalized is Mixtral, with the heads'
+    /// norms Qwen3-MoE.
     #[test]
-    fn a_mixture_of_experts_is_refused() {
-        use burn_megatron_dist::ProcessGroups;
-
-        use crate::init::{InitMode, ParamInit};
+    fn experts_are_written_as_the_family_that_has_them() {
+        use crate::layers::moe::Scoring;
         use crate::models::llama::recipes;
-        let config = recipes::tiny_moe().model;
-        let hf = HfConfig::from_llama(&config);
-        let model = config
-            .init(
-                &burn::tensor::Device::flex(),
-                &ProcessGroups::single(),
-                &ParamInit::new(0, InitMode::Full),
-            )
-            .unwrap();
-        match hf.check_model(&model, 1) {
+        let mut config = recipes::tiny_moe().model;
+        let moe = config.moe.as_mut().unwrap();
+        moe.layer.router.normalize = true;
+        moe.layer.router.aux_loss = 1e-2;
+        assert_eq!(HfConfig::from_llama(&config).unwrap().family, Family::Mixtral);
+        config.attention.qk_norm = Some(config.norm.epsilon);
+        assert_eq!(HfConfig::from_llama(&config).unwrap().family, Family::Qwen3Moe);
+        let router = &mut config.moe.as_mut().unwrap().layer.router;
+        (router.scoring, router.expert_bias) = (Scoring::Sigmoid, true);
+        match HfConfig::from_llama(&config) {
             Err(HfError::Unsupported { field, detail, .. }) => {
                 assert_eq!(field, "model_type");
-                assert!(detail.contains("mixture-of-experts"), "{detail}");
+                assert!(detail.contains("sigmoid"), "{detail}");
             }
             other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    /// Each family's own fields read back as they are written, the MoE ones with their experts.
+    #[test]
+    fn every_family_reads_back_its_export() {
+        let moe = Some(HfMoe {
+            experts: 4,
+            top_k: 2,
+            expert_size: 32,
+            normalize: true,
+        });
+        for (family, choices) in [
+            (Family::Llama, Choices::default()),
+            (
+                Family::Mistral,
+                Choices {
+                    sliding_window: Some(32),
+                    ..Choices::default()
+                },
+            ),
+            (
+                Family::Qwen2,
+                Choices {
+                    qkv_bias: true,
+                    ..Choices::default()
+                },
+            ),
+            (
+                Family::Qwen3,
+                Choices {
+                    qk_norm: true,
+                    sliding_window: Some(8),
+                    ..Choices::default()
+                },
+            ),
+            (
+                Family::Mixtral,
+                Choices {
+                    moe,
+                    ..Choices::default()
+                },
+            ),
+            (
+                Family::Qwen3Moe,
+                Choices {
+                    qk_norm: true,
+                    moe,
+                    ..Choices::default()
+                },
+            ),
+        ] {
+            let mut config = parse(&format!(r#"{{{SIZES}}}"#)).unwrap();
+            (config.family, config.choices) = (family, choices);
+            if family == Family::Mixtral {
+                config.intermediate_size = 32;
+            }
+            let back = parse(&config.to_json("float32").to_string()).unwrap();
+            assert_eq!(back, config, "{family:?}");
+            assert_eq!(HfConfig::from_llama(&config.to_llama()).unwrap(), config, "{family:?}");
         }
     }
 }

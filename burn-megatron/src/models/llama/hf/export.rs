@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::compressed::{Compression, is_block_linear, scale_names};
 use super::config::HfConfig;
-use super::{HfError, format_error, hf_name, io, is_vocab};
+use super::{HfError, file_tensor, format_error, io, is_vocab};
 use crate::models::llama::{Llama, LlamaConfig};
 use crate::params::{param_infos, param_values};
 use crate::precision::delayed::is_history;
@@ -82,6 +82,9 @@ struct Entry {
     name: String,
     transposed: bool,
     split_dim: Option<usize>,
+    /// The expert of a stack of experts this tensor is (`[e, ..]` of ours, one tensor an expert
+    /// in the file).
+    expert: Option<usize>,
     /// Its shape in the file, Hugging Face's `[out, in]`, the vocabulary unpadded.
     shape: Vec<usize>,
 }
@@ -126,8 +129,8 @@ fn write_checkpoint(
     options: &ExportOptions,
     compressed: Compressed,
 ) -> Result<(), HfError> {
-    let hf = HfConfig::from_llama(config);
-    hf.check_model(model, groups.tp.size())?;
+    let hf = HfConfig::from_llama(config)?;
+    hf.check_model(model, groups)?;
     let tp = groups.tp.size();
     let infos = param_infos(model);
     let values = param_values(model);
@@ -137,28 +140,39 @@ fn write_checkpoint(
         if is_history(&info.path) {
             continue;
         }
-        let (name, transposed) = hf_name(&info.path).ok_or_else(|| HfError::Incompatible {
+        let file = file_tensor(hf.family, &info.path).ok_or_else(|| HfError::Incompatible {
             name: info.path.clone(),
             detail: "no Hugging Face name".into(),
         })?;
         let mut shape = p.dims.clone();
         if let Some(d) = info.split_dim {
-            shape[d] *= tp;
+            shape[d] *= if info.expert { groups.etp.size() } else { tp };
         }
-        if transposed {
+        let experts = match file.per_expert {
+            true => {
+                // One tensor an expert: the stack's dim 0 is gone, the experts whole.
+                let experts = shape.remove(0) * groups.ep.size();
+                (0..experts).map(Some).collect()
+            }
+            false => vec![None],
+        };
+        if file.transposed {
             shape.reverse();
         }
         if is_vocab(&info.path) {
             shape[0] = hf.vocab_size;
         }
-        entries.push(Entry {
-            index,
-            path: info.path.clone(),
-            name,
-            transposed,
-            split_dim: info.split_dim,
-            shape,
-        });
+        for expert in experts {
+            entries.push(Entry {
+                index,
+                path: info.path.clone(),
+                name: expert.map_or(file.name.clone(), |j| file.name.replace("{j}", &j.to_string())),
+                transposed: file.transposed,
+                split_dim: info.split_dim,
+                expert,
+                shape: shape.clone(),
+            });
+        }
     }
     let codes = |entry: &Entry| compressed.is_some() && is_block_linear(&entry.path);
     // Shards in traversal order, each as full as the limit allows.
@@ -183,12 +197,23 @@ fn write_checkpoint(
         std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     }
     let mut failed: Option<HfError> = None;
+    let mut stack = Vec::new();
     let mut weight_map = BTreeMap::new();
     let mut total_size = 0usize;
     for (i, shard) in shards.iter().enumerate() {
         let mut tensors: Vec<Stored> = Vec::with_capacity(shard.len());
         for entry in shard {
-            let whole = gather(&values[entry.index], entry.split_dim, groups)?;
+            let whole = match entry.expert {
+                // The whole stack once, at its first expert; each expert a slice of it.
+                Some(j) => {
+                    if j == 0 {
+                        stack = gather_experts(&values[entry.index], entry.split_dim, groups)?;
+                    }
+                    let n = entry.shape.iter().product::<usize>();
+                    stack[j * n..(j + 1) * n].to_vec()
+                }
+                None => gather(&values[entry.index], entry.split_dim, groups)?,
+            };
             if !writer || failed.is_some() {
                 continue;
             }
@@ -317,6 +342,29 @@ fn gather(
         None => p.value.clone(),
     };
     Ok(whole
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .expect("f32 values"))
+}
+
+/// A whole stack of experts in f32 (`[e, ..]`, our layout) on every rank: gathered over etp
+/// along its hidden `split_dim`, then over ep along the experts.
+fn gather_experts(
+    p: &crate::params::ParamValue,
+    split_dim: Option<usize>,
+    groups: &ProcessGroups,
+) -> Result<Vec<f32>, CommError> {
+    let shape = &p.dims;
+    let [e, a, b] = [shape[0], shape[1], shape[2]];
+    let mut value = p.value.clone().reshape([e, a, b]);
+    if let Some(dim) = split_dim {
+        value = groups.etp.all_gather(value, dim)?;
+    }
+    let whole = groups.ep.all_gather(value, 0)?;
+    let n = whole.shape().num_elements();
+    Ok(whole
+        .reshape([n])
         .into_data()
         .convert::<f32>()
         .try_into_vec::<f32>()

@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use super::compressed::{Compression, Input, is_block_linear, scale_names};
 use super::config::read_config;
-use super::{HfError, format_error, hf_name, io, is_vocab};
+use super::{FileTensor, HfError, file_tensor, format_error, io, is_vocab};
 use crate::models::llama::{Llama, WordEmbeddings};
 use crate::models::llama::{Site, linear_mut};
 use crate::params::{map_params, param_infos, param_values};
@@ -121,6 +121,59 @@ impl Checkpoint {
         Ok(out)
     }
 
+    /// This rank's part of a stack of experts, `local` `[e/ep, ..]`, from one tensor an expert
+    /// (`file.name` with `{j}` the expert): its ep rank's experts, of each its etp rank's slice
+    /// of the hidden features along our `split_dim` (2 for the gate and up projections' `[d, f]`,
+    /// 1 for the down projection's `[f, d]`). Each name read goes into `used`.
+    fn read_experts(
+        &self,
+        file: &FileTensor,
+        local: &[usize],
+        split_dim: Option<usize>,
+        groups: &ProcessGroups,
+        used: &mut BTreeSet<String>,
+    ) -> Result<Vec<f32>, HfError> {
+        let (experts, one) = (local[0], &local[1..]);
+        let dim = split_dim.map_or(0, |d| d - 1);
+        let parts = if split_dim.is_some() { groups.etp.size() } else { 1 };
+        let start = groups.etp.group_rank() * one[dim] * usize::from(split_dim.is_some());
+        let first = groups.ep.group_rank() * experts;
+        let mut out = Vec::with_capacity(local.iter().product());
+        // The other ep ranks read their experts: none of them is left over.
+        used.extend((0..experts * groups.ep.size()).map(|j| file.name.replace("{j}", &j.to_string())));
+        for j in first..first + experts {
+            let name = file.name.replace("{j}", &j.to_string());
+            let incompatible = |detail: String| HfError::Incompatible {
+                name: name.clone(),
+                detail,
+            };
+            let stored = self
+                .tensors
+                .get(&name)
+                .ok_or_else(|| incompatible("an expert's tensor is not in the checkpoint".into()))?;
+            if !matches!(stored.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+                return Err(incompatible(format!("unsupported dtype {:?}", stored.dtype)));
+            }
+            let global: Vec<usize> = match file.transposed {
+                true => stored.shape.iter().rev().copied().collect(),
+                false => stored.shape.clone(),
+            };
+            let fits = global.len() == one.len()
+                && global.iter().zip(one).enumerate().all(|(d, (g, l))| match d == dim {
+                    true => *g == l * parts,
+                    false => g == l,
+                });
+            if !fits {
+                return Err(incompatible(format!(
+                    "stored {:?}: it does not fit an expert's local shape {one:?} over {parts} ranks",
+                    stored.shape
+                )));
+            }
+            out.extend(self.read_local(stored, file.transposed, one, dim, start));
+        }
+        Ok(out)
+    }
+
     /// This rank's part of `t` for a parameter of local shape `local`, split along our `dim`
     /// from `start`; `transposed`: `t` is stored `[out, in]` and ours is `[in, out]`. Along the
     /// split dim, positions past the stored tensor (vocabulary padding) are zeros.
@@ -172,7 +225,7 @@ impl Checkpoint {
 /// each one's input quantizer as its `quantization_config` says.
 pub fn load(dir: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, HfError> {
     let config = read_config(dir)?;
-    config.check_model(&model, groups.tp.size())?;
+    config.check_model(&model, groups)?;
     let config_path = dir.join("config.json");
     let raw = std::fs::read_to_string(&config_path).map_err(|e| io(&config_path, e))?;
     let raw: serde_json::Value = serde_json::from_str(&raw).map_err(|e| format_error(&config_path, e))?;
@@ -195,7 +248,18 @@ pub fn load(dir: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, H
             name: info.path.clone(),
             detail,
         };
-        let (name, transposed) = hf_name(&info.path).ok_or_else(|| incompatible("no Hugging Face name".into()))?;
+        let file = file_tensor(config.family, &info.path).ok_or_else(|| incompatible("no Hugging Face name".into()))?;
+        if file.per_expert {
+            values.push(Some(checkpoint.read_experts(
+                &file,
+                local,
+                info.split_dim,
+                groups,
+                &mut used,
+            )?));
+            continue;
+        }
+        let FileTensor { name, transposed, .. } = file;
         let stored = checkpoint
             .tensors
             .get(&name)

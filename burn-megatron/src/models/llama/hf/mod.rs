@@ -1,4 +1,5 @@
-//! Hugging Face Llama checkpoints: `config.json` plus `model.safetensors`, or shards listed in
+//! Hugging Face checkpoints of the families in `family/` (Llama, Mistral, Qwen2, Qwen3, Mixtral,
+//! Qwen3-MoE): `config.json` plus `model.safetensors`, or shards listed in
 //! `model.safetensors.index.json`.
 //!
 //! - [`config`] builds our [`LlamaConfig`] from `config.json` (transformers 4.x's `rope_theta` +
@@ -14,17 +15,20 @@
 //!
 //! Names and layouts: Hugging Face stores linear weights as `[out, in]`, Burn as `[in, out]`, so
 //! every projection is transposed on the way; both rotate the two halves of each head, so q and k
-//! need no permutation. Tied word embeddings are one tensor, `model.embed_tokens.weight`.
+//! need no permutation. Tied word embeddings are one tensor, `model.embed_tokens.weight`. A MoE
+//! block's experts are one `[e, ..]` stack of ours and one tensor an expert in the file.
 
 mod compressed;
 mod config;
 mod export;
+mod family;
 mod load;
 mod tokenizer;
 
 pub use compressed::{Compression, Input};
 pub use config::{HfConfig, config, read_config};
 pub use export::{ExportDType, ExportOptions, save, save_quantized};
+pub use family::{Choices, Family, HfMoe};
 pub use load::load;
 pub use tokenizer::tokenizer;
 
@@ -84,32 +88,73 @@ fn format_error(path: &Path, detail: impl ToString) -> HfError {
     }
 }
 
-/// Our parameter path → (Hugging Face name, whether the weight is transposed).
-fn hf_name(path: &str) -> Option<(String, bool)> {
+/// Where one of our parameters lies in a family's file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct FileTensor {
+    /// Its name; for a stack of experts, expert `{j}`'s tensor's, `{j}` standing for the expert.
+    name: String,
+    /// Stored `[out, in]` where ours is `[in, out]` (each expert's, for a stack).
+    transposed: bool,
+    /// Ours is an `[e, ..]` stack of experts, one tensor an expert in the file.
+    per_expert: bool,
+}
+
+/// A block's tensors every family names alike: ours, theirs under `model.layers.{i}.`, whether
+/// transposed.
+const BLOCK: [(&str, &str, bool); 14] = [
+    ("attention_norm.weight", "input_layernorm.weight", false),
+    ("mlp_norm.weight", "post_attention_layernorm.weight", false),
+    ("attention.wq.weight", "self_attn.q_proj.weight", true),
+    ("attention.wk.weight", "self_attn.k_proj.weight", true),
+    ("attention.wv.weight", "self_attn.v_proj.weight", true),
+    ("attention.wo.weight", "self_attn.o_proj.weight", true),
+    ("attention.wq.bias", "self_attn.q_proj.bias", false),
+    ("attention.wk.bias", "self_attn.k_proj.bias", false),
+    ("attention.wv.bias", "self_attn.v_proj.bias", false),
+    ("attention.q_norm.weight", "self_attn.q_norm.weight", false),
+    ("attention.k_norm.weight", "self_attn.k_norm.weight", false),
+    ("mlp.w1.weight", "mlp.gate_proj.weight", true),
+    ("mlp.w2.weight", "mlp.down_proj.weight", true),
+    ("mlp.w3.weight", "mlp.up_proj.weight", true),
+];
+
+/// A block's tensors under `family`'s names: [`BLOCK`] and its MoE block's router and experts
+/// (ours, theirs, transposed, one tensor an expert).
+fn block_names(family: Family) -> impl Iterator<Item = (&'static str, &'static str, bool, bool)> {
+    let dense = BLOCK.into_iter().map(|(ours, theirs, t)| (ours, theirs, t, false));
+    let moe = family.spec().moe.as_ref().into_iter().flat_map(|names| {
+        [
+            ("moe.router.weight", names.router, true, false),
+            ("moe.experts.w1", names.gate, true, true),
+            ("moe.experts.w2", names.down, true, true),
+            ("moe.experts.w3", names.up, true, true),
+        ]
+    });
+    dense.chain(moe)
+}
+
+/// Where our parameter `path` lies in `family`'s file.
+fn file_tensor(family: Family, path: &str) -> Option<FileTensor> {
     let fixed = match path {
-        "embedding.weight" => Some(("model.embed_tokens.weight".to_string(), false)),
-        "norm.weight" => Some(("model.norm.weight".to_string(), false)),
-        "output.weight" => Some(("lm_head.weight".to_string(), true)),
+        "embedding.weight" => Some(("model.embed_tokens.weight", false)),
+        "norm.weight" => Some(("model.norm.weight", false)),
+        "output.weight" => Some(("lm_head.weight", true)),
         _ => None,
     };
-    if fixed.is_some() {
-        return fixed;
+    if let Some((name, transposed)) = fixed {
+        return Some(FileTensor {
+            name: name.to_string(),
+            transposed,
+            per_expert: false,
+        });
     }
-    let rest = path.strip_prefix("layers.")?;
-    let (index, field) = rest.split_once('.')?;
-    let (name, transposed) = match field {
-        "attention_norm.weight" => ("input_layernorm.weight", false),
-        "mlp_norm.weight" => ("post_attention_layernorm.weight", false),
-        "attention.wq.weight" => ("self_attn.q_proj.weight", true),
-        "attention.wk.weight" => ("self_attn.k_proj.weight", true),
-        "attention.wv.weight" => ("self_attn.v_proj.weight", true),
-        "attention.wo.weight" => ("self_attn.o_proj.weight", true),
-        "mlp.w1.weight" => ("mlp.gate_proj.weight", true),
-        "mlp.w2.weight" => ("mlp.down_proj.weight", true),
-        "mlp.w3.weight" => ("mlp.up_proj.weight", true),
-        _ => return None,
-    };
-    Some((format!("model.layers.{index}.{name}"), transposed))
+    let (index, field) = path.strip_prefix("layers.")?.split_once('.')?;
+    let (_, theirs, transposed, per_expert) = block_names(family).find(|(ours, ..)| *ours == field)?;
+    Some(FileTensor {
+        name: format!("model.layers.{index}.{theirs}"),
+        transposed,
+        per_expert,
+    })
 }
 
 /// Whether our parameter `path` has the vocabulary along its split dim (padded to tp).
@@ -117,9 +162,10 @@ fn is_vocab(path: &str) -> bool {
     matches!(path, "embedding.weight" | "output.weight")
 }
 
-/// Our parameter path of a Hugging Face name (the inverse of the mapping above), for tests and
-/// tools that compare with transformers by name.
-pub fn our_path(hf: &str) -> Option<String> {
+/// Our parameter path of a name in `family`'s file (the inverse of the mapping above, a stack of
+/// experts named with `*` for the expert: `model.layers.0.mlp.experts.*.gate_proj.weight`), for
+/// tests and tools that compare with transformers by name.
+pub fn our_path(family: Family, hf: &str) -> Option<String> {
     let fixed = match hf {
         "model.embed_tokens.weight" => Some("embedding.weight"),
         "model.norm.weight" => Some("norm.weight"),
@@ -129,20 +175,8 @@ pub fn our_path(hf: &str) -> Option<String> {
     if let Some(path) = fixed {
         return Some(path.to_string());
     }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (index, field) = rest.split_once('.')?;
-    let ours = match field {
-        "input_layernorm.weight" => "attention_norm.weight",
-        "post_attention_layernorm.weight" => "mlp_norm.weight",
-        "self_attn.q_proj.weight" => "attention.wq.weight",
-        "self_attn.k_proj.weight" => "attention.wk.weight",
-        "self_attn.v_proj.weight" => "attention.wv.weight",
-        "self_attn.o_proj.weight" => "attention.wo.weight",
-        "mlp.gate_proj.weight" => "mlp.w1.weight",
-        "mlp.down_proj.weight" => "mlp.w2.weight",
-        "mlp.up_proj.weight" => "mlp.w3.weight",
-        _ => return None,
-    };
+    let (index, field) = hf.strip_prefix("model.layers.")?.split_once('.')?;
+    let (ours, ..) = block_names(family).find(|(_, theirs, ..)| theirs.replace("{j}", "*") == field)?;
     Some(format!("layers.{index}.{ours}"))
 }
 
@@ -158,10 +192,21 @@ mod tests {
             "output.weight",
             "layers.3.attention_norm.weight",
             "layers.0.attention.wk.weight",
+            "layers.0.attention.wk.bias",
+            "layers.0.attention.k_norm.weight",
             "layers.1.mlp.w2.weight",
         ] {
-            let (hf, _) = hf_name(path).unwrap();
-            assert_eq!(our_path(&hf).as_deref(), Some(path));
+            let file = file_tensor(Family::Qwen3, path).unwrap();
+            assert_eq!(our_path(Family::Qwen3, &file.name).as_deref(), Some(path));
         }
+        for path in ["layers.1.moe.router.weight", "layers.0.moe.experts.w2"] {
+            let file = file_tensor(Family::Mixtral, path).unwrap();
+            let stack = file.name.replace("{j}", "*");
+            assert_eq!(our_path(Family::Mixtral, &stack).as_deref(), Some(path), "{file:?}");
+        }
+        let down = file_tensor(Family::Qwen3Moe, "layers.2.moe.experts.w2").unwrap();
+        assert_eq!(down.name, "model.layers.2.mlp.experts.{j}.down_proj.weight");
+        assert!(down.per_expert && down.transposed);
+        assert_eq!(file_tensor(Family::Llama, "layers.0.moe.router.weight"), None);
     }
 }

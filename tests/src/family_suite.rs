@@ -1,0 +1,363 @@
+//! The model families beside Llama against transformers: the fixtures `make_family_fixtures.py`
+//! wrote with transformers 5.25 (Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE; `tests/fixtures/hf/`)
+//! loaded at the harness's tp, with and without sequence parallelism, the MoE families also with
+//! their experts over ep; against transformers' loss, logits, every gradient norm and greedy
+//! generation; exported and read back bit for bit; and what a family cannot build refused by
+//! name.
+//!
+//! Legend: `b` batch, `s` sequence, `v` vocabulary (99), `v'` this rank's padded share.
+
+use std::path::Path;
+
+use burn::tensor::Device;
+use burn_megatron::init::{InitMode, ParamInit};
+use burn_megatron::models::llama::generate::{GenerateConfig, Sampling, generate};
+use burn_megatron::models::llama::hf::{self, ExportDType, ExportOptions, HfError};
+use burn_megatron::models::llama::{Llama, LlamaConfig};
+use burn_megatron::params::{param_grads, param_infos};
+use burn_megatron::plan::{ParallelPlan, TensorParallel};
+use burn_megatron::{ConfigError, LayerError};
+use burn_megatron_dist::{ParallelDims, ProcessGroups, ReduceOp};
+use serde_json::Value;
+
+use crate::Harness;
+use crate::hf_suite::{batch, expected, fixture};
+
+const SEQ: usize = 16;
+const VOCAB: usize = 99;
+
+/// How a fixture is laid out over the harness's ranks.
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    /// tp over every rank, plain or with sequence parallelism (a MoE block's experts split
+    /// along their hidden features over tp, every rank holding every expert).
+    Tensor { sp: bool },
+    /// tp with sequence parallelism over every rank and the experts over the same ranks (ep,
+    /// each expert whole: etp 1).
+    Experts,
+}
+
+impl Layout {
+    fn dims(self, world: usize) -> ParallelDims {
+        match self {
+            Self::Tensor { .. } => ParallelDims::tp_dp(world, 1),
+            Self::Experts => ParallelDims {
+                ep: world,
+                etp: Some(1),
+                ..ParallelDims::tp_dp(world, 1)
+            },
+        }
+    }
+
+    fn tensor(self) -> TensorParallel {
+        match self {
+            Self::Tensor { sp: false } => TensorParallel::Plain,
+            _ => TensorParallel::SequenceParallel,
+        }
+    }
+}
+
+/// The fixture's configuration planned for `layout` over `world` ranks.
+fn planned(dir: &Path, layout: Layout, world: usize) -> LlamaConfig {
+    let dims = layout.dims(world);
+    let config = hf::config(dir).expect("the fixture's config builds");
+    ParallelPlan::new(dims)
+        .with_tensor(layout.tensor())
+        .apply(config, dims.world_size(), SEQ)
+        .unwrap()
+}
+
+/// The fixture loaded into a model planned for `layout`, initialized from another seed first
+/// (every value must come from the checkpoint).
+fn loaded(dir: &Path, layout: Layout, groups: &ProcessGroups, device: &Device) -> (Llama, LlamaConfig) {
+    let config = planned(dir, layout, groups.world.size());
+    let model = config
+        .init(device, groups, &ParamInit::new(11, InitMode::Full))
+        .unwrap();
+    (hf::load(dir, model, groups).unwrap(), config)
+}
+
+fn max_abs(values: impl Iterator<Item = f64>) -> f64 {
+    values.fold(0.0, |m, v| m.max(v.abs()))
+}
+
+/// Fixture `name` at `layout`: the loss, the logits and every gradient's norm against
+/// transformers'.
+fn matches_at(h: &Harness, name: &str, layout: Layout) {
+    let (dir, expected) = (fixture(name), expected(name));
+    let family = hf::read_config(&dir).unwrap().family;
+    h.run(layout.dims(h.world), |ctx| {
+        let dev = ctx.device.clone().autodiff();
+        let g = &ctx.groups;
+        let (model, _) = loaded(&dir, layout, g, &dev);
+        let (ids, targets) = batch(&expected, &dev);
+        let (logits, _) = model.forward_report(ids).unwrap(); // [b, s, v']
+        let loss = model.loss.forward(logits.clone(), targets).unwrap();
+        let grads = loss.backward();
+        let what = format!("{name} {layout:?} world {}", h.world);
+
+        // transformers' f32 sums in another order, as for the Llama fixtures (hf_suite): measured
+        // up to 2e-7 relative in the loss; 1e-5. Without the q/k norms (or the biases) the loss
+        // moves by more than 1e-2, so the test sees a missing layer choice.
+        let loss = loss.into_scalar::<f64>();
+        let want = expected["loss"].as_f64().unwrap();
+        assert!((loss - want).abs() <= 1e-5 * want, "{what}: loss {loss} vs {want}");
+
+        // Under sequence parallelism each rank's logits are its tokens' whole vocabulary share.
+        let logits = g.tp.all_gather(logits.detach(), 2).unwrap().narrow(2, 0, VOCAB); // [b, s, v]
+        let ours = logits.into_data().convert::<f64>().try_into_vec::<f64>().unwrap();
+        let theirs: Vec<f64> = expected["logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|b| b.as_array().unwrap().iter())
+            .flat_map(|s| s.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()))
+            .collect();
+        assert_eq!(ours.len(), theirs.len(), "{what}: logits");
+        let scale = max_abs(theirs.iter().copied());
+        let worst = max_abs(ours.iter().zip(&theirs).map(|(a, b)| a - b));
+        // The same reordered f32 sums element by element (hf_suite measured 1.5e-6 of the
+        // largest logit); 1e-5 of it.
+        assert!(
+            worst <= 1e-5 * scale,
+            "{what}: logits differ by {worst:e} (scale {scale:e})"
+        );
+
+        let norms = expected["grad_norms"].as_object().unwrap();
+        let infos = param_infos(&model);
+        assert_eq!(infos.len(), norms.len(), "{what}: parameters {infos:?}");
+        for (info, grad) in infos.iter().zip(param_grads(&model, &grads)) {
+            let grad = grad.expect("every parameter takes part in the loss");
+            let mut squares = grad.clone().mul(grad).sum();
+            // A split parameter's squares summed over its ranks: experts over etp and ep, the
+            // rest over tp.
+            if info.expert {
+                squares = g.etp.all_reduce(squares, ReduceOp::Sum).unwrap();
+                squares = g.ep.all_reduce(squares, ReduceOp::Sum).unwrap();
+            } else if info.tp_split {
+                squares = g.tp.all_reduce(squares, ReduceOp::Sum).unwrap();
+            }
+            let norm = squares.into_scalar::<f64>().sqrt();
+            let (file_name, want) = norms
+                .iter()
+                .find(|(n, _)| hf::our_path(family, n).as_deref() == Some(info.path.as_str()))
+                .unwrap_or_else(|| panic!("{what}: no transformers gradient for {}", info.path));
+            let want = want.as_f64().unwrap();
+            // The reordered sums through the backward pass, a norm averaging their rounding
+            // (hf_suite measured 6e-7 relative); 1e-5.
+            assert!(
+                (norm - want).abs() <= 1e-5 * want,
+                "{what}: |grad {file_name}| {norm} vs {want}"
+            );
+        }
+    });
+}
+
+/// Fixture `name` at tp over every rank, plain and with sequence parallelism; a MoE family's
+/// also with its experts over ep.
+fn matches_transformers(h: &Harness, name: &str) {
+    for sp in [false, true] {
+        matches_at(h, name, Layout::Tensor { sp });
+    }
+    if hf::read_config(&fixture(name)).unwrap().choices.moe.is_some() {
+        matches_at(h, name, Layout::Experts);
+    }
+}
+
+/// Mistral: grouped-query attention within a window longer than the batch's sequences.
+pub fn mistral_matches_transformers(h: &Harness) {
+    matches_transformers(h, "mistral");
+}
+
+/// Qwen2: biases on q, k and v (split over tp with their columns), tied embeddings.
+pub fn qwen2_matches_transformers(h: &Harness) {
+    matches_transformers(h, "qwen2");
+}
+
+/// Qwen3: each head's q and k RMS-normalized before the rotation (one weight for every head,
+/// its gradient summed over the tp ranks' heads), heads wider than the model's width allows.
+pub fn qwen3_matches_transformers(h: &Harness) {
+    matches_transformers(h, "qwen3");
+}
+
+/// Mixtral: 4 experts a block, softmax top 2 renormalized, read from the file's per-expert
+/// tensors into our stacks.
+pub fn mixtral_matches_transformers(h: &Harness) {
+    matches_transformers(h, "mixtral");
+}
+
+/// Qwen3-MoE: Qwen3's attention with experts of their own hidden size.
+pub fn qwen3_moe_matches_transformers(h: &Harness) {
+    matches_transformers(h, "qwen3_moe");
+}
+
+/// Every family's greedy generation after the fixture's prompt, through the KV cache (prefill,
+/// then decoding steps), is transformers' `generate` token for token, at tp over every rank.
+pub fn families_generate_as_transformers(h: &Harness) {
+    for name in FAMILIES {
+        let (dir, expected) = (fixture(name), expected(name));
+        let tokens = |key: &str| -> Vec<u32> {
+            let values = expected[key].as_array().unwrap();
+            values.iter().map(|v| v.as_u64().unwrap() as u32).collect()
+        };
+        let (prompt, want) = (tokens("prompt"), tokens("greedy"));
+        let outputs = h.run(h.tp_world(), |ctx| {
+            let (model, _) = loaded(&dir, Layout::Tensor { sp: false }, &ctx.groups, &ctx.device);
+            let config = GenerateConfig {
+                max_new_tokens: want.len(),
+                sampling: Sampling::Greedy,
+                stop: Vec::new(),
+                pad: 0,
+                seed: 0,
+                graphs: false,
+            };
+            let prompts = [prompt.clone()];
+            generate(&model, &ctx.groups.tp, &prompts, &config, &ctx.device)
+                .unwrap()
+                .tokens
+        });
+        for tokens in outputs {
+            assert_eq!(tokens, std::slice::from_ref(&want), "{name} at tp {}", h.world);
+        }
+    }
+}
+
+/// The fixtures of `make_family_fixtures.py`.
+const FAMILIES: [&str; 5] = ["mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"];
+
+/// Every family loaded at tp over every rank (a MoE family's experts over ep) and exported in
+/// f32: the same tensors as the fixture's file bit for bit, under the same names, and a
+/// `config.json` that reads back as the fixture's.
+pub fn families_export_round_trip(h: &Harness) {
+    for name in FAMILIES {
+        let dir = fixture(name);
+        let moe = hf::read_config(&dir).unwrap().choices.moe.is_some();
+        let layout = if moe {
+            Layout::Experts
+        } else {
+            Layout::Tensor { sp: true }
+        };
+        let out = std::env::temp_dir().join(format!("burn-megatron-family-export-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&out);
+        h.run(layout.dims(h.world), |ctx| {
+            let (model, config) = loaded(&dir, layout, &ctx.groups, &ctx.device);
+            hf::save(&out, &model, &config, &ctx.groups, &ExportOptions::new()).unwrap();
+        });
+        assert_eq!(
+            hf::read_config(&out).unwrap(),
+            hf::read_config(&dir).unwrap(),
+            "{name}: config.json"
+        );
+        let (theirs, ours) = (
+            std::fs::read(dir.join("model.safetensors")).unwrap(),
+            std::fs::read(out.join("model.safetensors")).unwrap(),
+        );
+        let (theirs, ours) = (
+            safetensors::SafeTensors::deserialize(&theirs).unwrap(),
+            safetensors::SafeTensors::deserialize(&ours).unwrap(),
+        );
+        let mut names = ours.names();
+        names.sort();
+        let mut want = theirs.names();
+        want.sort();
+        assert_eq!(names, want, "{name}: tensor names");
+        for tensor in names {
+            let (a, b) = (ours.tensor(tensor).unwrap(), theirs.tensor(tensor).unwrap());
+            assert_eq!((a.shape(), a.dtype()), (b.shape(), b.dtype()), "{name}: {tensor}");
+            assert!(a.data() == b.data(), "{name}: {tensor} differs");
+        }
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
+
+/// Writes fixture `name` (any of `tests/fixtures/hf/`), loaded at tp 2 (its experts over ep 2)
+/// and exported in `dtype`, to `out`: the input of `tests/fixtures/hf/check_export.py`, which
+/// opens it with transformers.
+pub fn write_export(out: &Path, name: &str, dtype: ExportDType) {
+    let dir = fixture(name);
+    let moe = hf::read_config(&dir).unwrap().choices.moe.is_some();
+    let layout = if moe {
+        Layout::Experts
+    } else {
+        Layout::Tensor { sp: false }
+    };
+    Harness::cpu(2).run(layout.dims(2), |ctx| {
+        let (model, config) = loaded(&dir, layout, &ctx.groups, &ctx.device);
+        let options = ExportOptions::new().with_dtype(dtype);
+        hf::save(out, &model, &config, &ctx.groups, &options).unwrap();
+    });
+}
+
+/// What a family cannot build is a typed error naming it: a Qwen3-MoE with dense blocks
+/// between its MoE ones, Mixtral's router noise, an unknown `model_type`, Qwen3's
+/// `attention_bias` (which biases the output projection too); and a Mistral trained or decoding
+/// past its sliding window.
+pub fn families_refuse_what_they_cannot_build(_h: &Harness) {
+    let read = |name: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(fixture(name).join("config.json")).unwrap()).unwrap()
+    };
+    type Edit = fn(&mut Value);
+    let cases: [(&str, &str, Edit); 5] = [
+        ("qwen3_moe", "decoder_sparse_step", |c| {
+            c["decoder_sparse_step"] = 2.into()
+        }),
+        ("qwen3_moe", "mlp_only_layers", |c| {
+            c["mlp_only_layers"] = serde_json::json!([0])
+        }),
+        ("mixtral", "router_jitter_noise", |c| {
+            c["router_jitter_noise"] = 0.1.into()
+        }),
+        ("qwen3", "model_type", |c| c["model_type"] = "gemma3".into()),
+        ("qwen3", "attention_bias", |c| c["attention_bias"] = true.into()),
+    ];
+    for (i, (name, field, edit)) in cases.into_iter().enumerate() {
+        let mut config = read(name);
+        edit(&mut config);
+        let dir = std::env::temp_dir().join(format!("burn-megatron-family-refused-{i}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        match hf::config(&dir) {
+            Err(HfError::Unsupported { field: f, .. }) if f == field => {}
+            other => panic!("case {i}: expected {field} refused, got {other:?}"),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // The fixture's window is 32 tokens: 64-token sequences are refused by the plan, a cache
+    // of 40 positions by generation.
+    let config = hf::config(&fixture("mistral")).unwrap();
+    let dims = ParallelDims::tp_dp(1, 1);
+    match ParallelPlan::new(dims).apply(config.clone(), 1, 64) {
+        Err(ConfigError::SequencePastWindow {
+            seq_len: 64,
+            window: 32,
+        }) => {}
+        other => panic!("expected the window to refuse 64 tokens, got {:?}", other.map(|_| ())),
+    }
+    let groups = ProcessGroups::single();
+    let dev = Device::flex();
+    let model = config.init(&dev, &groups, &ParamInit::new(1, InitMode::Full)).unwrap();
+    let generated = generate(
+        &model,
+        &groups.tp,
+        &[vec![1; 30]],
+        &GenerateConfig {
+            max_new_tokens: 10,
+            sampling: Sampling::Greedy,
+            stop: Vec::new(),
+            pad: 0,
+            seed: 0,
+            graphs: false,
+        },
+        &dev,
+    );
+    match generated {
+        Err(LayerError::Config(ConfigError::SequencePastWindow {
+            seq_len: 40,
+            window: 32,
+        })) => {}
+        other => panic!(
+            "expected the window to refuse 40 positions, got {:?}",
+            other.map(|_| ())
+        ),
+    }
+}
