@@ -35,6 +35,11 @@ fn families_export_round_trip() {
 }
 
 #[test]
+fn families_train_as_on_one_rank() {
+    family_suite::families_train_as_on_one_rank(&Harness::cpu(4));
+}
+
+#[test]
 fn families_refuse_what_they_cannot_build() {
     family_suite::families_refuse_what_they_cannot_build(&Harness::cpu(1));
 }
