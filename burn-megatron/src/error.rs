@@ -115,7 +115,9 @@ pub enum ConfigError {
     DecodingContextParallel,
     #[error("learning-rate schedule: {detail}")]
     Schedule { detail: String },
-    #[error("unknown preset {0:?}: expected tiny, tiny-moe, llama-1b, llama-1b-32k, moe-4b, llama-8b or smollm2-135m")]
+    #[error(
+        "unknown preset {0:?}: expected tiny, tiny-moe, llama-1b, llama-1b-32k, moe-4b, llama-8b, smollm2-135m, qwen3-1.7b or qwen3-moe-2b"
+    )]
     UnknownPreset(String),
 }
 

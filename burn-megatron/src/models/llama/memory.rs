@@ -7,7 +7,8 @@
 //!
 //! Per token a block keeps, in the activations' dtype: the two norms' inputs and outputs (`4h`,
 //! over tp under sequence parallelism), q, k and v, the attention's output, the MLP's gate, up
-//! and their product (each over tp); selective recomputation drops the attention's output and
+//! and their product (each over tp), q and k before their heads' norms where the attention has
+//! them; selective recomputation drops the attention's output and
 //! the MLP's product, a block recomputed whole keeps its input alone. A MoE block keeps each of a
 //! token's `top_k` copies' input, gate, up and product, and the router's logits. For llama-1b
 //! (bf16, batch 4 × 2048) this gives 9.3 GiB of activations and 14.3 GiB of fixed state; one
@@ -92,7 +93,11 @@ impl LlamaConfig {
         };
         // Elements a token keeps in block `i`, whole.
         let block_kept = |i: usize| -> f64 {
-            let attention = (4.0 * h / sp).floor() + ((2.0 * q + 2.0 * kv) / tp).floor();
+            let mut attention = (4.0 * h / sp).floor() + ((2.0 * q + 2.0 * kv) / tp).floor();
+            // The heads' norms keep q and k before them too.
+            if a.qk_norm.is_some() {
+                attention += ((q + kv) / tp).floor();
+            }
             let mlp = match moe(i) {
                 Some(m) => {
                     let k = n(m.layer.router.top_k);

@@ -2,7 +2,7 @@
 
 use burn_megatron_dist::ParallelDims;
 
-use super::model::{LlamaConfig, MoeBlocks};
+use super::model::{LlamaConfig, MoeBlocks, WordEmbeddings};
 use crate::error::ConfigError;
 use crate::layers::moe::{MoeConfig, RouterConfig};
 use crate::plan::{ParallelPlan, TensorParallel};
@@ -44,8 +44,7 @@ pub fn tiny() -> LlamaRecipe {
 /// over 3 kv heads, ffn 1536, vocab 49152, RoPE θ 1e5, tied embeddings, 8192 positions;
 /// trained at seq 2048, batch 8.
 pub fn smollm2_135m() -> LlamaRecipe {
-    let mut model =
-        LlamaConfig::llama(49152, 576, 30, 9, 3, 1536, 8192).with_word_embeddings(super::model::WordEmbeddings::Tied);
+    let mut model = LlamaConfig::llama(49152, 576, 30, 9, 3, 1536, 8192).with_word_embeddings(WordEmbeddings::Tied);
     model.attention.rope_theta = 1e5;
     LlamaRecipe {
         name: "smollm2-135m",
@@ -86,6 +85,46 @@ pub fn llama_8b() -> LlamaRecipe {
     }
 }
 
+/// Qwen3-1.7B's shape (`examples/bench/peers/hf_families.py`'s `qwen3-1.7b`): hidden 2048, 28 layers,
+/// 16 heads of 128 over 8 kv heads with each head's q/k RMSNorm, ffn 6144, vocab 151936, tied
+/// embeddings, RoPE θ 1e6, RMSNorm ε 1e-6, 4096 positions; seq 2048, batch 4.
+pub fn qwen3_1_7b() -> LlamaRecipe {
+    let mut model = LlamaConfig::llama(151936, 2048, 28, 16, 8, 6144, 4096).with_word_embeddings(WordEmbeddings::Tied);
+    qwen3_attention(&mut model);
+    LlamaRecipe {
+        name: "qwen3-1.7b",
+        model,
+        seq_len: 2048,
+        batch_size: 4,
+    }
+}
+
+/// `hf_families.py`'s `qwen3-moe-2b`: hidden 1536, 16 layers, 16 heads of 128 over 4 kv heads with
+/// q/k RMSNorm, every block 64 experts of hidden size 512, top 8 renormalized, no
+/// load-balancing loss (the peer's `router_aux_loss_coef` 0), vocab 32768, untied, RoPE θ 1e6,
+/// ε 1e-6, 4096 positions; seq 2048, batch 4.
+pub fn qwen3_moe_2b() -> LlamaRecipe {
+    let mut model = LlamaConfig::llama(32768, 1536, 16, 16, 4, 4096, 4096);
+    model.attention.head_dim = Some(128);
+    qwen3_attention(&mut model);
+    let router = RouterConfig::new(1536, 64, 8).with_normalize(true);
+    model.moe = Some(MoeBlocks::new(MoeConfig::new(router, 512)));
+    LlamaRecipe {
+        name: "qwen3-moe-2b",
+        model,
+        seq_len: 2048,
+        batch_size: 4,
+    }
+}
+
+/// Qwen3's attention and norms on `model`: RoPE θ 1e6, RMSNorm ε 1e-6, each head's q and k
+/// RMS-normalized with it.
+fn qwen3_attention(model: &mut LlamaConfig) {
+    model.attention.rope_theta = 1e6;
+    model.norm.epsilon = 1e-6;
+    model.attention.qk_norm = Some(1e-6);
+}
+
 /// `model` with every block's feed-forward a mixture of `experts` SwiGLU experts of hidden
 /// size `d_ff`, top `k`: softmax scores in f32, the k weights renormalized, the Switch
 /// load-balancing loss at 1e-2, dropless (the peers' MoE, `examples/bench/peers/torch_moe.py`).
@@ -117,8 +156,8 @@ pub fn moe_4b() -> LlamaRecipe {
     }
 }
 
-/// A preset by name: `tiny`, `tiny-moe`, `llama-1b`, `llama-1b-32k`, `moe-4b`, `llama-8b` or
-/// `smollm2-135m`.
+/// A preset by name: `tiny`, `tiny-moe`, `llama-1b`, `llama-1b-32k`, `moe-4b`, `llama-8b`,
+/// `smollm2-135m`, `qwen3-1.7b` or `qwen3-moe-2b`.
 pub fn preset(name: &str) -> Result<LlamaRecipe, ConfigError> {
     match name {
         "tiny" => Ok(tiny()),
@@ -128,6 +167,8 @@ pub fn preset(name: &str) -> Result<LlamaRecipe, ConfigError> {
         "moe-4b" => Ok(moe_4b()),
         "llama-8b" => Ok(llama_8b()),
         "smollm2-135m" => Ok(smollm2_135m()),
+        "qwen3-1.7b" => Ok(qwen3_1_7b()),
+        "qwen3-moe-2b" => Ok(qwen3_moe_2b()),
         other => Err(ConfigError::UnknownPreset(other.to_string())),
     }
 }
