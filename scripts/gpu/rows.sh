@@ -31,6 +31,8 @@
 #   curves-torch [shakespeare.txt; torchao] the same in PyTorch: bf16 and torchao float8 tensorwise
 #   moe          [bench; megatron-core?]   moe-4b beside PyTorch's grouped_mm MoE + compile (and
 #                                          Megatron Core's MoE)
+#   families     [bench]                   qwen3-1.7b and qwen3-moe-2b beside transformers + compile
+#                                          (hf_families.py)
 #   context      [bench]                   llama-1b-32k at cp 1 beside PyTorch at cp 1 + compile; on
 #                                          two GPUs also cp 2 beside PyTorch's context parallelism
 #   decode       [generate]                decode speed (CUDA graph, and --eager) beside transformers'
@@ -152,6 +154,12 @@ for mode in "$@"; do
       ours moe-4b 150 --preset moe-4b "${ROW[@]}"
       peer torch-moe 200 moe-4b moe
       wheel megatron_core && peer megatron-moe 200 moe-4b megatron-moe
+      ;;
+    families)
+      for preset in qwen3-1.7b qwen3-moe-2b; do
+        ours "$preset" 180 --preset "$preset" "${ROW[@]}"
+        peer "hf-$preset" 300 "$preset" hf
+      done
       ;;
     context)
       ours llama-1b-32k-cp1 240 --preset llama-1b-32k "${ROW[@]}"
