@@ -353,7 +353,7 @@ pub fn refused_config_fields(_h: &Harness) {
     type Edit = fn(&mut Value);
     let cases: [(&str, Value, Edit); 7] = [
         ("rope_type", base.clone(), |c| {
-            c["rope_parameters"]["rope_type"] = "yarn".into()
+            c["rope_parameters"]["rope_type"] = "longrope".into()
         }),
         ("rope_type", base_v4.clone(), |c| {
             c["rope_scaling"] = serde_json::json!({"type": "dynamic", "factor": 2.0})

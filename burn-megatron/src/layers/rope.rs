@@ -11,6 +11,23 @@ use burn_megatron_kernels::quant::notes::NoteAmaxes;
 /// one (Hugging Face's `rope_type`, computed as transformers' `ROPE_INIT_FUNCTIONS` do).
 #[derive(Config, Debug, Copy, PartialEq)]
 pub enum RopeScaling {
+    /// YaRN (`yarn`: Qwen's long contexts, DeepSeek-V3): each frequency interpolated by
+    /// `factor` or kept, along a linear ramp between the pairs that turn `beta_fast` and
+    /// `beta_slow` times over `original_max_position_embeddings` positions (the ramp's ends
+    /// rounded out when `truncate`), and the cos/sin tables scaled by
+    /// [`attention_factor`](Self::attention_factor).
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: usize,
+        beta_fast: f64,
+        beta_slow: f64,
+        /// The attention factor given, else derived from `factor` with `mscale` and
+        /// `mscale_all_dim` (YaRN's `0.1·m·ln(factor) + 1`).
+        attention_factor: Option<f64>,
+        mscale: Option<f64>,
+        mscale_all_dim: Option<f64>,
+        truncate: bool,
+    },
     /// Plain RoPE (`default`).
     None,
     /// Positions divided by `factor` (`linear`): every inverse frequency divided by it.
@@ -33,6 +50,33 @@ impl RopeScaling {
         let inv_freq = theta.powf(-((2 * i) as f64) / (2 * half) as f64);
         match *self {
             Self::None => inv_freq,
+            Self::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                truncate,
+                ..
+            } => {
+                // transformers' `_compute_yarn_parameters`, one frequency at a time: the pair's
+                // share of extrapolation (its own frequency) against interpolation (÷ factor).
+                let dim = (2 * half) as f64;
+                let positions = original_max_position_embeddings as f64;
+                let correction = |rotations: f64| {
+                    dim * (positions / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln())
+                };
+                let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
+                if truncate {
+                    (low, high) = (low.floor(), high.ceil());
+                }
+                let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+                if low == high {
+                    high += 0.001;
+                }
+                let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                let extrapolation = 1.0 - ramp;
+                inv_freq / factor * (1.0 - extrapolation) + inv_freq * extrapolation
+            }
             Self::Linear { factor } => inv_freq / factor,
             Self::Llama3 {
                 factor,
@@ -58,6 +102,34 @@ impl RopeScaling {
     }
 }
 
+impl RopeScaling {
+    /// What the cos/sin tables are multiplied by (YaRN's attention factor; 1 otherwise), so q·k
+    /// of the rotated dims is scaled by its square.
+    pub fn attention_factor(&self) -> f64 {
+        match *self {
+            Self::Yarn {
+                factor,
+                attention_factor,
+                mscale,
+                mscale_all_dim,
+                ..
+            } => attention_factor.unwrap_or_else(|| match (mscale, mscale_all_dim) {
+                (Some(m), Some(all)) if m != 0.0 && all != 0.0 => yarn_mscale(factor, m) / yarn_mscale(factor, all),
+                _ => yarn_mscale(factor, 1.0),
+            }),
+            _ => 1.0,
+        }
+    }
+}
+
+/// YaRN's `mscale`: `0.1·m·ln(factor) + 1`, 1 where the factor does not stretch.
+pub fn yarn_mscale(factor: f64, m: f64) -> f64 {
+    match factor <= 1.0 {
+        true => 1.0,
+        false => 0.1 * m * factor.ln() + 1.0,
+    }
+}
+
 /// The cos/sin tables for positions `0..max_seq_len`.
 #[derive(Clone, Debug)]
 pub struct Rope {
@@ -73,13 +145,14 @@ impl Rope {
     pub fn new(head_dim: usize, max_seq_len: usize, theta: f64, scaling: RopeScaling, device: &Device) -> Self {
         let half = head_dim / 2;
         let inv_freqs: Vec<f64> = (0..half).map(|i| scaling.inv_freq(theta, i, half)).collect();
+        let factor = scaling.attention_factor();
         let mut cos = Vec::with_capacity(max_seq_len * half);
         let mut sin = Vec::with_capacity(max_seq_len * half);
         for pos in 0..max_seq_len {
             for inv_freq in &inv_freqs {
                 let angle = pos as f64 * inv_freq;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push((angle.cos() * factor) as f32);
+                sin.push((angle.sin() * factor) as f32);
             }
         }
         let table = |v: Vec<f32>| Tensor::<1>::from_floats(v.as_slice(), device).reshape([max_seq_len, half]);
@@ -186,5 +259,30 @@ mod tests {
         }
         let linear = RopeScaling::Linear { factor: 4.0 };
         assert!((linear.inv_freq(10000.0, 1, 4) - 0.1 / 4.0).abs() < 1e-15);
+    }
+
+    /// YaRN by hand for head_dim 8 (frequencies 1, 0.1, 0.01, 0.001 at θ = 10⁴), factor 4 over
+    /// 16 original positions, β 32 and 1: the correction dims are
+    /// `8·ln(16 / (β·2π)) / (2·ln 10⁴)`, −1.10 and 0.41, truncated to 0 and 1, so pair 0 keeps
+    /// its frequency, pairs 1.. are divided by 4; the tables scale by `0.1·ln 4 + 1`.
+    #[test]
+    fn yarn_interpolates_past_the_ramp_and_scales_the_tables() {
+        let scaling = RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position_embeddings: 16,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: None,
+            mscale: None,
+            mscale_all_dim: None,
+            truncate: true,
+        };
+        let got: Vec<f64> = (0..4).map(|i| scaling.inv_freq(10000.0, i, 4)).collect();
+        let expected = [1.0, 0.1 / 4.0, 0.01 / 4.0, 0.001 / 4.0];
+        for (g, e) in got.iter().zip(expected) {
+            // f64 powers of 10000: exact to a few ulps.
+            assert!((g - e).abs() <= 1e-12 * e, "{got:?} vs {expected:?}");
+        }
+        assert!((scaling.attention_factor() - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-15);
     }
 }

@@ -255,6 +255,35 @@ impl HfConfig {
                     json!(original_max_position_embeddings),
                 );
             }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                mscale,
+                mscale_all_dim,
+                truncate,
+            } => {
+                rope.insert("rope_type".into(), json!("yarn"));
+                rope.insert("factor".into(), json!(factor));
+                rope.insert(
+                    "original_max_position_embeddings".into(),
+                    json!(original_max_position_embeddings),
+                );
+                rope.insert("beta_fast".into(), json!(beta_fast));
+                rope.insert("beta_slow".into(), json!(beta_slow));
+                rope.insert("truncate".into(), json!(truncate));
+                for (field, value) in [
+                    ("attention_factor", attention_factor),
+                    ("mscale", mscale),
+                    ("mscale_all_dim", mscale_all_dim),
+                ] {
+                    if let Some(value) = value {
+                        rope.insert(field.into(), json!(value));
+                    }
+                }
+            }
         }
         let mut json = json!({
             "architectures": [self.family.architecture()],
@@ -442,11 +471,31 @@ fn rope(raw: &Raw, path: &Path) -> Result<(f64, RopeScaling), HfError> {
             high_freq_factor: number("high_freq_factor")?,
             original_max_position_embeddings: number("original_max_position_embeddings")? as usize,
         },
+        "yarn" => {
+            let original = number("original_max_position_embeddings")?;
+            // transformers: no factor stretches the original positions to the model's.
+            let factor = params
+                .get("factor")
+                .and_then(Value::as_f64)
+                .unwrap_or(raw.max_position_embeddings as f64 / original);
+            let optional = |field: &str| params.get(field).and_then(Value::as_f64);
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: original as usize,
+                // transformers takes a missing or zero β as its default.
+                beta_fast: optional("beta_fast").filter(|b| *b != 0.0).unwrap_or(32.0),
+                beta_slow: optional("beta_slow").filter(|b| *b != 0.0).unwrap_or(1.0),
+                attention_factor: optional("attention_factor"),
+                mscale: optional("mscale"),
+                mscale_all_dim: optional("mscale_all_dim"),
+                truncate: params.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+            }
+        }
         other => {
             return Err(unsupported(
                 "rope_type",
                 other,
-                "the rope types built are default, linear and llama3",
+                "the rope types built are default, linear, llama3 and yarn",
             ));
         }
     };
