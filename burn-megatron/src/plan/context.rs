@@ -32,3 +32,21 @@ impl ContextParallelLayer for ParallelAttentionConfig {
         self.validate_context(cp, tp)
     }
 }
+
+/// Latent attention sees the whole sequence through `context`'s exchange of its heads' q, k
+/// and v (the unequal widths of q/k and v included); all-to-all scatters each tp rank's heads
+/// over cp.
+impl ContextParallelLayer for crate::layers::LatentAttentionConfig {
+    fn plan_context(&mut self, cp: usize, tp: usize, context: ContextParallel) -> Result<(), ConfigError> {
+        self.context = context;
+        let local = self.n_heads / tp.max(1);
+        match cp > 1 && context == ContextParallel::AllToAll && !local.is_multiple_of(cp) {
+            true => Err(ConfigError::ContextHeads {
+                what: "n_heads",
+                heads: local,
+                cp,
+            }),
+            false => Ok(()),
+        }
+    }
+}

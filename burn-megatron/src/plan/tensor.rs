@@ -69,6 +69,16 @@ impl TensorParallelLayer for ParallelAttentionConfig {
     }
 }
 
+/// Heads split: the latents' up projections column-wise, the output projection row-wise; the
+/// down projections and the latents' norms whole on every rank.
+impl TensorParallelLayer for crate::layers::LatentAttentionConfig {
+    fn plan_tensor(&mut self, tp: usize, sequence: SequenceLayout) -> Result<(), ConfigError> {
+        self.validate(tp)?;
+        self.sequence = sequence;
+        Ok(())
+    }
+}
+
 /// Hidden features split: gate and up projections column-wise, the down projection row-wise.
 impl TensorParallelLayer for ParallelMlpConfig {
     fn plan_tensor(&mut self, tp: usize, sequence: SequenceLayout) -> Result<(), ConfigError> {
