@@ -107,8 +107,8 @@ pub fn pruned_rows_and_columns_save_and_load(h: &Harness) {
             }
             // Query heads: the more important of each pair sharing a kv head.
             let scores = &importance.heads[block];
-            let wq_old = values(model.layers[block].attention.wq.weight.val()); // [64, 64]
-            let wq_new = values(pruned.layers[0].attention.wq.weight.val()); // [48, 32]
+            let wq_old = values(model.layers[block].attention.as_ref().unwrap().wq.weight.val()); // [64, 64]
+            let wq_new = values(pruned.layers[0].attention.as_ref().unwrap().wq.weight.val()); // [48, 32]
             for g in 0..4 {
                 let head = if scores[2 * g + 1] > scores[2 * g] {
                     2 * g + 1
@@ -144,7 +144,8 @@ pub fn a_pass_through_block_ranks_last(h: &Harness) {
         let device = ctx.device.clone();
         let (mut model, config) = loaded(&fixture("llama3"), &ctx.groups, &device, false);
         let block = &mut model.layers[0];
-        block.attention.wo.weight = block.attention.wo.weight.clone().map(|w| w.zeros_like());
+        let attention = block.attention.as_mut().unwrap();
+        attention.wo.weight = attention.wo.weight.clone().map(|w| w.zeros_like());
         let mlp = block.mlp.as_mut().unwrap();
         mlp.w2.weight = mlp.w2.weight.clone().map(|w| w.zeros_like());
         let importance = prune::importance(&model, &windows(&device)).unwrap();
@@ -155,8 +156,11 @@ pub fn a_pass_through_block_ranks_last(h: &Harness) {
             ..PruneTarget::of(&config)
         };
         let (_, pruned) = prune::prune(&model, &config, &importance, target).unwrap();
-        let kept = pruned.layers[0].attention.wq.weight.val().into_data();
-        kept.assert_eq(&model.layers[1].attention.wq.weight.val().into_data(), true);
+        let kept = pruned.layers[0].attention.as_ref().unwrap().wq.weight.val().into_data();
+        kept.assert_eq(
+            &model.layers[1].attention.as_ref().unwrap().wq.weight.val().into_data(),
+            true,
+        );
     });
 }
 

@@ -192,7 +192,7 @@ mod tests {
             )
             .unwrap();
         let gemms = |b: &crate::models::llama::LlamaBlock| {
-            let (a, m) = (&b.attention, b.mlp.as_ref().unwrap());
+            let (a, m) = (b.attention.as_ref().unwrap(), b.mlp.as_ref().unwrap());
             [
                 a.wq.precision.gemm,
                 a.wk.precision.gemm,

@@ -105,7 +105,7 @@ pub(crate) fn context_shard(model: &Llama, batch: TokenBatch) -> Result<TokenBat
     let Some(block) = model.layers.first() else {
         return Ok(batch);
     };
-    let layout = ContextLayout::new(&block.attention.cp);
+    let layout = ContextLayout::new(block.context_group());
     Ok(TokenBatch {
         ids: layout.shard(batch.ids, 1)?,
         targets: layout.shard(batch.targets, 1)?,

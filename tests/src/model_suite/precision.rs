@@ -138,7 +138,7 @@ pub fn delayed_scaling_histories(h: &Harness) {
         let mut model = tiny_with(h, &ctx.groups, &dev, false, Gemm::Quantized(recipe));
         let mut optim = DistributedAdamWConfig::new().init(&ctx.groups);
         let history = |model: &Llama| -> Vec<f32> {
-            let wq = &model.layers[0].attention.wq;
+            let wq = &model.layers[0].attention.as_ref().unwrap().wq;
             wq.precision
                 .amax_history
                 .as_ref()

@@ -33,6 +33,15 @@ impl LlamaConfig {
                 ("shared d_ff", moe.layer.shared_d_ff.unwrap_or(0)),
             ]);
         }
+        if let Some(latent) = &self.latent {
+            sizes.extend([
+                ("q_lora_rank", latent.q_rank.unwrap_or(0)),
+                ("kv_lora_rank", latent.kv_rank),
+                ("qk_nope_head_dim", latent.qk_nope_dim),
+                ("qk_rope_head_dim", latent.qk_rope_dim),
+                ("v_head_dim", latent.v_dim),
+            ]);
+        }
         if self.n_layers > MAX_LAYERS {
             return Err(ConfigError::TooLarge {
                 what: "n_layers",

@@ -98,6 +98,13 @@ impl LlamaConfig {
             if a.qk_norm.is_some() {
                 attention += ((q + kv) / tp).floor();
             }
+            // Latent attention keeps its latents whole (and normed), q and k of every head,
+            // v and the heads' output.
+            if let Some(l) = &self.latent {
+                let (heads, qk, vd) = (n(l.n_heads), n(l.qk_dim()), n(l.v_dim));
+                let latents = 2.0 * (n(l.q_rank.unwrap_or(0)) + n(l.kv_rank)) + n(l.qk_rope_dim);
+                attention = (4.0 * h / sp).floor() + latents + (heads * (2.0 * qk + 2.0 * vd) / tp).floor();
+            }
             let mlp = match moe(i) {
                 Some(m) => {
                     let k = n(m.layer.router.top_k);
@@ -114,10 +121,26 @@ impl LlamaConfig {
                 Some(m) => n(m.layer.router.top_k) * n(m.layer.d_ff),
                 None => (n(self.mlp.d_ff) / tp).floor(),
             };
-            (q / tp).floor() + product
+            let output = match &self.latent {
+                Some(l) => n(l.n_heads) * n(l.v_dim),
+                None => q,
+            };
+            (output / tp).floor() + product
         };
         for i in 0..blocks {
-            params += ((2.0 * h * q + 2.0 * h * kv) / tp).floor() + 2.0 * h;
+            params += match &self.latent {
+                Some(l) => {
+                    let (heads, qk, vd) = (n(l.n_heads), n(l.qk_dim()), n(l.v_dim));
+                    let (cq, ckv, r) = (l.q_rank.map(n), n(l.kv_rank), n(l.qk_rope_dim));
+                    let query = match cq {
+                        Some(cq) => h * cq + cq + (cq * heads * qk / tp).floor(),
+                        None => (h * heads * qk / tp).floor(),
+                    };
+                    let up = (ckv * heads * (n(l.qk_nope_dim) + vd) / tp).floor();
+                    query + h * (ckv + r) + ckv + up + (heads * vd * h / tp).floor()
+                }
+                None => ((2.0 * h * q + 2.0 * h * kv) / tp).floor(),
+            } + 2.0 * h;
             params += match moe(i) {
                 Some(m) => {
                     let experts = n(m.layer.router.n_experts) * 3.0 * h * n(m.layer.d_ff);

@@ -12,12 +12,14 @@ use crate::error::{ConfigError, LayerError};
 use crate::init::ParamInit;
 use crate::layers::moe::{Load, Moe, MoeConfig, RouterLosses};
 use crate::layers::{
-    ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, ParallelAttention,
-    ParallelAttentionConfig, ParallelMlp, ParallelMlpConfig, RmsNorm, RmsNormConfig, VocabParallelCrossEntropy,
-    VocabParallelCrossEntropyConfig, VocabParallelEmbedding, VocabParallelEmbeddingConfig, column_parallel,
+    ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, LatentAttention,
+    LatentAttentionConfig, ParallelAttention, ParallelAttentionConfig, ParallelMlp, ParallelMlpConfig, RmsNorm,
+    RmsNormConfig, VocabParallelCrossEntropy, VocabParallelCrossEntropyConfig, VocabParallelEmbedding,
+    VocabParallelEmbeddingConfig, column_parallel,
 };
 use crate::precision::EdgeBlocks;
 use crate::precision::linear::LinearPrecision;
+use burn_megatron_dist::ProcessGroup;
 use burn_megatron_kernels::quant::notes::AmaxNotes;
 
 use super::sites::share_amax_notes;
@@ -56,6 +58,10 @@ pub struct LlamaConfig {
     /// Blocks whose feed-forward is a mixture of experts instead of `mlp`.
     #[config(default = "None")]
     pub moe: Option<MoeBlocks>,
+    /// Multi-head latent attention in every block instead of `attention` (DeepSeek-V3's), whose
+    /// `d_model`, `n_heads` and `max_seq_len` it shares.
+    #[config(default = "None")]
+    pub latent: Option<LatentAttentionConfig>,
     /// What the blocks run again during backward instead of keeping (`crate::recompute`).
     #[config(default = "Recompute::None")]
     pub recompute: Recompute,
@@ -81,12 +87,15 @@ impl MoeBlocks {
     }
 }
 
-/// One decoder block: pre-norm attention and a pre-norm feed-forward (a dense MLP or a mixture
-/// of experts), each with a residual.
+/// One decoder block: pre-norm attention (grouped-query or latent) and a pre-norm feed-forward
+/// (a dense MLP or a mixture of experts), each with a residual.
 #[derive(Module, Debug)]
 pub struct LlamaBlock {
     pub attention_norm: RmsNorm,
-    pub attention: ParallelAttention,
+    /// Grouped-query attention; `None` in a block of latent attention.
+    pub attention: Option<ParallelAttention>,
+    /// Multi-head latent attention (DeepSeek-V3); `None` in a block of grouped-query attention.
+    pub latent: Option<LatentAttention>,
     pub mlp_norm: RmsNorm,
     /// The dense feed-forward; `None` in a MoE block.
     pub mlp: Option<ParallelMlp>,
@@ -246,9 +255,24 @@ impl LlamaConfig {
             ),
             None => (Some(mlp.init(device, groups, init, &format!("{name}.mlp"))?), None),
         };
+        let (attention, latent) = match &self.latent {
+            Some(latent) => {
+                let mut latent = latent.clone();
+                latent.gemm = attention.gemm;
+                (
+                    None,
+                    Some(latent.init(device, groups, init, &format!("{name}.latent"))?),
+                )
+            }
+            None => (
+                Some(attention.init(device, groups, init, &format!("{name}.attention"))?),
+                None,
+            ),
+        };
         Ok(LlamaBlock {
             attention_norm: self.norm.init(device, groups, init),
-            attention: attention.init(device, groups, init, &format!("{name}.attention"))?,
+            attention,
+            latent,
             mlp_norm: self.norm.init(device, groups, init),
             mlp,
             moe,
@@ -269,23 +293,33 @@ impl LlamaBlock {
     /// output gradient; this block's stands in for it in whether to note its amax.
     pub fn forward_report(&self, x: Tensor<3>, report: &mut MoeReport) -> Result<Tensor<3>, LayerError> {
         let note_stream_grad = self.mlp.as_ref().and_then(|mlp| mlp.notes_output_grad());
-        let (normed, stream) = self
-            .attention_norm
-            .pre_norm(x, self.attention.notes_input(), note_stream_grad)?;
-        let h = match self.selective {
-            true => self.attention.forward_recomputed_onto(normed, stream)?,
-            false => self.attention.forward_onto(normed, stream)?,
+        let note_input = self.attention.as_ref().and_then(ParallelAttention::notes_input);
+        let (normed, stream) = self.attention_norm.pre_norm(x, note_input, note_stream_grad)?;
+        let h = match (&self.attention, &self.latent, self.selective) {
+            (Some(attention), _, true) => attention.forward_recomputed_onto(normed, stream)?,
+            (Some(attention), _, false) => attention.forward_onto(normed, stream)?,
+            (None, Some(latent), true) => stream.add_branch(latent.forward_recomputed(normed)?),
+            (None, Some(latent), false) => stream.add_branch(latent.forward(normed)?),
+            (None, None, _) => unreachable!("a block has grouped-query or latent attention"),
         };
         self.feed_forward(h, report)
+    }
+
+    /// The context-parallel group its attention splits sequences over.
+    pub fn context_group(&self) -> &ProcessGroup {
+        match (&self.attention, &self.latent) {
+            (Some(attention), _) => &attention.cp,
+            (None, Some(latent)) => &latent.cp,
+            (None, None) => unreachable!("a block has grouped-query or latent attention"),
+        }
     }
 
     /// The second half of the block: `x` plus the feed-forward (dense or MoE, reporting to
     /// `report`) of its norm.
     pub(crate) fn feed_forward(&self, x: Tensor<3>, report: &mut MoeReport) -> Result<Tensor<3>, LayerError> {
         let note_input = self.mlp.as_ref().and_then(|mlp| mlp.notes_input());
-        let (normed, stream) = self
-            .mlp_norm
-            .pre_norm(x, note_input, self.attention.notes_output_grad())?;
+        let note_grad = self.attention.as_ref().and_then(ParallelAttention::notes_output_grad);
+        let (normed, stream) = self.mlp_norm.pre_norm(x, note_input, note_grad)?;
         Ok(match (&self.mlp, &self.moe) {
             (_, Some(moe)) => {
                 let (y, routing, load) = moe.forward(normed)?;
@@ -377,7 +411,7 @@ impl Llama {
     /// take (one for the whole model: [`share_amax_notes`]); give it to the optimizer
     /// (`DistributedAdamW::keeping_amaxes`) to spare each cast of a weight its amax pass.
     pub fn amax_notes(&self) -> AmaxNotes {
-        let first = self.layers.first().map(|b| &b.attention.wq.precision);
+        let first = self.layers.first().map(|b| b.first_precision());
         first
             .or(self.output.as_ref().map(|o| &o.precision))
             .map(|p| p.notes.clone())

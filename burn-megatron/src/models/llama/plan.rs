@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `embedding` | vocabulary rows split; output reduced, or reduce-scattered under SP |
 //! | `layers.*.attention` | heads split: q, k, v column-wise, `wo` row-wise |
+//! | `layers.*.latent` | heads split: the up projections column-wise, `wo` row-wise; the down projections and their norms replicated |
 //! | `layers.*.mlp` | hidden features split: `w1`, `w3` column-wise, `w2` row-wise |
 //! | `layers.*.attention_norm`, `layers.*.mlp_norm`, `norm` | replicated; per token shard under SP |
 //! | `output` | column-wise over the padded vocabulary, logits left split for the loss |
@@ -28,9 +29,13 @@ impl PlannedModel for LlamaConfig {
             pad_vocab_to_multiple_of: self.embedding.pad_vocab_to_multiple_of,
             output: &mut self.output,
         };
+        let attention: (&'static str, Box<dyn TensorParallelLayer + '_>) = match &mut self.latent {
+            Some(latent) => ("layers.*.latent", Box::new(latent)),
+            None => ("layers.*.attention", Box::new(&mut self.attention)),
+        };
         let mut layers: Vec<(&'static str, Box<dyn TensorParallelLayer + '_>)> = vec![
             ("embedding", Box::new(&mut self.embedding)),
-            ("layers.*.attention", Box::new(&mut self.attention)),
+            attention,
             ("layers.*.mlp", Box::new(&mut self.mlp)),
             (
                 "layers.*.attention_norm, layers.*.mlp_norm, norm",
@@ -64,7 +69,10 @@ impl PlannedModel for LlamaConfig {
     }
 
     fn context_layers(&mut self) -> Vec<(&'static str, Box<dyn ContextParallelLayer + '_>)> {
-        vec![("layers.*.attention", Box::new(&mut self.attention))]
+        match &mut self.latent {
+            Some(latent) => vec![("layers.*.latent", Box::new(latent))],
+            None => vec![("layers.*.attention", Box::new(&mut self.attention))],
+        }
     }
 }
 

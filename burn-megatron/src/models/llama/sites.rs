@@ -63,8 +63,8 @@ pub fn linear_mut<'a>(block: &'a mut LlamaBlock, path: &str) -> Option<LinearMut
             }
         }};
     }
-    let attention = &mut block.attention;
     if let Some(name) = path.strip_prefix("attention.") {
+        let attention = block.attention.as_mut()?;
         return Some(match name {
             "wq" => linear!(&mut attention.wq),
             "wk" => linear!(&mut attention.wk),
@@ -83,16 +83,29 @@ pub fn linear_mut<'a>(block: &'a mut LlamaBlock, path: &str) -> Option<LinearMut
 }
 
 impl LlamaBlock {
-    /// How each of the block's linear layers multiplies (the attention's four, the dense MLP's
-    /// three; a MoE block's experts multiply on their own), in [`Site::linears`]' order.
+    /// How the block's first linear layer multiplies (where the model's amax notes are).
+    pub(crate) fn first_precision(&self) -> &LinearPrecision {
+        match (&self.attention, &self.latent) {
+            (Some(a), _) => &a.wq.precision,
+            (None, Some(latent)) => latent.first_precision(),
+            (None, None) => unreachable!("a block has grouped-query or latent attention"),
+        }
+    }
+
+    /// How each of the block's linear layers multiplies (the attention's four, or latent
+    /// attention's own; the dense MLP's three; a MoE block's experts multiply on their own), in
+    /// [`Site::linears`]' order.
     pub fn linear_precisions(&mut self) -> Vec<&mut LinearPrecision> {
-        let a = &mut self.attention;
-        let mut all = vec![
-            &mut a.wq.precision,
-            &mut a.wk.precision,
-            &mut a.wv.precision,
-            &mut a.wo.precision,
-        ];
+        let mut all = match (&mut self.attention, &mut self.latent) {
+            (Some(a), _) => vec![
+                &mut a.wq.precision,
+                &mut a.wk.precision,
+                &mut a.wv.precision,
+                &mut a.wo.precision,
+            ],
+            (None, Some(latent)) => latent.linear_precisions(),
+            (None, None) => Vec::new(),
+        };
         if let Some(mlp) = &mut self.mlp {
             all.extend([&mut mlp.w1.precision, &mut mlp.w3.precision, &mut mlp.w2.precision]);
         }

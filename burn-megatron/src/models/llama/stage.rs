@@ -155,7 +155,7 @@ impl LlamaStage {
     /// Where this stage's kernels and its optimizer note the amaxes its FP8 tensorwise casts
     /// take ([`Llama::amax_notes`](super::Llama::amax_notes)).
     pub fn amax_notes(&self) -> burn_megatron_kernels::quant::notes::AmaxNotes {
-        let first = self.layers.iter().flatten().next().map(|b| &b.attention.wq.precision);
+        let first = self.layers.iter().flatten().next().map(|b| b.first_precision());
         first
             .or(self.output.as_ref().map(|o| &o.precision))
             .map(|p| p.notes.clone())
@@ -165,7 +165,7 @@ impl LlamaStage {
     /// How this stage's attention splits sequences over cp (every stage holds a block).
     pub fn context_layout(&self) -> ContextLayout {
         let block = self.layers.iter().flatten().next().expect("a stage holds a block");
-        ContextLayout::new(&block.attention.cp)
+        ContextLayout::new(block.context_group())
     }
 
     /// The stage with its rank's actions of `schedule` over `microbatches` on `pp`: the

@@ -45,7 +45,7 @@ pub fn importance(model: &Llama, batches: &[Tensor<2, Int>]) -> Result<Importanc
     let d = model.embedding.weight.dims()[1];
     let mut embedding = vec![0.0f32; d];
     for (i, block) in model.layers.iter().enumerate() {
-        let k = block.attention.head_dim;
+        let k = block.attention.as_ref().ok_or(PruneError::LatentAttention)?.head_dim;
         let outputs = calibration.site(i, Site::AttentionOutput).abs_mean();
         heads.push(outputs.chunks(k).map(|head| head.iter().sum()).collect());
         ffn.push(calibration.site(i, Site::MlpHidden).abs_mean());

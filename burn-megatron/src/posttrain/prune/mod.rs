@@ -30,6 +30,8 @@ pub enum PruneError {
     TensorParallel { tp: usize },
     #[error("mixture-of-experts blocks are not pruned")]
     MixtureOfExperts,
+    #[error("latent attention is not pruned: its heads are no grouped-query heads")]
+    LatentAttention,
     #[error("{what} = {asked} cannot be kept: the model has {has} (keep at least 1)")]
     Target {
         what: &'static str,
@@ -47,6 +49,7 @@ impl From<PtqError> for PruneError {
         match e {
             PtqError::TensorParallel { tp } => PruneError::TensorParallel { tp },
             PtqError::MixtureOfExperts => PruneError::MixtureOfExperts,
+            PtqError::LatentAttention => PruneError::LatentAttention,
             PtqError::Layer(e) => PruneError::Layer(e),
             // Importance calibrates with batches and no sample.
             PtqError::NoCalibration | PtqError::NoSample => PruneError::Importance {
@@ -117,6 +120,9 @@ pub fn prune(
     if model.layers.iter().any(|b| b.moe.is_some()) {
         return Err(PruneError::MixtureOfExperts);
     }
+    if model.layers.iter().any(|b| b.latent.is_some()) {
+        return Err(PruneError::LatentAttention);
+    }
     let has = PruneTarget::of(config);
     for (what, asked, has) in [
         ("n_layers", target.n_layers, has.n_layers),
@@ -165,7 +171,7 @@ pub fn prune(
 /// The output columns of the query heads kept in `block`: the `per_kv` most important of each
 /// kv group, in order.
 fn kept_heads(block: &LlamaBlock, scores: &[f32], per_kv: usize) -> Vec<usize> {
-    let a = &block.attention;
+    let a = block.attention.as_ref().expect("checked: grouped-query attention");
     let group = a.n_heads / a.n_kv_heads;
     let k = a.head_dim;
     (0..a.n_kv_heads)
@@ -190,7 +196,11 @@ fn copy_block(new: &mut LlamaBlock, old: &LlamaBlock, emb: &Tensor<1, Int>, q: &
         &mut new.mlp_norm.weight,
         old.mlp_norm.weight.val().select(0, emb.clone()),
     );
-    let (a, b) = (&mut new.attention, &old.attention);
+    let checked = "checked: grouped-query attention";
+    let (a, b) = (
+        new.attention.as_mut().expect(checked),
+        old.attention.as_ref().expect(checked),
+    );
     set(&mut a.wq.weight, rows(b.wq.weight.val()).select(1, q.clone()));
     set(&mut a.wk.weight, rows(b.wk.weight.val()));
     set(&mut a.wv.weight, rows(b.wv.weight.val()));

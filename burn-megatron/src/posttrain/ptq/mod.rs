@@ -190,5 +190,8 @@ fn check(model: &Llama) -> Result<(), PtqError> {
     if model.layers.iter().any(|b| b.moe.is_some()) {
         return Err(PtqError::MixtureOfExperts);
     }
+    if model.layers.iter().any(|b| b.latent.is_some()) {
+        return Err(PtqError::LatentAttention);
+    }
     Ok(())
 }

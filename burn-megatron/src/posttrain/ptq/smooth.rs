@@ -76,7 +76,7 @@ pub(super) fn smooth(
     let mut scales = Vec::with_capacity(model.layers.len());
     for (i, block) in model.layers.iter_mut().enumerate() {
         let mut sites = Vec::with_capacity(Site::ALL.len());
-        let a = &block.attention;
+        let a = block.attention.as_ref().ok_or(PtqError::LatentAttention)?;
         let heads = Heads {
             kv: a.n_kv_heads,
             per_kv: a.n_heads / a.n_kv_heads,

@@ -33,6 +33,8 @@ pub enum PtqError {
     TensorParallel { tp: usize },
     #[error("mixture-of-experts blocks are not quantized: their experts are no block linear layers")]
     MixtureOfExperts,
+    #[error("latent attention is not quantized or pruned: its sites are grouped-query attention's")]
+    LatentAttention,
     #[error("calibration needs at least one batch of token ids")]
     NoCalibration,
     #[error("this scheme needs the calibration's token sample: calibrate with sample_tokens > 0")]

@@ -28,7 +28,8 @@ pub(crate) struct StepInputs {
     pub first: Tensor<1>,
 }
 
-/// One block's cached keys and values, `[b, g, c, k]` each.
+/// One block's cached keys and values, `[b, g, c, k]` each; under latent attention its latent
+/// `[b, 1, c, ckv]` and rotated shared key `[b, 1, c, r]` (`latent.rs`).
 #[derive(Clone, Debug)]
 pub(super) struct LayerCache {
     pub(super) k: Tensor<4>,
@@ -52,14 +53,19 @@ impl KvCache {
     /// `max_seq_len`), in the model's dtype on `device`. The model must be planned without
     /// sequence or context parallelism.
     pub fn new(model: &Llama, batch: usize, capacity: usize, device: &Device) -> Result<Self, LayerError> {
-        let attention = &model.layers.first().expect("a Llama has blocks").attention;
-        if attention.sequence == SequenceLayout::Sharded {
+        let block = model.layers.first().expect("a Llama has blocks");
+        let (sequence, cp, rope, window) = match (&block.attention, &block.latent) {
+            (Some(a), _) => (a.sequence, &a.cp, &a.rope, a.sliding_window),
+            (None, Some(l)) => (l.sequence, &l.cp, &l.rope, None),
+            (None, None) => unreachable!("a block has grouped-query or latent attention"),
+        };
+        if sequence == SequenceLayout::Sharded {
             return Err(ConfigError::DecodingSequenceParallel.into());
         }
-        if attention.cp.size() > 1 {
+        if cp.size() > 1 {
             return Err(ConfigError::DecodingContextParallel.into());
         }
-        let max = attention.rope.max_seq_len();
+        let max = rope.max_seq_len();
         if capacity > max {
             return Err(ConfigError::CacheFull {
                 tokens: capacity,
@@ -67,7 +73,7 @@ impl KvCache {
             }
             .into());
         }
-        if let Some(window) = attention.sliding_window.filter(|w| capacity > *w) {
+        if let Some(window) = window.filter(|w| capacity > *w) {
             return Err(ConfigError::SequencePastWindow {
                 seq_len: capacity,
                 window,
@@ -75,13 +81,19 @@ impl KvCache {
             .into());
         }
         let dtype = model.embedding.weight.val().dtype();
-        let shape = [batch, attention.n_kv_heads, capacity, attention.head_dim];
-        let layer = || LayerCache {
-            k: Tensor::zeros(shape, (device, dtype)),
-            v: Tensor::zeros(shape, (device, dtype)),
+        let layer = |block: &crate::models::llama::LlamaBlock| match (&block.attention, &block.latent) {
+            (Some(a), _) => {
+                let shape = [batch, a.n_kv_heads, capacity, a.head_dim];
+                LayerCache {
+                    k: Tensor::zeros(shape, (device, dtype)),
+                    v: Tensor::zeros(shape, (device, dtype)),
+                }
+            }
+            (None, Some(latent)) => super::latent::empty(latent, batch, capacity, device, dtype),
+            (None, None) => unreachable!("a block has grouped-query or latent attention"),
         };
         Ok(Self {
-            layers: (0..model.layers.len()).map(|_| layer()).collect(),
+            layers: model.layers.iter().map(layer).collect(),
             len: 0,
             capacity,
             valid: vec![Vec::with_capacity(capacity); batch],
@@ -157,6 +169,11 @@ impl KvCache {
     /// One decoding step of `model` at the next position: its logits `[b, 1, v']`.
     pub(super) fn step(&mut self, model: &Llama, inputs: &StepInputs) -> Result<Tensor<3>, LayerError> {
         self.check_step(model)?;
+        if !model.decodes_by_kernels() {
+            // Latent attention's step is a cached pass of one position.
+            let rows = vec![vec![false]; inputs.ids.dims()[0]];
+            return model.forward_cached(inputs.ids.clone(), &rows, self);
+        }
         let logits = self.record_step(model, inputs)?;
         self.advance();
         Ok(logits)
@@ -187,6 +204,12 @@ impl KvCache {
 }
 
 impl Llama {
+    /// Whether a decoding step runs the step kernels (`step.rs`): grouped-query attention's
+    /// cache; latent attention's steps are cached passes of one position.
+    pub(super) fn decodes_by_kernels(&self) -> bool {
+        self.layers.iter().all(|block| block.attention.is_some())
+    }
+
     /// The logits of `ids` after the cached positions, and the cache with them added.
     /// `padding[i]`: whether row `i`'s token at each of these positions is padding (left
     /// padding: only a prompt's first positions). A single position without padding runs the
@@ -210,7 +233,7 @@ impl Llama {
             .into());
         }
         let device = ids.device();
-        if s == 1 && padding.len() == b && padding.iter().all(|row| !row[0]) {
+        if s == 1 && padding.len() == b && padding.iter().all(|row| !row[0]) && self.decodes_by_kernels() {
             // A decoding step: the position on the device, two step kernels a block.
             let inputs = StepInputs {
                 ids,
@@ -229,7 +252,11 @@ impl Llama {
         let mut x = self.embedding.forward(ids)?;
         for (block, layer) in self.layers.iter().zip(layers) {
             let h = block.attention_norm.forward(x.clone())?;
-            let (attention, layer) = attend_cached(&block.attention, h, layer, start, blocked.clone())?;
+            let (attention, layer) = match (&block.attention, &block.latent) {
+                (Some(attention), _) => attend_cached(attention, h, layer, start, blocked.clone())?,
+                (None, Some(latent)) => super::latent::attend_cached(latent, h, layer, start, blocked.clone())?,
+                (None, None) => unreachable!("a block has grouped-query or latent attention"),
+            };
             cache.layers.push(layer);
             x = block.feed_forward(x + attention, &mut MoeReport::default())?;
         }

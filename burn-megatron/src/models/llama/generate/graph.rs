@@ -75,6 +75,8 @@ impl<'a> Stepper<'a> {
             Mode::Eager("CUDA graphs turned off".into())
         } else if tp.size() > 1 {
             Mode::Eager("tp > 1: the collectives are not recorded into graphs".into())
+        } else if !model.decodes_by_kernels() {
+            Mode::Eager("latent attention decodes by cached passes, not the step kernels a graph records".into())
         } else if model.layers.iter().any(|block| block.moe.is_some()) {
             Mode::Eager("a mixture of experts reads its dispatch counts to the host every step".into())
         } else if let Err(error) = Recorder::on(&weight) {

@@ -5,6 +5,7 @@
 
 mod cache;
 mod graph;
+mod latent;
 mod sample;
 mod step;
 

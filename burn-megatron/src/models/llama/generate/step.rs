@@ -9,7 +9,7 @@ use burn_megatron_dist::mappings::copy_to_tp;
 use burn_megatron_kernels::decode::{cache_append, decode_attention};
 
 use super::cache::{KvCache, LayerCache, StepInputs};
-use crate::error::LayerError;
+use crate::error::{ConfigError, LayerError};
 use crate::layers::ParallelAttention;
 use crate::models::llama::{Llama, MoeReport};
 
@@ -25,7 +25,9 @@ impl Llama {
         let mut x = self.embedding.forward(inputs.ids.clone())?;
         for (block, layer) in self.layers.iter().zip(layers) {
             let h = block.attention_norm.forward(x.clone())?;
-            let (attention, layer) = attend_step(&block.attention, h, layer, inputs)?;
+            // `decodes_by_kernels`: every block has grouped-query attention here.
+            let attention = block.attention.as_ref().ok_or(ConfigError::DecodingLatentAttention)?;
+            let (attention, layer) = attend_step(attention, h, layer, inputs)?;
             cache.layers.push(layer);
             x = block.feed_forward(x + attention, &mut MoeReport::default())?;
         }
