@@ -127,8 +127,13 @@ fn matches_at(h: &Harness, name: &str, layout: Layout) {
 
         let norms = expected["grad_norms"].as_object().unwrap();
         let infos = param_infos(&model);
-        assert_eq!(infos.len(), norms.len(), "{what}: parameters {infos:?}");
+        // A router's selection bias is no trained parameter (transformers' is a buffer).
+        let trained = infos.iter().filter(|info| info.trainable).count();
+        assert_eq!(trained, norms.len(), "{what}: parameters {infos:?}");
         for (info, grad) in infos.iter().zip(param_grads(&model, &grads)) {
+            if !info.trainable {
+                continue;
+            }
             let grad = grad.expect("every parameter takes part in the loss");
             let mut squares = grad.clone().mul(grad).sum();
             // A split parameter's squares summed over its ranks: experts over etp and ep, the
@@ -193,6 +198,14 @@ pub fn qwen3_moe_matches_transformers(h: &Harness) {
     matches_transformers(h, "qwen3_moe");
 }
 
+/// DeepSeek-V3: multi-head latent attention (heads split over tp, the latents' down projections
+/// and norms whole on every rank, its gradients summed over tp) with YaRN's mscale, the rotated
+/// dims read from interleaved pairs; a dense first block, then sigmoid-scored experts with a
+/// selection bias, group-limited top 2, scaled, and a shared expert.
+pub fn deepseek_v3_matches_transformers(h: &Harness) {
+    matches_transformers(h, "deepseek_v3");
+}
+
 /// Every family's greedy generation after the fixture's prompt, through the KV cache (prefill,
 /// then decoding steps), is transformers' `generate` token for token, at tp over every rank.
 pub fn families_generate_as_transformers(h: &Harness) {
@@ -225,7 +238,7 @@ pub fn families_generate_as_transformers(h: &Harness) {
 }
 
 /// The fixtures of `make_family_fixtures.py`.
-const FAMILIES: [&str; 5] = ["mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe"];
+const FAMILIES: [&str; 6] = ["mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3"];
 
 /// Every family loaded at tp over every rank (a MoE family's experts over ep) and exported in
 /// f32: the same tensors as the fixture's file bit for bit, under the same names, and a

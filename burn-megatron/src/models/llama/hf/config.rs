@@ -9,10 +9,11 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::family::{Choices, Family, HfMoe};
+use super::family::{Choices, DeepseekRouting, Family, HfLatent, HfMoe};
 use super::{HfError, format_error, io};
+use crate::layers::LatentAttentionConfig;
 use crate::layers::RopeScaling;
-use crate::layers::moe::{MoeConfig, RouterConfig};
+use crate::layers::moe::{GroupLimit, MoeConfig, RouterConfig, Scoring};
 use crate::models::llama::{Llama, LlamaConfig, MoeBlocks, WordEmbeddings};
 use burn_megatron_dist::ProcessGroups;
 
@@ -75,6 +76,21 @@ pub(super) struct Raw {
     pub mlp_only_layers: Option<Vec<usize>>,
     pub router_jitter_noise: Option<f64>,
     pub intermediate_size: usize,
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: Option<usize>,
+    pub qk_nope_head_dim: Option<usize>,
+    pub qk_rope_head_dim: Option<usize>,
+    pub v_head_dim: Option<usize>,
+    pub rope_interleave: Option<bool>,
+    pub n_routed_experts: Option<usize>,
+    pub n_shared_experts: Option<usize>,
+    pub n_group: Option<usize>,
+    pub topk_group: Option<usize>,
+    pub first_k_dense_replace: Option<usize>,
+    pub routed_scaling_factor: Option<f64>,
+    pub scoring_func: Option<String>,
+    pub topk_method: Option<String>,
+    pub moe_layer_freq: Option<usize>,
 }
 
 fn default_positions() -> usize {
@@ -175,7 +191,33 @@ impl HfConfig {
         config.attention.sliding_window = choices.sliding_window;
         config.moe = choices.moe.map(|moe| {
             let router = RouterConfig::new(self.hidden_size, moe.experts, moe.top_k).with_normalize(moe.normalize);
-            MoeBlocks::new(MoeConfig::new(router, moe.expert_size))
+            match moe.deepseek {
+                Some(d) => {
+                    let router = router
+                        .with_scoring(Scoring::Sigmoid)
+                        .with_expert_bias(true)
+                        .with_group_limit(Some(GroupLimit::new(d.groups, d.top_groups)))
+                        .with_scaling(d.scaling);
+                    let shared = (d.shared_size > 0).then_some(d.shared_size);
+                    let layer = MoeConfig::new(router, moe.expert_size).with_shared_d_ff(shared);
+                    MoeBlocks::new(layer).with_first_dense(d.first_dense)
+                }
+                None => MoeBlocks::new(MoeConfig::new(router, moe.expert_size)),
+            }
+        });
+        config.latent = choices.latent.map(|l| {
+            LatentAttentionConfig::new(
+                self.hidden_size,
+                self.num_attention_heads,
+                l.kv_rank,
+                l.qk_nope_dim,
+                l.qk_rope_dim,
+                l.v_dim,
+                self.max_position_embeddings,
+            )
+            .with_q_rank(l.q_rank)
+            .with_rope_theta(self.rope_theta)
+            .with_rope_scaling(self.rope_scaling)
         });
         config
     }
@@ -190,11 +232,21 @@ impl HfConfig {
             None => None,
         };
         let attention = &config.attention;
+        let latent = config.latent.as_ref().map(|l| HfLatent {
+            q_rank: l.q_rank,
+            kv_rank: l.kv_rank,
+            qk_nope_dim: l.qk_nope_dim,
+            qk_rope_dim: l.qk_rope_dim,
+            v_dim: l.v_dim,
+            // Written in DeepSeek-V3's layout.
+            interleaved: true,
+        });
         let choices = Choices {
             qkv_bias: attention.qkv_bias,
             qk_norm: attention.qk_norm.is_some(),
             sliding_window: attention.sliding_window,
             moe,
+            latent,
         };
         if let Some(epsilon) = attention.qk_norm.filter(|e| *e != config.norm.epsilon) {
             return Err(unsupported(
@@ -342,95 +394,150 @@ impl HfConfig {
             self.rms_norm_eps.to_string(),
             model.norm.epsilon.to_string(),
         )?;
-        for layer in &model.layers {
-            let attention = &layer.attention;
-            mismatch(
-                "num_attention_heads",
-                s(self.num_attention_heads),
-                s(attention.n_heads * tp),
-            )?;
-            mismatch(
-                "num_key_value_heads",
-                s(self.num_key_value_heads),
-                s(attention.n_kv_heads * tp),
-            )?;
-            mismatch("head_dim", s(self.head_dim), s(attention.head_dim))?;
+        let choices = &self.choices;
+        for (i, layer) in model.layers.iter().enumerate() {
+            let heads = match (&layer.attention, &layer.latent) {
+                (Some(attention), _) => attention.n_heads,
+                (None, Some(latent)) => latent.n_heads,
+                (None, None) => unreachable!("a block has grouped-query or latent attention"),
+            };
+            mismatch("num_attention_heads", s(self.num_attention_heads), s(heads * tp))?;
+            let rope = match (&layer.attention, &layer.latent) {
+                (Some(attention), _) => {
+                    mismatch(
+                        "num_key_value_heads",
+                        s(self.num_key_value_heads),
+                        s(attention.n_kv_heads * tp),
+                    )?;
+                    mismatch("head_dim", s(self.head_dim), s(attention.head_dim))?;
+                    let bias = attention.wq.bias.is_some();
+                    mismatch("q/k/v biases", choices.qkv_bias.to_string(), bias.to_string())?;
+                    let norms = attention.q_norm.is_some();
+                    mismatch("q/k norms", choices.qk_norm.to_string(), norms.to_string())?;
+                    mismatch("latent attention", format!("{:?}", choices.latent), "None".into())?;
+                    &attention.rope
+                }
+                (None, Some(latent)) => {
+                    let ours = HfLatent {
+                        q_rank: latent.q_norm.as_ref().map(|norm| norm.weight.dims()[0]),
+                        kv_rank: latent.kv_rank,
+                        qk_nope_dim: latent.qk_nope_dim,
+                        qk_rope_dim: latent.qk_rope_dim,
+                        v_dim: latent.v_dim,
+                        interleaved: choices.latent.is_some_and(|l| l.interleaved),
+                    };
+                    mismatch(
+                        "latent attention",
+                        format!("{:?}", choices.latent),
+                        format!("{:?}", Some(ours)),
+                    )?;
+                    &latent.rope
+                }
+                (None, None) => unreachable!("a block has grouped-query or latent attention"),
+            };
             if let Some(mlp) = &layer.mlp {
                 let [_, f] = mlp.w1.weight.dims();
                 mismatch("intermediate_size", s(self.intermediate_size), s(f * tp))?;
             }
-            mismatch(
-                "rope_theta",
-                self.rope_theta.to_string(),
-                attention.rope.theta().to_string(),
-            )?;
+            mismatch("rope_theta", self.rope_theta.to_string(), rope.theta().to_string())?;
             mismatch(
                 "rope_scaling",
                 format!("{:?}", self.rope_scaling),
-                format!("{:?}", attention.rope.scaling()),
+                format!("{:?}", rope.scaling()),
             )?;
-            let choices = &self.choices;
-            let bias = attention.wq.bias.is_some();
-            mismatch("q/k/v biases", choices.qkv_bias.to_string(), bias.to_string())?;
-            let norms = attention.q_norm.is_some();
-            mismatch("q/k norms", choices.qk_norm.to_string(), norms.to_string())?;
-            let experts = layer.moe.as_ref().map(|moe| HfMoe {
-                experts: moe.n_experts,
-                top_k: moe.router.settings.top_k,
-                expert_size: moe.experts.w1.dims()[2] * groups.etp.size(),
-                normalize: moe.router.settings.normalize,
+            // The experts block `i` should have, and those it has.
+            let first_dense = choices.moe.and_then(|m| m.deepseek).map_or(0, |d| d.first_dense);
+            let expected = choices.moe.filter(|_| i >= first_dense);
+            let experts = layer.moe.as_ref().map(|moe| {
+                let settings = &moe.router.settings;
+                let deepseek = (settings.scoring == Scoring::Sigmoid).then(|| {
+                    let limit = settings.group_limit.unwrap_or(GroupLimit::new(1, 1));
+                    DeepseekRouting {
+                        groups: limit.groups,
+                        top_groups: limit.top_groups,
+                        scaling: settings.scaling,
+                        shared_size: moe.shared.as_ref().map_or(0, |mlp| mlp.w1.weight.dims()[1] * tp),
+                        first_dense,
+                    }
+                });
+                HfMoe {
+                    experts: moe.n_experts,
+                    top_k: settings.top_k,
+                    expert_size: moe.experts.w1.dims()[2] * groups.etp.size(),
+                    normalize: settings.normalize,
+                    deepseek,
+                }
             });
-            mismatch(
-                "mixture of experts",
-                format!("{:?}", choices.moe),
-                format!("{experts:?}"),
-            )?;
+            mismatch("mixture of experts", format!("{expected:?}"), format!("{experts:?}"))?;
         }
         Ok(())
     }
 }
 
-/// A model's MoE blocks as a Hugging Face family's experts: every block, softmax routing, no
-/// shared experts, bias or group limit; anything else refused by name.
+/// A model's MoE blocks as a Hugging Face family's experts: every block with softmax routing
+/// and nothing else (Mixtral, Qwen3-MoE), or DeepSeek-V3's routing after its dense blocks;
+/// anything else refused by name.
 fn hf_moe(blocks: &MoeBlocks) -> Result<HfMoe, HfError> {
     let router = &blocks.layer.router;
     let refuse = |what: &str, value: String| {
         Err(unsupported(
             "model_type",
             value,
-            &format!("the MoE families written (Mixtral, Qwen3-MoE) have no {what}"),
+            &format!("the MoE families written (Mixtral, Qwen3-MoE, DeepSeek-V3) have no {what}"),
         ))
     };
-    if blocks.every != 1 || blocks.first_dense != 0 {
-        return refuse(
-            "dense blocks",
-            format!("every {}, first {} dense", blocks.every, blocks.first_dense),
-        );
-    }
-    if let Some(f) = blocks.layer.shared_d_ff {
-        return refuse("shared experts", format!("a shared expert of {f}"));
-    }
-    if router.scoring != crate::layers::moe::Scoring::Softmax {
-        return refuse("sigmoid routing", format!("{:?} scoring", router.scoring));
-    }
-    if router.expert_bias || router.group_limit.is_some() || router.scaling != 1.0 {
-        return refuse(
-            "expert bias, group-limited routing or weight scaling",
-            format!(
-                "bias {}, groups {:?}, scaling {}",
-                router.expert_bias, router.group_limit, router.scaling
-            ),
-        );
+    if blocks.every != 1 {
+        return refuse("MoE blocks between dense ones", format!("every {}", blocks.every));
     }
     if let Some(capacity) = &blocks.layer.capacity {
         return refuse("expert capacity", format!("{capacity:?}"));
     }
-    Ok(HfMoe {
+    let moe = |deepseek| HfMoe {
         experts: router.n_experts,
         top_k: router.top_k,
         expert_size: blocks.layer.d_ff,
         normalize: router.normalize,
-    })
+        deepseek,
+    };
+    match router.scoring {
+        Scoring::Sigmoid => {
+            // DeepSeek-V3's: a selection bias, groups (one group: none), a shared expert of
+            // whole routed experts' size (or none).
+            let shared = blocks.layer.shared_d_ff.unwrap_or(0);
+            if !router.expert_bias || !shared.is_multiple_of(blocks.layer.d_ff.max(1)) {
+                return refuse(
+                    "sigmoid routing without a selection bias, or shared experts of another size",
+                    format!("bias {}, shared {shared}", router.expert_bias),
+                );
+            }
+            let limit = router.group_limit.unwrap_or(GroupLimit::new(1, 1));
+            Ok(moe(Some(DeepseekRouting {
+                groups: limit.groups,
+                top_groups: limit.top_groups,
+                scaling: router.scaling,
+                shared_size: shared,
+                first_dense: blocks.first_dense,
+            })))
+        }
+        Scoring::Softmax => {
+            if blocks.first_dense != 0 {
+                return refuse("dense blocks", format!("first {} dense", blocks.first_dense));
+            }
+            if let Some(f) = blocks.layer.shared_d_ff {
+                return refuse("shared experts with softmax routing", format!("a shared expert of {f}"));
+            }
+            if router.expert_bias || router.group_limit.is_some() || router.scaling != 1.0 {
+                return refuse(
+                    "expert bias, group-limited routing or weight scaling with softmax routing",
+                    format!(
+                        "bias {}, groups {:?}, scaling {}",
+                        router.expert_bias, router.group_limit, router.scaling
+                    ),
+                );
+            }
+            Ok(moe(None))
+        }
+    }
 }
 
 /// θ and the scaling, from `rope_parameters` (5.x) or `rope_theta` and `rope_scaling` (4.x).
@@ -565,9 +672,9 @@ mod tests {
         assert!(err.to_string().contains("low_freq_factor"), "{err}");
     }
 
-    /// A mixture of experts no family here writes (sigmoid routing with an expert bias,
-    /// DeepSeek-V3's) is refused by name; softmax top-k renormalized is Mixtral, with the heads'
-    /// norms Qwen3-MoE.
+    /// Softmax top-k renormalized is Mixtral, with the heads' norms Qwen3-MoE; DeepSeek-V3's
+    /// routing (sigmoid with a selection bias) is written only with its latent attention, and
+    /// sigmoid routing without a bias by no family: each refusal names why.
     #[test]
     fn experts_are_written_as_the_family_that_has_them() {
         use crate::layers::moe::Scoring;
@@ -579,25 +686,47 @@ mod tests {
         assert_eq!(HfConfig::from_llama(&config).unwrap().family, Family::Mixtral);
         config.attention.qk_norm = Some(config.norm.epsilon);
         assert_eq!(HfConfig::from_llama(&config).unwrap().family, Family::Qwen3Moe);
-        let router = &mut config.moe.as_mut().unwrap().layer.router;
-        (router.scoring, router.expert_bias) = (Scoring::Sigmoid, true);
-        match HfConfig::from_llama(&config) {
+        let refusal = |config: &LlamaConfig| match HfConfig::from_llama(config) {
             Err(HfError::Unsupported { field, detail, .. }) => {
                 assert_eq!(field, "model_type");
-                assert!(detail.contains("sigmoid"), "{detail}");
+                detail
             }
             other => panic!("expected a refusal, got {other:?}"),
-        }
+        };
+        config.moe.as_mut().unwrap().layer.router.scoring = Scoring::Sigmoid;
+        assert!(refusal(&config).contains("without a selection bias"));
+        config.moe.as_mut().unwrap().layer.router.expert_bias = true;
+        assert!(refusal(&config).contains("DeepseekRouting"));
     }
 
     /// Each family's own fields read back as they are written, the MoE ones with their experts.
     #[test]
     fn every_family_reads_back_its_export() {
-        let moe = Some(HfMoe {
+        let softmax = HfMoe {
             experts: 4,
             top_k: 2,
             expert_size: 32,
             normalize: true,
+            deepseek: None,
+        };
+        let moe = Some(softmax);
+        let deepseek = Some(HfMoe {
+            deepseek: Some(DeepseekRouting {
+                groups: 2,
+                top_groups: 1,
+                scaling: 2.5,
+                shared_size: 64,
+                first_dense: 1,
+            }),
+            ..softmax
+        });
+        let latent = Some(HfLatent {
+            q_rank: None,
+            kv_rank: 16,
+            qk_nope_dim: 8,
+            qk_rope_dim: 4,
+            v_dim: 8,
+            interleaved: true,
         });
         for (family, choices) in [
             (Family::Llama, Choices::default()),
@@ -635,6 +764,14 @@ mod tests {
                 Choices {
                     qk_norm: true,
                     moe,
+                    ..Choices::default()
+                },
+            ),
+            (
+                Family::DeepseekV3,
+                Choices {
+                    moe: deepseek,
+                    latent,
                     ..Choices::default()
                 },
             ),

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::compressed::{Compression, is_block_linear, scale_names};
 use super::config::HfConfig;
-use super::{HfError, file_tensor, format_error, io, is_vocab};
+use super::{HfError, RopeColumns, file_tensor, format_error, io, is_vocab, rope_columns};
 use crate::models::llama::{Llama, LlamaConfig};
 use crate::params::{param_infos, param_values};
 use crate::precision::delayed::is_history;
@@ -214,6 +214,11 @@ fn write_checkpoint(
                 }
                 None => gather(&values[entry.index], entry.split_dim, groups)?,
             };
+            let whole = match rope_columns(&hf, &entry.path) {
+                // The file's `[out, in]`: our whole `[in, out]` has `out` columns.
+                Some(columns) => interleaved(whole, entry.shape[0], columns),
+                None => whole,
+            };
             if !writer || failed.is_some() {
                 continue;
             }
@@ -369,6 +374,18 @@ fn gather_experts(
         .convert::<f32>()
         .try_into_vec::<f32>()
         .expect("f32 values"))
+}
+
+/// `values` (`[in, out]` whole, ours) with each run's rotated features put back from halves into
+/// the file's interleaved pairs.
+fn interleaved(values: Vec<f32>, width: usize, columns: RopeColumns) -> Vec<f32> {
+    let mut out = vec![0.0; values.len()];
+    for (row, into) in values.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+        for (c, v) in row.iter().enumerate() {
+            into[columns.file_index(c)] = *v;
+        }
+    }
+    out
 }
 
 /// `values` (our layout, gathered) in the file's layout: transposed to `[out, in]`, rows past

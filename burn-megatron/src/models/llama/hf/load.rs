@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use super::compressed::{Compression, Input, is_block_linear, scale_names};
 use super::config::read_config;
-use super::{FileTensor, HfError, file_tensor, format_error, io, is_vocab};
+use super::{FileTensor, HfError, RopeColumns, file_tensor, format_error, io, is_vocab, rope_columns};
 use crate::models::llama::{Llama, WordEmbeddings};
 use crate::models::llama::{Site, linear_mut};
 use crate::params::{map_params, param_infos, param_values};
@@ -297,6 +297,9 @@ pub fn load(dir: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, H
             0
         };
         let mut local_values = checkpoint.read_local(stored, transposed, local, dim, start);
+        if let Some(columns) = rope_columns(&config, &info.path) {
+            local_values = halves(local_values, local[1], columns);
+        }
         if let Some(scheme) = compressed {
             // Our [in, out'] slice: output channel `c` is global `c + offset`.
             let offset = if info.split_dim == Some(1) { start } else { 0 };
@@ -359,4 +362,14 @@ pub fn load(dir: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, H
         }
     }
     Ok(model)
+}
+
+/// `values` (`[in, out]`, out features in the file's order, whole heads) with each run's rotated
+/// features moved from interleaved pairs into halves ([`RopeColumns::file_index`]).
+fn halves(values: Vec<f32>, width: usize, columns: RopeColumns) -> Vec<f32> {
+    let sources: Vec<usize> = (0..width).map(|c| columns.file_index(c)).collect();
+    values
+        .chunks_exact(width)
+        .flat_map(|row| sources.iter().map(|&c| row[c]))
+        .collect()
 }

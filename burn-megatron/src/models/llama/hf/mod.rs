@@ -28,7 +28,7 @@ mod tokenizer;
 pub use compressed::{Compression, Input};
 pub use config::{HfConfig, config, read_config};
 pub use export::{ExportDType, ExportOptions, save, save_quantized};
-pub use family::{Choices, Family, HfMoe};
+pub use family::{Choices, DeepseekRouting, Family, HfLatent, HfMoe, RopeColumns};
 pub use load::load;
 pub use tokenizer::tokenizer;
 
@@ -121,16 +121,40 @@ const BLOCK: [(&str, &str, bool); 14] = [
 /// A block's tensors under `family`'s names: [`BLOCK`] and its MoE block's router and experts
 /// (ours, theirs, transposed, one tensor an expert).
 fn block_names(family: Family) -> impl Iterator<Item = (&'static str, &'static str, bool, bool)> {
-    let dense = BLOCK.into_iter().map(|(ours, theirs, t)| (ours, theirs, t, false));
-    let moe = family.spec().moe.as_ref().into_iter().flat_map(|names| {
+    let spec = family.spec();
+    // The family's own first: its names win where the Llama's are the same (DeepSeek-V3's
+    // `o_proj` is latent attention's).
+    let dense = spec
+        .block
+        .iter()
+        .chain(&BLOCK)
+        .map(|&(ours, theirs, t)| (ours, theirs, t, false));
+    let moe = spec.moe.as_ref().into_iter().flat_map(|names| {
+        let bias = names.bias.map(|bias| ("moe.router.bias", bias, false, false));
+        let shared = names.shared.into_iter().flat_map(|[gate, down, up]| {
+            [
+                ("moe.shared.w1.weight", gate, true, false),
+                ("moe.shared.w2.weight", down, true, false),
+                ("moe.shared.w3.weight", up, true, false),
+            ]
+        });
         [
             ("moe.router.weight", names.router, true, false),
             ("moe.experts.w1", names.gate, true, true),
             ("moe.experts.w2", names.down, true, true),
             ("moe.experts.w3", names.up, true, true),
         ]
+        .into_iter()
+        .chain(bias)
+        .chain(shared)
     });
     dense.chain(moe)
+}
+
+/// Which of our parameter `path`'s output features `config`'s file stores in interleaved pairs.
+fn rope_columns(config: &HfConfig, path: &str) -> Option<RopeColumns> {
+    let (_, field) = path.strip_prefix("layers.")?.split_once('.')?;
+    (config.family.spec().rope_columns)(config, field)
 }
 
 /// Where our parameter `path` lies in `family`'s file.

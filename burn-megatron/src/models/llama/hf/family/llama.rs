@@ -2,7 +2,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{Choices, Spec, no_attention_bias, put};
+use super::{Choices, Spec, no_attention_bias, no_rope_columns, put};
 use crate::models::llama::hf::HfError;
 use crate::models::llama::hf::config::{HfConfig, Raw};
 
@@ -10,6 +10,8 @@ pub(super) const SPEC: Spec = Spec {
     model_type: "llama",
     architecture: "LlamaForCausalLM",
     moe: None,
+    block: &[],
+    rope_columns: no_rope_columns,
     read,
     write,
 };

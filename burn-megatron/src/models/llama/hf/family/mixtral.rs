@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{Choices, MoeNames, Spec, moe, put, put_moe, unsupported};
+use super::{Choices, MoeNames, Spec, moe, no_rope_columns, put, put_moe, unsupported};
 use crate::models::llama::hf::HfError;
 use crate::models::llama::hf::config::{HfConfig, Raw};
 
@@ -11,11 +11,15 @@ pub(super) const SPEC: Spec = Spec {
     model_type: "mixtral",
     architecture: "MixtralForCausalLM",
     moe: Some(MoeNames {
+        bias: None,
+        shared: None,
         router: "block_sparse_moe.gate.weight",
         gate: "block_sparse_moe.experts.{j}.w1.weight",
         down: "block_sparse_moe.experts.{j}.w2.weight",
         up: "block_sparse_moe.experts.{j}.w3.weight",
     }),
+    block: &[],
+    rope_columns: no_rope_columns,
     read,
     write,
 };

@@ -4,6 +4,7 @@
 //! and experts. Everything else — the embedding, the norms, attention's and the dense MLP's
 //! projections — has the Llama's names in every family.
 
+mod deepseek_v3;
 mod llama;
 mod mistral;
 mod mixtral;
@@ -25,6 +26,7 @@ pub enum Family {
     Qwen3,
     Mixtral,
     Qwen3Moe,
+    DeepseekV3,
 }
 
 /// What a family's `config.json` chooses beyond the Llama's sizes and rope.
@@ -37,26 +39,84 @@ pub struct Choices {
     /// The sliding attention window, where one applies (Mistral; Qwen with
     /// `use_sliding_window`).
     pub sliding_window: Option<usize>,
-    /// The mixture of experts of every block (Mixtral, Qwen3-MoE).
+    /// The mixture of experts of the blocks (Mixtral, Qwen3-MoE, DeepSeek-V3).
     pub moe: Option<HfMoe>,
+    /// Multi-head latent attention instead of grouped-query attention (DeepSeek-V3).
+    pub latent: Option<HfLatent>,
 }
 
-/// A family's mixture of experts: softmax routing to the `top_k` best of `experts` SwiGLU
-/// experts of hidden size `expert_size`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A family's mixture of experts: routing to the `top_k` best of `experts` SwiGLU experts of
+/// hidden size `expert_size`, softmax-scored (Mixtral, Qwen3-MoE) or DeepSeek-V3's way.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct HfMoe {
     pub experts: usize,
     pub top_k: usize,
     pub expert_size: usize,
-    /// The chosen experts' weights renormalized to sum to 1 (Mixtral always; Qwen3-MoE's
-    /// `norm_topk_prob`).
+    /// The chosen experts' weights renormalized to sum to 1 (Mixtral always; Qwen3-MoE's and
+    /// DeepSeek-V3's `norm_topk_prob`).
     pub normalize: bool,
+    /// DeepSeek-V3's routing: sigmoid scores, a selection bias, the best `topk_group` of
+    /// `n_group` groups, the weights scaled, shared experts, the first blocks dense.
+    pub deepseek: Option<DeepseekRouting>,
+}
+
+/// DeepSeek-V3's routing beyond the top k.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeepseekRouting {
+    pub groups: usize,
+    pub top_groups: usize,
+    /// `routed_scaling_factor`.
+    pub scaling: f64,
+    /// The shared experts' hidden size together (`n_shared_experts · moe_intermediate_size`).
+    pub shared_size: usize,
+    /// `first_k_dense_replace`.
+    pub first_dense: usize,
+}
+
+/// A family's multi-head latent attention (DeepSeek-V3's sizes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HfLatent {
+    pub q_rank: Option<usize>,
+    pub kv_rank: usize,
+    pub qk_nope_dim: usize,
+    pub qk_rope_dim: usize,
+    pub v_dim: usize,
+    /// The rotated dims stored as interleaved pairs (`rope_interleave`): each rotated
+    /// projection's output features are reordered into halves on load and back on export.
+    pub interleaved: bool,
+}
+
+/// Output features of a projection the file stores in interleaved pairs and the model in
+/// halves: within each run of `period` features, the `width` from `offset`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RopeColumns {
+    pub period: usize,
+    pub offset: usize,
+    pub width: usize,
+}
+
+impl RopeColumns {
+    /// Where our feature `c` lies in the file: pair `p`'s first element (our `p`) at `2p`, its
+    /// second (our `width/2 + p`) at `2p + 1`.
+    pub fn file_index(&self, c: usize) -> usize {
+        let (run, within) = (c / self.period, c % self.period);
+        let Some(p) = within.checked_sub(self.offset).filter(|p| *p < self.width) else {
+            return c;
+        };
+        let half = self.width / 2;
+        let file = if p < half { 2 * p } else { 2 * (p - half) + 1 };
+        run * self.period + self.offset + file
+    }
 }
 
 /// Where a MoE block keeps its router and experts in the file, under `model.layers.{i}.`.
 pub(super) struct MoeNames {
     /// The router's `[experts, d]` weight.
     pub router: &'static str,
+    /// Its selection bias, where it has one (DeepSeek-V3's `e_score_correction_bias`).
+    pub bias: Option<&'static str>,
+    /// The shared expert's gate, down and up projections, where there is one.
+    pub shared: Option<[&'static str; 3]>,
     /// Expert `{j}`'s gate, down and up projections (`[f, d]`, `[d, f]`, `[f, d]`).
     pub gate: &'static str,
     pub down: &'static str,
@@ -68,6 +128,11 @@ pub(super) struct Spec {
     pub model_type: &'static str,
     pub architecture: &'static str,
     pub moe: Option<MoeNames>,
+    /// A block's tensors beyond the Llama's (ours, theirs, transposed): latent attention's.
+    pub block: &'static [(&'static str, &'static str, bool)],
+    /// Which of our block's weights (by their field under `layers.{i}.`) the file stores with
+    /// rotated features in interleaved pairs.
+    pub rope_columns: fn(&HfConfig, &str) -> Option<RopeColumns>,
     /// The family's fields of `config.json`, each value it cannot build refused by name.
     pub read: fn(&Raw) -> Result<Choices, HfError>,
     /// Those fields as transformers reads them.
@@ -75,13 +140,14 @@ pub(super) struct Spec {
 }
 
 impl Family {
-    pub const ALL: [Family; 6] = [
+    pub const ALL: [Family; 7] = [
         Self::Llama,
         Self::Mistral,
         Self::Qwen2,
         Self::Qwen3,
         Self::Mixtral,
         Self::Qwen3Moe,
+        Self::DeepseekV3,
     ];
 
     pub(super) fn spec(self) -> &'static Spec {
@@ -92,6 +158,7 @@ impl Family {
             Self::Qwen3 => &qwen3::SPEC,
             Self::Mixtral => &mixtral::SPEC,
             Self::Qwen3Moe => &qwen3_moe::SPEC,
+            Self::DeepseekV3 => &deepseek_v3::SPEC,
         }
     }
 
@@ -110,23 +177,34 @@ impl Family {
             })
     }
 
-    /// The family that writes `choices` (what an export is opened as): a mixture of experts is
-    /// Qwen3-MoE with q/k norms and Mixtral without, dense heads with norms Qwen3, q/k/v biases
-    /// Qwen2, a sliding window alone Mistral, and anything else a Llama.
+    /// The family that writes `choices` (what an export is opened as): latent attention is
+    /// DeepSeek-V3, a mixture of experts Qwen3-MoE with q/k norms and Mixtral without, dense
+    /// heads with norms Qwen3, q/k/v biases Qwen2, a sliding window alone Mistral, and anything
+    /// else a Llama.
     pub fn of_choices(choices: &Choices) -> Result<Self, HfError> {
-        let family = match (&choices.moe, choices.qk_norm, choices.qkv_bias) {
-            (Some(_), true, _) => Self::Qwen3Moe,
-            (Some(_), false, _) => Self::Mixtral,
-            (None, true, _) => Self::Qwen3,
-            (None, false, true) => Self::Qwen2,
-            (None, false, false) if choices.sliding_window.is_some() => Self::Mistral,
-            (None, false, false) => Self::Llama,
+        let family = match (&choices.latent, &choices.moe, choices.qk_norm, choices.qkv_bias) {
+            (Some(_), ..) => Self::DeepseekV3,
+            (None, Some(_), true, _) => Self::Qwen3Moe,
+            (None, Some(_), false, _) => Self::Mixtral,
+            (None, None, true, _) => Self::Qwen3,
+            (None, None, false, true) => Self::Qwen2,
+            (None, None, false, false) if choices.sliding_window.is_some() => Self::Mistral,
+            (None, None, false, false) => Self::Llama,
         };
         // What the family's fields cannot say: Qwen3's `attention_bias` biases the output
-        // projection too, and Mixtral always renormalizes.
+        // projection too, Mixtral always renormalizes, only DeepSeek-V3 routes its way, and
+        // DeepSeek-V3 has no sliding window, q/k norms or biases.
+        let deepseek = choices.moe.is_some_and(|m| m.deepseek.is_some());
         let expressible = match family {
-            Self::Qwen3 | Self::Qwen3Moe => !choices.qkv_bias,
-            Self::Mixtral => !choices.qkv_bias && choices.moe.is_some_and(|m| m.normalize),
+            Self::Qwen3 => !choices.qkv_bias,
+            Self::Qwen3Moe => !choices.qkv_bias && !deepseek,
+            Self::Mixtral => !choices.qkv_bias && !deepseek && choices.moe.is_some_and(|m| m.normalize),
+            Self::DeepseekV3 => {
+                !choices.qkv_bias
+                    && !choices.qk_norm
+                    && choices.sliding_window.is_none()
+                    && choices.moe.is_none_or(|m| m.deepseek.is_some())
+            }
             _ => true,
         };
         match expressible {
@@ -204,7 +282,13 @@ fn moe(experts: Option<usize>, expert_size: Option<usize>, normalize: bool, raw:
         top_k: raw.num_experts_per_tok.unwrap_or(2),
         expert_size,
         normalize,
+        deepseek: None,
     })
+}
+
+/// No family but DeepSeek-V3 stores rotated features interleaved.
+fn no_rope_columns(_: &HfConfig, _: &str) -> Option<RopeColumns> {
+    None
 }
 
 /// Writes `field: value` into `json`.

@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{Choices, Spec, no_attention_bias, put, put_qwen_window, qwen_window};
+use super::{Choices, Spec, no_attention_bias, no_rope_columns, put, put_qwen_window, qwen_window};
 use crate::models::llama::hf::HfError;
 use crate::models::llama::hf::config::{HfConfig, Raw};
 
@@ -11,6 +11,8 @@ pub(super) const SPEC: Spec = Spec {
     model_type: "qwen3",
     architecture: "Qwen3ForCausalLM",
     moe: None,
+    block: &[],
+    rope_columns: no_rope_columns,
     read,
     write,
 };

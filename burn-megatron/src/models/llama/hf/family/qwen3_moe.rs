@@ -4,7 +4,10 @@
 
 use serde_json::{Map, Value};
 
-use super::{Choices, MoeNames, Spec, moe, no_attention_bias, put, put_moe, put_qwen_window, qwen_window, unsupported};
+use super::{
+    Choices, MoeNames, Spec, moe, no_attention_bias, no_rope_columns, put, put_moe, put_qwen_window, qwen_window,
+    unsupported,
+};
 use crate::models::llama::hf::HfError;
 use crate::models::llama::hf::config::{HfConfig, Raw};
 
@@ -12,11 +15,15 @@ pub(super) const SPEC: Spec = Spec {
     model_type: "qwen3_moe",
     architecture: "Qwen3MoeForCausalLM",
     moe: Some(MoeNames {
+        bias: None,
+        shared: None,
         router: "mlp.gate.weight",
         gate: "mlp.experts.{j}.gate_proj.weight",
         down: "mlp.experts.{j}.down_proj.weight",
         up: "mlp.experts.{j}.up_proj.weight",
     }),
+    block: &[],
+    rope_columns: no_rope_columns,
     read,
     write,
 };
