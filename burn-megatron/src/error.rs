@@ -113,10 +113,12 @@ pub enum ConfigError {
     },
     #[error("decoding with a KV cache runs on whole sequences: plan the model without context parallelism (cp = 1)")]
     DecodingContextParallel,
+    #[error("decoding with a KV cache is built for grouped-query attention; this model's blocks have latent attention")]
+    DecodingLatentAttention,
     #[error("learning-rate schedule: {detail}")]
     Schedule { detail: String },
     #[error(
-        "unknown preset {0:?}: expected tiny, tiny-moe, llama-1b, llama-1b-32k, moe-4b, llama-8b, smollm2-135m, qwen3-1.7b or qwen3-moe-2b"
+        "unknown preset {0:?}: expected tiny, tiny-moe, llama-1b, llama-1b-32k, moe-4b, llama-8b, smollm2-135m, qwen3-1.7b, qwen3-moe-2b or dsv3-2b"
     )]
     UnknownPreset(String),
 }

@@ -26,7 +26,7 @@ pub struct Args {
     /// The job file (TOML); the defaults, the tiny preset, when not given.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// tiny, tiny-moe, llama-1b, llama-1b-32k, moe-4b, llama-8b, smollm2-135m, qwen3-1.7b or qwen3-moe-2b.
+    /// tiny, tiny-moe, llama-1b, llama-1b-32k, moe-4b, llama-8b, smollm2-135m, qwen3-1.7b, qwen3-moe-2b or dsv3-2b.
     #[arg(long, value_name = "NAME")]
     pub preset: Option<String>,
     /// Fine-tune a Hugging Face model from its directory.

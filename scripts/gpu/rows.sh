@@ -31,7 +31,7 @@
 #   curves-torch [shakespeare.txt; torchao] the same in PyTorch: bf16 and torchao float8 tensorwise
 #   moe          [bench; megatron-core?]   moe-4b beside PyTorch's grouped_mm MoE + compile (and
 #                                          Megatron Core's MoE)
-#   families     [bench]                   qwen3-1.7b and qwen3-moe-2b beside transformers + compile
+#   families     [bench]                   qwen3-1.7b, qwen3-moe-2b and dsv3-2b beside transformers + compile
 #                                          (hf_families.py)
 #   context      [bench]                   llama-1b-32k at cp 1 beside PyTorch at cp 1 + compile; on
 #                                          two GPUs also cp 2 beside PyTorch's context parallelism
@@ -156,7 +156,7 @@ for mode in "$@"; do
       wheel megatron_core && peer megatron-moe 200 moe-4b megatron-moe
       ;;
     families)
-      for preset in qwen3-1.7b qwen3-moe-2b; do
+      for preset in qwen3-1.7b qwen3-moe-2b dsv3-2b; do
         ours "$preset" 180 --preset "$preset" "${ROW[@]}"
         peer "hf-$preset" 300 "$preset" hf
       done

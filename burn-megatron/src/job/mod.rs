@@ -102,7 +102,7 @@ pub enum DeviceKind {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSection {
-    /// `tiny`, `tiny-moe`, `llama-1b`, `llama-1b-32k`, `moe-4b`, `llama-8b`, `smollm2-135m`, `qwen3-1.7b` or `qwen3-moe-2b`
+    /// `tiny`, `tiny-moe`, `llama-1b`, `llama-1b-32k`, `moe-4b`, `llama-8b`, `smollm2-135m`, `qwen3-1.7b`, `qwen3-moe-2b` or `dsv3-2b`
     /// (`tiny` when neither `hf` nor `gguf` names the model).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preset: Option<String>,

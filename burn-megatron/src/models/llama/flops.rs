@@ -1,7 +1,7 @@
 //! A training step's arithmetic by Megatron's convention (no causal discount), which MFU
 //! divides by: `6·P` a token for the products of `P` matmul parameters (forward and backward),
-//! plus `12·layers·seq·heads·head_dim` for attention's scores and values (`12·layers·seq·hidden`
-//! where the heads are the model's width). A mixture of experts counts the experts a token visits
+//! plus `6·layers·seq·heads·(qk + v)` for attention's scores and values over each head's q/k and
+//! v widths (`12·layers·seq·hidden` where the heads are the model's width). A mixture of experts counts the experts a token visits
 //! and its router. The count is `examples/bench/peers/hf_families.py`'s for every family built.
 
 use super::LlamaConfig;
@@ -9,12 +9,24 @@ use super::LlamaConfig;
 impl LlamaConfig {
     /// The parameters a token's products touch: each block's attention (`2h·heads·k` for q and
     /// the output, `2h·kv_heads·k` for k and v: `4h²` for multi-head attention as wide as the
-    /// model) and its MLP (`3h·ffn`; a MoE block's `3h·ffn·top_k`, its shared expert and router),
+    /// model; latent attention's down and up projections) and its MLP (`3h·ffn`; a MoE block's `3h·ffn·top_k`, its shared expert and router),
     /// and the output layer's `vocab·h`.
     pub fn matmul_params(&self) -> usize {
         let (h, f, v) = (self.attention.d_model, self.mlp.d_ff, self.embedding.vocab_size);
         let a = &self.attention;
-        let attention = 2 * h * a.n_heads * a.head_dim() + 2 * h * a.n_kv_heads * a.head_dim();
+        let attention = match &self.latent {
+            // The query's projection (down and up, or whole), the key/value latent's down (with
+            // the shared rotated key) and up, the output.
+            Some(l) => {
+                let (heads, qk, v) = (l.n_heads, l.qk_dim(), l.v_dim);
+                let query = match l.q_rank {
+                    Some(cq) => h * cq + cq * heads * qk,
+                    None => h * heads * qk,
+                };
+                query + h * (l.kv_rank + l.qk_rope_dim) + l.kv_rank * heads * (l.qk_nope_dim + v) + heads * v * h
+            }
+            None => 2 * h * a.n_heads * a.head_dim() + 2 * h * a.n_kv_heads * a.head_dim(),
+        };
         let ffn = |i: usize| match self.moe.as_ref().filter(|m| m.holds(i)) {
             Some(moe) => {
                 let router = &moe.layer.router;
@@ -29,8 +41,16 @@ impl LlamaConfig {
 
     /// Floating-point operations a training step spends on each token of sequences of `seq`.
     pub fn flops_per_token(&self, seq: usize) -> f64 {
-        let (width, l) = (self.attention.n_heads * self.attention.head_dim(), self.n_layers);
-        6.0 * self.matmul_params() as f64 + 12.0 * (l * seq * width) as f64
+        // Each head's scores over its q/k width and its values over v's.
+        let (heads, qk, v) = match &self.latent {
+            Some(l) => (l.n_heads, l.qk_dim(), l.v_dim),
+            None => (
+                self.attention.n_heads,
+                self.attention.head_dim(),
+                self.attention.head_dim(),
+            ),
+        };
+        6.0 * self.matmul_params() as f64 + 6.0 * (self.n_layers * seq * heads * (qk + v)) as f64
     }
 }
 
@@ -45,6 +65,21 @@ mod tests {
         let per_block = 4 * 2048 * 2048 + 3 * 2048 * 5632;
         assert_eq!(model.matmul_params(), 16 * per_block + 32_768 * 2048);
         let flops = 6.0 * model.matmul_params() as f64 + 12.0 * (16 * 2048 * 2048) as f64;
+        assert_eq!(model.flops_per_token(2048), flops);
+    }
+
+    /// dsv3-2b by `hf_families.py`'s count: latent attention's `1536·768 + 768·16·192` (q),
+    /// `1536·(512 + 64) + 512·16·(128 + 128)` (kv), `16·128·1536` (output); block 0's dense MLP
+    /// `3·1536·6144`, the others' 4 routed and 1 shared experts of `3·1536·768` and the router;
+    /// attention `6·16·seq·16·(192 + 128)`.
+    #[test]
+    fn dsv3_2b_as_the_peer_counts() {
+        let model = preset("dsv3-2b").unwrap().model;
+        let attention = 1536 * 768 + 768 * 16 * 192 + 1536 * (512 + 64) + 512 * 16 * 256 + 16 * 128 * 1536;
+        let moe = 3 * 1536 * 768 * 5 + 1536 * 32;
+        let mlp = 3 * 1536 * 6144 + 15 * moe;
+        assert_eq!(model.matmul_params(), 16 * attention + mlp + 32_768 * 1536);
+        let flops = 6.0 * model.matmul_params() as f64 + 6.0 * (16 * 2048 * 16 * (192 + 128)) as f64;
         assert_eq!(model.flops_per_token(2048), flops);
     }
 

@@ -4,7 +4,8 @@ use burn_megatron_dist::ParallelDims;
 
 use super::model::{LlamaConfig, MoeBlocks, WordEmbeddings};
 use crate::error::ConfigError;
-use crate::layers::moe::{MoeConfig, RouterConfig};
+use crate::layers::LatentAttentionConfig;
+use crate::layers::moe::{GroupLimit, MoeConfig, RouterConfig, Scoring};
 use crate::plan::{ParallelPlan, TensorParallel};
 
 /// A model with the batch it trains on.
@@ -117,6 +118,32 @@ pub fn qwen3_moe_2b() -> LlamaRecipe {
     }
 }
 
+/// `hf_families.py`'s `dsv3-2b` (DeepSeek-V3's layout at one GPU's size): hidden 1536, 16 layers
+/// of multi-head latent attention (16 heads; q latent 768, kv latent 512; heads of 128 + 64
+/// rotated, values of 128), block 0 dense (ffn 6144), then 32 routed experts of 768 scored by
+/// sigmoid with a selection bias, top 4 within the best 2 of 4 groups, renormalized and scaled
+/// by 2.5, and one shared expert; vocab 32768, untied, RoPE θ 1e4, ε 1e-6, 4096 positions; seq
+/// 2048, batch 4.
+pub fn dsv3_2b() -> LlamaRecipe {
+    let mut model = LlamaConfig::llama(32768, 1536, 16, 16, 16, 6144, 4096);
+    model.norm.epsilon = 1e-6;
+    model.latent = Some(LatentAttentionConfig::new(1536, 16, 512, 128, 64, 128, 4096).with_q_rank(Some(768)));
+    let router = RouterConfig::new(1536, 32, 4)
+        .with_scoring(Scoring::Sigmoid)
+        .with_normalize(true)
+        .with_expert_bias(true)
+        .with_group_limit(Some(GroupLimit::new(4, 2)))
+        .with_scaling(2.5);
+    let layer = MoeConfig::new(router, 768).with_shared_d_ff(Some(768));
+    model.moe = Some(MoeBlocks::new(layer).with_first_dense(1));
+    LlamaRecipe {
+        name: "dsv3-2b",
+        model,
+        seq_len: 2048,
+        batch_size: 4,
+    }
+}
+
 /// Qwen3's attention and norms on `model`: RoPE θ 1e6, RMSNorm ε 1e-6, each head's q and k
 /// RMS-normalized with it.
 fn qwen3_attention(model: &mut LlamaConfig) {
@@ -157,7 +184,7 @@ pub fn moe_4b() -> LlamaRecipe {
 }
 
 /// A preset by name: `tiny`, `tiny-moe`, `llama-1b`, `llama-1b-32k`, `moe-4b`, `llama-8b`,
-/// `smollm2-135m`, `qwen3-1.7b` or `qwen3-moe-2b`.
+/// `smollm2-135m`, `qwen3-1.7b`, `qwen3-moe-2b` or `dsv3-2b`.
 pub fn preset(name: &str) -> Result<LlamaRecipe, ConfigError> {
     match name {
         "tiny" => Ok(tiny()),
@@ -169,6 +196,7 @@ pub fn preset(name: &str) -> Result<LlamaRecipe, ConfigError> {
         "smollm2-135m" => Ok(smollm2_135m()),
         "qwen3-1.7b" => Ok(qwen3_1_7b()),
         "qwen3-moe-2b" => Ok(qwen3_moe_2b()),
+        "dsv3-2b" => Ok(dsv3_2b()),
         other => Err(ConfigError::UnknownPreset(other.to_string())),
     }
 }
