@@ -11,6 +11,7 @@ use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron::init::{InitMode, ParamInit};
+use burn_megatron::layers::context::ContextLayout;
 use burn_megatron::models::llama::generate::{GenerateConfig, Sampling, generate};
 use burn_megatron::models::llama::hf::{self, ExportDType, ExportOptions, HfError};
 use burn_megatron::models::llama::{Llama, LlamaConfig};
@@ -37,6 +38,9 @@ enum Layout {
     /// tp with sequence parallelism over every rank and the experts over the same ranks (ep,
     /// each expert whole: etp 1).
     Experts,
+    /// Context parallelism over every rank (ring attention): each rank its chunks of every
+    /// sequence.
+    Context,
 }
 
 impl Layout {
@@ -48,12 +52,16 @@ impl Layout {
                 etp: Some(1),
                 ..ParallelDims::tp_dp(world, 1)
             },
+            Self::Context => ParallelDims {
+                cp: world,
+                ..ParallelDims::single()
+            },
         }
     }
 
     fn tensor(self) -> TensorParallel {
         match self {
-            Self::Tensor { sp: false } => TensorParallel::Plain,
+            Self::Tensor { sp: false } | Self::Context => TensorParallel::Plain,
             _ => TensorParallel::SequenceParallel,
         }
     }
@@ -93,9 +101,14 @@ fn matches_at(h: &Harness, name: &str, layout: Layout) {
         let g = &ctx.groups;
         let (model, _) = loaded(&dir, layout, g, &dev);
         let (ids, targets) = batch(&expected, &dev);
+        // Under context parallelism each rank reads its chunks; its loss is scaled so that the
+        // mean over cp is the whole batch's, and so are its gradients.
+        let chunks = ContextLayout::new(&g.cp);
+        let (ids, targets) = (chunks.shard(ids, 1).unwrap(), chunks.shard(targets, 1).unwrap());
         let (logits, _) = model.forward_report(ids).unwrap(); // [b, s, v']
         let loss = model.loss.forward(logits.clone(), targets).unwrap();
         let grads = loss.backward();
+        let loss = g.cp.all_reduce(loss, ReduceOp::Avg).unwrap();
         let what = format!("{name} {layout:?} world {}", h.world);
 
         // transformers' f32 sums in another order, as for the Llama fixtures (hf_suite): measured
@@ -105,8 +118,12 @@ fn matches_at(h: &Harness, name: &str, layout: Layout) {
         let want = expected["loss"].as_f64().unwrap();
         assert!((loss - want).abs() <= 1e-5 * want, "{what}: loss {loss} vs {want}");
 
-        // Under sequence parallelism each rank's logits are its tokens' whole vocabulary share.
+        // Under sequence parallelism each rank's logits are its tokens' whole vocabulary share;
+        // under context parallelism its chunks', which the loss and gradients cover.
         let logits = g.tp.all_gather(logits.detach(), 2).unwrap().narrow(2, 0, VOCAB); // [b, s, v]
+        if g.cp.size() > 1 {
+            return check_grad_norms(&model, &grads, g, family, &expected, &what);
+        }
         let ours = logits.into_data().convert::<f64>().try_into_vec::<f64>().unwrap();
         let theirs: Vec<f64> = expected["logits"]
             .as_array()
@@ -125,39 +142,52 @@ fn matches_at(h: &Harness, name: &str, layout: Layout) {
             "{what}: logits differ by {worst:e} (scale {scale:e})"
         );
 
-        let norms = expected["grad_norms"].as_object().unwrap();
-        let infos = param_infos(&model);
-        // A router's selection bias is no trained parameter (transformers' is a buffer).
-        let trained = infos.iter().filter(|info| info.trainable).count();
-        assert_eq!(trained, norms.len(), "{what}: parameters {infos:?}");
-        for (info, grad) in infos.iter().zip(param_grads(&model, &grads)) {
-            if !info.trainable {
-                continue;
-            }
-            let grad = grad.expect("every parameter takes part in the loss");
-            let mut squares = grad.clone().mul(grad).sum();
-            // A split parameter's squares summed over its ranks: experts over etp and ep, the
-            // rest over tp.
-            if info.expert {
-                squares = g.etp.all_reduce(squares, ReduceOp::Sum).unwrap();
-                squares = g.ep.all_reduce(squares, ReduceOp::Sum).unwrap();
-            } else if info.tp_split {
-                squares = g.tp.all_reduce(squares, ReduceOp::Sum).unwrap();
-            }
-            let norm = squares.into_scalar::<f64>().sqrt();
-            let (file_name, want) = norms
-                .iter()
-                .find(|(n, _)| hf::our_path(family, n).as_deref() == Some(info.path.as_str()))
-                .unwrap_or_else(|| panic!("{what}: no transformers gradient for {}", info.path));
-            let want = want.as_f64().unwrap();
-            // The reordered sums through the backward pass, a norm averaging their rounding
-            // (hf_suite measured 6e-7 relative); 1e-5.
-            assert!(
-                (norm - want).abs() <= 1e-5 * want,
-                "{what}: |grad {file_name}| {norm} vs {want}"
-            );
-        }
+        check_grad_norms(&model, &grads, g, family, &expected, &what);
     });
+}
+
+/// Every trained parameter's gradient norm against transformers' (by its name in the file): a
+/// split parameter's squares summed over its ranks (experts over etp and ep, the rest over tp),
+/// each gradient averaged over cp first (each cp rank's is its chunks').
+fn check_grad_norms(
+    model: &Llama,
+    grads: &burn::tensor::Gradients,
+    g: &ProcessGroups,
+    family: hf::Family,
+    expected: &Value,
+    what: &str,
+) {
+    let norms = expected["grad_norms"].as_object().unwrap();
+    let infos = param_infos(model);
+    // A router's selection bias is no trained parameter (transformers' is a buffer).
+    let trained = infos.iter().filter(|info| info.trainable).count();
+    assert_eq!(trained, norms.len(), "{what}: parameters {infos:?}");
+    for (info, grad) in infos.iter().zip(param_grads(model, grads)) {
+        if !info.trainable {
+            continue;
+        }
+        let grad = grad.expect("every parameter takes part in the loss");
+        let grad = g.cp.all_reduce(grad, ReduceOp::Avg).unwrap();
+        let mut squares = grad.clone().mul(grad).sum();
+        if info.expert {
+            squares = g.etp.all_reduce(squares, ReduceOp::Sum).unwrap();
+            squares = g.ep.all_reduce(squares, ReduceOp::Sum).unwrap();
+        } else if info.tp_split {
+            squares = g.tp.all_reduce(squares, ReduceOp::Sum).unwrap();
+        }
+        let norm = squares.into_scalar::<f64>().sqrt();
+        let (file_name, want) = norms
+            .iter()
+            .find(|(n, _)| hf::our_path(family, n).as_deref() == Some(info.path.as_str()))
+            .unwrap_or_else(|| panic!("{what}: no transformers gradient for {}", info.path));
+        let want = want.as_f64().unwrap();
+        // The reordered sums through the backward pass, a norm averaging their rounding
+        // (hf_suite measured 6e-7 relative); 1e-5.
+        assert!(
+            (norm - want).abs() <= 1e-5 * want,
+            "{what}: |grad {file_name}| {norm} vs {want}"
+        );
+    }
 }
 
 /// Fixture `name` at tp over every rank, plain and with sequence parallelism; a MoE family's
@@ -166,8 +196,13 @@ fn matches_transformers(h: &Harness, name: &str) {
     for sp in [false, true] {
         matches_at(h, name, Layout::Tensor { sp });
     }
-    if hf::read_config(&fixture(name)).unwrap().choices.moe.is_some() {
+    let choices = hf::read_config(&fixture(name)).unwrap().choices;
+    if choices.moe.is_some() {
         matches_at(h, name, Layout::Experts);
+    }
+    // One dense family and latent attention (its q/k and v of unequal widths) under cp.
+    if name == "mistral" || choices.latent.is_some() {
+        matches_at(h, name, Layout::Context);
     }
 }
 

@@ -97,16 +97,19 @@ impl BlockAttention {
             .reshape([b, h / per_kv, l, d])
     }
 
-    /// The output (`q`'s dtype) and lse₂ (f32) of this rank's queries.
+    /// The output (`q`'s dtype) and lse₂ (f32) of this rank's queries. Keys and values travel
+    /// side by side along their last dim (`[b, g, 2L, d + dv]`), so values may be narrower than
+    /// queries and keys (latent attention's).
     ///
     /// # Shapes
-    /// q `[b, h, 2L, d]`, k and v `[b, g, 2L, d]` → `[b, h, 2L, d]`, `[b, h, 2L]`
+    /// q and k `[b, h|g, 2L, d]`, v `[b, g, 2L, dv]` → `[b, h, 2L, dv]`, `[b, h, 2L]`
     pub fn forward(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Result<(Tensor<4>, Tensor<3>), CommError> {
-        let [b, h, s2, _] = q.dims();
+        let [_, h, s2, _] = q.dims();
         let (l, per_kv) = (s2 / 2, h / k.dims()[1]);
         let (rank, cp) = (self.cp.group_rank(), self.cp.size());
+        let (dk, dv) = (k.dims()[3], v.dims()[3]);
         let x = |t: Tensor<4>| repeat_heads(t, per_kv);
-        let kv = Tensor::cat(vec![k.clone(), v.clone()], 0); // [2b, g, 2L, d]
+        let kv = Tensor::cat(vec![k.clone(), v.clone()], 3); // [b, g, 2L, d + dv]
         let (next, prev) = ((rank + 1) % cp, (rank + cp - 1) % cp);
         // The other ranks' K/V on their way before this rank's own block is computed: the ring's
         // first transfer, or the whole gather.
@@ -118,7 +121,7 @@ impl BlockAttention {
             _ => None,
         };
         let gathered = match self.exchange {
-            Exchange::AllGather => Some(self.cp.all_gather(kv, 2)?), // [2b, g, cp·2L, d], rank by rank
+            Exchange::AllGather => Some(self.cp.all_gather(kv, 2)?), // [b, g, cp·2L, d + dv], rank by rank
             Exchange::Ring => None,
         };
         let (out, lse) = attention_parts(q.clone(), x(k), x(v), true, self.scale);
@@ -132,7 +135,7 @@ impl BlockAttention {
             })
             .collect();
         let mut visit = |src: usize, kv: &Tensor<4>| {
-            let (k, v) = (kv.clone().narrow(0, 0, b), kv.clone().narrow(0, b, b));
+            let (k, v) = (kv.clone().narrow(3, 0, dk), kv.clone().narrow(3, dk, dv));
             for (qc, kc) in blocks(rank, src) {
                 let (o, s) = attention_parts(
                     chunk(&q, qc, l),
@@ -186,6 +189,7 @@ impl BlockAttention {
         let (l, per_kv) = (s2 / 2, h / k.dims()[1]);
         let (rank, cp) = (self.cp.group_rank(), self.cp.size());
         let (kv_dtype, q_dtype) = (k.dtype(), q.dtype());
+        let widths = [k.dims()[3], v.dims()[3]];
         let x = |t: Tensor<4>| repeat_heads(t, per_kv);
         let (dq, dk, dv) = attention_grads(
             q.clone(),
@@ -199,11 +203,14 @@ impl BlockAttention {
         );
         let dq = dq.cast(DType::F32);
         let mut dq: Vec<Tensor<4>> = (0..2).map(|c| chunk(&dq, c, l)).collect();
-        let own = Tensor::cat(vec![Self::fold(dk, per_kv), Self::fold(dv, per_kv)], 0); // [2b, g, 2L, d]
+        let own = Tensor::cat(vec![Self::fold(dk, per_kv), Self::fold(dv, per_kv)], 3); // [b, g, 2L, d + dv]
         // This rank's blocks over `src`'s keys: its query gradients added to `dq`, and the
-        // keys' and values' gradients returned (`[2b, g, 2L, d]`, f32).
+        // keys' and values' gradients returned (`[b, g, 2L, d + dv]`, f32).
         let mut visit = |src: usize, kv: &Tensor<4>| -> Tensor<4> {
-            let (k, v) = (kv.clone().narrow(0, 0, b), kv.clone().narrow(0, b, b));
+            let (k, v) = (
+                kv.clone().narrow(3, 0, widths[0]),
+                kv.clone().narrow(3, widths[0], widths[1]),
+            );
             let mut dkv = [0, 1].map(|_| [None, None]); // [k or v][chunk]
             for (qc, kc) in blocks(rank, src) {
                 let (dqc, dkc, dvc) = attention_grads(
@@ -225,15 +232,18 @@ impl BlockAttention {
                     });
                 }
             }
-            let [_, g, _, d] = k.dims();
-            let zeros = || Tensor::<4>::zeros([b, g, l, d], (&k.device(), DType::F32));
-            let halves = |[early, late]: [Option<Tensor<4>>; 2]| {
-                Tensor::cat(vec![early.unwrap_or_else(zeros), late.unwrap_or_else(zeros)], 2)
+            let g = k.dims()[1];
+            let zeros = |d: usize| Tensor::<4>::zeros([b, g, l, d], (&k.device(), DType::F32));
+            let halves = |[early, late]: [Option<Tensor<4>>; 2], d: usize| {
+                Tensor::cat(
+                    vec![early.unwrap_or_else(|| zeros(d)), late.unwrap_or_else(|| zeros(d))],
+                    2,
+                )
             };
             let [dk, dv] = dkv;
-            Tensor::cat(vec![halves(dk), halves(dv)], 0)
+            Tensor::cat(vec![halves(dk, widths[0]), halves(dv, widths[1])], 3)
         };
-        let kv = Tensor::cat(vec![k, v], 0);
+        let kv = Tensor::cat(vec![k, v], 3);
         let dkv = match self.exchange {
             Exchange::Ring => {
                 let (next, prev) = ((rank + 1) % cp, (rank + cp - 1) % cp);
@@ -264,7 +274,7 @@ impl BlockAttention {
             }
         };
         let dq = Tensor::cat(dq, 2).cast(q_dtype);
-        let (dk, dv) = (dkv.clone().narrow(0, 0, b), dkv.narrow(0, b, b));
+        let (dk, dv) = (dkv.clone().narrow(3, 0, widths[0]), dkv.narrow(3, widths[0], widths[1]));
         Ok((dq, dk.cast(kv_dtype), dv.cast(kv_dtype)))
     }
 }
