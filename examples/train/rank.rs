@@ -90,7 +90,7 @@ impl Run {
             model = common::load(files, model, &ctx.groups)?;
         }
         if job.accumulation() > 1 {
-            model.layers.iter_mut().for_each(sites::keep_weight_codes);
+            model.blocks_mut().for_each(sites::keep_weight_codes);
         }
         Ok(RankModel::Whole(model))
     }

@@ -6,6 +6,11 @@ mod tp2 {
     use super::*;
 
     #[test]
+    fn mtp_matches_its_definition() {
+        model_suite::mtp_matches_its_definition(&Harness::cpu(2));
+    }
+
+    #[test]
     fn tiny_loss_and_gradients() {
         model_suite::tiny_loss_and_gradients(&Harness::cpu(2));
     }
@@ -65,4 +70,9 @@ mod tp4 {
     fn tiny_loss_and_gradients() {
         model_suite::tiny_loss_and_gradients(&Harness::cpu(4));
     }
+}
+
+#[test]
+fn mtp_matches_its_definition_on_one_rank() {
+    model_suite::mtp_matches_its_definition(&Harness::cpu(1));
 }

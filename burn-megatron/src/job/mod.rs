@@ -121,6 +121,10 @@ pub struct ModelSection {
     /// What the blocks run again in backward: `none`, `selective`, `full:N`, `full-block:N`.
     #[serde(with = "text")]
     pub recompute: Recompute,
+    /// Multi-token prediction modules after the blocks (DeepSeek-V3's; 0: none).
+    pub mtp_depth: usize,
+    /// What their mean loss is added to the model's times (λ).
+    pub mtp_loss_weight: f64,
     /// `full`: every parameter generated whole and sliced (the same model at every layout);
     /// `per-shard`: only this rank's slice.
     pub init: InitKind,
@@ -135,6 +139,8 @@ impl Default for ModelSection {
             layers: None,
             tied: None,
             recompute: Recompute::None,
+            mtp_depth: 0,
+            mtp_loss_weight: 0.1,
             init: InitKind::Full,
         }
     }

@@ -12,7 +12,7 @@ use super::file::JobError;
 use super::{Dtype, InitKind, JobConfig, ParallelSection};
 use crate::error::ConfigError;
 use crate::init::{InitMode, ParamInit};
-use crate::models::llama::{LlamaConfig, MemoryEstimate, WordEmbeddings, gguf, hf, preset};
+use crate::models::llama::{LlamaConfig, MemoryEstimate, MtpConfig, WordEmbeddings, gguf, hf, preset};
 use crate::optim::DistributedAdamWConfig;
 use crate::plan::{ParallelPlan, PipelineSchedule, TensorParallel};
 use crate::precision::{KeptBlocks, PrecisionPolicy};
@@ -63,6 +63,13 @@ impl JobConfig {
             };
         }
         model.recompute = config.model.recompute;
+        if config.model.mtp_depth > 0 {
+            let weight = config.model.mtp_loss_weight;
+            if !(weight.is_finite() && weight >= 0.0) {
+                return Err(field("model.mtp_loss_weight", format!("{weight} is no loss weight")));
+            }
+            model.mtp = Some(MtpConfig::new(config.model.mtp_depth).with_loss_weight(weight));
+        }
         model.check_sizes()?;
         let p = &config.parallel;
         for (name, size) in [

@@ -132,6 +132,11 @@ fn bad_jobs_name_what_is_wrong() {
         (None, &[("optimizer..lr", "2")], "expected SECTION.FIELD"),
         (None, &[("precision.recipe", "fp4")], "unknown recipe \"fp4\""),
         (None, &[("steps", "0")], "steps: must be at least 1"),
+        (
+            None,
+            &[("model.mtp_depth", "1"), ("model.mtp_loss_weight", "-1")],
+            "model.mtp_loss_weight: -1 is no loss weight",
+        ),
         (None, &[("model.preset", "llama-70b")], "unknown preset"),
         (
             None,
@@ -272,4 +277,14 @@ fn a_job_past_the_device_is_refused() {
         let message = parse(None, &[(key, value)]).unwrap().resolve().unwrap_err().to_string();
         assert!(message.starts_with("guard: "), "{key}: {message}");
     }
+}
+
+/// `model.mtp_depth` adds multi-token prediction's modules to any model, with its weight.
+#[test]
+fn multi_token_prediction_is_a_model_option() {
+    let job = parse(None, &[("model.mtp_depth", "2"), ("model.mtp_loss_weight", "0.3")]).unwrap();
+    let mtp = job.resolve().unwrap().model.mtp.unwrap();
+    assert_eq!((mtp.depth, mtp.loss_weight), (2, 0.3));
+    let plain = parse(None, &[]).unwrap().resolve().unwrap();
+    assert!(plain.model.mtp.is_none());
 }

@@ -39,11 +39,11 @@ impl TrainModel for Llama {
 
     fn after_step(mut self, loads: &[Load], groups: &ProcessGroups) -> Result<Self, LayerError> {
         let report = MoeReport {
-            losses: Vec::new(),
             loads: loads.to_vec(),
+            ..MoeReport::default()
         };
         self = self.update_expert_bias(&report, groups)?;
-        advance_histories(self.layers.iter_mut().flat_map(LlamaBlock::linear_precisions), groups)?;
+        advance_histories(self.blocks_mut().flat_map(LlamaBlock::linear_precisions), groups)?;
         Ok(self)
     }
 

@@ -104,7 +104,8 @@ impl Backward {
 /// A mixture of experts' router losses, each summed over its MoE blocks, by name.
 pub fn router_parts(report: &MoeReport) -> Vec<(String, Tensor<1>)> {
     let mut parts: Vec<(String, Tensor<1>)> = Vec::new();
-    for (name, value) in report.losses.iter().flat_map(|l| l.named()) {
+    let mtp = report.mtp.clone().map(|loss| ("mtp_loss", loss));
+    for (name, value) in report.losses.iter().flat_map(|l| l.named()).chain(mtp) {
         match parts.iter_mut().find(|(n, _)| n == name) {
             Some((_, sum)) => *sum = sum.clone() + value,
             None => parts.push((name.to_string(), value)),

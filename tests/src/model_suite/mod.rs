@@ -15,7 +15,10 @@ use burn_megatron_kernels::quant::recipe::Recipe;
 
 use crate::Harness;
 
+mod mtp;
 mod precision;
+
+pub use mtp::mtp_matches_its_definition;
 
 pub use precision::{
     delayed_histories_land_on_their_layers, delayed_scaling_histories, quantized_recipes_track_the_curve,

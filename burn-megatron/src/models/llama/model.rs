@@ -22,6 +22,7 @@ use crate::precision::linear::LinearPrecision;
 use burn_megatron_dist::ProcessGroup;
 use burn_megatron_kernels::quant::notes::AmaxNotes;
 
+use super::mtp::{MtpConfig, MtpModule};
 use super::sites::share_amax_notes;
 use crate::recompute::Recompute;
 use burn_megatron_kernels::Gemm;
@@ -62,6 +63,9 @@ pub struct LlamaConfig {
     /// `d_model`, `n_heads` and `max_seq_len` it shares.
     #[config(default = "None")]
     pub latent: Option<LatentAttentionConfig>,
+    /// Multi-token prediction's modules after the blocks (DeepSeek-V3's; `mtp.rs`).
+    #[config(default = "None")]
+    pub mtp: Option<MtpConfig>,
     /// What the blocks run again during backward instead of keeping (`crate::recompute`).
     #[config(default = "Recompute::None")]
     pub recompute: Recompute,
@@ -111,12 +115,16 @@ pub struct LlamaBlock {
 pub struct MoeReport {
     pub losses: Vec<RouterLosses>,
     pub loads: Vec<Load>,
+    /// Multi-token prediction's loss, weighted (`mtp.rs`), where the model has its modules.
+    pub mtp: Option<Tensor<1>>,
 }
 
 impl MoeReport {
-    /// The router losses of every MoE block summed (added to the model's loss), if any.
+    /// The router losses of every MoE block and multi-token prediction's summed (added to the
+    /// model's loss), if any.
     pub fn loss(&self) -> Option<Tensor<1>> {
-        self.losses.iter().filter_map(RouterLosses::total).reduce(|a, b| a + b)
+        let router = self.losses.iter().filter_map(RouterLosses::total);
+        router.chain(self.mtp.clone()).reduce(|a, b| a + b)
     }
 
     /// Another forward's loads added block by block (the microbatches of one step: what the
@@ -148,6 +156,11 @@ pub struct Llama {
     pub tied_output: Option<TiedOutput>,
     #[module(skip)]
     pub loss: VocabParallelCrossEntropy,
+    /// Multi-token prediction's modules, in depth order (none without).
+    pub mtp: Vec<MtpModule>,
+    /// What their mean loss is added to the model's times (λ).
+    #[module(skip)]
+    pub mtp_weight: f64,
 }
 
 /// The output layer of tied word embeddings, which holds no weight: how it maps its input
@@ -190,7 +203,9 @@ impl LlamaConfig {
             .collect::<Result<_, LayerError>>()?;
         let (mut output, tied_output) = self.init_output(device, groups, init)?;
         let mut layers: Vec<LlamaBlock> = layers;
-        share_amax_notes(layers.iter_mut(), output.as_mut().map(|o| &mut o.precision));
+        let mut mtp = self.init_mtp(device, groups, init)?;
+        let blocks = layers.iter_mut().chain(mtp.iter_mut().map(|m| &mut m.block));
+        share_amax_notes(blocks, output.as_mut().map(|o| &mut o.precision));
         Ok(Llama {
             embedding: self.embedding.init(device, groups, init, "embedding"),
             layers,
@@ -199,6 +214,8 @@ impl LlamaConfig {
             output,
             tied_output,
             loss: self.loss.init(groups),
+            mtp,
+            mtp_weight: self.mtp.map_or(0.0, |m| m.loss_weight),
         })
     }
 }
@@ -243,7 +260,18 @@ impl LlamaConfig {
         groups: &ProcessGroups,
         init: &ParamInit,
     ) -> Result<LlamaBlock, LayerError> {
-        let name = format!("layers.{i}");
+        self.init_block_named(i, &format!("layers.{i}"), device, groups, init)
+    }
+
+    /// A block of the kind block `i` is (its precision, dense or MoE), named `name`.
+    pub(crate) fn init_block_named(
+        &self,
+        i: usize,
+        name: &str,
+        device: &Device,
+        groups: &ProcessGroups,
+        init: &ParamInit,
+    ) -> Result<LlamaBlock, LayerError> {
         let (mut attention, mut mlp) = (self.attention.clone(), self.mlp.clone());
         if let Some(edges) = self.edge_blocks.filter(|e| e.holds(i, self.n_layers)) {
             (attention.gemm, mlp.gemm) = (edges.gemm, edges.gemm);
@@ -426,10 +454,50 @@ impl Llama {
 
     /// [`forward`](Self::forward) with what its MoE blocks report.
     pub fn forward_report(&self, ids: Tensor<2, Int>) -> Result<(Tensor<3>, MoeReport), LayerError> {
+        let (x, report) = self.hidden_report(ids)?;
+        Ok((self.head(x)?, report))
+    }
+
+    /// The last block's output, and what the MoE blocks report.
+    ///
+    /// # Shapes
+    /// `[b, s]` → `[b, s, d]` (`[b, s/tp, d]` under sequence parallelism)
+    fn hidden_report(&self, ids: Tensor<2, Int>) -> Result<(Tensor<3>, MoeReport), LayerError> {
         let mut report = MoeReport::default();
         let x = self.embedding.forward(ids)?;
         let x = forward_blocks(&self.layers, x, self.recompute, &mut report)?;
-        Ok((self.head(x)?, report))
+        Ok((x, report))
+    }
+
+    /// Multi-token prediction's loss (`mtp.rs`): each module's cross-entropy against the token
+    /// `k + 1` ahead, positions past the end left out, their mean times λ.
+    ///
+    /// # Shapes
+    /// `[b, s]` × 2, the last block's output → `[1]`
+    fn mtp_loss(
+        &self,
+        ids: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        mut hidden: Tensor<3>,
+        report: &mut MoeReport,
+    ) -> Result<Tensor<1>, LayerError> {
+        let tied = self.tied_output.as_ref().map(|t| (t, &self.embedding));
+        let mut loss = self.loss.clone();
+        let ignored = super::mtp::ignored(&loss);
+        loss.ignore_index = Some(ignored);
+        let mut total: Option<Tensor<1>> = None;
+        for (k, module) in self.mtp.iter().enumerate() {
+            let embedded = self.embedding.forward(super::mtp::ahead(ids.clone(), k + 1, 0))?;
+            hidden = module.forward(hidden, embedded, report)?;
+            let logits = output_logits(module.norm.forward(hidden.clone())?, self.output.as_ref(), tied)?;
+            let here = loss.forward(logits, super::mtp::ahead(targets.clone(), k + 1, ignored))?;
+            total = Some(match total {
+                Some(sum) => sum + here,
+                None => here,
+            });
+        }
+        let total = total.expect("a model with multi-token prediction has modules");
+        Ok(total.mul_scalar(self.mtp_weight / self.mtp.len() as f64))
     }
 
     /// The final norm and the output layer (or the tied embedding) on the last block's output.
@@ -446,8 +514,14 @@ impl Llama {
     /// over the whole batch (`report`'s loads summed over `groups.grad_sync()`). Every rank
     /// calls it, with the report of its own forward pass.
     pub fn update_expert_bias(mut self, report: &MoeReport, groups: &ProcessGroups) -> Result<Self, LayerError> {
-        update_expert_biases(self.layers.iter_mut(), &report.loads, groups)?;
+        update_expert_biases(self.blocks_mut(), &report.loads, groups)?;
         Ok(self)
+    }
+
+    /// Every block in the order a forward pass runs them: the model's, then multi-token
+    /// prediction's.
+    pub fn blocks_mut(&mut self) -> impl Iterator<Item = &mut LlamaBlock> {
+        self.layers.iter_mut().chain(self.mtp.iter_mut().map(|m| &mut m.block))
     }
 
     /// Whether the output layer shares the embedding's weight.
@@ -467,14 +541,18 @@ impl Llama {
         Ok(self.forward_loss_report(ids, targets)?.0)
     }
 
-    /// [`forward_loss`](Self::forward_loss) with what the MoE blocks report.
+    /// [`forward_loss`](Self::forward_loss) with what the MoE blocks (and multi-token
+    /// prediction) report.
     pub fn forward_loss_report(
         &self,
         ids: Tensor<2, Int>,
         targets: Tensor<2, Int>,
     ) -> Result<(Tensor<1>, MoeReport), LayerError> {
-        let (logits, report) = self.forward_report(ids)?;
-        let loss = self.loss.forward(logits, targets)?;
+        let (hidden, mut report) = self.hidden_report(ids.clone())?;
+        let loss = self.loss.forward(self.head(hidden.clone())?, targets.clone())?;
+        if !self.mtp.is_empty() {
+            report.mtp = Some(self.mtp_loss(ids, targets, hidden, &mut report)?);
+        }
         let loss = match report.loss() {
             Some(router) => {
                 let dtype = loss.dtype();

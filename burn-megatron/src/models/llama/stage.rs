@@ -78,6 +78,13 @@ impl LlamaConfig {
         init: &ParamInit,
     ) -> Result<LlamaStage, LayerError> {
         self.check_recompute()?;
+        if self.mtp.is_some() {
+            return Err(ConfigError::NotBuilt {
+                dimension: "multi-token prediction under pipeline parallelism",
+                size: groups.pp.size(),
+            }
+            .into());
+        }
         if chunks.is_empty() || chunks.iter().any(|c| c.is_empty()) {
             return Err(ConfigError::Zero {
                 what: "the blocks of each of a stage's model chunks",
