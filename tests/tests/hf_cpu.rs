@@ -40,6 +40,11 @@ fn families_train_as_on_one_rank() {
 }
 
 #[test]
+fn families_train_under_fp8() {
+    family_suite::families_train_under_fp8(&Harness::cpu(2));
+}
+
+#[test]
 fn families_refuse_what_they_cannot_build() {
     family_suite::families_refuse_what_they_cannot_build(&Harness::cpu(1));
 }
