@@ -3,9 +3,14 @@
 //! A launch CubeCL 0.11 could not run (a buffer it could not allocate, or one a failure reached
 //! before) is skipped and logged at `warn` (`cubecl-server`'s `stream/failures.rs`). A read is
 //! meant to fail wherever such a failure reached the buffer read, but past the device's memory a
-//! llama step's loss read back 0 with no error, and a `sync` reports device faults only.
-//! The log line is the one sign, so the watcher sits where CubeCL's lines pass, beside whatever
-//! the program does with them: [`FailureLayer`] in a `tracing` subscriber (whose `log` bridge
+//! llama step's loss read back 0 with no error, and a `sync` reports device faults only. An
+//! allocation that fails is retried once after a cleanup, which CubeCL logs
+//! (`command/base.rs`'s `reserve`), and a retry that fails again is not logged at all: on an
+//! H200, llama-1b at batch 128 logged 473 retries and nothing else in its first step, and read
+//! back loss 0. So a failure is a line CubeCL logs of a launch it could not run, or more than
+//! one retried allocation between two checks (one retry a step may be a cleanup that made
+//! room). The log lines are the one sign, so the watcher sits where CubeCL's lines pass, beside
+//! whatever the program does with them: [`FailureLayer`] in a `tracing` subscriber (whose `log` bridge
 //! carries CubeCL's lines), [`Watched`] around a `log` logger of the program's, or [`watch`]
 //! alone in a program without one. [`check`] turns what they saw into a [`DeviceFailure`], for
 //! a training loop to call after each step's loss is read: with the allocation that failed (an
@@ -75,6 +80,13 @@ static FIRST: Mutex<Option<String>> = Mutex::new(None);
 static LINES: AtomicUsize = AtomicUsize::new(0);
 /// The bytes of the last allocation CubeCL retried (0: none yet).
 static ASKED: AtomicU64 = AtomicU64::new(0);
+/// Allocations CubeCL retried since the last [`check`], and the last one's line.
+static RETRIES: AtomicUsize = AtomicUsize::new(0);
+static RETRIED: Mutex<Option<String>> = Mutex::new(None);
+
+/// Retried allocations between two checks that make a failure: one may be a cleanup that made
+/// room; a retry that failed again is not logged, and the allocations after it retry too.
+pub const RETRIES_FAILING: usize = 2;
 
 /// CubeCL's lines [`watch`] prints to stderr at most: an allocation retried is logged each time.
 const PRINTED: usize = 8;
@@ -94,15 +106,21 @@ pub fn record(level: Level, target: &str, message: &str) {
         return;
     }
     if message.contains("reclaiming and retrying") {
-        // "device allocation of {size} B failed (…); reclaiming and retrying"
-        let size = message
-            .split("allocation of ")
-            .nth(1)
-            .and_then(|rest| rest.split(' ').next())
-            .and_then(|n| n.parse().ok());
-        if let Some(size) = size {
+        // "device allocation of {page} B failed (out of device memory allocating {size} bytes
+        // …); reclaiming and retrying": the tensor's size where the error names it, else the
+        // page's.
+        let number = |after: &str| {
+            message
+                .split(after)
+                .nth(1)
+                .and_then(|rest| rest.split(' ').next())
+                .and_then(|n| n.parse().ok())
+        };
+        if let Some(size) = number("allocating ").or_else(|| number("allocation of ")) {
             ASKED.store(size, Ordering::Relaxed);
         }
+        RETRIES.fetch_add(1, Ordering::Relaxed);
+        *RETRIED.lock().expect("not poisoned") = Some(format!("{target}: {message}"));
         return;
     }
     if COUNT.fetch_add(1, Ordering::Relaxed) == 0 {
@@ -206,13 +224,19 @@ pub fn watch() -> Result<(), AnotherLogger> {
     Ok(())
 }
 
-/// Whether CubeCL has logged a failure the watcher saw. CubeCL logs a launch as its stream
-/// takes it, so call this after a read (a step's loss) that waited for the launches to check.
+/// Whether CubeCL has logged a failure the watcher saw: a launch it could not run, or
+/// [`RETRIES_FAILING`] retried allocations since the last check. CubeCL logs a launch as its
+/// stream takes it, so call this after a read (a step's loss) that waited for the launches to
+/// check, once a step.
 ///
 /// # Errors
 /// [`DeviceFailure`] with their count, the first one's line, the allocation that failed and
 /// `device`'s memory.
 pub fn check(device: &Device) -> Result<(), DeviceFailure> {
+    let retries = RETRIES.swap(0, Ordering::Relaxed);
+    if retries >= RETRIES_FAILING && COUNT.fetch_add(retries, Ordering::Relaxed) == 0 {
+        *FIRST.lock().expect("not poisoned") = RETRIED.lock().expect("not poisoned").clone();
+    }
     match COUNT.load(Ordering::Relaxed) {
         0 => Ok(()),
         count => Err(DeviceFailure {
@@ -231,11 +255,12 @@ pub fn check(device: &Device) -> Result<(), DeviceFailure> {
 mod tests {
     use super::*;
 
-    /// The one test of the process-wide count (through each way in, in turn): a retried
-    /// allocation is no failure (but its size is what the failure names), a launch CubeCL could
-    /// not run is, another crate's warning is
-    /// not counted; a `tracing` subscriber's layer sees CubeCL's lines as its other layers do,
-    /// and a second watch is refused, leaving the first logger in place.
+    /// The one test of the process-wide count (through each way in, in turn): one retried
+    /// allocation between two checks is no failure (but its size is what a failure names), a
+    /// launch CubeCL could not run is, another crate's warning is not counted; a `tracing`
+    /// subscriber's layer sees CubeCL's lines as its other layers do, and a second watch is
+    /// refused, leaving the first logger in place; then repeated retries between two checks
+    /// (the H200's lines) count as failures too, naming the tensor's size.
     #[test]
     fn counts_what_cubecl_logs_as_failed() {
         use tracing_subscriber::layer::SubscriberExt;
@@ -244,6 +269,9 @@ mod tests {
         record(Level::Warn, "cubecl_server::command::base", retry);
         record(Level::Warn, "burn_train", "not CubeCL's");
         record(Level::Info, "cubecl_runtime", "not a warning");
+        assert_eq!(check(&device), Ok(()));
+        // One retry a step, step after step: cleanups that made room.
+        record(Level::Warn, "cubecl_server::command::base", retry);
         assert_eq!(check(&device), Ok(()));
         let subscriber = tracing_subscriber::registry().with(FailureLayer);
         tracing::subscriber::with_default(subscriber, || {
@@ -266,5 +294,13 @@ mod tests {
         assert_eq!(watch(), Err(AnotherLogger));
         log::warn!(target: "cubecl_runtime::logging::server", "a second");
         assert_eq!(check(&device).expect_err("two").count, 2);
+        // The H200's line: the tensor's size is named inside the page's.
+        let h200 = "device allocation of 1073741824 B failed (out of device memory allocating \
+                    2953838592 bytes\nNo backtrace available); reclaiming and retrying";
+        for _ in 0..3 {
+            record(Level::Warn, "cubecl_server::command::base", h200);
+        }
+        let failure = check(&device).expect_err("repeated retries");
+        assert_eq!((failure.count, failure.asked), (5, Some(2953838592)));
     }
 }

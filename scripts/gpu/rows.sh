@@ -235,7 +235,8 @@ for mode in "$@"; do
       peer smoke-hf 200 qwen3-moe-2b hf -- --steps 2 --warmup 1 --batch 1 --seq 256
       ;;
     guard)
-      job=(--config examples/jobs/llama-1b.toml --device cuda)
+      # The job's warm-up (30 steps) does not fit these short runs: a constant rate.
+      job=(--config examples/jobs/llama-1b.toml --device cuda --schedule.kind constant)
       if needs train; then
         gpu preflight-96 90 train "${job[@]}" --plain --steps 2 --batch.global 96
         fits=$(sed -n 's/.*at most \([0-9]*\) sequences a microbatch fit.*/\1/p' "$LOG" | head -1)
