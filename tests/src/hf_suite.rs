@@ -12,15 +12,16 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron::checkpoint;
 use burn_megatron::init::{InitMode, ParamInit};
-use burn_megatron::models::llama::hf::{self, ExportDType, ExportOptions, HfError};
+use burn_megatron::models::llama::hf::{self, ExportDType, ExportOptions, Family, HfError};
 use burn_megatron::models::llama::{Llama, LlamaConfig, WordEmbeddings};
 use burn_megatron::optim::DistributedAdamWConfig;
-use burn_megatron::params::{param_grads, param_infos};
+use burn_megatron::params::param_infos;
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
-use burn_megatron_dist::{ParallelDims, ProcessGroups, ReduceOp};
+use burn_megatron_dist::{ParallelDims, ProcessGroups};
 use serde_json::Value;
 
 use crate::Harness;
+use crate::family_suite::{check_grad_norms, check_logits};
 
 const SEQ: usize = 16;
 const VOCAB: usize = 99;
@@ -97,10 +98,6 @@ pub(crate) fn loaded(dir: &Path, groups: &ProcessGroups, device: &Device, sp: bo
     (hf::load(dir, model, groups).unwrap(), config)
 }
 
-fn max_abs(values: impl Iterator<Item = f64>) -> f64 {
-    values.fold(0.0, |m, v| m.max(v.abs()))
-}
-
 /// Loads fixture `name` with each config layout (5.x with sequence parallelism, 4.x without)
 /// and compares the loss, the logits and every gradient norm with transformers'.
 fn matches_transformers(h: &Harness, name: &str) {
@@ -126,48 +123,8 @@ fn matches_transformers(h: &Harness, name: &str) {
             assert!((loss - want).abs() <= 1e-5 * want, "{what}: loss {loss} vs {want}");
 
             let logits = tp.all_gather(logits.detach(), 2).unwrap().narrow(2, 0, VOCAB); // [b, s, v]
-            let ours = logits.into_data().convert::<f64>().try_into_vec::<f64>().unwrap();
-            let theirs: Vec<f64> = expected["logits"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .flat_map(|b| b.as_array().unwrap().iter())
-                .flat_map(|s| s.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()))
-                .collect();
-            assert_eq!(ours.len(), theirs.len(), "{what}: logits");
-            let scale = max_abs(theirs.iter().copied());
-            let worst = max_abs(ours.iter().zip(&theirs).map(|(a, b)| a - b));
-            // The same reordered f32 sums, element by element: measured 1.5e-6 of the largest
-            // logit; 1e-5 of it.
-            assert!(
-                worst <= 1e-5 * scale,
-                "{what}: logits differ by {worst:e} (scale {scale:e})"
-            );
-
-            // Every gradient's norm, the split ones summed over tp, by Hugging Face name.
-            let norms = expected["grad_norms"].as_object().unwrap();
-            let infos = param_infos(&model);
-            assert_eq!(infos.len(), norms.len(), "{what}: parameters {infos:?}");
-            for (info, grad) in infos.iter().zip(param_grads(&model, &grads)) {
-                let grad = grad.expect("every parameter takes part in the loss");
-                let mut squares = grad.clone().mul(grad).sum();
-                if info.tp_split {
-                    squares = tp.all_reduce(squares, ReduceOp::Sum).unwrap();
-                }
-                let norm = squares.into_scalar::<f64>().sqrt();
-                let (hf_name, want) = norms
-                    .iter()
-                    .find(|(n, _)| hf::our_path(hf::Family::Llama, n).as_deref() == Some(info.path.as_str()))
-                    .unwrap_or_else(|| panic!("{what}: no transformers gradient for {}", info.path));
-                let want = want.as_f64().unwrap();
-                // Gradients take the reordered sums through the backward pass too; a norm
-                // sums squares over the tensor, averaging the rounding: measured 6e-7
-                // relative; 1e-5.
-                assert!(
-                    (norm - want).abs() <= 1e-5 * want,
-                    "{what}: |grad {hf_name}| {norm} vs {want}"
-                );
-            }
+            check_logits(logits, &expected, &what);
+            check_grad_norms(&model, &grads, &ctx.groups, Family::Llama, &expected, &what);
         });
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -19,7 +19,7 @@ use burn_megatron_kernels::quant::recipe::Pass;
 use burn_megatron_kernels::rope::RotatedHeads;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, SharedInput};
-use super::context::{ContextLayout, context_attention};
+use super::context::context_attention;
 use super::rope::{Rope, RopeScaling};
 use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
 use super::sequence::SequenceLayout;
@@ -263,14 +263,7 @@ impl ParallelAttention {
                 };
                 self.rope.apply_noting(x, notes)
             }
-            _ => {
-                let layout = ContextLayout::new(&self.cp);
-                let l = x.dims()[2] / 2;
-                let [a, b] = layout.chunks_of(layout.rank);
-                let early = self.rope.apply_from(x.clone().narrow(2, 0, l), a * l);
-                let late = self.rope.apply_from(x.narrow(2, l, l), b * l);
-                Tensor::cat(vec![early, late], 2)
-            }
+            _ => self.rope.apply_chunks(x, &self.cp),
         }
     }
 

@@ -22,7 +22,7 @@ use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig};
-use super::context::{ContextLayout, ContextParallel, context_attention};
+use super::context::{ContextParallel, context_attention};
 use super::norm::{RmsNorm, RmsNormConfig};
 use super::replicated::{ReplicatedLinear, ReplicatedLinearConfig};
 use super::rope::{Rope, RopeScaling, yarn_mscale};
@@ -330,14 +330,7 @@ impl LatentAttention {
     fn rotate(&self, x: Tensor<4>) -> Tensor<4> {
         match self.cp.size() {
             1 => self.rope.apply(x),
-            _ => {
-                let layout = ContextLayout::new(&self.cp);
-                let l = x.dims()[2] / 2;
-                let [a, b] = layout.chunks_of(layout.rank);
-                let early = self.rope.apply_from(x.clone().narrow(2, 0, l), a * l);
-                let late = self.rope.apply_from(x.narrow(2, l, l), b * l);
-                Tensor::cat(vec![early, late], 2)
-            }
+            _ => self.rope.apply_chunks(x, &self.cp),
         }
     }
 

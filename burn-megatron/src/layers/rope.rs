@@ -5,7 +5,10 @@
 
 use burn::config::Config;
 use burn::tensor::{Device, Tensor};
+use burn_megatron_dist::ProcessGroup;
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
+
+use super::context::ContextLayout;
 
 /// How the inverse frequencies `θ^(-2i/k)` are scaled for contexts longer than the training
 /// one (Hugging Face's `rope_type`, computed as transformers' `ROPE_INIT_FUNCTIONS` do).
@@ -197,6 +200,20 @@ impl Rope {
         let rows = max - start.min(max);
         let table = |t: &Tensor<2>| t.clone().narrow(0, start.min(max), rows);
         burn_megatron_kernels::rope::rope(x, table(&self.cos), table(&self.sin))
+    }
+
+    /// Rotates `x`, a context-parallel rank's two chunks of each sequence side by side, each for
+    /// the positions its chunk holds (`context/layout.rs`).
+    ///
+    /// # Shapes
+    /// `[b, heads, 2L, head_dim]` → the same
+    pub fn apply_chunks(&self, x: Tensor<4>, cp: &ProcessGroup) -> Tensor<4> {
+        let layout = ContextLayout::new(cp);
+        let l = x.dims()[2] / 2;
+        let [a, b] = layout.chunks_of(layout.rank);
+        let early = self.apply_from(x.clone().narrow(2, 0, l), a * l);
+        let late = self.apply_from(x.narrow(2, l, l), b * l);
+        Tensor::cat(vec![early, late], 2)
     }
 
     /// The `(cos, sin)` tables, `[max_seq_len, head_dim/2]` f32 each (for kernels that rotate
