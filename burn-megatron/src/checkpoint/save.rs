@@ -190,13 +190,16 @@ impl Snapshot {
                 (self.ep_rank, self.ep),
             );
             if let Err(error) = self.write_shard(&staging, &file, pieces) {
-                // Rank 0 waits for this shard: tell it (if even this write fails, it waits out
-                // its timeout).
-                let _ = write_synced(
-                    &*self.options.storage,
-                    &staging.join(failed_marker(&file)),
-                    error.to_string().as_bytes(),
-                );
+                // Rank 0 waits for this shard: tell it, in a staging directory made again if
+                // making it was what failed (if even this fails, rank 0 waits out its timeout).
+                let storage = &*self.options.storage;
+                let _ = storage.create_dir(&staging).and_then(|_| {
+                    write_synced(
+                        storage,
+                        &staging.join(failed_marker(&file)),
+                        error.to_string().as_bytes(),
+                    )
+                });
                 return Err(error);
             }
         }
