@@ -17,7 +17,7 @@ use burn_megatron::models::llama::hf::{self, ExportDType, ExportOptions, HfError
 use burn_megatron::models::llama::{Llama, LlamaConfig};
 use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron::params::{param_grads, param_infos};
-use burn_megatron::plan::{ParallelPlan, TensorParallel};
+use burn_megatron::plan::{ParallelPlan, PipelineSchedule, TensorParallel};
 use burn_megatron::precision::PrecisionPolicy;
 use burn_megatron::train::{TokenBatch, TrainModel, Trainer};
 use burn_megatron::{ConfigError, LayerError};
@@ -368,24 +368,42 @@ fn train_losses<M: TrainModel>(
 /// at every layout) trained 20 steps at tp 2 × dp 2 with sequence parallelism, ZeRO-1 and
 /// selective recomputation (the MoE families with ep 2 over dp) has the losses of one rank on
 /// the whole batch; Qwen3 (tied embeddings, whose two uses sit on the first and last stage) also
-/// at pp 2.
+/// at pp 2 and pp 2 × vpp 2, DeepSeek-V3 (latent attention, a dense block then MoE ones) at pp 2.
 pub fn families_train_as_on_one_rank(h: &Harness) {
+    let pp2 = ParallelDims {
+        pp: 2,
+        ..ParallelDims::single()
+    };
     for name in FAMILIES {
-        let config = training_config(name);
-        let moe = config.moe.is_some();
-        let reference = train_curve(h, &config, ParallelDims::single());
-        let mut layouts = vec![ParallelDims {
-            ep: if moe { 2 } else { 1 },
-            ..ParallelDims::tp_dp(2, 2)
-        }];
+        let mut config = training_config(name);
+        // Four blocks where a pipeline interleaves: a block a model chunk.
         if name == "qwen3" {
-            layouts.push(ParallelDims {
-                pp: 2,
-                ..ParallelDims::single()
-            });
+            config.n_layers = 4;
         }
-        for dims in layouts {
-            let losses = train_curve(h, &config, dims);
+        let moe = config.moe.is_some();
+        let reference = train_curve(
+            h,
+            &config,
+            ParallelDims::single(),
+            PipelineSchedule::OneForwardOneBackward,
+        );
+        let mut layouts = vec![(
+            ParallelDims {
+                ep: if moe { 2 } else { 1 },
+                ..ParallelDims::tp_dp(2, 2)
+            },
+            PipelineSchedule::OneForwardOneBackward,
+        )];
+        match name {
+            "qwen3" => layouts.extend([
+                (pp2, PipelineSchedule::OneForwardOneBackward),
+                (pp2, PipelineSchedule::Interleaved { virtual_stages: 2 }),
+            ]),
+            "deepseek_v3" => layouts.push((pp2, PipelineSchedule::OneForwardOneBackward)),
+            _ => {}
+        }
+        for (dims, schedule) in layouts {
+            let losses = train_curve(h, &config, dims, schedule);
             for (step, (a, b)) in losses.iter().zip(&reference).enumerate() {
                 // The same sums grouped otherwise over the ranks in f32, carried by Adam's
                 // normalized update through 20 steps at lr 1e-3: measured 1.2e-7 relative at
@@ -393,7 +411,7 @@ pub fn families_train_as_on_one_rank(h: &Harness) {
                 // widths and the GPU.
                 assert!(
                     (a - b).abs() <= 1e-4 * b.abs(),
-                    "{name} {dims:?} step {step}: {a} vs one rank's {b} ({losses:?} vs {reference:?})"
+                    "{name} {dims:?} {schedule:?} step {step}: {a} vs one rank's {b} ({losses:?} vs {reference:?})"
                 );
             }
             assert!(reference[19] < reference[0], "{name} learns: {reference:?}");
@@ -411,8 +429,9 @@ pub fn families_train_under_fp8(h: &Harness) {
     for name in ["qwen3", "deepseek_v3"] {
         let policy = PrecisionPolicy::f32().with_gemm(Gemm::Quantized(Recipe::Fp8Tensorwise));
         let config = policy.apply(training_config(name));
-        let reference = train_curve(h, &config, ParallelDims::single());
-        let losses = train_curve(h, &config, ParallelDims::tp_dp(2, 1));
+        let one = PipelineSchedule::OneForwardOneBackward;
+        let reference = train_curve(h, &config, ParallelDims::single(), one);
+        let losses = train_curve(h, &config, ParallelDims::tp_dp(2, 1), one);
         assert!(
             (losses[0] - reference[0]).abs() <= 1e-5 * reference[0],
             "{name}: first loss {} vs {}",
@@ -441,12 +460,14 @@ fn training_config(name: &str) -> LlamaConfig {
 /// The losses of 20 AdamW steps (ZeRO-1, clipping at 1) of `config` initialized from one seed,
 /// planned over `dims` with sequence parallelism; a parallel run also recomputes each block's
 /// attention and MLP in backward (selective), which must not change a value.
-fn train_curve(h: &Harness, config: &LlamaConfig, dims: ParallelDims) -> Vec<f64> {
+fn train_curve(h: &Harness, config: &LlamaConfig, dims: ParallelDims, schedule: PipelineSchedule) -> Vec<f64> {
     let init = ParamInit::new(3, InitMode::Full).with_dtype(h.float);
     let optim = DistributedAdamWConfig::new()
         .with_zero1(true)
         .with_max_grad_norm(Some(1.0));
-    let plan = ParallelPlan::new(dims).with_tensor(TensorParallel::SequenceParallel);
+    let plan = ParallelPlan::new(dims)
+        .with_tensor(TensorParallel::SequenceParallel)
+        .with_pipeline(schedule);
     let mut planned = plan.apply(config.clone(), dims.world_size(), SEQ).unwrap();
     if dims.world_size() > 1 {
         planned.recompute = burn_megatron::recompute::Recompute::Selective;
