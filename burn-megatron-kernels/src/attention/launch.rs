@@ -31,9 +31,28 @@ fn tma_ready(t: CubeTensor) -> CubeTensor {
 }
 
 /// Whether the flash kernels take these q, k, v (else the reference runs): bf16, one shape,
-/// head dim 128.
+/// head dim at most 128 (below it, zero-padded to 128: [`widen`]).
 pub fn supports(q: &CubeTensor, k: &CubeTensor, v: &CubeTensor) -> Result<(), Unsupported> {
-    check(q, k, v).map(|_| ())
+    match check(q, k, v) {
+        Err(Unsupported::HeadDim(d)) if d < HEAD_DIM => Ok(()),
+        checked => checked.map(|_| ()),
+    }
+}
+
+/// A `[b, h, s, d]` tensor zero-padded to the kernels' head dim. Padded q and k add nothing to
+/// any score, padded v nothing to the outputs' first `d` columns, and the caller's scale is the
+/// real head dim's: the kernels' results narrowed back to `d` columns are exactly the unpadded
+/// attention's, at the cost of 128-wide products (2× for head dim 64) and O(s) copies.
+fn widen(t: CubeTensor) -> CubeTensor {
+    let t = tensor::<4>(t);
+    let [b, h, s, d] = t.dims();
+    let zeros = Tensor::<4>::zeros([b, h, s, HEAD_DIM - d], (&t.device(), t.dtype()));
+    primitive(Tensor::cat(vec![t, zeros], 3))
+}
+
+/// The first `d` columns of a widened result.
+fn narrow(t: CubeTensor, d: usize) -> CubeTensor {
+    primitive(tensor::<4>(t).narrow(3, 0, d))
 }
 
 fn check(q: &CubeTensor, k: &CubeTensor, v: &CubeTensor) -> Result<[usize; 4], Unsupported> {
@@ -135,6 +154,11 @@ pub(super) fn attention_forward(
     let note = notes.is_some();
     let [b, h, s, d] = match check(&q, &k, &v) {
         Ok(dims) => dims,
+        Err(Unsupported::HeadDim(d)) if d < HEAD_DIM => {
+            // Padded columns are zeros: the output's amax is the cast's to find, not noted.
+            let (out, lse) = attention_forward(widen(q), widen(k), widen(v), causal, scale, None);
+            return (narrow(out, d), lse);
+        }
         Err(_) => {
             let (out, lse) = reference::forward(tensor(q), tensor(k), tensor(v), causal, scale);
             return (primitive(out), primitive(lse));
@@ -237,18 +261,36 @@ pub(super) fn backward(
     let rotation = fused.flatten();
     let [b, h, s, d] = match check(&q, &k, &v).and_then(|dims| check(&out, &grad, &out).map(|_| dims)) {
         Ok(dims) => dims,
-        Err(_) => {
-            let (dq, dk, dv) = reference::backward(
-                tensor(q),
-                tensor(k),
-                tensor(v),
-                tensor(out),
-                tensor(lse),
-                tensor(grad),
-                causal,
-                scale,
-            );
-            let (dq, dk, dv) = (primitive(dq), primitive(dk), primitive(dv));
+        Err(failed) => {
+            let (dq, dk, dv) = match failed {
+                Unsupported::HeadDim(d) if d < HEAD_DIM => {
+                    let (dq, dk, dv) = backward(
+                        widen(q),
+                        widen(k),
+                        widen(v),
+                        widen(out),
+                        lse,
+                        widen(grad),
+                        causal,
+                        scale,
+                        None,
+                    );
+                    (narrow(dq, d), narrow(dk, d), narrow(dv, d))
+                }
+                _ => {
+                    let (dq, dk, dv) = reference::backward(
+                        tensor(q),
+                        tensor(k),
+                        tensor(v),
+                        tensor(out),
+                        tensor(lse),
+                        tensor(grad),
+                        causal,
+                        scale,
+                    );
+                    (primitive(dq), primitive(dk), primitive(dv))
+                }
+            };
             return match tables {
                 Some(t) => {
                     let unrotate =

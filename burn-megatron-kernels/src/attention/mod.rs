@@ -1,6 +1,7 @@
 //! Softmax attention as a backend extension, [`AttentionOps`], with its own backward: on CUDA
-//! the flash kernels of [`flash`] (bf16, head dim 128: no O(s²) memory), everywhere else, and
-//! for what those kernels do not take, the plain tensor-op twin in [`reference`].
+//! the flash kernels of [`flash`] (bf16, head dim 128, smaller ones zero-padded to it: no O(s²)
+//! memory), everywhere else, and for what those kernels do not take, the plain tensor-op twin in
+//! [`reference`].
 //!
 //! Both paths keep, for the backward, the output and each query row's `lse₂`: the log₂ of the
 //! sum of 2 to the power of its `scale · log₂(e)`-scaled scores (so `P = 2^(s·scale·log₂e − lse₂)`).

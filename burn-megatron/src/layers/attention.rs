@@ -425,7 +425,7 @@ fn attend(
         Some((context, cp)) => context_attention(q, k, v, *context, cp)?,
         None => {
             let (k, v) = (repeat_kv(k, &heads), repeat_kv(v, &heads)); // [b, h, s, k]
-            // Flash attention on CUDA (bf16, head dim 128); the f32 reference elsewhere. It
+            // Flash attention on CUDA (bf16, head dim ≤ 128); the f32 reference elsewhere. It
             // takes its output's amax where the output projection's cast scales by it.
             let note = output_notes(wo);
             match &heads.rope {

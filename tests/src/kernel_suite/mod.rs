@@ -23,6 +23,7 @@ mod emulated;
 mod onto;
 mod optim;
 mod quant;
+mod repeat;
 mod rotated;
 mod rows;
 pub use blocks::{fp8_blocks, fp8_blockwise_gemm};
@@ -31,6 +32,7 @@ pub use emulated::emulated_blocks;
 pub use onto::residual_gemm;
 pub use optim::{adamw, adamw_master, sum_of_squares};
 pub use quant::{amax_notes, fp8_amax, fp8_gemm, fp8_tiles, quantized_linear, shared_input, weight_codes};
+pub use repeat::flash_repeats;
 pub use rotated::rotated_gemm;
 pub use rows::{embedding_kernels, expert_order, router_product, router_top_k, row_kernels};
 
@@ -145,7 +147,7 @@ pub fn gated_gemm(h: &Harness) {
 /// gradients of q, k and v, with and without the causal mask, on lengths that fill no tile; and
 /// the same with RoPE on q and k inside the op (`rotary_attention`, whose backward unrotates dQ
 /// and dK as the kernels write them) against RoPE in f32 tensor ops before Burn's attention. A
-/// head dim of 64 goes to the reference path and must match too.
+/// head dim of 64 runs on the same kernels zero-padded to 128 and must match too.
 pub fn flash_attention(h: &Harness) {
     let device = h.device(0).autodiff();
     // (16, 6, 257): 96 heads (batch entries × heads) of 3 blocks, where the kernels take 85
