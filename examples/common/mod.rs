@@ -10,7 +10,7 @@ pub mod logging;
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
-use burn_megatron::models::llama::{Llama, LlamaConfig, gguf, hf};
+use burn_megatron::models::llama::{Llama, LlamaConfig, LlamaStage, gguf, hf};
 use burn_megatron_dist::ProcessGroups;
 use tokenizers::Tokenizer;
 
@@ -58,6 +58,19 @@ pub fn load(source: &Source, model: Llama, groups: &ProcessGroups) -> Result<Lla
     match source {
         Source::Gguf(path) => gguf::load(path, model, groups).map_err(|e| e.to_string()),
         Source::Hf(dir) => hf::load(dir, model, groups).map_err(|e| e.to_string()),
+    }
+}
+
+/// A pipeline `stage` of `whole` with the source's weights of the parts it holds.
+pub fn load_stage(
+    source: &Source,
+    stage: LlamaStage,
+    whole: &LlamaConfig,
+    groups: &ProcessGroups,
+) -> Result<LlamaStage, String> {
+    match source {
+        Source::Gguf(_) => Err("model: a GGUF model loads whole, at pp = 1".into()),
+        Source::Hf(dir) => hf::load_stage(dir, stage, whole, groups).map_err(|e| e.to_string()),
     }
 }
 

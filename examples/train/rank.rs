@@ -69,16 +69,13 @@ impl Run {
         };
         let files = files.filter(|_| job.config.checkpoint.load.is_none());
         if job.dims().pp > 1 {
-            if files.is_some() {
-                return Err(
-                    "model: fine-tuning a Hugging Face or GGUF model runs at pp = 1 (their loaders fill whole models)"
-                        .into(),
-                );
-            }
-            let stage = job
+            let mut stage = job
                 .model
                 .init_planned_stage(&job.plan, job.microbatches, device, &ctx.groups, &init)
                 .map_err(|e| fail(&e))?;
+            if let Some(files) = &files {
+                stage = common::load_stage(files, stage, &job.model, &ctx.groups)?;
+            }
             // The microbatches of a step quantize each weight once (FP8 current scaling, blockwise).
             return Ok(RankModel::Stage(match job.microbatches > 1 {
                 true => stage.keeping_weight_codes(),

@@ -248,6 +248,53 @@ pub fn deepseek_v3_matches_transformers(h: &Harness) {
     matches_transformers(h, "deepseek_v3");
 }
 
+/// Qwen3's fixture (tied: the embedding on the first stage and, as the output layer, on the
+/// last) and DeepSeek-V3's (latent attention, a dense block then an MoE one) loaded stage by
+/// stage at pp 2 × tp 2, each stage reading its own blocks' tensors (`hf::load_stage`), have
+/// transformers' loss and whole gradient norm on the fixture's batch, in two microbatches.
+pub fn families_load_at_pp(h: &Harness) {
+    let dims = ParallelDims {
+        pp: 2,
+        ..ParallelDims::tp_dp(2, 1)
+    };
+    let plan = ParallelPlan::new(dims).with_tensor(TensorParallel::SequenceParallel);
+    for name in ["qwen3", "deepseek_v3"] {
+        let (dir, expected) = (fixture(name), expected(name));
+        let planned = plan.apply(hf::config(&dir).unwrap(), dims.world_size(), SEQ).unwrap();
+        let reports = h.run(dims, |ctx| {
+            let (g, device) = (&ctx.groups, ctx.device.clone().autodiff());
+            let init = ParamInit::new(11, InitMode::Full);
+            let stage = planned.init_planned_stage(&plan, 2, &device, g, &init).unwrap();
+            let stage = hf::load_stage(&dir, stage, &planned, g).unwrap();
+            // Clipping only to have the norm reported; no step moves a weight at lr 0.
+            let optim = DistributedAdamWConfig::new().with_max_grad_norm(Some(1.0));
+            let mut trainer = Trainer::new(stage, &optim, g, &ctx.device);
+            let (ids, targets) = batch(&expected, &device);
+            let stepped = trainer.step(0.0, TokenBatch { ids, targets }).unwrap();
+            let values = trainer.read(stepped).unwrap();
+            (values.loss, values.grad_norm.unwrap())
+        });
+        // Every rank reads the last stage's loss and the norm over every stage.
+        let norms = expected["grad_norms"].as_object().unwrap().values();
+        let norm = norms.map(|n| n.as_f64().unwrap().powi(2)).sum::<f64>().sqrt();
+        let loss = expected["loss"].as_f64().unwrap();
+        for (rank, (ours, our_norm)) in reports.into_iter().enumerate() {
+            // As `matches_at`'s: transformers' f32 sums in another order (2e-7 measured), here
+            // also the mean of two microbatches' means; a tensor read from another stage's
+            // slice or left at its initial value moves the loss by more than 1e-2.
+            assert!(
+                (ours - loss).abs() <= 1e-5 * loss,
+                "{name} rank {rank}: loss {ours} vs {loss}"
+            );
+            // The squares of every gradient summed over the stages and tp in f32: 1e-4.
+            assert!(
+                (our_norm - norm).abs() <= 1e-4 * norm,
+                "{name} rank {rank}: gradient norm {our_norm} vs {norm}"
+            );
+        }
+    }
+}
+
 /// Every family's greedy generation after the fixture's prompt, through the KV cache (prefill,
 /// then decoding steps), is transformers' `generate` token for token, at tp over every rank.
 pub fn families_generate_as_transformers(h: &Harness) {

@@ -40,6 +40,11 @@ fn families_train_as_on_one_rank() {
 }
 
 #[test]
+fn families_load_at_pp() {
+    family_suite::families_load_at_pp(&Harness::cpu(4));
+}
+
+#[test]
 fn families_train_under_fp8() {
     family_suite::families_train_under_fp8(&Harness::cpu(2));
 }

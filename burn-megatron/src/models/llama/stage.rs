@@ -120,8 +120,10 @@ impl LlamaConfig {
             tied_output,
             loss: last.then(|| self.loss.init(groups)),
             chunks,
-            width: self.attention.d_model,
-            sequence_shards: match self.attention.sequence {
+            // The residual stream's: the embedding's width, the norms' layout (a latent-attention
+            // model's grouped-query attention config is unused).
+            width: self.embedding.d_model,
+            sequence_shards: match self.norm.sequence {
                 crate::layers::SequenceLayout::Sharded => groups.tp.size(),
                 crate::layers::SequenceLayout::Whole => 1,
             },

@@ -14,7 +14,7 @@ use super::{HfError, format_error, io};
 use crate::layers::LatentAttentionConfig;
 use crate::layers::RopeScaling;
 use crate::layers::moe::{GroupLimit, MoeConfig, RouterConfig, Scoring};
-use crate::models::llama::{Llama, LlamaConfig, MoeBlocks, WordEmbeddings};
+use crate::models::llama::{Llama, LlamaBlock, LlamaConfig, LlamaStage, MoeBlocks, WordEmbeddings};
 use burn_megatron_dist::ProcessGroups;
 
 /// What this model reads of a Hugging Face `config.json`, checked.
@@ -367,35 +367,54 @@ impl HfConfig {
     /// the vocabulary, tied or not, the rope, the norm's ε, and the family's layer choices
     /// (q/k/v biases, the heads' norms, the experts).
     pub fn check_model(&self, model: &Llama, groups: &ProcessGroups) -> Result<(), HfError> {
-        let mismatch = |field: &'static str, checkpoint: String, model: String| {
-            if checkpoint == model {
-                Ok(())
-            } else {
-                Err(HfError::Mismatch {
-                    field,
-                    checkpoint,
-                    model,
-                })
-            }
-        };
-        let (s, tp) = (|v: usize| v.to_string(), groups.tp.size());
-        let [_, d] = model.embedding.weight.dims();
-        mismatch("hidden_size", s(self.hidden_size), s(d))?;
-        mismatch("vocab_size", s(self.vocab_size), s(model.embedding.vocab_size))?;
-        mismatch("num_hidden_layers", s(self.num_hidden_layers), s(model.layers.len()))?;
-        let tied = model.word_embeddings() == WordEmbeddings::Tied;
+        let [_, hidden] = model.embedding.weight.dims();
+        self.check_outline(Outline {
+            hidden,
+            vocab: model.embedding.vocab_size,
+            layers: model.layers.len(),
+            tied: model.word_embeddings() == WordEmbeddings::Tied,
+            epsilon: model.norm.epsilon,
+        })?;
+        self.check_blocks(model.layers.iter().enumerate(), groups)
+    }
+
+    /// Checks this configuration against a pipeline stage built over `groups` from `whole`, the
+    /// whole model's configuration (which every stage knows, whichever parts it holds): as
+    /// [`check_model`](Self::check_model), the blocks those the stage holds.
+    pub fn check_stage(&self, stage: &LlamaStage, whole: &LlamaConfig, groups: &ProcessGroups) -> Result<(), HfError> {
+        self.check_outline(Outline {
+            hidden: whole.embedding.d_model,
+            vocab: whole.embedding.vocab_size,
+            layers: whole.n_layers,
+            tied: whole.word_embeddings == WordEmbeddings::Tied,
+            epsilon: whole.norm.epsilon,
+        })?;
+        let held = stage.layers.iter().enumerate();
+        self.check_blocks(held.filter_map(|(i, block)| block.as_ref().map(|b| (i, b))), groups)
+    }
+
+    fn check_outline(&self, model: Outline) -> Result<(), HfError> {
+        let s = |v: usize| v.to_string();
+        mismatch("hidden_size", s(self.hidden_size), s(model.hidden))?;
+        mismatch("vocab_size", s(self.vocab_size), s(model.vocab))?;
+        mismatch("num_hidden_layers", s(self.num_hidden_layers), s(model.layers))?;
         mismatch(
             "tie_word_embeddings",
             self.tie_word_embeddings.to_string(),
-            tied.to_string(),
+            model.tied.to_string(),
         )?;
-        mismatch(
-            "rms_norm_eps",
-            self.rms_norm_eps.to_string(),
-            model.norm.epsilon.to_string(),
-        )?;
+        mismatch("rms_norm_eps", self.rms_norm_eps.to_string(), model.epsilon.to_string())
+    }
+
+    /// The blocks `(index, block)`: heads, sizes, rope and the family's layer choices.
+    fn check_blocks<'a>(
+        &self,
+        blocks: impl Iterator<Item = (usize, &'a LlamaBlock)>,
+        groups: &ProcessGroups,
+    ) -> Result<(), HfError> {
+        let (s, tp) = (|v: usize| v.to_string(), groups.tp.size());
         let choices = &self.choices;
-        for (i, layer) in model.layers.iter().enumerate() {
+        for (i, layer) in blocks {
             let heads = match (&layer.attention, &layer.latent) {
                 (Some(attention), _) => attention.n_heads,
                 (None, Some(latent)) => latent.n_heads,
@@ -472,6 +491,27 @@ impl HfConfig {
         }
         Ok(())
     }
+}
+
+/// What a model has where the checkpoint's config says otherwise, by the config's field.
+fn mismatch(field: &'static str, checkpoint: String, model: String) -> Result<(), HfError> {
+    match checkpoint == model {
+        true => Ok(()),
+        false => Err(HfError::Mismatch {
+            field,
+            checkpoint,
+            model,
+        }),
+    }
+}
+
+/// The whole model's sizes a checkpoint's config must match.
+struct Outline {
+    hidden: usize,
+    vocab: usize,
+    layers: usize,
+    tied: bool,
+    epsilon: f64,
 }
 
 /// A model's MoE blocks as a Hugging Face family's experts: every block with softmax routing

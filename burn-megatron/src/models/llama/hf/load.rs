@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use burn::module::Module;
 use burn::tensor::{Tensor, TensorData};
 use burn_megatron_dist::ProcessGroups;
 use memmap2::Mmap;
@@ -13,9 +14,9 @@ use safetensors::tensor::{Dtype, SafeTensors};
 use serde::Deserialize;
 
 use super::compressed::{Compression, Input, is_block_linear, scale_names};
-use super::config::read_config;
+use super::config::{HfConfig, read_config};
 use super::{FileTensor, HfError, RopeColumns, file_tensor, format_error, io, is_vocab, rope_columns};
-use crate::models::llama::{Llama, WordEmbeddings};
+use crate::models::llama::{Llama, LlamaBlock, LlamaConfig, LlamaStage, WordEmbeddings};
 use crate::models::llama::{Site, linear_mut};
 use crate::params::{map_params, param_infos, param_values};
 use crate::precision::delayed::is_history;
@@ -226,133 +227,236 @@ impl Checkpoint {
 pub fn load(dir: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, HfError> {
     let config = read_config(dir)?;
     config.check_model(&model, groups)?;
-    let config_path = dir.join("config.json");
-    let raw = std::fs::read_to_string(&config_path).map_err(|e| io(&config_path, e))?;
-    let raw: serde_json::Value = serde_json::from_str(&raw).map_err(|e| format_error(&config_path, e))?;
-    let compression = Compression::from_json(&raw)?;
-    let checkpoint = Checkpoint::open(dir)?;
-    let infos = param_infos(&model);
-    let shapes: Vec<Vec<usize>> = param_values(&model).into_iter().map(|p| p.dims).collect();
-    let (tp, tp_rank) = (groups.tp.size(), groups.tp.group_rank());
-    let mut used = BTreeSet::new();
-    let mut values = Vec::with_capacity(infos.len());
-    // Each compressed linear's input scale, by our layer path (`layers.0.attention.wq`).
-    let mut input_scales = BTreeMap::new();
-    for (info, local) in infos.iter().zip(&shapes) {
-        // Delayed FP8 scaling's amax histories are training state, no checkpoint weight: kept.
-        if is_history(&info.path) {
-            values.push(None);
-            continue;
-        }
-        let incompatible = |detail: String| HfError::Incompatible {
-            name: info.path.clone(),
-            detail,
+    let tied = model.word_embeddings() == WordEmbeddings::Tied;
+    let mut read = Read::new(dir, &config, &model, groups, &Held::All, tied)?;
+    let mut model = read.apply(model);
+    read.quantize_inputs(model.layers.iter_mut().enumerate())?;
+    Ok(model)
+}
+
+/// [`load`] for one pipeline stage built from `whole` (the whole model's configuration, which
+/// the checkpoint's config must describe): the stage reads the tensors of the parts it holds,
+/// and leaves the other stages' to them (each rank's slices, as [`load`]'s).
+pub fn load_stage(
+    dir: &Path,
+    stage: LlamaStage,
+    whole: &LlamaConfig,
+    groups: &ProcessGroups,
+) -> Result<LlamaStage, HfError> {
+    let config = read_config(dir)?;
+    config.check_stage(&stage, whole, groups)?;
+    let held = Held::Stage {
+        layers: stage.layers.iter().map(Option::is_some).collect(),
+        embedding: stage.embedding.is_some(),
+        head: stage.norm.is_some(),
+    };
+    let tied = whole.word_embeddings == WordEmbeddings::Tied;
+    let mut read = Read::new(dir, &config, &stage, groups, &held, tied)?;
+    let mut stage = read.apply(stage);
+    let blocks = stage.layers.iter_mut().enumerate();
+    read.quantize_inputs(blocks.filter_map(|(i, block)| block.as_mut().map(|b| (i, b))))?;
+    Ok(stage)
+}
+
+/// Which of the file's tensors this rank's part of the model holds: any other one not read is
+/// left over.
+enum Held {
+    All,
+    /// A pipeline stage: the blocks it holds (by index), the embedding (on the first stage, and
+    /// as the tied output layer on the last), the final norm and output layer.
+    Stage {
+        layers: Vec<bool>,
+        embedding: bool,
+        head: bool,
+    },
+}
+
+impl Held {
+    /// Whether the tensor `name` of the file is this rank's to read: another stage's is not. A
+    /// name of no part the model has (a block past its last) is this rank's, and left over.
+    fn holds(&self, name: &str) -> bool {
+        let Self::Stage {
+            layers,
+            embedding,
+            head,
+        } = self
+        else {
+            return true;
         };
-        let file = file_tensor(config.family, &info.path).ok_or_else(|| incompatible("no Hugging Face name".into()))?;
-        if file.per_expert {
-            values.push(Some(checkpoint.read_experts(
-                &file,
-                local,
-                info.split_dim,
-                groups,
-                &mut used,
-            )?));
-            continue;
-        }
-        let FileTensor { name, transposed, .. } = file;
-        let stored = checkpoint
-            .tensors
-            .get(&name)
-            .ok_or_else(|| incompatible(format!("{name} is not in the checkpoint")))?;
-        let compressed = compression.filter(|_| is_block_linear(&info.path));
-        let dtype_fits = match compressed {
-            Some(scheme) => stored.dtype == scheme.dtype(),
-            None => matches!(stored.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16),
-        };
-        if !dtype_fits {
-            return Err(incompatible(format!("{name}: unsupported dtype {:?}", stored.dtype)));
-        }
-        let global: Vec<usize> = match transposed {
-            true => stored.shape.iter().rev().copied().collect(),
-            false => stored.shape.clone(),
-        };
-        let dim = info.split_dim.unwrap_or(0);
-        let parts = if info.split_dim.is_some() { tp } else { 1 };
-        // Along the split dim the whole is `local · parts`, less the padding for the vocabulary.
-        let fits = global.len() == local.len()
-            && global.iter().zip(local).enumerate().all(|(d, (g, l))| match d == dim {
-                true if is_vocab(&info.path) => *g == config.vocab_size && *g <= l * parts,
-                true => *g == l * parts,
-                false => g == l,
-            });
-        if !fits {
-            return Err(incompatible(format!(
-                "{name} is stored {:?}: it does not fit a local shape {local:?} over {parts} ranks",
-                stored.shape
-            )));
-        }
-        let start = if info.split_dim.is_some() {
-            tp_rank * local[dim]
-        } else {
-            0
-        };
-        let mut local_values = checkpoint.read_local(stored, transposed, local, dim, start);
-        if let Some(columns) = rope_columns(&config, &info.path) {
-            local_values = halves(local_values, local[1], columns);
-        }
-        if let Some(scheme) = compressed {
-            // Our [in, out'] slice: output channel `c` is global `c + offset`.
-            let offset = if info.split_dim == Some(1) { start } else { 0 };
-            let (scale_name, input_name) = scale_names(&name);
-            let out = global[1];
-            let scales = checkpoint.scale(&scale_name, if scheme.per_channel { out } else { 1 })?;
-            for (i, v) in local_values.iter_mut().enumerate() {
-                *v *= scales[if scheme.per_channel { offset + i % local[1] } else { 0 }];
-            }
-            used.insert(scale_name);
-            if scheme.input == Input::Static {
-                let layer = info.path.strip_suffix(".weight").expect("a weight").to_string();
-                input_scales.insert(layer, checkpoint.scale(&input_name, 1)?[0]);
-                used.insert(input_name);
+        match name {
+            "model.embed_tokens.weight" => *embedding,
+            "model.norm.weight" | "lm_head.weight" => *head,
+            _ => {
+                let index = name
+                    .strip_prefix("model.layers.")
+                    .and_then(|rest| rest.split('.').next());
+                match index.and_then(|i| i.parse::<usize>().ok()).and_then(|i| layers.get(i)) {
+                    Some(held) => *held,
+                    None => true,
+                }
             }
         }
-        values.push(Some(local_values));
-        used.insert(name);
     }
-    let left_over: Vec<String> = checkpoint
-        .tensors
-        .iter()
-        .filter(|(name, _)| !used.contains(*name))
-        // Rotary frequencies that older exports kept as buffers: derived, not weights.
-        .filter(|(name, _)| !name.ends_with("rotary_emb.inv_freq"))
-        // A tied checkpoint may store the output weight too; it must then be the embedding.
-        .filter(|(name, stored)| {
-            let tied = model.word_embeddings() == WordEmbeddings::Tied;
-            let same_as_embedding = || {
-                let embed = &checkpoint.tensors["model.embed_tokens.weight"];
-                embed.dtype == stored.dtype
-                    && embed.shape == stored.shape
-                    && checkpoint.bytes(embed) == checkpoint.bytes(stored)
+}
+
+/// Every parameter's slice of one model, read and checked, before the model changes.
+struct Read {
+    values: Vec<Option<Vec<f32>>>,
+    /// Each compressed linear's input scale, by our layer path (`layers.0.attention.wq`).
+    input_scales: BTreeMap<String, f32>,
+    compression: Option<Compression>,
+}
+
+impl Read {
+    fn new<M: Module>(
+        dir: &Path,
+        config: &HfConfig,
+        model: &M,
+        groups: &ProcessGroups,
+        held: &Held,
+        tied: bool,
+    ) -> Result<Self, HfError> {
+        let config_path = dir.join("config.json");
+        let raw = std::fs::read_to_string(&config_path).map_err(|e| io(&config_path, e))?;
+        let raw: serde_json::Value = serde_json::from_str(&raw).map_err(|e| format_error(&config_path, e))?;
+        let compression = Compression::from_json(&raw)?;
+        let checkpoint = Checkpoint::open(dir)?;
+        let infos = param_infos(model);
+        let shapes: Vec<Vec<usize>> = param_values(model).into_iter().map(|p| p.dims).collect();
+        let (tp, tp_rank) = (groups.tp.size(), groups.tp.group_rank());
+        let mut used = BTreeSet::new();
+        let mut values = Vec::with_capacity(infos.len());
+        let mut input_scales = BTreeMap::new();
+        for (info, local) in infos.iter().zip(&shapes) {
+            // Delayed FP8 scaling's amax histories are training state, no checkpoint weight: kept.
+            if is_history(&info.path) {
+                values.push(None);
+                continue;
+            }
+            let incompatible = |detail: String| HfError::Incompatible {
+                name: info.path.clone(),
+                detail,
             };
-            !(tied && name.as_str() == "lm_head.weight" && same_as_embedding())
-        })
-        .map(|(name, _)| name.clone())
-        .collect();
-    if !left_over.is_empty() {
-        return Err(HfError::LeftOver { names: left_over });
-    }
-    // Everything is read and checked: now change the model.
-    let mut model = map_params(model, &mut |i, old, _| match values[i].take() {
-        Some(v) => {
-            let n = v.len();
-            Tensor::<1>::from_data(TensorData::new(v, [n]), &old.device()).cast(old.dtype())
+            let file =
+                file_tensor(config.family, &info.path).ok_or_else(|| incompatible("no Hugging Face name".into()))?;
+            if file.per_expert {
+                values.push(Some(checkpoint.read_experts(
+                    &file,
+                    local,
+                    info.split_dim,
+                    groups,
+                    &mut used,
+                )?));
+                continue;
+            }
+            let FileTensor { name, transposed, .. } = file;
+            let stored = checkpoint
+                .tensors
+                .get(&name)
+                .ok_or_else(|| incompatible(format!("{name} is not in the checkpoint")))?;
+            let compressed = compression.filter(|_| is_block_linear(&info.path));
+            let dtype_fits = match compressed {
+                Some(scheme) => stored.dtype == scheme.dtype(),
+                None => matches!(stored.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16),
+            };
+            if !dtype_fits {
+                return Err(incompatible(format!("{name}: unsupported dtype {:?}", stored.dtype)));
+            }
+            let global: Vec<usize> = match transposed {
+                true => stored.shape.iter().rev().copied().collect(),
+                false => stored.shape.clone(),
+            };
+            let dim = info.split_dim.unwrap_or(0);
+            let parts = if info.split_dim.is_some() { tp } else { 1 };
+            // Along the split dim the whole is `local · parts`, less the padding for the vocabulary.
+            let fits = global.len() == local.len()
+                && global.iter().zip(local).enumerate().all(|(d, (g, l))| match d == dim {
+                    true if is_vocab(&info.path) => *g == config.vocab_size && *g <= l * parts,
+                    true => *g == l * parts,
+                    false => g == l,
+                });
+            if !fits {
+                return Err(incompatible(format!(
+                    "{name} is stored {:?}: it does not fit a local shape {local:?} over {parts} ranks",
+                    stored.shape
+                )));
+            }
+            let start = if info.split_dim.is_some() {
+                tp_rank * local[dim]
+            } else {
+                0
+            };
+            let mut local_values = checkpoint.read_local(stored, transposed, local, dim, start);
+            if let Some(columns) = rope_columns(config, &info.path) {
+                local_values = halves(local_values, local[1], columns);
+            }
+            if let Some(scheme) = compressed {
+                // Our [in, out'] slice: output channel `c` is global `c + offset`.
+                let offset = if info.split_dim == Some(1) { start } else { 0 };
+                let (scale_name, input_name) = scale_names(&name);
+                let out = global[1];
+                let scales = checkpoint.scale(&scale_name, if scheme.per_channel { out } else { 1 })?;
+                for (i, v) in local_values.iter_mut().enumerate() {
+                    *v *= scales[if scheme.per_channel { offset + i % local[1] } else { 0 }];
+                }
+                used.insert(scale_name);
+                if scheme.input == Input::Static {
+                    let layer = info.path.strip_suffix(".weight").expect("a weight").to_string();
+                    input_scales.insert(layer, checkpoint.scale(&input_name, 1)?[0]);
+                    used.insert(input_name);
+                }
+            }
+            values.push(Some(local_values));
+            used.insert(name);
         }
-        None => old,
-    });
-    if let Some(scheme) = compression {
-        for (i, block) in model.layers.iter_mut().enumerate() {
+        let left_over: Vec<String> = checkpoint
+            .tensors
+            .iter()
+            .filter(|(name, _)| !used.contains(*name) && held.holds(name))
+            // Rotary frequencies that older exports kept as buffers: derived, not weights.
+            .filter(|(name, _)| !name.ends_with("rotary_emb.inv_freq"))
+            // A tied checkpoint may store the output weight too; it must then be the embedding.
+            .filter(|(name, stored)| {
+                let same_as_embedding = || {
+                    let embed = &checkpoint.tensors["model.embed_tokens.weight"];
+                    embed.dtype == stored.dtype
+                        && embed.shape == stored.shape
+                        && checkpoint.bytes(embed) == checkpoint.bytes(stored)
+                };
+                !(tied && name.as_str() == "lm_head.weight" && same_as_embedding())
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        if !left_over.is_empty() {
+            return Err(HfError::LeftOver { names: left_over });
+        }
+        Ok(Self {
+            values,
+            input_scales,
+            compression,
+        })
+    }
+
+    /// `model` with every value read; the others (delayed scaling's histories) as they were.
+    fn apply<M: Module>(&mut self, model: M) -> M {
+        let values = &mut self.values;
+        map_params(model, &mut |i, old, _| match values[i].take() {
+            Some(v) => {
+                let n = v.len();
+                Tensor::<1>::from_data(TensorData::new(v, [n]), &old.device()).cast(old.dtype())
+            }
+            None => old,
+        })
+    }
+
+    /// A compressed checkpoint's input quantizers on the blocks `(index, block)`.
+    fn quantize_inputs<'a>(&self, blocks: impl Iterator<Item = (usize, &'a mut LlamaBlock)>) -> Result<(), HfError> {
+        let Some(scheme) = self.compression else {
+            return Ok(());
+        };
+        for (i, block) in blocks {
             for path in Site::ALL.iter().flat_map(|s| s.linears()) {
-                let input_scale = input_scales.get(&format!("layers.{i}.{path}")).copied();
+                let input_scale = self.input_scales.get(&format!("layers.{i}.{path}")).copied();
                 let linear = linear_mut(block, path).ok_or_else(|| HfError::Incompatible {
                     name: format!("layers.{i}.{path}"),
                     detail: "a mixture-of-experts block has no such layer".into(),
@@ -360,8 +464,8 @@ pub fn load(dir: &Path, model: Llama, groups: &ProcessGroups) -> Result<Llama, H
                 linear.precision.input_quantizer = scheme.input_quantizer(input_scale);
             }
         }
+        Ok(())
     }
-    Ok(model)
 }
 
 /// `values` (`[in, out]`, out features in the file's order, whole heads) with each run's rotated

@@ -29,7 +29,7 @@ pub use compressed::{Compression, Input};
 pub use config::{HfConfig, config, read_config};
 pub use export::{ExportDType, ExportOptions, save, save_quantized};
 pub use family::{Choices, DeepseekRouting, Family, HfLatent, HfMoe, RopeColumns};
-pub use load::load;
+pub use load::{load, load_stage};
 pub use tokenizer::tokenizer;
 
 use std::path::Path;
