@@ -14,7 +14,7 @@ use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::layers::context::ContextLayout;
 use burn_megatron::models::llama::generate::{GenerateConfig, Sampling, generate};
 use burn_megatron::models::llama::hf::{self, ExportDType, ExportOptions, HfError};
-use burn_megatron::models::llama::{Llama, LlamaConfig};
+use burn_megatron::models::llama::{Llama, LlamaConfig, MtpConfig};
 use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron::params::{param_grads, param_infos};
 use burn_megatron::plan::{ParallelPlan, PipelineSchedule, TensorParallel};
@@ -98,7 +98,7 @@ fn max_abs(values: impl Iterator<Item = f64>) -> f64 {
 /// transformers'.
 fn matches_at(h: &Harness, name: &str, layout: Layout) {
     let (dir, expected) = (fixture(name), expected(name));
-    let family = hf::read_config(&dir).unwrap().family;
+    let config = hf::read_config(&dir).unwrap();
     h.run(layout.dims(h.world), |ctx| {
         let dev = ctx.device.clone().autodiff();
         let g = &ctx.groups;
@@ -125,10 +125,10 @@ fn matches_at(h: &Harness, name: &str, layout: Layout) {
         // under context parallelism its chunks', which the loss and gradients cover.
         let logits = g.tp.all_gather(logits.detach(), 2).unwrap().narrow(2, 0, VOCAB); // [b, s, v]
         if g.cp.size() > 1 {
-            return check_grad_norms(&model, &grads, g, family, &expected, &what);
+            return check_grad_norms(&model, &grads, g, &config, &expected, &what);
         }
         check_logits(logits, &expected, &what);
-        check_grad_norms(&model, &grads, g, family, &expected, &what);
+        check_grad_norms(&model, &grads, g, &config, &expected, &what);
     });
 }
 
@@ -160,7 +160,7 @@ pub(crate) fn check_grad_norms(
     model: &Llama,
     grads: &burn::tensor::Gradients,
     g: &ProcessGroups,
-    family: hf::Family,
+    config: &hf::HfConfig,
     expected: &Value,
     what: &str,
 ) {
@@ -185,7 +185,7 @@ pub(crate) fn check_grad_norms(
         let norm = squares.into_scalar::<f64>().sqrt();
         let (file_name, want) = norms
             .iter()
-            .find(|(n, _)| hf::our_path(family, n).as_deref() == Some(info.path.as_str()))
+            .find(|(n, _)| hf::our_path_in(config, n).as_deref() == Some(info.path.as_str()))
             .unwrap_or_else(|| panic!("{what}: no transformers gradient for {}", info.path));
         let want = want.as_f64().unwrap();
         // The reordered sums through the backward pass, a norm averaging their rounding
@@ -347,31 +347,107 @@ pub fn families_export_round_trip(h: &Harness) {
             let (model, config) = loaded(&dir, layout, &ctx.groups, &ctx.device);
             hf::save(&out, &model, &config, &ctx.groups, &ExportOptions::new()).unwrap();
         });
-        assert_eq!(
-            hf::read_config(&out).unwrap(),
-            hf::read_config(&dir).unwrap(),
-            "{name}: config.json"
-        );
-        let (theirs, ours) = (
-            std::fs::read(dir.join("model.safetensors")).unwrap(),
-            std::fs::read(out.join("model.safetensors")).unwrap(),
-        );
-        let (theirs, ours) = (
-            safetensors::SafeTensors::deserialize(&theirs).unwrap(),
-            safetensors::SafeTensors::deserialize(&ours).unwrap(),
-        );
-        let mut names = ours.names();
-        names.sort();
-        let mut want = theirs.names();
-        want.sort();
-        assert_eq!(names, want, "{name}: tensor names");
-        for tensor in names {
-            let (a, b) = (ours.tensor(tensor).unwrap(), theirs.tensor(tensor).unwrap());
-            assert_eq!((a.shape(), a.dtype()), (b.shape(), b.dtype()), "{name}: {tensor}");
-            assert!(a.data() == b.data(), "{name}: {tensor} differs");
-        }
+        assert_same_checkpoint(&out, &dir, name);
         let _ = std::fs::remove_dir_all(&out);
     }
+}
+
+/// The export in `out` is the fixture in `dir`: a `config.json` that reads back as the
+/// fixture's, the same tensors bit for bit under the same names.
+fn assert_same_checkpoint(out: &Path, dir: &Path, name: &str) {
+    let (theirs, ours) = (
+        std::fs::read(dir.join("model.safetensors")).unwrap(),
+        std::fs::read(out.join("model.safetensors")).unwrap(),
+    );
+    let (theirs, ours) = (
+        safetensors::SafeTensors::deserialize(&theirs).unwrap(),
+        safetensors::SafeTensors::deserialize(&ours).unwrap(),
+    );
+    // transformers writes DeepSeek-V3's default `num_nextn_predict_layers` (1) with no module in
+    // the file; an export says how many modules it holds (blocks past `num_hidden_layers`).
+    let mut want = hf::read_config(dir).unwrap();
+    let blocks: std::collections::BTreeSet<usize> = theirs
+        .names()
+        .iter()
+        .filter_map(|n| n.strip_prefix("model.layers.")?.split('.').next()?.parse().ok())
+        .collect();
+    want.choices.mtp_layers = blocks.len() - want.num_hidden_layers;
+    assert_eq!(hf::read_config(out).unwrap(), want, "{name}: config.json");
+    let mut names = ours.names();
+    names.sort();
+    let mut want = theirs.names();
+    want.sort();
+    assert_eq!(names, want, "{name}: tensor names");
+    for tensor in names {
+        let (a, b) = (ours.tensor(tensor).unwrap(), theirs.tensor(tensor).unwrap());
+        assert_eq!((a.shape(), a.dtype()), (b.shape(), b.dtype()), "{name}: {tensor}");
+        assert!(a.data() == b.data(), "{name}: {tensor} differs");
+    }
+}
+
+/// DeepSeek-V3's fixture with a multi-token prediction module in DeepSeek's file layout
+/// (`make_mtp_fixture.py`: the module written out around transformers' own decoder layer)
+/// loaded into a model of one module at the fixture's weight, at tp over every rank with and
+/// without sequence parallelism: the main, multi-token and total losses and every gradient's
+/// norm, the module's own included, are the definition's; exported, it is the fixture's file bit
+/// for bit. A model without modules leaves the file's out (the main loss); one of two modules is
+/// refused.
+pub fn deepseek_v3_mtp_matches_its_definition(h: &Harness) {
+    let (dir, expected) = (fixture("deepseek_v3_mtp"), expected("deepseek_v3_mtp"));
+    let file = hf::read_config(&dir).unwrap();
+    let weight = expected["loss_weight"].as_f64().unwrap();
+    let with_modules = |depth: usize, layout: Layout| {
+        let dims = layout.dims(h.world);
+        let config = hf::config(&dir)
+            .unwrap()
+            .with_mtp((depth > 0).then(|| MtpConfig::new(depth).with_loss_weight(weight)));
+        ParallelPlan::new(dims)
+            .with_tensor(layout.tensor())
+            .apply(config, dims.world_size(), SEQ)
+            .unwrap()
+    };
+    let out = std::env::temp_dir().join(format!("burn-megatron-mtp-export-{}-{}", h.world, std::process::id()));
+    for sp in [false, true] {
+        let layout = Layout::Tensor { sp };
+        let config = with_modules(1, layout);
+        h.run(layout.dims(h.world), |ctx| {
+            let (g, dev) = (&ctx.groups, ctx.device.clone().autodiff());
+            let model = config.init(&dev, g, &ParamInit::new(11, InitMode::Full)).unwrap();
+            let model = hf::load(&dir, model, g).unwrap();
+            let (ids, targets) = batch(&expected, &dev);
+            let (loss, report) = model.forward_loss_report(ids, targets).unwrap();
+            let grads = loss.backward();
+            let what = format!("deepseek_v3_mtp sp {sp} tp {}", h.world);
+            let mtp = report.mtp.unwrap().into_scalar::<f64>() / weight;
+            // As `matches_at`'s losses: transformers' f32 sums in another order; 1e-5.
+            for (ours, key) in [(mtp, "mtp_loss"), (loss.into_scalar::<f64>(), "loss")] {
+                let want = expected[key].as_f64().unwrap();
+                assert!((ours - want).abs() <= 1e-5 * want, "{what}: {key} {ours} vs {want}");
+            }
+            check_grad_norms(&model, &grads, g, &file, &expected, &what);
+            if sp {
+                hf::save(&out, &model, &config, g, &ExportOptions::new()).unwrap();
+            }
+        });
+    }
+    assert_same_checkpoint(&out, &dir, "deepseek_v3_mtp");
+    let _ = std::fs::remove_dir_all(&out);
+
+    let layout = Layout::Tensor { sp: false };
+    let (without, two) = (with_modules(0, layout), with_modules(2, layout));
+    h.run(layout.dims(h.world), |ctx| {
+        let (g, dev) = (&ctx.groups, &ctx.device);
+        let init = ParamInit::new(11, InitMode::Full);
+        let model = hf::load(&dir, without.init(dev, g, &init).unwrap(), g).unwrap();
+        let (ids, targets) = batch(&expected, dev);
+        let loss = model.forward_loss(ids, targets).unwrap().into_scalar::<f64>();
+        let want = expected["main_loss"].as_f64().unwrap();
+        assert!((loss - want).abs() <= 1e-5 * want, "without modules: {loss} vs {want}");
+        match hf::load(&dir, two.init(dev, g, &init).unwrap(), g) {
+            Err(HfError::Mismatch { field, .. }) => assert_eq!(field, "num_nextn_predict_layers"),
+            other => panic!("two modules from a file of one: {:?}", other.map(|_| ())),
+        }
+    });
 }
 
 /// Sequences a training step, over every data-parallel rank.

@@ -12,7 +12,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use burn_megatron::checkpoint;
 use burn_megatron::init::{InitMode, ParamInit};
-use burn_megatron::models::llama::hf::{self, ExportDType, ExportOptions, Family, HfError};
+use burn_megatron::models::llama::hf::{self, ExportDType, ExportOptions, HfError};
 use burn_megatron::models::llama::{Llama, LlamaConfig, WordEmbeddings};
 use burn_megatron::optim::DistributedAdamWConfig;
 use burn_megatron::params::param_infos;
@@ -124,7 +124,8 @@ fn matches_transformers(h: &Harness, name: &str) {
 
             let logits = tp.all_gather(logits.detach(), 2).unwrap().narrow(2, 0, VOCAB); // [b, s, v]
             check_logits(logits, &expected, &what);
-            check_grad_norms(&model, &grads, &ctx.groups, Family::Llama, &expected, &what);
+            let config = hf::read_config(&dir).unwrap();
+            check_grad_norms(&model, &grads, &ctx.groups, &config, &expected, &what);
         });
         let _ = std::fs::remove_dir_all(&dir);
     }

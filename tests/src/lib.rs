@@ -108,7 +108,8 @@ macro_rules! for_each_hf_test {
         $crate::$callback! { $($args)*; family_suite:
             mistral_matches_transformers, qwen2_matches_transformers, qwen3_matches_transformers,
             mixtral_matches_transformers, qwen3_moe_matches_transformers,
-            deepseek_v3_matches_transformers, families_generate_as_transformers }
+            deepseek_v3_matches_transformers, deepseek_v3_mtp_matches_its_definition,
+            families_generate_as_transformers }
     };
 }
 

@@ -48,7 +48,8 @@ fn cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>, valid: usize) -> Te
 
 /// DeepSeek-V3's loss with multi-token prediction, written out on a one-rank model: the main
 /// next-token loss, then for depth k = 1, 2 the module's hidden states
-/// `block(W·[rms(h_{k-1}); rms(emb(t_{i+k}))])` read through its norm and the shared output
+/// `block(W·[rms(emb(t_{i+k})); rms(h_{k-1})])` (the order of DeepSeek-V3's `eh_proj` in its
+/// files) read through its norm and the shared output
 /// layer against `t_{i+k+1}`, over the positions that have one; λ times their mean added.
 fn written_out(model: &Llama, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Tensor<1> {
     let [b, s] = ids.dims();
@@ -68,8 +69,8 @@ fn written_out(model: &Llama, ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> T
         let embedded = model.embedding.forward(ahead).unwrap();
         let both = Tensor::cat(
             vec![
-                rms(h, module.hidden_norm.weight.val()),
                 rms(embedded, module.embedding_norm.weight.val()),
+                rms(h, module.hidden_norm.weight.val()),
             ],
             2,
         );

@@ -2,8 +2,8 @@
 //! `multi_token_prediction.py`): after the main model, `depth` modules in sequence, module `k`
 //! predicting the token `k + 1` positions ahead. Module `k` RMS-normalizes the previous depth's
 //! hidden states (the main model's last block's output for the first) and the embedding of the
-//! token `k` positions ahead, projects the two side by side back to the model's width, runs one
-//! transformer block of the model's kind, and reads its own norm's output through the model's
+//! token `k` positions ahead, projects the two side by side (the embedding's first) back to the
+//! model's width, runs one transformer block of the model's kind, and reads its own norm's output through the model's
 //! output layer (shared, like the embedding). Its loss is the cross-entropy against the token
 //! `k + 1` ahead, positions past the sequence's end not counted; the modules' mean loss times
 //! `loss_weight` is added to the model's.
@@ -46,7 +46,8 @@ pub struct MtpModule {
     pub hidden_norm: RmsNorm,
     /// The embedding's norm (`enorm`).
     pub embedding_norm: RmsNorm,
-    /// `[2d → d]` over the two normed inputs side by side (`eh_proj`), split by input features.
+    /// `[2d → d]` over the two normed inputs side by side, the embedding's first (`eh_proj`),
+    /// split by input features.
     pub projection: RowParallelLinear,
     pub block: LlamaBlock,
     /// The norm before the shared output layer (`shared_head.norm`).
@@ -110,10 +111,12 @@ impl MtpModule {
         embedded: Tensor<3>,
         report: &mut MoeReport,
     ) -> Result<Tensor<3>, LayerError> {
+        // The embedding's features first: the order DeepSeek-V3's `eh_proj` weight has in its
+        // files (and Megatron's `eh_proj`).
         let both = Tensor::cat(
             vec![
-                self.hidden_norm.forward(hidden)?,
                 self.embedding_norm.forward(embedded)?,
+                self.hidden_norm.forward(hidden)?,
             ],
             2,
         );

@@ -91,6 +91,7 @@ pub(super) struct Raw {
     pub scoring_func: Option<String>,
     pub topk_method: Option<String>,
     pub moe_layer_freq: Option<usize>,
+    pub num_nextn_predict_layers: Option<usize>,
 }
 
 fn default_positions() -> usize {
@@ -247,6 +248,7 @@ impl HfConfig {
             sliding_window: attention.sliding_window,
             moe,
             latent,
+            mtp_layers: config.mtp.map_or(0, |m| m.depth),
         };
         if let Some(epsilon) = attention.qk_norm.filter(|e| *e != config.norm.epsilon) {
             return Err(unsupported(
@@ -375,7 +377,15 @@ impl HfConfig {
             tied: model.word_embeddings() == WordEmbeddings::Tied,
             epsilon: model.norm.epsilon,
         })?;
-        self.check_blocks(model.layers.iter().enumerate(), groups)
+        if model.mtp.len() > self.choices.mtp_layers {
+            return Err(HfError::Mismatch {
+                field: "num_nextn_predict_layers",
+                checkpoint: self.choices.mtp_layers.to_string(),
+                model: format!("{} multi-token prediction modules", model.mtp.len()),
+            });
+        }
+        let modules = model.mtp.iter().map(|m| (self.num_hidden_layers, &m.block));
+        self.check_blocks(model.layers.iter().enumerate().chain(modules), groups)
     }
 
     /// Checks this configuration against a pipeline stage built over `groups` from `whole`, the

@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::compressed::{Compression, is_block_linear, scale_names};
 use super::config::HfConfig;
-use super::{HfError, RopeColumns, file_tensor, format_error, io, is_vocab, rope_columns};
+use super::{HfError, MTP_SHARED, RopeColumns, format_error, io, is_vocab, rope_columns, tensor_of};
 use crate::models::llama::{Llama, LlamaConfig};
 use crate::params::{param_infos, param_values};
 use crate::precision::delayed::is_history;
@@ -75,6 +75,7 @@ pub struct ExportOptions {
 }
 
 /// One tensor of the export: where it comes from and what it becomes.
+#[derive(Clone)]
 struct Entry {
     index: usize,
     /// Our parameter path.
@@ -140,7 +141,7 @@ fn write_checkpoint(
         if is_history(&info.path) {
             continue;
         }
-        let file = file_tensor(hf.family, &info.path).ok_or_else(|| HfError::Incompatible {
+        let file = tensor_of(&hf, &info.path).ok_or_else(|| HfError::Incompatible {
             name: info.path.clone(),
             detail: "no Hugging Face name".into(),
         })?;
@@ -171,6 +172,22 @@ fn write_checkpoint(
                 split_dim: info.split_dim,
                 expert,
                 shape: shape.clone(),
+            });
+        }
+    }
+    // DeepSeek-V3's files keep copies of the shared embedding and output layer under each
+    // multi-token prediction module's block.
+    for k in 0..hf.choices.mtp_layers {
+        for (copy, shared) in MTP_SHARED {
+            let shared = match hf.tie_word_embeddings {
+                true => MTP_SHARED[0].1,
+                false => shared,
+            };
+            let original = entries.iter().find(|e| e.name == shared).cloned();
+            let original = original.expect("the model's embedding and output layer are written");
+            entries.push(Entry {
+                name: format!("model.layers.{}.{copy}", hf.num_hidden_layers + k),
+                ..original
             });
         }
     }

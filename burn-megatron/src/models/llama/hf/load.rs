@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use super::compressed::{Compression, Input, is_block_linear, scale_names};
 use super::config::{HfConfig, read_config};
-use super::{FileTensor, HfError, RopeColumns, file_tensor, format_error, io, is_vocab, rope_columns};
+use super::{FileTensor, HfError, MTP_SHARED, RopeColumns, format_error, io, is_vocab, rope_columns, tensor_of};
 use crate::models::llama::{Llama, LlamaBlock, LlamaConfig, LlamaStage, WordEmbeddings};
 use crate::models::llama::{Site, linear_mut};
 use crate::params::{map_params, param_infos, param_values};
@@ -81,6 +81,39 @@ impl Checkpoint {
 
     fn bytes(&self, t: &Stored) -> &[u8] {
         &self.maps[t.file][t.bytes.clone()]
+    }
+
+    /// The file's multi-token prediction modules beyond the model's `depth` first ones, left
+    /// out as transformers leaves them all; the built ones' copies of the shared embedding and
+    /// output layer, which must be the model's (its modules share them). Each goes into `used`.
+    fn mtp_modules(&self, config: &HfConfig, depth: usize, used: &mut BTreeSet<String>) -> Result<(), HfError> {
+        for k in 0..config.choices.mtp_layers {
+            let block = format!("model.layers.{}.", config.num_hidden_layers + k);
+            if k >= depth {
+                used.extend(self.tensors.keys().filter(|name| name.starts_with(&block)).cloned());
+                continue;
+            }
+            for (copy, shared) in MTP_SHARED {
+                let name = format!("{block}{copy}");
+                let Some(stored) = self.tensors.get(&name) else {
+                    continue;
+                };
+                // A tied model's output layer is its embedding.
+                let model = self
+                    .tensors
+                    .get(shared)
+                    .or_else(|| self.tensors.get(MTP_SHARED[0].1))
+                    .filter(|t| t.dtype == stored.dtype && t.shape == stored.shape);
+                if model.is_none_or(|t| self.bytes(t) != self.bytes(stored)) {
+                    return Err(HfError::Incompatible {
+                        name,
+                        detail: format!("differs from {shared}, which the modules share here"),
+                    });
+                }
+                used.insert(name);
+            }
+        }
+        Ok(())
     }
 
     /// Decodes elements `from..from + out.len()` of `t` (row-major) into `out`.
@@ -327,6 +360,12 @@ impl Read {
         let mut used = BTreeSet::new();
         let mut values = Vec::with_capacity(infos.len());
         let mut input_scales = BTreeMap::new();
+        let depth = infos
+            .iter()
+            .filter_map(|info| mtp_module(&info.path))
+            .map(|k| k + 1)
+            .max();
+        checkpoint.mtp_modules(config, depth.unwrap_or(0), &mut used)?;
         for (info, local) in infos.iter().zip(&shapes) {
             // Delayed FP8 scaling's amax histories are training state, no checkpoint weight: kept.
             if is_history(&info.path) {
@@ -337,8 +376,7 @@ impl Read {
                 name: info.path.clone(),
                 detail,
             };
-            let file =
-                file_tensor(config.family, &info.path).ok_or_else(|| incompatible("no Hugging Face name".into()))?;
+            let file = tensor_of(config, &info.path).ok_or_else(|| incompatible("no Hugging Face name".into()))?;
             if file.per_expert {
                 values.push(Some(checkpoint.read_experts(
                     &file,
@@ -466,6 +504,11 @@ impl Read {
         }
         Ok(())
     }
+}
+
+/// The multi-token prediction module our parameter `path` belongs to (`mtp.{k}.…`).
+fn mtp_module(path: &str) -> Option<usize> {
+    path.strip_prefix("mtp.")?.split_once('.')?.0.parse().ok()
 }
 
 /// `values` (`[in, out]`, out features in the file's order, whole heads) with each run's rotated

@@ -1,5 +1,5 @@
 //! Hugging Face checkpoints of the families in `family/` (Llama, Mistral, Qwen2, Qwen3, Mixtral,
-//! Qwen3-MoE): `config.json` plus `model.safetensors`, or shards listed in
+//! Qwen3-MoE, DeepSeek-V3): `config.json` plus `model.safetensors`, or shards listed in
 //! `model.safetensors.index.json`.
 //!
 //! - [`config`] builds our [`LlamaConfig`] from `config.json` (transformers 4.x's `rope_theta` +
@@ -17,6 +17,10 @@
 //! every projection is transposed on the way; both rotate the two halves of each head, so q and k
 //! need no permutation. Tied word embeddings are one tensor, `model.embed_tokens.weight`. A MoE
 //! block's experts are one `[e, ..]` stack of ours and one tensor an expert in the file.
+//! DeepSeek-V3's multi-token prediction modules follow the blocks (module `k` under block
+//! `num_hidden_layers + k`, with copies of the shared embedding and output layer): a model
+//! with `d` modules reads the file's first `d` and leaves the rest out, as transformers leaves
+//! them all; one with more than the file holds is refused.
 
 mod compressed;
 mod config;
@@ -30,6 +34,7 @@ pub use config::{HfConfig, config, read_config};
 pub use export::{ExportDType, ExportOptions, save, save_quantized};
 pub use family::{Choices, DeepseekRouting, Family, HfLatent, HfMoe, RopeColumns};
 pub use load::{load, load_stage};
+
 pub use tokenizer::tokenizer;
 
 use std::path::Path;
@@ -153,8 +158,7 @@ fn block_names(family: Family) -> impl Iterator<Item = (&'static str, &'static s
 
 /// Which of our parameter `path`'s output features `config`'s file stores in interleaved pairs.
 fn rope_columns(config: &HfConfig, path: &str) -> Option<RopeColumns> {
-    let (_, field) = path.strip_prefix("layers.")?.split_once('.')?;
-    (config.family.spec().rope_columns)(config, field)
+    (config.family.spec().rope_columns)(config, block_field(path)?)
 }
 
 /// Where our parameter `path` lies in `family`'s file.
@@ -181,6 +185,56 @@ fn file_tensor(family: Family, path: &str) -> Option<FileTensor> {
     })
 }
 
+/// A multi-token prediction module's own tensors: ours under `mtp.{k}.`, theirs under the
+/// module's block in DeepSeek-V3's files (`model.layers.{num_hidden_layers + k}.`), whether
+/// transposed.
+const MTP: [(&str, &str, bool); 4] = [
+    ("embedding_norm.weight", "enorm.weight", false),
+    ("hidden_norm.weight", "hnorm.weight", false),
+    ("projection.weight", "eh_proj.weight", true),
+    ("norm.weight", "shared_head.norm.weight", false),
+];
+
+/// The copies DeepSeek-V3's files keep under each module's block of what the modules share
+/// with the model: the embedding and the output layer (theirs, the model's).
+const MTP_SHARED: [(&str, &str); 2] = [
+    ("embed_tokens.weight", "model.embed_tokens.weight"),
+    ("shared_head.head.weight", "lm_head.weight"),
+];
+
+/// Where our parameter `path` lies in `config`'s file: [`file_tensor`]'s names, and multi-token
+/// prediction module `k`'s (`mtp.{k}.…`) under the file's block `num_hidden_layers + k`, its
+/// own tensors by [`MTP`], its block's as any block's.
+fn tensor_of(config: &HfConfig, path: &str) -> Option<FileTensor> {
+    let Some(module) = path.strip_prefix("mtp.") else {
+        return file_tensor(config.family, path);
+    };
+    let (k, field) = module.split_once('.')?;
+    let layer = config.num_hidden_layers + k.parse::<usize>().ok()?;
+    let (theirs, transposed, per_expert) = match MTP.iter().find(|(ours, ..)| *ours == field) {
+        Some(&(_, theirs, transposed)) => (theirs, transposed, false),
+        None => {
+            let field = field.strip_prefix("block.")?;
+            let (_, theirs, transposed, per_expert) = block_names(config.family).find(|(ours, ..)| *ours == field)?;
+            (theirs, transposed, per_expert)
+        }
+    };
+    Some(FileTensor {
+        name: format!("model.layers.{layer}.{theirs}"),
+        transposed,
+        per_expert,
+    })
+}
+
+/// The field of our parameter `path` within its block: a block of the model's
+/// (`layers.{i}.{field}`) or of a multi-token prediction module's (`mtp.{k}.block.{field}`).
+fn block_field(path: &str) -> Option<&str> {
+    if let Some(block) = path.strip_prefix("layers.") {
+        return block.split_once('.').map(|(_, field)| field);
+    }
+    path.strip_prefix("mtp.")?.split_once('.')?.1.strip_prefix("block.")
+}
+
 /// Whether our parameter `path` has the vocabulary along its split dim (padded to tp).
 fn is_vocab(path: &str) -> bool {
     matches!(path, "embedding.weight" | "output.weight")
@@ -202,6 +256,23 @@ pub fn our_path(family: Family, hf: &str) -> Option<String> {
     let (index, field) = hf.strip_prefix("model.layers.")?.split_once('.')?;
     let (ours, ..) = block_names(family).find(|(_, theirs, ..)| theirs.replace("{j}", "*") == field)?;
     Some(format!("layers.{index}.{ours}"))
+}
+
+/// [`our_path`] in the file of `config`, its multi-token prediction modules' names too (those
+/// of block `num_hidden_layers + k` as module `k`'s, `mtp.{k}.…`).
+pub fn our_path_in(config: &HfConfig, hf: &str) -> Option<String> {
+    let module = hf
+        .strip_prefix("model.layers.")
+        .and_then(|rest| rest.split_once('.'))
+        .and_then(|(i, field)| Some((i.parse::<usize>().ok()?.checked_sub(config.num_hidden_layers)?, field)));
+    let Some((k, field)) = module else {
+        return our_path(config.family, hf);
+    };
+    if let Some((ours, ..)) = MTP.iter().find(|(_, theirs, _)| *theirs == field) {
+        return Some(format!("mtp.{k}.{ours}"));
+    }
+    let block = our_path(config.family, &format!("model.layers.0.{field}"))?;
+    Some(format!("mtp.{k}.block.{}", block.strip_prefix("layers.0.")?))
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 //! with a selection bias (`e_score_correction_bias`), routed to the top `num_experts_per_tok`
 //! within the best `topk_group` of `n_group` groups, renormalized (`norm_topk_prob`) and scaled
 //! (`routed_scaling_factor`), beside `n_shared_experts` shared ones. Multi-token prediction's
-//! modules (`num_nextn_predict_layers`) are not built: a file holding them is refused by name
-//! (their tensors are left over), as transformers leaves them out.
+//! modules (`num_nextn_predict_layers`) follow the blocks as blocks of their own with DeepSeek's
+//! names (`hf/mod.rs`); transformers leaves them out.
 
 use serde_json::{Map, Value};
 
@@ -121,6 +121,7 @@ fn read(raw: &Raw) -> Result<Choices, HfError> {
             normalize: raw.norm_topk_prob.unwrap_or(true),
             deepseek: Some(routing),
         }),
+        mtp_layers: raw.num_nextn_predict_layers.unwrap_or(0),
         ..Choices::default()
     })
 }
@@ -149,5 +150,5 @@ fn write(config: &HfConfig, json: &mut Map<String, Value>) {
     put(json, "n_shared_experts", routing.shared_size / moe.expert_size.max(1));
     put(json, "first_k_dense_replace", routing.first_dense);
     put(json, "moe_layer_freq", 1);
-    put(json, "num_nextn_predict_layers", 0);
+    put(json, "num_nextn_predict_layers", config.choices.mtp_layers);
 }

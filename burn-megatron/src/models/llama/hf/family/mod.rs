@@ -43,6 +43,9 @@ pub struct Choices {
     pub moe: Option<HfMoe>,
     /// Multi-head latent attention instead of grouped-query attention (DeepSeek-V3).
     pub latent: Option<HfLatent>,
+    /// Multi-token prediction modules the file holds after its blocks, module `k` as block
+    /// `num_hidden_layers + k` (DeepSeek-V3's `num_nextn_predict_layers`).
+    pub mtp_layers: usize,
 }
 
 /// A family's mixture of experts: routing to the `top_k` best of `experts` SwiGLU experts of
@@ -193,20 +196,22 @@ impl Family {
         };
         // What the family's fields cannot say: Qwen3's `attention_bias` biases the output
         // projection too, Mixtral always renormalizes, only DeepSeek-V3 routes its way, and
-        // DeepSeek-V3 has no sliding window, q/k norms or biases.
+        // DeepSeek-V3 has no sliding window, q/k norms or biases; only DeepSeek-V3 holds
+        // multi-token prediction modules.
         let deepseek = choices.moe.is_some_and(|m| m.deepseek.is_some());
-        let expressible = match family {
-            Self::Qwen3 => !choices.qkv_bias,
-            Self::Qwen3Moe => !choices.qkv_bias && !deepseek,
-            Self::Mixtral => !choices.qkv_bias && !deepseek && choices.moe.is_some_and(|m| m.normalize),
-            Self::DeepseekV3 => {
-                !choices.qkv_bias
-                    && !choices.qk_norm
-                    && choices.sliding_window.is_none()
-                    && choices.moe.is_none_or(|m| m.deepseek.is_some())
-            }
-            _ => true,
-        };
+        let expressible = (choices.mtp_layers == 0 || family == Self::DeepseekV3)
+            && match family {
+                Self::Qwen3 => !choices.qkv_bias,
+                Self::Qwen3Moe => !choices.qkv_bias && !deepseek,
+                Self::Mixtral => !choices.qkv_bias && !deepseek && choices.moe.is_some_and(|m| m.normalize),
+                Self::DeepseekV3 => {
+                    !choices.qkv_bias
+                        && !choices.qk_norm
+                        && choices.sliding_window.is_none()
+                        && choices.moe.is_none_or(|m| m.deepseek.is_some())
+                }
+                _ => true,
+            };
         match expressible {
             true => Ok(family),
             false => Err(HfError::Unsupported {
