@@ -39,6 +39,7 @@
 //!   GGUF I/O, generation.
 //! - [`optim`]: AdamW with fp32 master weights, bucketed gradient averaging and ZeRO-1.
 //! - [`checkpoint`]: sharded checkpoints that reshard on load.
+//! - [`data`]: tokenized datasets on disk (Megatron's indexed format).
 //! - [`recompute`]: activation recomputation (full blocks or selective regions).
 //! - [`train`]: the pipeline's runtime, and Burn's Learner running one rank (`learner` feature).
 //! - [`posttrain`]: post-training quantization, Minitron-style pruning, distillation.
@@ -57,6 +58,7 @@ pub use burn_megatron_dist as dist;
 pub struct ReadmeDoctests;
 
 pub mod checkpoint;
+pub mod data;
 pub mod error;
 pub mod init;
 pub mod job;

@@ -10,6 +10,7 @@ pub mod checkpoint_suite;
 pub mod comm_suite;
 pub mod context_suite;
 pub mod data;
+pub mod data_suite;
 pub mod distill_suite;
 pub mod family_suite;
 pub mod fuzz;

@@ -98,6 +98,11 @@ fn job() {
     run("job");
 }
 
+#[test]
+fn data_index() {
+    run("data-index");
+}
+
 /// Writes the seeds and fixed files (`fuzz::seeds`).
 #[test]
 #[ignore]

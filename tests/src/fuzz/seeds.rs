@@ -44,6 +44,18 @@ fn export(dir: &Path, model: &Llama, config: &LlamaConfig, dtype: hf::ExportDTyp
 
 /// Every seed and fixed file.
 pub fn write_all() {
+    // Megatron's indexed datasets (`tests/fixtures/data`): its indexes, and a `.bin` that holds
+    // either's sequences.
+    let data = crate::data_suite::fixtures();
+    for name in ["megatron_u16.idx", "megatron_i32.idx"] {
+        put("data-index", name, &std::fs::read(data.join(name)).unwrap());
+    }
+    put(
+        "fixed",
+        "data.bin",
+        &std::fs::read(data.join("megatron_i32.bin")).unwrap(),
+    );
+
     let dir = scratch();
     let config = tiny_config();
     let model = tiny_model();

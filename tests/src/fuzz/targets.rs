@@ -1,12 +1,13 @@
 //! The loaders fuzzed, one [`Target`] each: GGUF files (header, metadata, tensors, the
 //! tokenizer), a Hugging Face directory's `config.json`, weights and shard index, a
-//! `tokenizer.json`, this project's checkpoints (index and shards) and job files. The dataset
-//! index (`.idx`) comes with the data loaders it belongs to.
+//! `tokenizer.json`, this project's checkpoints (index and shards), job files and a tokenized
+//! dataset's index (`.idx`).
 
 use std::path::Path;
 
 use burn::tensor::Device;
 use burn_megatron::checkpoint;
+use burn_megatron::data::{IndexedDataset, indexed};
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::job::JobConfig;
 use burn_megatron::models::llama::{Llama, LlamaConfig, gguf, hf};
@@ -23,7 +24,7 @@ pub struct Target {
     pub run: fn(&[u8], &Path) -> bool,
 }
 
-pub const TARGETS: [Target; 8] = [
+pub const TARGETS: [Target; 9] = [
     Target {
         name: "gguf",
         text: false,
@@ -63,6 +64,11 @@ pub const TARGETS: [Target; 8] = [
         name: "job",
         text: true,
         run: job,
+    },
+    Target {
+        name: "data-index",
+        text: false,
+        run: data_index,
     },
 ];
 
@@ -208,4 +214,18 @@ fn job(input: &[u8], _: &Path) -> bool {
     let again = JobConfig::from_toml(&job.config.to_toml()).expect("a resolved job's file parses");
     assert_eq!(again, job.config, "a resolved job round-trips");
     true
+}
+
+/// A tokenized dataset's index (`.idx`) beside a fixed `.bin` (`fixed/data.bin`): every
+/// document's range and every sequence read.
+fn data_index(input: &[u8], scratch: &Path) -> bool {
+    let prefix = scratch.join("data");
+    let (bin, idx) = indexed::paths(&prefix);
+    write(&idx, input);
+    write(&bin, &fixed("data.bin"));
+    let Ok(data) = IndexedDataset::open(&prefix) else {
+        return false;
+    };
+    let sequences = (0..data.documents()).map(|d| data.document(d).len()).sum::<usize>();
+    sequences == data.len() && (0..data.len()).all(|i| data.sequence(i, 1 << 20).is_ok())
 }
