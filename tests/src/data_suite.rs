@@ -5,7 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-use burn_megatron::data::{DataError, IndexedDataset, IndexedWriter, TokenType, indexed};
+use std::sync::Arc;
+
+use burn_megatron::data::{
+    Blend, DataError, IndexedDataset, IndexedWriter, PackedDataset, Packing, TokenType, indexed,
+};
 use serde_json::Value;
 
 /// The directory of `make_indexed.py`'s files (see `hf_suite::fixture` for the lookup).
@@ -130,4 +134,152 @@ pub fn broken_datasets_are_named() {
         other => panic!("token past the vocabulary: {other:?}"),
     }
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// A dataset of `lengths.len()` documents, document `k` the tokens `100k, 100k + 1, …`: a
+/// token says its document and place.
+fn numbered(dir: &Path, name: &str, lengths: &[usize]) -> Arc<IndexedDataset> {
+    let prefix = dir.join(name);
+    let mut writer = IndexedWriter::create(&prefix, TokenType::U16).unwrap();
+    for (k, &n) in lengths.iter().enumerate() {
+        let tokens: Vec<u32> = (0..n as u32).map(|t| 100 * k as u32 + t).collect();
+        writer.add_document(&tokens).unwrap();
+    }
+    writer.finish().unwrap();
+    Arc::new(IndexedDataset::open(&prefix).unwrap())
+}
+
+const LENGTHS: [usize; 9] = [7, 3, 0, 12, 1, 5, 9, 2, 30];
+
+/// Packed for one epoch: the samples' inputs hold every token of the documents at most once,
+/// all but fewer than a sample's worth at the epoch's end; inside a sample a token follows its
+/// predecessor in its document or starts another document; each sample's last token is another
+/// sample's first. The same seed packs the same samples, another seed another order.
+pub fn packing_takes_every_token_once() {
+    let dir = scratch("packing");
+    let data = numbered(&dir, "d", &LENGTHS);
+    let tokens: usize = LENGTHS.iter().sum();
+    let seq = 5;
+    let packing = Packing {
+        seq,
+        samples: ((tokens - 1) / seq) as u64,
+        seed: 3,
+    };
+    let packed = PackedDataset::new(data.clone(), 0..data.len(), &packing, None).unwrap();
+    assert_eq!(packed.len(), packing.samples, "one epoch holds exactly these");
+    let samples: Vec<Vec<u32>> = (0..packed.len()).map(|i| packed.sample(i, 4096).unwrap()).collect();
+    let mut inputs: Vec<u32> = samples.iter().flat_map(|s| s[..seq].to_vec()).collect();
+    inputs.sort();
+    let before = inputs.len();
+    inputs.dedup();
+    assert_eq!(inputs.len(), before, "a token twice in one epoch");
+    assert!(
+        tokens - inputs.len() < seq + 1,
+        "{} of {tokens} tokens read",
+        inputs.len()
+    );
+    for sample in &samples {
+        assert_eq!(sample.len(), seq + 1);
+        for pair in sample.windows(2) {
+            assert!(pair[1] == pair[0] + 1 || pair[1] % 100 == 0, "{sample:?}");
+        }
+        assert!(
+            samples.iter().filter(|t| t[0] == sample[seq]).count() <= 1,
+            "{sample:?}"
+        );
+    }
+    let firsts: std::collections::BTreeSet<u32> = samples.iter().map(|s| s[0]).collect();
+    let lasts = samples.iter().filter(|s| firsts.contains(&s[seq])).count();
+    assert_eq!(
+        lasts,
+        samples.len() - 1,
+        "every sample but the epoch's last ends where one starts"
+    );
+    let again = PackedDataset::new(data.clone(), 0..data.len(), &packing, None).unwrap();
+    assert_eq!(again.sample(4, 4096).unwrap(), samples[4]);
+    let other = Packing {
+        seed: 4,
+        ..packing.clone()
+    };
+    let other = PackedDataset::new(data.clone(), 0..data.len(), &other, None).unwrap();
+    let reordered = (0..other.len()).any(|i| other.sample(i, 4096).unwrap() != samples[i as usize]);
+    assert!(reordered, "seed 4 packs seed 3's order");
+    // More samples than an epoch holds: more epochs, each document's tokens again.
+    let three = Packing {
+        samples: 3 * packing.samples,
+        ..packing
+    };
+    let three = PackedDataset::new(data, 0..9, &three, None).unwrap();
+    assert!(three.len() >= 3 * packing.samples);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The indexes are cached beside the data: built once, read back with the same samples, and a
+/// damaged cache is built again; a token past the vocabulary names its file.
+pub fn packed_indexes_are_cached() {
+    let dir = scratch("cache");
+    let data = numbered(&dir, "d", &LENGTHS);
+    let packing = Packing {
+        seq: 4,
+        samples: 40,
+        seed: 9,
+    };
+    let first = PackedDataset::new(data.clone(), 2..8, &packing, Some(&dir)).unwrap();
+    let caches: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "packed"))
+        .collect();
+    assert_eq!(caches.len(), 1, "{caches:?}");
+    let want: Vec<Vec<u32>> = (0..first.len()).map(|i| first.sample(i, 4096).unwrap()).collect();
+    let read = PackedDataset::new(data.clone(), 2..8, &packing, Some(&dir)).unwrap();
+    assert!((0..read.len()).all(|i| read.sample(i, 4096).unwrap() == want[i as usize]));
+    let bytes = std::fs::read(&caches[0]).unwrap();
+    std::fs::write(&caches[0], &bytes[..bytes.len() / 2]).unwrap();
+    let rebuilt = PackedDataset::new(data.clone(), 2..8, &packing, Some(&dir)).unwrap();
+    assert!((0..rebuilt.len()).all(|i| rebuilt.sample(i, 4096).unwrap() == want[i as usize]));
+    assert_eq!(
+        std::fs::read(&caches[0]).unwrap(),
+        bytes,
+        "the damaged cache is written again"
+    );
+    assert!(matches!(first.sample(0, 50), Err(DataError::Token { .. })));
+    let empty = PackedDataset::new(data, 2..3, &packing, None);
+    assert!(
+        matches!(empty, Err(DataError::Format { .. })),
+        "a document of no tokens packs nothing"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two datasets blended 0.7 / 0.3: every prefix of the stream within one sample of its
+/// weights; each part's samples in their own order; bad weights refused.
+pub fn blends_follow_their_weights() {
+    let dir = scratch("blend");
+    let (a, b) = (numbered(&dir, "a", &LENGTHS), numbered(&dir, "b", &[50, 40, 30]));
+    let samples = 200;
+    let weights = [7.0, 3.0];
+    let shares = Blend::shares(&weights, samples).unwrap();
+    let pack = |data: &Arc<IndexedDataset>, samples| {
+        let packing = Packing {
+            seq: 4,
+            samples,
+            seed: 1,
+        };
+        PackedDataset::new(data.clone(), 0..data.len(), &packing, None).unwrap()
+    };
+    let blend = Blend::new(vec![pack(&a, shares[0]), pack(&b, shares[1])], &weights, samples).unwrap();
+    let mut counts = [0f64; 2];
+    for i in 0..blend.len() {
+        let (d, tokens) = blend.sample(i, 4096).unwrap();
+        assert_eq!(tokens.len(), 5);
+        counts[d] += 1.0;
+        let n = (i + 1) as f64;
+        assert!((counts[0] - 0.7 * n).abs() <= 1.0, "after {n}: {counts:?}");
+    }
+    assert!(Blend::shares(&[1.0, -1.0], 10).is_err());
+    assert!(Blend::shares(&[0.0, 0.0], 10).is_err());
+    let short = Blend::new(vec![pack(&a, 2), pack(&b, 2)], &weights, samples);
+    assert!(matches!(short, Err(DataError::Config(_))));
+    let _ = std::fs::remove_dir_all(&dir);
 }

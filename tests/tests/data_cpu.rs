@@ -1,4 +1,4 @@
-//! Tokenized datasets on disk against Megatron Core's files.
+//! Tokenized datasets on disk: Megatron Core's files, packing, blends.
 
 use burn_megatron_tests::data_suite;
 
@@ -10,4 +10,19 @@ fn megatron_files_both_ways() {
 #[test]
 fn broken_datasets_are_named() {
     data_suite::broken_datasets_are_named();
+}
+
+#[test]
+fn packing_takes_every_token_once() {
+    data_suite::packing_takes_every_token_once();
+}
+
+#[test]
+fn packed_indexes_are_cached() {
+    data_suite::packed_indexes_are_cached();
+}
+
+#[test]
+fn blends_follow_their_weights() {
+    data_suite::blends_follow_their_weights();
 }

@@ -1,9 +1,15 @@
 //! Tokenized datasets on disk: Megatron Core's indexed format ([`indexed`]), read through
-//! memory maps and checked whole before any token is read.
+//! memory maps and checked whole before any token is read; its documents packed into training
+//! sequences ([`packed`]) and several datasets blended by weight ([`blend`]), as Megatron's GPT
+//! and blended datasets do.
 
+pub mod blend;
 pub mod indexed;
+pub mod packed;
 
+pub use blend::Blend;
 pub use indexed::{IndexedDataset, IndexedWriter, TokenType};
+pub use packed::{PackedDataset, Packing};
 
 use std::path::Path;
 
@@ -21,6 +27,9 @@ pub enum DataError {
     /// What a writer cannot write.
     #[error("{path}: {detail}")]
     Write { path: String, detail: String },
+    /// A dataset's setup that cannot work (weights, splits, sizes).
+    #[error("data: {0}")]
+    Config(String),
 }
 
 impl DataError {
