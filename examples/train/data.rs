@@ -1,49 +1,108 @@
-//! The training text as a stream of tokens: bytes, or the ids of a Hugging Face
-//! `tokenizer.json`, its last share held out for evaluation. The default corpus is arithmetic,
-//! generated deterministically in-process.
+//! The training text: a stream of tokens (bytes, or the ids of a Hugging Face
+//! `tokenizer.json`, its last share held out for evaluation), or tokenized datasets on disk
+//! packed into sequences (`data.prefixes`: Megatron's indexed format, `burn_megatron::data`).
+//! The default corpus is arithmetic, generated deterministically in-process.
 //!
 //! Lines such as `417+38=455` have structure a small model learns: digits, then the operator,
 //! then a sum that follows from the operands. Its unigram entropy is about 2.6 nats a byte, so
 //! a falling loss well below that shows learning.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_megatron::job::DataSection;
+use burn_megatron::data::{Blend, Sources, SourcesConfig};
+use burn_megatron::job::Job;
 use burn_megatron::train::TokenBatch;
 use tokenizers::Tokenizer;
 
-/// A stream of tokens, and how to turn tokens back into text.
+/// The tokens a run reads, and how to turn tokens back into text.
 pub struct Corpus {
-    tokens: Vec<u32>,
+    source: Source,
     tokenizer: Option<Tokenizer>,
 }
 
+enum Source {
+    /// One stream of tokens, read in windows drawn from each step.
+    Stream(Vec<u32>),
+    /// Packed samples: step `s`'s sequence `i` is sample `(s - first) · global + i`.
+    Packed {
+        blend: Blend,
+        first: usize,
+        global: usize,
+        vocab: usize,
+    },
+}
+
 impl Corpus {
-    /// The corpus a job's data section names (the arithmetic from `seed` when it names no
+    /// The corpus a job's data section names (the arithmetic from the seed when it names no
     /// files), and the share it holds out, if any.
-    pub fn of(data: &DataSection, seed: u64) -> Result<(Self, Option<Self>), String> {
+    pub fn of(job: &Job) -> Result<(Self, Option<Self>), String> {
+        let data = &job.config.data;
+        let tokenizer = match &data.tokenizer {
+            Some(path) => Some(burn_megatron::models::llama::hf::tokenizer(path).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        if !data.prefixes.is_empty() {
+            return Self::packed(job, tokenizer);
+        }
         let corpus = match &data.path {
             Some(path) => Corpus::from_path(path)?,
-            None => Corpus::arithmetic(1 << 20, seed),
+            None => Corpus::arithmetic(1 << 20, job.config.seed),
         };
-        let corpus = match &data.tokenizer {
-            Some(path) => corpus.tokenized(path)?,
-            None => corpus,
+        let corpus = match (&data.tokenizer, tokenizer) {
+            (Some(path), Some(tokenizer)) => corpus.tokenized(tokenizer, path)?,
+            _ => corpus,
         };
         if data.held_out == 0.0 {
             return Ok((corpus, None));
         }
-        let cut = corpus.tokens.len() - (corpus.tokens.len() as f64 * data.held_out) as usize;
+        let tokens = corpus.stream();
+        let cut = tokens.len() - (tokens.len() as f64 * data.held_out) as usize;
         let held = Corpus {
-            tokens: corpus.tokens[cut..].to_vec(),
+            source: Source::Stream(tokens[cut..].to_vec()),
             tokenizer: corpus.tokenizer.clone(),
         };
         let train = Corpus {
-            tokens: corpus.tokens[..cut].to_vec(),
+            source: Source::Stream(tokens[..cut].to_vec()),
             tokenizer: corpus.tokenizer,
         };
         Ok((train, Some(held)))
+    }
+
+    /// The job's tokenized datasets, packed: as many samples as its steps read, and its
+    /// evaluation batches.
+    fn packed(job: &Job, tokenizer: Option<Tokenizer>) -> Result<(Self, Option<Self>), String> {
+        let c = &job.config;
+        let global = job.global_batch;
+        let sources = Sources::open(&SourcesConfig {
+            items: &c.data.prefixes,
+            held_out: c.data.held_out,
+            seq: job.seq,
+            samples: ((c.steps * global) as u64, (c.eval.batches.max(1) * global) as u64),
+            seed: c.seed,
+            cache: c.data.cache.as_deref(),
+        })
+        .map_err(|e| e.to_string())?;
+        let vocab = job.model.embedding.vocab_size;
+        let corpus = |blend, first| Corpus {
+            source: Source::Packed {
+                blend,
+                first,
+                global,
+                vocab,
+            },
+            tokenizer: tokenizer.clone(),
+        };
+        let held = sources.held_out.map(|blend| corpus(blend, EVAL_FIRST));
+        Ok((corpus(sources.train, 1), held))
+    }
+
+    fn stream(&self) -> &[u32] {
+        match &self.source {
+            Source::Stream(tokens) => tokens,
+            Source::Packed { .. } => &[],
+        }
     }
 
     /// About `len` bytes of `a+b=c` and `a-b=c` lines from `seed`.
@@ -68,27 +127,31 @@ impl Corpus {
 
     fn bytes(bytes: Vec<u8>) -> Self {
         Self {
-            tokens: bytes.into_iter().map(u32::from).collect(),
+            source: Source::Stream(bytes.into_iter().map(u32::from).collect()),
             tokenizer: None,
         }
     }
 
-    /// The corpus's text in the ids of `tokenizer.json` at `path`.
-    pub fn tokenized(self, path: &Path) -> Result<Self, String> {
-        let tokenizer = burn_megatron::models::llama::hf::tokenizer(path).map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&self.tokens.iter().map(|&t| t as u8).collect::<Vec<_>>()).into_owned();
+    /// The corpus's text in the ids of `tokenizer` (read from `path`).
+    pub fn tokenized(self, tokenizer: Tokenizer, path: &Path) -> Result<Self, String> {
+        let text = String::from_utf8_lossy(&self.stream().iter().map(|&t| t as u8).collect::<Vec<_>>()).into_owned();
         let encoding = tokenizer
             .encode(text, false)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(Self {
-            tokens: encoding.get_ids().to_vec(),
+            source: Source::Stream(encoding.get_ids().to_vec()),
             tokenizer: Some(tokenizer),
         })
     }
 
-    /// How many token ids there are: 256 bytes, or the tokenizer's vocabulary.
+    /// How many token ids there are: 256 bytes, or the tokenizer's vocabulary; packed datasets
+    /// without a tokenizer check each token against the model's as they read it (0).
     pub fn vocab_size(&self) -> usize {
-        self.tokenizer.as_ref().map_or(256, |t| t.get_vocab_size(true))
+        match (&self.tokenizer, &self.source) {
+            (Some(t), _) => t.get_vocab_size(true),
+            (None, Source::Stream(_)) => 256,
+            (None, Source::Packed { .. }) => 0,
+        }
     }
 
     /// The tokens of `text`.
@@ -99,26 +162,38 @@ impl Corpus {
         }
     }
 
-    /// The text of `tokens`.
+    /// The text of `tokens` (the ids themselves for packed datasets without a tokenizer).
     pub fn decode(&self, tokens: &[u32]) -> String {
-        match &self.tokenizer {
-            Some(t) => t.decode(tokens, false).unwrap_or_default(),
-            None => String::from_utf8_lossy(&tokens.iter().map(|&t| t as u8).collect::<Vec<_>>()).into_owned(),
+        match (&self.tokenizer, &self.source) {
+            (Some(t), _) => t.decode(tokens, false).unwrap_or_default(),
+            (None, Source::Stream(_)) => {
+                String::from_utf8_lossy(&tokens.iter().map(|&t| t as u8).collect::<Vec<_>>()).into_owned()
+            }
+            (None, Source::Packed { .. }) => format!("{tokens:?}"),
         }
     }
 
     /// [`decode`](Self::decode) as a function of its own, for another thread.
     pub fn decoder(&self) -> impl Fn(&[u32]) -> String + Send + 'static {
+        let ids = matches!(self.source, Source::Packed { .. });
         let corpus = Corpus {
-            tokens: Vec::new(),
+            source: Source::Stream(Vec::new()),
             tokenizer: self.tokenizer.clone(),
         };
-        move |tokens| corpus.decode(tokens)
+        move |tokens| match ids && corpus.tokenizer.is_none() {
+            true => format!("{tokens:?}"),
+            false => corpus.decode(tokens),
+        }
     }
 
-    /// The first `n` tokens (a prompt for samples of a corpus read from files).
-    pub fn head(&self, n: usize) -> &[u32] {
-        &self.tokens[..n.min(self.tokens.len())]
+    /// The first `n` tokens (a prompt for samples of a corpus read from files): of the stream,
+    /// or of the first sample.
+    pub fn head(&self, n: usize) -> Result<Vec<u32>, String> {
+        let tokens = match &self.source {
+            Source::Stream(tokens) => Cow::Borrowed(tokens.as_slice()),
+            Source::Packed { .. } => self.sequence(1, 0, n)?,
+        };
+        Ok(tokens[..n.min(tokens.len())].to_vec())
     }
 
     /// The bytes of a text file, or of every file under a directory (sorted by path), each
@@ -135,26 +210,46 @@ impl Corpus {
         Ok(Self::bytes(bytes))
     }
 
-    /// Checks the corpus can fill a sequence of `seq + 1` tokens.
+    /// Checks the corpus can fill a sequence of `seq + 1` tokens (packed datasets were checked
+    /// packing).
     pub fn check_len(&self, seq: usize) -> Result<(), String> {
-        if self.tokens.len() <= seq + 1 {
+        let tokens = self.stream().len();
+        if matches!(self.source, Source::Stream(_)) && tokens <= seq + 1 {
             return Err(format!(
-                "the data has {} tokens; a sequence needs more than {}",
-                self.tokens.len(),
+                "the data has {tokens} tokens; a sequence needs more than {}",
                 seq + 1
             ));
         }
         Ok(())
     }
 
-    /// Sequence `index` of step `step`: `seq + 1` tokens from a position drawn from the step,
-    /// so every layout sees the same data in the same order.
+    /// Sequence `index` of step `step` of a stream: `seq + 1` tokens from a position drawn from
+    /// the step, so every layout sees the same data in the same order.
     pub fn window(&self, step: usize, index: usize, seq: usize) -> &[u32] {
+        let tokens = self.stream();
         let mut h =
             (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (index as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         h ^= h >> 29;
-        let start = (h % (self.tokens.len() - seq - 1) as u64) as usize;
-        &self.tokens[start..start + seq + 1]
+        let start = (h % (tokens.len() - seq - 1) as u64) as usize;
+        &tokens[start..start + seq + 1]
+    }
+
+    /// Sequence `index` of step `step`: a stream's window, or the packed sample the step's
+    /// place in the run gives (every layout, and a resumed run, reads the same).
+    pub fn sequence(&self, step: usize, index: usize, seq: usize) -> Result<Cow<'_, [u32]>, String> {
+        match &self.source {
+            Source::Stream(_) => Ok(Cow::Borrowed(self.window(step, index, seq))),
+            Source::Packed {
+                blend,
+                first,
+                global,
+                vocab,
+            } => {
+                let sample = ((step - first) * global + index) as u64;
+                let (_, tokens) = blend.sample(sample, *vocab).map_err(|e| e.to_string())?;
+                Ok(Cow::Owned(tokens))
+            }
+        }
     }
 
     /// Inputs and next-token targets for sequences `first..first + count` of `step`.
@@ -168,22 +263,31 @@ impl Corpus {
         count: usize,
         seq: usize,
         device: &Device,
-    ) -> (Tensor<2, Int>, Tensor<2, Int>) {
-        let tokens: Vec<i64> = (first..first + count)
-            .flat_map(|i| self.window(step, i, seq).iter().map(|&t| t as i64))
-            .collect();
+    ) -> Result<(Tensor<2, Int>, Tensor<2, Int>), String> {
+        let mut tokens: Vec<i64> = Vec::with_capacity(count * (seq + 1));
+        for i in first..first + count {
+            tokens.extend(self.sequence(step, i, seq)?.iter().map(|&t| t as i64));
+        }
         let all = Tensor::<2, Int>::from_data(TensorData::new(tokens, [count, seq + 1]), device);
-        (all.clone().narrow(1, 0, seq), all.narrow(1, 1, seq))
+        Ok((all.clone().narrow(1, 0, seq), all.narrow(1, 1, seq)))
+    }
+
+    /// [`batch`](Self::batch) as the training step takes it.
+    pub fn token_batch(
+        &self,
+        step: usize,
+        first: usize,
+        count: usize,
+        seq: usize,
+        device: &Device,
+    ) -> Result<TokenBatch, String> {
+        let (ids, targets) = self.batch(step, first, count, seq, device)?;
+        Ok(TokenBatch { ids, targets })
     }
 }
 
-impl Corpus {
-    /// [`batch`](Self::batch) as the training step takes it.
-    pub fn token_batch(&self, step: usize, first: usize, count: usize, seq: usize, device: &Device) -> TokenBatch {
-        let (ids, targets) = self.batch(step, first, count, seq, device);
-        TokenBatch { ids, targets }
-    }
-}
+/// Evaluation's first "step": its windows of a stream lie apart from any run's steps.
+pub const EVAL_FIRST: usize = 1_000_000;
 
 fn collect_files(path: &std::path::Path, out: &mut Vec<std::path::PathBuf>) -> std::io::Result<()> {
     if path.is_dir() {
@@ -203,8 +307,8 @@ mod tests {
     #[test]
     fn arithmetic_is_deterministic_and_correct() {
         let a = Corpus::arithmetic(4096, 7);
-        assert_eq!(a.tokens, Corpus::arithmetic(4096, 7).tokens);
-        let text = a.decode(&a.tokens);
+        assert_eq!(a.stream(), Corpus::arithmetic(4096, 7).stream());
+        let text = a.decode(a.stream());
         for line in text.lines() {
             let (lhs, rhs) = line.split_once('=').unwrap();
             let value: i64 = rhs.parse().unwrap();
@@ -227,7 +331,7 @@ mod tests {
         let corpus = Corpus::bytes(vec![0; 5_057_199]);
         let start = |step, index| {
             let window = corpus.window(step, index, 2048);
-            (window.as_ptr() as usize - corpus.tokens.as_ptr() as usize) / std::mem::size_of::<u32>()
+            (window.as_ptr() as usize - corpus.stream().as_ptr() as usize) / std::mem::size_of::<u32>()
         };
         let starts: Vec<usize> = [(1, 0), (2, 0), (3, 0), (300, 0), (1, 1), (1, 2)]
             .into_iter()
@@ -243,7 +347,7 @@ mod tests {
         std::fs::write(dir.join("b.txt"), "world").unwrap();
         std::fs::write(dir.join("sub").join("a.txt"), "hello").unwrap();
         let corpus = Corpus::from_path(&dir).unwrap();
-        assert_eq!(corpus.decode(&corpus.tokens), "world\nhello\n");
+        assert_eq!(corpus.decode(corpus.stream()), "world\nhello\n");
         assert!(corpus.check_len(20).is_err());
         assert!(Corpus::from_path(&dir.join("missing")).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
@@ -261,13 +365,14 @@ mod tests {
                "model":{"type":"WordLevel","vocab":{"[UNK]":0,"hello":1,"world":2},"unk_token":"[UNK]"}}"#,
         )
         .unwrap();
+        let tokenizer = burn_megatron::models::llama::hf::tokenizer(&path).unwrap();
         let corpus = Corpus::bytes(b"hello world hello there".to_vec())
-            .tokenized(&path)
+            .tokenized(tokenizer, &path)
             .unwrap();
-        assert_eq!(corpus.tokens, vec![1, 2, 1, 0]);
+        assert_eq!(corpus.stream(), [1, 2, 1, 0]);
         assert_eq!(corpus.vocab_size(), 3);
         assert_eq!(corpus.encode("world"), vec![2]);
-        assert!(Corpus::arithmetic(64, 1).tokenized(&dir.join("missing.json")).is_err());
+        assert!(burn_megatron::models::llama::hf::tokenizer(&dir.join("missing.json")).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

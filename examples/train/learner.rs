@@ -29,7 +29,7 @@ impl Reporter for Dashboard {
 
 /// The run's sequences in the order the strategy's dp slices read them: rank `r`'s `k`-th
 /// batch is the plain loop's batch of step `done + k` on rank `r`.
-fn sequences(run: &Run) -> Vec<Vec<u32>> {
+fn sequences(run: &Run) -> Result<Vec<Vec<u32>>, String> {
     let job = &run.job;
     let (dp, per_rank, seq) = (job.dims().dp, job.per_rank, job.seq);
     let steps = run.done + 1..=job.config.steps;
@@ -39,7 +39,7 @@ fn sequences(run: &Run) -> Vec<Vec<u32>> {
                 .clone()
                 .flat_map(move |step| (0..per_rank).map(move |i| (step, r * per_rank + i)))
         })
-        .map(|(step, index)| run.corpus.window(step, index, seq).to_vec())
+        .map(|(step, index)| Ok(run.corpus.sequence(step, index, seq)?.into_owned()))
         .collect()
 }
 
@@ -47,7 +47,7 @@ fn sequences(run: &Run) -> Vec<Vec<u32>> {
 /// read.
 pub fn run(run: &Run) -> Result<Vec<f64>, String> {
     let terminal = std::io::stdout().is_terminal();
-    let train = sequences(run);
+    let train = sequences(run)?;
     // Burn's validation at the end: the first global batch of the run.
     let valid: Vec<Vec<u32>> = train.iter().take(run.job.per_rank).cloned().collect();
     let results = launch(

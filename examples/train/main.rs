@@ -88,7 +88,7 @@ fn train(job: Job) -> Result<Vec<f64>, String> {
 
 /// The run's data, prompt, and the checkpoint it resumes from (held to the job that saved it).
 fn prepare(job: Job) -> Result<Run, String> {
-    let (corpus, held_out) = Corpus::of(&job.config.data, job.config.seed)?;
+    let (corpus, held_out) = Corpus::of(&job)?;
     corpus.check_len(job.seq)?;
     if let Some(held) = &held_out {
         held.check_len(job.seq).map_err(|e| format!("data.held_out: {e}"))?;
@@ -115,12 +115,13 @@ fn prepare(job: Job) -> Result<Run, String> {
             ),
         }
     }
-    let (prompt, pad) = match &job.config.data.path {
-        Some(_) => (
-            corpus.head(job.seq / 2).to_vec(),
+    let files = job.config.data.path.is_some() || !job.config.data.prefixes.is_empty();
+    let (prompt, pad) = match files {
+        true => (
+            corpus.head(job.seq / 2)?,
             corpus.encode("\n").first().copied().unwrap_or(0),
         ),
-        None => (corpus.encode("\n417+385="), corpus.encode("\n")[0]),
+        false => (corpus.encode("\n417+385="), corpus.encode("\n")[0]),
     };
     Ok(Run {
         job,

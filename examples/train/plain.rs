@@ -45,7 +45,7 @@ fn steps<M: TrainModel>(
     for step in run.done + 1..=job.config.steps {
         let lr = scheduler.step().base();
         let stepped = trainer
-            .step(lr, run.batch(step, ctx, &device))
+            .step(lr, run.batch(step, ctx, &device)?)
             .map_err(|e| e.to_string())?;
         let values = routine.after_step(&mut trainer, stepped).map_err(|e| e.to_string())?;
         losses.push(values.loss);

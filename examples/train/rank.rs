@@ -114,7 +114,7 @@ impl Run {
     }
 
     /// This rank's sequences of `step`.
-    pub fn batch(&self, step: usize, ctx: &RankContext, device: &Device) -> TokenBatch {
+    pub fn batch(&self, step: usize, ctx: &RankContext, device: &Device) -> Result<TokenBatch, String> {
         let (per_rank, seq) = (self.job.per_rank, self.job.seq);
         let first = ctx.groups.dp.group_rank() * per_rank;
         self.corpus.token_batch(step, first, per_rank, seq, device)
@@ -149,8 +149,8 @@ impl Run {
                 let first = ctx.groups.dp.group_rank() * job.per_rank;
                 // Windows of their own: evaluation's "steps" start past any run's.
                 (0..c.eval.batches)
-                    .map(|b| held.token_batch(1_000_000 + b, first, job.per_rank, job.seq, &device))
-                    .collect()
+                    .map(|b| held.token_batch(crate::data::EVAL_FIRST + b, first, job.per_rank, job.seq, &device))
+                    .collect::<Result<_, _>>()?
             }
             None => Vec::new(),
         };

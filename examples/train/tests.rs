@@ -400,3 +400,59 @@ fn a_step_that_goes_bad_stops_training() {
         );
     }
 }
+
+/// A tokenized dataset of `docs` documents of random lengths and tokens below 256 at
+/// `dir/name`, in Megatron's indexed format.
+fn indexed_dataset(dir: &std::path::Path, name: &str, docs: usize) -> String {
+    let prefix = dir.join(name);
+    let mut writer = burn_megatron::data::IndexedWriter::create(&prefix, burn_megatron::data::TokenType::U16).unwrap();
+    let mut h = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = |n: u64| {
+        h ^= h << 13;
+        h ^= h >> 7;
+        h ^= h << 17;
+        h % n
+    };
+    for _ in 0..docs {
+        let len = 5 + next(60) as usize;
+        let tokens: Vec<u32> = (0..len).map(|_| 1 + next(255) as u32).collect();
+        writer.add_document(&tokens).unwrap();
+    }
+    writer.finish().unwrap();
+    prefix.display().to_string()
+}
+
+/// Tokenized datasets blended 2:1, packed into sequences, trained at tp 2 × dp 2: the losses of
+/// one rank on the same samples (each step's global batch is the same samples at any layout),
+/// and a run stopped at step 3 and resumed prints the uninterrupted run's losses (it reads
+/// the samples the uninterrupted run read). A token past the model's vocabulary is an error
+/// naming the file and the byte; evaluation reads the held-out documents.
+#[test]
+fn tokenized_datasets_train_and_resume_at_the_same_samples() {
+    let dir = scratch("indexed");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (a, b) = (indexed_dataset(&dir, "a", 80), indexed_dataset(&dir, "b", 40));
+    let data = format!(r#"--data.prefixes ["2","{a}","1","{b}"] --data.held_out 0.1"#);
+    let common = format!("--steps 6 --seq 32 --batch 8 --sample-every 0 --eval.interval 3 --eval.batches 1 {data}");
+    let reference = run(&common).unwrap();
+    let parallel = run(&format!("{common} --tp 2 --sp --dp 2 --zero1")).unwrap();
+    // f32 sums in another order over 6 AdamW steps, as the other layouts' tests: 1e-4.
+    close(&parallel, &reference, 1e-4, "tp 2 x dp 2");
+    let ckpt = dir.join("ckpt");
+    let flags = format!("{common} --tp 2 --sp --dp 2 --zero1");
+    run(&format!(
+        "{} --save {}",
+        flags.replace("--steps 6", "--steps 3"),
+        ckpt.display()
+    ))
+    .unwrap();
+    let resumed = run(&format!("{flags} --load {}", ckpt.display())).unwrap();
+    close(&resumed, &parallel[3..], 1e-6, "resumed at step 3");
+    let wide = dir.join("wide");
+    let mut writer = burn_megatron::data::IndexedWriter::create(&wide, burn_megatron::data::TokenType::U16).unwrap();
+    (0..40).for_each(|d| writer.add_document(&[1, 2, 3, 60_000 + d, 4, 5, 6, 7]).unwrap());
+    writer.finish().unwrap();
+    let past = run(&common.replace(&data, &format!(r#"--data.prefixes ["{}"] --data.held_out 0.1"#, wide.display()))).unwrap_err();
+    assert!(past.contains("wide.bin, byte") && past.contains("vocabulary"), "{past}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -79,3 +79,28 @@ fn normalized(weights: &[f64]) -> Result<Vec<f64>, DataError> {
     }
     Ok(weights.iter().map(|w| w / total).collect())
 }
+
+/// Megatron's `--data-path` list read: prefixes alone (no weights: each dataset's share is its
+/// size), or weight and prefix pairs.
+pub fn data_path(items: &[String]) -> Result<Vec<(Option<f64>, std::path::PathBuf)>, DataError> {
+    let weighted = items.first().is_some_and(|first| first.parse::<f64>().is_ok());
+    if !weighted {
+        return Ok(items.iter().map(|p| (None, p.into())).collect());
+    }
+    if !items.len().is_multiple_of(2) {
+        return Err(DataError::Config(format!(
+            "{items:?}: weights and prefixes come in pairs"
+        )));
+    }
+    let pairs: Vec<(f64, std::path::PathBuf)> = items
+        .chunks_exact(2)
+        .map(|pair| {
+            let weight = pair[0]
+                .parse::<f64>()
+                .map_err(|_| DataError::Config(format!("{:?} is no weight (in {items:?})", pair[0])))?;
+            Ok((weight, pair[1].clone().into()))
+        })
+        .collect::<Result<_, DataError>>()?;
+    normalized(&pairs.iter().map(|p| p.0).collect::<Vec<_>>())?;
+    Ok(pairs.into_iter().map(|(w, p)| (Some(w), p)).collect())
+}

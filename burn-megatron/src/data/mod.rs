@@ -6,10 +6,12 @@
 pub mod blend;
 pub mod indexed;
 pub mod packed;
+pub mod sources;
 
 pub use blend::Blend;
 pub use indexed::{IndexedDataset, IndexedWriter, TokenType};
 pub use packed::{PackedDataset, Packing};
+pub use sources::{Sources, SourcesConfig};
 
 use std::path::Path;
 

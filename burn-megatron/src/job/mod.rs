@@ -269,7 +269,16 @@ pub struct DataSection {
     /// Tokens a sequence (the model's when absent).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seq: Option<usize>,
-    /// The share of the text held out for evaluation (0: none).
+    /// Tokenized datasets (Megatron's `.bin` + `.idx`, by their path without the extension), in
+    /// Megatron's `--data-path` form: prefixes alone (each weighted by its tokens), or weight
+    /// and prefix pairs (`["0.7", "web", "0.3", "code"]`). Their documents are packed into
+    /// sequences (`data::packed`); exclusive with `path`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub prefixes: Vec<String>,
+    /// Where the packed datasets' indexes are cached (beside each dataset when absent).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<PathBuf>,
+    /// The share of the text (of each dataset's documents) held out for evaluation (0: none).
     pub held_out: f64,
 }
 

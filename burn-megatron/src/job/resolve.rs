@@ -211,6 +211,17 @@ fn check_rest(config: &mut JobConfig) -> Result<(), JobError> {
     if let Err(e) = config.guard.clone().checked() {
         return field("guard", &e.to_string());
     }
+    if !config.data.prefixes.is_empty() {
+        if config.data.path.is_some() {
+            return field(
+                "data.prefixes",
+                "reads tokenized datasets: data.path (text) names others",
+            );
+        }
+        if let Err(e) = crate::data::blend::data_path(&config.data.prefixes) {
+            return field("data.prefixes", &e.to_string());
+        }
+    }
     let held_out = config.data.held_out;
     if !(0.0..0.5).contains(&held_out) {
         return field("data.held_out", "must be a share of at least 0 and below 0.5");
