@@ -452,7 +452,11 @@ fn tokenized_datasets_train_and_resume_at_the_same_samples() {
     let mut writer = burn_megatron::data::IndexedWriter::create(&wide, burn_megatron::data::TokenType::U16).unwrap();
     (0..40).for_each(|d| writer.add_document(&[1, 2, 3, 60_000 + d, 4, 5, 6, 7]).unwrap());
     writer.finish().unwrap();
-    let past = run(&common.replace(&data, &format!(r#"--data.prefixes ["{}"] --data.held_out 0.1"#, wide.display()))).unwrap_err();
+    let past = run(&common.replace(
+        &data,
+        &format!(r#"--data.prefixes ["{}"] --data.held_out 0.1"#, wide.display()),
+    ))
+    .unwrap_err();
     assert!(past.contains("wide.bin, byte") && past.contains("vocabulary"), "{past}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,0 +1,94 @@
+use burn_megatron::data::{IndexedDataset, indexed};
+
+use super::*;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("burn-megatron-prepare-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A word-level tokenizer: [UNK] 0, hello 1, world 2, there 3, <|endoftext|> 4.
+fn tokenizer(dir: &Path) -> PathBuf {
+    let path = dir.join("tokenizer.json");
+    std::fs::write(
+        &path,
+        r#"{"version":"1.0","truncation":null,"padding":null,
+           "added_tokens":[{"id":4,"content":"<|endoftext|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
+           "normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+           "model":{"type":"WordLevel","vocab":{"[UNK]":0,"hello":1,"world":2,"there":3,"<|endoftext|>":4},"unk_token":"[UNK]"}}"#,
+    )
+    .unwrap();
+    path
+}
+
+fn args(dir: &Path, inputs: &[&str]) -> Args {
+    Args {
+        input: inputs.iter().map(|i| dir.join(i)).collect(),
+        tokenizer: tokenizer(dir),
+        output: dir.join("out/data"),
+        json_key: "text".into(),
+        eod: None,
+        batch: 2,
+    }
+}
+
+/// JSON lines (a document a line) and a text file (a document) in path order, each document's
+/// ids then the end-of-document token, as uint16 ids.
+#[test]
+fn documents_in_order_each_ended() {
+    let dir = scratch("ok");
+    std::fs::create_dir_all(dir.join("in")).unwrap();
+    std::fs::write(
+        dir.join("in/a.jsonl"),
+        "{\"text\": \"hello world\"}\n\n{\"text\": \"there\", \"id\": 7}\n{\"text\": \"world world hello\"}\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("in/b.txt"), "hello\nthere friend").unwrap();
+    let summary = prepare(&args(&dir, &["in"]), false).unwrap();
+    assert!(summary.contains("4 documents, 13 tokens"), "{summary}");
+    let data = IndexedDataset::open(&dir.join("out/data")).unwrap();
+    assert_eq!(data.dtype(), TokenType::U16);
+    let docs: Vec<Vec<u32>> = (0..data.documents()).map(|d| data.sequence(d, 5).unwrap()).collect();
+    assert_eq!(docs, [vec![1, 2, 4], vec![3, 4], vec![2, 2, 1, 4], vec![1, 3, 0, 4]]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Each bad input is an error naming it, and nothing is left at the output.
+#[test]
+fn bad_inputs_name_the_file_and_leave_nothing() {
+    let dir = scratch("bad");
+    let cases: [(&str, &[u8], &str); 5] = [
+        ("empty.txt", b"", "empty.txt: an empty file"),
+        ("latin.txt", b"caf\xe9", "latin.txt: not UTF-8 at byte 3"),
+        (
+            "keyless.jsonl",
+            b"{\"text\": \"hello\"}\n{\"body\": \"x\"}\n",
+            "keyless.jsonl:2: no string under \"text\"",
+        ),
+        ("broken.jsonl", b"{\"text\": \"hello\"\n", "broken.jsonl:1:"),
+        (
+            "chat.jsonl",
+            b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n",
+            "chat.jsonl:1: a chat (`messages`) line",
+        ),
+    ];
+    for (name, bytes, want) in cases {
+        std::fs::write(dir.join("good.txt"), "hello world").unwrap();
+        std::fs::write(dir.join(name), bytes).unwrap();
+        let err = prepare(&args(&dir, &["good.txt", name]), false).unwrap_err();
+        assert!(err.contains(want), "{name}: {err}");
+        let (bin, idx) = indexed::paths(&dir.join("out/data"));
+        assert!(!bin.exists() && !idx.exists(), "{name}: output left behind");
+        let left: Vec<_> = std::fs::read_dir(dir.join("out")).unwrap().collect();
+        assert!(left.is_empty(), "{name}: {left:?}");
+        std::fs::remove_file(dir.join(name)).unwrap();
+    }
+    let missing = prepare(&args(&dir, &["nowhere.txt"]), false).unwrap_err();
+    assert!(missing.contains("nowhere.txt"), "{missing}");
+    let mut no_eod = args(&dir, &["good.txt"]);
+    no_eod.eod = Some("<|im_end|>".into());
+    assert!(prepare(&no_eod, false).unwrap_err().contains("no token \"<|im_end|>\""));
+    let _ = std::fs::remove_dir_all(&dir);
+}
