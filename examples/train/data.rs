@@ -252,27 +252,16 @@ impl Corpus {
         }
     }
 
-    /// Inputs and next-token targets for sequences `first..first + count` of `step`.
-    ///
-    /// # Shapes
-    /// `[count, seq]`, `[count, seq]`
-    pub fn batch(
-        &self,
-        step: usize,
-        first: usize,
-        count: usize,
-        seq: usize,
-        device: &Device,
-    ) -> Result<(Tensor<2, Int>, Tensor<2, Int>), String> {
+    /// Sequences `first..first + count` of `step`, `seq + 1` tokens each, one after another.
+    pub fn tokens(&self, step: usize, first: usize, count: usize, seq: usize) -> Result<Vec<i64>, String> {
         let mut tokens: Vec<i64> = Vec::with_capacity(count * (seq + 1));
         for i in first..first + count {
             tokens.extend(self.sequence(step, i, seq)?.iter().map(|&t| t as i64));
         }
-        let all = Tensor::<2, Int>::from_data(TensorData::new(tokens, [count, seq + 1]), device);
-        Ok((all.clone().narrow(1, 0, seq), all.narrow(1, 1, seq)))
+        Ok(tokens)
     }
 
-    /// [`batch`](Self::batch) as the training step takes it.
+    /// [`tokens`](Self::tokens) as the training step takes them.
     pub fn token_batch(
         &self,
         step: usize,
@@ -281,8 +270,19 @@ impl Corpus {
         seq: usize,
         device: &Device,
     ) -> Result<TokenBatch, String> {
-        let (ids, targets) = self.batch(step, first, count, seq, device)?;
-        Ok(TokenBatch { ids, targets })
+        Ok(token_batch(self.tokens(step, first, count, seq)?, count, seq, device))
+    }
+}
+
+/// Inputs and next-token targets of `count` sequences of `seq + 1` tokens.
+///
+/// # Shapes
+/// `[count, seq]`, `[count, seq]`
+pub fn token_batch(tokens: Vec<i64>, count: usize, seq: usize, device: &Device) -> TokenBatch {
+    let all = Tensor::<2, Int>::from_data(TensorData::new(tokens, [count, seq + 1]), device);
+    TokenBatch {
+        ids: all.clone().narrow(1, 0, seq),
+        targets: all.narrow(1, 1, seq),
     }
 }
 

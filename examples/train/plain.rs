@@ -24,6 +24,9 @@ pub fn run(run: &Run, reporter: impl Fn() -> Box<dyn Reporter> + Sync) -> Result
     crate::reported(results)
 }
 
+/// Steps whose data is read ahead.
+const PREFETCH: usize = 2;
+
 /// This rank's steps after the checkpoint's up to the job's last.
 fn steps<M: TrainModel>(
     run: &Run,
@@ -42,14 +45,29 @@ fn steps<M: TrainModel>(
     let device = ctx.device.clone().autodiff();
     let mut losses = Vec::new();
     routine.start();
-    for step in run.done + 1..=job.config.steps {
-        let lr = scheduler.step().base();
-        let stepped = trainer
-            .step(lr, run.batch(step, ctx, &device)?)
-            .map_err(|e| e.to_string())?;
-        let values = routine.after_step(&mut trainer, stepped).map_err(|e| e.to_string())?;
-        losses.push(values.loss);
-    }
+    let steps = run.done + 1..=job.config.steps;
+    // The data is read a step ahead on a thread of its own, off the step's critical path.
+    std::thread::scope(|scope| -> Result<(), String> {
+        let (ahead, tokens) = std::sync::mpsc::sync_channel(PREFETCH);
+        let reader = steps.clone();
+        scope.spawn(move || {
+            for step in reader {
+                if ahead.send(run.tokens(step, ctx)).is_err() {
+                    break;
+                }
+            }
+        });
+        for _ in steps {
+            let lr = scheduler.step().base();
+            let read = tokens.recv().map_err(|_| "the data reader stopped".to_string())??;
+            let stepped = trainer
+                .step(lr, run.token_batch(read, &device))
+                .map_err(|e| e.to_string())?;
+            let values = routine.after_step(&mut trainer, stepped).map_err(|e| e.to_string())?;
+            losses.push(values.loss);
+        }
+        Ok(())
+    })?;
     let summary = routine.finish().map_err(|e| e.to_string())?;
     if let Some(measured) = summary.bubble {
         routine.note(&crate::bubble_line(run, measured)?);

@@ -113,11 +113,16 @@ impl Run {
         Ok(trainer)
     }
 
-    /// This rank's sequences of `step`.
-    pub fn batch(&self, step: usize, ctx: &RankContext, device: &Device) -> Result<TokenBatch, String> {
+    /// This rank's sequences of `step`, `seq + 1` tokens each, one after another.
+    pub fn tokens(&self, step: usize, ctx: &RankContext) -> Result<Vec<i64>, String> {
         let (per_rank, seq) = (self.job.per_rank, self.job.seq);
         let first = ctx.groups.dp.group_rank() * per_rank;
-        self.corpus.token_batch(step, first, per_rank, seq, device)
+        self.corpus.tokens(step, first, per_rank, seq)
+    }
+
+    /// [`tokens`](Self::tokens) as the training step takes them.
+    pub fn token_batch(&self, tokens: Vec<i64>, device: &Device) -> TokenBatch {
+        crate::data::token_batch(tokens, self.job.per_rank, self.job.seq, device)
     }
 
     /// The routine around each step on this rank, reporting through `reporter`, with `hook`
