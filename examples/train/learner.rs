@@ -57,7 +57,7 @@ pub fn run(run: &Run) -> Result<Vec<f64>, String> {
             let device = ctx.device.clone().autodiff();
             let data = (train.clone(), valid.clone());
             match run.model(&ctx, &device)? {
-                RankModel::Whole(model) => fit(run, &ctx, model, data, terminal, run.sample_hook(&ctx)),
+                RankModel::Whole(model) => fit(run, &ctx, model, data, terminal, run.hooks(&ctx)),
                 RankModel::Stage(stage) => fit(run, &ctx, stage, data, terminal, None),
             }
         },

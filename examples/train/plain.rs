@@ -15,7 +15,7 @@ pub fn run(run: &Run, reporter: impl Fn() -> Box<dyn Reporter> + Sync) -> Result
         |ctx| -> Result<Vec<f64>, String> {
             let device = ctx.device.clone().autodiff();
             match run.model(&ctx, &device)? {
-                RankModel::Whole(model) => steps(run, &ctx, model, reporter(), run.sample_hook(&ctx)),
+                RankModel::Whole(model) => steps(run, &ctx, model, reporter(), run.hooks(&ctx)),
                 RankModel::Stage(stage) => steps(run, &ctx, stage, reporter(), None),
             }
         },

@@ -7,7 +7,7 @@ use burn::module::Module;
 use burn::tensor::Device;
 use burn_megatron::checkpoint::{self, Saver};
 use burn_megatron::job::{DeviceKind, Job};
-use burn_megatron::models::llama::{Llama, LlamaStage, sites};
+use burn_megatron::models::llama::{Llama, LlamaStage, hf, sites};
 use burn_megatron::train::pipeline::Timing;
 use burn_megatron::train::routine::Hook;
 use burn_megatron::train::{Reporter, Routine, Throughput, TokenBatch, TrainModel, Trainer};
@@ -168,6 +168,51 @@ impl Run {
             Some(hook) => routine.with_hook(hook),
             None => routine,
         })
+    }
+
+    /// What runs after a step of the whole model: greedy samples ([`sample_hook`]) and, at the
+    /// end, the Hugging Face export (`checkpoint.export`).
+    ///
+    /// [`sample_hook`]: Self::sample_hook
+    pub fn hooks(&self, ctx: &RankContext) -> Option<Hook<Llama>> {
+        let mut sample = self.sample_hook(ctx);
+        let mut export = self.export_hook(ctx);
+        if sample.is_none() && export.is_none() {
+            return None;
+        }
+        Some(Box::new(move |model: &Llama, step: u64| {
+            let mut lines = Vec::new();
+            for hook in [&mut sample, &mut export].into_iter().flatten() {
+                lines.extend(hook(model, step)?);
+            }
+            Ok((!lines.is_empty()).then(|| lines.join("\n")))
+        }))
+    }
+
+    /// The trained model written as a Hugging Face directory after the last step, with the
+    /// job's tokenizer (every rank takes part; global rank 0 writes).
+    fn export_hook(&self, ctx: &RankContext) -> Option<Hook<Llama>> {
+        let dir = self.job.config.checkpoint.export.clone()?;
+        let (groups, config, last) = (ctx.groups.clone(), self.job.model.clone(), self.job.config.steps as u64);
+        let data = &self.job.config.data;
+        let tokenizer = data
+            .tokenizer
+            .clone()
+            .or_else(|| self.job.config.model.hf.as_ref().map(|d| d.join("tokenizer.json")));
+        Some(Box::new(move |model: &Llama, step: u64| {
+            if step != last {
+                return Ok(None);
+            }
+            let options = hf::ExportOptions::new();
+            hf::save(&dir, model, &config, &groups, &options).map_err(|e| format!("{}: {e}", dir.display()))?;
+            if groups.global_rank == 0
+                && let Some(tokenizer) = tokenizer.as_ref().filter(|t| t.exists())
+            {
+                let to = dir.join("tokenizer.json");
+                std::fs::copy(tokenizer, &to).map_err(|e| format!("{}: {e}", to.display()))?;
+            }
+            Ok(Some(format!("exported to {} (Hugging Face)", dir.display())))
+        }))
     }
 
     /// Greedy samples of the whole model every `logging.sample_every` steps and at the end.

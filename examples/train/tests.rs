@@ -460,3 +460,37 @@ fn tokenized_datasets_train_and_resume_at_the_same_samples() {
     assert!(past.contains("wide.bin, byte") && past.contains("vocabulary"), "{past}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `checkpoint.export` writes the trained model as a Hugging Face directory: trained 3 steps at
+/// tp 2 with SP, it holds the weights of the checkpoint saved at the same step, bit for bit; a
+/// pipeline's export is refused before training.
+#[test]
+fn a_run_ends_in_a_hugging_face_export() {
+    use burn_megatron::models::llama::hf;
+    use burn_megatron::params::param_values;
+    let dir = scratch("export");
+    let (ckpt, export) = (dir.join("ckpt"), dir.join("hf"));
+    let flags = format!(
+        "--steps 3 --seq 32 --batch 4 --sample-every 0 --tp 2 --sp --save {} --checkpoint.export {}",
+        ckpt.display(),
+        export.display()
+    );
+    run(&flags).unwrap();
+    let one = job("--seq 32 --batch 4").unwrap();
+    let groups = burn_megatron_dist::ProcessGroups::single();
+    let init = || {
+        one.model
+            .init(&burn::tensor::Device::flex(), &groups, &one.init())
+            .unwrap()
+    };
+    let exported = hf::load(&export, init(), &groups).unwrap();
+    let (saved, step) = burn_megatron::checkpoint::load_model(&ckpt, init(), &groups).unwrap();
+    assert_eq!(step, 3);
+    for (a, b) in param_values(&exported).into_iter().zip(param_values(&saved)) {
+        let (a, b) = (a.value.into_data(), b.value.into_data());
+        assert!(a == b, "the export differs from the checkpoint");
+    }
+    let pipeline = run(&format!("--pp 2 --layers 4 --checkpoint.export {}", export.display())).unwrap_err();
+    assert!(pipeline.contains("checkpoint.export"), "{pipeline}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -143,6 +143,36 @@ pub fn load<M: Module>(
     optim: &mut DistributedAdamW,
     groups: &ProcessGroups,
 ) -> Result<(M, u64), CheckpointError> {
+    let (model, states, optimizer_steps, step) = read(dir, model, groups, true)?;
+    if optimizer_steps > 0 {
+        let device = optimizer_device(&model);
+        let tensor = |v: &Vec<f32>| Tensor::<1>::from_data(TensorData::new(v.clone(), [v.len()]), &device);
+        let states = states
+            .iter()
+            .map(|p| ParamState {
+                master: tensor(&p[0]),
+                m: tensor(&p[1]),
+                v: tensor(&p[2]),
+            })
+            .collect();
+        optim.import_state(&model, states, optimizer_steps);
+    }
+    Ok((model, step))
+}
+
+/// [`load`] of the model alone (its weights, for inference or an export): the optimizer's
+/// state is left unread.
+pub fn load_model<M: Module>(dir: &Path, model: M, groups: &ProcessGroups) -> Result<(M, u64), CheckpointError> {
+    let (model, _, _, step) = read(dir, model, groups, false)?;
+    Ok((model, step))
+}
+
+/// The latest checkpoint's values of `model`'s parameters at this layout, and with
+/// `optimizer` each one's master weights and moments: the model changed, the states, the
+/// optimizer's steps and the checkpoint's step.
+type Read<M> = (M, Vec<Vec<Vec<f32>>>, u64, u64);
+
+fn read<M: Module>(dir: &Path, model: M, groups: &ProcessGroups, optimizer: bool) -> Result<Read<M>, CheckpointError> {
     let (root, index) = latest(dir)?;
     let mut stored = BTreeMap::new();
     for file in &index.files {
@@ -157,10 +187,11 @@ pub fn load<M: Module>(
     let locals = local_values(&model);
     let mut params = Vec::with_capacity(infos.len());
     let mut states = Vec::with_capacity(infos.len());
+    let optimizer = optimizer && index.optimizer_steps > 0;
     for (info, (shape, _)) in infos.iter().zip(&locals) {
         let want = placement(info, shape, groups);
         params.push(assemble(&stored, &index, &info.path, shape, &want)?);
-        if index.optimizer_steps > 0 {
+        if optimizer {
             let parts = OPTIMIZER
                 .iter()
                 .map(|part| assemble(&stored, &index, &optimizer_name(part, &info.path), shape, &want))
@@ -168,25 +199,13 @@ pub fn load<M: Module>(
             states.push(parts);
         }
     }
-    // Everything is read and checked: now change the model and the optimizer.
+    // Everything is read and checked: now change the model.
     let model = map_params(model, &mut |i, old, _| {
         let n = params[i].len();
         Tensor::<1>::from_data(TensorData::new(params[i].clone(), [n]), &old.device()).cast(old.dtype())
     });
-    if index.optimizer_steps > 0 {
-        let device = optimizer_device(&model);
-        let tensor = |v: &Vec<f32>| Tensor::<1>::from_data(TensorData::new(v.clone(), [v.len()]), &device);
-        let states = states
-            .iter()
-            .map(|p| ParamState {
-                master: tensor(&p[0]),
-                m: tensor(&p[1]),
-                v: tensor(&p[2]),
-            })
-            .collect();
-        optim.import_state(&model, states, index.optimizer_steps);
-    }
-    Ok((model, index.step))
+    let optimizer_steps = if optimizer { index.optimizer_steps } else { 0 };
+    Ok((model, states, optimizer_steps, index.step))
 }
 
 /// The device of the model's first parameter (where the optimizer keeps its state).

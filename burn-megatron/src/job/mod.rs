@@ -314,6 +314,11 @@ pub struct CheckpointSection {
     /// Continue from the latest checkpoint here, up to `steps`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub load: Option<PathBuf>,
+    /// Write the trained model here as a Hugging Face directory at the end (with the
+    /// tokenizer, where the job has one); a whole model: pp = 1 (`examples/convert` turns any
+    /// layout's checkpoint into one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub export: Option<PathBuf>,
 }
 
 /// Evaluation on the held-out text.

@@ -205,6 +205,12 @@ fn check_rest(config: &mut JobConfig) -> Result<(), JobError> {
     if c.keep_last == Some(0) {
         return field("checkpoint.keep_last", "must be at least 1");
     }
+    if c.export.is_some() && config.parallel.pp > 1 {
+        return field(
+            "checkpoint.export",
+            "writes a whole model, at pp = 1: examples/convert turns a pipeline's checkpoint into one",
+        );
+    }
     if c.dir.is_none() && (c.interval.is_some() || c.async_save || c.keep_last.is_some()) {
         return field("checkpoint", "interval, keep_last and async need checkpoint.dir");
     }
