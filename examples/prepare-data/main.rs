@@ -61,6 +61,11 @@ fn main() {
     }
 }
 
+/// Where a chat dataset at `prefix` keeps its loss mask (`burn_megatron::data::sft`).
+fn mask_prefix(prefix: &Path) -> PathBuf {
+    burn_megatron::data::sft::mask_prefix(prefix)
+}
+
 /// End-of-document tokens tried in order when `--eod` names none.
 const EOD_CANDIDATES: [&str; 4] = ["<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>"];
 
@@ -97,16 +102,48 @@ fn prepare(args: &Args, bar: bool) -> Result<String, String> {
     };
     let vocab = tokenizer.get_vocab_size(true);
     let mut writer = IndexedWriter::create(&args.output, TokenType::for_vocab(vocab)).map_err(|e| e.to_string())?;
+    // A chat dataset's loss mask: one more dataset, `PREFIX-mask`, a 0 or 1 a token.
+    let mut masks: Option<IndexedWriter> = None;
     let (mut documents, mut tokens) = (0usize, 0usize);
     for file in &files {
-        let texts = documents_of(file, &args.json_key)?;
-        for chunk in texts.chunks(args.batch.max(1)) {
+        for chunk in documents_of(file, &args.json_key)?.chunks(args.batch.max(1)) {
+            let chats = chunk.iter().filter(|d| matches!(d, Document::Chat(_))).count();
+            let first_chats = documents == 0 && chats > 0;
+            if first_chats {
+                masks =
+                    Some(IndexedWriter::create(&mask_prefix(&args.output), TokenType::U8).map_err(|e| e.to_string())?);
+            }
+            if (chats > 0 && chats < chunk.len()) || (chats > 0) != masks.is_some() {
+                return Err(format!(
+                    "{}: text and chats in one dataset: prepare them apart",
+                    file.display()
+                ));
+            }
+            let rendered: Vec<(String, Vec<std::ops::Range<usize>>)> = chunk
+                .iter()
+                .map(|d| match d {
+                    Document::Text(text) => (text.clone(), Vec::new()),
+                    Document::Chat(turns) => chatml(turns),
+                })
+                .collect();
+            let texts: Vec<String> = rendered.iter().map(|(text, _)| text.clone()).collect();
             let encodings = tokenizer
-                .encode_batch(chunk.to_vec(), false)
+                .encode_batch(texts, false)
                 .map_err(|e| format!("{}: {e}", file.display()))?;
-            for encoding in encodings {
+            for (encoding, (_, learned)) in encodings.iter().zip(&rendered) {
                 let mut ids = encoding.get_ids().to_vec();
-                ids.push(eod);
+                match masks.as_mut() {
+                    // A chat ends with its last `<|im_end|>`; the loss counts the assistant's.
+                    Some(masks) => {
+                        let mask: Vec<u32> = encoding
+                            .get_offsets()
+                            .iter()
+                            .map(|&(start, _)| u32::from(learned.iter().any(|span| span.contains(&start))))
+                            .collect();
+                        masks.add_document(&mask).map_err(|e| e.to_string())?;
+                    }
+                    None => ids.push(eod),
+                }
                 tokens += ids.len();
                 writer.add_document(&ids).map_err(|e| e.to_string())?;
                 documents += 1;
@@ -117,6 +154,9 @@ fn prepare(args: &Args, bar: bool) -> Result<String, String> {
     progress.finish_and_clear();
     if documents == 0 {
         return Err(format!("{:?}: no documents", args.input));
+    }
+    if let Some(masks) = masks {
+        masks.finish().map_err(|e| e.to_string())?;
     }
     writer.finish().map_err(|e| e.to_string())?;
     Ok(format!(
@@ -142,8 +182,16 @@ fn collect(path: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The documents of one file: a JSON line each (its `key`), or the whole text.
-fn documents_of(file: &Path, key: &str) -> Result<Vec<String>, String> {
+/// One document: text, or a chat's turns (role, content).
+#[derive(Clone, Debug, PartialEq)]
+enum Document {
+    Text(String),
+    Chat(Vec<(String, String)>),
+}
+
+/// The documents of one file: a JSON line each (its `key`, or a chat's `messages`), or the
+/// whole text.
+fn documents_of(file: &Path, key: &str) -> Result<Vec<Document>, String> {
     let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
     if bytes.is_empty() {
         return Err(format!("{}: an empty file", file.display()));
@@ -152,22 +200,59 @@ fn documents_of(file: &Path, key: &str) -> Result<Vec<String>, String> {
         .map_err(|e| format!("{}: not UTF-8 at byte {}", file.display(), e.utf8_error().valid_up_to()))?;
     let json = file.extension().is_some_and(|e| e == "jsonl" || e == "json");
     if !json {
-        return Ok(vec![text]);
+        return Ok(vec![Document::Text(text)]);
     }
     let mut documents = Vec::new();
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let at = || format!("{}:{}", file.display(), n + 1);
         let value: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("{}: {e}", at()))?;
-        match value.get(key).and_then(|v| v.as_str()) {
-            Some(text) => documents.push(text.to_string()),
-            None if value.get("messages").is_some() => {
-                return Err(format!(
-                    "{}: a chat (`messages`) line: chat SFT datasets are not built; give a `{key}` field",
-                    at()
-                ));
+        match (value.get(key).and_then(|v| v.as_str()), value.get("messages")) {
+            (Some(text), _) => documents.push(Document::Text(text.to_string())),
+            (None, Some(messages)) => {
+                documents.push(Document::Chat(chat(messages).map_err(|e| format!("{}: {e}", at()))?))
             }
-            None => return Err(format!("{}: no string under {key:?} (--json-key)", at())),
+            (None, None) => return Err(format!("{}: no string under {key:?} (--json-key), no `messages`", at())),
         }
     }
     Ok(documents)
+}
+
+/// A chat's turns: `[{"role": …, "content": …}, …]`, at least one of them the assistant's.
+fn chat(messages: &serde_json::Value) -> Result<Vec<(String, String)>, String> {
+    let turns = messages.as_array().ok_or("`messages` is not a list")?;
+    let turns = turns
+        .iter()
+        .enumerate()
+        .map(|(i, turn)| {
+            let field = |name: &str| {
+                turn.get(name)
+                    .and_then(|v| v.as_str())
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("message {i} has no string `{name}`"))
+            };
+            Ok((field("role")?, field("content")?))
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    if !turns.iter().any(|(role, _)| role == "assistant") {
+        return Err("a chat without an assistant turn has nothing to learn".into());
+    }
+    Ok(turns)
+}
+
+/// A chat rendered in ChatML (`<|im_start|>ROLE\nCONTENT<|im_end|>\n` a turn), and the byte
+/// spans the loss counts: the assistant's contents with their closing `<|im_end|>`.
+fn chatml(turns: &[(String, String)]) -> (String, Vec<std::ops::Range<usize>>) {
+    let mut text = String::new();
+    let mut learned = Vec::new();
+    for (role, content) in turns {
+        text.push_str(&format!("<|im_start|>{role}\n"));
+        let start = text.len();
+        text.push_str(content);
+        text.push_str("<|im_end|>");
+        if role == "assistant" {
+            learned.push(start..text.len());
+        }
+        text.push('\n');
+    }
+    (text, learned)
 }

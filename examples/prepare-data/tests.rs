@@ -9,15 +9,18 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// A word-level tokenizer: [UNK] 0, hello 1, world 2, there 3, <|endoftext|> 4.
+/// A word-level tokenizer: [UNK] 0, hello 1, world 2, there 3, <|endoftext|> 4, <|im_start|> 5,
+/// <|im_end|> 6, user 7, assistant 8.
 fn tokenizer(dir: &Path) -> PathBuf {
     let path = dir.join("tokenizer.json");
     std::fs::write(
         &path,
         r#"{"version":"1.0","truncation":null,"padding":null,
-           "added_tokens":[{"id":4,"content":"<|endoftext|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
+           "added_tokens":[{"id":4,"content":"<|endoftext|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+                           {"id":5,"content":"<|im_start|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+                           {"id":6,"content":"<|im_end|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
            "normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
-           "model":{"type":"WordLevel","vocab":{"[UNK]":0,"hello":1,"world":2,"there":3,"<|endoftext|>":4},"unk_token":"[UNK]"}}"#,
+           "model":{"type":"WordLevel","vocab":{"[UNK]":0,"hello":1,"world":2,"there":3,"<|endoftext|>":4,"<|im_start|>":5,"<|im_end|>":6,"user":7,"assistant":8},"unk_token":"[UNK]"}}"#,
     )
     .unwrap();
     path
@@ -71,7 +74,7 @@ fn bad_inputs_name_the_file_and_leave_nothing() {
         (
             "chat.jsonl",
             b"{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n",
-            "chat.jsonl:1: a chat (`messages`) line",
+            "chat.jsonl:1: a chat without an assistant turn",
         ),
     ];
     for (name, bytes, want) in cases {
@@ -88,7 +91,36 @@ fn bad_inputs_name_the_file_and_leave_nothing() {
     let missing = prepare(&args(&dir, &["nowhere.txt"]), false).unwrap_err();
     assert!(missing.contains("nowhere.txt"), "{missing}");
     let mut no_eod = args(&dir, &["good.txt"]);
-    no_eod.eod = Some("<|im_end|>".into());
-    assert!(prepare(&no_eod, false).unwrap_err().contains("no token \"<|im_end|>\""));
+    no_eod.eod = Some("<|nope|>".into());
+    assert!(prepare(&no_eod, false).unwrap_err().contains("no token \"<|nope|>\""));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Chat lines in ChatML: each conversation a sequence, no end-of-document token after its last
+/// `<|im_end|>`, and a loss mask beside it (`-mask`) counting the assistant's content and its
+/// `<|im_end|>` only; text and chats in one dataset are refused.
+#[test]
+fn chats_with_their_loss_masks() {
+    let dir = scratch("chat");
+    std::fs::write(
+        dir.join("chat.jsonl"),
+        concat!(
+            "{\"messages\": [{\"role\": \"user\", \"content\": \"hello\"}, {\"role\": \"assistant\", \"content\": \"world there\"}]}\n",
+            "{\"messages\": [{\"role\": \"assistant\", \"content\": \"hello\"}, {\"role\": \"user\", \"content\": \"there\"}]}\n",
+        ),
+    )
+    .unwrap();
+    prepare(&args(&dir, &["chat.jsonl"]), false).unwrap();
+    let data = IndexedDataset::open(&dir.join("out/data")).unwrap();
+    let mask = IndexedDataset::open(&dir.join("out/data-mask")).unwrap();
+    assert_eq!(mask.dtype(), TokenType::U8);
+    let read = |d: &IndexedDataset, i| d.sequence(i, 9).unwrap();
+    assert_eq!(read(&data, 0), [5, 7, 1, 6, 5, 8, 2, 3, 6]);
+    assert_eq!(read(&mask, 0), [0, 0, 0, 0, 0, 0, 1, 1, 1]);
+    assert_eq!(read(&data, 1), [5, 8, 1, 6, 5, 7, 3, 6]);
+    assert_eq!(read(&mask, 1), [0, 0, 1, 1, 0, 0, 0, 0]);
+    std::fs::write(dir.join("text.jsonl"), "{\"text\": \"hello\"}\n").unwrap();
+    let mixed = prepare(&args(&dir, &["chat.jsonl", "text.jsonl"]), false).unwrap_err();
+    assert!(mixed.contains("text and chats"), "{mixed}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_megatron::data::{Blend, Sources, SourcesConfig};
+use burn_megatron::data::{Blend, IndexedDataset, SftDataset, Sources, SourcesConfig, sft};
 use burn_megatron::job::Job;
 use burn_megatron::train::TokenBatch;
 use tokenizers::Tokenizer;
@@ -32,7 +32,21 @@ enum Source {
         global: usize,
         vocab: usize,
     },
+    /// Chat conversations with their loss masks, a conversation a sample, numbered as packed
+    /// samples are.
+    Chats {
+        data: SftDataset,
+        first: usize,
+        global: usize,
+        vocab: usize,
+    },
 }
+
+/// A sequence's tokens and which of them the loss counts as targets (`None`: every one).
+type Counted<'a> = (Cow<'a, [u32]>, Option<Vec<bool>>);
+
+/// The target the loss leaves out (the model's `loss.ignore_index` under `data.sft`).
+pub const IGNORED: i64 = -100;
 
 impl Corpus {
     /// The corpus a job's data section names (the arithmetic from the seed when it names no
@@ -43,6 +57,9 @@ impl Corpus {
             Some(path) => Some(burn_megatron::models::llama::hf::tokenizer(path).map_err(|e| e.to_string())?),
             None => None,
         };
+        if data.sft {
+            return Self::chats(job, tokenizer);
+        }
         if !data.prefixes.is_empty() {
             return Self::packed(job, tokenizer);
         }
@@ -98,10 +115,62 @@ impl Corpus {
         Ok((corpus(sources.train, 1), held))
     }
 
+    /// The job's chat dataset (`data.sft`: one prefix, its `-mask` beside it): its last
+    /// `held_out` share of conversations held out.
+    fn chats(job: &Job, tokenizer: Option<Tokenizer>) -> Result<(Self, Option<Self>), String> {
+        let c = &job.config;
+        let prefix = std::path::Path::new(&c.data.prefixes[0]);
+        let open = |p: &Path| {
+            IndexedDataset::open(p)
+                .map(std::sync::Arc::new)
+                .map_err(|e| e.to_string())
+        };
+        let (tokens, mask) = (open(prefix)?, open(&sft::mask_prefix(prefix))?);
+        let conversations = tokens.len();
+        let held = match c.data.held_out {
+            0.0 => 0,
+            share => ((conversations as f64 * share).round() as usize).max(1),
+        };
+        if held >= conversations {
+            return Err(format!(
+                "{}: {conversations} conversations leave none to train on",
+                prefix.display()
+            ));
+        }
+        let (global, vocab) = (job.global_batch, job.model.embedding.vocab_size);
+        let pad = tokenizer
+            .as_ref()
+            .and_then(|t| t.token_to_id("<|im_end|>"))
+            .unwrap_or(0);
+        let dataset = |range, samples| {
+            SftDataset::new(tokens.clone(), mask.clone(), range, (job.seq, samples, c.seed, pad))
+                .map_err(|e| e.to_string())
+        };
+        let corpus = |data, first| Corpus {
+            source: Source::Chats {
+                data,
+                first,
+                global,
+                vocab,
+            },
+            tokenizer: tokenizer.clone(),
+        };
+        let cut = conversations - held;
+        let train = corpus(dataset(0..cut, (c.steps * global) as u64)?, 1);
+        let held = match held {
+            0 => None,
+            _ => Some(corpus(
+                dataset(cut..conversations, (c.eval.batches.max(1) * global) as u64)?,
+                EVAL_FIRST,
+            )),
+        };
+        Ok((train, held))
+    }
+
     fn stream(&self) -> &[u32] {
         match &self.source {
             Source::Stream(tokens) => tokens,
-            Source::Packed { .. } => &[],
+            Source::Packed { .. } | Source::Chats { .. } => &[],
         }
     }
 
@@ -150,7 +219,7 @@ impl Corpus {
         match (&self.tokenizer, &self.source) {
             (Some(t), _) => t.get_vocab_size(true),
             (None, Source::Stream(_)) => 256,
-            (None, Source::Packed { .. }) => 0,
+            (None, Source::Packed { .. } | Source::Chats { .. }) => 0,
         }
     }
 
@@ -169,13 +238,13 @@ impl Corpus {
             (None, Source::Stream(_)) => {
                 String::from_utf8_lossy(&tokens.iter().map(|&t| t as u8).collect::<Vec<_>>()).into_owned()
             }
-            (None, Source::Packed { .. }) => format!("{tokens:?}"),
+            (None, Source::Packed { .. } | Source::Chats { .. }) => format!("{tokens:?}"),
         }
     }
 
     /// [`decode`](Self::decode) as a function of its own, for another thread.
     pub fn decoder(&self) -> impl Fn(&[u32]) -> String + Send + 'static {
-        let ids = matches!(self.source, Source::Packed { .. });
+        let ids = matches!(self.source, Source::Packed { .. } | Source::Chats { .. });
         let corpus = Corpus {
             source: Source::Stream(Vec::new()),
             tokenizer: self.tokenizer.clone(),
@@ -191,7 +260,7 @@ impl Corpus {
     pub fn head(&self, n: usize) -> Result<Vec<u32>, String> {
         let tokens = match &self.source {
             Source::Stream(tokens) => Cow::Borrowed(tokens.as_slice()),
-            Source::Packed { .. } => self.sequence(1, 0, n)?,
+            Source::Packed { .. } | Source::Chats { .. } => self.sequence(1, 0, n)?,
         };
         Ok(tokens[..n.min(tokens.len())].to_vec())
     }
@@ -237,7 +306,37 @@ impl Corpus {
     /// Sequence `index` of step `step`: a stream's window, or the packed sample the step's
     /// place in the run gives (every layout, and a resumed run, reads the same).
     pub fn sequence(&self, step: usize, index: usize, seq: usize) -> Result<Cow<'_, [u32]>, String> {
+        Ok(self.counted_sequence(step, index, seq)?.0)
+    }
+
+    /// [`sequence`](Self::sequence), and which of its tokens the loss counts as targets (a
+    /// chat's assistant turns; `None`: every one).
+    fn counted_sequence(
+        &self,
+        step: usize,
+        index: usize,
+        seq: usize,
+    ) -> Result<Counted<'_>, String> {
+        let tokens = match &self.source {
+            Source::Chats {
+                data,
+                first,
+                global,
+                vocab,
+            } => {
+                let sample = data
+                    .sample(((step - first) * global + index) as u64, *vocab)
+                    .map_err(|e| e.to_string())?;
+                return Ok((Cow::Owned(sample.tokens), Some(sample.counted)));
+            }
+            _ => self.uncounted_sequence(step, index, seq)?,
+        };
+        Ok((tokens, None))
+    }
+
+    fn uncounted_sequence(&self, step: usize, index: usize, seq: usize) -> Result<Cow<'_, [u32]>, String> {
         match &self.source {
+            Source::Chats { .. } => unreachable!("chats are read with their masks"),
             Source::Stream(_) => Ok(Cow::Borrowed(self.window(step, index, seq))),
             Source::Packed {
                 blend,
@@ -252,13 +351,23 @@ impl Corpus {
         }
     }
 
-    /// Sequences `first..first + count` of `step`, `seq + 1` tokens each, one after another.
-    pub fn tokens(&self, step: usize, first: usize, count: usize, seq: usize) -> Result<Vec<i64>, String> {
-        let mut tokens: Vec<i64> = Vec::with_capacity(count * (seq + 1));
+    /// Sequences `first..first + count` of `step`, `seq + 1` tokens each, one after another, and
+    /// their targets (`seq` each: the next tokens, [`IGNORED`] where the loss does not count one).
+    pub fn tokens(&self, step: usize, first: usize, count: usize, seq: usize) -> Result<Tokens, String> {
+        let mut read = Tokens {
+            ids: Vec::with_capacity(count * seq),
+            targets: Vec::with_capacity(count * seq),
+        };
         for i in first..first + count {
-            tokens.extend(self.sequence(step, i, seq)?.iter().map(|&t| t as i64));
+            let (tokens, counted) = self.counted_sequence(step, i, seq)?;
+            read.ids.extend(tokens[..seq].iter().map(|&t| t as i64));
+            read.targets
+                .extend((1..=seq).map(|t| match counted.as_ref().is_none_or(|c| c[t]) {
+                    true => tokens[t] as i64,
+                    false => IGNORED,
+                }));
         }
-        Ok(tokens)
+        Ok(read)
     }
 
     /// [`tokens`](Self::tokens) as the training step takes them.
@@ -274,15 +383,21 @@ impl Corpus {
     }
 }
 
-/// Inputs and next-token targets of `count` sequences of `seq + 1` tokens.
+/// `count` sequences' inputs and targets, `seq` each.
+pub struct Tokens {
+    ids: Vec<i64>,
+    targets: Vec<i64>,
+}
+
+/// [`Tokens`] as the training step takes them.
 ///
 /// # Shapes
 /// `[count, seq]`, `[count, seq]`
-pub fn token_batch(tokens: Vec<i64>, count: usize, seq: usize, device: &Device) -> TokenBatch {
-    let all = Tensor::<2, Int>::from_data(TensorData::new(tokens, [count, seq + 1]), device);
+pub fn token_batch(tokens: Tokens, count: usize, seq: usize, device: &Device) -> TokenBatch {
+    let tensor = |values| Tensor::<2, Int>::from_data(TensorData::new(values, [count, seq]), device);
     TokenBatch {
-        ids: all.clone().narrow(1, 0, seq),
-        targets: all.narrow(1, 1, seq),
+        ids: tensor(tokens.ids),
+        targets: tensor(tokens.targets),
     }
 }
 

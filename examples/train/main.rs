@@ -87,7 +87,14 @@ fn train(job: Job) -> Result<Vec<f64>, String> {
 }
 
 /// The run's data, prompt, and the checkpoint it resumes from (held to the job that saved it).
-fn prepare(job: Job) -> Result<Run, String> {
+fn prepare(mut job: Job) -> Result<Run, String> {
+    if job.config.data.sft {
+        if job.config.logging.driver == Driver::Learner {
+            return Err("data.sft: the Learner's batches carry no loss mask: use --plain".into());
+        }
+        // The loss counts the assistant's tokens only.
+        job.model.loss.ignore_index = Some(data::IGNORED);
+    }
     let (corpus, held_out) = Corpus::of(&job)?;
     corpus.check_len(job.seq)?;
     if let Some(held) = &held_out {

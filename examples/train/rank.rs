@@ -113,15 +113,15 @@ impl Run {
         Ok(trainer)
     }
 
-    /// This rank's sequences of `step`, `seq + 1` tokens each, one after another.
-    pub fn tokens(&self, step: usize, ctx: &RankContext) -> Result<Vec<i64>, String> {
+    /// This rank's sequences of `step`: inputs and targets.
+    pub fn tokens(&self, step: usize, ctx: &RankContext) -> Result<crate::data::Tokens, String> {
         let (per_rank, seq) = (self.job.per_rank, self.job.seq);
         let first = ctx.groups.dp.group_rank() * per_rank;
         self.corpus.tokens(step, first, per_rank, seq)
     }
 
     /// [`tokens`](Self::tokens) as the training step takes them.
-    pub fn token_batch(&self, tokens: Vec<i64>, device: &Device) -> TokenBatch {
+    pub fn token_batch(&self, tokens: crate::data::Tokens, device: &Device) -> TokenBatch {
         crate::data::token_batch(tokens, self.job.per_rank, self.job.seq, device)
     }
 

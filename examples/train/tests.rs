@@ -494,3 +494,47 @@ fn a_run_ends_in_a_hugging_face_export() {
     assert!(pipeline.contains("checkpoint.export"), "{pipeline}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A chat dataset (`data.sft`: conversations and their loss masks, as `prepare-data` writes them)
+/// trains at tp 2 × dp 2 with one rank's losses, over the assistant's tokens only: a dataset whose
+/// masks count nothing gives no loss to learn from (0), and the Learner's batches, which carry no
+/// mask, are refused.
+#[test]
+fn chat_datasets_train_on_the_assistant_tokens() {
+    use burn_megatron::data::{IndexedWriter, TokenType, sft};
+    let dir = scratch("sft");
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, counted: bool| {
+        let prefix = dir.join(name);
+        let mut tokens = IndexedWriter::create(&prefix, TokenType::U16).unwrap();
+        let mut masks = IndexedWriter::create(&sft::mask_prefix(&prefix), TokenType::U8).unwrap();
+        for c in 0..60u32 {
+            let len = 10 + (c * 7) % 30;
+            let conversation: Vec<u32> = (0..len).map(|t| 1 + (c * 13 + t * 5) % 200).collect();
+            // The second half is the assistant's.
+            let mask: Vec<u32> = (0..len).map(|t| u32::from(counted && t >= len / 2)).collect();
+            tokens.add_document(&conversation).unwrap();
+            masks.add_document(&mask).unwrap();
+        }
+        masks.finish().unwrap();
+        tokens.finish().unwrap();
+        prefix.display().to_string()
+    };
+    let (chats, silent) = (write("chats", true), write("silent", false));
+    let common = |prefix: &str| {
+        format!(r#"--steps 4 --seq 32 --batch 8 --sample-every 0 --data.sft true --data.prefixes ["{prefix}"]"#)
+    };
+    let reference = run(&common(&chats)).unwrap();
+    let parallel = run(&format!("{} --tp 2 --sp --dp 2", common(&chats))).unwrap();
+    // f32 sums in another order over 4 AdamW steps: 1e-4, as the other layouts' tests.
+    close(&parallel, &reference, 1e-4, "sft tp 2 x dp 2");
+    assert!(reference.iter().all(|l| l.is_finite() && *l > 0.0), "{reference:?}");
+    assert_eq!(
+        run(&common(&silent)).unwrap(),
+        vec![0.0; 4],
+        "nothing counted, nothing learned"
+    );
+    let learner = run(&format!("{} --learner", common(&chats))).unwrap_err();
+    assert!(learner.contains("data.sft"), "{learner}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

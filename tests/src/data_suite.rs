@@ -7,10 +7,18 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor, TensorData};
 use burn_megatron::data::{
     Blend, DataError, IndexedDataset, IndexedWriter, PackedDataset, Packing, TokenType, indexed,
 };
+use burn_megatron::init::{InitMode, ParamInit};
+use burn_megatron::models::llama::LlamaConfig;
+use burn_megatron::plan::{ParallelPlan, TensorParallel};
+use burn_megatron_dist::ParallelDims;
 use serde_json::Value;
+
+use crate::Harness;
 
 /// The directory of `make_indexed.py`'s files (see `hf_suite::fixture` for the lookup).
 pub fn fixtures() -> PathBuf {
@@ -282,4 +290,62 @@ pub fn blends_follow_their_weights() {
     let short = Blend::new(vec![pack(&a, 2), pack(&b, 2)], &weights, samples);
     assert!(matches!(short, Err(DataError::Config(_))));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Chat SFT's loss (targets outside the assistant's turns set to the ignored id): at tp over
+/// every rank, the mean of `−log p(target)` over the counted targets only, written out here from
+/// the whole logits, and no gradient reaches the logits of a position whose target is ignored.
+pub fn sft_loss_counts_the_assistant_only(h: &Harness) {
+    const IGNORED: i64 = -100;
+    let (vocab, seq) = (64, 8);
+    let mut config = LlamaConfig::llama(vocab, 32, 1, 4, 4, 64, seq);
+    config.loss.ignore_index = Some(IGNORED);
+    let dims = ParallelDims::tp_dp(h.world, 1);
+    let planned = ParallelPlan::new(dims)
+        .with_tensor(TensorParallel::Plain)
+        .apply(config, dims.world_size(), seq)
+        .unwrap();
+    let ids: Vec<i64> = (0..2 * seq as i64).map(|i| (i * 7 + 3) % vocab as i64).collect();
+    // The first row's first five targets and the second row's last two are not counted.
+    let targets: Vec<i64> = (0..2 * seq)
+        .map(|i| match (i / seq, i % seq) {
+            (0, t) if t < 5 => IGNORED,
+            (1, t) if t >= 6 => IGNORED,
+            _ => ((i * 5 + 1) % vocab) as i64,
+        })
+        .collect();
+    h.run(dims, |ctx| {
+        let device = ctx.device.clone().autodiff();
+        let model = planned
+            .init(&device, &ctx.groups, &ParamInit::new(5, InitMode::Full))
+            .unwrap();
+        let tensor = |v: &Vec<i64>| Tensor::<2, Int>::from_data(TensorData::new(v.clone(), [2, seq]), &device);
+        let logits = model.forward(tensor(&ids)).unwrap().detach().require_grad(); // [b, s, v']
+        let loss = model.loss.forward(logits.clone(), tensor(&targets)).unwrap();
+        let grads = loss.backward();
+        let whole = ctx
+            .groups
+            .tp
+            .all_gather(logits.clone().detach(), 2)
+            .unwrap()
+            .narrow(2, 0, vocab);
+        let logp = log_softmax(whole, 2).into_data().try_to_vec::<f32>().unwrap();
+        let counted: Vec<(usize, usize)> = (0..2 * seq)
+            .filter(|&i| targets[i] != IGNORED)
+            .map(|i| (i, targets[i] as usize))
+            .collect();
+        let want = -counted.iter().map(|&(i, t)| logp[i * vocab + t] as f64).sum::<f64>() / counted.len() as f64;
+        let ours = loss.into_scalar::<f64>();
+        // f32 log-softmax in another order over 64 logits: a few ulps.
+        assert!((ours - want).abs() <= 1e-5 * want, "loss {ours} vs {want}");
+        let grad = logits.grad(&grads).unwrap().into_data().try_to_vec::<f32>().unwrap();
+        let width = grad.len() / (2 * seq);
+        for i in (0..2 * seq).filter(|&i| targets[i] == IGNORED) {
+            assert!(
+                grad[i * width..(i + 1) * width].iter().all(|g| *g == 0.0),
+                "position {i}"
+            );
+        }
+        assert!(grad.iter().any(|g| *g != 0.0));
+    });
 }

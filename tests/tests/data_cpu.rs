@@ -1,6 +1,6 @@
 //! Tokenized datasets on disk: Megatron Core's files, packing, blends.
 
-use burn_megatron_tests::data_suite;
+use burn_megatron_tests::{Harness, data_suite};
 
 #[test]
 fn megatron_files_both_ways() {
@@ -25,4 +25,10 @@ fn packed_indexes_are_cached() {
 #[test]
 fn blends_follow_their_weights() {
     data_suite::blends_follow_their_weights();
+}
+
+#[test]
+fn sft_loss_counts_the_assistant_only() {
+    data_suite::sft_loss_counts_the_assistant_only(&Harness::cpu(1));
+    data_suite::sft_loss_counts_the_assistant_only(&Harness::cpu(2));
 }

@@ -1,16 +1,18 @@
 //! Tokenized datasets on disk: Megatron Core's indexed format ([`indexed`]), read through
 //! memory maps and checked whole before any token is read; its documents packed into training
 //! sequences ([`packed`]) and several datasets blended by weight ([`blend`]), as Megatron's GPT
-//! and blended datasets do.
+//! and blended datasets do; chat conversations with their loss masks ([`sft`]).
 
 pub mod blend;
 pub mod indexed;
 pub mod packed;
+pub mod sft;
 pub mod sources;
 
 pub use blend::Blend;
 pub use indexed::{IndexedDataset, IndexedWriter, TokenType};
 pub use packed::{PackedDataset, Packing};
+pub use sft::{SftDataset, SftSample};
 pub use sources::{Sources, SourcesConfig};
 
 use std::path::Path;

@@ -16,10 +16,10 @@ use std::sync::Arc;
 use super::{DataError, IndexedDataset};
 
 /// SplitMix64: a fixed generator, so an order never changes with a dependency's version.
-struct Rng(u64);
+pub(super) struct Rng(u64);
 
 impl Rng {
-    fn new(seed: u64, stream: u64) -> Self {
+    pub(super) fn new(seed: u64, stream: u64) -> Self {
         Self(seed ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
     }
 
@@ -32,7 +32,7 @@ impl Rng {
     }
 
     /// Fisher–Yates.
-    fn shuffle<T>(&mut self, items: &mut [T]) {
+    pub(super) fn shuffle<T>(&mut self, items: &mut [T]) {
         for i in (1..items.len()).rev() {
             let j = (self.next() % (i as u64 + 1)) as usize;
             items.swap(i, j);

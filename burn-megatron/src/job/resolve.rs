@@ -228,6 +228,9 @@ fn check_rest(config: &mut JobConfig) -> Result<(), JobError> {
             return field("data.prefixes", &e.to_string());
         }
     }
+    if config.data.sft && config.data.prefixes.len() != 1 {
+        return field("data.sft", "reads one chat dataset: name it alone in data.prefixes");
+    }
     let held_out = config.data.held_out;
     if !(0.0..0.5).contains(&held_out) {
         return field("data.held_out", "must be a share of at least 0 and below 0.5");
