@@ -311,12 +311,7 @@ impl Corpus {
 
     /// [`sequence`](Self::sequence), and which of its tokens the loss counts as targets (a
     /// chat's assistant turns; `None`: every one).
-    fn counted_sequence(
-        &self,
-        step: usize,
-        index: usize,
-        seq: usize,
-    ) -> Result<Counted<'_>, String> {
+    fn counted_sequence(&self, step: usize, index: usize, seq: usize) -> Result<Counted<'_>, String> {
         let tokens = match &self.source {
             Source::Chats {
                 data,

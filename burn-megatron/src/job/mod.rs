@@ -112,6 +112,10 @@ pub struct ModelSection {
     /// A GGUF file.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gguf: Option<PathBuf>,
+    /// A preset's vocabulary, instead of its own (by default a preset takes `data.tokenizer`'s;
+    /// a Hugging Face or GGUF model keeps its own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vocab: Option<usize>,
     /// Blocks, instead of the model's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layers: Option<usize>,
@@ -136,6 +140,7 @@ impl Default for ModelSection {
             preset: None,
             hf: None,
             gguf: None,
+            vocab: None,
             layers: None,
             tied: None,
             recompute: Recompute::None,

@@ -45,12 +45,18 @@ impl JobConfig {
         if config.steps == 0 {
             return Err(field("steps", "must be at least 1".into()));
         }
+        let vocab = vocabulary(&config)?;
         let (model, seq, batch) = base_model(&mut config)?;
         let seq = config.data.seq.unwrap_or(seq);
         let global_batch = config.batch.global.unwrap_or(batch);
         config.data.seq = Some(seq);
         config.batch.global = Some(global_batch);
         let mut model = model;
+        if let Some(vocab) = vocab {
+            model.embedding.vocab_size = vocab;
+            model.output.d_output = vocab;
+            model.loss.vocab_size = vocab;
+        }
         match config.model.layers {
             Some(0) => return Err(field("model.layers", "must be at least 1".into())),
             Some(layers) => model.n_layers = layers,
@@ -165,6 +171,28 @@ fn base_model(config: &mut JobConfig) -> Result<(LlamaConfig, usize, usize), Job
     let name = config.model.preset.get_or_insert_with(|| "tiny".into()).clone();
     let recipe = preset(&name)?;
     Ok((recipe.model, recipe.seq_len, recipe.batch_size))
+}
+
+/// The vocabulary a preset's model takes instead of its own: `model.vocab`, else
+/// `data.tokenizer`'s; a Hugging Face or GGUF model's is its own.
+fn vocabulary(config: &JobConfig) -> Result<Option<usize>, JobError> {
+    let files = config.model.hf.is_some() || config.model.gguf.is_some();
+    match (config.model.vocab, &config.data.tokenizer) {
+        (Some(_), _) if files => Err(JobError::Field {
+            field: "model.vocab",
+            detail: "a Hugging Face or GGUF model's vocabulary is its own".into(),
+        }),
+        (Some(0), _) => Err(JobError::Field {
+            field: "model.vocab",
+            detail: "must be at least 1".into(),
+        }),
+        (Some(vocab), _) => Ok(Some(vocab)),
+        (None, Some(path)) if !files => {
+            let tokenizer = hf::tokenizer(path).map_err(|e| JobError::Source { detail: e.to_string() })?;
+            Ok(Some(tokenizer.get_vocab_size(true)))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// The precision policy the job's section names.

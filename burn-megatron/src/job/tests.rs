@@ -288,3 +288,31 @@ fn multi_token_prediction_is_a_model_option() {
     let plain = parse(None, &[]).unwrap().resolve().unwrap();
     assert!(plain.model.mtp.is_none());
 }
+
+/// A preset takes the tokenizer's vocabulary (or `model.vocab`): embedding, output layer and
+/// loss; a Hugging Face or GGUF model keeps its own, and a vocabulary of 0 is refused.
+#[test]
+fn a_preset_takes_the_tokenizers_vocabulary() {
+    let dir = scratch("vocab", "");
+    let tokenizer = dir.parent().unwrap().join("tokenizer.json");
+    std::fs::write(
+        &tokenizer,
+        r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+           "pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+           "model":{"type":"WordLevel","vocab":{"[UNK]":0,"a":1,"b":2,"c":3,"d":4},"unk_token":"[UNK]"}}"#,
+    )
+    .unwrap();
+    let vocab = |overrides: &[(&str, &str)]| {
+        let model = parse(None, overrides).unwrap().resolve().unwrap().model;
+        (model.embedding.vocab_size, model.output.d_output, model.loss.vocab_size)
+    };
+    let path = tokenizer.display().to_string();
+    assert_eq!(vocab(&[("data.tokenizer", &format!("{path:?}"))]), (5, 5, 5));
+    assert_eq!(vocab(&[("model.vocab", "1000")]), (1000, 1000, 1000));
+    assert_eq!(vocab(&[]).0, 1024, "the tiny preset's own");
+    let refused = |overrides: &[(&str, &str)]| parse(None, overrides).unwrap().resolve().unwrap_err().to_string();
+    assert!(refused(&[("model.vocab", "0")]).contains("model.vocab"));
+    let hf = refused(&[("model.vocab", "10"), ("model.hf", "\"somewhere\"")]);
+    assert!(hf.contains("its own"), "{hf}");
+    let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+}
