@@ -1,7 +1,7 @@
 //! Tokenizes text into a dataset `train --data.prefixes` reads: Megatron Core's indexed format
 //! (`.bin` + `.idx`, `burn_megatron::data::indexed`), which Megatron's own training reads too.
 //!
-//!   prepare-data --input FILE|DIR... --tokenizer tokenizer.json --output PREFIX
+//!   prepare-data --input FILE|DIR... --tokenizer tokenizer.json|model.gguf --output PREFIX
 //!
 //! Inputs: JSON lines (`.jsonl`, `.json`: a document a line, its text under `--json-key`,
 //! `text` by default) and text files (any other file: a document a file); a directory is read
@@ -32,7 +32,7 @@ struct Args {
     /// Files or directories of them (repeatable).
     #[arg(long, value_name = "PATH", required = true, num_args = 1..)]
     input: Vec<PathBuf>,
-    /// A Hugging Face `tokenizer.json`.
+    /// A Hugging Face `tokenizer.json`, or a GGUF file (its vocabulary and merges).
     #[arg(long, value_name = "FILE")]
     tokenizer: PathBuf,
     /// The dataset's prefix: writes PREFIX.bin and PREFIX.idx.
@@ -72,7 +72,10 @@ const EOD_CANDIDATES: [&str; 4] = ["<|endoftext|>", "</s>", "<|end_of_text|>", "
 /// Tokenizes every input into the dataset at `args.output`; returns the line it prints.
 fn prepare(args: &Args, bar: bool) -> Result<String, String> {
     let start = Instant::now();
-    let tokenizer = burn_megatron::models::llama::hf::tokenizer(&args.tokenizer).map_err(|e| e.to_string())?;
+    let tokenizer = match args.tokenizer.extension().is_some_and(|e| e == "gguf") {
+        true => burn_megatron::models::llama::gguf::tokenizer(&args.tokenizer).map_err(|e| e.to_string())?,
+        false => burn_megatron::models::llama::hf::tokenizer(&args.tokenizer).map_err(|e| e.to_string())?,
+    };
     let eod = match &args.eod {
         Some(token) => tokenizer
             .token_to_id(token)

@@ -124,3 +124,23 @@ fn chats_with_their_loss_masks() {
     assert!(mixed.contains("text and chats"), "{mixed}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A GGUF file's vocabulary tokenizes as its own tokenizer does (the fuzz corpus's small
+/// model: `tests/fuzz/gguf`).
+#[test]
+fn a_gguf_files_vocabulary_tokenizes() {
+    let dir = scratch("gguf");
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fuzz/gguf/wide-f32.gguf");
+    let tokenizer = burn_megatron::models::llama::gguf::tokenizer(&gguf).unwrap();
+    std::fs::write(dir.join("a.txt"), "hello world 12").unwrap();
+    let mut gguf_args = args(&dir, &["a.txt"]);
+    gguf_args.tokenizer = gguf;
+    let eod = EOD_CANDIDATES.iter().find_map(|t| tokenizer.token_to_id(t));
+    gguf_args.eod = eod.is_none().then(|| tokenizer.id_to_token(0).unwrap());
+    prepare(&gguf_args, false).unwrap();
+    let data = IndexedDataset::open(&dir.join("out/data")).unwrap();
+    let want = tokenizer.encode("hello world 12", false).unwrap().get_ids().to_vec();
+    let read = data.sequence(0, 1 << 20).unwrap();
+    assert_eq!(&read[..read.len() - 1], &want[..]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
