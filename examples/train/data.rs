@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
-use burn_megatron::data::{Blend, IndexedDataset, SftDataset, Sources, SourcesConfig, sft};
+use burn_megatron::data::{Blend, PackedDataset, SftDataset, Sources, SourcesConfig};
 use burn_megatron::job::Job;
 use burn_megatron::train::TokenBatch;
 use tokenizers::Tokenizer;
@@ -27,7 +27,7 @@ enum Source {
     Stream(Vec<u32>),
     /// Packed samples: step `s`'s sequence `i` is sample `(s - first) · global + i`.
     Packed {
-        blend: Blend,
+        blend: Blend<PackedDataset>,
         first: usize,
         global: usize,
         vocab: usize,
@@ -35,7 +35,7 @@ enum Source {
     /// Chat conversations with their loss masks, a conversation a sample, numbered as packed
     /// samples are.
     Chats {
-        data: SftDataset,
+        blend: Blend<SftDataset>,
         first: usize,
         global: usize,
         vocab: usize,
@@ -57,9 +57,6 @@ impl Corpus {
             Some(path) => Some(burn_megatron::models::llama::hf::tokenizer(path).map_err(|e| e.to_string())?),
             None => None,
         };
-        if data.sft {
-            return Self::chats(job, tokenizer);
-        }
         if !data.prefixes.is_empty() {
             return Self::packed(job, tokenizer);
         }
@@ -87,84 +84,59 @@ impl Corpus {
         Ok((train, Some(held)))
     }
 
-    /// The job's tokenized datasets, packed: as many samples as its steps read, and its
-    /// evaluation batches.
+    /// The job's tokenized datasets (`data.sft`: chat datasets, a conversation a sample),
+    /// blended: as many samples as its steps read, and its evaluation batches.
     fn packed(job: &Job, tokenizer: Option<Tokenizer>) -> Result<(Self, Option<Self>), String> {
         let c = &job.config;
         let global = job.global_batch;
-        let sources = Sources::open(&SourcesConfig {
+        let config = SourcesConfig {
             items: &c.data.prefixes,
             held_out: c.data.held_out,
             seq: job.seq,
             samples: ((c.steps * global) as u64, (c.eval.batches.max(1) * global) as u64),
             seed: c.seed,
             cache: c.data.cache.as_deref(),
-        })
-        .map_err(|e| e.to_string())?;
+        };
         let vocab = job.model.embedding.vocab_size;
-        let corpus = |blend, first| Corpus {
-            source: Source::Packed {
-                blend,
-                first,
-                global,
-                vocab,
-            },
+        let corpus = |source| Corpus {
+            source,
             tokenizer: tokenizer.clone(),
         };
-        let held = sources.held_out.map(|blend| corpus(blend, EVAL_FIRST));
-        Ok((corpus(sources.train, 1), held))
-    }
-
-    /// The job's chat dataset (`data.sft`: one prefix, its `-mask` beside it): its last
-    /// `held_out` share of conversations held out.
-    fn chats(job: &Job, tokenizer: Option<Tokenizer>) -> Result<(Self, Option<Self>), String> {
-        let c = &job.config;
-        let prefix = std::path::Path::new(&c.data.prefixes[0]);
-        let open = |p: &Path| {
-            IndexedDataset::open(p)
-                .map(std::sync::Arc::new)
-                .map_err(|e| e.to_string())
+        let (train, held) = match c.data.sft {
+            false => {
+                let sources = Sources::packed(&config).map_err(|e| e.to_string())?;
+                let source = |blend, first| Source::Packed {
+                    blend,
+                    first,
+                    global,
+                    vocab,
+                };
+                (
+                    source(sources.train, 1),
+                    sources.held_out.map(|b| source(b, EVAL_FIRST)),
+                )
+            }
+            true => {
+                // Padding past a conversation's end: ChatML's end of turn where the tokenizer has
+                // it (its targets are never counted either way).
+                let pad = tokenizer
+                    .as_ref()
+                    .and_then(|t| t.token_to_id("<|im_end|>"))
+                    .unwrap_or(0);
+                let sources = Sources::chats(&config, pad).map_err(|e| e.to_string())?;
+                let source = |blend, first| Source::Chats {
+                    blend,
+                    first,
+                    global,
+                    vocab,
+                };
+                (
+                    source(sources.train, 1),
+                    sources.held_out.map(|b| source(b, EVAL_FIRST)),
+                )
+            }
         };
-        let (tokens, mask) = (open(prefix)?, open(&sft::mask_prefix(prefix))?);
-        let conversations = tokens.len();
-        let held = match c.data.held_out {
-            0.0 => 0,
-            share => ((conversations as f64 * share).round() as usize).max(1),
-        };
-        if held >= conversations {
-            return Err(format!(
-                "{}: {conversations} conversations leave none to train on",
-                prefix.display()
-            ));
-        }
-        let (global, vocab) = (job.global_batch, job.model.embedding.vocab_size);
-        let pad = tokenizer
-            .as_ref()
-            .and_then(|t| t.token_to_id("<|im_end|>"))
-            .unwrap_or(0);
-        let dataset = |range, samples| {
-            SftDataset::new(tokens.clone(), mask.clone(), range, (job.seq, samples, c.seed, pad))
-                .map_err(|e| e.to_string())
-        };
-        let corpus = |data, first| Corpus {
-            source: Source::Chats {
-                data,
-                first,
-                global,
-                vocab,
-            },
-            tokenizer: tokenizer.clone(),
-        };
-        let cut = conversations - held;
-        let train = corpus(dataset(0..cut, (c.steps * global) as u64)?, 1);
-        let held = match held {
-            0 => None,
-            _ => Some(corpus(
-                dataset(cut..conversations, (c.eval.batches.max(1) * global) as u64)?,
-                EVAL_FIRST,
-            )),
-        };
-        Ok((train, held))
+        Ok((corpus(train), held.map(corpus)))
     }
 
     fn stream(&self) -> &[u32] {
@@ -314,12 +286,12 @@ impl Corpus {
     fn counted_sequence(&self, step: usize, index: usize, seq: usize) -> Result<Counted<'_>, String> {
         let tokens = match &self.source {
             Source::Chats {
-                data,
+                blend,
                 first,
                 global,
                 vocab,
             } => {
-                let sample = data
+                let (_, sample) = blend
                     .sample(((step - first) * global + index) as u64, *vocab)
                     .map_err(|e| e.to_string())?;
                 return Ok((Cow::Owned(sample.tokens), Some(sample.counted)));

@@ -497,8 +497,8 @@ fn a_run_ends_in_a_hugging_face_export() {
 
 /// A chat dataset (`data.sft`: conversations and their loss masks, as `prepare-data` writes them)
 /// trains at tp 2 × dp 2 with one rank's losses, over the assistant's tokens only: a dataset whose
-/// masks count nothing gives no loss to learn from (0), and the Learner's batches, which carry no
-/// mask, are refused.
+/// masks count nothing gives no loss to learn from (0), blended with the first it trains on the
+/// first's tokens, and the Learner's batches, which carry no mask, are refused.
 #[test]
 fn chat_datasets_train_on_the_assistant_tokens() {
     use burn_megatron::data::{IndexedWriter, TokenType, sft};
@@ -534,6 +534,13 @@ fn chat_datasets_train_on_the_assistant_tokens() {
         vec![0.0; 4],
         "nothing counted, nothing learned"
     );
+    // Blended with the silent one, a step counts the chats' assistant tokens alone.
+    let blended = common(&chats).replace(
+        &format!(r#"["{chats}"]"#),
+        &format!(r#"["1","{chats}","1","{silent}"]"#),
+    );
+    let losses = run(&blended).unwrap();
+    assert!(losses.iter().all(|l| *l > 0.0) && losses != reference, "{losses:?}");
     let learner = run(&format!("{} --learner", common(&chats))).unwrap_err();
     assert!(learner.contains("data.sft"), "{learner}");
     let _ = std::fs::remove_dir_all(&dir);

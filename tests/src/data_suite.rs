@@ -10,7 +10,7 @@ use std::sync::Arc;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_megatron::data::{
-    Blend, DataError, IndexedDataset, IndexedWriter, PackedDataset, Packing, TokenType, indexed,
+    Blend, DataError, IndexedDataset, IndexedWriter, PackedDataset, Packing, TokenType, blend, indexed,
 };
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::models::llama::LlamaConfig;
@@ -267,7 +267,7 @@ pub fn blends_follow_their_weights() {
     let (a, b) = (numbered(&dir, "a", &LENGTHS), numbered(&dir, "b", &[50, 40, 30]));
     let samples = 200;
     let weights = [7.0, 3.0];
-    let shares = Blend::shares(&weights, samples).unwrap();
+    let shares = blend::shares(&weights, samples).unwrap();
     let pack = |data: &Arc<IndexedDataset>, samples| {
         let packing = Packing {
             seq: 4,
@@ -285,8 +285,8 @@ pub fn blends_follow_their_weights() {
         let n = (i + 1) as f64;
         assert!((counts[0] - 0.7 * n).abs() <= 1.0, "after {n}: {counts:?}");
     }
-    assert!(Blend::shares(&[1.0, -1.0], 10).is_err());
-    assert!(Blend::shares(&[0.0, 0.0], 10).is_err());
+    assert!(blend::shares(&[1.0, -1.0], 10).is_err());
+    assert!(blend::shares(&[0.0, 0.0], 10).is_err());
     let short = Blend::new(vec![pack(&a, 2), pack(&b, 2)], &weights, samples);
     assert!(matches!(short, Err(DataError::Config(_))));
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,22 +1,32 @@
-//! Several packed datasets mixed by weight, as Megatron's blended dataset mixes them
+//! Several datasets of samples (packed, or chats) mixed by weight, as Megatron's blended dataset
+//! mixes them
 //! (`blended_dataset.py`, `build_blending_indices`): sample `i` comes from the dataset whose
 //! share of the first `i` samples lags its weight most, which keeps every prefix of the stream
 //! within one sample of the weights.
 
 use super::DataError;
-use super::packed::PackedDataset;
 
-/// Packed datasets and the sample each of the blend's samples is.
-pub struct Blend {
-    parts: Vec<PackedDataset>,
+/// A dataset of numbered samples a blend draws from.
+pub trait Samples {
+    /// One sample.
+    type Sample;
+    /// Samples it holds.
+    fn count(&self) -> u64;
+    /// Sample `i`, its tokens checked against `vocab`.
+    fn get(&self, i: u64, vocab: usize) -> Result<Self::Sample, DataError>;
+}
+
+/// Datasets and the sample each of the blend's samples is.
+pub struct Blend<D: Samples> {
+    parts: Vec<D>,
     /// Sample `i`: (dataset, its sample).
     index: Vec<(u16, u64)>,
 }
 
-impl Blend {
+impl<D: Samples> Blend<D> {
     /// `samples` samples drawn from `parts` by `weights` (normalized here; each part must hold
     /// its share: [`shares`]).
-    pub fn new(parts: Vec<PackedDataset>, weights: &[f64], samples: u64) -> Result<Self, DataError> {
+    pub fn new(parts: Vec<D>, weights: &[f64], samples: u64) -> Result<Self, DataError> {
         let weights = normalized(weights)?;
         assert_eq!(parts.len(), weights.len(), "a weight a dataset");
         let mut taken = vec![0u64; parts.len()];
@@ -35,23 +45,14 @@ impl Blend {
             taken[d] += 1;
         }
         for (d, (part, &n)) in parts.iter().zip(&taken).enumerate() {
-            if part.len() < n {
+            if part.count() < n {
                 return Err(DataError::Config(format!(
-                    "dataset {d} of the blend packs {} samples; {n} are drawn from it",
-                    part.len()
+                    "dataset {d} of the blend holds {} samples; {n} are drawn from it",
+                    part.count()
                 )));
             }
         }
         Ok(Self { parts, index })
-    }
-
-    /// The samples each of `weights`' datasets must hold for `samples` of the blend: its share
-    /// and half a percent more, as Megatron asks, and at least one.
-    pub fn shares(weights: &[f64], samples: u64) -> Result<Vec<u64>, DataError> {
-        Ok(normalized(weights)?
-            .iter()
-            .map(|w| ((samples as f64 * w * 1.005).ceil() as u64).max(1) + 1)
-            .collect())
     }
 
     pub fn len(&self) -> u64 {
@@ -62,11 +63,20 @@ impl Blend {
         self.index.is_empty()
     }
 
-    /// Sample `i`'s `seq + 1` tokens and the dataset it came from.
-    pub fn sample(&self, i: u64, vocab: usize) -> Result<(usize, Vec<u32>), DataError> {
+    /// Sample `i` and the dataset it came from.
+    pub fn sample(&self, i: u64, vocab: usize) -> Result<(usize, D::Sample), DataError> {
         let (d, j) = self.index[i as usize];
-        Ok((d as usize, self.parts[d as usize].sample(j, vocab)?))
+        Ok((d as usize, self.parts[d as usize].get(j, vocab)?))
     }
+}
+
+/// The samples each of `weights`' datasets must hold for `samples` of the blend: its share and
+/// half a percent more, as Megatron asks, and at least one.
+pub fn shares(weights: &[f64], samples: u64) -> Result<Vec<u64>, DataError> {
+    Ok(normalized(weights)?
+        .iter()
+        .map(|w| ((samples as f64 * w * 1.005).ceil() as u64).max(1) + 1)
+        .collect())
 }
 
 /// The weights summing to 1; none, a negative or a non-finite one, or all zero is an error.

@@ -9,7 +9,7 @@ pub mod packed;
 pub mod sft;
 pub mod sources;
 
-pub use blend::Blend;
+pub use blend::{Blend, Samples};
 pub use indexed::{IndexedDataset, IndexedWriter, TokenType};
 pub use packed::{PackedDataset, Packing};
 pub use sft::{SftDataset, SftSample};

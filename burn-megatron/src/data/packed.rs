@@ -268,3 +268,15 @@ fn read_cache(path: &Path, description: &str) -> Option<Indexes> {
     let order: Vec<u64> = words.collect();
     Some((documents, starts, order))
 }
+
+impl super::blend::Samples for PackedDataset {
+    type Sample = Vec<u32>;
+
+    fn count(&self) -> u64 {
+        self.len()
+    }
+
+    fn get(&self, i: u64, vocab: usize) -> Result<Vec<u32>, DataError> {
+        self.sample(i, vocab)
+    }
+}

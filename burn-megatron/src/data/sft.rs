@@ -103,3 +103,15 @@ impl SftDataset {
         })
     }
 }
+
+impl super::blend::Samples for SftDataset {
+    type Sample = SftSample;
+
+    fn count(&self) -> u64 {
+        self.len()
+    }
+
+    fn get(&self, i: u64, vocab: usize) -> Result<SftSample, DataError> {
+        self.sample(i, vocab)
+    }
+}

@@ -2,20 +2,21 @@
 //! held-out share, packed, and blended by weight.
 
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::blend::{Blend, data_path};
+use super::blend::{Blend, Samples, data_path, shares};
 use super::packed::{PackedDataset, Packing};
+use super::sft::{SftDataset, mask_prefix};
 use super::{DataError, IndexedDataset};
 
 /// The training blend and, with a held-out share, the evaluation one.
-pub struct Sources {
-    pub train: Blend,
-    pub held_out: Option<Blend>,
+pub struct Sources<D: Samples> {
+    pub train: Blend<D>,
+    pub held_out: Option<Blend<D>>,
 }
 
-/// What [`Sources::open`] packs.
+/// What [`Sources`] reads.
 #[derive(Clone, Debug)]
 pub struct SourcesConfig<'a> {
     /// Megatron's `--data-path` list (`blend::data_path`).
@@ -31,43 +32,79 @@ pub struct SourcesConfig<'a> {
     pub cache: Option<&'a Path>,
 }
 
-impl Sources {
-    pub fn open(config: &SourcesConfig) -> Result<Self, DataError> {
+/// One dataset of the list: its prefix and files, its training and held-out sequences, its
+/// weight (its training tokens where the list gives none).
+struct Split {
+    weight: f64,
+    prefix: PathBuf,
+    data: Arc<IndexedDataset>,
+    train: Range<usize>,
+    held: Range<usize>,
+}
+
+impl Sources<PackedDataset> {
+    /// The datasets' documents packed (`packed.rs`) and blended.
+    pub fn packed(config: &SourcesConfig) -> Result<Self, DataError> {
+        Self::blended(config, |split, sequences, samples| {
+            let cache = config
+                .cache
+                .or_else(|| split.prefix.parent())
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            let packing = Packing {
+                seq: config.seq,
+                samples,
+                seed: config.seed,
+            };
+            PackedDataset::new(split.data.clone(), sequences, &packing, Some(cache))
+        })
+    }
+}
+
+impl Sources<SftDataset> {
+    /// Chat datasets (each with its loss mask beside it, `sft.rs`), a conversation a sample,
+    /// blended; `pad` fills the samples past a conversation's end.
+    pub fn chats(config: &SourcesConfig, pad: u32) -> Result<Self, DataError> {
+        Self::blended(config, |split, sequences, samples| {
+            let mask = Arc::new(IndexedDataset::open(&mask_prefix(&split.prefix))?);
+            let sizes = (config.seq, samples, config.seed, pad);
+            SftDataset::new(split.data.clone(), mask, sequences, sizes)
+        })
+    }
+}
+
+impl<D: Samples> Sources<D> {
+    /// Each dataset's training and held-out sequences made into `D`s of their shares of the
+    /// samples by `make`, and blended by the weights.
+    fn blended(
+        config: &SourcesConfig,
+        make: impl Fn(&Split, Range<usize>, u64) -> Result<D, DataError>,
+    ) -> Result<Self, DataError> {
         let items = data_path(config.items)?;
         if items.is_empty() {
             return Err(DataError::Config("no dataset named".into()));
         }
         let mut splits = Vec::with_capacity(items.len());
-        for (weight, prefix) in &items {
-            let data = Arc::new(IndexedDataset::open(prefix)?);
+        for (weight, prefix) in items {
+            let data = Arc::new(IndexedDataset::open(&prefix)?);
             let (train, held) = split(&data, config.held_out)?;
             let tokens: u64 = train.clone().map(|i| data.length(i) as u64).sum();
-            let cache = config
-                .cache
-                .or_else(|| prefix.parent())
-                .filter(|p| !p.as_os_str().is_empty());
-            splits.push((
-                weight.unwrap_or(tokens as f64),
+            splits.push(Split {
+                weight: weight.unwrap_or(tokens as f64),
+                prefix,
                 data,
                 train,
                 held,
-                cache.unwrap_or(Path::new(".")),
-            ));
+            });
         }
-        let weights: Vec<f64> = splits.iter().map(|s| s.0).collect();
-        let blend = |samples: u64, held: bool| -> Result<Blend, DataError> {
-            let shares = Blend::shares(&weights, samples)?;
+        let weights: Vec<f64> = splits.iter().map(|s| s.weight).collect();
+        let blend = |samples: u64, held: bool| -> Result<Blend<D>, DataError> {
             let parts = splits
                 .iter()
-                .zip(shares)
-                .map(|((_, data, train, held_out, cache), share)| {
-                    let sequences = if held { held_out.clone() } else { train.clone() };
-                    let packing = Packing {
-                        seq: config.seq,
-                        samples: share,
-                        seed: config.seed,
-                    };
-                    PackedDataset::new(data.clone(), sequences, &packing, Some(cache))
+                .zip(shares(&weights, samples)?)
+                .map(|(split, share)| {
+                    let sequences = if held { split.held.clone() } else { split.train.clone() };
+                    make(split, sequences, share)
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             Blend::new(parts, &weights, samples)

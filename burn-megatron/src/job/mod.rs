@@ -280,8 +280,8 @@ pub struct DataSection {
     /// sequences (`data::packed`); exclusive with `path`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub prefixes: Vec<String>,
-    /// `prefixes` names one chat dataset (`prepare-data` of chat lines: the conversations and
-    /// their loss masks beside them), a conversation a sequence, the loss over the assistant's
+    /// `prefixes` names chat datasets (`prepare-data` of chat lines: the conversations and
+    /// their loss masks beside them), a conversation a sample, the loss over the assistant's
     /// tokens only.
     pub sft: bool,
     /// Where the packed datasets' indexes are cached (beside each dataset when absent).

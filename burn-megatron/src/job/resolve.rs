@@ -256,8 +256,8 @@ fn check_rest(config: &mut JobConfig) -> Result<(), JobError> {
             return field("data.prefixes", &e.to_string());
         }
     }
-    if config.data.sft && config.data.prefixes.len() != 1 {
-        return field("data.sft", "reads one chat dataset: name it alone in data.prefixes");
+    if config.data.sft && config.data.prefixes.is_empty() {
+        return field("data.sft", "reads chat datasets: name them in data.prefixes");
     }
     let held_out = config.data.held_out;
     if !(0.0..0.5).contains(&held_out) {
