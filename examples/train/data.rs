@@ -10,10 +10,12 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::data::dataloader::batcher::Batcher;
+use burn::tensor::Device;
 use burn_megatron::data::{Blend, PackedDataset, SftDataset, Sources, SourcesConfig};
 use burn_megatron::job::Job;
 use burn_megatron::train::TokenBatch;
+use burn_megatron::train::learner::{Targeted, TokenBatcher};
 use tokenizers::Tokenizer;
 
 /// The tokens a run reads, and how to turn tokens back into text.
@@ -318,23 +320,24 @@ impl Corpus {
         }
     }
 
-    /// Sequences `first..first + count` of `step`, `seq + 1` tokens each, one after another, and
-    /// their targets (`seq` each: the next tokens, [`IGNORED`] where the loss does not count one).
-    pub fn tokens(&self, step: usize, first: usize, count: usize, seq: usize) -> Result<Tokens, String> {
-        let mut read = Tokens {
-            ids: Vec::with_capacity(count * seq),
-            targets: Vec::with_capacity(count * seq),
-        };
-        for i in first..first + count {
-            let (tokens, counted) = self.counted_sequence(step, i, seq)?;
-            read.ids.extend(tokens[..seq].iter().map(|&t| t as i64));
-            read.targets
-                .extend((1..=seq).map(|t| match counted.as_ref().is_none_or(|c| c[t]) {
+    /// Sequence `index` of `step`'s inputs and targets (`seq` each: the next tokens,
+    /// [`IGNORED`] where the loss does not count one).
+    pub fn targeted(&self, step: usize, index: usize, seq: usize) -> Result<Targeted, String> {
+        let (tokens, counted) = self.counted_sequence(step, index, seq)?;
+        Ok(Targeted {
+            ids: tokens[..seq].iter().map(|&t| t as i64).collect(),
+            targets: (1..=seq)
+                .map(|t| match counted.as_ref().is_none_or(|c| c[t]) {
                     true => tokens[t] as i64,
                     false => IGNORED,
-                }));
-        }
-        Ok(read)
+                })
+                .collect(),
+        })
+    }
+
+    /// Sequences `first..first + count` of `step`: their inputs and targets.
+    pub fn tokens(&self, step: usize, first: usize, count: usize, seq: usize) -> Result<Tokens, String> {
+        (first..first + count).map(|i| self.targeted(step, i, seq)).collect()
     }
 
     /// [`tokens`](Self::tokens) as the training step takes them.
@@ -346,26 +349,19 @@ impl Corpus {
         seq: usize,
         device: &Device,
     ) -> Result<TokenBatch, String> {
-        Ok(token_batch(self.tokens(step, first, count, seq)?, count, seq, device))
+        Ok(token_batch(self.tokens(step, first, count, seq)?, device))
     }
 }
 
 /// `count` sequences' inputs and targets, `seq` each.
-pub struct Tokens {
-    ids: Vec<i64>,
-    targets: Vec<i64>,
-}
+pub type Tokens = Vec<Targeted>;
 
 /// [`Tokens`] as the training step takes them.
 ///
 /// # Shapes
 /// `[count, seq]`, `[count, seq]`
-pub fn token_batch(tokens: Tokens, count: usize, seq: usize, device: &Device) -> TokenBatch {
-    let tensor = |values| Tensor::<2, Int>::from_data(TensorData::new(values, [count, seq]), device);
-    TokenBatch {
-        ids: tensor(tokens.ids),
-        targets: tensor(tokens.targets),
-    }
+pub fn token_batch(tokens: Tokens, device: &Device) -> TokenBatch {
+    TokenBatcher.batch(tokens, device)
 }
 
 /// Evaluation's first "step": its windows of a stream lie apart from any run's steps.

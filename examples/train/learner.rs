@@ -11,7 +11,7 @@ use burn::data::dataset::InMemDataset;
 use burn::optim::AdamWConfig;
 use burn::train::metric::LossMetric;
 use burn::train::{InferenceStep, Learner, LearnerModel, SupervisedTraining, TrainStep, TrainingStrategy};
-use burn_megatron::train::learner::{LmOutput, MegatronStrategy, Silent, StrategyOptimizer, TokenBatcher};
+use burn_megatron::train::learner::{LmOutput, MegatronStrategy, Silent, StrategyOptimizer, Targeted, TokenBatcher};
 use burn_megatron::train::routine::Hook;
 use burn_megatron::train::{Lines, Reporter, TokenBatch, TrainModel};
 use burn_megatron_dist::{RankContext, launch};
@@ -29,7 +29,7 @@ impl Reporter for Dashboard {
 
 /// The run's sequences in the order the strategy's dp slices read them: rank `r`'s `k`-th
 /// batch is the plain loop's batch of step `done + k` on rank `r`.
-fn sequences(run: &Run) -> Result<Vec<Vec<u32>>, String> {
+fn sequences(run: &Run) -> Result<Vec<Targeted>, String> {
     let job = &run.job;
     let (dp, per_rank, seq) = (job.dims().dp, job.per_rank, job.seq);
     let steps = run.done + 1..=job.config.steps;
@@ -39,7 +39,7 @@ fn sequences(run: &Run) -> Result<Vec<Vec<u32>>, String> {
                 .clone()
                 .flat_map(move |step| (0..per_rank).map(move |i| (step, r * per_rank + i)))
         })
-        .map(|(step, index)| Ok(run.corpus.sequence(step, index, seq)?.into_owned()))
+        .map(|(step, index)| run.corpus.targeted(step, index, seq))
         .collect()
 }
 
@@ -49,7 +49,7 @@ pub fn run(run: &Run) -> Result<Vec<f64>, String> {
     let terminal = std::io::stdout().is_terminal();
     let train = sequences(run)?;
     // Burn's validation at the end: the first global batch of the run.
-    let valid: Vec<Vec<u32>> = train.iter().take(run.job.per_rank).cloned().collect();
+    let valid: Vec<Targeted> = train.iter().take(run.job.per_rank).cloned().collect();
     let results = launch(
         run.job.dims(),
         crate::device_of(run),
@@ -72,7 +72,7 @@ fn fit<M>(
     run: &Run,
     ctx: &RankContext,
     model: M,
-    (train, valid): (Vec<Vec<u32>>, Vec<Vec<u32>>),
+    (train, valid): (Vec<Targeted>, Vec<Targeted>),
     terminal: bool,
     hook: Option<Hook<M>>,
 ) -> Result<Vec<f64>, String>
@@ -83,7 +83,7 @@ where
         + InferenceStep<Input = TokenBatch, Output = LmOutput>,
 {
     let job = &run.job;
-    let loader = |items: Vec<Vec<u32>>| -> Arc<dyn DataLoader<TokenBatch>> {
+    let loader = |items: Vec<Targeted>| -> Arc<dyn DataLoader<TokenBatch>> {
         DataLoaderBuilder::new(TokenBatcher)
             .batch_size(job.per_rank)
             .build(InMemDataset::new(items))

@@ -89,9 +89,6 @@ fn train(job: Job) -> Result<Vec<f64>, String> {
 /// The run's data, prompt, and the checkpoint it resumes from (held to the job that saved it).
 fn prepare(mut job: Job) -> Result<Run, String> {
     if job.config.data.sft {
-        if job.config.logging.driver == Driver::Learner {
-            return Err("data.sft: the Learner's batches carry no loss mask: use --plain".into());
-        }
         // The loss counts the assistant's tokens only.
         job.model.loss.ignore_index = Some(data::IGNORED);
     }

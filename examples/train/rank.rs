@@ -122,7 +122,7 @@ impl Run {
 
     /// [`tokens`](Self::tokens) as the training step takes them.
     pub fn token_batch(&self, tokens: crate::data::Tokens, device: &Device) -> TokenBatch {
-        crate::data::token_batch(tokens, self.job.per_rank, self.job.seq, device)
+        crate::data::token_batch(tokens, device)
     }
 
     /// The routine around each step on this rank, reporting through `reporter`, with `hook`

@@ -498,7 +498,7 @@ fn a_run_ends_in_a_hugging_face_export() {
 /// A chat dataset (`data.sft`: conversations and their loss masks, as `prepare-data` writes them)
 /// trains at tp 2 × dp 2 with one rank's losses, over the assistant's tokens only: a dataset whose
 /// masks count nothing gives no loss to learn from (0), blended with the first it trains on the
-/// first's tokens, and the Learner's batches, which carry no mask, are refused.
+/// first's tokens, and Burn's Learner prints the plain loop's losses.
 #[test]
 fn chat_datasets_train_on_the_assistant_tokens() {
     use burn_megatron::data::{IndexedWriter, TokenType, sft};
@@ -541,7 +541,8 @@ fn chat_datasets_train_on_the_assistant_tokens() {
     );
     let losses = run(&blended).unwrap();
     assert!(losses.iter().all(|l| *l > 0.0) && losses != reference, "{losses:?}");
-    let learner = run(&format!("{} --learner", common(&chats))).unwrap_err();
-    assert!(learner.contains("data.sft"), "{learner}");
+    // Burn's Learner reads the same targets: the plain loop's losses, equal.
+    #[cfg(feature = "learner")]
+    assert_eq!(run(&format!("{} --learner", common(&chats))).unwrap(), reference);
     let _ = std::fs::remove_dir_all(&dir);
 }

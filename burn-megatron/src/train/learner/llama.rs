@@ -36,6 +36,34 @@ impl Batcher<Vec<u32>, TokenBatch> for TokenBatcher {
     }
 }
 
+/// One sequence's inputs and targets (`s` each), where the targets are not simply the next
+/// tokens: a chat's, whose targets outside the assistant's turns are the loss's ignored id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Targeted {
+    pub ids: Vec<i64>,
+    pub targets: Vec<i64>,
+}
+
+impl Batcher<Targeted, TokenBatch> for TokenBatcher {
+    fn batch(&self, items: Vec<Targeted>, device: &Device) -> TokenBatch {
+        let (b, s) = (items.len(), items.first().map_or(0, |x| x.ids.len()));
+        let mut ids = Vec::with_capacity(b * s);
+        let mut targets = Vec::with_capacity(b * s);
+        for item in items {
+            assert!(
+                item.ids.len() == s && item.targets.len() == s,
+                "every sequence of a batch has the same length"
+            );
+            ids.extend(item.ids);
+            targets.extend(item.targets);
+        }
+        TokenBatch {
+            ids: Tensor::from_data(TensorData::new(ids, [b, s]), device),
+            targets: Tensor::from_data(TensorData::new(targets, [b, s]), device),
+        }
+    }
+}
+
 /// What a step reports: the loss, for Burn's `LossMetric`, and what each of the rank's MoE
 /// blocks routed (in block order).
 #[derive(Clone, Debug)]
