@@ -10,12 +10,10 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use burn::data::dataloader::batcher::Batcher;
 use burn::tensor::Device;
 use burn_megatron::data::{Blend, PackedDataset, SftDataset, Sources, SourcesConfig};
 use burn_megatron::job::Job;
-use burn_megatron::train::TokenBatch;
-use burn_megatron::train::learner::{Targeted, TokenBatcher};
+use burn_megatron::train::{Targeted, TokenBatch};
 use tokenizers::Tokenizer;
 
 /// The tokens a run reads, and how to turn tokens back into text.
@@ -361,7 +359,7 @@ pub type Tokens = Vec<Targeted>;
 /// # Shapes
 /// `[count, seq]`, `[count, seq]`
 pub fn token_batch(tokens: Tokens, device: &Device) -> TokenBatch {
-    TokenBatcher.batch(tokens, device)
+    TokenBatch::targeted(tokens, device)
 }
 
 /// Evaluation's first "step": its windows of a stream lie apart from any run's steps.

@@ -11,9 +11,9 @@ use burn::data::dataset::InMemDataset;
 use burn::optim::AdamWConfig;
 use burn::train::metric::LossMetric;
 use burn::train::{InferenceStep, Learner, LearnerModel, SupervisedTraining, TrainStep, TrainingStrategy};
-use burn_megatron::train::learner::{LmOutput, MegatronStrategy, Silent, StrategyOptimizer, Targeted, TokenBatcher};
+use burn_megatron::train::learner::{LmOutput, MegatronStrategy, Silent, StrategyOptimizer, TokenBatcher};
 use burn_megatron::train::routine::Hook;
-use burn_megatron::train::{Lines, Reporter, TokenBatch, TrainModel};
+use burn_megatron::train::{Lines, Reporter, Targeted, TokenBatch, TrainModel};
 use burn_megatron_dist::{RankContext, launch};
 
 use crate::rank::{RankModel, Run};

@@ -1,6 +1,6 @@
 //! [`TokenBatch`]: what a training step reads, and its split into microbatches.
 
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::error::ConfigError;
 
@@ -15,7 +15,37 @@ pub struct TokenBatch {
     pub targets: Tensor<2, Int>,
 }
 
+/// One sequence's inputs and targets (`s` each), where the targets are not simply the next
+/// tokens: a chat's, whose targets outside the assistant's turns are the loss's ignored id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Targeted {
+    pub ids: Vec<i64>,
+    pub targets: Vec<i64>,
+}
+
 impl TokenBatch {
+    /// The batch of `items`, all of one length.
+    ///
+    /// # Shapes
+    /// `[items, s]`, `[items, s]`
+    pub fn targeted(items: Vec<Targeted>, device: &Device) -> Self {
+        let (b, s) = (items.len(), items.first().map_or(0, |x| x.ids.len()));
+        let mut ids = Vec::with_capacity(b * s);
+        let mut targets = Vec::with_capacity(b * s);
+        for item in items {
+            assert!(
+                item.ids.len() == s && item.targets.len() == s,
+                "every sequence of a batch has the same length"
+            );
+            ids.extend(item.ids);
+            targets.extend(item.targets);
+        }
+        Self {
+            ids: Tensor::from_data(TensorData::new(ids, [b, s]), device),
+            targets: Tensor::from_data(TensorData::new(targets, [b, s]), device),
+        }
+    }
+
     /// Sequences in the batch.
     pub fn sequences(&self) -> usize {
         self.ids.dims()[0]

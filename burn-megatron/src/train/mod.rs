@@ -15,7 +15,7 @@ pub mod routine;
 mod schedule;
 mod step;
 
-pub use batch::TokenBatch;
+pub use batch::{Targeted, TokenBatch};
 pub use guard::{Guard, GuardConfig, NonFinite, Stopped};
 pub use metrics::{MetricsLog, StepRate, read_metrics};
 pub use report::{ExpertLoad, StepValues};

@@ -13,7 +13,7 @@ use crate::models::llama::{Llama, LlamaStage};
 use crate::params::{grads_params, param_values};
 use crate::train::llama::context_shard;
 use crate::train::pipeline::{Timing, forward_loss};
-use crate::train::{Pass, TokenBatch, TrainModel};
+use crate::train::{Pass, Targeted, TokenBatch, TrainModel};
 
 /// Batches sequences of `s + 1` token ids: the first `s` are read, the last `s` predicted.
 #[derive(Clone, Copy, Debug, Default)]
@@ -36,31 +36,9 @@ impl Batcher<Vec<u32>, TokenBatch> for TokenBatcher {
     }
 }
 
-/// One sequence's inputs and targets (`s` each), where the targets are not simply the next
-/// tokens: a chat's, whose targets outside the assistant's turns are the loss's ignored id.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Targeted {
-    pub ids: Vec<i64>,
-    pub targets: Vec<i64>,
-}
-
 impl Batcher<Targeted, TokenBatch> for TokenBatcher {
     fn batch(&self, items: Vec<Targeted>, device: &Device) -> TokenBatch {
-        let (b, s) = (items.len(), items.first().map_or(0, |x| x.ids.len()));
-        let mut ids = Vec::with_capacity(b * s);
-        let mut targets = Vec::with_capacity(b * s);
-        for item in items {
-            assert!(
-                item.ids.len() == s && item.targets.len() == s,
-                "every sequence of a batch has the same length"
-            );
-            ids.extend(item.ids);
-            targets.extend(item.targets);
-        }
-        TokenBatch {
-            ids: Tensor::from_data(TensorData::new(ids, [b, s]), device),
-            targets: Tensor::from_data(TensorData::new(targets, [b, s]), device),
-        }
+        TokenBatch::targeted(items, device)
     }
 }
 

@@ -14,6 +14,6 @@ mod llama;
 mod silent;
 mod strategy;
 
-pub use llama::{LmOutput, Targeted, TokenBatcher};
+pub use llama::{LmOutput, TokenBatcher};
 pub use silent::Silent;
 pub use strategy::{MegatronStrategy, StrategyOptimizer};
