@@ -316,3 +316,25 @@ fn a_preset_takes_the_tokenizers_vocabulary() {
     assert!(hf.contains("its own"), "{hf}");
     let _ = std::fs::remove_dir_all(dir.parent().unwrap());
 }
+
+/// Tokenized datasets are named in Megatron's `--data-path` form: prefixes alone or weight and
+/// prefix pairs; text and datasets together, unpaired or negative weights, and chat SFT without
+/// a dataset are refused by field.
+#[test]
+fn data_prefixes_take_megatrons_form() {
+    let resolve = |overrides: &[(&str, &str)]| parse(None, overrides).unwrap().resolve().map(|_| ());
+    assert!(resolve(&[("data.prefixes", r#"["a", "b"]"#)]).is_ok());
+    assert!(resolve(&[("data.prefixes", r#"["0.7", "a", "0.3", "b"]"#)]).is_ok());
+    for (overrides, field) in [
+        (&[("data.prefixes", r#"["0.7", "a", "0.3"]"#)][..], "data.prefixes"),
+        (&[("data.prefixes", r#"["0.7", "a", "-1", "b"]"#)][..], "data.prefixes"),
+        (
+            &[("data.prefixes", r#"["a"]"#), ("data.path", r#""text.txt""#)][..],
+            "data.prefixes",
+        ),
+        (&[("data.sft", "true")][..], "data.sft"),
+    ] {
+        let error = resolve(overrides).unwrap_err().to_string();
+        assert!(error.contains(field), "{overrides:?}: {error}");
+    }
+}
