@@ -11,14 +11,20 @@
 //! ids below a vocabulary of 65,500, int32 from there (Megatron's choice). The output appears
 //! only when whole: a failure leaves nothing at `PREFIX`.
 //!
+//! A JSON line with `messages` (`[{"role": …, "content": …}, …]`) instead is a chat: rendered by
+//! the chat template (`--chat-template`; by default the tokenizer's: its `tokenizer_config.json`'s,
+//! the GGUF file's, else ChatML), one conversation a document with no end-of-document token
+//! after it, and its loss mask written beside it (`PREFIX-mask`: a 1 for each token of the
+//! assistant's turns).
+//!
 //! What a line or file cannot give is an error naming it: an empty input, bytes that are not
 //! UTF-8 (with the byte), a JSON line that does not parse or lacks the key (with the line), a
-//! chat (`messages`) line (chat SFT datasets are not built here).
+//! template that cannot render a chat (with the message).
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use burn_megatron::data::{IndexedWriter, TokenType};
+use burn_megatron::data::{ChatTemplate, IndexedWriter, TokenType, TokenizerConfig, Turn};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -45,6 +51,11 @@ struct Args {
     /// `<|end_of_text|>`, `<eos>`).
     #[arg(long, value_name = "TOKEN")]
     eod: Option<String>,
+    /// The chats' template: `chatml`, a `tokenizer_config.json` (its `chat_template` and special
+    /// tokens) or a Jinja file (with the special tokens of the `tokenizer_config.json` beside the
+    /// tokenizer, if any). By default the tokenizer's own, else ChatML.
+    #[arg(long, value_name = "FILE|chatml")]
+    chat_template: Option<PathBuf>,
     /// Documents tokenized together.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     batch: usize,
@@ -90,6 +101,7 @@ fn prepare(args: &Args, bar: bool) -> Result<String, String> {
                 )
             })?,
     };
+    let template = chat_template(args)?;
     let mut files = Vec::new();
     for input in &args.input {
         collect(input, &mut files).map_err(|e| format!("{}: {e}", input.display()))?;
@@ -122,13 +134,16 @@ fn prepare(args: &Args, bar: bool) -> Result<String, String> {
                     file.display()
                 ));
             }
-            let rendered: Vec<(String, Vec<std::ops::Range<usize>>)> = chunk
+            let rendered = chunk
                 .iter()
                 .map(|d| match d {
-                    Document::Text(text) => (text.clone(), Vec::new()),
-                    Document::Chat(turns) => chatml(turns),
+                    Document::Text(text) => Ok((text.clone(), Vec::new())),
+                    Document::Chat(turns) => template
+                        .render(turns)
+                        .map(|r| (r.text, r.learned))
+                        .map_err(|e| format!("{}: {e}", file.display())),
                 })
-                .collect();
+                .collect::<Result<Vec<_>, String>>()?;
             let texts: Vec<String> = rendered.iter().map(|(text, _)| text.clone()).collect();
             let encodings = tokenizer
                 .encode_batch(texts, false)
@@ -136,7 +151,7 @@ fn prepare(args: &Args, bar: bool) -> Result<String, String> {
             for (encoding, (_, learned)) in encodings.iter().zip(&rendered) {
                 let mut ids = encoding.get_ids().to_vec();
                 match masks.as_mut() {
-                    // A chat ends with its last `<|im_end|>`; the loss counts the assistant's.
+                    // A chat ends with its template's end of turn; the loss counts the assistant's.
                     Some(masks) => {
                         let mask: Vec<u32> = encoding
                             .get_offsets()
@@ -158,12 +173,17 @@ fn prepare(args: &Args, bar: bool) -> Result<String, String> {
     if documents == 0 {
         return Err(format!("{:?}: no documents", args.input));
     }
+    let masks_written = masks.is_some();
     if let Some(masks) = masks {
         masks.finish().map_err(|e| e.to_string())?;
     }
     writer.finish().map_err(|e| e.to_string())?;
+    let chats = match masks_written {
+        true => format!(", chats rendered by {}", template.source()),
+        false => String::new(),
+    };
     Ok(format!(
-        "{}: {documents} documents, {tokens} tokens (vocabulary {vocab}, end of document {eod}) in {:.1} s",
+        "{}: {documents} documents, {tokens} tokens (vocabulary {vocab}, end of document {eod}{chats}) in {:.1} s",
         args.output.display(),
         start.elapsed().as_secs_f64()
     ))
@@ -189,7 +209,7 @@ fn collect(path: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
 #[derive(Clone, Debug, PartialEq)]
 enum Document {
     Text(String),
-    Chat(Vec<(String, String)>),
+    Chat(Vec<Turn>),
 }
 
 /// The documents of one file: a JSON line each (its `key`, or a chat's `messages`), or the
@@ -221,7 +241,7 @@ fn documents_of(file: &Path, key: &str) -> Result<Vec<Document>, String> {
 }
 
 /// A chat's turns: `[{"role": …, "content": …}, …]`, at least one of them the assistant's.
-fn chat(messages: &serde_json::Value) -> Result<Vec<(String, String)>, String> {
+fn chat(messages: &serde_json::Value) -> Result<Vec<Turn>, String> {
     let turns = messages.as_array().ok_or("`messages` is not a list")?;
     let turns = turns
         .iter()
@@ -233,29 +253,48 @@ fn chat(messages: &serde_json::Value) -> Result<Vec<(String, String)>, String> {
                     .map(str::to_string)
                     .ok_or_else(|| format!("message {i} has no string `{name}`"))
             };
-            Ok((field("role")?, field("content")?))
+            Ok(Turn::new(&field("role")?, &field("content")?))
         })
         .collect::<Result<Vec<_>, String>>()?;
-    if !turns.iter().any(|(role, _)| role == "assistant") {
+    if !turns.iter().any(|turn| turn.role == "assistant") {
         return Err("a chat without an assistant turn has nothing to learn".into());
     }
     Ok(turns)
 }
 
-/// A chat rendered in ChatML (`<|im_start|>ROLE\nCONTENT<|im_end|>\n` a turn), and the byte
-/// spans the loss counts: the assistant's contents with their closing `<|im_end|>`.
-fn chatml(turns: &[(String, String)]) -> (String, Vec<std::ops::Range<usize>>) {
-    let mut text = String::new();
-    let mut learned = Vec::new();
-    for (role, content) in turns {
-        text.push_str(&format!("<|im_start|>{role}\n"));
-        let start = text.len();
-        text.push_str(content);
-        text.push_str("<|im_end|>");
-        if role == "assistant" {
-            learned.push(start..text.len());
+/// The template chats are rendered by: `--chat-template`'s, else the tokenizer's, else ChatML.
+fn chat_template(args: &Args) -> Result<ChatTemplate, String> {
+    let gguf = args.tokenizer.extension().is_some_and(|e| e == "gguf");
+    let beside = args.tokenizer.with_file_name("tokenizer_config.json");
+    let tokens_beside = || match !gguf && beside.exists() {
+        true => TokenizerConfig::read(&beside).map(|c| c.tokens),
+        false => Ok(Vec::new()),
+    };
+    let template = match &args.chat_template {
+        Some(name) if name.as_os_str() == "chatml" => Ok(ChatTemplate::chatml()),
+        Some(path) if path.extension().is_some_and(|e| e == "json") => ChatTemplate::from_tokenizer_config(path)
+            .and_then(|t| {
+                t.ok_or_else(|| {
+                    burn_megatron::data::DataError::Config(format!("{}: no `chat_template`", path.display()))
+                })
+            }),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            tokens_beside().and_then(|tokens| ChatTemplate::with_tokens(&text, &tokens, &path.display().to_string()))
         }
-        text.push('\n');
-    }
-    (text, learned)
+        None if gguf => {
+            let carried =
+                burn_megatron::models::llama::gguf::chat_template(&args.tokenizer).map_err(|e| e.to_string())?;
+            match carried {
+                Some(carried) => ChatTemplate::with_tokens(
+                    &carried.template,
+                    &carried.tokens,
+                    &args.tokenizer.display().to_string(),
+                ),
+                None => Ok(ChatTemplate::chatml()),
+            }
+        }
+        None => ChatTemplate::beside(&args.tokenizer),
+    };
+    template.map_err(|e| e.to_string())
 }

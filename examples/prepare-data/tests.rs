@@ -33,6 +33,7 @@ fn args(dir: &Path, inputs: &[&str]) -> Args {
         output: dir.join("out/data"),
         json_key: "text".into(),
         eod: None,
+        chat_template: None,
         batch: 2,
     }
 }
@@ -122,6 +123,42 @@ fn chats_with_their_loss_masks() {
     std::fs::write(dir.join("text.jsonl"), "{\"text\": \"hello\"}\n").unwrap();
     let mixed = prepare(&args(&dir, &["chat.jsonl", "text.jsonl"]), false).unwrap_err();
     assert!(mixed.contains("text and chats"), "{mixed}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The template of the `tokenizer_config.json` beside the tokenizer, its `bos_token` in scope,
+/// unless `--chat-template` names another; a template's own exception names the file and line.
+#[test]
+fn chats_take_the_tokenizers_template() {
+    let dir = scratch("template");
+    let chat = "{\"messages\": [{\"role\": \"user\", \"content\": \"hello\"}, {\"role\": \"assistant\", \"content\": \"world there\"}]}\n";
+    std::fs::write(dir.join("chat.jsonl"), chat).unwrap();
+    let mut with = args(&dir, &["chat.jsonl"]);
+    let config = serde_json::json!({
+        "bos_token": {"content": "<|endoftext|>", "special": true},
+        "chat_template": "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m.role }} {{ m.content }}<|im_end|>{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}",
+    });
+    std::fs::write(
+        with.tokenizer.with_file_name("tokenizer_config.json"),
+        config.to_string(),
+    )
+    .unwrap();
+    let line = prepare(&with, false).unwrap();
+    assert!(line.contains("tokenizer_config.json"), "{line}");
+    let read = |name: &str| IndexedDataset::open(&dir.join(name)).unwrap().sequence(0, 10).unwrap();
+    assert_eq!(read("out/data"), [4, 5, 7, 1, 6, 5, 8, 2, 3, 6]);
+    assert_eq!(read("out/data-mask"), [0, 0, 0, 0, 0, 0, 0, 1, 1, 1]);
+    with.chat_template = Some("chatml".into());
+    prepare(&with, false).unwrap();
+    assert_eq!(read("out/data"), [5, 7, 1, 6, 5, 8, 2, 3, 6]);
+    let jinja = dir.join("strict.jinja");
+    std::fs::write(&jinja, "{{ bos_token }}\n{{ raise_exception('system turn required') }}").unwrap();
+    with.chat_template = Some(jinja);
+    let e = prepare(&with, false).unwrap_err();
+    assert!(
+        e.contains("strict.jinja") && e.contains("line 2") && e.contains("system turn required"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -6,6 +6,7 @@
 //! process a GPU under torchrun. `tests/` stamps them out for the CPU; the `gpu-suite` binary
 //! runs them on GPUs, each selected by its name and tags ([`gpu`]).
 
+pub mod chat_suite;
 pub mod checkpoint_suite;
 pub mod comm_suite;
 pub mod context_suite;

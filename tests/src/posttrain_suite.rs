@@ -252,7 +252,8 @@ pub fn bad_gguf_files(h: &Harness) {
 }
 
 /// The tokenizer of a GGUF file: byte-level BPE from its vocabulary and merges, digits split
-/// one by one (`smollm`), control tokens whole; decoding gives the text back.
+/// one by one (`smollm`), control tokens whole; decoding gives the text back. Its chat template
+/// with the texts of its BOS and EOS tokens.
 pub fn gguf_tokenizer(_h: &Harness) {
     let dir = scratch("tokenizer");
     let path = dir.join("tokenizer.gguf");
@@ -296,11 +297,24 @@ pub fn gguf_tokenizer(_h: &Harness) {
         ("tokenizer.ggml.tokens", Meta::Texts(tokens.clone())),
         ("tokenizer.ggml.merges", Meta::Texts(merges)),
         ("tokenizer.ggml.token_type", Meta::I32s(types)),
+        ("tokenizer.ggml.bos_token_id", Meta::U32(1)),
+        ("tokenizer.ggml.eos_token_id", Meta::U32(0)),
+        (
+            "tokenizer.chat_template",
+            Meta::Text("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}".into()),
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
     write(&path, &metadata, &BTreeMap::new());
+    // The chat template it carries, with its BOS and EOS tokens' texts.
+    let carried = gguf::chat_template(&path).unwrap().expect("a template");
+    let rendered = burn_megatron::data::ChatTemplate::with_tokens(&carried.template, &carried.tokens, "gguf")
+        .unwrap()
+        .text(&[burn_megatron::data::Turn::new("user", "hello")], false)
+        .unwrap();
+    assert_eq!(rendered, "<|im_start|>hello<|endoftext|>");
     let tokenizer = gguf::tokenizer(&path).unwrap();
     let ids = |text: &str| tokenizer.encode(text, false).unwrap().get_ids().to_vec();
     let id = |t: &str| tokens.iter().position(|x| x == t).unwrap() as u32;

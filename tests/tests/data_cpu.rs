@@ -32,3 +32,8 @@ fn sft_loss_counts_the_assistant_only() {
     data_suite::sft_loss_counts_the_assistant_only(&Harness::cpu(1));
     data_suite::sft_loss_counts_the_assistant_only(&Harness::cpu(2));
 }
+
+#[test]
+fn chat_templates_render_as_transformers() {
+    burn_megatron_tests::chat_suite::templates_render_as_transformers();
+}

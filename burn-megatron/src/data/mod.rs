@@ -1,15 +1,18 @@
 //! Tokenized datasets on disk: Megatron Core's indexed format ([`indexed`]), read through
 //! memory maps and checked whole before any token is read; its documents packed into training
 //! sequences ([`packed`]) and several datasets blended by weight ([`blend`]), as Megatron's GPT
-//! and blended datasets do; chat conversations with their loss masks ([`sft`]).
+//! and blended datasets do; chat conversations rendered by their tokenizer's template ([`chat`]) with their loss
+//! masks ([`sft`]).
 
 pub mod blend;
+pub mod chat;
 pub mod indexed;
 pub mod packed;
 pub mod sft;
 pub mod sources;
 
 pub use blend::{Blend, Samples};
+pub use chat::{ChatTemplate, Rendered, TokenizerConfig, Turn};
 pub use indexed::{IndexedDataset, IndexedWriter, TokenType};
 pub use packed::{PackedDataset, Packing};
 pub use sft::{SftDataset, SftSample};
@@ -31,6 +34,9 @@ pub enum DataError {
     /// What a writer cannot write.
     #[error("{path}: {detail}")]
     Write { path: String, detail: String },
+    /// A chat template that does not parse or render, or cannot mark a conversation's turns.
+    #[error("chat template {template}: {detail}")]
+    Template { template: String, detail: String },
     /// A dataset's setup that cannot work (weights, splits, sizes).
     #[error("data: {0}")]
     Config(String),

@@ -20,7 +20,7 @@ mod tokenizer;
 
 pub use file::{GgufFile, TensorInfo, Value};
 pub use quant::BlockType;
-pub use tokenizer::tokenizer;
+pub use tokenizer::{ChatTemplateText, chat_template, tokenizer};
 
 use std::path::Path;
 

@@ -75,3 +75,35 @@ pub fn tokenizer(path: &Path) -> Result<Tokenizer, GgufError> {
     tokenizer.add_special_tokens(&special);
     Ok(tokenizer)
 }
+
+/// A GGUF file's chat template (`tokenizer.chat_template`, Jinja) and the special tokens it may
+/// name (`bos_token`, `eos_token`: the texts of `tokenizer.ggml.bos_token_id` and `eos_token_id`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatTemplateText {
+    pub template: String,
+    pub tokens: Vec<(String, String)>,
+}
+
+/// The chat template the GGUF file at `path` carries; `None` where it carries none.
+pub fn chat_template(path: &Path) -> Result<Option<ChatTemplateText>, GgufError> {
+    let file = GgufFile::open(path)?;
+    let Some(template) = file.metadata.get("tokenizer.chat_template").and_then(Value::as_str) else {
+        return Ok(None);
+    };
+    let tokens = file
+        .metadata
+        .get("tokenizer.ggml.tokens")
+        .and_then(Value::as_list)
+        .unwrap_or_default();
+    let named = ["bos", "eos"].into_iter().filter_map(|name| {
+        let id = file
+            .metadata
+            .get(&format!("tokenizer.ggml.{name}_token_id"))?
+            .as_usize()?;
+        Some((format!("{name}_token"), tokens.get(id)?.as_str()?.to_string()))
+    });
+    Ok(Some(ChatTemplateText {
+        template: template.to_string(),
+        tokens: named.collect(),
+    }))
+}
