@@ -4,14 +4,15 @@
 //!   prepare-data --input FILE|DIR... --tokenizer tokenizer.json|model.gguf --output PREFIX
 //!
 //! Inputs: JSON lines (`.jsonl`, `.json`: a document a line, its text under `--json-key`,
-//! `text` by default) and text files (any other file: a document a file); a directory is read
+//! `text` by default), Parquet files (`.parquet`, as Hugging Face's datasets ship: a document a
+//! row, the same column) and text files (any other file: a document a file); a directory is read
 //! whole, its files in path order. Documents are tokenized in batches on every core
 //! (`encode_batch`), each followed by the end-of-document token (`--eod`; by default the
 //! tokenizer's `<|endoftext|>`, `</s>`, `<|end_of_text|>` or `<eos>`), and written as uint16
 //! ids below a vocabulary of 65,500, int32 from there (Megatron's choice). The output appears
 //! only when whole: a failure leaves nothing at `PREFIX`.
 //!
-//! A JSON line with `messages` (`[{"role": …, "content": …}, …]`) instead is a chat: rendered by
+//! A JSON line or Parquet row with `messages` (`[{"role": …, "content": …}, …]`) instead is a chat: rendered by
 //! the chat template (`--chat-template`; by default the tokenizer's: its `tokenizer_config.json`'s,
 //! the GGUF file's, else ChatML), one conversation a document with no end-of-document token
 //! after it, and its loss mask written beside it (`PREFIX-mask`: a 1 for each token of the
@@ -24,14 +25,17 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use burn_megatron::data::{ChatTemplate, IndexedWriter, TokenType, TokenizerConfig, Turn};
+use burn_megatron::data::{ChatTemplate, IndexedWriter, TokenType, TokenizerConfig};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
+mod inputs;
 #[cfg(test)]
 mod tests;
 
-/// Tokenizes text (JSON lines or text files) into Megatron's indexed format.
+use inputs::{Document, collect, documents_of};
+
+/// Tokenizes text (JSON lines, Parquet or text files) into Megatron's indexed format.
 #[derive(Parser, Debug)]
 #[command(name = "prepare-data", args_override_self = true)]
 struct Args {
@@ -187,79 +191,6 @@ fn prepare(args: &Args, bar: bool) -> Result<String, String> {
         args.output.display(),
         start.elapsed().as_secs_f64()
     ))
-}
-
-/// The files under `path` (itself, if it is one).
-fn collect(path: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
-    match path.is_dir() {
-        true => {
-            for entry in std::fs::read_dir(path)? {
-                collect(&entry?.path(), out)?;
-            }
-        }
-        false => {
-            std::fs::metadata(path)?;
-            out.push(path.to_path_buf());
-        }
-    }
-    Ok(())
-}
-
-/// One document: text, or a chat's turns (role, content).
-#[derive(Clone, Debug, PartialEq)]
-enum Document {
-    Text(String),
-    Chat(Vec<Turn>),
-}
-
-/// The documents of one file: a JSON line each (its `key`, or a chat's `messages`), or the
-/// whole text.
-fn documents_of(file: &Path, key: &str) -> Result<Vec<Document>, String> {
-    let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
-    if bytes.is_empty() {
-        return Err(format!("{}: an empty file", file.display()));
-    }
-    let text = String::from_utf8(bytes)
-        .map_err(|e| format!("{}: not UTF-8 at byte {}", file.display(), e.utf8_error().valid_up_to()))?;
-    let json = file.extension().is_some_and(|e| e == "jsonl" || e == "json");
-    if !json {
-        return Ok(vec![Document::Text(text)]);
-    }
-    let mut documents = Vec::new();
-    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let at = || format!("{}:{}", file.display(), n + 1);
-        let value: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("{}: {e}", at()))?;
-        match (value.get(key).and_then(|v| v.as_str()), value.get("messages")) {
-            (Some(text), _) => documents.push(Document::Text(text.to_string())),
-            (None, Some(messages)) => {
-                documents.push(Document::Chat(chat(messages).map_err(|e| format!("{}: {e}", at()))?))
-            }
-            (None, None) => return Err(format!("{}: no string under {key:?} (--json-key), no `messages`", at())),
-        }
-    }
-    Ok(documents)
-}
-
-/// A chat's turns: `[{"role": …, "content": …}, …]`, at least one of them the assistant's.
-fn chat(messages: &serde_json::Value) -> Result<Vec<Turn>, String> {
-    let turns = messages.as_array().ok_or("`messages` is not a list")?;
-    let turns = turns
-        .iter()
-        .enumerate()
-        .map(|(i, turn)| {
-            let field = |name: &str| {
-                turn.get(name)
-                    .and_then(|v| v.as_str())
-                    .map(str::to_string)
-                    .ok_or_else(|| format!("message {i} has no string `{name}`"))
-            };
-            Ok(Turn::new(&field("role")?, &field("content")?))
-        })
-        .collect::<Result<Vec<_>, String>>()?;
-    if !turns.iter().any(|turn| turn.role == "assistant") {
-        return Err("a chat without an assistant turn has nothing to learn".into());
-    }
-    Ok(turns)
 }
 
 /// The template chats are rendered by: `--chat-template`'s, else the tokenizer's, else ChatML.

@@ -126,6 +126,41 @@ fn chats_with_their_loss_masks() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Parquet files as pyarrow writes them (`tests/fixtures/data/make_parquet.py`): a row a document
+/// (snappy, two row groups) and chats from a list of structs (zstd), as their JSON lines give.
+#[test]
+fn parquet_rows_are_documents() {
+    let dir = scratch("parquet");
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/data");
+    for name in ["text.parquet", "chat.parquet"] {
+        std::fs::copy(fixtures.join(name), dir.join(name)).unwrap();
+    }
+    prepare(&args(&dir, &["text.parquet"]), false).unwrap();
+    let data = IndexedDataset::open(&dir.join("out/data")).unwrap();
+    let read = |d: &IndexedDataset, i| d.sequence(i, 9).unwrap();
+    assert_eq!(
+        (0..3).map(|i| read(&data, i)).collect::<Vec<_>>(),
+        [vec![1, 2, 4], vec![3, 4], vec![2, 1, 3, 4]]
+    );
+    let mut chats = args(&dir, &["chat.parquet"]);
+    chats.output = dir.join("out/chat");
+    prepare(&chats, false).unwrap();
+    let (data, mask) = (
+        IndexedDataset::open(&dir.join("out/chat")).unwrap(),
+        IndexedDataset::open(&dir.join("out/chat-mask")).unwrap(),
+    );
+    assert_eq!(read(&data, 0), [5, 7, 1, 6, 5, 8, 2, 3, 6]);
+    assert_eq!(read(&mask, 0), [0, 0, 0, 0, 0, 0, 1, 1, 1]);
+    let mut keyed = args(&dir, &["text.parquet"]);
+    keyed.json_key = "body".into();
+    let e = prepare(&keyed, false).unwrap_err();
+    assert!(e.contains("text.parquet: row 0: no string under \"body\""), "{e}");
+    std::fs::write(dir.join("fake.parquet"), "PAR1 not really").unwrap();
+    let e = prepare(&args(&dir, &["fake.parquet"]), false).unwrap_err();
+    assert!(e.contains("fake.parquet: not a Parquet file"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The template of the `tokenizer_config.json` beside the tokenizer, its `bos_token` in scope,
 /// unless `--chat-template` names another; a template's own exception names the file and line.
 #[test]
