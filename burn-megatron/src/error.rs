@@ -23,6 +23,9 @@ pub enum ConfigError {
     SequencePastWindow { seq_len: usize, window: usize },
     #[error("{what} must be at least 1")]
     Zero { what: &'static str },
+    /// Packed documents that do not fit their rows, or a model part that cannot take them.
+    #[error("packed documents: {0}")]
+    Documents(String),
     #[error("{what} = {size} is past the largest a model may give ({max})")]
     TooLarge {
         what: &'static str,

@@ -69,7 +69,7 @@ pub fn run(
         .actions(pp.size(), microbatches)
         .unwrap_or_else(|e| panic!("{e}"));
     let bubble_predicted = simulate(&actions).unwrap_or_else(|e| panic!("{e}")).bubble;
-    let batch = TokenBatch { ids, targets };
+    let batch = TokenBatch::new(ids, targets);
     let mut trainer = Trainer::new(stage, optim, &ctx.groups, &ctx.device);
     // The loss the last stage reports (averaged over dp × cp), read on every rank.
     let read = |trainer: &mut Trainer<_>, stepped: Stepped, when: &str| -> f64 {

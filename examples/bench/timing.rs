@@ -184,10 +184,7 @@ pub fn run(
     // The pools once the model is built, and after the first step (kernels compiled and tuned).
     let mut memory = vec![Mark::take("model built", &ctx.device)];
     let vocab = model.embedding.vocab_size;
-    let batch = TokenBatch {
-        ids: ids.clone(),
-        targets: targets.clone(),
-    };
+    let batch = TokenBatch::new(ids.clone(), targets.clone());
     let timing = Timing {
         ctx,
         warmup,

@@ -255,10 +255,7 @@ fn run(args: &Args) -> Result<(), String> {
                 let ids = batch_ids(&text.train, args.batch, args.seq, step, args.seed);
                 let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [args.batch, args.seq + 1]), &device);
                 let mine = all.narrow(0, dp_rank * per_rank, per_rank);
-                let batch = TokenBatch {
-                    ids: mine.clone().narrow(1, 0, args.seq),
-                    targets: mine.narrow(1, 1, args.seq),
-                };
+                let batch = TokenBatch::new(mine.clone().narrow(1, 0, args.seq), mine.narrow(1, 1, args.seq));
                 let stepped = trainer
                     .step(scheduler.step().base(), batch)
                     .map_err(|e| e.to_string())?;

@@ -43,7 +43,9 @@ enum Source {
 }
 
 /// A sequence's tokens and which of them the loss counts as targets (`None`: every one).
-type Counted<'a> = (Cow<'a, [u32]>, Option<Vec<bool>>);
+/// A sample's tokens, which of them the loss counts (`None`: every one), and the lengths of
+/// the documents it packs (empty: one).
+type Counted<'a> = (Cow<'a, [u32]>, Option<Vec<bool>>, Vec<usize>);
 
 /// The target the loss leaves out (the model's `loss.ignore_index` under `data.sft`).
 pub const IGNORED: i64 = -100;
@@ -123,7 +125,7 @@ impl Corpus {
                     .as_ref()
                     .and_then(|t| t.token_to_id("<|im_end|>"))
                     .unwrap_or(0);
-                let sources = Sources::chats(&config, pad).map_err(|e| e.to_string())?;
+                let sources = Sources::chats(&config, pad, c.data.pack_conversations).map_err(|e| e.to_string())?;
                 let source = |blend, first| Source::Chats {
                     blend,
                     first,
@@ -294,11 +296,11 @@ impl Corpus {
                 let (_, sample) = blend
                     .sample(((step - first) * global + index) as u64, *vocab)
                     .map_err(|e| e.to_string())?;
-                return Ok((Cow::Owned(sample.tokens), Some(sample.counted)));
+                return Ok((Cow::Owned(sample.tokens), Some(sample.counted), sample.documents));
             }
             _ => self.uncounted_sequence(step, index, seq)?,
         };
-        Ok((tokens, None))
+        Ok((tokens, None, Vec::new()))
     }
 
     fn uncounted_sequence(&self, step: usize, index: usize, seq: usize) -> Result<Cow<'_, [u32]>, String> {
@@ -319,17 +321,28 @@ impl Corpus {
     }
 
     /// Sequence `index` of `step`'s inputs and targets (`seq` each: the next tokens,
-    /// [`IGNORED`] where the loss does not count one).
+    /// [`IGNORED`] where the loss does not count one, or where the next token starts another
+    /// packed document), with the documents its inputs pack.
     pub fn targeted(&self, step: usize, index: usize, seq: usize) -> Result<Targeted, String> {
-        let (tokens, counted) = self.counted_sequence(step, index, seq)?;
+        let (tokens, counted, documents) = self.counted_sequence(step, index, seq)?;
+        let starts: Vec<usize> = documents
+            .iter()
+            .scan(0, |at, len| {
+                *at += len;
+                Some(*at)
+            })
+            .collect();
         Ok(Targeted {
             ids: tokens[..seq].iter().map(|&t| t as i64).collect(),
             targets: (1..=seq)
-                .map(|t| match counted.as_ref().is_none_or(|c| c[t]) {
-                    true => tokens[t] as i64,
-                    false => IGNORED,
-                })
+                .map(
+                    |t| match counted.as_ref().is_none_or(|c| c[t]) && !starts.contains(&t) {
+                        true => tokens[t] as i64,
+                        false => IGNORED,
+                    },
+                )
                 .collect(),
+            documents: input_documents(&documents, seq),
         })
     }
 
@@ -347,7 +360,25 @@ impl Corpus {
         seq: usize,
         device: &Device,
     ) -> Result<TokenBatch, String> {
-        Ok(token_batch(self.tokens(step, first, count, seq)?, device))
+        token_batch(self.tokens(step, first, count, seq)?, device)
+    }
+}
+
+/// The lengths of the documents of a sample of `seq + 1` tokens as its `seq` inputs hold them
+/// (the last cut at the row's end; empty where it holds one).
+fn input_documents(documents: &[usize], seq: usize) -> Vec<usize> {
+    let mut used = 0;
+    let inputs: Vec<usize> = documents
+        .iter()
+        .map_while(|&len| {
+            let len = len.min(seq - used);
+            used += len;
+            (len > 0).then_some(len)
+        })
+        .collect();
+    match inputs.len() {
+        0 | 1 => Vec::new(),
+        _ => inputs,
     }
 }
 
@@ -358,8 +389,8 @@ pub type Tokens = Vec<Targeted>;
 ///
 /// # Shapes
 /// `[count, seq]`, `[count, seq]`
-pub fn token_batch(tokens: Tokens, device: &Device) -> TokenBatch {
-    TokenBatch::targeted(tokens, device)
+pub fn token_batch(tokens: Tokens, device: &Device) -> Result<TokenBatch, String> {
+    TokenBatch::targeted(tokens, device).map_err(|e| e.to_string())
 }
 
 /// Evaluation's first "step": its windows of a stream lie apart from any run's steps.

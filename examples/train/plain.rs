@@ -61,7 +61,7 @@ fn steps<M: TrainModel>(
             let lr = scheduler.step().base();
             let read = tokens.recv().map_err(|_| "the data reader stopped".to_string())??;
             let stepped = trainer
-                .step(lr, run.token_batch(read, &device))
+                .step(lr, run.token_batch(read, &device)?)
                 .map_err(|e| e.to_string())?;
             let values = routine.after_step(&mut trainer, stepped).map_err(|e| e.to_string())?;
             losses.push(values.loss);

@@ -121,7 +121,7 @@ impl Run {
     }
 
     /// [`tokens`](Self::tokens) as the training step takes them.
-    pub fn token_batch(&self, tokens: crate::data::Tokens, device: &Device) -> TokenBatch {
+    pub fn token_batch(&self, tokens: crate::data::Tokens, device: &Device) -> Result<TokenBatch, String> {
         crate::data::token_batch(tokens, device)
     }
 

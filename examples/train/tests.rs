@@ -498,7 +498,8 @@ fn a_run_ends_in_a_hugging_face_export() {
 /// A chat dataset (`data.sft`: conversations and their loss masks, as `prepare-data` writes them)
 /// trains at tp 2 × dp 2 with one rank's losses, over the assistant's tokens only: a dataset whose
 /// masks count nothing gives no loss to learn from (0), blended with the first it trains on the
-/// first's tokens, and Burn's Learner prints the plain loop's losses.
+/// first's tokens, and Burn's Learner prints the plain loop's losses. Packed several a sample,
+/// the same at every layout.
 #[test]
 fn chat_datasets_train_on_the_assistant_tokens() {
     use burn_megatron::data::{IndexedWriter, TokenType, sft};
@@ -544,5 +545,23 @@ fn chat_datasets_train_on_the_assistant_tokens() {
     // Burn's Learner reads the same targets: the plain loop's losses, equal.
     #[cfg(feature = "learner")]
     assert_eq!(run(&format!("{} --learner", common(&chats))).unwrap(), reference);
+    // Packed, several conversations a sample (attended each inside itself): tp 2 × dp 2 as one
+    // rank, other losses than a conversation a sample, and the Learner's the same.
+    let packed = format!("{} --data.pack_conversations true", common(&chats));
+    let one = run(&packed).unwrap();
+    close(
+        &run(&format!("{packed} --tp 2 --sp --dp 2")).unwrap(),
+        &one,
+        1e-4,
+        "packed sft tp 2 x dp 2",
+    );
+    assert!(
+        one.iter().all(|l| l.is_finite() && *l > 0.0) && one != reference,
+        "{one:?}"
+    );
+    #[cfg(feature = "learner")]
+    assert_eq!(run(&format!("{packed} --learner")).unwrap(), one);
+    let refused = run(&format!("{packed} --cp 2")).unwrap_err();
+    assert!(refused.contains("data.pack_conversations"), "{refused}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -270,7 +270,7 @@ pub fn families_load_at_pp(h: &Harness) {
             let optim = DistributedAdamWConfig::new().with_max_grad_norm(Some(1.0));
             let mut trainer = Trainer::new(stage, &optim, g, &ctx.device);
             let (ids, targets) = batch(&expected, &device);
-            let stepped = trainer.step(0.0, TokenBatch { ids, targets }).unwrap();
+            let stepped = trainer.step(0.0, TokenBatch::new(ids, targets)).unwrap();
             let values = trainer.read(stepped).unwrap();
             (values.loss, values.grad_norm.unwrap())
         });
@@ -464,10 +464,7 @@ fn step_batch(device: &Device, step: usize, first: usize, count: usize) -> Token
         .collect();
     let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [STEP_BATCH, SEQ + 1]), device);
     let all = all.narrow(0, first, count);
-    TokenBatch {
-        ids: all.clone().narrow(1, 0, SEQ),
-        targets: all.narrow(1, 1, SEQ),
-    }
+    TokenBatch::new(all.clone().narrow(1, 0, SEQ), all.narrow(1, 1, SEQ))
 }
 
 /// The mean loss of each of 20 AdamW steps (ZeRO-1, clipping at 1) of `trainer` on this rank's

@@ -94,6 +94,8 @@ pub fn gpu_tests() -> Vec<GpuTest> {
     all.extend(tagged!([F32] Threads; context_suite: model_matches_one_rank));
     all.extend(tagged!([F32, Bf16] Threads; posttrain_suite:
         cached_decoding_matches_full_forward, graph_decoding_matches_eager));
+    // Packed rows against their documents alone: the attention's document mask and positions.
+    all.extend(tagged!([F32] Threads; packing_suite: packed_rows_train_as_their_documents));
     // Against transformers' f32 numbers: f32 only.
     all.extend(tagged!([F32] Threads; hf_suite:
         llama2_matches_transformers, llama3_matches_transformers, tied_checkpoint_resumes_at_other_tp,

@@ -27,6 +27,7 @@ pub mod learner_suite;
 pub mod mapping_suite;
 pub mod model_suite;
 pub mod moe_suite;
+pub mod packing_suite;
 pub mod pipeline_suite;
 pub mod posttrain_suite;
 pub mod prune_suite;

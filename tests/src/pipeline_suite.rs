@@ -300,10 +300,7 @@ fn steps_match(h: &Harness, config: LlamaConfig) {
             let mut trainer = Trainer::new(stage, &optim(), &ctx.groups, &ctx.device).with_timing(Timing::Synchronized);
             // The microbatches as one batch, which the stage's schedule cuts again.
             let (ids, targets): (Vec<_>, Vec<_>) = batches(&dev).into_iter().unzip();
-            let batch = TokenBatch {
-                ids: Tensor::cat(ids, 0),
-                targets: Tensor::cat(targets, 0),
-            };
+            let batch = TokenBatch::new(Tensor::cat(ids, 0), Tensor::cat(targets, 0));
             let mut norms = Vec::new();
             let losses: Vec<Option<f64>> = (0..20)
                 .map(|_| {

@@ -31,10 +31,7 @@ fn batch(device: &Device, step: usize, first: usize, count: usize) -> TokenBatch
         .map(|i| ((i * 37 + step * 11 + i / 5) % 64) as i64)
         .collect();
     let all = Tensor::<2, Int>::from_data(TensorData::new(ids, [BATCH, SEQ + 1]), device).narrow(0, first, count);
-    TokenBatch {
-        ids: all.clone().narrow(1, 0, SEQ),
-        targets: all.narrow(1, 1, SEQ),
-    }
+    TokenBatch::new(all.clone().narrow(1, 0, SEQ), all.narrow(1, 1, SEQ))
 }
 
 /// Every parameter's values on this rank by path.

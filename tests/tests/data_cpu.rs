@@ -37,3 +37,14 @@ fn sft_loss_counts_the_assistant_only() {
 fn chat_templates_render_as_transformers() {
     burn_megatron_tests::chat_suite::templates_render_as_transformers();
 }
+
+#[test]
+fn packed_rows_train_as_their_documents() {
+    burn_megatron_tests::packing_suite::packed_rows_train_as_their_documents(&Harness::cpu(1));
+    burn_megatron_tests::packing_suite::packed_rows_train_as_their_documents(&Harness::cpu(2));
+}
+
+#[test]
+fn chat_samples_pack_whole_conversations() {
+    burn_megatron_tests::packing_suite::chat_samples_pack_whole_conversations();
+}

@@ -123,6 +123,52 @@ fn sums_map(sums: &CubeTensor) -> TensorMapArg<Tiled> {
     .with_swizzle(TensorMapSwizzle::B128)
 }
 
+/// Document-masked attention ([`super::documents`]): the reference on CUDA too, in f32, until
+/// the flash kernels take a document mask.
+pub(super) fn document_attention_forward(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    starts: CubeTensor,
+    scale: f32,
+) -> (CubeTensor, CubeTensor) {
+    let starts = Tensor::<2, burn::tensor::Int>::from_primitive::<Cube>(starts);
+    let (out, lse) = reference::forward_masked(
+        tensor(q),
+        tensor(k),
+        tensor(v),
+        reference::Mask::Documents(&starts),
+        scale,
+    );
+    (primitive(out), primitive(lse))
+}
+
+/// [`document_attention_forward`]'s backward, the reference's.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn document_attention_backward(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    out: CubeTensor,
+    lse: CubeTensor,
+    grad: CubeTensor,
+    starts: CubeTensor,
+    scale: f32,
+) -> (CubeTensor, CubeTensor, CubeTensor) {
+    let starts = Tensor::<2, burn::tensor::Int>::from_primitive::<Cube>(starts);
+    let (dq, dk, dv) = reference::backward_masked(
+        tensor(q),
+        tensor(k),
+        tensor(v),
+        tensor(out),
+        tensor(lse),
+        tensor(grad),
+        reference::Mask::Documents(&starts),
+        scale,
+    );
+    (primitive(dq), primitive(dk), primitive(dv))
+}
+
 /// `[b, s, h, d]` storage seen as `[b, h, s, d]`.
 fn heads_view(t: CubeTensor) -> CubeTensor {
     Cube::float_swap_dims(t, 1, 2)

@@ -8,6 +8,7 @@
 //!
 //! Legend: `b` batch, `h` heads, `s` sequence, `d` head dim.
 
+pub mod documents;
 #[cfg(feature = "cuda")]
 mod flash;
 #[cfg(feature = "cuda")]
@@ -15,6 +16,7 @@ mod launch;
 pub mod reference;
 pub mod rotary;
 
+pub use documents::{DocumentAttentionOps, document_attention};
 #[cfg(feature = "cuda")]
 pub use launch::{Unsupported, supports};
 pub use rotary::{RotaryAttentionOps, rotary_attention, rotary_attention_rotated};

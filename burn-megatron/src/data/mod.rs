@@ -15,7 +15,7 @@ pub use blend::{Blend, Samples};
 pub use chat::{ChatTemplate, Rendered, TokenizerConfig, Turn};
 pub use indexed::{IndexedDataset, IndexedWriter, TokenType};
 pub use packed::{PackedDataset, Packing};
-pub use sft::{SftDataset, SftSample};
+pub use sft::{SftDataset, SftSample, SftShape};
 pub use sources::{Sources, SourcesConfig};
 
 use std::path::Path;

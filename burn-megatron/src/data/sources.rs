@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::blend::{Blend, Samples, data_path, shares};
 use super::packed::{PackedDataset, Packing};
-use super::sft::{SftDataset, mask_prefix};
+use super::sft::{SftDataset, SftShape, mask_prefix};
 use super::{DataError, IndexedDataset};
 
 /// The training blend and, with a held-out share, the evaluation one.
@@ -62,13 +62,19 @@ impl Sources<PackedDataset> {
 }
 
 impl Sources<SftDataset> {
-    /// Chat datasets (each with its loss mask beside it, `sft.rs`), a conversation a sample,
-    /// blended; `pad` fills the samples past a conversation's end.
-    pub fn chats(config: &SourcesConfig, pad: u32) -> Result<Self, DataError> {
+    /// Chat datasets (each with its loss mask beside it, `sft.rs`), a conversation a sample or
+    /// (`pack`) several, blended; `pad` fills the samples past their conversations.
+    pub fn chats(config: &SourcesConfig, pad: u32, pack: bool) -> Result<Self, DataError> {
         Self::blended(config, |split, sequences, samples| {
             let mask = Arc::new(IndexedDataset::open(&mask_prefix(&split.prefix))?);
-            let sizes = (config.seq, samples, config.seed, pad);
-            SftDataset::new(split.data.clone(), mask, sequences, sizes)
+            let shape = SftShape {
+                seq: config.seq,
+                samples,
+                seed: config.seed,
+                pad,
+                pack,
+            };
+            SftDataset::new(split.data.clone(), mask, sequences, shape)
         })
     }
 }

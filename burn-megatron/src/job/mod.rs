@@ -284,6 +284,10 @@ pub struct DataSection {
     /// their loss masks beside them), a conversation a sample, the loss over the assistant's
     /// tokens only.
     pub sft: bool,
+    /// Under `sft`, as many whole conversations a sample as fit in turn, each attended inside
+    /// itself with its own positions (packed SFT: fewer padding tokens; the model's grouped-query
+    /// attention, without context or pipeline parallelism).
+    pub pack_conversations: bool,
     /// Where the packed datasets' indexes are cached (beside each dataset when absent).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache: Option<PathBuf>,

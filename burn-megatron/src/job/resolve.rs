@@ -128,6 +128,20 @@ impl JobConfig {
                 format!("{clip} must be a finite norm above 0"),
             ));
         }
+        if config.data.pack_conversations {
+            let refused = [
+                (p.cp > 1, "context parallelism (parallel.cp > 1)"),
+                (p.pp > 1, "pipeline parallelism (parallel.pp > 1)"),
+                (model.latent.is_some(), "latent attention (MLA)"),
+                (model.mtp.is_some(), "multi-token prediction (model.mtp_depth > 0)"),
+            ];
+            if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
+                return Err(field(
+                    "data.pack_conversations",
+                    format!("packed conversations do not take {what} yet"),
+                ));
+            }
+        }
         check_rest(&mut config)?;
         Ok(Job {
             config,
@@ -258,6 +272,12 @@ fn check_rest(config: &mut JobConfig) -> Result<(), JobError> {
     }
     if config.data.sft && config.data.prefixes.is_empty() {
         return field("data.sft", "reads chat datasets: name them in data.prefixes");
+    }
+    if config.data.pack_conversations && !config.data.sft {
+        return field(
+            "data.pack_conversations",
+            "packs chat datasets' conversations: set data.sft",
+        );
     }
     let held_out = config.data.held_out;
     if !(0.0..0.5).contains(&held_out) {

@@ -333,6 +333,7 @@ fn data_prefixes_take_megatrons_form() {
             "data.prefixes",
         ),
         (&[("data.sft", "true")][..], "data.sft"),
+        (&[("data.pack_conversations", "true")][..], "data.pack_conversations"),
     ] {
         let error = resolve(overrides).unwrap_err().to_string();
         assert!(error.contains(field), "{overrides:?}: {error}");

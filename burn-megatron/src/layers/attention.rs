@@ -20,6 +20,7 @@ use burn_megatron_kernels::rope::RotatedHeads;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, SharedInput};
 use super::context::context_attention;
+use super::documents::Documents;
 use super::rope::{Rope, RopeScaling};
 use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
 use super::sequence::SequenceLayout;
@@ -214,7 +215,7 @@ impl ParallelAttention {
     /// # Shapes
     /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        self.wo.forward(self.core(x, None)?)
+        self.wo.forward(self.core(x, None, None)?)
     }
 
     /// `stream + self.forward(x)`, `x` the output of the norm that read `stream`
@@ -222,10 +223,18 @@ impl ParallelAttention {
     /// stream's added by that norm's backward; on one rank with a plain output projection, the
     /// stream added in its kernel ([`RowParallelLinear::forward_onto`]).
     ///
+    /// With `documents`, rows packing several documents attend inside each one, RoPE at each
+    /// token's position in its document.
+    ///
     /// # Shapes
     /// [`forward`](Self::forward)'s, `stream` of the output's
-    pub fn forward_onto(&self, x: Tensor<3>, stream: Residual) -> Result<Tensor<3>, LayerError> {
-        let core = self.core(x, Some(&stream))?;
+    pub fn forward_onto(
+        &self,
+        x: Tensor<3>,
+        stream: Residual,
+        documents: Option<&Documents>,
+    ) -> Result<Tensor<3>, LayerError> {
+        let core = self.core(x, Some(&stream), documents)?;
         self.wo.forward_onto(core, stream)
     }
 
@@ -235,7 +244,16 @@ impl ParallelAttention {
     ///
     /// # Shapes
     /// `[b, s, d]` (or its sequence shard) → `[b, s, h·k]`
-    fn core(&self, x: Tensor<3>, stream: Option<&Residual>) -> Result<Tensor<3>, LayerError> {
+    fn core(
+        &self,
+        x: Tensor<3>,
+        stream: Option<&Residual>,
+        documents: Option<&Documents>,
+    ) -> Result<Tensor<3>, LayerError> {
+        if let Some(documents) = documents {
+            let (q, k, v) = self.project_documents(x, stream, documents)?;
+            return attend_documents(self.heads(), q, k, v, documents);
+        }
         let products = [&self.wq, &self.wk].map(|w| w.plain_product().is_some());
         // The heads' norms come between the product and the rotation.
         let norms = self.q_norm.is_some() || self.k_norm.is_some();
@@ -288,22 +306,69 @@ impl ParallelAttention {
     /// backward (selective recomputation, `crate::recompute`): q, k and v are kept, the
     /// attention's own state and its output are not.
     pub fn forward_recomputed(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        self.recomputed(x, None)
+        self.recomputed(x, None, None)
     }
 
     /// [`forward_recomputed`](Self::forward_recomputed) added onto `stream`, as
-    /// [`forward_onto`](Self::forward_onto) adds it.
-    pub fn forward_recomputed_onto(&self, x: Tensor<3>, stream: Residual) -> Result<Tensor<3>, LayerError> {
-        Ok(stream.clone().add_branch(self.recomputed(x, Some(&stream))?))
+    /// [`forward_onto`](Self::forward_onto) adds it, inside `documents` where given.
+    pub fn forward_recomputed_onto(
+        &self,
+        x: Tensor<3>,
+        stream: Residual,
+        documents: Option<&Documents>,
+    ) -> Result<Tensor<3>, LayerError> {
+        Ok(stream.clone().add_branch(self.recomputed(x, Some(&stream), documents)?))
     }
 
-    fn recomputed(&self, x: Tensor<3>, stream: Option<&Residual>) -> Result<Tensor<3>, LayerError> {
-        let (q, k, v) = self.project(x, stream)?;
+    fn recomputed(
+        &self,
+        x: Tensor<3>,
+        stream: Option<&Residual>,
+        documents: Option<&Documents>,
+    ) -> Result<Tensor<3>, LayerError> {
         let heads = self.heads();
+        let (q, k, v) = match documents {
+            Some(documents) => self.project_documents(x, stream, documents)?,
+            None => self.project(x, stream)?,
+        };
+        let documents = documents.cloned();
         recompute(&self.wo, vec![q, k, v], move |wo, mut qkv| {
-            let (v, k) = (qkv.pop().expect("q, k, v"), qkv.pop().expect("q, k, v"));
-            wo.forward(attend(wo, heads.clone(), qkv.pop().expect("q, k, v"), k, v)?)
+            let (v, k, q) = (
+                qkv.pop().expect("q, k, v"),
+                qkv.pop().expect("q, k, v"),
+                qkv.pop().expect("q, k, v"),
+            );
+            let out = match &documents {
+                Some(documents) => attend_documents(heads.clone(), q, k, v, documents)?,
+                None => attend(wo, heads.clone(), q, k, v)?,
+            };
+            wo.forward(out)
         })
+    }
+
+    /// [`project`](Self::project) for rows packing `documents`: q and k rotated at each token's
+    /// position in its document. Context parallelism's chunks do not take documents yet.
+    fn project_documents(
+        &self,
+        x: Tensor<3>,
+        stream: Option<&Residual>,
+        documents: &Documents,
+    ) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), LayerError> {
+        if self.cp.size() > 1 {
+            return Err(ConfigError::Documents(format!(
+                "context parallelism (cp = {}) does not split packed documents yet",
+                self.cp.size()
+            ))
+            .into());
+        }
+        let [xq, xk, xv] = self.inputs(x, stream)?;
+        let shared = Some(Arc::new(SharedInput::default()));
+        let project = |w: &ColumnParallelLinear, x| w.forward_sharing(x, shared.as_ref());
+        let q = self.norm_queries(self.heads_of(project(&self.wq, xq)?, self.n_heads))?;
+        let k = self.norm_keys(self.heads_of(project(&self.wk, xk)?, self.n_kv_heads))?;
+        let v = self.heads_of(project(&self.wv, xv)?, self.n_kv_heads);
+        let at = |t| self.rope.apply_at(t, documents.positions.clone());
+        Ok((at(q), at(k), v))
     }
 
     /// q `[b, h, s, k]`, k and v `[b, g, s, k]`, with RoPE on q and k unless the attention op
@@ -440,6 +505,23 @@ fn attend(
     Ok(side_by_side(out, &heads))
 }
 
+/// [`attend`] inside each packed document: the f32 reference's masked attention
+/// (`document_attention`) on every backend.
+///
+/// # Shapes
+/// q `[b, h, s, k]`, k and v `[b, g, s, k]` → `[b, s, h·k]`
+fn attend_documents(
+    heads: Heads,
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    documents: &Documents,
+) -> Result<Tensor<3>, LayerError> {
+    let (k, v) = (repeat_kv(k, &heads), repeat_kv(v, &heads));
+    let out = burn_megatron_kernels::attention::document_attention(q, k, v, documents.starts.clone());
+    Ok(side_by_side(out, &heads))
+}
+
 /// Where the attention notes its output's amax: where the output projection's FP8 tensorwise
 /// cast scales by it.
 fn output_notes(wo: &RowParallelLinear) -> Option<AmaxNotes> {
@@ -517,7 +599,7 @@ mod tests {
         let stream = crate::init::normal([b, s, d], 11, 1.0, &dev).require_grad();
         let out = match onto {
             true => layer
-                .forward_onto(x.clone(), Residual::unlinked(stream.clone()))
+                .forward_onto(x.clone(), Residual::unlinked(stream.clone()), None)
                 .unwrap(),
             false => layer.forward(x.clone()).unwrap(),
         };

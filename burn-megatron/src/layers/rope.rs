@@ -4,7 +4,7 @@
 //! changes the cos/sin tables; the kernel that applies them is the same.
 
 use burn::config::Config;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{DType, Device, Int, Tensor};
 use burn_megatron_dist::ProcessGroup;
 use burn_megatron_kernels::quant::notes::NoteAmaxes;
 
@@ -200,6 +200,25 @@ impl Rope {
         let rows = max - start.min(max);
         let table = |t: &Tensor<2>| t.clone().narrow(0, start.min(max), rows);
         burn_megatron_kernels::rope::rope(x, table(&self.cos), table(&self.sin))
+    }
+
+    /// Rotates `x` for each token's own position (`positions`, e.g. a packed document's,
+    /// restarting at 0 with each document), in f32 tensor ops.
+    ///
+    /// # Shapes
+    /// `[b, heads, s, head_dim]`, `[b, s]` → the same
+    pub fn apply_at(&self, x: Tensor<4>, positions: Tensor<2, Int>) -> Tensor<4> {
+        let [b, _, s, d] = x.dims();
+        let half = d / 2;
+        let dtype = x.dtype();
+        let flat = positions.reshape([b * s]);
+        let table = |t: &Tensor<2>| t.clone().select(0, flat.clone()).reshape([b, 1, s, half]);
+        let (cos, sin) = (table(&self.cos), table(&self.sin));
+        let x = x.cast(DType::F32);
+        let (x1, x2) = (x.clone().narrow(3, 0, half), x.narrow(3, half, half));
+        let rotated_1 = x1.clone() * cos.clone() - x2.clone() * sin.clone();
+        let rotated_2 = x2 * cos + x1 * sin;
+        Tensor::cat(vec![rotated_1, rotated_2], 3).cast(dtype)
     }
 
     /// Rotates `x`, a context-parallel rank's two chunks of each sequence side by side, each for

@@ -3,9 +3,11 @@
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::error::ConfigError;
+use crate::layers::Documents;
 
 /// Token ids and the ids that follow them: a rank's whole sequences (under context
-/// parallelism, each cp rank takes its chunks inside the step).
+/// parallelism, each cp rank takes its chunks inside the step); where rows pack several
+/// documents, where each one lies.
 ///
 /// # Shapes
 /// `ids`, `targets`: `[b, s]`
@@ -13,6 +15,8 @@ use crate::error::ConfigError;
 pub struct TokenBatch {
     pub ids: Tensor<2, Int>,
     pub targets: Tensor<2, Int>,
+    /// The documents packed in each row, attended inside each one; `None`: a row is one.
+    pub documents: Option<Documents>,
 }
 
 /// One sequence's inputs and targets (`s` each), where the targets are not simply the next
@@ -21,17 +25,34 @@ pub struct TokenBatch {
 pub struct Targeted {
     pub ids: Vec<i64>,
     pub targets: Vec<i64>,
+    /// The lengths of the documents the inputs pack, in order (the rest of the row one more);
+    /// empty: the row is one document.
+    pub documents: Vec<usize>,
 }
 
 impl TokenBatch {
-    /// The batch of `items`, all of one length.
+    /// Rows of one document each.
+    ///
+    /// # Shapes
+    /// `[b, s]`, `[b, s]`
+    pub fn new(ids: Tensor<2, Int>, targets: Tensor<2, Int>) -> Self {
+        Self {
+            ids,
+            targets,
+            documents: None,
+        }
+    }
+
+    /// The batch of `items`, all of one length; with their documents where any packs several.
     ///
     /// # Shapes
     /// `[items, s]`, `[items, s]`
-    pub fn targeted(items: Vec<Targeted>, device: &Device) -> Self {
+    pub fn targeted(items: Vec<Targeted>, device: &Device) -> Result<Self, ConfigError> {
         let (b, s) = (items.len(), items.first().map_or(0, |x| x.ids.len()));
         let mut ids = Vec::with_capacity(b * s);
         let mut targets = Vec::with_capacity(b * s);
+        let packed = items.iter().any(|item| item.documents.len() > 1);
+        let mut lengths = Vec::with_capacity(b);
         for item in items {
             assert!(
                 item.ids.len() == s && item.targets.len() == s,
@@ -39,11 +60,17 @@ impl TokenBatch {
             );
             ids.extend(item.ids);
             targets.extend(item.targets);
+            lengths.push(item.documents);
         }
-        Self {
+        let documents = match packed {
+            true => Some(Documents::from_lengths(&lengths, s, device)?),
+            false => None,
+        };
+        Ok(Self {
             ids: Tensor::from_data(TensorData::new(ids, [b, s]), device),
             targets: Tensor::from_data(TensorData::new(targets, [b, s]), device),
-        }
+            documents,
+        })
     }
 
     /// Sequences in the batch.
@@ -74,9 +101,16 @@ impl TokenBatch {
         }
         let per = b / parts;
         Ok((0..parts)
-            .map(|i| TokenBatch {
-                ids: self.ids.clone().narrow(0, i * per, per),
-                targets: self.targets.clone().narrow(0, i * per, per),
+            .map(|i| {
+                let rows = |t: &Tensor<2, Int>| t.clone().narrow(0, i * per, per);
+                TokenBatch {
+                    ids: rows(&self.ids),
+                    targets: rows(&self.targets),
+                    documents: self.documents.as_ref().map(|d| Documents {
+                        positions: rows(&d.positions),
+                        starts: rows(&d.starts),
+                    }),
+                }
             })
             .collect())
     }
@@ -92,10 +126,7 @@ mod tests {
         let device = Device::flex();
         let ids: Vec<i64> = (0..b as i64 * 3).collect();
         let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, 3]), &device);
-        TokenBatch {
-            targets: ids.clone().add_scalar(1),
-            ids,
-        }
+        TokenBatch::new(ids.clone(), ids.add_scalar(1))
     }
 
     /// Microbatches are consecutive rows; a split that leaves rows over is a typed error.

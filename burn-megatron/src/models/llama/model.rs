@@ -12,7 +12,7 @@ use crate::error::{ConfigError, LayerError};
 use crate::init::ParamInit;
 use crate::layers::moe::{Load, Moe, MoeConfig, RouterLosses};
 use crate::layers::{
-    ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, LatentAttention,
+    ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, Documents, LatentAttention,
     LatentAttentionConfig, ParallelAttention, ParallelAttentionConfig, ParallelMlp, ParallelMlpConfig, RmsNorm,
     RmsNormConfig, VocabParallelCrossEntropy, VocabParallelCrossEntropyConfig, VocabParallelEmbedding,
     VocabParallelEmbeddingConfig, column_parallel,
@@ -311,21 +311,32 @@ impl LlamaConfig {
 
 impl LlamaBlock {
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        self.forward_report(x, &mut MoeReport::default())
+        self.forward_report(x, &mut MoeReport::default(), None)
     }
 
-    /// [`forward`](Self::forward), a MoE block adding its router losses and load to `report`.
+    /// [`forward`](Self::forward), a MoE block adding its router losses and load to `report`;
+    /// rows packing `documents` attended inside each one (grouped-query attention only).
     ///
     /// Each half adds its branch to the residual stream its norm read ([`RmsNorm::pre_norm`]).
     /// The stream's gradient at the block's input is the previous block's down projection's
     /// output gradient; this block's stands in for it in whether to note its amax.
-    pub fn forward_report(&self, x: Tensor<3>, report: &mut MoeReport) -> Result<Tensor<3>, LayerError> {
+    pub fn forward_report(
+        &self,
+        x: Tensor<3>,
+        report: &mut MoeReport,
+        documents: Option<&Documents>,
+    ) -> Result<Tensor<3>, LayerError> {
+        if documents.is_some() && self.latent.is_some() {
+            return Err(
+                ConfigError::Documents("latent attention (MLA) does not take packed documents yet".into()).into(),
+            );
+        }
         let note_stream_grad = self.mlp.as_ref().and_then(|mlp| mlp.notes_output_grad());
         let note_input = self.attention.as_ref().and_then(ParallelAttention::notes_input);
         let (normed, stream) = self.attention_norm.pre_norm(x, note_input, note_stream_grad)?;
         let h = match (&self.attention, &self.latent, self.selective) {
-            (Some(attention), _, true) => attention.forward_recomputed_onto(normed, stream)?,
-            (Some(attention), _, false) => attention.forward_onto(normed, stream)?,
+            (Some(attention), _, true) => attention.forward_recomputed_onto(normed, stream, documents)?,
+            (Some(attention), _, false) => attention.forward_onto(normed, stream, documents)?,
             (None, Some(latent), true) => stream.add_branch(latent.forward_recomputed(normed)?),
             (None, Some(latent), false) => stream.add_branch(latent.forward(normed)?),
             (None, None, _) => unreachable!("a block has grouped-query or latent attention"),
@@ -363,7 +374,8 @@ impl LlamaBlock {
 }
 
 /// `blocks` in order on `x`, each group full recomputation names (`recompute.groups`) run as
-/// one recomputed region; a MoE block adds its router losses and load to `report`.
+/// one recomputed region; a MoE block adds its router losses and load to `report`; rows packing
+/// `documents` attended inside each one.
 ///
 /// # Shapes
 /// `[b, s, d]` → `[b, s, d]`
@@ -372,6 +384,7 @@ pub fn forward_blocks(
     x: Tensor<3>,
     recompute: Recompute,
     report: &mut MoeReport,
+    documents: Option<&Documents>,
 ) -> Result<Tensor<3>, LayerError> {
     recompute
         .groups(blocks.len())
@@ -380,11 +393,19 @@ pub fn forward_blocks(
             let group = &blocks[range];
             match recomputed {
                 // No MoE block in a recomputed region (`LlamaConfig::check_recompute`).
-                true => crate::recompute::recompute(&group.to_vec(), vec![x], |group, mut x| {
-                    let x = x.pop().expect("the group's input");
-                    group.iter().try_fold(x, |x, block| block.forward(x))
-                }),
-                false => group.iter().try_fold(x, |x, block| block.forward_report(x, report)),
+                true => {
+                    let documents = documents.cloned();
+                    crate::recompute::recompute(&group.to_vec(), vec![x], move |group, mut x| {
+                        let x = x.pop().expect("the group's input");
+                        let mut report = MoeReport::default();
+                        group
+                            .iter()
+                            .try_fold(x, |x, block| block.forward_report(x, &mut report, documents.as_ref()))
+                    })
+                }
+                false => group
+                    .iter()
+                    .try_fold(x, |x, block| block.forward_report(x, report, documents)),
             }
         })
 }
@@ -454,7 +475,7 @@ impl Llama {
 
     /// [`forward`](Self::forward) with what its MoE blocks report.
     pub fn forward_report(&self, ids: Tensor<2, Int>) -> Result<(Tensor<3>, MoeReport), LayerError> {
-        let (x, report) = self.hidden_report(ids)?;
+        let (x, report) = self.hidden_report(ids, None)?;
         Ok((self.head(x)?, report))
     }
 
@@ -462,10 +483,14 @@ impl Llama {
     ///
     /// # Shapes
     /// `[b, s]` → `[b, s, d]` (`[b, s/tp, d]` under sequence parallelism)
-    fn hidden_report(&self, ids: Tensor<2, Int>) -> Result<(Tensor<3>, MoeReport), LayerError> {
+    fn hidden_report(
+        &self,
+        ids: Tensor<2, Int>,
+        documents: Option<&Documents>,
+    ) -> Result<(Tensor<3>, MoeReport), LayerError> {
         let mut report = MoeReport::default();
         let x = self.embedding.forward(ids)?;
-        let x = forward_blocks(&self.layers, x, self.recompute, &mut report)?;
+        let x = forward_blocks(&self.layers, x, self.recompute, &mut report, documents)?;
         Ok((x, report))
     }
 
@@ -548,7 +573,28 @@ impl Llama {
         ids: Tensor<2, Int>,
         targets: Tensor<2, Int>,
     ) -> Result<(Tensor<1>, MoeReport), LayerError> {
-        let (hidden, mut report) = self.hidden_report(ids.clone())?;
+        self.forward_loss_documents(ids, targets, None)
+    }
+
+    /// [`forward_loss_report`](Self::forward_loss_report) of rows that pack `documents` (where
+    /// given): each attended inside itself, its tokens rotated at their positions in it; the
+    /// targets crossing from one document into the next are the caller's to ignore. Not with
+    /// multi-token prediction or latent attention yet (typed errors).
+    ///
+    /// # Shapes
+    /// `[b, s]`, `[b, s]`, documents `[b, s]` → `[1]`
+    pub fn forward_loss_documents(
+        &self,
+        ids: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        documents: Option<&Documents>,
+    ) -> Result<(Tensor<1>, MoeReport), LayerError> {
+        if documents.is_some() && !self.mtp.is_empty() {
+            return Err(
+                ConfigError::Documents("multi-token prediction does not take packed documents yet".into()).into(),
+            );
+        }
+        let (hidden, mut report) = self.hidden_report(ids.clone(), documents)?;
         let loss = self.loss.forward(self.head(hidden.clone())?, targets.clone())?;
         if !self.mtp.is_empty() {
             report.mtp = Some(self.mtp_loss(ids, targets, hidden, &mut report)?);

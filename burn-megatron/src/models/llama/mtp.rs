@@ -128,7 +128,7 @@ impl MtpModule {
             SequenceLayout::Sharded => gather_from_tp(both, &self.projection.tp, 1)?,
             SequenceLayout::Whole => both,
         };
-        self.block.forward_report(self.projection.forward(both)?, report)
+        self.block.forward_report(self.projection.forward(both)?, report, None)
     }
 }
 

@@ -238,7 +238,7 @@ impl LlamaStage {
             .map(|i| self.layers[i].clone().expect("the chunk's blocks are here"))
             .collect();
         let mut report = MoeReport::default();
-        let y = forward_blocks(&blocks, x, self.recompute, &mut report)?;
+        let y = forward_blocks(&blocks, x, self.recompute, &mut report, None)?;
         Ok((y, report))
     }
 

@@ -29,16 +29,17 @@ impl Batcher<Vec<u32>, TokenBatch> for TokenBatcher {
             ids.extend(item[..s].iter().map(|&t| t as i64));
             targets.extend(item[1..].iter().map(|&t| t as i64));
         }
-        TokenBatch {
-            ids: Tensor::from_data(TensorData::new(ids, [b, s]), device),
-            targets: Tensor::from_data(TensorData::new(targets, [b, s]), device),
-        }
+        TokenBatch::new(
+            Tensor::from_data(TensorData::new(ids, [b, s]), device),
+            Tensor::from_data(TensorData::new(targets, [b, s]), device),
+        )
     }
 }
 
 impl Batcher<Targeted, TokenBatch> for TokenBatcher {
     fn batch(&self, items: Vec<Targeted>, device: &Device) -> TokenBatch {
-        TokenBatch::targeted(items, device)
+        // The datasets pack documents within their rows.
+        TokenBatch::targeted(items, device).expect("documents that fit their rows")
     }
 }
 
