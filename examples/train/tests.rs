@@ -561,7 +561,17 @@ fn chat_datasets_train_on_the_assistant_tokens() {
     );
     #[cfg(feature = "learner")]
     assert_eq!(run(&format!("{packed} --learner")).unwrap(), one);
-    let refused = run(&format!("{packed} --cp 2")).unwrap_err();
+    // Split over cp (all-to-all: the whole sequence on each rank to attend over) and over pp
+    // (each stage its blocks, every microbatch its documents): one rank's losses, with the same
+    // microbatches (each microbatch's mean weighs alike, as in Megatron).
+    let accumulated = run(&format!("{packed} --micro-batch 2")).unwrap();
+    for (layout, alone) in [
+        ("--cp 2 --context all-to-all", &one),
+        ("--pp 2 --micro-batch 2", &accumulated),
+    ] {
+        close(&run(&format!("{packed} {layout}")).unwrap(), alone, 1e-4, layout);
+    }
+    let refused = run(&format!("{packed} --cp 2 --context ring")).unwrap_err();
     assert!(refused.contains("data.pack_conversations"), "{refused}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,16 +1,19 @@
 //! The context-parallel suite: each exchange (ring, all-to-all, all-gather) at cp 2 and 4
 //! against causal attention over the whole sequence on one rank (output and the gradients of
 //! q, k and v, grouped-query attention included), and the tiny Llama at cp 2 and tp 2 × cp 2
-//! (with SP) against cp 1: the loss and every parameter gradient. Bad layouts are typed errors.
+//! (with SP) against cp 1: the loss and every parameter gradient, rows packing documents too.
+//! Bad layouts are typed errors.
 //!
 //! Legend: `b` batch, `h` query heads, `g` kv heads, `s` the whole sequence, `d` head_dim.
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use burn_megatron::ConfigError;
 use burn_megatron::init::{InitMode, ParamInit};
+use burn_megatron::layers::Documents;
 use burn_megatron::layers::context::{ContextLayout, context_attention};
 use burn_megatron::models::llama::{Llama, recipes};
 use burn_megatron::plan::{ContextParallel, ParallelPlan, TensorParallel};
+use burn_megatron::train::TokenBatch;
 use burn_megatron_dist::{ParallelDims, ProcessGroups, ReduceOp};
 
 use crate::Harness;
@@ -156,20 +159,64 @@ fn batch(device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>) {
 /// averaged over dp × cp, is cp 1's, and every parameter gradient averaged over dp × cp (what
 /// the optimizer applies) is cp 1's, this rank's tp shard of it.
 pub fn model_matches_one_rank(h: &Harness) {
+    let mut layouts: Vec<(usize, bool, ContextParallel)> = EXCHANGES.iter().map(|c| (1, false, *c)).collect();
+    layouts.push((2, true, ContextParallel::Ring));
+    layouts.push((2, true, ContextParallel::AllToAll));
+    matches_one_rank(h, &layouts, None);
+}
+
+/// Rows packing documents (of 5, 20 and 7 tokens, and 32: each chunk of a rank cuts one) at
+/// cp 2 and tp 2 × cp 2 with SP, all-to-all (the whole sequence on each rank for the masked
+/// attention): cp 1's loss and gradients, as [`model_matches_one_rank`]. The ring and
+/// all-gather exchanges refuse them, naming themselves.
+pub fn packed_documents_match_one_rank(h: &Harness) {
+    let lengths = [vec![5, 20, 7], vec![SEQ]];
+    let all_to_all = [
+        (1, false, ContextParallel::AllToAll),
+        (2, true, ContextParallel::AllToAll),
+    ];
+    matches_one_rank(h, &all_to_all, Some(&lengths));
+    h.run(cp_dims(2), |ctx| {
+        let device = ctx.device.clone().autodiff();
+        let model = tiny(&ctx.groups, &device, false, ContextParallel::Ring);
+        let (ids, targets) = batch(&device);
+        let batch = TokenBatch {
+            documents: Some(Documents::from_lengths(&lengths, SEQ, &device).unwrap()),
+            ..TokenBatch::new(ids, targets)
+        }
+        .context_shard(&ContextLayout::new(&ctx.groups.cp))
+        .unwrap();
+        let error = model
+            .forward_loss_documents(batch.ids, batch.targets, batch.documents.as_ref())
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("ring exchange"), "{error}");
+    });
+}
+
+/// The tiny Llama at each of `layouts` (tp, sp, exchange) × cp 2 against cp 1, its rows
+/// packing documents of `lengths` where given.
+fn matches_one_rank(h: &Harness, layouts: &[(usize, bool, ContextParallel)], lengths: Option<&[Vec<usize>]>) {
+    let packed = |device: &Device| {
+        let (ids, targets) = batch(device);
+        TokenBatch {
+            documents: lengths.map(|l| Documents::from_lengths(l, SEQ, device).unwrap()),
+            ..TokenBatch::new(ids, targets)
+        }
+    };
     let reference = h
         .run(ParallelDims::single(), |ctx| {
             let device = ctx.device.clone().autodiff();
             let model = tiny(&ctx.groups, &device, false, ContextParallel::Ring);
-            let (ids, targets) = batch(&device);
-            let loss = model.forward_loss(ids, targets).unwrap();
+            let batch = packed(&device);
+            let (loss, _) = model
+                .forward_loss_documents(batch.ids, batch.targets, batch.documents.as_ref())
+                .unwrap();
             let grads = gradients(&model, &loss.backward());
             (loss.into_scalar::<f64>(), grads)
         })
         .remove(0);
-    let mut layouts: Vec<(usize, bool, ContextParallel)> = EXCHANGES.iter().map(|c| (1, false, *c)).collect();
-    layouts.push((2, true, ContextParallel::Ring));
-    layouts.push((2, true, ContextParallel::AllToAll));
-    for (tp, sp, context) in layouts {
+    for &(tp, sp, context) in layouts {
         let dims = ParallelDims {
             cp: 2,
             ..ParallelDims::tp_dp(tp, 1)
@@ -177,17 +224,19 @@ pub fn model_matches_one_rank(h: &Harness) {
         h.run(dims, |ctx| {
             let device = ctx.device.clone().autodiff();
             let model = tiny(&ctx.groups, &device, sp, context);
-            let layout = ContextLayout::new(&ctx.groups.cp);
-            let (ids, targets) = batch(&device);
-            let (ids, targets) = (layout.shard(ids, 1).unwrap(), layout.shard(targets, 1).unwrap());
-            let loss = model.forward_loss(ids, targets).unwrap();
+            let batch = packed(&device)
+                .context_shard(&ContextLayout::new(&ctx.groups.cp))
+                .unwrap();
+            let (loss, _) = model
+                .forward_loss_documents(batch.ids, batch.targets, batch.documents.as_ref())
+                .unwrap();
             let grads = loss.backward();
             let sync = ctx.groups.grad_sync();
             let loss = sync
                 .all_reduce(loss.detach(), ReduceOp::Avg)
                 .unwrap()
                 .into_scalar::<f64>();
-            let what = format!("tp {tp} × cp 2 {context:?}");
+            let what = format!("tp {tp} × cp 2 {context:?}, documents {lengths:?}");
             // A mean of 64 tokens' log-probabilities split over ranks: f32 sums in another order.
             assert!(
                 (loss - reference.0).abs() <= 1e-5 * reference.0.abs(),

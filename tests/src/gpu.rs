@@ -92,6 +92,7 @@ pub fn gpu_tests() -> Vec<GpuTest> {
     // The attention in bf16 with heads of 128 too: the flash kernels, block by block.
     all.extend(tagged!([F32, Bf16] Threads; context_suite: attention_matches_one_rank));
     all.extend(tagged!([F32] Threads; context_suite: model_matches_one_rank));
+    all.extend(tagged!([F32] Threads; context_suite: packed_documents_match_one_rank));
     all.extend(tagged!([F32, Bf16] Threads; posttrain_suite:
         cached_decoding_matches_full_forward, graph_decoding_matches_eager));
     // Packed rows against their documents alone: the attention's document mask and positions.

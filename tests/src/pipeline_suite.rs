@@ -12,6 +12,7 @@ use burn_megatron::params::{ParamInfo, param_grads, param_infos, param_values};
 use burn_megatron::plan::PipelineSchedule;
 use burn_megatron::plan::pipeline::stages::{rank_chunks, virtual_stages};
 use burn_megatron::recompute::{Recompute, RecomputeMethod};
+use burn_megatron::train::TokenBatch;
 use burn_megatron::train::pipeline::{Timing, run_actions};
 use burn_megatron_dist::ParallelDims;
 
@@ -186,7 +187,10 @@ fn stages_match(h: &Harness, config: LlamaConfig, cases: &[(PipelineSchedule, us
             let step = run_actions(
                 &stage,
                 &actions.ranks[rank],
-                &batches(&dev),
+                &batches(&dev)
+                    .into_iter()
+                    .map(|(ids, targets)| TokenBatch::new(ids, targets))
+                    .collect::<Vec<_>>(),
                 &ctx.groups.pp,
                 Timing::Off,
             )
@@ -376,8 +380,7 @@ pub fn bad_stages_are_errors(h: &Harness) {
         assert!(matches!(
             config_error(burn_megatron::train::pipeline::scheduled_step(
                 &whole,
-                ids.clone(),
-                targets.clone(),
+                TokenBatch::new(ids.clone(), targets.clone()),
                 Timing::Off
             )),
             ConfigError::NoSchedule
@@ -393,8 +396,7 @@ pub fn bad_stages_are_errors(h: &Harness) {
         assert_eq!(
             config_error(burn_megatron::train::pipeline::scheduled_step(
                 &scheduled,
-                ids,
-                targets,
+                TokenBatch::new(ids, targets),
                 Timing::Off
             )),
             ConfigError::MicrobatchSplit {

@@ -13,6 +13,11 @@ fn model_matches_one_rank() {
 }
 
 #[test]
+fn packed_documents_match_one_rank() {
+    context_suite::packed_documents_match_one_rank(&Harness::cpu(4));
+}
+
+#[test]
 fn bad_context_layouts() {
     context_suite::bad_context_layouts(&Harness::cpu(1));
 }

@@ -8,7 +8,7 @@
 //!
 //! Legend: `b` batch, `h` heads, `s` sequence, `d` head dim.
 
-pub mod documents;
+mod documents;
 #[cfg(feature = "cuda")]
 mod flash;
 #[cfg(feature = "cuda")]
@@ -16,7 +16,7 @@ mod launch;
 pub mod reference;
 pub mod rotary;
 
-pub use documents::{DocumentAttentionOps, document_attention};
+pub use documents::document_attention;
 #[cfg(feature = "cuda")]
 pub use launch::{Unsupported, supports};
 pub use rotary::{RotaryAttentionOps, rotary_attention, rotary_attention_rotated};
@@ -26,9 +26,10 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-use burn::backend::tensor::FloatTensor;
+use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Autodiff, AutodiffBackend, Backend};
-use burn::tensor::Tensor;
+use burn::tensor::{Int, Tensor};
+use reference::Mask;
 
 extension! {
     /// The backend extension behind [`attention`].
@@ -74,6 +75,53 @@ extension! {
         let p = |x: Tensor<4>| x.try_into_primitive::<Self>().expect("flex");
         (p(dq), p(dk), p(dv))
     }
+
+    /// [`attention_forward`](AttentionOps::attention_forward) of rows packing several documents
+    /// ([`documents`]): each query sees the keys of its own document up to itself, `starts`
+    /// `[b, s]` its document's first position. The f32 reference on every backend.
+    fn document_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        starts: IntTensor<Self>,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let t = |x| Tensor::<4>::from_primitive::<Self>(x);
+        let starts = Tensor::<2, Int>::from_primitive::<Self>(starts);
+        let (out, lse) = reference::forward_masked(t(q), t(k), t(v), Mask::Documents(&starts), scale);
+        (
+            out.try_into_primitive::<Self>().expect("flex"),
+            lse.try_into_primitive::<Self>().expect("flex"),
+        )
+    }
+
+    /// [`document_attention_forward`](AttentionOps::document_attention_forward)'s gradients.
+    fn document_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        starts: IntTensor<Self>,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let t = |x| Tensor::<4>::from_primitive::<Self>(x);
+        let lse = Tensor::<3>::from_primitive::<Self>(lse);
+        let starts = Tensor::<2, Int>::from_primitive::<Self>(starts);
+        let mask = Mask::Documents(&starts);
+        let (dq, dk, dv) = reference::backward_masked(t(q), t(k), t(v), t(out), lse, t(grad), mask, scale);
+        let p = |x: Tensor<4>| x.try_into_primitive::<Self>().expect("flex");
+        (p(dq), p(dk), p(dv))
+    }
+}
+
+/// The keys a saved forward hid: above the diagonal (where causal), or outside each query's
+/// document (`starts`).
+#[derive(Clone, Debug)]
+enum Hidden<B: Backend> {
+    Causal(bool),
+    Documents(IntTensor<B>),
 }
 
 #[derive(Debug)]
@@ -87,15 +135,18 @@ impl<B: Backend + AttentionOps> Backward<B, 3> for AttentionBackward {
         FloatTensor<B>,
         FloatTensor<B>,
         FloatTensor<B>,
-        bool,
+        Hidden<B>,
         f32,
     );
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_q, node_k, node_v] = ops.parents;
         let grad = grads.consume::<B>(&ops.node);
-        let (q, k, v, out, lse, causal, scale) = ops.state;
-        let (dq, dk, dv) = B::attention_backward(q, k, v, out, lse, grad, causal, scale);
+        let (q, k, v, out, lse, hidden, scale) = ops.state;
+        let (dq, dk, dv) = match hidden {
+            Hidden::Causal(causal) => B::attention_backward(q, k, v, out, lse, grad, causal, scale),
+            Hidden::Documents(starts) => B::document_attention_backward(q, k, v, out, lse, grad, starts, scale),
+        };
         for (node, grad) in [(node_q, dq), (node_k, dk), (node_v, dv)] {
             if let Some(node) = node {
                 grads.register::<B>(node.id, grad);
@@ -113,16 +164,9 @@ impl<B: Backend + AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff
         scale: f32,
         note: Option<AmaxNotes>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let nodes = [q.node(), k.node(), v.node()];
-        let (q, k, v) = (q.into_parts().0, k.into_parts().0, v.into_parts().0);
-        let (out, lse) = B::attention_forward(q.clone(), k.clone(), v.clone(), causal, scale, note);
-        // `lse₂` leaves as a constant: nothing differentiates through it.
-        let lse_out = <Self as AutodiffBackend>::from_inner(lse.clone());
-        let out = match AttentionBackward.prepare::<C>(nodes).compute_bound().stateful() {
-            OpsKind::Tracked(prep) => prep.finish((q, k, v, out.clone(), lse, causal, scale), out),
-            OpsKind::UnTracked(prep) => prep.finish(out),
-        };
-        (out, lse_out)
+        tracked::<B, C>([q, k, v], Hidden::Causal(causal), scale, |q, k, v| {
+            B::attention_forward(q, k, v, causal, scale, note)
+        })
     }
 
     /// The inner backend's backward, as constants (no second-order gradients).
@@ -150,6 +194,67 @@ impl<B: Backend + AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff
         let outer = |t| <Self as AutodiffBackend>::from_inner(t);
         (outer(dq), outer(dk), outer(dv))
     }
+
+    fn document_attention_forward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        starts: IntTensor<Self>,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        tracked::<B, C>([q, k, v], Hidden::Documents(starts.clone()), scale, |q, k, v| {
+            B::document_attention_forward(q, k, v, starts, scale)
+        })
+    }
+
+    /// The inner backend's backward, as constants (no second-order gradients).
+    fn document_attention_backward(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        lse: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        starts: IntTensor<Self>,
+        scale: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let inner = |t: FloatTensor<Self>| t.into_parts().0;
+        let (dq, dk, dv) = B::document_attention_backward(
+            inner(q),
+            inner(k),
+            inner(v),
+            inner(out),
+            inner(lse),
+            inner(grad),
+            starts,
+            scale,
+        );
+        let outer = |t| <Self as AutodiffBackend>::from_inner(t);
+        (outer(dq), outer(dk), outer(dv))
+    }
+}
+
+/// An attention's output and `lse₂`.
+type OutLse<B> = (FloatTensor<B>, FloatTensor<B>);
+
+/// The inner backend's attention (`forward` of q, k and v) as an op of the autodiff graph,
+/// keeping q, k, v, the output, `lse₂` and what it hid for its backward; `lse₂` leaves as a
+/// constant: nothing differentiates through it.
+fn tracked<B: Backend + AttentionOps, C: CheckpointStrategy>(
+    [q, k, v]: [FloatTensor<Autodiff<B, C>>; 3],
+    hidden: Hidden<B>,
+    scale: f32,
+    forward: impl FnOnce(FloatTensor<B>, FloatTensor<B>, FloatTensor<B>) -> OutLse<B>,
+) -> OutLse<Autodiff<B, C>> {
+    let nodes = [q.node(), k.node(), v.node()];
+    let (q, k, v) = (q.into_parts().0, k.into_parts().0, v.into_parts().0);
+    let (out, lse) = forward(q.clone(), k.clone(), v.clone());
+    let lse_out = <Autodiff<B, C> as AutodiffBackend>::from_inner(lse.clone());
+    let out = match AttentionBackward.prepare::<C>(nodes).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((q, k, v, out.clone(), lse, hidden, scale), out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    };
+    (out, lse_out)
 }
 
 /// Softmax attention `softmax(q·kᵀ / √d [+ causal mask]) · v` through [`AttentionOps`]:

@@ -14,7 +14,7 @@ use crate::error::ConfigError;
 use crate::init::{InitMode, ParamInit};
 use crate::models::llama::{LlamaConfig, MemoryEstimate, MtpConfig, WordEmbeddings, gguf, hf, preset};
 use crate::optim::DistributedAdamWConfig;
-use crate::plan::{ParallelPlan, PipelineSchedule, TensorParallel};
+use crate::plan::{ContextParallel, ParallelPlan, PipelineSchedule, TensorParallel};
 use crate::precision::{KeptBlocks, PrecisionPolicy};
 
 /// A resolved job: see the module docs.
@@ -130,8 +130,10 @@ impl JobConfig {
         }
         if config.data.pack_conversations {
             let refused = [
-                (p.cp > 1, "context parallelism (parallel.cp > 1)"),
-                (p.pp > 1, "pipeline parallelism (parallel.pp > 1)"),
+                (
+                    p.cp > 1 && p.context != ContextParallel::AllToAll,
+                    "context parallelism's ring or all-gather exchange (parallel.context: all-to-all does)",
+                ),
                 (model.latent.is_some(), "latent attention (MLA)"),
                 (model.mtp.is_some(), "multi-token prediction (model.mtp_depth > 0)"),
             ];

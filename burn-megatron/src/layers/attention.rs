@@ -19,7 +19,7 @@ use burn_megatron_kernels::quant::recipe::Pass;
 use burn_megatron_kernels::rope::RotatedHeads;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig, SharedInput};
-use super::context::context_attention;
+use super::context::{context_attention, context_document_attention};
 use super::documents::Documents;
 use super::rope::{Rope, RopeScaling};
 use super::row::{RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig};
@@ -347,20 +347,13 @@ impl ParallelAttention {
     }
 
     /// [`project`](Self::project) for rows packing `documents`: q and k rotated at each token's
-    /// position in its document. Context parallelism's chunks do not take documents yet.
+    /// position in its document (this rank's chunks' under context parallelism).
     fn project_documents(
         &self,
         x: Tensor<3>,
         stream: Option<&Residual>,
         documents: &Documents,
     ) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), LayerError> {
-        if self.cp.size() > 1 {
-            return Err(ConfigError::Documents(format!(
-                "context parallelism (cp = {}) does not split packed documents yet",
-                self.cp.size()
-            ))
-            .into());
-        }
         let [xq, xk, xv] = self.inputs(x, stream)?;
         let shared = Some(Arc::new(SharedInput::default()));
         let project = |w: &ColumnParallelLinear, x| w.forward_sharing(x, shared.as_ref());
@@ -506,7 +499,8 @@ fn attend(
 }
 
 /// [`attend`] inside each packed document: the f32 reference's masked attention
-/// (`document_attention`) on every backend.
+/// (`document_attention`) on every backend, over the whole sequence under context parallelism
+/// (`context_document_attention`).
 ///
 /// # Shapes
 /// q `[b, h, s, k]`, k and v `[b, g, s, k]` → `[b, s, h·k]`
@@ -517,8 +511,15 @@ fn attend_documents(
     v: Tensor<4>,
     documents: &Documents,
 ) -> Result<Tensor<3>, LayerError> {
-    let (k, v) = (repeat_kv(k, &heads), repeat_kv(v, &heads));
-    let out = burn_megatron_kernels::attention::document_attention(q, k, v, documents.starts.clone());
+    let starts = documents.starts.clone();
+    let out = match &heads.context {
+        // The whole sequence on each rank (all-to-all); kv heads travel unrepeated.
+        Some((context, cp)) => context_document_attention(q, k, v, starts, *context, cp)?,
+        None => {
+            let (k, v) = (repeat_kv(k, &heads), repeat_kv(v, &heads));
+            burn_megatron_kernels::attention::document_attention(q, k, v, starts)
+        }
+    };
     Ok(side_by_side(out, &heads))
 }
 

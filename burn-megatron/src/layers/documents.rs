@@ -5,6 +5,7 @@
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
+use super::context::ContextLayout;
 use crate::error::ConfigError;
 
 /// The documents of a batch of packed rows.
@@ -13,9 +14,11 @@ use crate::error::ConfigError;
 /// `positions` and `starts`: `[b, s]`
 #[derive(Clone, Debug)]
 pub struct Documents {
-    /// Each token's position in its document (0 at its first token).
+    /// Each token's position in its document (0 at its first token): this rank's chunks'
+    /// under context parallelism ([`context_shard`](Self::context_shard)).
     pub positions: Tensor<2, Int>,
-    /// Each token's document's first index in its row.
+    /// Each token's document's first index in its row, over the whole row (under context
+    /// parallelism too: the attention reads it over the whole sequence).
     pub starts: Tensor<2, Int>,
 }
 
@@ -47,9 +50,17 @@ impl Documents {
         })
     }
 
-    /// `[b, s]`
+    /// `[b, s]`, this rank's tokens.
     pub fn dims(&self) -> [usize; 2] {
         self.positions.dims()
+    }
+
+    /// This context-parallel rank's part: its chunks' positions, the whole rows' starts.
+    pub fn context_shard(self, layout: &ContextLayout) -> Result<Self, ConfigError> {
+        Ok(Self {
+            positions: layout.shard(self.positions, 1)?,
+            starts: self.starts,
+        })
     }
 }
 

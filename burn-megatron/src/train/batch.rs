@@ -4,6 +4,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::error::ConfigError;
 use crate::layers::Documents;
+use crate::layers::context::ContextLayout;
 
 /// Token ids and the ids that follow them: a rank's whole sequences (under context
 /// parallelism, each cp rank takes its chunks inside the step); where rows pack several
@@ -82,6 +83,22 @@ impl TokenBatch {
     pub fn tokens(&self) -> usize {
         let [b, s] = self.ids.dims();
         b * s
+    }
+
+    /// This context-parallel rank's chunks of the sequences (the batch itself at cp = 1), their
+    /// packed documents' positions with them.
+    ///
+    /// # Shapes
+    /// `[b, s]` → `[b, s/cp]`
+    pub fn context_shard(self, layout: &ContextLayout) -> Result<Self, ConfigError> {
+        if layout.cp == 1 {
+            return Ok(self);
+        }
+        Ok(Self {
+            ids: layout.shard(self.ids, 1)?,
+            targets: layout.shard(self.targets, 1)?,
+            documents: self.documents.map(|d| d.context_shard(layout)).transpose()?,
+        })
     }
 
     /// The batch cut into `parts` microbatches of equal sequences, in order.

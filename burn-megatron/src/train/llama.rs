@@ -11,7 +11,7 @@ use burn_megatron_kernels::quant::notes::AmaxNotes;
 use super::batch::TokenBatch;
 use super::pipeline::{forward_loss, scheduled_step};
 use super::step::{Backward, Pass, TrainModel, router_parts};
-use crate::error::{ConfigError, LayerError};
+use crate::error::LayerError;
 use crate::layers::context::ContextLayout;
 use crate::layers::moe::Load;
 use crate::models::llama::{Llama, LlamaBlock, LlamaStage, MoeReport};
@@ -57,8 +57,7 @@ impl TrainModel for LlamaStage {
     /// This rank's part of a pipeline step over its schedule: the gradients of its parameters
     /// summed over the schedule's microbatches, the mean loss on every stage.
     fn forward_backward(&self, batch: TokenBatch, pass: Pass) -> Result<Backward, LayerError> {
-        whole_documents(&batch)?;
-        let step = scheduled_step(self, batch.ids, batch.targets, pass.timing)?;
+        let step = scheduled_step(self, batch, pass.timing)?;
         let weigh = |x: Tensor<1>| match pass.weight == 1.0 {
             true => x,
             false => x.mul_scalar(pass.weight),
@@ -75,9 +74,8 @@ impl TrainModel for LlamaStage {
     }
 
     fn eval_loss(&self, batch: TokenBatch) -> Result<Tensor<1>, LayerError> {
-        whole_documents(&batch)?;
         let pp = &self.schedule.as_ref().ok_or(crate::error::ConfigError::NoSchedule)?.pp;
-        forward_loss(self, batch.ids, batch.targets, pp)
+        forward_loss(self, batch, pp)
     }
 
     fn reduces_during_backward(&self) -> bool {
@@ -102,28 +100,11 @@ impl TrainModel for LlamaStage {
     }
 }
 
-/// A pipeline's stages do not pass packed documents along yet: a typed error for a batch that
-/// packs them.
-fn whole_documents(batch: &TokenBatch) -> Result<(), LayerError> {
-    match batch.documents {
-        Some(_) => Err(ConfigError::Documents("pipeline parallelism does not take packed documents yet".into()).into()),
-        None => Ok(()),
-    }
-}
-
 /// This rank's chunks of the batch's sequences under context parallelism (the batch as it is
-/// at cp = 1; packed documents are refused by the attention at cp > 1).
+/// at cp = 1), their packed documents' positions with them.
 pub(crate) fn context_shard(model: &Llama, batch: TokenBatch) -> Result<TokenBatch, LayerError> {
-    let Some(block) = model.layers.first() else {
-        return Ok(batch);
-    };
-    let layout = ContextLayout::new(block.context_group());
-    if layout.cp == 1 {
-        return Ok(batch);
+    match model.layers.first() {
+        Some(block) => Ok(batch.context_shard(&ContextLayout::new(block.context_group()))?),
+        None => Ok(batch),
     }
-    Ok(TokenBatch {
-        ids: layout.shard(batch.ids, 1)?,
-        targets: layout.shard(batch.targets, 1)?,
-        documents: batch.documents,
-    })
 }

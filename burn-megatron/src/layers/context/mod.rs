@@ -20,11 +20,11 @@ pub use choice::ContextParallel;
 pub use layout::ContextLayout;
 pub use op::block_attention;
 
-use burn::tensor::Tensor;
+use burn::tensor::{Int, Tensor};
 use burn_megatron_dist::ProcessGroup;
 use burn_megatron_dist::mappings::all_to_all;
 
-use crate::error::LayerError;
+use crate::error::{ConfigError, LayerError};
 use crate::layers::heads::repeat_heads;
 
 /// Causal attention of this rank's chunks over the whole sequence split over `cp`.
@@ -47,13 +47,49 @@ pub fn context_attention(
     Ok(match context {
         ContextParallel::Ring => block_attention(q, k, v, blocks(Exchange::Ring))?,
         ContextParallel::AllGather => block_attention(q, k, v, blocks(Exchange::AllGather))?,
-        ContextParallel::AllToAll => ulysses(q, k, v, cp)?,
+        ContextParallel::AllToAll => ulysses(q, k, v, cp, |q, k, v| {
+            burn_megatron_kernels::attention::attention(q, k, v, true)
+        })?,
+    })
+}
+
+/// [`context_attention`] of rows packing several documents: each query sees the keys of its
+/// own document up to itself, `starts` `[b, s]` each token's document's first index over the
+/// whole row. Through the all-to-all exchange only, which puts the whole sequence on each rank
+/// (the masked attention reads it there); ring and all-gather refuse, naming themselves.
+///
+/// # Shapes
+/// q `[b, h, 2L, d]`, k and v `[b, g, 2L, d]`, `[b, s]` → `[b, h, 2L, d]`
+pub fn context_document_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    starts: Tensor<2, Int>,
+    context: ContextParallel,
+    cp: &ProcessGroup,
+) -> Result<Tensor<4>, LayerError> {
+    if context != ContextParallel::AllToAll {
+        return Err(ConfigError::Documents(format!(
+            "context parallelism's {} exchange does not split packed documents: all-to-all does",
+            context.name()
+        ))
+        .into());
+    }
+    ulysses(q, k, v, cp, |q, k, v| {
+        burn_megatron_kernels::attention::document_attention(q, k, v, starts)
     })
 }
 
 /// Ulysses: `[b, h, 2L, d]` → `[b, h/cp, s, d]` (heads scattered, the sequence gathered in
-/// rank order, then put in global order), causal attention, and back.
-fn ulysses(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, cp: &ProcessGroup) -> Result<Tensor<4>, LayerError> {
+/// rank order, then put in global order), `attend` over the whole sequence (kv heads
+/// repeated), and back.
+fn ulysses(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    cp: &ProcessGroup,
+    attend: impl FnOnce(Tensor<4>, Tensor<4>, Tensor<4>) -> Tensor<4>,
+) -> Result<Tensor<4>, LayerError> {
     let layout = ContextLayout::new(cp);
     let s = q.dims()[2] * cp.size();
     let device = q.device();
@@ -64,6 +100,6 @@ fn ulysses(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, cp: &ProcessGroup) -> Resul
     let (q, k, v) = (whole(q)?, whole(k)?, whole(v)?);
     let per_kv = q.dims()[1] / k.dims()[1];
     let (k, v) = (repeat_heads(k, per_kv), repeat_heads(v, per_kv));
-    let out = burn_megatron_kernels::attention::attention(q, k, v, true); // [b, h/cp, s, d]
+    let out = attend(q, k, v); // [b, h/cp, s, d]
     Ok(all_to_all(out.select(2, to_gathered), cp, 2, 1)?)
 }

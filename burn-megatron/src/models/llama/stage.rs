@@ -21,7 +21,7 @@ use crate::error::{ConfigError, LayerError};
 use crate::init::ParamInit;
 use crate::layers::context::ContextLayout;
 use crate::layers::moe::Load;
-use crate::layers::{ColumnParallelLinear, RmsNorm, VocabParallelCrossEntropy, VocabParallelEmbedding};
+use crate::layers::{ColumnParallelLinear, Documents, RmsNorm, VocabParallelCrossEntropy, VocabParallelEmbedding};
 use crate::plan::pipeline::schedule::StageSchedule;
 use crate::plan::pipeline::stages::{rank_chunks, virtual_stages};
 use crate::plan::{ParallelPlan, PipelineSchedule};
@@ -227,18 +227,23 @@ impl LlamaStage {
             .forward(ids)
     }
 
-    /// Model chunk `chunk`'s blocks on `x`, and what its MoE blocks report (their router
-    /// losses and loads, in block order).
+    /// Model chunk `chunk`'s blocks on `x` (rows packing `documents` where given), and what its
+    /// MoE blocks report (their router losses and loads, in block order).
     ///
     /// # Shapes
     /// `[b, s, d]` → `[b, s, d]`
-    pub fn forward_chunk(&self, chunk: usize, x: Tensor<3>) -> Result<(Tensor<3>, MoeReport), LayerError> {
+    pub fn forward_chunk(
+        &self,
+        chunk: usize,
+        x: Tensor<3>,
+        documents: Option<&Documents>,
+    ) -> Result<(Tensor<3>, MoeReport), LayerError> {
         let blocks: Vec<LlamaBlock> = self.chunks[chunk]
             .clone()
             .map(|i| self.layers[i].clone().expect("the chunk's blocks are here"))
             .collect();
         let mut report = MoeReport::default();
-        let y = forward_blocks(&blocks, x, self.recompute, &mut report, None)?;
+        let y = forward_blocks(&blocks, x, self.recompute, &mut report, documents)?;
         Ok((y, report))
     }
 

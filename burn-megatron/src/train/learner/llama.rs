@@ -143,7 +143,7 @@ impl InferenceStep for LlamaStage {
             .as_ref()
             .unwrap_or_else(|| panic!("{}", ConfigError::NoSchedule))
             .pp;
-        let loss = forward_loss(self, batch.ids, batch.targets, pp).unwrap_or_else(|e| panic!("{e}"));
+        let loss = forward_loss(self, batch, pp).unwrap_or_else(|e| panic!("{e}"));
         LmOutput {
             loss,
             loads: Vec::new(),

@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use burn::tensor::{Int, Tensor};
+use burn::tensor::Tensor;
 use burn_megatron_dist::ProcessGroup;
 
 use crate::error::LayerError;
@@ -22,6 +22,7 @@ use crate::models::llama::LlamaStage;
 use crate::params::{param_grads, param_values};
 use crate::plan::pipeline::schedule::{Action, Payload};
 use crate::recompute::seeded_backward_with;
+use crate::train::batch::TokenBatch;
 
 /// What one rank's step produced.
 pub struct StageStep {
@@ -78,13 +79,13 @@ struct Kept {
     scalar: Option<Tensor<1>>,
 }
 
-/// Runs `actions` (this pipeline rank's list) on `stage`: `batches[i]` is microbatch `i`'s
-/// `(ids, targets)`, each `[b, s]` (this cp rank's chunks under context parallelism,
-/// [`LlamaStage::context_layout`]); activations are [`LlamaStage::activation_shape`].
+/// Runs `actions` (this pipeline rank's list) on `stage`: `batches[i]` is microbatch `i`,
+/// `[b, s]` (this cp rank's chunks under context parallelism,
+/// [`TokenBatch::context_shard`]); activations are [`LlamaStage::activation_shape`].
 pub fn run_actions(
     stage: &LlamaStage,
     actions: &[Action],
-    batches: &[(Tensor<2, Int>, Tensor<2, Int>)],
+    batches: &[TokenBatch],
     pp: &ProcessGroup,
     timing: Timing,
 ) -> Result<StageStep, LayerError> {
@@ -101,7 +102,7 @@ pub fn run_actions(
     // The router losses of chunks that are not the last virtual stage: added to the reported
     // loss after the actions.
     let mut elsewhere: Option<Tensor<1>> = None;
-    let device = batches.first().map(|b| b.0.device());
+    let device = batches.first().map(|b| b.ids.device());
     let begun = Instant::now();
     let mut busy = 0.0;
     // A compute action's time, the device synchronized at its end (kernels run asynchronously).
@@ -125,8 +126,8 @@ pub fn run_actions(
                 microbatch,
                 stage: s,
             } => {
-                let [b, len] = batches[microbatch].0.dims();
-                let device = batches[microbatch].0.device();
+                let [b, len] = batches[microbatch].ids.dims();
+                let device = batches[microbatch].ids.device();
                 let like = Tensor::<3>::zeros(stage.activation_shape(b, len), (&device, stage_dtype(stage)));
                 let x = pp.recv(like.without_autodiff(), peer)?;
                 inbox.insert((payload, microbatch, s), x);
@@ -143,7 +144,11 @@ pub fn run_actions(
             Action::Forward { microbatch, chunk } => {
                 let started = Instant::now();
                 let s = virtual_stage(chunk);
-                let (ids, targets) = &batches[microbatch];
+                let TokenBatch {
+                    ids,
+                    targets,
+                    documents,
+                } = &batches[microbatch];
                 let (input, x) = match s {
                     0 => (None, stage.embed(ids.clone())?),
                     _ => {
@@ -154,7 +159,7 @@ pub fn run_actions(
                         (Some(leaf.clone()), leaf)
                     }
                 };
-                let (y, report) = stage.forward_chunk(chunk, x)?;
+                let (y, report) = stage.forward_chunk(chunk, x, documents.as_ref())?;
                 for (block, load) in stage.moe_blocks(chunk).into_iter().zip(report.loads.iter().cloned()) {
                     let sum = match loads.remove(&block) {
                         Some(sum) => sum.add(&load),

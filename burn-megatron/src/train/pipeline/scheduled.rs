@@ -5,7 +5,7 @@
 //!
 //! Legend: `b` a rank's sequences, `s` sequence, `m` microbatches.
 
-use burn::tensor::{DType, Int, Tensor};
+use burn::tensor::{DType, Tensor};
 use burn_megatron_dist::{ProcessGroup, ReduceOp};
 
 use super::run::{StageTiming, Timing, run_actions};
@@ -13,6 +13,7 @@ use crate::error::{ConfigError, LayerError};
 use crate::layers::moe::Load;
 use crate::models::llama::LlamaStage;
 use crate::params::param_values;
+use crate::train::batch::TokenBatch;
 
 /// What [`scheduled_step`] produced.
 pub struct ScheduledStep {
@@ -28,40 +29,18 @@ pub struct ScheduledStep {
     pub timing: StageTiming,
 }
 
-/// One training step of this rank over its schedule: `ids` and `targets` (`[b, s]`, this
-/// dp rank's whole sequences, the same on every stage; under context parallelism each cp
-/// rank takes its chunks) cut into the microbatches, its actions timed as `timing` says. Every
-/// rank of the pipeline calls it.
-pub fn scheduled_step(
-    stage: &LlamaStage,
-    ids: Tensor<2, Int>,
-    targets: Tensor<2, Int>,
-    timing: Timing,
-) -> Result<ScheduledStep, LayerError> {
+/// One training step of this rank over its schedule: `batch` (this dp rank's whole
+/// sequences, the same on every stage; under context parallelism each cp rank takes its
+/// chunks) cut into the microbatches, its actions timed as `timing` says. Every rank of the
+/// pipeline calls it.
+pub fn scheduled_step(stage: &LlamaStage, batch: TokenBatch, timing: Timing) -> Result<ScheduledStep, LayerError> {
     let schedule = stage.schedule.as_ref().ok_or(ConfigError::NoSchedule)?;
     let pp = &schedule.pp;
-    let context = stage.context_layout();
-    let (ids, targets) = (context.shard(ids, 1)?, context.shard(targets, 1)?);
-    let [b, _] = ids.dims();
-    let m = schedule.microbatches;
-    if b < m || !b.is_multiple_of(m) {
-        return Err(ConfigError::MicrobatchSplit {
-            sequences: b,
-            microbatches: m,
-        }
-        .into());
-    }
-    let per = b / m;
-    let batches: Vec<_> = (0..m)
-        .map(|i| {
-            (
-                ids.clone().narrow(0, i * per, per),
-                targets.clone().narrow(0, i * per, per),
-            )
-        })
-        .collect();
+    let batches = batch
+        .context_shard(&stage.context_layout())?
+        .split(schedule.microbatches)?;
     let step = run_actions(stage, &schedule.actions, &batches, pp, timing)?;
-    let device = ids.device();
+    let device = batches[0].ids.device();
     let loss = match step.loss {
         Some(loss) => loss.detach().without_autodiff().cast(DType::F32),
         None => Tensor::zeros([1], (&device, DType::F32)).without_autodiff(),
@@ -74,19 +53,17 @@ pub fn scheduled_step(
     })
 }
 
-/// The loss of `ids` against `targets` (`[b, s]`, whole sequences; under context
-/// parallelism each cp rank takes its chunks) through the whole pipeline, forward only and
-/// unsplit: each virtual stage in turn, its activations sent to the next; the head's loss
-/// plus every stage's router losses, `[1]` f32 on every stage, as
-/// [`Llama::forward_loss`](crate::models::llama::Llama::forward_loss). Every rank of `pp` calls it.
-pub fn forward_loss(
-    stage: &LlamaStage,
-    ids: Tensor<2, Int>,
-    targets: Tensor<2, Int>,
-    pp: &ProcessGroup,
-) -> Result<Tensor<1>, LayerError> {
-    let context = stage.context_layout();
-    let (ids, targets) = (context.shard(ids, 1)?, context.shard(targets, 1)?);
+/// The loss of `batch` (whole sequences; under context parallelism each cp rank takes its
+/// chunks) through the whole pipeline, forward only and unsplit: each virtual stage in turn,
+/// its activations sent to the next; the head's loss plus every stage's router losses, `[1]`
+/// f32 on every stage, as [`Llama::forward_loss`](crate::models::llama::Llama::forward_loss).
+/// Every rank of `pp` calls it.
+pub fn forward_loss(stage: &LlamaStage, batch: TokenBatch, pp: &ProcessGroup) -> Result<Tensor<1>, LayerError> {
+    let TokenBatch {
+        ids,
+        targets,
+        documents,
+    } = batch.context_shard(&stage.context_layout())?;
     let (rank, size) = (pp.group_rank(), pp.size());
     let stages = size * stage.chunks.len();
     let [b, s] = ids.dims();
@@ -103,7 +80,7 @@ pub fn forward_loss(
                 pp.recv(like, (v - 1) % size)?
             }
         };
-        let (y, report) = stage.forward_chunk(v / size, x)?;
+        let (y, report) = stage.forward_chunk(v / size, x, documents.as_ref())?;
         if let Some(routed) = report.loss() {
             total = total + routed.cast(DType::F32);
         }
