@@ -94,7 +94,7 @@ macro_rules! for_each_moe_model_test {
 macro_rules! for_each_kernel_test {
     ($callback:ident!($($args:tt)*)) => {
         $crate::$callback! { $($args)*; kernel_suite:
-            wgmma_gemm, gated_gemm, residual_gemm, rotated_gemm, flash_attention, flash_repeats, swiglu, rms_norm, rope,
+            wgmma_gemm, gated_gemm, residual_gemm, rotated_gemm, flash_attention, flash_repeats, flash_documents, swiglu, rms_norm, rope,
             adamw, adamw_master, sum_of_squares, f32_matmul, grouped_gemm, row_kernels, embedding_kernels,
             router_top_k, expert_order, router_product, fp8_tiles, fp8_gemm, fp8_amax, amax_notes, fp8_blocks,
             fp8_blockwise_gemm, quantized_linear, shared_input, weight_codes, emulated_blocks, cross_entropy,

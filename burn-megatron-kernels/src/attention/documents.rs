@@ -1,11 +1,10 @@
 //! Causal attention inside documents, for sequences that pack several documents end to end
 //! (packed SFT): each query sees the keys of its own document up to itself. Through
 //! [`AttentionOps`]' document ops, whose backward keeps q, k, v, the output and `lse₂` only (as
-//! the causal op's does): the `[b, h, s, s]` scores live one layer at a time, in its forward and
-//! again in its backward.
-//!
-//! Every backend runs the f32 reference ([`super::reference::Mask::Documents`]): the flash
-//! kernels do not take a document mask yet.
+//! the causal op's does). On CUDA the flash kernels take the mask (bf16, head dim ≤ 128: each
+//! query's document's first key beside the causal diagonal); elsewhere the f32 reference
+//! ([`super::reference::Mask::Documents`]), whose `[b, h, s, s]` scores live one layer at a
+//! time, in its forward and again in its backward.
 //!
 //! Legend: `b` batch, `h` heads, `s` sequence, `d` head dim.
 

@@ -3,7 +3,7 @@
 
 use burn::backend::Cube;
 use burn::backend::ops::FloatTensorOps;
-use burn::tensor::{DType, Shape, Tensor};
+use burn::tensor::{DType, Int, Shape, Tensor};
 use burn_cubecl::cubecl::ir::{ElemType, FloatKind};
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::tensor::CubeTensor;
@@ -11,7 +11,7 @@ use cubecl::prelude::*;
 use cubecl::zspace::shape;
 
 use super::flash::{self, HEAD_DIM};
-use super::reference;
+use super::reference::{self, Mask};
 use crate::quant::notes::{AmaxNotes, NoteAmaxes};
 
 /// Why a call runs on the reference instead of the flash kernels ([`supports`]).
@@ -123,8 +123,70 @@ fn sums_map(sums: &CubeTensor) -> TensorMapArg<Tiled> {
     .with_swizzle(TensorMapSwizzle::B128)
 }
 
-/// Document-masked attention ([`super::documents`]): the reference on CUDA too, in f32, until
-/// the flash kernels take a document mask.
+/// The keys the kernels hide from each query: those after it (causal) or none, or those
+/// outside its document (`starts` `[b, s]`, each query's document's first position; causal).
+#[derive(Clone)]
+pub(super) enum Masking {
+    Causal(bool),
+    Documents(CubeTensor),
+}
+
+impl Masking {
+    fn causal(&self) -> bool {
+        !matches!(self, Self::Causal(false))
+    }
+
+    /// The starts as the kernels read them (compact f32, exact below 2²⁴) and whether there
+    /// are any: else one unused word beside `like`.
+    fn starts(&self, like: &CubeTensor) -> (CubeTensor, bool) {
+        match self {
+            Self::Documents(starts) => {
+                let starts = Tensor::<2, Int>::from_primitive::<Cube>(starts.clone())
+                    .float()
+                    .cast(DType::F32);
+                (into_contiguous(primitive(starts)), true)
+            }
+            Self::Causal(_) => (compact(like, &[1], DType::F32), false),
+        }
+    }
+
+    /// The f32 reference's forward under this mask.
+    fn reference_forward(&self, q: CubeTensor, k: CubeTensor, v: CubeTensor, scale: f32) -> (CubeTensor, CubeTensor) {
+        let (out, lse) = match self {
+            Self::Causal(causal) => reference::forward(tensor(q), tensor(k), tensor(v), *causal, scale),
+            Self::Documents(starts) => {
+                let starts = Tensor::<2, Int>::from_primitive::<Cube>(starts.clone());
+                reference::forward_masked(tensor(q), tensor(k), tensor(v), Mask::Documents(&starts), scale)
+            }
+        };
+        (primitive(out), primitive(lse))
+    }
+
+    /// The f32 reference's backward under this mask.
+    #[allow(clippy::too_many_arguments)]
+    fn reference_backward(
+        &self,
+        q: CubeTensor,
+        k: CubeTensor,
+        v: CubeTensor,
+        out: CubeTensor,
+        lse: CubeTensor,
+        grad: CubeTensor,
+        scale: f32,
+    ) -> (CubeTensor, CubeTensor, CubeTensor) {
+        let (q, k, v, out, lse, grad) = (tensor(q), tensor(k), tensor(v), tensor(out), tensor(lse), tensor(grad));
+        let (dq, dk, dv) = match self {
+            Self::Causal(causal) => reference::backward(q, k, v, out, lse, grad, *causal, scale),
+            Self::Documents(starts) => {
+                let starts = Tensor::<2, Int>::from_primitive::<Cube>(starts.clone());
+                reference::backward_masked(q, k, v, out, lse, grad, Mask::Documents(&starts), scale)
+            }
+        };
+        (primitive(dq), primitive(dk), primitive(dv))
+    }
+}
+
+/// Attention inside each query's document (`AttentionOps::document_attention_forward`).
 pub(super) fn document_attention_forward(
     q: CubeTensor,
     k: CubeTensor,
@@ -132,18 +194,10 @@ pub(super) fn document_attention_forward(
     starts: CubeTensor,
     scale: f32,
 ) -> (CubeTensor, CubeTensor) {
-    let starts = Tensor::<2, burn::tensor::Int>::from_primitive::<Cube>(starts);
-    let (out, lse) = reference::forward_masked(
-        tensor(q),
-        tensor(k),
-        tensor(v),
-        reference::Mask::Documents(&starts),
-        scale,
-    );
-    (primitive(out), primitive(lse))
+    forward(q, k, v, Masking::Documents(starts), scale, None)
 }
 
-/// [`document_attention_forward`]'s backward, the reference's.
+/// [`document_attention_forward`]'s backward.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn document_attention_backward(
     q: CubeTensor,
@@ -155,18 +209,7 @@ pub(super) fn document_attention_backward(
     starts: CubeTensor,
     scale: f32,
 ) -> (CubeTensor, CubeTensor, CubeTensor) {
-    let starts = Tensor::<2, burn::tensor::Int>::from_primitive::<Cube>(starts);
-    let (dq, dk, dv) = reference::backward_masked(
-        tensor(q),
-        tensor(k),
-        tensor(v),
-        tensor(out),
-        tensor(lse),
-        tensor(grad),
-        reference::Mask::Documents(&starts),
-        scale,
-    );
-    (primitive(dq), primitive(dk), primitive(dv))
+    backward(q, k, v, out, lse, grad, Masking::Documents(starts), scale, None)
 }
 
 /// `[b, s, h, d]` storage seen as `[b, h, s, d]`.
@@ -187,8 +230,7 @@ fn scale_log2(scale: f32) -> f32 {
     scale * core::f32::consts::LOG2_E
 }
 
-/// With `note`, the output's amax is noted for the FP8 cast that quantizes it next
-/// (`known_amax`, on its memory as one row: the output projection reads it `[b·s, h·d]`).
+/// `AttentionOps::attention_forward`: [`forward`] with the causal mask or none.
 pub(super) fn attention_forward(
     q: CubeTensor,
     k: CubeTensor,
@@ -197,19 +239,31 @@ pub(super) fn attention_forward(
     scale: f32,
     notes: Option<AmaxNotes>,
 ) -> (CubeTensor, CubeTensor) {
+    forward(q, k, v, Masking::Causal(causal), scale, notes)
+}
+
+/// The output and `lse₂`; with `note`, the output's amax is noted for the FP8 cast that
+/// quantizes it next (`known_amax`, on its memory as one row: the output projection reads it
+/// `[b·s, h·d]`).
+fn forward(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    masking: Masking,
+    scale: f32,
+    notes: Option<AmaxNotes>,
+) -> (CubeTensor, CubeTensor) {
     let note = notes.is_some();
     let [b, h, s, d] = match check(&q, &k, &v) {
         Ok(dims) => dims,
         Err(Unsupported::HeadDim(d)) if d < HEAD_DIM => {
             // Padded columns are zeros: the output's amax is the cast's to find, not noted.
-            let (out, lse) = attention_forward(widen(q), widen(k), widen(v), causal, scale, None);
+            let (out, lse) = forward(widen(q), widen(k), widen(v), masking, scale, None);
             return (narrow(out, d), lse);
         }
-        Err(_) => {
-            let (out, lse) = reference::forward(tensor(q), tensor(k), tensor(v), causal, scale);
-            return (primitive(out), primitive(lse));
-        }
+        Err(_) => return masking.reference_forward(q, k, v, scale),
     };
+    let (starts, documents) = masking.starts(&q);
     let (q, k, v) = (tma_ready(q), tma_ready(k), tma_ready(v));
     let out = compact(&q, &[b, s, h, d], DType::BF16);
     let lse = compact(&q, &[b, h, s], DType::F32);
@@ -230,11 +284,13 @@ pub(super) fn attention_forward(
             pairs(&out).into_tensor_arg(),
             lse.clone().into_tensor_arg(),
             maxima.clone().into_tensor_arg(),
+            starts.into_tensor_arg(),
             s as u32,
             h as u32,
             scale_log2(scale),
-            causal,
+            masking.causal(),
             note,
+            documents,
         );
     }
     if let Some(notes) = notes {
@@ -278,7 +334,7 @@ pub(super) fn attention_backward(
     causal: bool,
     scale: f32,
 ) -> (CubeTensor, CubeTensor, CubeTensor) {
-    backward(q, k, v, out, lse, grad, causal, scale, None)
+    backward(q, k, v, out, lse, grad, Masking::Causal(causal), scale, None)
 }
 
 /// The gradients of q, k and v; with `tables`, of q and k before the rotation the tables give
@@ -291,7 +347,7 @@ pub(super) fn backward(
     out: CubeTensor,
     lse: CubeTensor,
     grad: CubeTensor,
-    causal: bool,
+    masking: Masking,
     scale: f32,
     tables: Option<&Tables>,
 ) -> (CubeTensor, CubeTensor, CubeTensor) {
@@ -299,7 +355,7 @@ pub(super) fn backward(
     if let Some(None) = fused {
         // Tables the kernels cannot index: the plain backward, then the inverse rotation apart.
         let tables = tables.expect("tables");
-        let (dq, dk, dv) = backward(q, k, v, out, lse, grad, causal, scale, None);
+        let (dq, dk, dv) = backward(q, k, v, out, lse, grad, masking, scale, None);
         let unrotate =
             |x| crate::rope::kernel::rope(x, tables.cos.clone(), tables.sin.clone(), true, NoteAmaxes::none());
         return (unrotate(dq), unrotate(dk), dv);
@@ -317,25 +373,13 @@ pub(super) fn backward(
                         widen(out),
                         lse,
                         widen(grad),
-                        causal,
+                        masking,
                         scale,
                         None,
                     );
                     (narrow(dq, d), narrow(dk, d), narrow(dv, d))
                 }
-                _ => {
-                    let (dq, dk, dv) = reference::backward(
-                        tensor(q),
-                        tensor(k),
-                        tensor(v),
-                        tensor(out),
-                        tensor(lse),
-                        tensor(grad),
-                        causal,
-                        scale,
-                    );
-                    (primitive(dq), primitive(dk), primitive(dv))
-                }
+                _ => masking.reference_backward(q, k, v, out, lse, grad, scale),
             };
             return match tables {
                 Some(t) => {
@@ -367,6 +411,7 @@ pub(super) fn backward(
     // Without a rotation the kernels never read the tables: the sums stand in.
     let unrotate = rotation.is_some();
     let (cos, sin) = rotation.unwrap_or_else(|| (sums.clone(), sums.clone()));
+    let (starts, documents) = masking.starts(&q);
     // SAFETY: every kernel checks its rows against s (the delta kernel, which zeroes the sums
     // before the backward adds into them, against b·h·s; the dQ conversion against the sums'
     // length; their inputs' strides are multiples of their vectors, `tma_ready`, and the sums
@@ -400,12 +445,14 @@ pub(super) fn backward(
             pairs(&dv).into_tensor_arg(),
             cos.clone().into_tensor_arg(),
             sin.clone().into_tensor_arg(),
+            starts.into_tensor_arg(),
             s as u32,
             h as u32,
             scale_log2(scale),
             scale,
-            causal,
+            masking.causal(),
             unrotate,
+            documents,
         );
         flash::dq_out_kernel::launch_unchecked(
             &client,

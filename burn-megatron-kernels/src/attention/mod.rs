@@ -78,7 +78,7 @@ extension! {
 
     /// [`attention_forward`](AttentionOps::attention_forward) of rows packing several documents
     /// ([`documents`]): each query sees the keys of its own document up to itself, `starts`
-    /// `[b, s]` its document's first position. The f32 reference on every backend.
+    /// `[b, s]` its document's first position. The f32 reference (the flash kernels on CUDA).
     fn document_attention_forward(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -180,19 +180,9 @@ impl<B: Backend + AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff
         causal: bool,
         scale: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let inner = |t: FloatTensor<Self>| t.into_parts().0;
-        let (dq, dk, dv) = B::attention_backward(
-            inner(q),
-            inner(k),
-            inner(v),
-            inner(out),
-            inner(lse),
-            inner(grad),
-            causal,
-            scale,
-        );
-        let outer = |t| <Self as AutodiffBackend>::from_inner(t);
-        (outer(dq), outer(dk), outer(dv))
+        constant_grads::<B, C, 6>([q, k, v, out, lse, grad], |[q, k, v, out, lse, grad]| {
+            B::attention_backward(q, k, v, out, lse, grad, causal, scale)
+        })
     }
 
     fn document_attention_forward(
@@ -218,24 +208,28 @@ impl<B: Backend + AttentionOps, C: CheckpointStrategy> AttentionOps for Autodiff
         starts: IntTensor<Self>,
         scale: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let inner = |t: FloatTensor<Self>| t.into_parts().0;
-        let (dq, dk, dv) = B::document_attention_backward(
-            inner(q),
-            inner(k),
-            inner(v),
-            inner(out),
-            inner(lse),
-            inner(grad),
-            starts,
-            scale,
-        );
-        let outer = |t| <Self as AutodiffBackend>::from_inner(t);
-        (outer(dq), outer(dk), outer(dv))
+        constant_grads::<B, C, 6>([q, k, v, out, lse, grad], |[q, k, v, out, lse, grad]| {
+            B::document_attention_backward(q, k, v, out, lse, grad, starts, scale)
+        })
     }
 }
 
 /// An attention's output and `lse₂`.
 type OutLse<B> = (FloatTensor<B>, FloatTensor<B>);
+
+/// The gradients of q, k and v.
+type Grads<B> = (FloatTensor<B>, FloatTensor<B>, FloatTensor<B>);
+
+/// An attention backward of the inner backend (`backward` of the `N` tensors' values), its
+/// gradients as constants of the autodiff backend (no second-order gradients).
+fn constant_grads<B: Backend, C: CheckpointStrategy, const N: usize>(
+    tensors: [FloatTensor<Autodiff<B, C>>; N],
+    backward: impl FnOnce([FloatTensor<B>; N]) -> Grads<B>,
+) -> Grads<Autodiff<B, C>> {
+    let (dq, dk, dv) = backward(tensors.map(|t| t.into_parts().0));
+    let outer = |t| <Autodiff<B, C> as AutodiffBackend>::from_inner(t);
+    (outer(dq), outer(dk), outer(dv))
+}
 
 /// The inner backend's attention (`forward` of q, k and v) as an op of the autodiff graph,
 /// keeping q, k, v, the output, `lse₂` and what it hid for its backward; `lse₂` leaves as a

@@ -15,7 +15,7 @@ use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 
-use super::AttentionOps;
+use super::{AttentionOps, constant_grads};
 use crate::quant::notes::{AmaxNotes, NoteAmaxes};
 use crate::rope::{RopeOps, RotatedHeads};
 
@@ -99,7 +99,7 @@ mod on_cuda {
     use burn::backend::Cube;
     use burn_cubecl::tensor::CubeTensor;
 
-    use crate::attention::launch::{Tables, backward};
+    use crate::attention::launch::{Masking, Tables, backward};
     use crate::quant::notes::AmaxNotes;
 
     #[allow(clippy::too_many_arguments)]
@@ -130,7 +130,17 @@ mod on_cuda {
         causal: bool,
         scale: f32,
     ) -> (CubeTensor, CubeTensor, CubeTensor) {
-        backward(q, k, v, out, lse, grad, causal, scale, Some(&Tables { cos, sin }))
+        backward(
+            q,
+            k,
+            v,
+            out,
+            lse,
+            grad,
+            Masking::Causal(causal),
+            scale,
+            Some(&Tables { cos, sin }),
+        )
     }
 }
 
@@ -220,21 +230,10 @@ impl<B: Backend + RotaryAttentionOps, C: CheckpointStrategy> RotaryAttentionOps 
         causal: bool,
         scale: f32,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let inner = |t: FloatTensor<Self>| t.into_parts().0;
-        let (dq, dk, dv) = B::rotary_attention_backward(
-            inner(q),
-            inner(k),
-            inner(v),
-            inner(out),
-            inner(lse),
-            inner(grad),
-            inner(cos),
-            inner(sin),
-            causal,
-            scale,
-        );
-        let outer = |t| <Self as AutodiffBackend>::from_inner(t);
-        (outer(dq), outer(dk), outer(dv))
+        let tensors = [q, k, v, out, lse, grad, cos, sin];
+        constant_grads::<B, C, 8>(tensors, |[q, k, v, out, lse, grad, cos, sin]| {
+            B::rotary_attention_backward(q, k, v, out, lse, grad, cos, sin, causal, scale)
+        })
     }
 }
 

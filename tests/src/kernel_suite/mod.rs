@@ -19,6 +19,7 @@ use crate::Harness;
 
 mod blocks;
 mod decode;
+mod documents;
 mod emulated;
 mod onto;
 mod optim;
@@ -28,6 +29,7 @@ mod rotated;
 mod rows;
 pub use blocks::{fp8_blocks, fp8_blockwise_gemm};
 pub use decode::{decode_step, graph_replay, greedy_choice, skinny_gemm};
+pub use documents::flash_documents;
 pub use emulated::emulated_blocks;
 pub use onto::residual_gemm;
 pub use optim::{adamw, adamw_master, sum_of_squares};
@@ -195,16 +197,33 @@ pub fn flash_attention(h: &Harness) {
             // mask, layout or rotation is of order 1.
             let error = relative_error(out.clone(), expected.clone());
             assert!(error < 2e-2, "{case}: output relative error {error}");
-            let weights = Tensor::<4>::random([b, heads, s, d], Distribution::Normal(0.0, 1.0), (&device, DType::F32));
-            let grads = (out.cast(DType::F32) * weights.clone()).sum().backward();
-            let expected_grads = (expected * weights).sum().backward();
-            for (name, ours, theirs) in [("q", &q, &q32), ("k", &k, &k32), ("v", &v, &v32)] {
-                let (g, e) = (ours.grad(&grads).unwrap(), theirs.grad(&expected_grads).unwrap());
-                // The gradients also round dS and dP to bf16 before their products: 4e-2.
-                let error = relative_error(g, e);
-                assert!(error < 4e-2, "{case}: d{name} relative error {error}");
-            }
+            // The gradients also round dS and dP to bf16 before their products: 4e-2.
+            assert_grads_close(&case, out, expected, [(&q, &q32), (&k, &k32), (&v, &v32)], 4e-2);
         }
+    }
+}
+
+/// The gradients of q, k and v (`leaves`, ours beside the reference's) through `out` and
+/// `expected` (`[b, h, s, d]`) weighted alike by random weights: each within `tolerance` in
+/// relative norm.
+pub(super) fn assert_grads_close(
+    case: &str,
+    out: Tensor<4>,
+    expected: Tensor<4>,
+    leaves: [(&Tensor<4>, &Tensor<4>); 3],
+    tolerance: f32,
+) {
+    let weights = Tensor::<4>::random(
+        expected.dims(),
+        Distribution::Normal(0.0, 1.0),
+        (&expected.device(), DType::F32),
+    );
+    let grads = (out.cast(DType::F32) * weights.clone()).sum().backward();
+    let expected_grads = (expected * weights).sum().backward();
+    for (name, (ours, theirs)) in ["q", "k", "v"].into_iter().zip(leaves) {
+        let (g, e) = (ours.grad(&grads).unwrap(), theirs.grad(&expected_grads).unwrap());
+        let error = relative_error(g, e);
+        assert!(error < tolerance, "{case}: d{name} relative error {error}");
     }
 }
 

@@ -49,12 +49,14 @@ pub(crate) fn dqkv_kernel(
     dv: &mut Tensor<u32>,
     cos: &Tensor<f32>,
     sin: &Tensor<f32>,
+    starts: &Tensor<f32>,
     seq: u32,
     heads: u32,
     scale_log2: f32,
     scale: f32,
     #[comptime] causal: bool,
     #[comptime] unrotate: bool,
+    #[comptime] documents: bool,
 ) {
     let s = smem(BACKWARD);
     // Heaviest first: the first key blocks see the most queries under the causal mask.
@@ -125,6 +127,11 @@ pub(crate) fn dqkv_kernel(
             let o_tile = s.sweep_b + stage * TILE_BYTES;
             // Read before the product that needs them, so the loads' latency hides under it.
             let lse_cols = column_values(lse, &l, q0, stats, seq);
+            // The queries' first visible keys: their documents' (none read without documents).
+            let mut first_cols = Cols::empty();
+            if comptime!(documents) {
+                first_cols = column_values(starts, &l, q0, batch * seq, seq);
+            }
             let scores = chain_64(
                 descriptor(s.first + wg * 8192, comptime!(SCORES.a_tile())),
                 descriptor(q_tile, comptime!(SCORES.b)),
@@ -135,10 +142,38 @@ pub(crate) fn dqkv_kernel(
             if comptime!(causal) {
                 edge = edge || row0 + 63 > q0;
             }
+            // Any key may lie before its query's document.
+            if comptime!(documents) {
+                edge = true;
+            }
             let p = if edge {
-                key_probs(&scores, &lse_cols, &l, row0, q0, seq, scale_log2, true, causal)
+                key_probs(
+                    &scores,
+                    &lse_cols,
+                    &first_cols,
+                    &l,
+                    row0,
+                    q0,
+                    seq,
+                    scale_log2,
+                    true,
+                    causal,
+                    documents,
+                )
             } else {
-                key_probs(&scores, &lse_cols, &l, row0, q0, seq, scale_log2, false, causal)
+                key_probs(
+                    &scores,
+                    &lse_cols,
+                    &first_cols,
+                    &l,
+                    row0,
+                    q0,
+                    seq,
+                    scale_log2,
+                    false,
+                    causal,
+                    documents,
+                )
             };
             let delta_cols = column_values(delta, &l, q0, stats, seq);
             let frags = fragments(&p);
@@ -336,12 +371,14 @@ fn column_values(stat: &Tensor<f32>, l: &Lane, q0: u32, stats: u32, seq: u32) ->
 }
 
 /// dK/dV's probabilities of a transposed tile (keys are rows from `row0`, queries columns from
-/// `q0`, whose `lse₂` `lse_cols` holds); zero where masked if `mask`.
+/// `q0`, whose `lse₂` `lse_cols` holds and, with `documents`, whose first visible keys
+/// `first_cols` holds); zero where masked if `mask`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn key_probs(
     scores: &Acc64,
     lse_cols: &Cols,
+    first_cols: &Cols,
     l: &Lane,
     row0: u32,
     q0: u32,
@@ -349,6 +386,7 @@ fn key_probs(
     scale_log2: f32,
     #[comptime] mask: bool,
     #[comptime] causal: bool,
+    #[comptime] documents: bool,
 ) -> Acc64 {
     let mut p = Acc64::empty();
     #[unroll]
@@ -356,7 +394,12 @@ fn key_probs(
         let at = lse_cols.extract(comptime!(column_slot(i)) as usize);
         let mut value = exp2(scores.extract(i as usize) * scale_log2 - at);
         if comptime!(mask) {
-            value = select(masked(column(l, q0, i), row(l, row0, i), seq, causal), 0.0f32, value);
+            let key = row(l, row0, i);
+            let mut out = masked(column(l, q0, i), key, seq, causal);
+            if comptime!(documents) {
+                out = out || f32::cast_from(key) < first_cols.extract(comptime!(column_slot(i)) as usize);
+            }
+            value = select(out, 0.0f32, value);
         }
         p.insert(i as usize, value);
     }

@@ -58,6 +58,8 @@ struct RowState {
 
 /// Grid `(s / 128, h, b)`, 256 threads. With `note`, each warp's largest magnitude of the
 /// output (as written, NaN ignored) to `maxima[8 · block + warp]`: no wait at the block's end.
+/// With `documents` (causal too), `starts` `[b, s]` is each query's document's first key (f32,
+/// exact below 2²⁴), before which every key is hidden; else one unused word.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_kernel(
@@ -67,11 +69,13 @@ pub(crate) fn forward_kernel(
     out: &mut Tensor<u32>,
     lse: &mut Tensor<f32>,
     maxima: &mut Tensor<f32>,
+    starts: &Tensor<f32>,
     seq: u32,
     heads: u32,
     scale_log2: f32,
     #[comptime] causal: bool,
     #[comptime] note: bool,
+    #[comptime] documents: bool,
 ) {
     let s = smem(SWEEP);
     let block = query_block(seq, causal, KEYS);
@@ -95,6 +99,13 @@ pub(crate) fn forward_kernel(
         live = min(tiles, (row0 + 64).div_ceil(KEYS));
     }
     let l = lane();
+    // This thread's two rows' first visible keys: their documents' (0 without documents).
+    let mut firsts = Firsts { a: 0u32, b: 0u32 };
+    if comptime!(documents) {
+        let at = batch * seq;
+        firsts.a = u32::cast_from(starts[(at + min(row0 + l.row_a, seq - 1)) as usize]);
+        firsts.b = u32::cast_from(starts[(at + min(row0 + l.row_b, seq - 1)) as usize]);
+    }
     let neg_inf = f32::new(f32::NEG_INFINITY);
     let mut rows = RowState {
         max_a: neg_inf,
@@ -111,7 +122,7 @@ pub(crate) fn forward_kernel(
         mbarrier_wait(s.full, 0);
         let scores = chain_128_fresh(q_desc, descriptor(s.sweep_a, comptime!(SCORES_128.b)), SCORES_128);
         let mut probs = fragments_128(&softmax_tile(
-            &scores, &mut rows, &l, row0, 0u32, seq, scale_log2, causal,
+            &scores, &mut rows, &l, &firsts, row0, 0u32, seq, scale_log2, causal, documents,
         ));
         for t in 1..live {
             let stage = t % STAGES;
@@ -129,7 +140,18 @@ pub(crate) fn forward_kernel(
                 UPDATE_128,
             );
             let scores = settle_128(&issued, 1u32);
-            let next = softmax_tile(&scores, &mut rows, &l, row0, t * KEYS, seq, scale_log2, causal);
+            let next = softmax_tile(
+                &scores,
+                &mut rows,
+                &l,
+                &firsts,
+                row0,
+                t * KEYS,
+                seq,
+                scale_log2,
+                causal,
+                documents,
+            );
             acc = settle_128_wide(&updated, &probs, 0u32);
             free_tile(&s, map_k, map_v, t - 1, head, batch, tiles);
             scale_rows(&mut acc, rows.alpha_a, rows.alpha_b);
@@ -187,32 +209,44 @@ fn free_tile(s: &Smem, map_k: u64, map_v: u64, t: u32, head: u32, batch: u32, ti
     }
 }
 
+/// A thread's two rows' first visible keys (`row_a`'s and `row_b`'s).
+#[derive(CubeType, Clone, Copy)]
+struct Firsts {
+    a: u32,
+    b: u32,
+}
+
 /// Folds a 64 × 128 tile of raw scores (keys from `k0`) into the rows' running max and sum and
 /// returns its probabilities (f32); `rows.alpha_*` is then the factor the accumulator's rows need
 /// before this tile's update. The max is taken over the raw scores (the scale is positive, so
 /// it commutes) and each probability is `exp2(score · scale − base)`, one fused multiply-add
-/// before the exponential. Only tiles that reach past the diagonal or the sequence's end pay for
-/// the mask.
+/// before the exponential. Only tiles that reach past the diagonal, the sequence's end or before
+/// a row's document pay for the mask.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn softmax_tile(
     scores: &Acc128,
     rows: &mut RowState,
     l: &Lane,
+    firsts: &Firsts,
     row0: u32,
     k0: u32,
     seq: u32,
     scale_log2: f32,
     #[comptime] causal: bool,
+    #[comptime] documents: bool,
 ) -> Acc128 {
     let mut edge = k0 + KEYS > seq;
     if comptime!(causal) {
         edge = edge || k0 + KEYS - 1 > row0;
     }
+    if comptime!(documents) {
+        edge = edge || k0 < max(firsts.a, firsts.b);
+    }
     let mut x = if edge {
-        raw_scores(scores, l, row0, k0, seq, true, causal)
+        raw_scores(scores, l, firsts, row0, k0, seq, true, causal, documents)
     } else {
-        raw_scores(scores, l, row0, k0, seq, false, causal)
+        raw_scores(scores, l, firsts, row0, k0, seq, false, causal, documents)
     };
     let neg_inf = f32::new(f32::NEG_INFINITY);
     let mut tile_a = neg_inf;
@@ -254,18 +288,25 @@ fn softmax_tile(
 fn raw_scores(
     scores: &Acc128,
     l: &Lane,
+    firsts: &Firsts,
     row0: u32,
     k0: u32,
     seq: u32,
     #[comptime] mask: bool,
     #[comptime] causal: bool,
+    #[comptime] documents: bool,
 ) -> Acc128 {
     let mut x = Acc128::empty();
     #[unroll]
     for i in 0..64u32 {
         let value = scores.extract(i as usize);
         if comptime!(mask) {
-            let out = masked(row(l, row0, i), column(l, k0, i), seq, causal);
+            let key = column(l, k0, i);
+            let mut out = masked(row(l, row0, i), key, seq, causal);
+            if comptime!(documents) {
+                let first = if comptime!(i % 4 < 2) { firsts.a } else { firsts.b };
+                out = out || key < first;
+            }
             x.insert(i as usize, select(out, f32::new(f32::NEG_INFINITY), value));
         } else {
             x.insert(i as usize, value);
