@@ -339,3 +339,21 @@ fn data_prefixes_take_megatrons_form() {
         assert!(error.contains(field), "{overrides:?}: {error}");
     }
 }
+
+/// Every job file in `examples/jobs` parses and writes back to the same job (the fields they
+/// name exist; a preset's resolves too, a model file's needs its file).
+#[test]
+fn the_example_jobs_parse() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/jobs");
+    let mut read = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let job = parse(Some(&path), &[]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(JobConfig::from_toml(&job.to_toml()).unwrap(), job, "{}", path.display());
+        if job.model.gguf.is_none() && job.model.hf.is_none() {
+            job.resolve().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+        read += 1;
+    }
+    assert!(read >= 9, "{read} job files");
+}
