@@ -7,7 +7,7 @@ use std::sync::Arc;
 use burn::tensor::{Int, Tensor, TensorData};
 use burn_megatron::data::{IndexedDataset, IndexedWriter, SftDataset, SftShape, TokenType, sft};
 use burn_megatron::init::{InitMode, ParamInit};
-use burn_megatron::layers::Documents;
+use burn_megatron::layers::{Documents, LatentAttentionConfig};
 use burn_megatron::models::llama::LlamaConfig;
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::recompute::Recompute;
@@ -21,7 +21,8 @@ const IGNORED: i64 = -100;
 /// Two rows of 8 tokens packing documents of 5 and 3, and 2 and 6, tokens: the packed loss
 /// (the targets that cross into the next document ignored) and every parameter's gradient are
 /// those of the four documents run alone, as batches of their own, weighted by their counted
-/// targets; at the harness's tp, plain and with SP, without and with selective recomputation.
+/// targets; at the harness's tp, plain and with SP, without and with selective recomputation,
+/// with grouped-query and with multi-head latent attention.
 pub fn packed_rows_train_as_their_documents(h: &Harness) {
     let (vocab, seq) = (64, 8);
     let lengths = [vec![5, 3], vec![2, 6]];
@@ -38,14 +39,18 @@ pub fn packed_rows_train_as_their_documents(h: &Harness) {
             .count() as f64
     };
     let total: f64 = alone.iter().map(|&(r, f, l)| counted(r, f, l)).sum();
-    for (sp, recompute) in [
-        (false, Recompute::None),
-        (true, Recompute::None),
-        (false, Recompute::Selective),
+    for (sp, recompute, latent) in [
+        (false, Recompute::None, false),
+        (true, Recompute::None, false),
+        (false, Recompute::Selective, false),
+        (false, Recompute::None, true),
+        (true, Recompute::Selective, true),
     ] {
         let mut config = LlamaConfig::llama(vocab, 32, 2, 4, 2, 64, seq);
         config.loss.ignore_index = Some(IGNORED);
         config.recompute = recompute;
+        // 2 heads of 8 + 4 rotated, values of 8, from a kv latent of 16.
+        config.latent = latent.then(|| LatentAttentionConfig::new(32, 2, 16, 8, 4, 8, seq));
         let tensor = match sp {
             true => TensorParallel::SequenceParallel,
             false => TensorParallel::Plain,
@@ -97,7 +102,7 @@ pub fn packed_rows_train_as_their_documents(h: &Harness) {
             // tolerance, as the model's own parity test (f32 on the CPU: 1e-5).
             assert!(
                 (ours - theirs).abs() <= 0.1 * h.matmul_tolerance * theirs,
-                "sp={sp} {recompute:?}: loss {ours} vs {theirs}"
+                "sp={sp} {recompute:?} latent={latent}: loss {ours} vs {theirs}"
             );
             for (i, ((dims, a), (_, e))) in packed_grads.iter().zip(&alone_grads).enumerate() {
                 let scale = e.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
@@ -106,7 +111,7 @@ pub fn packed_rows_train_as_their_documents(h: &Harness) {
                 // tolerance of the largest.
                 assert!(
                     worst <= h.matmul_tolerance * scale,
-                    "sp={sp} {recompute:?} parameter #{i} {dims:?}: {worst:e} vs {scale:e}"
+                    "sp={sp} {recompute:?} latent={latent} parameter #{i} {dims:?}: {worst:e} vs {scale:e}"
                 );
             }
         });

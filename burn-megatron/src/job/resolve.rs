@@ -134,7 +134,6 @@ impl JobConfig {
                     p.cp > 1 && p.context != ContextParallel::AllToAll,
                     "context parallelism's ring or all-gather exchange (parallel.context: all-to-all does)",
                 ),
-                (model.latent.is_some(), "latent attention (MLA)"),
                 (model.mtp.is_some(), "multi-token prediction (model.mtp_depth > 0)"),
             ];
             if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {

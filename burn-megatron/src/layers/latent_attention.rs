@@ -20,9 +20,11 @@ use burn::tensor::{Device, Tensor};
 use burn_megatron_dist::mappings::{copy_to_tp, gather_from_sp};
 use burn_megatron_dist::{ProcessGroup, ProcessGroups};
 use burn_megatron_kernels::Gemm;
+use burn_megatron_kernels::attention::document_attention;
 
 use super::column::{ColumnInput, ColumnOutput, ColumnParallelLinear, ColumnParallelLinearConfig};
-use super::context::{ContextParallel, context_attention};
+use super::context::{ContextParallel, context_attention, context_document_attention};
+use super::documents::Documents;
 use super::norm::{RmsNorm, RmsNormConfig};
 use super::replicated::{ReplicatedLinear, ReplicatedLinearConfig};
 use super::rope::{Rope, RopeScaling, yarn_mscale};
@@ -236,19 +238,27 @@ impl LatentAttention {
     /// # Shapes
     /// `[b, s, d]` → `[b, s, d]`; `[b, s/tp, d]` → `[b, s/tp, d]` with sequence parallelism.
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        let (q, k, v) = self.project(x)?;
-        self.wo.forward(self.attend(q, k, v)?)
+        self.forward_inside(x, None)
     }
 
-    /// [`forward`](Self::forward), the core attention and the output projection run again in
-    /// backward (selective recomputation): q, k and v are kept, the attention's own state and
-    /// its output are not.
-    pub fn forward_recomputed(&self, x: Tensor<3>) -> Result<Tensor<3>, LayerError> {
-        let (q, k, v) = self.project(x)?;
-        recompute(self, vec![q, k, v], |layer, mut qkv| {
+    /// [`forward`](Self::forward) of rows packing `documents` where given: each query sees
+    /// the keys of its own document, the rotated parts rotated at each token's position in its
+    /// document.
+    pub fn forward_inside(&self, x: Tensor<3>, documents: Option<&Documents>) -> Result<Tensor<3>, LayerError> {
+        let (q, k, v) = self.project(x, documents)?;
+        self.wo.forward(self.attend(q, k, v, documents)?)
+    }
+
+    /// [`forward_inside`](Self::forward_inside), the core attention and the output projection
+    /// run again in backward (selective recomputation): q, k and v are kept, the attention's own
+    /// state and its output are not.
+    pub fn forward_recomputed(&self, x: Tensor<3>, documents: Option<&Documents>) -> Result<Tensor<3>, LayerError> {
+        let (q, k, v) = self.project(x, documents)?;
+        let documents = documents.cloned();
+        recompute(self, vec![q, k, v], move |layer, mut qkv| {
             let (v, k) = (qkv.pop().expect("q, k, v"), qkv.pop().expect("q, k, v"));
             let q = qkv.pop().expect("q, k, v");
-            layer.wo.forward(layer.attend(q, k, v)?)
+            layer.wo.forward(layer.attend(q, k, v, documents.as_ref())?)
         })
     }
 
@@ -291,17 +301,22 @@ impl LatentAttention {
         Ok((k_nope, kv.narrow(3, self.qk_nope_dim, self.v_dim)))
     }
 
-    /// q, k (each `[b, h, s, n + r]`, the rotated parts rotated for this rank's positions and
-    /// the queries scaled by [`score_scale`](LatentAttention::score_scale)) and v `[b, h, s, v]`.
-    fn project(&self, x: Tensor<3>) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), LayerError> {
+    /// q, k (each `[b, h, s, n + r]`, the rotated parts rotated for this rank's positions, or
+    /// their positions in their `documents`, and the queries scaled by
+    /// [`score_scale`](LatentAttention::score_scale)) and v `[b, h, s, v]`.
+    fn project(
+        &self,
+        x: Tensor<3>,
+        documents: Option<&Documents>,
+    ) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>), LayerError> {
         let q = self.queries(x.clone())?;
         let (c_kv, k_rope) = self.latents(x)?;
         let (k_nope, v) = self.keys_values(c_kv)?;
         let [b, h, s, _] = k_nope.dims();
         let q_nope = q.clone().narrow(3, 0, self.qk_nope_dim);
-        let q_rope = self.rotate(q.narrow(3, self.qk_nope_dim, self.qk_rope_dim));
+        let q_rope = self.rotate(q.narrow(3, self.qk_nope_dim, self.qk_rope_dim), documents);
         let k_rope = self
-            .rotate(k_rope.unsqueeze_dim::<4>(1))
+            .rotate(k_rope.unsqueeze_dim::<4>(1), documents)
             .expand([b, h, s, self.qk_rope_dim]);
         let mut q = Tensor::cat(vec![q_nope, q_rope], 3);
         if self.score_scale != 1.0 {
@@ -314,23 +329,35 @@ impl LatentAttention {
     ///
     /// # Shapes
     /// q and k `[b, h, s, n + r]`, v `[b, h, s, v]` → `[b, s, h·v]`
-    fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Result<Tensor<3>, LayerError> {
-        let out = match self.cp.size() {
-            1 => burn_megatron_kernels::attention::attention(q, k, v, true),
-            _ => context_attention(q, k, v, self.context, &self.cp)?,
+    fn attend(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        documents: Option<&Documents>,
+    ) -> Result<Tensor<3>, LayerError> {
+        let out = match (self.cp.size(), documents) {
+            (1, None) => burn_megatron_kernels::attention::attention(q, k, v, true),
+            (1, Some(documents)) => document_attention(q, k, v, documents.starts.clone()),
+            (_, None) => context_attention(q, k, v, self.context, &self.cp)?,
+            (_, Some(documents)) => {
+                context_document_attention(q, k, v, documents.starts.clone(), self.context, &self.cp)?
+            }
         };
         let [b, h, s, _] = out.dims();
         Ok(out.swap_dims(1, 2).reshape([b, s, h * self.v_dim]))
     }
 
-    /// `x` rotated for this rank's positions: `0..s`, or its chunks' under context parallelism.
+    /// `x` rotated for this rank's positions: `0..s`, its chunks' under context parallelism,
+    /// or each token's in its document.
     ///
     /// # Shapes
     /// `[b, heads, s, r]` → the same
-    fn rotate(&self, x: Tensor<4>) -> Tensor<4> {
-        match self.cp.size() {
-            1 => self.rope.apply(x),
-            _ => self.rope.apply_chunks(x, &self.cp),
+    fn rotate(&self, x: Tensor<4>, documents: Option<&Documents>) -> Tensor<4> {
+        match (self.cp.size(), documents) {
+            (_, Some(documents)) => self.rope.apply_at(x, documents.positions.clone()),
+            (1, None) => self.rope.apply(x),
+            (_, None) => self.rope.apply_chunks(x, &self.cp),
         }
     }
 

@@ -315,7 +315,7 @@ impl LlamaBlock {
     }
 
     /// [`forward`](Self::forward), a MoE block adding its router losses and load to `report`;
-    /// rows packing `documents` attended inside each one (grouped-query attention only).
+    /// rows packing `documents` attended inside each one.
     ///
     /// Each half adds its branch to the residual stream its norm read ([`RmsNorm::pre_norm`]).
     /// The stream's gradient at the block's input is the previous block's down projection's
@@ -326,19 +326,14 @@ impl LlamaBlock {
         report: &mut MoeReport,
         documents: Option<&Documents>,
     ) -> Result<Tensor<3>, LayerError> {
-        if documents.is_some() && self.latent.is_some() {
-            return Err(
-                ConfigError::Documents("latent attention (MLA) does not take packed documents yet".into()).into(),
-            );
-        }
         let note_stream_grad = self.mlp.as_ref().and_then(|mlp| mlp.notes_output_grad());
         let note_input = self.attention.as_ref().and_then(ParallelAttention::notes_input);
         let (normed, stream) = self.attention_norm.pre_norm(x, note_input, note_stream_grad)?;
         let h = match (&self.attention, &self.latent, self.selective) {
             (Some(attention), _, true) => attention.forward_recomputed_onto(normed, stream, documents)?,
             (Some(attention), _, false) => attention.forward_onto(normed, stream, documents)?,
-            (None, Some(latent), true) => stream.add_branch(latent.forward_recomputed(normed)?),
-            (None, Some(latent), false) => stream.add_branch(latent.forward(normed)?),
+            (None, Some(latent), true) => stream.add_branch(latent.forward_recomputed(normed, documents)?),
+            (None, Some(latent), false) => stream.add_branch(latent.forward_inside(normed, documents)?),
             (None, None, _) => unreachable!("a block has grouped-query or latent attention"),
         };
         self.feed_forward(h, report)
@@ -579,7 +574,7 @@ impl Llama {
     /// [`forward_loss_report`](Self::forward_loss_report) of rows that pack `documents` (where
     /// given): each attended inside itself, its tokens rotated at their positions in it; the
     /// targets crossing from one document into the next are the caller's to ignore. Not with
-    /// multi-token prediction or latent attention yet (typed errors).
+    /// multi-token prediction yet (a typed error).
     ///
     /// # Shapes
     /// `[b, s]`, `[b, s]`, documents `[b, s]` → `[1]`
