@@ -8,7 +8,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use burn_megatron::data::{IndexedDataset, IndexedWriter, SftDataset, SftShape, TokenType, sft};
 use burn_megatron::init::{InitMode, ParamInit};
 use burn_megatron::layers::{Documents, LatentAttentionConfig};
-use burn_megatron::models::llama::LlamaConfig;
+use burn_megatron::models::llama::{LlamaConfig, MtpConfig};
 use burn_megatron::plan::{ParallelPlan, TensorParallel};
 use burn_megatron::recompute::Recompute;
 use burn_megatron_dist::ParallelDims;
@@ -22,7 +22,9 @@ const IGNORED: i64 = -100;
 /// (the targets that cross into the next document ignored) and every parameter's gradient are
 /// those of the four documents run alone, as batches of their own, weighted by their counted
 /// targets; at the harness's tp, plain and with SP, without and with selective recomputation,
-/// with grouped-query and with multi-head latent attention.
+/// with grouped-query and with multi-head latent attention; with a multi-token prediction module,
+/// whose loss (its own mean over the targets two ahead in the same document) weighs the
+/// documents by those targets.
 pub fn packed_rows_train_as_their_documents(h: &Harness) {
     let (vocab, seq) = (64, 8);
     let lengths = [vec![5, 3], vec![2, 6]];
@@ -39,18 +41,27 @@ pub fn packed_rows_train_as_their_documents(h: &Harness) {
             .count() as f64
     };
     let total: f64 = alone.iter().map(|&(r, f, l)| counted(r, f, l)).sum();
-    for (sp, recompute, latent) in [
-        (false, Recompute::None, false),
-        (true, Recompute::None, false),
-        (false, Recompute::Selective, false),
-        (false, Recompute::None, true),
-        (true, Recompute::Selective, true),
+    // A document's targets two ahead, what the module predicts.
+    let ahead = |row: usize, from: usize, len: usize| {
+        (from..from + len - 1)
+            .filter(|&t| targets[row * seq + t + 1] != IGNORED)
+            .count() as f64
+    };
+    let total_ahead: f64 = alone.iter().map(|&(r, f, l)| ahead(r, f, l)).sum();
+    for (sp, recompute, latent, mtp) in [
+        (false, Recompute::None, false, false),
+        (true, Recompute::None, false, false),
+        (false, Recompute::Selective, false, false),
+        (false, Recompute::None, true, false),
+        (true, Recompute::Selective, true, false),
+        (true, Recompute::None, false, true),
     ] {
         let mut config = LlamaConfig::llama(vocab, 32, 2, 4, 2, 64, seq);
         config.loss.ignore_index = Some(IGNORED);
         config.recompute = recompute;
         // 2 heads of 8 + 4 rotated, values of 8, from a kv latent of 16.
         config.latent = latent.then(|| LatentAttentionConfig::new(32, 2, 16, 8, 4, 8, seq));
+        config.mtp = mtp.then(|| MtpConfig::new(1));
         let tensor = match sp {
             true => TensorParallel::SequenceParallel,
             false => TensorParallel::Plain,
@@ -86,10 +97,17 @@ pub fn packed_rows_train_as_their_documents(h: &Harness) {
                 let mut doc_targets = targets[at..at + len].to_vec();
                 doc_ids.resize(seq, 0);
                 doc_targets.resize(seq, IGNORED);
-                let (loss, _) = model
+                let (loss, report) = model
                     .forward_loss_documents(rows(&doc_ids, seq), rows(&doc_targets, seq), None)
                     .unwrap();
-                let share = loss.mul_scalar(counted(row, from, len) / total);
+                let main = counted(row, from, len) / total;
+                let share = match report.mtp {
+                    Some(module) => {
+                        (loss - module.clone()).mul_scalar(main)
+                            + module.mul_scalar(ahead(row, from, len) / total_ahead)
+                    }
+                    None => loss.mul_scalar(main),
+                };
                 weighted = Some(match weighted {
                     Some(sum) => sum + share,
                     None => share,
@@ -102,7 +120,7 @@ pub fn packed_rows_train_as_their_documents(h: &Harness) {
             // tolerance, as the model's own parity test (f32 on the CPU: 1e-5).
             assert!(
                 (ours - theirs).abs() <= 0.1 * h.matmul_tolerance * theirs,
-                "sp={sp} {recompute:?} latent={latent}: loss {ours} vs {theirs}"
+                "sp={sp} {recompute:?} latent={latent} mtp={mtp}: loss {ours} vs {theirs}"
             );
             for (i, ((dims, a), (_, e))) in packed_grads.iter().zip(&alone_grads).enumerate() {
                 let scale = e.iter().fold(1e-12f64, |m, v| m.max(v.abs()));
@@ -111,7 +129,7 @@ pub fn packed_rows_train_as_their_documents(h: &Harness) {
                 // tolerance of the largest.
                 assert!(
                     worst <= h.matmul_tolerance * scale,
-                    "sp={sp} {recompute:?} latent={latent} parameter #{i} {dims:?}: {worst:e} vs {scale:e}"
+                    "sp={sp} {recompute:?} latent={latent} mtp={mtp} parameter #{i} {dims:?}: {worst:e} vs {scale:e}"
                 );
             }
         });

@@ -128,20 +128,15 @@ impl JobConfig {
                 format!("{clip} must be a finite norm above 0"),
             ));
         }
-        if config.data.pack_conversations {
-            let refused = [
-                (
-                    p.cp > 1 && p.context != ContextParallel::AllToAll,
-                    "context parallelism's ring or all-gather exchange (parallel.context: all-to-all does)",
+        if config.data.pack_conversations && p.cp > 1 && p.context != ContextParallel::AllToAll {
+            return Err(field(
+                "data.pack_conversations",
+                format!(
+                    "packed conversations do not take context parallelism's {} exchange yet \
+                     (parallel.context: all-to-all does)",
+                    p.context.name()
                 ),
-                (model.mtp.is_some(), "multi-token prediction (model.mtp_depth > 0)"),
-            ];
-            if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
-                return Err(field(
-                    "data.pack_conversations",
-                    format!("packed conversations do not take {what} yet"),
-                ));
-            }
+            ));
         }
         check_rest(&mut config)?;
         Ok(Job {

@@ -500,6 +500,7 @@ impl Llama {
         targets: Tensor<2, Int>,
         mut hidden: Tensor<3>,
         report: &mut MoeReport,
+        documents: Option<&Documents>,
     ) -> Result<Tensor<1>, LayerError> {
         let tied = self.tied_output.as_ref().map(|t| (t, &self.embedding));
         let mut loss = self.loss.clone();
@@ -508,9 +509,16 @@ impl Llama {
         let mut total: Option<Tensor<1>> = None;
         for (k, module) in self.mtp.iter().enumerate() {
             let embedded = self.embedding.forward(super::mtp::ahead(ids.clone(), k + 1, 0))?;
-            hidden = module.forward(hidden, embedded, report)?;
+            hidden = module.forward(hidden, embedded, report, documents)?;
             let logits = output_logits(module.norm.forward(hidden.clone())?, self.output.as_ref(), tied)?;
-            let here = loss.forward(logits, super::mtp::ahead(targets.clone(), k + 1, ignored))?;
+            let mut ahead = super::mtp::ahead(targets.clone(), k + 1, ignored);
+            if let Some(documents) = documents {
+                // A target from the next packed document is not this token's to predict.
+                let starts = documents.starts.clone();
+                let crossing = super::mtp::ahead(starts.clone(), k + 1, -1).not_equal(starts);
+                ahead = ahead.mask_fill(crossing, ignored);
+            }
+            let here = loss.forward(logits, ahead)?;
             total = Some(match total {
                 Some(sum) => sum + here,
                 None => here,
@@ -573,8 +581,8 @@ impl Llama {
 
     /// [`forward_loss_report`](Self::forward_loss_report) of rows that pack `documents` (where
     /// given): each attended inside itself, its tokens rotated at their positions in it; the
-    /// targets crossing from one document into the next are the caller's to ignore. Not with
-    /// multi-token prediction yet (a typed error).
+    /// targets crossing from one document into the next are the caller's to ignore (the
+    /// multi-token prediction modules ignore those further ahead themselves).
     ///
     /// # Shapes
     /// `[b, s]`, `[b, s]`, documents `[b, s]` → `[1]`
@@ -584,15 +592,10 @@ impl Llama {
         targets: Tensor<2, Int>,
         documents: Option<&Documents>,
     ) -> Result<(Tensor<1>, MoeReport), LayerError> {
-        if documents.is_some() && !self.mtp.is_empty() {
-            return Err(
-                ConfigError::Documents("multi-token prediction does not take packed documents yet".into()).into(),
-            );
-        }
         let (hidden, mut report) = self.hidden_report(ids.clone(), documents)?;
         let loss = self.loss.forward(self.head(hidden.clone())?, targets.clone())?;
         if !self.mtp.is_empty() {
-            report.mtp = Some(self.mtp_loss(ids, targets, hidden, &mut report)?);
+            report.mtp = Some(self.mtp_loss(ids, targets, hidden, &mut report, documents)?);
         }
         let loss = match report.loss() {
             Some(router) => {

@@ -6,7 +6,8 @@
 //! model's width, runs one transformer block of the model's kind, and reads its own norm's output through the model's
 //! output layer (shared, like the embedding). Its loss is the cross-entropy against the token
 //! `k + 1` ahead, positions past the sequence's end not counted; the modules' mean loss times
-//! `loss_weight` is added to the model's.
+//! `loss_weight` is added to the model's. In rows packing several documents each module attends
+//! inside each one and leaves out the targets of the next.
 //!
 //! Tensor, sequence, data and expert parallelism, and recomputation, apply to the modules as to
 //! the blocks. Context parallelism (each rank would need its neighbours' tokens ahead) and
@@ -25,7 +26,8 @@ use super::model::{LlamaBlock, LlamaConfig, MoeReport};
 use crate::error::{ConfigError, LayerError};
 use crate::init::ParamInit;
 use crate::layers::{
-    RmsNorm, RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig, SequenceLayout, VocabParallelCrossEntropy,
+    Documents, RmsNorm, RowInput, RowOutput, RowParallelLinear, RowParallelLinearConfig, SequenceLayout,
+    VocabParallelCrossEntropy,
 };
 
 /// How many tokens ahead a model also learns to predict, and how much that counts.
@@ -101,7 +103,8 @@ impl LlamaConfig {
 
 impl MtpModule {
     /// The module's hidden states from the previous depth's and the embedding of the tokens
-    /// ahead, its MoE block reporting to `report`.
+    /// ahead, its MoE block reporting to `report`, rows packing `documents` attended inside
+    /// each one.
     ///
     /// # Shapes
     /// `[b, s, d]` × 2 (`[b, s/tp, d]` under sequence parallelism) → the same
@@ -110,6 +113,7 @@ impl MtpModule {
         hidden: Tensor<3>,
         embedded: Tensor<3>,
         report: &mut MoeReport,
+        documents: Option<&Documents>,
     ) -> Result<Tensor<3>, LayerError> {
         // The embedding's features first: the order DeepSeek-V3's `eh_proj` weight has in its
         // files (and Megatron's `eh_proj`).
@@ -128,7 +132,8 @@ impl MtpModule {
             SequenceLayout::Sharded => gather_from_tp(both, &self.projection.tp, 1)?,
             SequenceLayout::Whole => both,
         };
-        self.block.forward_report(self.projection.forward(both)?, report, None)
+        self.block
+            .forward_report(self.projection.forward(both)?, report, documents)
     }
 }
 
