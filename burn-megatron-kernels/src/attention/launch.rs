@@ -128,7 +128,8 @@ fn sums_map(sums: &CubeTensor) -> TensorMapArg<Tiled> {
 #[derive(Clone)]
 pub(super) enum Masking {
     Causal(bool),
-    Documents(CubeTensor),
+    /// Boxed: a tensor handle is some 550 bytes, the causal flag one.
+    Documents(Box<CubeTensor>),
 }
 
 impl Masking {
@@ -141,7 +142,7 @@ impl Masking {
     fn starts(&self, like: &CubeTensor) -> (CubeTensor, bool) {
         match self {
             Self::Documents(starts) => {
-                let starts = Tensor::<2, Int>::from_primitive::<Cube>(starts.clone())
+                let starts = Tensor::<2, Int>::from_primitive::<Cube>(starts.as_ref().clone())
                     .float()
                     .cast(DType::F32);
                 (into_contiguous(primitive(starts)), true)
@@ -155,7 +156,7 @@ impl Masking {
         let (out, lse) = match self {
             Self::Causal(causal) => reference::forward(tensor(q), tensor(k), tensor(v), *causal, scale),
             Self::Documents(starts) => {
-                let starts = Tensor::<2, Int>::from_primitive::<Cube>(starts.clone());
+                let starts = Tensor::<2, Int>::from_primitive::<Cube>(starts.as_ref().clone());
                 reference::forward_masked(tensor(q), tensor(k), tensor(v), Mask::Documents(&starts), scale)
             }
         };
@@ -178,7 +179,7 @@ impl Masking {
         let (dq, dk, dv) = match self {
             Self::Causal(causal) => reference::backward(q, k, v, out, lse, grad, *causal, scale),
             Self::Documents(starts) => {
-                let starts = Tensor::<2, Int>::from_primitive::<Cube>(starts.clone());
+                let starts = Tensor::<2, Int>::from_primitive::<Cube>(starts.as_ref().clone());
                 reference::backward_masked(q, k, v, out, lse, grad, Mask::Documents(&starts), scale)
             }
         };
@@ -194,7 +195,7 @@ pub(super) fn document_attention_forward(
     starts: CubeTensor,
     scale: f32,
 ) -> (CubeTensor, CubeTensor) {
-    forward(q, k, v, Masking::Documents(starts), scale, None)
+    forward(q, k, v, Masking::Documents(Box::new(starts)), scale, None)
 }
 
 /// [`document_attention_forward`]'s backward.
@@ -209,7 +210,8 @@ pub(super) fn document_attention_backward(
     starts: CubeTensor,
     scale: f32,
 ) -> (CubeTensor, CubeTensor, CubeTensor) {
-    backward(q, k, v, out, lse, grad, Masking::Documents(starts), scale, None)
+    let masking = Masking::Documents(Box::new(starts));
+    backward(q, k, v, out, lse, grad, masking, scale, None)
 }
 
 /// `[b, s, h, d]` storage seen as `[b, h, s, d]`.
